@@ -1,0 +1,3 @@
+from dlrecipes.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""A callback that keeps the best checkpoint by an evaluation metric."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import checkpoint, dist
+
+from dlrecipes.errors import RecipeError
+
+
+class BestCheckpoint(Callback):
+    """After each evaluation, save ``best.pt`` if ``monitor`` improved (and ``best.json`` saying when)."""
+
+    def __init__(self, folder: str | Path, monitor: str = "top1", mode: str = "max"):
+        self.folder = Path(folder)
+        self.monitor = monitor
+        self.mode = mode
+        self.best: float | None = None
+
+    def _better(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        return value > self.best if self.mode == "max" else value < self.best
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        if self.monitor not in state.eval_metric_values:
+            known = ", ".join(sorted(state.eval_metric_values)) or "(none)"
+            raise RecipeError(f"checkpoint.monitor: no eval metric named '{self.monitor}'; the model logs: {known}")
+        value = float(state.eval_metric_values[self.monitor])
+        if not self._better(value):
+            return
+        self.best = value
+        path = self.folder / "best.pt"
+        checkpoint.save_checkpoint(state, filename=str(path))
+        if dist.get_global_rank() == 0:
+            info = {
+                "monitor": self.monitor,
+                "value": value,
+                "epoch": int(state.timestamp.epoch),
+                "batch": int(state.timestamp.batch),
+            }
+            (self.folder / "best.json").write_text(json.dumps(info, indent=2) + "\n")
+        logger.log_metrics({f"checkpoint/best_{self.monitor}": value})
+
+    def state_dict(self) -> dict:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best = state.get("best")

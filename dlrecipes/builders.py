@@ -1,0 +1,156 @@
+"""Builders: a validated section in, an object out.  One small function per section.
+
+Factories may take positional-only parameters that are not recipe keys (the model for an
+optimizer, the run directory for a logger); :func:`build_component` supplies them from
+the context by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from dlrecipes import registry
+from dlrecipes.config import Component, TrainerConfig
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import RecipeError
+
+# Model parameters the builder fills from the dataset when the recipe leaves them out.
+DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape")
+
+
+def build_component(reg: registry.Registry, name: str, params: dict[str, Any], key: str, **context: Any) -> Any:
+    """``reg[name](*supplied, **params)`` where ``supplied`` are positional-only names taken from ``context``."""
+    entry = reg.get(name, key_path=key)
+    supplied = []
+    for pname, param in inspect.signature(entry.factory).parameters.items():
+        if param.kind is param.POSITIONAL_ONLY:
+            if pname not in context:
+                raise TypeError(f"{entry.source}: positional-only parameter '{pname}' cannot be supplied")
+            supplied.append(context[pname])
+    return entry.factory(*supplied, **params)
+
+
+def build_datasets(cfg: Component) -> DatasetSplits:
+    data = build_component(registry.datasets, cfg.name, cfg.params, "dataset.name")
+    if not isinstance(data, DatasetSplits):
+        raise TypeError(f"dataset '{cfg.name}' returned {type(data).__name__}, expected DatasetSplits")
+    return data
+
+
+def model_params(cfg: Component, data: DatasetSplits) -> dict[str, Any]:
+    """The model's parameters, with class count and input shape filled from the data."""
+    params = dict(cfg.params)
+    accepted = registry.models.get(cfg.name).parameters
+    supplied = {"num_classes": data.num_classes, "in_chans": data.input_shape[0], "input_shape": data.input_shape}
+    for key in DATA_SUPPLIED_MODEL_PARAMS:
+        if key in accepted and key not in params:
+            params[key] = supplied[key]
+    if params.get("num_classes", data.num_classes) != data.num_classes:
+        raise RecipeError(
+            f"model.num_classes: {params['num_classes']} does not match the dataset, which has "
+            f"{data.num_classes} classes (leave model.num_classes out to take it from the data)"
+        )
+    if params.get("in_chans", data.input_shape[0]) != data.input_shape[0]:
+        raise RecipeError(
+            f"model.in_chans: {params['in_chans']} does not match the dataset's {data.input_shape[0]} channels"
+        )
+    return params
+
+
+def build_model(cfg: Component, data: DatasetSplits):
+    """The network wrapped as a Composer classifier with top-1/top-5 accuracy and loss."""
+    from torch import nn
+
+    from dlrecipes.models.classifier import wrap_classifier
+
+    module = build_component(registry.models, cfg.name, model_params(cfg, data), "model.name")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
+    return wrap_classifier(module, data.num_classes)
+
+
+def per_device_batch(global_batch: int, key: str) -> int:
+    from composer.utils import dist
+
+    world = dist.get_world_size()
+    if global_batch % world:
+        raise RecipeError(
+            f"{key}: the global batch size {global_batch} does not divide evenly over {world} devices "
+            f"(use a multiple of {world})"
+        )
+    return global_batch // world
+
+
+def build_dataloaders(data: DatasetSplits, cfg: TrainerConfig, device: str):
+    """Train and eval DataLoaders with distributed samplers; batch sizes in the recipe are global."""
+    from composer.utils import dist
+    from torch.utils.data import DataLoader
+
+    train_batch = per_device_batch(cfg.batch_size, "trainer.batch_size")
+    eval_batch = per_device_batch(cfg.eval_batch_size or cfg.batch_size, "trainer.eval_batch_size")
+    common = {
+        "num_workers": cfg.num_workers,
+        "pin_memory": device == "gpu",
+        "persistent_workers": cfg.num_workers > 0,
+    }
+    if len(data.train) < cfg.batch_size:
+        raise RecipeError(
+            f"trainer.batch_size: {cfg.batch_size} is larger than the training set ({len(data.train)} samples)"
+        )
+    train = DataLoader(
+        data.train,
+        batch_size=train_batch,
+        sampler=dist.get_sampler(data.train, shuffle=True, drop_last=True),
+        drop_last=True,
+        **common,
+    )
+    evaluation = DataLoader(
+        data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common
+    )
+    return train, evaluation
+
+
+def build_optimizer(cfg: Component, model):
+    import torch
+
+    optimizer = build_component(registry.optimizers, cfg.name, cfg.params, "optimizer.name", model=model)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer '{cfg.name}' returned {type(optimizer).__name__}, expected a torch Optimizer")
+    return optimizer
+
+
+def build_scheduler(cfg: Component):
+    scheduler = build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name")
+    if not callable(scheduler):
+        raise TypeError(f"scheduler '{cfg.name}' returned {type(scheduler).__name__}, expected a ComposerScheduler")
+    return scheduler
+
+
+def build_algorithms(cfgs: dict[str, dict[str, Any]]) -> list:
+    from composer.core import Algorithm
+
+    return [_build_checked(registry.algorithms, name, params, Algorithm) for name, params in cfgs.items()]
+
+
+def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
+    from composer.core import Callback
+
+    return [_build_checked(registry.callbacks, name, params, Callback, run_dir=run_dir) for name, params in cfgs.items()]
+
+
+def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
+    from composer.loggers import LoggerDestination
+
+    return [
+        _build_checked(registry.loggers, name, params, LoggerDestination, run_dir=run_dir)
+        for name, params in cfgs.items()
+    ]
+
+
+def _build_checked(reg: registry.Registry, name: str, params: dict[str, Any], expected: type, **context: Any):
+    obj = build_component(reg, name, params, f"{reg.group}.{name}", **context)
+    if not isinstance(obj, expected):
+        raise TypeError(f"{reg.what} '{name}' returned {type(obj).__name__}, expected a {expected.__name__}")
+    return obj

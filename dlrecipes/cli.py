@@ -1,0 +1,118 @@
+"""The ``dlrecipes`` command line: thin wrappers over :mod:`dlrecipes.api`.
+
+User errors print one message and exit with code 2; torch and Composer are imported only
+by the commands that train.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from dlrecipes.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train image classifiers from YAML recipes on MosaicML Composer.",
+)
+
+RecipeArg = typer.Argument(..., help="recipe YAML file", show_default=False)
+OverridesArg = typer.Argument(
+    None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
+)
+PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except UserError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def train(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
+    from dlrecipes import api
+
+    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
+    result = _guarded(lambda: api.train(recipe, resume=resume, config=config))
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
+    typer.echo(
+        f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "
+        f"eval {metrics}; run directory {result.run_dir}",
+        err=True,
+    )
+
+
+@app.command()
+def validate(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Check a recipe against the schema and the registries, building nothing."""
+    from dlrecipes import api
+
+    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
+    typer.echo(f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})")
+
+
+@app.command()
+def show(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Print the resolved recipe, each value annotated with the file or override it came from."""
+    from dlrecipes import api
+    from dlrecipes.config import validate as validate_recipe
+    from dlrecipes.show import render_with_sources
+
+    loaded = _guarded(lambda: api.load(recipe, overrides or [], plugin))
+    config = _guarded(lambda: validate_recipe(loaded))
+    typer.echo(render_with_sources(config.to_dict(), loaded.sources))
+
+
+@app.command("list")
+def list_registry(
+    group: Optional[str] = typer.Argument(None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """What each registry holds, with parameters and defaults."""
+    from dlrecipes.plugins import load_all
+    from dlrecipes.registry import REGISTRIES
+    from dlrecipes.show import print_registry
+
+    _guarded(lambda: load_all(plugins=plugin))
+    if group is not None and group not in REGISTRIES:
+        from dlrecipes.errors import did_you_mean
+
+        _fail(f"unknown group '{group}'{did_you_mean(group, REGISTRIES)}; groups: {', '.join(REGISTRIES)}")
+    for reg in REGISTRIES.values():
+        if group is None or reg.group == group:
+            print_registry(reg)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point (also used by the root ``cli.py`` and ``python -m dlrecipes``)."""
+    app(args=argv if argv is not None else sys.argv[1:], prog_name="dlrecipes")
+
+
+if __name__ == "__main__":
+    main()

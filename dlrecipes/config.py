@@ -1,0 +1,258 @@
+"""The recipe schema: what a resolved recipe may contain, with types, defaults and help.
+
+:func:`validate` turns a loaded recipe (a nested dict) into a :class:`RecipeConfig`,
+checking unknown keys, types, required keys, registry names and the parameters of every
+named component against its factory's signature.  It builds nothing and imports no torch,
+except to ask whether a GPU exists when the recipe wants one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from dlrecipes import registry
+from dlrecipes.errors import RecipeError
+from dlrecipes.recipe import LoadedRecipe
+from dlrecipes.schema import Duration, check, check_dataclass, check_params
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class Component:
+    """A registry entry by name, with the parameters for its factory."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.params}
+
+
+@dataclass
+class TrainerConfig:
+    max_duration: Duration = _help("how long to train: '10ep', '500ba', ...", default="1ep")
+    eval_interval: Duration = _help("how often to evaluate", default="1ep")
+    precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help("numeric precision; AMP needs a GPU", default="fp32")
+    device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
+    seed: int = _help("random seed for weights, data order and augmentation", default=17)
+    deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
+    batch_size: int = _help("global training batch size, split evenly over all devices", default=128)
+    eval_batch_size: Optional[int] = _help("global evaluation batch size (default: batch_size)", default=None)
+    device_train_microbatch_size: Union[int, Literal["auto"], None] = _help(
+        "per-device microbatch for gradient accumulation; 'auto' (GPU only) finds the largest that fits",
+        default=None,
+    )
+    num_workers: int = _help("dataloader worker processes per device", default=2)
+    progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
+    console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
+    eval_subset_num_batches: int = _help("evaluate on this many batches only (-1 = all)", default=-1)
+    train_subset_num_batches: int = _help("train on this many batches per epoch only (-1 = all)", default=-1)
+
+
+@dataclass
+class CheckpointConfig:
+    save: bool = _help("write checkpoints under the run directory", default=True)
+    save_interval: Duration = _help("how often to save", default="1ep")
+    keep: int = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
+    monitor: Optional[str] = _help(
+        "metric to track for best.pt, e.g. 'metrics/eval/top1' (null = no best checkpoint)", default=None
+    )
+    mode: Literal["max", "min"] = _help("whether a larger or smaller monitored metric is better", default="max")
+    best_only: bool = _help("keep only best.pt (needs monitor); periodic checkpoints are not written", default=False)
+    load_path: Optional[str] = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
+    load_strict: bool = _help("require every weight in load_path to match the model", default=True)
+    load_weights_only: bool = _help("load only the weights from load_path, not the optimizer or time", default=True)
+    load_ignore_keys: list[str] = _help("glob patterns of state keys not to load, e.g. 'state/model/*fc*'", default_factory=list)
+
+
+@dataclass
+class RecipeConfig:
+    """A validated recipe."""
+
+    model: Component = _help("the network: {name: <model>, ...params}")
+    dataset: Component = _help("the data: {name: <dataset>, ...params}")
+    name: Optional[str] = _help("recipe name, used in run names (default: the file name)", default=None)
+    description: str = _help("one line about what this recipe is for", default="")
+    run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
+    runs_dir: str = _help("where run directories are written", default="runs")
+    imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
+    trainer: TrainerConfig = _help("training loop settings", default_factory=TrainerConfig)
+    optimizer: Component = _help(
+        "optimizer: {name: <optimizer>, lr: ..., ...}",
+        default_factory=lambda: Component("sgd"),
+    )
+    scheduler: Component = _help(
+        "learning-rate schedule: {name: <scheduler>, warmup: ..., ...}",
+        default_factory=lambda: Component("constant"),
+    )
+    checkpoint: CheckpointConfig = _help("saving and loading checkpoints", default_factory=CheckpointConfig)
+    algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
+    callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
+    loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what ``show`` prints and runs save)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Component):
+                value = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
+
+# Sections holding one named component, and the registry that names it.
+COMPONENT_SECTIONS = {
+    "model": registry.models,
+    "dataset": registry.datasets,
+    "optimizer": registry.optimizers,
+    "scheduler": registry.schedulers,
+}
+# Sections holding any number of components as {name: params}.
+COMPONENT_MAPS = {
+    "algorithms": registry.algorithms,
+    "callbacks": registry.callbacks,
+    "loggers": registry.loggers,
+}
+
+_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def validate(recipe: LoadedRecipe) -> RecipeConfig:
+    """Check a loaded recipe against the schema and the registries (builds nothing)."""
+    data = dict(recipe.data)
+    components: dict[str, Component] = {}
+    for section, reg in COMPONENT_SECTIONS.items():
+        if section in data:
+            components[section] = _check_component(data.pop(section), section, reg)
+    maps = {}
+    for section, reg in COMPONENT_MAPS.items():
+        if section in data:
+            maps[section] = _check_component_map(data.pop(section), section, reg)
+    # the remaining keys, and whether required sections are there, are checked by the dataclass
+    config = check_dataclass(RecipeConfig, {**data, **components, **maps}, "")
+    for section in ("optimizer", "scheduler"):
+        if section not in components:  # defaults still go through the registry check
+            setattr(config, section, _check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]))
+    if config.name is None:
+        config.name = recipe.name
+    _check_cross_fields(config)
+    return config
+
+
+def _check_component(value: Any, section: str, reg: registry.Registry) -> Component:
+    if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {value!r}")
+    if "name" not in value:
+        raise RecipeError(f"{section}.name: missing required key (one of {', '.join(reg.names())})")
+    name = value["name"]
+    if not isinstance(name, str):
+        raise RecipeError(f"{section}.name: expected a {reg.what} name, got {name!r}")
+    entry = reg.get(name, key_path=f"{section}.name")
+    params = {k: v for k, v in value.items() if k != "name"}
+    checked = check_params(params, entry.parameters, _hints(entry.factory), section, f"{reg.what} '{name}'")
+    _run_validator(entry, checked, section)
+    return Component(name, checked)
+
+
+def _check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{section}: expected a mapping of {reg.what} names to parameters, got {value!r}")
+    out = {}
+    for name, params in value.items():
+        if params is None or params is False:  # `ema: null` in a child recipe switches it off
+            continue
+        if params is True:
+            params = {}
+        if not isinstance(params, dict):
+            raise RecipeError(
+                f"{section}.{name}: expected a mapping of parameters, true (defaults) or null (off), got {params!r}"
+            )
+        entry = reg.get(name, key_path=f"{section}.{name}")
+        out[name] = check_params(params, entry.parameters, _hints(entry.factory), f"{section}.{name}", f"{reg.what} '{name}'")
+        _run_validator(entry, out[name], f"{section}.{name}")
+    return out
+
+
+def _run_validator(entry: registry.Entry, params: dict[str, Any], path: str) -> None:
+    """An entry may register ``validator=fn(params, key_path)`` for checks beyond types."""
+    validator = entry.metadata.get("validator")
+    if validator is not None:
+        validator(params, path)
+
+
+def _hints(factory: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(factory)
+    except Exception:  # an annotation we cannot resolve: check only names, not types
+        return {}
+
+
+def _check_cross_fields(config: RecipeConfig) -> None:
+    t = config.trainer
+    if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
+        raise RecipeError(
+            f"run_name: {config.run_name!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"
+        )
+    if t.batch_size < 1:
+        raise RecipeError(f"trainer.batch_size: must be at least 1, got {t.batch_size}")
+    if t.eval_batch_size is not None and t.eval_batch_size < 1:
+        raise RecipeError(f"trainer.eval_batch_size: must be at least 1, got {t.eval_batch_size}")
+    if t.num_workers < 0:
+        raise RecipeError(f"trainer.num_workers: must be 0 or more, got {t.num_workers}")
+    micro = t.device_train_microbatch_size
+    if isinstance(micro, int) and micro < 1:
+        raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")
+    c = config.checkpoint
+    if c.best_only and not c.monitor:
+        raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
+    if c.keep < -1:
+        raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
+    _check_device(config)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'gpu' when CUDA is available, else 'cpu'."""
+    if device != "auto":
+        return device
+    import torch  # only asked when the recipe leaves the device to us
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _check_device(config: RecipeConfig) -> None:
+    t = config.trainer
+    needs_gpu = t.precision != "fp32" or t.device_train_microbatch_size == "auto" or t.device == "gpu"
+    if not needs_gpu:
+        return
+    device = resolve_device(t.device)
+    if device == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RecipeError("trainer.device: 'gpu' requested but no CUDA GPU is available (use 'cpu' or 'auto')")
+        if t.precision == "amp_bf16" and not torch.cuda.is_bf16_supported():
+            raise RecipeError("trainer.precision: amp_bf16 is not supported by this GPU (use amp_fp16 or fp32)")
+        return
+    if t.precision != "fp32":
+        raise RecipeError(
+            f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "
+            "(Composer supports only fp32 there). Use trainer.precision=fp32."
+        )
+    if t.device_train_microbatch_size == "auto":
+        raise RecipeError(
+            "trainer.device_train_microbatch_size: 'auto' needs a GPU; on the CPU give a number or null"
+        )

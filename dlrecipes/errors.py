@@ -1,0 +1,35 @@
+"""Errors meant for users.
+
+A :class:`UserError` is a mistake in what the user asked for (a recipe key, a file, a
+device setting).  The CLI prints its message alone and exits with code 2; anything
+else is a bug in dlrecipes and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class UserError(Exception):
+    """A mistake the user can fix; the message says what and where."""
+
+    exit_code = 2
+
+
+class RecipeError(UserError):
+    """The recipe (a file, a key, a value or an override) is not valid."""
+
+
+class DataError(UserError):
+    """A dataset is missing or unreadable."""
+
+
+class PluginError(UserError):
+    """A plugin could not be imported or registered."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,1 @@
+"""The torch modules behind the built-in model factories (imports torch)."""

@@ -1,0 +1,32 @@
+"""Wrap an ``nn.Module`` as a Composer classifier with top-1/top-5 accuracy and loss."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def classification_metrics(num_classes: int):
+    """torchmetrics for one split: top-1 and top-5 accuracy (top-k capped at the class count) and loss."""
+    from composer.metrics import CrossEntropy
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MulticlassAccuracy
+
+    return MetricCollection(
+        {
+            "top1": MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro"),
+            "top5": MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro"),
+            "loss": CrossEntropy(),
+        }
+    )
+
+
+def wrap_classifier(module: nn.Module, num_classes: int):
+    """A ComposerClassifier logging metrics/{train,eval}/{top1,top5,loss}."""
+    from composer.models import ComposerClassifier
+
+    return ComposerClassifier(
+        module,
+        num_classes=num_classes,
+        train_metrics=classification_metrics(num_classes),
+        val_metrics=classification_metrics(num_classes),
+    )

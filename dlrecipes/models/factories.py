@@ -1,0 +1,98 @@
+"""The built-in model factories.
+
+Each is a few lines: recipe parameters in, ``nn.Module`` out.  Torch and timm are
+imported inside the factories so that listing and validating recipes stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dlrecipes.errors import DataError, RecipeError, did_you_mean
+from dlrecipes.registry import models
+
+
+@models.register("cnn_simple", input_size=(1, 28, 28))
+def cnn_simple(num_classes: int = 10, in_chans: int = 1, width: int = 32, hidden: int = 128):
+    """Small baseline CNN (2 conv + max-pool, 1 hidden layer), MNIST-sized inputs."""
+    from dlrecipes.models.architectures.simple_cnn import CNNSimple
+
+    return CNNSimple(num_classes, in_chans, width, hidden)
+
+
+@models.register("mnist_cnn", input_size=(1, 28, 28))
+def mnist_cnn(num_classes: int = 10, in_chans: int = 1, width: int = 32, dropout: float = 0.4):
+    """Stronger MNIST CNN (BN conv blocks, strided 5x5 downsampling, dropout), aims at >= 99.2%."""
+    from dlrecipes.models.architectures.simple_cnn import MnistCNN
+
+    return MnistCNN(num_classes, in_chans, width, dropout)
+
+
+@models.register("cifar_resnet18", input_size=(3, 32, 32))
+def cifar_resnet18(num_classes: int = 10, in_chans: int = 3):
+    """ResNet-18 with a 3x3 stride-1 stem for 32x32 images (11.2 M parameters)."""
+    from dlrecipes.models.architectures.cifar_resnet import resnet18
+
+    return resnet18(num_classes, in_chans)
+
+
+@models.register("cifar_preact_resnet18", input_size=(3, 32, 32))
+def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
+    """Pre-activation ResNet-18 with a 32x32 stem (He et al. 2016)."""
+    from dlrecipes.models.architectures.cifar_resnet import preact_resnet18
+
+    return preact_resnet18(num_classes, in_chans)
+
+
+def _check_timm_arch(params: dict, path: str) -> None:
+    import timm
+
+    arch = params.get("arch")
+    if arch is not None and not timm.is_model(arch):
+        raise RecipeError(
+            f"{path}.arch: unknown timm architecture '{arch}'"
+            f"{did_you_mean(arch, timm.list_models())}. `python -c \"import timm; print(timm.list_models('resnet*'))\"` lists them."
+        )
+
+
+@models.register(
+    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch
+)
+def timm_model(
+    arch: str,
+    num_classes: int = 1000,
+    in_chans: int = 3,
+    pretrained: bool = False,
+    pretrained_path: Optional[str] = None,
+    drop_rate: float = 0.0,
+    drop_path_rate: Optional[float] = None,
+    min_input_size: int = 64,
+    input_shape: Optional[tuple[int, int, int]] = None,
+):
+    """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file)."""
+    import timm
+
+    if input_shape is not None and min(input_shape[1:]) < min_input_size:
+        raise RecipeError(
+            f"model.arch: timm '{arch}' is built for ImageNet-sized inputs and the data is "
+            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
+            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
+        )
+    kwargs = {"num_classes": num_classes, "in_chans": in_chans, "drop_rate": drop_rate}
+    if drop_path_rate is not None:
+        kwargs["drop_path_rate"] = drop_path_rate
+    if pretrained_path is not None:
+        from pathlib import Path
+
+        if not Path(pretrained_path).is_file():
+            raise DataError(f"model.pretrained_path: weights file not found: {pretrained_path}")
+        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(pretrained_path)}, **kwargs)
+    try:
+        return timm.create_model(arch, pretrained=pretrained, **kwargs)
+    except (OSError, RuntimeError) as exc:
+        if not pretrained:
+            raise
+        raise DataError(
+            f"model.pretrained: could not fetch pretrained weights for timm '{arch}' ({type(exc).__name__}: {exc}). "
+            "Offline? Download the weights elsewhere and set model.pretrained_path to the file."
+        ) from None

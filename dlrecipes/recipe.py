@@ -1,0 +1,216 @@
+"""Load a recipe: read YAML safely, follow ``base:``, apply ``key.path=value`` overrides.
+
+The result is a plain nested dict plus, for every leaf, where its value came from (a file
+or an override), which ``dlrecipes show`` prints.  Nothing here knows the schema: that is
+:mod:`dlrecipes.config`'s job.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from dlrecipes.errors import RecipeError
+
+MAX_BASE_DEPTH = 16
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
+
+
+def _construct_mapping(loader: _StrictSafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)  # resolves `<<:` merge keys first
+    mapping: dict = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unhashable key {key!r}", key_node.start_mark
+            ) from None
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}'", key_node.start_mark
+            )
+        mapping[key] = loader.construct_object(value_node, deep=deep)
+    return mapping
+
+
+_StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, origin: str) -> Any:
+    """Safe-load YAML ``text``; errors name ``origin`` and the line."""
+    try:
+        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{origin}, line {mark.line + 1}" if mark is not None else origin
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"{where}: invalid YAML: {problem}") from None
+
+
+def read_yaml_file(path: Path) -> dict:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file not found: {path}") from None
+    except IsADirectoryError:
+        raise RecipeError(f"recipe path is a directory, not a file: {path}") from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+@dataclass
+class LoadedRecipe:
+    """A merged recipe before validation."""
+
+    path: Path
+    data: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)  # "a.b.c" -> file or override
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> LoadedRecipe:
+    """Read ``path``, merge its ``base:`` files in order (the recipe last), then ``overrides``."""
+    path = Path(path)
+    data, sources = _load_with_bases(path.resolve(), chain=())
+    recipe = LoadedRecipe(path=path, data=data, sources=sources)
+    for override in overrides:
+        apply_override(recipe, override)
+    return recipe
+
+
+def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[str, str]]:
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise RecipeError(f"base: recipes include each other in a cycle: {cycle}")
+    if len(chain) >= MAX_BASE_DEPTH:
+        raise RecipeError(f"base: more than {MAX_BASE_DEPTH} levels of base recipes at {path}")
+    data = read_yaml_file(path)
+    bases = data.pop("base", None)
+    if bases is None:
+        bases = []
+    elif isinstance(bases, str):
+        bases = [bases]
+    elif not (isinstance(bases, list) and all(isinstance(b, str) for b in bases)):
+        raise RecipeError(f"{path}: base: must be a file name or a list of file names, got {bases!r}")
+
+    merged: dict = {}
+    sources: dict[str, str] = {}
+    for base in bases:
+        base_path = (path.parent / base).resolve()
+        if not base_path.exists():
+            raise RecipeError(f"{path}: base: file not found: {base} (looked for {base_path})")
+        base_data, base_sources = _load_with_bases(base_path, (*chain, path))
+        _merge_into(merged, sources, base_data, base_sources, prefix="")
+    own_sources = {p: _display_path(path) for p in _leaf_paths(data)}
+    _merge_into(merged, sources, data, own_sources, prefix="")
+    return merged, sources
+
+
+def _merge_into(dst: dict, dst_sources: dict, src: dict, src_sources: dict, prefix: str) -> None:
+    """Deep-merge ``src`` into ``dst``: mappings merge, everything else (lists too) replaces."""
+    for key, value in src.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge_into(dst[key], dst_sources, value, src_sources, prefix=f"{path}.")
+            continue
+        _forget_sources(dst_sources, path)
+        dst[key] = copy.deepcopy(value)
+        for leaf in _leaf_paths({key: value}, prefix):
+            dst_sources[leaf] = src_sources.get(leaf, "?")
+
+
+def _leaf_paths(data: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            paths.extend(_leaf_paths(value, f"{path}."))
+        else:
+            paths.append(path)
+    return paths
+
+
+def _forget_sources(sources: dict[str, str], path: str) -> None:
+    for key in [k for k in sources if k == path or k.startswith(path + ".")]:
+        del sources[key]
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def apply_override(recipe: LoadedRecipe, override: str) -> None:
+    """Apply ``key.path=value`` (YAML value), ``key.path=null`` or ``~key.path`` (delete)."""
+    label = f"override {override}"
+    if override.startswith("~"):
+        keys = _split_key_path(override[1:], override)
+        parent = _walk(recipe.data, keys[:-1], override, create=False)
+        if parent is None or keys[-1] not in parent:
+            raise RecipeError(f"override {override}: nothing to delete at '{'.'.join(keys)}'")
+        del parent[keys[-1]]
+        _forget_sources(recipe.sources, ".".join(keys))
+        return
+    if "=" not in override:
+        raise RecipeError(
+            f"override '{override}': expected key.path=value (or ~key.path to delete a key)"
+        )
+    key_path, _, raw_value = override.partition("=")
+    keys = _split_key_path(key_path, override)
+    value = parse_yaml(raw_value, f"override {override}") if raw_value.strip() else ""
+    parent = _walk(recipe.data, keys[:-1], override, create=True)
+    _forget_sources(recipe.sources, ".".join(keys))
+    parent[keys[-1]] = value
+    leaves = _leaf_paths({keys[-1]: value}, ".".join(keys[:-1]) + "." if len(keys) > 1 else "")
+    for leaf in leaves:
+        recipe.sources[leaf] = label
+
+
+def _split_key_path(key_path: str, override: str) -> list[str]:
+    keys = key_path.strip().split(".")
+    if not all(keys):
+        raise RecipeError(f"override '{override}': '{key_path}' is not a valid key path (a.b.c)")
+    if keys[0] == "base":
+        raise RecipeError(f"override '{override}': base: can only be set in a recipe file")
+    return keys
+
+
+def _walk(data: dict, keys: list[str], override: str, create: bool) -> dict | None:
+    node = data
+    for i, key in enumerate(keys):
+        child = node.get(key)
+        if child is None and create:
+            child = node[key] = {}
+        if child is None:
+            return None
+        if not isinstance(child, dict):
+            where = ".".join(keys[: i + 1])
+            raise RecipeError(
+                f"override '{override}': '{where}' is a {type(child).__name__}, not a section"
+            )
+        node = child
+    return node

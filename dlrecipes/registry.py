@@ -1,0 +1,131 @@
+"""The registries: one per kind of buildable thing, and nothing else.
+
+This module declares registries and imports no implementation, so it can never be part
+of an import cycle.  Implementations register themselves next to their code::
+
+    from dlrecipes.registry import models
+
+    @models.register("my_net", input_size=(3, 32, 32))
+    def my_net(num_classes: int = 10, width: int = 64):
+        \"\"\"One-line description shown by ``dlrecipes list models``.\"\"\"
+        from my_pkg.nets import MyNet  # heavy imports go inside the factory
+        return MyNet(num_classes, width)
+
+An entry is a *factory*: a function whose keyword parameters (with type annotations and
+defaults) are exactly the keys a recipe may give next to ``name:``.  Recipes are checked
+against that signature before anything is built, so keep heavy imports (torch, composer,
+timm) inside the factory body: ``validate`` and ``list`` then answer quickly.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from dlrecipes.errors import PluginError, RecipeError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered factory."""
+
+    name: str
+    factory: Callable[..., Any]
+    source: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        doc = inspect.getdoc(self.factory) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+    @property
+    def parameters(self) -> dict[str, inspect.Parameter]:
+        """Keyword parameters a recipe may set (``*args``/``**kwargs`` excluded)."""
+        params = inspect.signature(self.factory).parameters
+        return {
+            n: p
+            for n, p in params.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+
+    def build(self, **params: Any) -> Any:
+        return self.factory(**params)
+
+
+class Registry:
+    """Name -> factory, for one group (``models``, ``datasets``, ...)."""
+
+    def __init__(self, group: str, what: str, returns: str):
+        self.group = group
+        self.what = what  # e.g. "model", used in messages
+        self.returns = returns  # what a factory must return, for the docs and `list`
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str | None = None, **metadata: Any) -> Callable:
+        """Decorator registering a factory under ``name`` (default: the function name)."""
+
+        def decorator(factory: Callable) -> Callable:
+            self.add(name or factory.__name__, factory, **metadata)
+            return factory
+
+        return decorator
+
+    def add(self, name: str, factory: Callable, source: str | None = None, **metadata: Any) -> None:
+        source = source or _source_of(factory)
+        if name in self._entries:
+            existing = self._entries[name]
+            if existing.factory is factory:
+                return  # the same module imported twice (e.g. as a plugin and a built-in)
+            raise PluginError(
+                f"two {self.group} are registered as '{name}': one from {existing.source}, "
+                f"one from {source}. Rename one of them."
+            )
+        self._entries[name] = Entry(name, factory, source, dict(metadata))
+
+    def get(self, name: str, key_path: str = "name") -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            valid = ", ".join(sorted(self._entries)) or "(none registered)"
+            raise RecipeError(
+                f"{key_path}: unknown {self.what} '{name}'{did_you_mean(str(name), self._entries)}. "
+                f"Valid {self.group}: {valid}"
+            ) from None
+
+    def build(self, name: str, **params: Any) -> Any:
+        return self.get(name).build(**params)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries[n] for n in self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _source_of(factory: Callable) -> str:
+    module = getattr(factory, "__module__", "?")
+    try:
+        return f"{module} ({inspect.getsourcefile(factory)})"
+    except TypeError:
+        return module
+
+
+models = Registry("models", "model", "a torch.nn.Module producing class logits")
+datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits")
+optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)")
+schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler")
+algorithms = Registry("algorithms", "algorithm", "a composer Algorithm")
+callbacks = Registry("callbacks", "callback", "a composer Callback")
+loggers = Registry("loggers", "logger", "a composer LoggerDestination")
+
+REGISTRIES: dict[str, Registry] = {
+    r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers)
+}

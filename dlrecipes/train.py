@@ -1,0 +1,169 @@
+"""Fit: a validated recipe -> run directory -> Composer Trainer -> ``fit()``."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from dlrecipes import builders
+from dlrecipes.config import RecipeConfig, resolve_device
+from dlrecipes.errors import RecipeError, UserError
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST_CHECKPOINT = "latest-rank0.pt"
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    epochs: int
+    batches: int
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _same_on_all_ranks(value: str, device: str) -> str:
+    """Rank 0's ``value`` on every rank (run names contain a timestamp)."""
+    if _world_size() == 1:
+        return value
+    from composer.devices import DeviceCPU, DeviceGPU
+    from composer.utils import dist
+
+    dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def choose_run_name(config: RecipeConfig, resume: bool, device: str) -> str:
+    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp."""
+    if config.run_name:
+        return config.run_name
+    runs = Path(config.runs_dir)
+    if resume:
+        candidates = sorted(
+            (p for p in runs.glob(f"{config.name}-*") if (p / CHECKPOINT_DIR / LATEST_CHECKPOINT).exists()),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not candidates:
+            raise UserError(
+                f"--resume: no run of recipe '{config.name}' with a checkpoint under {runs}/ "
+                f"(looked for {runs}/{config.name}-*/{CHECKPOINT_DIR}/{LATEST_CHECKPOINT}); "
+                "set run_name=... to name the run to continue"
+            )
+        return candidates[-1].name
+    return _same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device)
+
+
+def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
+    """Create ``runs/<run_name>/`` and write the resolved recipe there (rank 0)."""
+    run_dir = Path(config.runs_dir) / run_name
+    resolved = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    recipe_file = run_dir / "recipe.yaml"
+    if int(os.environ.get("RANK", "0")) == 0:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"runs_dir: cannot create run directory {run_dir}: {exc.strerror}") from None
+        if not os.access(run_dir, os.W_OK):
+            raise UserError(f"runs_dir: run directory {run_dir} is not writable")
+        if recipe_file.exists() and not resume and (run_dir / CHECKPOINT_DIR).exists():
+            raise UserError(
+                f"run_name: {run_dir} already holds a run; pass --resume to continue it or choose another run_name"
+            )
+        if not recipe_file.exists() or recipe_file.read_text() != resolved:
+            if recipe_file.exists():
+                recipe_file.rename(run_dir / f"recipe.before-{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+            recipe_file.write_text(resolved)
+    return run_dir
+
+
+def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, device: Optional[str] = None):
+    """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted)."""
+    from composer import Trainer
+    from composer.loggers import FileLogger
+    from composer.utils import reproducibility
+
+    from dlrecipes.best_checkpoint import BestCheckpoint
+
+    t, ckpt = config.trainer, config.checkpoint
+    device = device or resolve_device(t.device)
+    if t.deterministic:
+        reproducibility.configure_deterministic_mode()
+    reproducibility.seed_all(t.seed)  # before building, so weights and data are seeded too
+
+    data = builders.build_datasets(config.dataset)
+    model = builders.build_model(config.model, data)
+    train_dl, eval_dl = builders.build_dataloaders(data, t, device)
+    optimizer = builders.build_optimizer(config.optimizer, model)
+    callbacks = builders.build_callbacks(config.callbacks, run_dir)
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    if ckpt.monitor:
+        callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
+    loggers = builders.build_loggers(config.loggers, run_dir)
+    loggers.append(FileLogger(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
+    periodic = ckpt.save and not ckpt.best_only
+    return Trainer(
+        model=model,
+        train_dataloader=train_dl,
+        eval_dataloader=eval_dl,
+        max_duration=t.max_duration,
+        eval_interval=t.eval_interval,
+        optimizers=optimizer,
+        schedulers=builders.build_scheduler(config.scheduler),
+        step_schedulers_every_batch=True,
+        algorithms=builders.build_algorithms(config.algorithms),
+        callbacks=callbacks,
+        loggers=loggers,
+        run_name=run_dir.name,
+        progress_bar=t.progress_bar,
+        log_to_console=not t.progress_bar,
+        console_log_interval=t.console_log_interval,
+        train_subset_num_batches=t.train_subset_num_batches,
+        eval_subset_num_batches=t.eval_subset_num_batches,
+        save_folder=str(checkpoint_dir) if periodic else None,
+        save_interval=ckpt.save_interval,
+        save_num_checkpoints_to_keep=ckpt.keep,
+        autoresume=resume and periodic,
+        load_path=ckpt.load_path,
+        load_weights_only=ckpt.load_weights_only,
+        load_strict_model_weights=ckpt.load_strict,
+        load_ignore_keys=ckpt.load_ignore_keys or None,
+        device=device,
+        precision=t.precision,
+        device_train_microbatch_size=t.device_train_microbatch_size,
+        seed=t.seed,
+        deterministic_mode=t.deterministic,
+    )
+
+
+def train(config: RecipeConfig, resume: bool = False) -> TrainResult:
+    """Train a validated recipe; returns where the run went and its final eval metrics."""
+    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
+        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+    device = resolve_device(config.trainer.device)
+    run_dir = prepare_run_dir(config, choose_run_name(config, resume, device), resume)
+    start = time.perf_counter()
+    trainer = build_trainer(config, run_dir, resume=resume, device=device)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    state = trainer.state
+    metrics: dict[str, Any] = {k: float(v) for k, v in state.eval_metric_values.items()}
+    return TrainResult(
+        run_dir=run_dir,
+        epochs=int(state.timestamp.epoch),
+        batches=int(state.timestamp.batch),
+        eval_metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
