@@ -27,9 +27,11 @@ def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[st
     return loaded
 
 
-def resolve(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> RecipeConfig:
+def resolve(
+    recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), check_device: bool = True
+) -> RecipeConfig:
     """Load and validate: the recipe as the trainer will see it (nothing is built)."""
-    return validate(load(recipe, overrides, plugins))
+    return validate(load(recipe, overrides, plugins), check_device=check_device)
 
 
 def train(

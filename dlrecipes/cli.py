@@ -26,6 +26,9 @@ OverridesArg = typer.Argument(
     None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
 )
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
+DeviceCheckOpt = typer.Option(
+    True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
+)
 
 
 def _fail(message: str) -> None:
@@ -65,11 +68,12 @@ def validate(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     plugin: List[str] = PluginOpt,
+    device_check: bool = DeviceCheckOpt,
 ) -> None:
     """Check a recipe against the schema and the registries, building nothing."""
     from dlrecipes import api
 
-    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
+    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin, check_device=device_check))
     typer.echo(f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})")
 
 
@@ -78,6 +82,7 @@ def show(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     plugin: List[str] = PluginOpt,
+    device_check: bool = DeviceCheckOpt,
 ) -> None:
     """Print the resolved recipe, each value annotated with the file or override it came from."""
     from dlrecipes import api
@@ -85,8 +90,9 @@ def show(
     from dlrecipes.show import render_with_sources
 
     loaded = _guarded(lambda: api.load(recipe, overrides or [], plugin))
-    config = _guarded(lambda: validate_recipe(loaded))
-    typer.echo(render_with_sources(config.to_dict(), loaded.sources))
+    config = _guarded(lambda: validate_recipe(loaded, check_device=device_check))
+    sources = {"name": "the recipe's file name", **loaded.sources}
+    typer.echo(render_with_sources(config.to_dict(), sources))
 
 
 @app.command("list")

@@ -100,14 +100,21 @@ class RecipeConfig:
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and runs save)."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+        for name in TOP_LEVEL_ORDER:
+            value = getattr(self, name)
             if isinstance(value, Component):
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
-            out[f.name] = value
+            out[name] = value
         return out
+
+
+# How sections are listed in resolved recipes: what the run is, then what it builds.
+TOP_LEVEL_ORDER = (
+    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "trainer",
+    "optimizer", "scheduler", "checkpoint", "algorithms", "callbacks", "loggers",
+)
 
 
 # Sections holding one named component, and the registry that names it.
@@ -127,8 +134,12 @@ COMPONENT_MAPS = {
 _RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def validate(recipe: LoadedRecipe) -> RecipeConfig:
-    """Check a loaded recipe against the schema and the registries (builds nothing)."""
+def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
+    """Check a loaded recipe against the schema and the registries (builds nothing).
+
+    ``check_device=False`` skips asking whether this machine can run the recipe's device
+    and precision (for checking a GPU recipe on a laptop).
+    """
     data = dict(recipe.data)
     components: dict[str, Component] = {}
     for section, reg in COMPONENT_SECTIONS.items():
@@ -146,6 +157,8 @@ def validate(recipe: LoadedRecipe) -> RecipeConfig:
     if config.name is None:
         config.name = recipe.name
     _check_cross_fields(config)
+    if check_device:
+        _check_device(config)
     return config
 
 
@@ -221,7 +234,6 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
     if c.keep < -1:
         raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
-    _check_device(config)
 
 
 def resolve_device(device: str) -> str:

@@ -8,6 +8,7 @@ or an override), which ``dlrecipes show`` prints.  Nothing here knows the schema
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -24,9 +25,10 @@ class _StrictSafeLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _StrictSafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)  # resolves `<<:` merge keys first
-    mapping: dict = {}
-    for key_node, value_node in node.value:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` keys may be overridden by explicit ones
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)
@@ -34,15 +36,19 @@ def _construct_mapping(loader: _StrictSafeLoader, node: yaml.MappingNode, deep: 
             raise yaml.constructor.ConstructorError(
                 None, None, f"unhashable key {key!r}", key_node.start_mark
             ) from None
-        if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key '{key}'", key_node.start_mark
-            )
-        mapping[key] = loader.construct_object(value_node, deep=deep)
-    return mapping
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+        seen[key] = True
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
 _StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.1 (PyYAML) reads `1e-3` as a string; people writing learning rates mean a float.
+_StrictSafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def parse_yaml(text: str, origin: str) -> Any:

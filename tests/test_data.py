@@ -1,0 +1,161 @@
+"""Datasets: the embedded digits, synthetic data, image folders, and MNIST/CIFAR from files."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import pickle
+import struct
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dlrecipes import registry
+from dlrecipes.data import torchvision_sets
+from dlrecipes.data.digits import load_digits_arrays, stratified_split
+from dlrecipes.data.image_folder import imagenet100_classes
+from dlrecipes.errors import DataError
+
+
+def test_embedded_digits_are_the_real_uci_set():
+    images, labels = load_digits_arrays()
+    assert images.shape == (1797, 8, 8) and images.max() == 16
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
+def test_digits_split_is_stratified_disjoint_and_shaped():
+    _, labels = load_digits_arrays()
+    train, evaluation = stratified_split(labels, 0.2, seed=0)
+    assert len(set(train) & set(evaluation)) == 0 and len(train) + len(evaluation) == 1797
+    assert all(abs((labels[evaluation] == c).sum() - 0.2 * (labels == c).sum()) <= 1 for c in range(10))
+    data = registry.datasets.build("digits", image_size=28, augment=True)
+    x, y = data.train[0]
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32 and isinstance(y, int)
+    assert data.input_shape == (1, 28, 28) and data.num_classes == 10 and len(data.eval) == len(evaluation)
+    eval_x = torch.stack([data.eval[i][0] for i in range(len(data.eval))])
+    assert abs(eval_x.mean().item()) < 0.2  # normalised with the training statistics
+
+
+def test_synthetic_is_deterministic():
+    a = registry.datasets.build("synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1)
+    b = registry.datasets.build("synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1)
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0]) and len(a.eval) == 4
+    assert a.train.tensors[1].max() < 3
+
+
+def _jpegs(root, classes, per_class=2, size=(40, 30)):
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{i}.jpg")
+
+
+def test_image_folder_builds_transforms_per_split(tmp_path):
+    _jpegs(tmp_path, ["cat", "dog", "emu"])
+    data = registry.datasets.build(
+        "image_folder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"), crop_size=16, resize_size=20
+    )
+    assert data.num_classes == 3 and data.class_names == ["cat", "dog", "emu"]
+    x, y = data.train[0]
+    assert x.shape == (3, 16, 16) and y == 0
+    assert data.eval[5][0].shape == (3, 16, 16) and data.eval[5][1] == 2
+
+
+def test_image_folder_errors_name_the_folder(tmp_path):
+    with pytest.raises(DataError, match=r"dataset.train_path: folder not found: .*nope"):
+        registry.datasets.build("image_folder", train_path=str(tmp_path / "nope"), val_path=str(tmp_path))
+    _jpegs(tmp_path, ["a"])
+    (tmp_path / "train" / "empty").mkdir()
+    (tmp_path / "val" / "empty").mkdir()
+    with pytest.raises(DataError, match="empty"):
+        registry.datasets.build("image_folder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"))
+
+
+def test_imagenet100_uses_the_shipped_synsets_and_lists_missing_ones(tmp_path):
+    classes = imagenet100_classes()
+    assert len(classes) == 100 and len(set(classes)) == 100 and all(c.startswith("n") for c in classes)
+    _jpegs(tmp_path, classes[:98] + ["n99999999"], per_class=1, size=(12, 12))
+    with pytest.raises(DataError, match=rf"lacks 2 of the 100 expected class folders: {classes[98]}, {classes[99]}"):
+        registry.datasets.build("imagenet100", root=str(tmp_path))
+    _jpegs(tmp_path, classes[98:], per_class=1, size=(12, 12))
+    data = registry.datasets.build("imagenet100", root=str(tmp_path), crop_size=8, resize_size=10)
+    assert data.num_classes == 100 and data.class_names == classes  # the extra folder is ignored
+    assert len(data.train) == 100
+
+
+def _write_idx(path, array):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_reads_idx_files_and_names_missing_ones(tmp_path):
+    with pytest.raises(DataError, match=r"mnist not found \(download is off\)[\s\S]*train-images-idx3-ubyte[\s\S]*t10k-labels-idx1-ubyte"):
+        registry.datasets.build("mnist", root=str(tmp_path), download=False)
+    raw = tmp_path / "MNIST" / "raw"
+    rng = np.random.default_rng(0)
+    _write_idx(raw / "train-images-idx3-ubyte", rng.integers(0, 255, (20, 28, 28)))
+    _write_idx(raw / "train-labels-idx1-ubyte", np.arange(20) % 10)
+    _write_idx(raw / "t10k-images-idx3-ubyte", rng.integers(0, 255, (10, 28, 28)))
+    _write_idx(raw / "t10k-labels-idx1-ubyte", np.arange(10))
+    data = registry.datasets.build("mnist", root=str(tmp_path), download=False)
+    assert len(data.train) == 20 and len(data.eval) == 10
+    x, y = data.eval[3]
+    assert x.shape == (1, 28, 28) and y == 3
+
+
+def _cifar_archive(tmp_path, n=6):
+    folder = tmp_path / "src" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), "labels": list(range(n))}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-py")
+    return archive
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """Serve tmp_path over HTTP on loopback (the download code path, without the internet)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_cifar_download_path_fetches_checks_and_extracts(tmp_path, monkeypatch, http_server):
+    archive = _cifar_archive(tmp_path)
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    url = f"{http_server}/{archive.name}"
+    source = torchvision_sets.CIFAR10.__class__(**{**torchvision_sets.CIFAR10.__dict__, "url": url, "md5": md5})
+    monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
+    data = registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True)
+    assert len(data.train) == 30 and len(data.eval) == 6 and data.num_classes == 10
+    x, y = data.train[7]
+    assert x.shape == (3, 32, 32) and y == 1
+
+
+def test_cifar_offline_names_the_expected_files(tmp_path, monkeypatch, http_server):
+    source = torchvision_sets.CIFAR10.__class__(
+        **{**torchvision_sets.CIFAR10.__dict__, "url": f"{http_server}/no-such-archive.tar.gz"}
+    )
+    monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
+    with pytest.raises(DataError, match=r"cifar10 not found \(download failed: [\s\S]*data_batch_1[\s\S]*test_batch"):
+        registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True)
+    with pytest.raises(DataError, match=r"download is off"):
+        registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=False)

@@ -1,0 +1,61 @@
+"""Every registered model builds and runs a forward pass on its expected input size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlrecipes import registry
+from dlrecipes.builders import model_params
+from dlrecipes.config import Component
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import RecipeError
+
+
+def _fake_splits(input_shape, num_classes=7):
+    return DatasetSplits(train=None, eval=None, num_classes=num_classes, input_shape=input_shape)
+
+
+@pytest.mark.parametrize("entry", list(registry.models), ids=lambda e: e.name)
+def test_model_forward_on_its_input_size(entry):
+    shape = entry.metadata["input_size"]
+    params = model_params(Component(entry.name, dict(entry.metadata.get("example_params", {}))), _fake_splits(shape))
+    model = entry.build(**params).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, *shape))
+    assert out.shape == (2, 7)
+    assert torch.isfinite(out).all()
+
+
+def test_cifar_resnet18_has_the_published_parameter_count():
+    model = registry.models.build("cifar_resnet18", num_classes=10)
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count - 11.17e6) / 11.17e6 < 0.01
+
+
+def test_models_accept_other_channel_counts():
+    model = registry.models.build("mnist_cnn", num_classes=3, in_chans=3)
+    assert model(torch.randn(2, 3, 20, 20)).shape == (2, 3)
+
+
+def test_timm_refuses_small_inputs_and_points_to_cifar_models():
+    with pytest.raises(RecipeError, match=r"32x32 \(below min_input_size=64\).*cifar_resnet18"):
+        registry.models.build("timm", arch="resnet18", num_classes=10, input_shape=(3, 32, 32))
+    model = registry.models.build("timm", arch="resnet18", num_classes=10, input_shape=(3, 32, 32), min_input_size=32)
+    assert model.eval()(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_timm_loads_a_local_pretrained_file(tmp_path):
+    source = registry.models.build("timm", arch="resnet18", num_classes=1000)
+    weights = tmp_path / "resnet18.pth"
+    torch.save(source.state_dict(), weights)
+    model = registry.models.build("timm", arch="resnet18", num_classes=1000, pretrained_path=str(weights))
+    assert torch.equal(model.conv1.weight, source.conv1.weight)
+    # a new head for another class count: the backbone is loaded, the classifier is fresh
+    model = registry.models.build("timm", arch="resnet18", num_classes=5, pretrained_path=str(weights))
+    assert torch.equal(model.conv1.weight, source.conv1.weight) and model.fc.out_features == 5
+
+
+def test_model_num_classes_must_match_the_data():
+    with pytest.raises(RecipeError, match="model.num_classes: 5 does not match the dataset, which has 7 classes"):
+        model_params(Component("cnn_simple", {"num_classes": 5}), _fake_splits((1, 28, 28)))

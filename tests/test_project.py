@@ -1,0 +1,45 @@
+"""The project's promises about itself: README commands, CI, entry points, import cost."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from .conftest import REPO
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", text, re.S).group(1)
+    return [line for line in first_block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_starts_with_the_main_job_and_the_test_command():
+    main_job, tests = _readme_commands()[:2]
+    assert "pip install" in main_job and "dlrecipes train recipes/quickstart.yaml" in main_job
+    assert "pip install" in tests and "pytest" in tests
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    tests = _readme_commands()[1]
+    assert tests in (REPO / ".ci" / "run").read_text().splitlines()
+
+
+def test_help_list_and_validate_do_not_import_torch(tmp_path):
+    probe = (
+        "import sys; from dlrecipes.cli import main\n"
+        "for args in (['--help'], ['list'], ['validate', 'recipes/quickstart.yaml']):\n"
+        "    try: main(args)\n"
+        "    except SystemExit as e: assert not e.code, (args, e.code)\n"
+        "heavy = [m for m in ('torch', 'composer', 'timm', 'torchvision') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_python_dash_m_and_the_root_cli_hand_over():
+    for cmd in ([sys.executable, "-m", "dlrecipes", "--help"], [sys.executable, "cli.py", "--help"]):
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "train" in out.stdout and "validate" in out.stdout

@@ -1,0 +1,130 @@
+"""load: YAML, base: composition, overrides, deletions, provenance."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrecipes.errors import RecipeError
+from dlrecipes.recipe import load_recipe
+
+from .conftest import write
+
+
+@pytest.fixture
+def family(tmp_path):
+    write(tmp_path / "base" / "a.yaml", """
+        trainer: {max_duration: 5ep, batch_size: 32, seed: 1}
+        algorithms: {ema: {half_life: 10ba}}
+        tags: [a, b, c]
+    """)
+    write(tmp_path / "base" / "b.yaml", """
+        base: a.yaml
+        trainer: {batch_size: 64}
+        tags: [x]
+    """)
+    write(tmp_path / "other.yaml", """
+        trainer: {seed: 2}
+    """)
+    return write(tmp_path / "child.yaml", """
+        base: [base/b.yaml, other.yaml]
+        trainer: {max_duration: 7ep}
+        model: {name: cnn_simple}
+    """)
+
+
+def test_bases_merge_in_order_with_the_recipe_last(family):
+    data = load_recipe(family).data
+    assert data["trainer"] == {"max_duration": "7ep", "batch_size": 64, "seed": 2}
+    assert data["algorithms"] == {"ema": {"half_life": "10ba"}}  # mappings merge
+    assert data["tags"] == ["x"]  # lists replace
+    assert "base" not in data
+
+
+def test_sources_name_the_file_each_value_came_from(family, tmp_path):
+    sources = load_recipe(family, ["trainer.seed=3"]).sources
+    assert sources["trainer.max_duration"].endswith("child.yaml")
+    assert sources["trainer.batch_size"].endswith("b.yaml")
+    assert sources["algorithms.ema.half_life"].endswith("a.yaml")
+    assert sources["trainer.seed"] == "override trainer.seed=3"
+
+
+def test_overrides_parse_yaml_values_set_null_and_create_keys(family):
+    data = load_recipe(
+        family,
+        ["trainer.batch_size=128", "trainer.lr=1e-3", "tags=[1, 2]", "trainer.seed=null",
+         "new.section.key={a: 1}", "model.name=mnist_cnn", "trainer.max_duration='10'"],
+    ).data
+    assert data["trainer"]["batch_size"] == 128
+    assert data["trainer"]["lr"] == 1e-3
+    assert data["tags"] == [1, 2]
+    assert data["trainer"]["seed"] is None and "seed" in data["trainer"]
+    assert data["new"] == {"section": {"key": {"a": 1}}}
+    assert data["model"]["name"] == "mnist_cnn"
+    assert data["trainer"]["max_duration"] == "10"
+
+
+def test_tilde_deletes_a_key_and_its_sources(family):
+    recipe = load_recipe(family, ["~algorithms.ema", "~trainer.seed"])
+    assert recipe.data["algorithms"] == {}
+    assert "seed" not in recipe.data["trainer"]
+    assert not any(k.startswith("algorithms.ema") for k in recipe.sources)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("~trainer.nope", "nothing to delete at 'trainer.nope'"),
+        ("trainer.batch_size.x=1", "'trainer.batch_size' is a int, not a section"),
+        ("justaword", "expected key.path=value"),
+        ("a..b=1", "not a valid key path"),
+        ("base=x.yaml", "base: can only be set in a recipe file"),
+        ("trainer.seed=[1, 2", "invalid YAML"),
+    ],
+)
+def test_bad_overrides_are_named(family, override, message):
+    with pytest.raises(RecipeError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_recipe(family, [override])
+
+
+def test_duplicate_keys_are_an_error_with_the_line(tmp_path):
+    path = write(tmp_path / "dup.yaml", """
+        trainer:
+          seed: 1
+          seed: 2
+    """)
+    with pytest.raises(RecipeError, match=r"dup.yaml, line 3: invalid YAML: duplicate key 'seed'"):
+        load_recipe(path)
+
+
+def test_anchors_and_merge_keys_still_work(tmp_path):
+    path = write(tmp_path / "anchors.yaml", """
+        common: &c {batch_size: 8, seed: 3}
+        trainer:
+          <<: *c
+          seed: 4
+    """)
+    assert load_recipe(path).data["trainer"] == {"batch_size": 8, "seed": 4}
+
+
+def test_unsafe_yaml_tags_are_refused(tmp_path):
+    path = write(tmp_path / "evil.yaml", "x: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(RecipeError, match="invalid YAML"):
+        load_recipe(path)
+
+
+def test_base_cycles_missing_bases_and_bad_files_are_named(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(RecipeError, match="cycle"):
+        load_recipe(tmp_path / "a.yaml")
+    write(tmp_path / "c.yaml", "base: missing.yaml\n")
+    with pytest.raises(RecipeError, match="base: file not found: missing.yaml"):
+        load_recipe(tmp_path / "c.yaml")
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    (tmp_path / "bin.yaml").write_bytes(b"a: \xff\xfe\n")
+    with pytest.raises(RecipeError, match="not UTF-8"):
+        load_recipe(tmp_path / "bin.yaml")
+    write(tmp_path / "list.yaml", "- 1\n- 2\n")
+    with pytest.raises(RecipeError, match="must be a mapping"):
+        load_recipe(tmp_path / "list.yaml")

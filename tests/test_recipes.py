@@ -1,0 +1,45 @@
+"""Every recipe in recipes/ validates, and the shared bases are really shared."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrecipes.api import resolve
+from dlrecipes.errors import RecipeError
+from dlrecipes.recipe import load_recipe
+
+from .conftest import RECIPES
+
+ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if "base" not in p.relative_to(RECIPES).parts)
+
+
+@pytest.mark.parametrize("path", ALL_RECIPES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_recipe_validates(path):
+    config = resolve(path, check_device=False)
+    assert config.description, f"{path.name} should say what it is for"
+    assert config.name == path.stem
+
+
+def test_the_first_set_of_recipes_exists():
+    names = {p.name for p in ALL_RECIPES}
+    assert {
+        "quickstart.yaml", "mnist_cnn_simple.yaml", "mnist.yaml", "cifar10_resnet18.yaml",
+        "finetune_timm.yaml", "imagenet100_fast.yaml",
+    } <= names
+
+
+def test_recipes_share_bases():
+    bases = [load_recipe(p).sources for p in ALL_RECIPES]
+    from_base = [s for s in bases if any("recipes/base/" in v or "base/" in v for v in s.values())]
+    assert len(from_base) >= len(ALL_RECIPES) - 1
+
+
+def test_gpu_recipes_give_a_clear_error_on_this_machine():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RecipeError, match="trainer.device: 'gpu' requested but no CUDA GPU is available"):
+        resolve(RECIPES / "imagenet100_fast.yaml")
+    with pytest.raises(RecipeError, match="trainer.precision: amp_bf16 needs a GPU"):
+        resolve(RECIPES / "imagenet100_fast.yaml", ["trainer.device=auto"])

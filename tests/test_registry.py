@@ -1,0 +1,74 @@
+"""Registries: registration, clashes, lookups, and that every entry is documented."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from dlrecipes import registry
+from dlrecipes.errors import PluginError, RecipeError
+
+
+def test_every_group_is_declared_and_filled():
+    assert set(registry.REGISTRIES) == {
+        "models", "datasets", "optimizers", "schedulers", "algorithms", "callbacks", "loggers"
+    }
+    for reg in registry.REGISTRIES.values():
+        assert len(reg) > 0, reg.group
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [e for reg in registry.REGISTRIES.values() for e in reg],
+    ids=lambda e: e.name,
+)
+def test_every_entry_has_a_description_and_annotated_keyword_parameters(entry):
+    assert entry.description, f"{entry.name} needs a one-line docstring"
+    for name, param in entry.parameters.items():
+        assert param.annotation is not inspect.Parameter.empty, f"{entry.name}.{name} needs a type annotation"
+
+
+def test_registering_the_same_name_twice_names_both_sources():
+    reg = registry.Registry("things", "thing", "anything")
+
+    @reg.register("x")
+    def first():
+        """First."""
+
+    def second():
+        """Second."""
+
+    with pytest.raises(PluginError, match=r"two things are registered as 'x': one from .*test_registry.*, one from my_plugin"):
+        reg.add("x", second, source="my_plugin")
+    reg.add("x", first)  # the same factory again (a module imported twice) is fine
+    assert reg.names() == ["x"]
+
+
+def test_unknown_names_suggest_and_list():
+    reg = registry.Registry("things", "thing", "anything")
+    reg.add("alpha", lambda: 1)
+    reg.add("beta", lambda: 2)
+    with pytest.raises(RecipeError, match=r"thing.name: unknown thing 'alpah' \(did you mean 'alpha'\?\)\. Valid things: alpha, beta"):
+        reg.get("alpah", key_path="thing.name")
+
+
+def test_composer_algorithm_wrappers_mirror_composer_signatures():
+    import composer.algorithms as ca
+
+    plumbing = {"self", "input_key", "target_key"}  # batch-structure keys fixed for classifiers
+    classes = {
+        "channels_last": ca.ChannelsLast, "label_smoothing": ca.LabelSmoothing, "blurpool": ca.BlurPool,
+        "ema": ca.EMA, "progressive_resizing": ca.ProgressiveResizing, "mixup": ca.MixUp, "cutmix": ca.CutMix,
+        "cutout": ca.CutOut, "gradient_clipping": ca.GradientClipping,
+    }
+    assert set(classes) <= set(registry.algorithms.names())
+    for name, cls in classes.items():
+        theirs = {
+            n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if n not in plumbing
+        }
+        ours = {n: p.default for n, p in registry.algorithms.get(name).parameters.items()}
+        assert set(ours) == set(theirs), name
+        for pname, default in theirs.items():
+            if default is not inspect.Parameter.empty:
+                assert ours[pname] == default, f"{name}.{pname}"

@@ -1,0 +1,87 @@
+"""End to end: train through the CLI, save and resume, Composer's launcher, the quickstart."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrecipes.api import resolve
+from dlrecipes.train import build_trainer, prepare_run_dir, train
+
+from .conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_cli_train_writes_a_run_directory(tiny_recipe, tmp_path):
+    result = run_cli("train", str(tiny_recipe), "run_name=cli-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs" / "cli-run"
+    assert "done: 2 epochs, 6 batches" in result.stderr
+    assert (run / "recipe.yaml").read_text().startswith("name: tiny\n")
+    assert (run / "checkpoints" / "latest-rank0.pt").exists()
+    assert (run / "checkpoints" / "best.pt").exists() and (run / "checkpoints" / "best.json").exists()
+    assert "metrics/eval/top1" in (run / "train-rank0.log").read_text()
+
+
+def test_cli_reports_a_missing_dataset_folder_without_traceback(tiny_recipe, tmp_path):
+    result = run_cli(
+        "train", str(tiny_recipe), f"dataset={{name: image_folder, train_path: {tmp_path}/nope, val_path: {tmp_path}/nope}}"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "dataset.train_path: folder not found" in result.stderr
+
+
+def _model_weights(trainer):
+    return {k: v.detach().clone() for k, v in trainer.state.model.state_dict().items()}
+
+
+def test_resume_continues_from_the_saved_batch_with_the_saved_weights(tiny_recipe):
+    first = train(resolve(tiny_recipe, ["run_name=resumable"]))
+    assert (first.epochs, first.batches) == (2, 6)
+    saved = torch.load(first.run_dir / "checkpoints" / "latest-rank0.pt", weights_only=False)["state"]["model"]
+
+    config = resolve(tiny_recipe, ["run_name=resumable", "trainer.max_duration=3ep"])
+    run_dir = prepare_run_dir(config, "resumable", resume=True)
+    trainer = build_trainer(config, run_dir, resume=True)
+    try:
+        assert int(trainer.state.timestamp.batch) == 6 and int(trainer.state.timestamp.epoch) == 2
+        restored = _model_weights(trainer)
+        assert restored.keys() == saved.keys()
+        assert all(torch.equal(restored[k], saved[k]) for k in saved)
+        trainer.fit()
+        assert int(trainer.state.timestamp.epoch) == 3 and int(trainer.state.timestamp.batch) == 9
+    finally:
+        trainer.close()
+    assert (run_dir / "checkpoints" / "ep3-ba9-rank0.pt").exists()
+
+
+def test_cli_resume_finds_the_latest_run_of_the_recipe(tiny_recipe, tmp_path):
+    assert run_cli("train", str(tiny_recipe), "trainer.max_duration=1ep").returncode == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    result = run_cli("train", str(tiny_recipe), "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: 2 epochs, 6 batches" in result.stderr and str(run.name) in result.stderr
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+    missing = run_cli("train", str(tiny_recipe), "--resume", "runs_dir=" + str(tmp_path / "empty"))
+    assert missing.returncode == 2 and "no run of recipe 'tiny' with a checkpoint" in missing.stderr
+
+
+def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
+    composer = Path(sys.executable).parent / "composer"  # installed with mosaicml, next to this python
+    assert composer.exists(), composer
+    result = run_cli(
+        str(composer), "-n", "1", "--stdout", str(tmp_path / "out{rank}.txt"), "--stderr", str(tmp_path / "err{rank}.txt"),
+        str(REPO / "cli.py"), "train", str(tiny_recipe), "run_name=launched", "trainer.max_duration=1ep",
+        module=False,
+    )
+    assert result.returncode == 0, (tmp_path / "err0.txt").read_text()[-3000:]
+    assert (tmp_path / "runs" / "launched" / "checkpoints" / "ep1-ba3-rank0.pt").exists()
+
+
+def test_quickstart_learns_the_embedded_digits(tmp_path):
+    result = train(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false"]))
+    assert result.eval_metrics["top1"] >= 0.95

@@ -1,0 +1,167 @@
+"""validate: unknown keys, types, required keys, registry names, device checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrecipes.config import RecipeConfig, validate
+from dlrecipes.errors import RecipeError
+from dlrecipes.recipe import load_recipe
+
+from .conftest import TINY_RECIPE, run_cli, write
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    return write(tmp_path / "r.yaml", TINY_RECIPE)
+
+
+def check(recipe, *overrides) -> RecipeConfig:
+    return validate(load_recipe(recipe, overrides))
+
+
+def test_a_valid_recipe_gets_defaults_filled(recipe):
+    config = check(recipe)
+    assert config.name == "r"
+    assert config.trainer.max_duration == "2ep"
+    assert config.trainer.eval_interval == "1ep"  # default
+    assert config.model.name == "cnn_simple" and config.model.params == {"width": 4, "hidden": 16}
+    assert config.optimizer.params == {"lr": 0.05}
+    assert config.scheduler.name == "constant"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.max_duraton=3ep", r"trainer.max_duraton: unknown key \(did you mean 'max_duration'\?\)"),
+        ("modle={name: x}", r"modle: unknown key \(did you mean 'model'\?\)"),
+        ("checkpoint.monitr=top5", r"checkpoint.monitr: unknown key \(did you mean 'monitor'\?\)"),
+        ("model.widht=8", r"model.widht: unknown parameter of model 'cnn_simple' \(did you mean 'width'\?\)"),
+        ("optimizer.momentun=0.8", r"optimizer.momentun: unknown parameter of optimizer 'sgd' \(did you mean 'momentum'\?\)"),
+        ("algorithms.ema.half_lif=10ba", r"algorithms.ema.half_lif: unknown parameter of algorithm 'ema' \(did you mean 'half_life'\?\)"),
+    ],
+)
+def test_unknown_keys_name_the_path_and_the_closest_key(recipe, override, message):
+    with pytest.raises(RecipeError, match=message):
+        check(recipe, override)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.batch_size=lots", r"trainer.batch_size: expected int, got 'lots' \(str\)"),
+        ("trainer.batch_size=2.5", r"trainer.batch_size: expected int, got 2.5 \(float\)"),
+        ("trainer.deterministic=1", r"trainer.deterministic: expected bool, got 1 \(int\)"),
+        ("trainer.max_duration=10", r"trainer.max_duration: expected duration such as '10ep'"),
+        ("trainer.precision=fp16", r"trainer.precision: expected one of 'fp32', 'amp_fp16', 'amp_bf16', got 'fp16'"),
+        ("model.width=[4]", r"model.width: expected int, got \[4\] \(list\)"),
+        ("trainer.device_train_microbatch_size=big", r"trainer.device_train_microbatch_size: expected int or one of 'auto' or null"),
+        ("checkpoint.load_ignore_keys=[1]", r"checkpoint.load_ignore_keys\[0\]: expected str, got 1"),
+        ("trainer=5", r"trainer: expected mapping, got 5"),
+    ],
+)
+def test_wrong_types_name_path_expected_type_and_value(recipe, override, message):
+    with pytest.raises(RecipeError, match=message):
+        check(recipe, override)
+
+
+def test_numbers_widen_to_float_but_not_to_int(recipe):
+    assert check(recipe, "optimizer.lr=1").optimizer.params["lr"] == 1.0
+    assert isinstance(check(recipe, "optimizer.lr=1").optimizer.params["lr"], float)
+
+
+def test_missing_required_keys_are_named(recipe):
+    with pytest.raises(RecipeError, match="model: missing required key"):
+        check(recipe, "~model")
+    with pytest.raises(RecipeError, match=r"model.name: missing required key \(one of .*cnn_simple"):
+        check(recipe, "~model.name")
+    with pytest.raises(RecipeError, match=r"model.arch: missing required parameter of model 'timm' \(str\)"):
+        check(recipe, "model={name: timm}")
+    with pytest.raises(RecipeError, match="callbacks.threshold_stopper.threshold: missing required parameter"):
+        check(recipe, "callbacks.threshold_stopper={}")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.name=resnet9000", r"model.name: unknown model 'resnet9000'\. Valid models: .*cifar_resnet18.*mnist_cnn"),
+        ("dataset.name=mnits", r"dataset.name: unknown dataset 'mnits' \(did you mean 'mnist'\?\)\. Valid datasets: "),
+        ("optimizer.name=adam", r"optimizer.name: unknown optimizer 'adam' \(did you mean 'adamw'\?\)"),
+        ("scheduler.name=cosin", r"scheduler.name: unknown scheduler 'cosin' \(did you mean 'cosine'\?\)"),
+        ("algorithms.blur_pool={}", r"algorithms.blur_pool: unknown algorithm 'blur_pool' \(did you mean 'blurpool'\?\)"),
+        ("callbacks.lr_monitr={}", r"callbacks.lr_monitr: unknown callback 'lr_monitr'"),
+        ("loggers.tensorbord={}", r"loggers.tensorbord: unknown logger 'tensorbord' \(did you mean 'tensorboard'\?\)"),
+        ("model={name: timm, arch: resnet5000}", r"model.arch: unknown timm architecture 'resnet5000'"),
+    ],
+)
+def test_unknown_registry_names_list_the_valid_ones(recipe, override, message):
+    with pytest.raises(RecipeError, match=message):
+        check(recipe, override)
+
+
+def test_components_may_be_given_by_name_only_and_switched_off(recipe):
+    config = check(recipe, "optimizer=adamw", "algorithms.ema=true", "algorithms.blurpool=null")
+    assert config.optimizer.name == "adamw"
+    assert config.algorithms == {"ema": {}}
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.precision=amp_bf16", r"trainer.precision: amp_bf16 needs a GPU"),
+        ("trainer.precision=amp_fp16", r"trainer.precision: amp_fp16 needs a GPU"),
+        ("trainer.device_train_microbatch_size=auto", r"'auto' needs a GPU"),
+    ],
+)
+def test_gpu_only_settings_are_refused_on_cpu(recipe, override, message):
+    with pytest.raises(RecipeError, match=message):
+        check(recipe, override)  # the tiny recipe pins device: cpu
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("run_name=../escape", "run_name: '../escape' must be a plain name"),
+        ("trainer.batch_size=0", "trainer.batch_size: must be at least 1"),
+        ("checkpoint.best_only=true", "checkpoint.best_only: needs checkpoint.monitor"),
+    ],
+)
+def test_values_out_of_range_are_refused(recipe, override, message):
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(")):
+        check(recipe, override, "checkpoint.monitor=null")
+
+
+def _assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, result.stderr  # one message
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_cli_misspelled_key_is_one_line_exit_2(recipe):
+    result = run_cli("train", str(recipe), "trainer.bacth_size=8")
+    _assert_user_error(result, "trainer.bacth_size: unknown key", "did you mean 'batch_size'")
+
+
+def test_cli_errors_in_the_recipe_file_itself(tmp_path):
+    bad = write(tmp_path / "bad.yaml", TINY_RECIPE.replace("optimizer: {name: sgd", "optimizer: {name: sgdd"))
+    _assert_user_error(run_cli("validate", str(bad)), "optimizer.name: unknown optimizer 'sgdd'", "Valid optimizers:")
+    _assert_user_error(run_cli("show", str(bad)), "optimizer.name")
+    _assert_user_error(run_cli("validate", str(tmp_path / "missing.yaml")), "recipe file not found")
+    good = write(tmp_path / "good.yaml", TINY_RECIPE)
+    _assert_user_error(run_cli("validate", str(good), "trainer.seed=x"), "trainer.seed: expected int")
+    _assert_user_error(run_cli("list", "modles"), "unknown group 'modles'", "did you mean 'models'")
+
+
+def test_cli_validate_show_and_list_succeed(recipe):
+    result = run_cli("validate", str(recipe), "trainer.seed=5")
+    assert result.returncode == 0 and "ok:" in result.stdout
+    shown = run_cli("show", str(recipe), "trainer.seed=5").stdout
+    assert "seed: 5" in shown and "# override trainer.seed=5" in shown
+    assert "max_duration: 2ep" in shown and "r.yaml" in shown
+    assert "eval_interval: 1ep" in shown and "# default" in shown
+    listing = run_cli("list", "optimizers").stdout
+    for name in ("sgd", "adamw", "decoupled_sgdw", "decoupled_adamw", "no_decay_norm_and_bias"):
+        assert name in listing
