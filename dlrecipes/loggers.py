@@ -12,20 +12,19 @@ from dlrecipes.errors import UserError
 from dlrecipes.registry import loggers
 
 
-def _require(module: str, extra: str) -> None:
+def _require(module: str, extra: str, pip_spec: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
         raise UserError(
-            f"loggers.{extra}: the '{module}' package is not installed. "
-            f"Install it with: pip install 'dlrecipes[{extra}]'  (or: pip install {module})"
+            f"loggers.{extra}: the '{module}' package is not installed. Install it with: pip install '{pip_spec}'"
         )
 
 
 @loggers.register("tensorboard")
 def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int = 100):
     """TensorBoard event files (default: <run dir>/tensorboard)."""
-    _require("tensorboard", "tensorboard")
+    _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
     from composer.loggers import TensorboardLogger
 
     return TensorboardLogger(log_dir=log_dir or f"{run_dir}/tensorboard", flush_interval=flush_interval)
@@ -41,7 +40,7 @@ def wandb(
     offline: bool = False,
 ):
     """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it)."""
-    _require("wandb", "wandb")
+    _require("wandb", "wandb", "wandb<0.19")  # the range Composer 0.32 declares
     import os
 
     from composer.loggers import WandBLogger

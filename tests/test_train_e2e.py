@@ -85,3 +85,18 @@ def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
 def test_quickstart_learns_the_embedded_digits(tmp_path):
     result = train(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false"]))
     assert result.eval_metrics["top1"] >= 0.95
+
+
+def test_load_path_starts_a_new_run_from_saved_weights(tiny_recipe):
+    first = train(resolve(tiny_recipe, ["run_name=source"]))
+    best = first.run_dir / "checkpoints" / "best.pt"
+    saved = torch.load(best, weights_only=False)["state"]["model"]
+    config = resolve(tiny_recipe, ["run_name=finetune", f"checkpoint.load_path={best}"])
+    run_dir = prepare_run_dir(config, "finetune", resume=False)
+    trainer = build_trainer(config, run_dir)
+    try:
+        assert int(trainer.state.timestamp.batch) == 0  # weights only: a fresh schedule
+        weights = _model_weights(trainer)
+        assert all(torch.equal(weights[k], saved[k]) for k in saved)
+    finally:
+        trainer.close()

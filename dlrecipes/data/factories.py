@@ -1,0 +1,123 @@
+"""The built-in dataset factories: recipe parameters in, DatasetSplits out.
+
+The implementations (and torch/torchvision) are imported inside each factory so that
+listing and validating recipes stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dlrecipes.registry import datasets
+
+_IMAGENET_MEAN = [0.485, 0.456, 0.406]
+_IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+@datasets.register("digits")
+def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
+    """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed)."""
+    from dlrecipes.data.digits import build_digits
+
+    return build_digits(image_size, augment, eval_fraction, split_seed)
+
+
+@datasets.register("mnist")
+def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
+    """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
+    from dlrecipes.data.torchvision_sets import build_mnist
+
+    return build_mnist(root, download, augment)
+
+
+@datasets.register("cifar10")
+def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True):
+    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment."""
+    from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
+    from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
+
+    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD)
+
+
+@datasets.register("cifar100")
+def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True):
+    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment."""
+    from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
+    from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
+
+    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD)
+
+
+@datasets.register("image_folder")
+def image_folder(
+    train_path: str,
+    val_path: str,
+    crop_size: int = 224,
+    resize_size: int = 256,
+    min_scale: float = 0.08,
+    hflip: bool = True,
+    mean: list[float] = _IMAGENET_MEAN,
+    std: list[float] = _IMAGENET_STD,
+):
+    """Any folders of <class>/<image> for train and val; random-resized-crop + flip, center-crop eval."""
+    from dlrecipes.data.image_folder import build_image_folders
+
+    return build_image_folders(train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std)
+
+
+@datasets.register("imagenet")
+def imagenet(
+    root: str = "data/imagenet",
+    crop_size: int = 224,
+    resize_size: int = 256,
+    min_scale: float = 0.08,
+    hflip: bool = True,
+):
+    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/."""
+    from dlrecipes.data.image_folder import build_image_folders
+
+    return build_image_folders(
+        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD
+    )
+
+
+@datasets.register("imagenet100")
+def imagenet100(
+    root: str = "data/imagenet",
+    crop_size: int = 224,
+    resize_size: int = 256,
+    min_scale: float = 0.08,
+    hflip: bool = True,
+    class_list: Optional[str] = None,
+):
+    """ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file)."""
+    from pathlib import Path
+
+    from dlrecipes.data.image_folder import build_image_folders, imagenet100_classes
+    from dlrecipes.errors import DataError
+
+    if class_list is None:
+        classes = imagenet100_classes()
+    else:
+        try:
+            classes = [c.strip() for c in Path(class_list).read_text().splitlines() if c.strip()]
+        except OSError as exc:
+            raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
+    return build_image_folders(
+        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
+        only_classes=classes,
+    )
+
+
+@datasets.register("synthetic")
+def synthetic(
+    num_classes: int = 10,
+    input_shape: tuple[int, int, int] = (3, 32, 32),
+    train_samples: int = 256,
+    eval_samples: int = 64,
+    seed: int = 0,
+):
+    """Random images and labels of a given shape (smoke tests and benchmarks)."""
+    from dlrecipes.data.synthetic import build_synthetic
+
+    return build_synthetic(num_classes, tuple(input_shape), train_samples, eval_samples, seed)

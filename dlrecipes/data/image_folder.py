@@ -1,0 +1,82 @@
+"""Image folders: any root with one subfolder per class, ImageNet, and ImageNet-100.
+
+ImageNet-100 is ImageNet restricted to the 100 classes of the CMC paper (Tian et al.,
+2019); the synset list ships with the package as ``imagenet100_classes.txt``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import DataError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def imagenet100_classes() -> list[str]:
+    text = resources.files("dlrecipes.data").joinpath("imagenet100_classes.txt").read_text()
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> list[str]:
+    """Class folder names under ``root`` (all of them, or exactly ``only``, in that order)."""
+    if not root.is_dir():
+        raise DataError(f"{key}: folder not found: {root}")
+    present = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if only is None:
+        if not present:
+            raise DataError(f"{key}: {root} has no class subfolders (expected {root}/<class>/<image>.jpg)")
+        return present
+    missing = [c for c in only if c not in present]
+    if missing:
+        listed = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        raise DataError(f"{key}: {root} lacks {len(missing)} of the {len(only)} expected class folders: {listed}")
+    return list(only)
+
+
+def build_image_folder_split(root: Path, key: str, classes: list[str], transform):
+    from torchvision.datasets import ImageFolder
+
+    class _FixedClassesImageFolder(ImageFolder):
+        def find_classes(self, directory):
+            return classes, {c: i for i, c in enumerate(classes)}
+
+    try:
+        return _FixedClassesImageFolder(str(root), transform=transform)
+    except FileNotFoundError as exc:  # a class folder without any image
+        raise DataError(f"{key}: {exc}") from None
+
+
+def build_image_folders(
+    train_path: str,
+    val_path: str,
+    crop_size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+    only_classes: Optional[Sequence[str]] = None,
+    key: str = "dataset",
+) -> DatasetSplits:
+    from dlrecipes.data.transforms import imagenet_transforms
+
+    classes = find_classes(Path(train_path), f"{key}.train_path", only_classes)
+    val_classes = find_classes(Path(val_path), f"{key}.val_path", only_classes)
+    if val_classes != classes:
+        extra = sorted(set(val_classes) ^ set(classes))
+        raise DataError(
+            f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
+        )
+    train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
+    eval_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=False)
+    return DatasetSplits(
+        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf),
+        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf),
+        num_classes=len(classes),
+        input_shape=(len(mean), crop_size, crop_size),
+        class_names=classes,
+    )

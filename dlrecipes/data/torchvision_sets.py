@@ -1,0 +1,152 @@
+"""MNIST and CIFAR-10/100: downloaded with torchvision when online, read from disk otherwise.
+
+Offline (or with ``download: false``) a missing dataset is a :class:`DataError` naming
+the files that were expected and where to get them.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import DataError
+
+
+@dataclass(frozen=True)
+class CifarSource:
+    name: str
+    url: str
+    md5: str
+    folder: str
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    label_key: str
+    num_classes: int
+
+
+CIFAR10 = CifarSource(
+    "cifar10",
+    "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    "c58f30108f718f92721af3b95e74349a",
+    "cifar-10-batches-py",
+    tuple(f"data_batch_{i}" for i in range(1, 6)),
+    ("test_batch",),
+    "labels",
+    10,
+)
+CIFAR100 = CifarSource(
+    "cifar100",
+    "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+    "eb9058c3a382ffc7106e4002c42a8d85",
+    "cifar-100-python",
+    ("train",),
+    ("test",),
+    "fine_labels",
+    100,
+)
+MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _missing(folder: Path, names: tuple[str, ...]) -> list[str]:
+    return [str(folder / n) for n in names if not (folder / n).is_file()]
+
+
+def _download_error(what: str, missing: list[str], url: str, reason: str) -> DataError:
+    listed = "\n  ".join(missing)
+    return DataError(
+        f"{what} not found ({reason}). Expected these files:\n  {listed}\n"
+        f"Get them from {url} (extract into the dataset root), or run once with "
+        f"dataset.download=true on a machine that is online."
+    )
+
+
+def ensure_cifar(root: Path, source: CifarSource, download: bool) -> Path:
+    """The extracted batch folder; downloads and checks the archive if files are missing."""
+    folder = root / source.folder
+    missing = _missing(folder, source.train_files + source.test_files)
+    if not missing:
+        return folder
+    if not download:
+        raise _download_error(source.name, missing, source.url, "download is off")
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    try:
+        download_and_extract_archive(source.url, download_root=str(root), md5=source.md5)
+    except Exception as exc:  # network errors come in many types (URLError, OSError, ...)
+        raise _download_error(source.name, missing, source.url, f"download failed: {exc}") from None
+    missing = _missing(folder, source.train_files + source.test_files)
+    if missing:
+        raise _download_error(source.name, missing, source.url, "the archive did not contain them")
+    return folder
+
+
+def read_cifar_batches(folder: Path, files: tuple[str, ...], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR python batches -> (uint8 images N x 3 x 32 x 32, int64 labels)."""
+    images, labels = [], []
+    for name in files:
+        path = folder / name
+        try:
+            with open(path, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")  # the official format is a pickle
+            images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.append(np.asarray(batch[label_key], dtype=np.int64))
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as exc:
+            raise DataError(f"{path}: not a readable CIFAR batch file ({type(exc).__name__}: {exc})") from None
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std) -> DatasetSplits:
+    import torch
+
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+    from dlrecipes.data.transforms import small_image_transforms
+
+    folder = ensure_cifar(Path(root), source, download)
+    train_x, train_y = read_cifar_batches(folder, source.train_files, source.label_key)
+    test_x, test_y = read_cifar_batches(folder, source.test_files, source.label_key)
+    train_tf = small_image_transforms(32, mean, std, crop_padding=4 if augment else 0, hflip=augment, train=True)
+    eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False)
+    return DatasetSplits(
+        train=TransformedTensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf),
+        eval=TransformedTensorDataset(torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf),
+        num_classes=source.num_classes,
+        input_shape=(3, 32, 32),
+    )
+
+
+def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
+    from torchvision.datasets import MNIST
+
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+    from dlrecipes.data.transforms import MNIST_MEAN, MNIST_STD, small_image_transforms
+
+    folder = Path(root) / "MNIST" / "raw"
+    missing = _missing(folder, MNIST_FILES)
+    if missing and not download:
+        raise _download_error("mnist", missing, MNIST.mirrors[0], "download is off")
+    try:
+        train = MNIST(root, train=True, download=download and bool(missing))
+        test = MNIST(root, train=False, download=False)
+    except Exception as exc:
+        missing = _missing(folder, MNIST_FILES)
+        if not missing:
+            raise DataError(f"{folder}: MNIST files are unreadable ({exc})") from None
+        raise _download_error("mnist", missing, MNIST.mirrors[0], f"download failed: {exc}") from None
+    train_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0, hflip=False, train=True)
+    eval_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=0, hflip=False, train=False)
+    return DatasetSplits(
+        train=TransformedTensorDataset(train.data.unsqueeze(1), train.targets, train_tf),
+        eval=TransformedTensorDataset(test.data.unsqueeze(1), test.targets, eval_tf),
+        num_classes=10,
+        input_shape=(1, 28, 28),
+        class_names=[str(d) for d in range(10)],
+    )

@@ -1,0 +1,53 @@
+"""Standard train/eval transforms and normalisation constants, per kind of data."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+MNIST_MEAN = (0.1307,)
+MNIST_STD = (0.3081,)
+
+
+def small_image_transforms(
+    size: int, mean: Sequence[float], std: Sequence[float], crop_padding: int, hflip: bool, train: bool
+):
+    """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding and flip, then normalise."""
+    import torch
+    from torchvision.transforms import v2
+
+    steps = []
+    if train and crop_padding > 0:
+        steps.append(v2.RandomCrop(size, padding=crop_padding))
+    if train and hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(steps)
+
+
+def imagenet_transforms(
+    crop_size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+    train: bool,
+):
+    """For PIL images: random-resized-crop + flip (train) or resize + center-crop (eval)."""
+    import torch
+    from torchvision.transforms import v2
+
+    if train:
+        steps = [v2.RandomResizedCrop(crop_size, scale=(min_scale, 1.0), antialias=True)]
+        if hflip:
+            steps.append(v2.RandomHorizontalFlip())
+    else:
+        steps = [v2.Resize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
+    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(steps)
