@@ -100,3 +100,13 @@ def test_load_path_starts_a_new_run_from_saved_weights(tiny_recipe):
         assert all(torch.equal(weights[k], saved[k]) for k in saved)
     finally:
         trainer.close()
+
+
+def test_gradient_accumulation_and_best_only_checkpoints(tiny_recipe):
+    result = train(resolve(tiny_recipe, [
+        "run_name=accum", "trainer.device_train_microbatch_size=16", "checkpoint.best_only=true",
+        "trainer.max_duration=1ep",
+    ]))
+    assert result.batches == 3  # 64-sample batches, each as four microbatches of 16
+    files = sorted(p.name for p in (result.run_dir / "checkpoints").iterdir())
+    assert files == ["best.json", "best.pt"]

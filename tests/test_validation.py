@@ -153,6 +153,7 @@ def test_cli_errors_in_the_recipe_file_itself(tmp_path):
     good = write(tmp_path / "good.yaml", TINY_RECIPE)
     _assert_user_error(run_cli("validate", str(good), "trainer.seed=x"), "trainer.seed: expected int")
     _assert_user_error(run_cli("list", "modles"), "unknown group 'modles'", "did you mean 'models'")
+    _assert_user_error(run_cli("validate", str(good), "~model"), "model: missing required key")
 
 
 def test_cli_validate_show_and_list_succeed(recipe):
