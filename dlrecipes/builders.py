@@ -59,7 +59,7 @@ def model_params(cfg: Component, data: DatasetSplits) -> dict[str, Any]:
     return params
 
 
-def build_model(cfg: Component, data: DatasetSplits):
+def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy"):
     """The network wrapped as a Composer classifier with top-1/top-5 accuracy and loss."""
     from torch import nn
 
@@ -68,7 +68,7 @@ def build_model(cfg: Component, data: DatasetSplits):
     module = build_component(registry.models, cfg.name, model_params(cfg, data), "model.name")
     if not isinstance(module, nn.Module):
         raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
-    return wrap_classifier(module, data.num_classes)
+    return wrap_classifier(module, data.num_classes, loss)
 
 
 def per_device_batch(global_batch: int, key: str) -> int:

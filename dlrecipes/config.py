@@ -83,6 +83,10 @@ class RecipeConfig:
     run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
     runs_dir: str = _help("where run directories are written", default="runs")
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
+    loss: Literal["cross_entropy", "binary_cross_entropy"] = _help(
+        "training loss: softmax cross-entropy, or per-class binary cross-entropy (MosaicML's ResNet recipes)",
+        default="cross_entropy",
+    )
     trainer: TrainerConfig = _help("training loop settings", default_factory=TrainerConfig)
     optimizer: Component = _help(
         "optimizer: {name: <optimizer>, lr: ..., ...}",
@@ -112,7 +116,7 @@ class RecipeConfig:
 
 # How sections are listed in resolved recipes: what the run is, then what it builds.
 TOP_LEVEL_ORDER = (
-    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "trainer",
+    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "trainer",
     "optimizer", "scheduler", "checkpoint", "algorithms", "callbacks", "loggers",
 )
 
@@ -234,6 +238,20 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
     if c.keep < -1:
         raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
+    _check_algorithm_prerequisites(config)
+
+
+def _check_algorithm_prerequisites(config: RecipeConfig) -> None:
+    """Algorithms that exclude each other, or need a kind of model or data (entry metadata)."""
+    for name in config.algorithms:
+        entry = registry.algorithms.get(name)
+        for other, reason in entry.metadata.get("conflicts_with", {}).items():
+            if other in config.algorithms:
+                raise RecipeError(f"algorithms: {name} and {other} cannot be used together ({reason}); remove one")
+        requires = entry.metadata.get("requires")
+        problem = requires(config) if requires is not None else None
+        if problem:
+            raise RecipeError(f"algorithms.{name}: {problem}")
 
 
 def resolve_device(device: str) -> str:

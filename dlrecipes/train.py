@@ -102,7 +102,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
     reproducibility.seed_all(t.seed)  # before building, so weights and data are seeded too
 
     data = builders.build_datasets(config.dataset)
-    model = builders.build_model(config.model, data)
+    model = builders.build_model(config.model, data, config.loss)
     train_dl, eval_dl = builders.build_dataloaders(data, t, device)
     optimizer = builders.build_optimizer(config.optimizer, model)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)

@@ -60,8 +60,13 @@ def test_composer_algorithm_wrappers_mirror_composer_signatures():
     classes = {
         "channels_last": ca.ChannelsLast, "label_smoothing": ca.LabelSmoothing, "blurpool": ca.BlurPool,
         "ema": ca.EMA, "progressive_resizing": ca.ProgressiveResizing, "mixup": ca.MixUp, "cutmix": ca.CutMix,
-        "cutout": ca.CutOut, "gradient_clipping": ca.GradientClipping,
+        "cutout": ca.CutOut, "gradient_clipping": ca.GradientClipping, "randaugment": ca.RandAugment,
+        "augmix": ca.AugMix, "colout": ca.ColOut, "sam": ca.SAM, "swa": ca.SWA, "stochastic_depth": ca.StochasticDepth,
+        "squeeze_excite": ca.SqueezeExcite, "layer_freezing": ca.LayerFreezing,
+        "selective_backprop": ca.SelectiveBackprop, "ghost_batchnorm": ca.GhostBatchNorm,
+        "weight_standardization": ca.WeightStandardization,
     }
+    assert len(classes) == 20
     assert set(classes) <= set(registry.algorithms.names())
     for name, cls in classes.items():
         theirs = {

@@ -6,10 +6,29 @@ them), minus the batch-key plumbing that a classifier recipe never needs to chan
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
-from dlrecipes.registry import algorithms
+from dlrecipes.registry import algorithms, datasets
 from dlrecipes.schema import Duration
+
+
+# Prerequisites, checked when a recipe is validated: each returns a problem or None.
+def _needs_pil_dataset(config) -> Optional[str]:
+    if datasets.get(config.dataset.name).metadata.get("pil_images"):
+        return None
+    pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
+    return f"augments PIL images before ToTensor, and dataset '{config.dataset.name}' yields tensors (use {pil})"
+
+
+def _needs_bottleneck_resnet(config) -> Optional[str]:
+    from dlrecipes.models.factories import BOTTLENECK_RESNETS
+
+    if config.model.name == "torchvision" and config.model.params.get("arch") in BOTTLENECK_RESNETS:
+        return None
+    return (
+        "drops torchvision ResNet Bottleneck blocks; use model {name: torchvision, arch: resnet50} "
+        f"(or {', '.join(BOTTLENECK_RESNETS[1:])})"
+    )
 
 
 @algorithms.register("channels_last")
@@ -38,7 +57,7 @@ def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
     )
 
 
-@algorithms.register("ema")
+@algorithms.register("ema", conflicts_with={"swa": "both replace the weights used for evaluation"})
 def ema(
     half_life: Optional[Duration] = "1000ba",
     smoothing: Optional[float] = None,
@@ -73,7 +92,7 @@ def progressive_resizing(
     )
 
 
-@algorithms.register("mixup")
+@algorithms.register("mixup", conflicts_with={"cutmix": "both replace the labels of every batch"})
 def mixup(alpha: float = 0.2, interpolate_loss: bool = False):
     """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017)."""
     from composer.algorithms import MixUp
@@ -103,3 +122,128 @@ def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "nor
     from composer.algorithms import GradientClipping
 
     return GradientClipping(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
+
+
+@algorithms.register("randaugment", requires=_needs_pil_dataset)
+def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["all", "safe", "original"] = "all"):
+    """Apply `depth` random image augmentations of strength `severity` to each training image."""
+    from composer.algorithms import RandAugment
+
+    return RandAugment(severity=severity, depth=depth, augmentation_set=augmentation_set)
+
+
+@algorithms.register("augmix", requires=_needs_pil_dataset)
+def augmix(
+    severity: int = 3,
+    depth: int = -1,
+    width: int = 3,
+    alpha: float = 1.0,
+    augmentation_set: Literal["all", "safe", "original"] = "all",
+):
+    """Mix several chains of augmentations of each image (Hendrycks et al. 2020)."""
+    from composer.algorithms import AugMix
+
+    return AugMix(severity=severity, depth=depth, width=width, alpha=alpha, augmentation_set=augmentation_set)
+
+
+@algorithms.register("colout")
+def colout(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_target: Union[bool, Literal["auto"]] = "auto"):
+    """Drop random rows and columns of each image: smaller, faster batches."""
+    from composer.algorithms import ColOut
+
+    return ColOut(p_row=p_row, p_col=p_col, batch=batch, resize_target=resize_target)
+
+
+@algorithms.register("sam")
+def sam(rho: float = 0.05, epsilon: float = 1e-12, interval: int = 1):
+    """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020)."""
+    from composer.algorithms import SAM
+
+    return SAM(rho=rho, epsilon=epsilon, interval=interval)
+
+
+@algorithms.register("swa")
+def swa(
+    swa_start: Duration = "0.7dur",
+    swa_end: Duration = "0.97dur",
+    update_interval: Duration = "1ep",
+    schedule_swa_lr: bool = False,
+    anneal_strategy: Literal["linear", "cos"] = "linear",
+    anneal_steps: int = 10,
+    swa_lr: Optional[float] = None,
+):
+    """Stochastic weight averaging over the end of training (Izmailov et al. 2018)."""
+    from composer.algorithms import SWA
+
+    return SWA(
+        swa_start=swa_start, swa_end=swa_end, update_interval=update_interval, schedule_swa_lr=schedule_swa_lr,
+        anneal_strategy=anneal_strategy, anneal_steps=anneal_steps, swa_lr=swa_lr,
+    )
+
+
+@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet)
+def stochastic_depth(
+    target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
+    stochastic_method: Literal["block", "sample"] = "block",
+    drop_rate: float = 0.2,
+    drop_distribution: Literal["uniform", "linear"] = "linear",
+    drop_warmup: Union[float, Duration] = 0.0,
+):
+    """Randomly skip residual blocks during training (torchvision ResNet bottleneck blocks)."""
+    from composer.algorithms import StochasticDepth
+
+    return StochasticDepth(
+        target_layer_name=target_layer_name, stochastic_method=stochastic_method, drop_rate=drop_rate,
+        drop_distribution=drop_distribution, drop_warmup=drop_warmup,
+    )
+
+
+@algorithms.register("squeeze_excite")
+def squeeze_excite(latent_channels: float = 64, min_channels: int = 128):
+    """Add squeeze-and-excitation blocks after convolutions with enough channels (Hu et al. 2018)."""
+    from composer.algorithms import SqueezeExcite
+
+    return SqueezeExcite(latent_channels=latent_channels, min_channels=min_channels)
+
+
+@algorithms.register("layer_freezing")
+def layer_freezing(freeze_start: float = 0.5, freeze_level: float = 1.0):
+    """Progressively freeze the earliest layers from freeze_start (fraction of training) on."""
+    from composer.algorithms import LayerFreezing
+
+    return LayerFreezing(freeze_start=freeze_start, freeze_level=freeze_level)
+
+
+@algorithms.register("selective_backprop")
+def selective_backprop(
+    start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0, interrupt: int = 2
+):
+    """Backpropagate only the highest-loss fraction `keep` of each batch between start and end."""
+    from composer.algorithms import SelectiveBackprop
+
+    return SelectiveBackprop(start=start, end=end, keep=keep, scale_factor=scale_factor, interrupt=interrupt)
+
+
+def _ghost_batch_fits(config) -> Optional[str]:
+    ghost = config.algorithms["ghost_batchnorm"].get("ghost_batch_size", 32)
+    micro = config.trainer.device_train_microbatch_size
+    batch = micro if isinstance(micro, int) else config.trainer.batch_size
+    if ghost <= batch:
+        return None
+    return f"ghost_batch_size={ghost} is larger than the batch each device sees ({batch}); lower it"
+
+
+@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits)
+def ghost_batchnorm(ghost_batch_size: int = 32):
+    """Normalise over sub-batches of ghost_batch_size instead of the whole batch."""
+    from composer.algorithms import GhostBatchNorm
+
+    return GhostBatchNorm(ghost_batch_size=ghost_batch_size)
+
+
+@algorithms.register("weight_standardization")
+def weight_standardization(n_last_layers_ignore: int = 0):
+    """Standardise convolution weights to zero mean and unit variance (Qiao et al. 2019)."""
+    from composer.algorithms import WeightStandardization
+
+    return WeightStandardization(n_last_layers_ignore=n_last_layers_ignore)

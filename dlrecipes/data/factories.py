@@ -48,7 +48,7 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
     return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD)
 
 
-@datasets.register("image_folder")
+@datasets.register("image_folder", pil_images=True)
 def image_folder(
     train_path: str,
     val_path: str,
@@ -65,7 +65,7 @@ def image_folder(
     return build_image_folders(train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std)
 
 
-@datasets.register("imagenet")
+@datasets.register("imagenet", pil_images=True)
 def imagenet(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -81,7 +81,7 @@ def imagenet(
     )
 
 
-@datasets.register("imagenet100")
+@datasets.register("imagenet100", pil_images=True)
 def imagenet100(
     root: str = "data/imagenet",
     crop_size: int = 224,

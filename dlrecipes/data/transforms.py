@@ -39,15 +39,18 @@ def imagenet_transforms(
     std: Sequence[float],
     train: bool,
 ):
-    """For PIL images: random-resized-crop + flip (train) or resize + center-crop (eval)."""
-    import torch
-    from torchvision.transforms import v2
+    """For PIL images: random-resized-crop + flip (train) or resize + center-crop (eval).
+
+    A classic ``transforms.Compose`` with ``ToTensor``: Composer's RandAugment and AugMix
+    insert their PIL-image transform just before that ``ToTensor``.
+    """
+    from torchvision import transforms
 
     if train:
-        steps = [v2.RandomResizedCrop(crop_size, scale=(min_scale, 1.0), antialias=True)]
+        steps = [transforms.RandomResizedCrop(crop_size, scale=(min_scale, 1.0), antialias=True)]
         if hflip:
-            steps.append(v2.RandomHorizontalFlip())
+            steps.append(transforms.RandomHorizontalFlip())
     else:
-        steps = [v2.Resize(resize_size, antialias=True), v2.CenterCrop(crop_size)]
-    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
-    return v2.Compose(steps)
+        steps = [transforms.Resize(resize_size, antialias=True), transforms.CenterCrop(crop_size)]
+    steps += [transforms.ToTensor(), transforms.Normalize(list(mean), list(std))]
+    return transforms.Compose(steps)

@@ -20,13 +20,20 @@ def classification_metrics(num_classes: int):
     )
 
 
-def wrap_classifier(module: nn.Module, num_classes: int):
-    """A ComposerClassifier logging metrics/{train,eval}/{top1,top5,loss}."""
+def wrap_classifier(module: nn.Module, num_classes: int, loss: str = "cross_entropy"):
+    """A ComposerClassifier logging metrics/{train,eval}/{top1,top5,loss}.
+
+    ``loss`` is the training loss: ``cross_entropy`` (softmax) or ``binary_cross_entropy``
+    (one sigmoid per class), both Composer's, both accepting smoothed or mixed targets.
+    """
+    from composer.loss import binary_cross_entropy_with_logits, soft_cross_entropy
     from composer.models import ComposerClassifier
 
+    loss_fn = {"cross_entropy": soft_cross_entropy, "binary_cross_entropy": binary_cross_entropy_with_logits}[loss]
     return ComposerClassifier(
         module,
         num_classes=num_classes,
         train_metrics=classification_metrics(num_classes),
         val_metrics=classification_metrics(num_classes),
+        loss_fn=loss_fn,
     )

@@ -96,3 +96,61 @@ def timm_model(
             f"model.pretrained: could not fetch pretrained weights for timm '{arch}' ({type(exc).__name__}: {exc}). "
             "Offline? Download the weights elsewhere and set model.pretrained_path to the file."
         ) from None
+
+
+# torchvision ResNets built from Bottleneck blocks (what Composer's stochastic depth targets)
+BOTTLENECK_RESNETS = (
+    "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
+    "wide_resnet50_2", "wide_resnet101_2",
+)
+
+
+def _check_torchvision_arch(params: dict, path: str) -> None:
+    import torchvision
+
+    arch = params.get("arch")
+    names = torchvision.models.list_models(module=torchvision.models)
+    if arch is not None and arch not in names:
+        raise RecipeError(
+            f"{path}.arch: unknown torchvision classification model '{arch}'{did_you_mean(arch, names)}"
+        )
+
+
+@models.register(
+    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch
+)
+def torchvision_model(
+    arch: str,
+    num_classes: int = 1000,
+    in_chans: int = 3,
+    pretrained_path: Optional[str] = None,
+    min_input_size: int = 64,
+    input_shape: Optional[tuple[int, int, int]] = None,
+):
+    """Any torchvision classification model by name (`arch`), e.g. resnet50; weights from a local file."""
+    import torch
+    import torchvision
+
+    if in_chans != 3:
+        raise RecipeError(f"model.in_chans: torchvision '{arch}' takes 3-channel images, the data has {in_chans}")
+    if input_shape is not None and min(input_shape[1:]) < min_input_size:
+        raise RecipeError(
+            f"model.arch: torchvision '{arch}' is built for ImageNet-sized inputs and the data is "
+            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
+            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
+        )
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if pretrained_path is not None:
+        from pathlib import Path
+
+        if not Path(pretrained_path).is_file():
+            raise DataError(f"model.pretrained_path: weights file not found: {pretrained_path}")
+        state = torch.load(pretrained_path, map_location="cpu", weights_only=True)
+        own = model.state_dict()
+        # a different class count: keep the backbone, leave the new classifier freshly initialised
+        loadable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        missing = sorted(set(own) - set(loadable))
+        model.load_state_dict(loadable, strict=False)
+        if any(not k.startswith(("fc.", "classifier.", "heads.")) for k in missing):
+            raise DataError(f"model.pretrained_path: {pretrained_path} does not fit '{arch}' (missing {missing[:5]})")
+    return model
