@@ -83,13 +83,18 @@ def per_device_batch(global_batch: int, key: str) -> int:
     return global_batch // world
 
 
-def build_dataloaders(data: DatasetSplits, cfg: TrainerConfig, device: str):
-    """Train and eval DataLoaders with distributed samplers; batch sizes in the recipe are global."""
+def build_dataloaders(data: DatasetSplits, cfg: TrainerConfig, device: str, seed: int = 0):
+    """Train and eval loaders for this rank; batch sizes in the recipe are global."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
     train_batch = per_device_batch(cfg.batch_size, "trainer.batch_size")
     eval_batch = per_device_batch(cfg.eval_batch_size or cfg.batch_size, "trainer.eval_batch_size")
+    if cfg.loader == "device":
+        return (
+            device_loader(data.train, train_batch, True, device, seed),
+            device_loader(data.eval, eval_batch, False, device, seed),
+        )
     common = {
         "num_workers": cfg.num_workers,
         "pin_memory": device == "gpu",
@@ -110,6 +115,29 @@ def build_dataloaders(data: DatasetSplits, cfg: TrainerConfig, device: str):
         data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common
     )
     return train, evaluation
+
+
+def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int):
+    """A :class:`DeviceTensorLoader` over an in-memory dataset, wrapped as a Composer DataSpec."""
+    import torch
+    from composer.core import DataSpec
+    from composer.utils import dist
+    from torch.utils.data import TensorDataset
+
+    from dlrecipes.data.device_loader import DeviceTensorLoader
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+
+    if isinstance(dataset, TransformedTensorDataset):
+        images, labels, augment = dataset.images, dataset.labels, dataset.batch_augment
+    elif isinstance(dataset, TensorDataset):
+        (images, labels), augment = dataset.tensors, None
+    else:
+        raise RecipeError(f"trainer.loader: 'device' cannot load a {type(dataset).__name__}; use trainer.loader=torch")
+    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    loader = DeviceTensorLoader(
+        images, labels, batch_size, augment, train, torch_device, seed, dist.get_global_rank(), dist.get_world_size()
+    )
+    return DataSpec(loader, num_samples=loader.num_samples)
 
 
 def build_optimizer(cfg: Component, model):

@@ -50,6 +50,11 @@ class TrainerConfig:
         default=None,
     )
     num_workers: int = _help("dataloader worker processes per device", default=2)
+    loader: Literal["torch", "device"] = _help(
+        "torch: a DataLoader with per-sample transforms; device: keep an in-memory dataset on the "
+        "training device and crop/flip/normalise whole batches there (digits, MNIST, CIFAR, synthetic)",
+        default="torch",
+    )
     progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
     console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
     eval_subset_num_batches: int = _help("evaluate on this many batches only (-1 = all)", default=-1)
@@ -238,6 +243,12 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
     if c.keep < -1:
         raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
+    if t.loader == "device" and not registry.datasets.get(config.dataset.name).metadata.get("in_memory"):
+        usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("in_memory"))
+        raise RecipeError(
+            f"trainer.loader: 'device' needs a dataset held in memory as tensors ({usable}); "
+            f"'{config.dataset.name}' reads files: use trainer.loader=torch"
+        )
     _check_algorithm_prerequisites(config)
 
 

@@ -103,7 +103,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
 
     data = builders.build_datasets(config.dataset)
     model = builders.build_model(config.model, data, config.loss)
-    train_dl, eval_dl = builders.build_dataloaders(data, t, device)
+    train_dl, eval_dl = builders.build_dataloaders(data, t, device, seed=t.seed)
     optimizer = builders.build_optimizer(config.optimizer, model)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     checkpoint_dir = run_dir / CHECKPOINT_DIR

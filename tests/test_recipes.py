@@ -43,3 +43,29 @@ def test_gpu_recipes_give_a_clear_error_on_this_machine():
         resolve(RECIPES / "imagenet100_fast.yaml")
     with pytest.raises(RecipeError, match="trainer.precision: amp_bf16 needs a GPU"):
         resolve(RECIPES / "imagenet100_fast.yaml", ["trainer.device=auto"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["resnet50_mild", "resnet50_medium", "resnet50_hot"])
+def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(recipe, tmp_path):
+    """All the recipe's algorithms together, on CPU-sized settings (the hot one has ten)."""
+    import numpy as np
+    from PIL import Image
+
+    from dlrecipes.train import train
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("n01", "n02"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(tmp_path / split / c / f"{i}.jpg")
+    config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", [
+        f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, resize_size: 72}}",
+        "trainer.device=cpu", "trainer.precision=fp32", "trainer.device_train_microbatch_size=null",
+        "trainer.batch_size=4", "trainer.num_workers=0", "trainer.max_duration=2ba", "trainer.progress_bar=false",
+        "trainer.console_log_interval=100ep", "model.min_input_size=32", "checkpoint.save=false",
+        f"runs_dir={tmp_path}/runs", "~callbacks.memory_monitor",
+    ])
+    result = train(config)
+    assert result.batches == 2

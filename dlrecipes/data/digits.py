@@ -42,6 +42,7 @@ def build_digits(image_size: int, augment: bool, eval_fraction: float, split_see
     import torch.nn.functional as F
     from torchvision.transforms import v2
 
+    from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
 
     images, labels = load_digits_arrays()
@@ -60,8 +61,14 @@ def build_digits(image_size: int, augment: bool, eval_fraction: float, split_see
     )
     eval_tf = v2.Compose(normalize)
     return DatasetSplits(
-        train=TransformedTensorDataset(train_x, y[torch.from_numpy(train_idx)], train_tf),
-        eval=TransformedTensorDataset(x[torch.from_numpy(eval_idx)], y[torch.from_numpy(eval_idx)], eval_tf),
+        # on-device batches: a 2-pixel random shift stands in for the random affine
+        train=TransformedTensorDataset(
+            train_x, y[torch.from_numpy(train_idx)], train_tf,
+            BatchAugment((mean,), (std,), crop_padding=2 if augment else 0),
+        ),
+        eval=TransformedTensorDataset(
+            x[torch.from_numpy(eval_idx)], y[torch.from_numpy(eval_idx)], eval_tf, BatchAugment((mean,), (std,))
+        ),
         num_classes=NUM_CLASSES,
         input_shape=(1, image_size, image_size),
         class_names=[str(d) for d in range(10)],

@@ -14,7 +14,7 @@ _IMAGENET_MEAN = [0.485, 0.456, 0.406]
 _IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-@datasets.register("digits")
+@datasets.register("digits", in_memory=True)
 def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed)."""
     from dlrecipes.data.digits import build_digits
@@ -22,7 +22,7 @@ def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist")
+@datasets.register("mnist", in_memory=True)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
     from dlrecipes.data.torchvision_sets import build_mnist
@@ -30,7 +30,7 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10")
+@datasets.register("cifar10", in_memory=True)
 def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
@@ -39,7 +39,7 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
     return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD)
 
 
-@datasets.register("cifar100")
+@datasets.register("cifar100", in_memory=True)
 def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
@@ -109,7 +109,7 @@ def imagenet100(
     )
 
 
-@datasets.register("synthetic")
+@datasets.register("synthetic", in_memory=True)
 def synthetic(
     num_classes: int = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),

@@ -107,6 +107,7 @@ def read_cifar_batches(folder: Path, files: tuple[str, ...], label_key: str) -> 
 def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std) -> DatasetSplits:
     import torch
 
+    from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.transforms import small_image_transforms
 
@@ -116,8 +117,13 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
     train_tf = small_image_transforms(32, mean, std, crop_padding=4 if augment else 0, hflip=augment, train=True)
     eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False)
     return DatasetSplits(
-        train=TransformedTensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf),
-        eval=TransformedTensorDataset(torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf),
+        train=TransformedTensorDataset(
+            torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf,
+            BatchAugment(tuple(mean), tuple(std), crop_padding=4 if augment else 0, hflip=augment),
+        ),
+        eval=TransformedTensorDataset(
+            torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std))
+        ),
         num_classes=source.num_classes,
         input_shape=(3, 32, 32),
     )
@@ -126,6 +132,7 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
 def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
     from torchvision.datasets import MNIST
 
+    from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.transforms import MNIST_MEAN, MNIST_STD, small_image_transforms
 
@@ -144,8 +151,11 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
     train_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0, hflip=False, train=True)
     eval_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=0, hflip=False, train=False)
     return DatasetSplits(
-        train=TransformedTensorDataset(train.data.unsqueeze(1), train.targets, train_tf),
-        eval=TransformedTensorDataset(test.data.unsqueeze(1), test.targets, eval_tf),
+        train=TransformedTensorDataset(
+            train.data.unsqueeze(1), train.targets, train_tf,
+            BatchAugment(MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0),
+        ),
+        eval=TransformedTensorDataset(test.data.unsqueeze(1), test.targets, eval_tf, BatchAugment(MNIST_MEAN, MNIST_STD)),
         num_classes=10,
         input_shape=(1, 28, 28),
         class_names=[str(d) for d in range(10)],
