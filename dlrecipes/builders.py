@@ -83,13 +83,28 @@ def per_device_batch(global_batch: int, key: str) -> int:
     return global_batch // world
 
 
-def build_dataloaders(data: DatasetSplits, cfg: TrainerConfig, device: str, seed: int = 0):
-    """Train and eval loaders for this rank; batch sizes in the recipe are global."""
+def build_dataloaders(
+    data: DatasetSplits, cfg: TrainerConfig, device: str, seed: int = 0, algorithms: dict[str, Any] | None = None
+):
+    """Train and eval loaders for this rank; batch sizes in the recipe are global.
+
+    ``algorithms`` tells an FFCV pipeline whether to emit channels-last images and whether
+    its decode size will change (progressive resizing).
+    """
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
+    from dlrecipes.data.ffcv_loader import FFCVSource, build_ffcv_loaders, ffcv_dataspec
+
     train_batch = per_device_batch(cfg.batch_size, "trainer.batch_size")
     eval_batch = per_device_batch(cfg.eval_batch_size or cfg.batch_size, "trainer.eval_batch_size")
+    if isinstance(data.train, FFCVSource):
+        algorithms = algorithms or {}
+        train, evaluation = build_ffcv_loaders(
+            data.train, data.eval, train_batch, eval_batch, cfg.num_workers, device, cfg.precision, seed,
+            channels_last="channels_last" in algorithms, resizable="progressive_resizing" in algorithms,
+        )
+        return ffcv_dataspec(train), ffcv_dataspec(evaluation)
     if cfg.loader == "device":
         return (
             device_loader(data.train, train_batch, True, device, seed),
@@ -156,10 +171,20 @@ def build_scheduler(cfg: Component):
     return scheduler
 
 
-def build_algorithms(cfgs: dict[str, dict[str, Any]]) -> list:
+def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None) -> list:
+    """The recipe's algorithms; with an FFCV loader, progressive resizing moves into its decoder."""
     from composer.core import Algorithm
 
-    return [_build_checked(registry.algorithms, name, params, Algorithm) for name, params in cfgs.items()]
+    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing
+
+    built = []
+    for name, params in cfgs.items():
+        ffcv_loader = getattr(train_loader, "dataloader", None)
+        if name == "progressive_resizing" and isinstance(ffcv_loader, FFCVLoader):
+            built.append(FFCVProgressiveResizing(ffcv_loader, **params))
+        else:
+            built.append(_build_checked(registry.algorithms, name, params, Algorithm))
+    return built
 
 
 def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:

@@ -115,6 +115,73 @@ def list_registry(
             print_registry(reg)
 
 
+data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV conversion and inspection.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("convert")
+def data_convert(
+    dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
+    params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
+    out: Path = typer.Option(..., "--out", help="folder for train.beton and val.beton"),
+    max_resolution: Optional[int] = typer.Option(256, help="downscale images whose longer side is larger (0: keep)"),
+    write_mode: str = typer.Option("smart", help="smart, jpg, raw or proportion"),
+    jpeg_quality: int = typer.Option(90, help="JPEG quality for re-encoded images"),
+    compress_probability: float = typer.Option(0.5, help="share stored as JPEG with write-mode proportion"),
+    page_size: int = typer.Option(1 << 23, help="FFCV page size in bytes"),
+    workers: int = typer.Option(-1, help="writer processes (-1: all cores)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace existing files"),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unreadable images (each is reported) instead of stopping"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra)."""
+    from dlrecipes.data.ffcv_files import ConvertOptions, convert_dataset
+    from dlrecipes.plugins import load_all
+    from dlrecipes.recipe import parse_yaml
+
+    if write_mode not in ("smart", "jpg", "raw", "proportion"):
+        _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
+    parsed = {}
+    for item in params or []:
+        if "=" not in item:
+            _fail(f"dataset parameter '{item}': expected key=value")
+        key, _, value = item.partition("=")
+        parsed[key] = _guarded(lambda: parse_yaml(value, f"parameter {item}"))
+    options = ConvertOptions(
+        max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
+        compress_probability=compress_probability, page_size=page_size, num_workers=workers,
+        overwrite=overwrite, skip_bad=skip_bad,
+    )
+    _guarded(lambda: load_all(plugins=plugin))
+    _guarded(lambda: convert_dataset(dataset, parsed, out, options, echo=lambda m: typer.echo(m, err=True)))
+
+
+@data_app.command("inspect")
+def data_inspect(
+    path: Path = typer.Argument(..., help="an FFCV .beton file"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Samples, fields, resolution statistics and classes of a .beton file."""
+    import json
+
+    from dlrecipes.data.ffcv_files import inspect_beton
+
+    info = _guarded(lambda: inspect_beton(path))
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    res = info["resolution"]
+    typer.echo(f"{info['path']}: {info['samples']} samples")
+    typer.echo(f"fields: {', '.join(f'{k} ({v})' for k, v in info['fields'].items())}")
+    for side in ("height", "width"):
+        r = res[side]
+        typer.echo(f"{side}: min {r['min']}, median {r['median']:g}, max {r['max']}")
+    typer.echo(f"stored as: {info['stored_as']['jpg']} JPEG, {info['stored_as']['raw']} raw")
+    names = info.get("class_names")
+    counts = ", ".join(f"{names[k] if names else k}: {v}" for k, v in info["classes"].items())
+    typer.echo(f"classes ({len(info['classes'])}): {counts}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point (also used by the root ``cli.py`` and ``python -m dlrecipes``)."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="dlrecipes")

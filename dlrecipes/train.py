@@ -103,7 +103,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
 
     data = builders.build_datasets(config.dataset)
     model = builders.build_model(config.model, data, config.loss)
-    train_dl, eval_dl = builders.build_dataloaders(data, t, device, seed=t.seed)
+    train_dl, eval_dl = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     optimizer = builders.build_optimizer(config.optimizer, model)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     checkpoint_dir = run_dir / CHECKPOINT_DIR
@@ -121,7 +121,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
         optimizers=optimizer,
         schedulers=builders.build_scheduler(config.scheduler),
         step_schedulers_every_batch=True,
-        algorithms=builders.build_algorithms(config.algorithms),
+        algorithms=builders.build_algorithms(config.algorithms, train_dl),
         callbacks=callbacks,
         loggers=loggers,
         run_name=run_dir.name,

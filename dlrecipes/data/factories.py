@@ -109,6 +109,38 @@ def imagenet100(
     )
 
 
+@datasets.register("ffcv", ffcv=True)
+def ffcv(
+    train_path: str,
+    val_path: str,
+    crop_size: int = 224,
+    eval_crop_size: Optional[int] = None,
+    resize_ratio: float = 224 / 256,
+    min_scale: float = 0.08,
+    hflip: bool = True,
+    mean: list[float] = _IMAGENET_MEAN,
+    std: list[float] = _IMAGENET_STD,
+    os_cache: bool = True,
+    batches_ahead: int = 3,
+):
+    """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra."""
+    from dlrecipes.data.ffcv_files import beton_num_classes
+    from dlrecipes.data.ffcv_loader import FFCVSource
+    from dlrecipes.data.splits import DatasetSplits
+
+    def source(path: str, train: bool, size: int) -> FFCVSource:
+        return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
+
+    num_classes = beton_num_classes(train_path)
+    beton_num_classes(val_path)  # fail now, naming the file, if it is missing or damaged
+    return DatasetSplits(
+        train=source(train_path, True, crop_size),
+        eval=source(val_path, False, eval_crop_size or crop_size),
+        num_classes=num_classes,
+        input_shape=(3, crop_size, crop_size),
+    )
+
+
 @datasets.register("synthetic", in_memory=True)
 def synthetic(
     num_classes: int = 10,

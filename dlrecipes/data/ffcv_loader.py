@@ -1,0 +1,184 @@
+"""FFCV loaders for training (random-resized-crop decode, flip, normalise) and evaluation
+(center-crop decode), returned as Composer DataSpecs; and progressive resizing done in the
+decoder, so early epochs decode small images instead of resizing full-size ones.
+
+Pipelines differ by device.  On the GPU, decoded uint8 batches go to the device
+(non-blocking), become channels-last torch images, and are normalised there in fp16 or fp32.
+On the CPU every FFCV transform, normalisation included, runs before ``ToTensor``: the other
+order hangs FFCV's loader on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from composer.core import Algorithm, DataSpec, Event, State
+from composer.loggers import Logger
+
+from dlrecipes.data.ffcv_files import import_ffcv, open_reader
+from dlrecipes.data.progressive import progressive_resolution
+
+
+@dataclass(frozen=True)
+class FFCVSource:
+    """One split of an FFCV dataset and how to decode it (what the ``ffcv`` dataset factory returns)."""
+
+    path: str
+    train: bool
+    crop_size: int
+    resize_ratio: float
+    min_scale: float
+    hflip: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    os_cache: bool = True
+    batches_ahead: int = 3
+
+    def __len__(self) -> int:
+        return int(open_reader(self.path).num_samples)
+
+
+def _pipelines(source: FFCVSource, device: torch.device, half: bool, channels_last: bool, size: int):
+    import_ffcv()
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.transforms import Convert, NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
+
+    if source.train:
+        decoder = RandomResizedCropRGBImageDecoder((size, size), scale=(source.min_scale, 1.0))
+    else:
+        decoder = CenterCropRGBImageDecoder((size, size), ratio=source.resize_ratio)
+    image = [decoder] + ([RandomHorizontalFlip()] if source.train and source.hflip else [])
+    mean = np.array(source.mean) * 255
+    std = np.array(source.std) * 255
+    if device.type == "cuda":
+        image += [
+            ToTensor(),
+            ToDevice(device, non_blocking=True),
+            ToTorchImage(channels_last=channels_last),
+            NormalizeImage(mean, std, np.float16 if half else np.float32),
+        ]
+        label = [IntDecoder(), ToTensor(), Squeeze(), Convert(torch.int64), ToDevice(device, non_blocking=True)]
+    else:
+        image += [NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage(channels_last=channels_last)]
+        label = [IntDecoder(), ToTensor(), Squeeze(), Convert(torch.int64)]
+    return {"image": image, "label": label}, decoder
+
+
+class FFCVLoader:
+    """An FFCV Loader plus the decoder whose output size progressive resizing changes."""
+
+    def __init__(
+        self,
+        source: FFCVSource,
+        batch_size: int,
+        num_workers: int,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        half: bool = False,
+        channels_last: bool = False,
+        resizable: bool = False,
+    ):
+        import_ffcv()
+        from ffcv.loader import Loader, OrderOption
+
+        self.source = source
+        pipelines, self.decoder = _pipelines(source, device, half, channels_last, source.crop_size)
+        n = len(source)
+        kwargs = {}
+        if source.train:
+            kwargs = {"order": OrderOption.RANDOM, "drop_last": True, "distributed": world_size > 1}
+        else:
+            # each rank evaluates its own slice: every sample exactly once across ranks
+            kwargs = {"order": OrderOption.SEQUENTIAL, "drop_last": False, "indices": np.arange(rank, n, world_size)}
+        self.loader = Loader(
+            source.path,
+            batch_size=batch_size,
+            num_workers=num_workers if num_workers > 0 else -1,
+            os_cache=source.os_cache,
+            seed=seed,
+            pipelines=pipelines,
+            batches_ahead=source.batches_ahead,
+            recompile=resizable,  # the decoder's output size is compiled in; re-read it each epoch
+            **kwargs,
+        )
+        self.batch_size = batch_size
+        self.num_samples = len(self.loader) * batch_size if source.train else len(kwargs["indices"])
+
+    @property
+    def resolution(self) -> int:
+        return int(self.decoder.output_size[0])
+
+    def set_resolution(self, size: int) -> None:
+        self.decoder.output_size = (size, size)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def ffcv_dataspec(loader: FFCVLoader) -> DataSpec:
+    return DataSpec(loader, num_samples=loader.num_samples, get_num_samples_in_batch=lambda batch: batch[0].shape[0])
+
+
+class FFCVProgressiveResizing(Algorithm):
+    """Progressive resizing in the FFCV decoder: set the train decode size at each epoch start.
+
+    Takes the parameters of Composer's ``ProgressiveResizing`` (so one recipe block drives
+    either loader) and logs ``progressive_resizing/resolution`` every epoch.
+    """
+
+    def __init__(
+        self,
+        loader: FFCVLoader,
+        initial_scale: float = 0.5,
+        delay_fraction: float = 0.5,
+        finetune_fraction: float = 0.2,
+        size_increment: int = 4,
+        **_ignored: object,  # mode / resize_targets only concern batch resizing
+    ):
+        self.loader = loader
+        self.full_size = loader.source.crop_size
+        self.params = (initial_scale, delay_fraction, finetune_fraction, size_increment)
+
+    def resolution_at(self, elapsed: float) -> int:
+        return progressive_resolution(elapsed, self.full_size, *self.params)
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.EPOCH_START
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        elapsed = state.get_elapsed_duration()
+        size = self.resolution_at(float(elapsed.value) if elapsed is not None else 0.0)
+        self.loader.set_resolution(size)
+        logger.log_metrics({"progressive_resizing/resolution": size})
+
+
+def build_ffcv_loaders(
+    train: FFCVSource,
+    evaluation: FFCVSource,
+    train_batch: int,
+    eval_batch: int,
+    num_workers: int,
+    device: str,
+    precision: str,
+    seed: int,
+    channels_last: bool,
+    resizable: bool,
+) -> tuple[FFCVLoader, FFCVLoader]:
+    from composer.utils import dist
+
+    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    common = {
+        "num_workers": num_workers, "device": torch_device, "seed": seed, "rank": dist.get_global_rank(),
+        "world_size": dist.get_world_size(), "half": precision == "amp_fp16", "channels_last": channels_last,
+    }
+    return (
+        FFCVLoader(train, train_batch, resizable=resizable, **common),
+        FFCVLoader(evaluation, eval_batch, **common),
+    )

@@ -1,0 +1,173 @@
+"""FFCV end to end on CPU: convert, inspect, load, progressive resizing in the decoder, train."""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dlrecipes.errors import DataError, UserError
+
+from .conftest import run_cli, write
+
+if importlib.util.find_spec("ffcv") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI installs the ffcv extra; FFCV tests must run there")
+    pytest.skip("FFCV is not installed (pip install -e '.[ffcv]')", allow_module_level=True)
+
+from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, import_ffcv, inspect_beton, open_reader, write_beton  # noqa: E402
+from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing, FFCVSource  # noqa: E402
+
+CLASSES = ("ant", "bee", "cow")
+
+
+def _folder(root: Path, per_class: int = 6, bad: dict[str, bytes] | None = None) -> Path:
+    """Images whose every pixel is the sample's id, so a decoded crop still says which sample it is."""
+    sample_id = 0
+    for c in CLASSES:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(np.full((24 + i, 30, 3), sample_id, dtype=np.uint8)).save(root / c / f"{i}.png")
+            sample_id += 1
+    for name, data in (bad or {}).items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def _image_folder(root: Path):
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(str(root))
+
+
+@pytest.fixture(scope="module")
+def beton(tmp_path_factory) -> Path:
+    root = _folder(tmp_path_factory.mktemp("src") / "train")
+    path = tmp_path_factory.mktemp("beton") / "train.beton"
+    report = write_beton(RawImages(_image_folder(root)), path, ConvertOptions(write_mode="raw", num_workers=1), list(CLASSES))
+    assert report.samples == 18 and path.exists() and Path(f"{path}.json").exists()
+    return path
+
+
+def _source(path, train, size=16, hflip=False):
+    # mean 0 and std 1/255 leave pixel values as they were stored: each pixel is the sample id
+    return FFCVSource(str(path), train, size, 1.0, 0.5, hflip, (0.0, 0.0, 0.0), (1 / 255,) * 3, os_cache=False)
+
+
+def test_import_restores_the_thread_count_and_missing_ffcv_names_the_install(monkeypatch):
+    torch.set_num_threads(2)
+    import_ffcv()
+    assert torch.get_num_threads() == 2
+    real_import = builtins.__import__
+
+    def no_ffcv(name, *args, **kwargs):
+        if name.startswith("ffcv"):
+            raise ImportError("No module named 'ffcv'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ffcv)
+    with pytest.raises(UserError, match=r"pkg-config libturbojpeg0-dev libopencv-dev.*pip install -e '.\[ffcv\]'"):
+        import_ffcv()
+
+
+def test_inspect_reports_samples_fields_resolutions_and_classes(beton):
+    info = inspect_beton(beton)
+    assert info["samples"] == 18
+    assert info["fields"] == {"image": "RGBImageField", "label": "IntField"}
+    assert info["resolution"]["height"] == {"min": 24, "median": 26.5, "max": 29}
+    assert info["stored_as"] == {"jpg": 0, "raw": 18}
+    assert info["classes"] == {0: 6, 1: 6, 2: 6} and info["class_names"] == list(CLASSES)
+
+
+def test_eval_loader_returns_every_sample_once_with_its_label(beton):
+    loader = FFCVLoader(_source(beton, train=False), batch_size=4, num_workers=1, device=torch.device("cpu"), seed=0)
+    images, labels = zip(*loader)
+    images, labels = torch.cat(images), torch.cat(labels)
+    assert images.shape == (18, 3, 16, 16) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    ids = images[:, 0, 8, 8].round().long()
+    assert ids.tolist() == list(range(18))  # in order, each once
+    assert labels.tolist() == [i // 6 for i in range(18)]  # the label travelled with its image
+
+
+def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_decoder(beton):
+    loader = FFCVLoader(_source(beton, train=True), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=1,
+                        resizable=True)
+    for size in (16, 8, 24):
+        loader.set_resolution(size)
+        batches = list(loader)
+        images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        assert images.shape == (18, 3, size, size)
+        ids = images[:, 0, size // 2, size // 2].round().long()
+        assert sorted(ids.tolist()) == list(range(18))
+        assert torch.equal(labels, ids // 6)
+
+
+def test_progressive_resizing_schedule_matches_composers_rule(beton):
+    loader = FFCVLoader(_source(beton, train=True, size=224), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=0)
+    pr = FFCVProgressiveResizing(loader, initial_scale=0.5, delay_fraction=0.2, finetune_fraction=0.2, size_increment=32)
+    # 10 epochs: epochs 0-1 at half size, a linear ramp, full size for the last 2 (multiples of 32)
+    assert [pr.resolution_at(e / 10) for e in range(10)] == [128, 128, 128, 128, 160, 160, 192, 192, 224, 224]
+
+
+def test_truncated_or_missing_beton_is_a_named_error(beton, tmp_path):
+    cut = tmp_path / "cut.beton"
+    cut.write_bytes(beton.read_bytes()[: beton.stat().st_size - 100])
+    with pytest.raises(DataError, match=rf"{cut}: truncated or damaged FFCV file"):
+        open_reader(cut)
+    half = tmp_path / "half.beton"
+    half.write_bytes(beton.read_bytes()[: beton.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"{half}"):
+        open_reader(half)
+    with pytest.raises(DataError, match="FFCV file not found"):
+        open_reader(tmp_path / "nope.beton")
+
+
+def test_corrupt_images_stop_the_conversion_or_are_skipped_and_counted(tmp_path):
+    root = _folder(tmp_path / "src", per_class=2, bad={"ant/empty.jpg": b"", "bee/broken.jpg": b"\xff\xd8\xff garbage"})
+    target = tmp_path / "out" / "train.beton"
+    with pytest.raises(DataError, match=r"unreadable image .*ant/empty.jpg"):
+        write_beton(RawImages(_image_folder(root)), target, ConvertOptions(num_workers=1))
+    assert not target.exists() and not list(target.parent.glob("*.tmp-*"))  # nothing half-written
+    report = write_beton(RawImages(_image_folder(root)), target, ConvertOptions(num_workers=1, skip_bad=True))
+    assert report.samples == 6 and sorted(Path(p).name for p, _ in report.skipped) == ["broken.jpg", "empty.jpg"]
+    assert inspect_beton(target)["samples"] == 6
+
+
+@pytest.mark.slow
+def test_cli_convert_inspect_and_train_through_ffcv_with_decoder_resizing(tmp_path):
+    _folder(tmp_path / "imgs" / "train", per_class=8)
+    _folder(tmp_path / "imgs" / "val", per_class=2)
+    out = tmp_path / "ffcv"
+    args = ["data", "convert", "image_folder", f"train_path={tmp_path}/imgs/train", f"val_path={tmp_path}/imgs/val",
+            "--out", str(out), "--workers", "1"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "24 samples written" in first.stderr and "6 samples written" in first.stderr
+    again = run_cli(*args)
+    assert again.returncode == 2 and "already exist" in again.stderr and "--overwrite" in again.stderr
+    assert run_cli(*args, "--overwrite").returncode == 0
+    shown = run_cli("data", "inspect", str(out / "train.beton"))
+    assert "24 samples" in shown.stdout and "ant: 8" in shown.stdout
+    recipe = write(tmp_path / "ffcv.yaml", f"""
+        model: {{name: cifar_resnet18}}
+        dataset: {{name: ffcv, train_path: {out}/train.beton, val_path: {out}/val.beton, crop_size: 32}}
+        trainer: {{max_duration: 3ep, batch_size: 8, num_workers: 1, progress_bar: false, device: cpu}}
+        optimizer: {{name: sgd, lr: 0.01}}
+        checkpoint: {{save: false}}
+        runs_dir: {tmp_path}/runs
+        run_name: ffcv
+        algorithms:
+          progressive_resizing: {{initial_scale: 0.5, delay_fraction: 0.0, finetune_fraction: 0.34, size_increment: 8}}
+    """)
+    result = run_cli("train", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: 3 epochs, 9 batches" in result.stderr
+    log = (tmp_path / "runs" / "ffcv" / "train-rank0.log").read_text()
+    resolutions = [int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line]
+    assert list(dict.fromkeys(resolutions)) == [16, 24, 32]  # one value per epoch (the file log repeats lines)
