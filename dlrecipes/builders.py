@@ -110,6 +110,11 @@ def build_dataloaders(
             device_loader(data.train, train_batch, True, device, seed),
             device_loader(data.eval, eval_batch, False, device, seed),
         )
+    if cfg.loader == "tensor_cache":
+        return (
+            tensor_cache_loader(data, data.train, train_batch, True, cfg, device, seed),
+            tensor_cache_loader(data, data.eval, eval_batch, False, cfg, device, seed),
+        )
     common = {
         "num_workers": cfg.num_workers,
         "pin_memory": device == "gpu",
@@ -151,6 +156,25 @@ def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int)
     torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
     loader = DeviceTensorLoader(
         images, labels, batch_size, augment, train, torch_device, seed, dist.get_global_rank(), dist.get_world_size()
+    )
+    return DataSpec(loader, num_samples=loader.num_samples)
+
+
+def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bool, cfg: TrainerConfig,
+                        device: str, seed: int):
+    """A tensor-cache loader (decode once, batched augmentation) as a Composer DataSpec."""
+    import torch
+    from composer.core import DataSpec
+    from composer.utils import dist
+
+    from dlrecipes.data.tensor_cache import build_tensor_cache_loader
+
+    if data.augment is None or not hasattr(dataset, "samples"):
+        raise RecipeError("trainer.loader: 'tensor_cache' needs an image-folder dataset")
+    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    loader = build_tensor_cache_loader(
+        dataset, batch_size, train, torch_device, cfg.num_workers, seed, dist.get_global_rank(),
+        dist.get_world_size(), cfg.cache_dir, cfg.cache_size, **data.augment,
     )
     return DataSpec(loader, num_samples=loader.num_samples)
 

@@ -115,6 +115,42 @@ def list_registry(
             print_registry(reg)
 
 
+@app.command()
+def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
+    """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
+    from dlrecipes.plots import plot_history
+
+    for path in _guarded(lambda: plot_history(run_dir)):
+        typer.echo(str(path))
+
+
+@app.command()
+def compare(
+    run_dirs: List[Path] = typer.Argument(..., help="run directories to compare"),
+    out: Path = typer.Option(Path("compare.png"), "--out", help="where to write the accuracy-vs-time plot"),
+    as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
+) -> None:
+    """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""
+    from dlrecipes.plots import COMPARE_COLUMNS, compare_runs, format_cell
+
+    summaries, plot_path = _guarded(lambda: compare_runs(run_dirs, out))
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(summaries, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="runs", title_justify="left")
+    for _, header in COMPARE_COLUMNS:
+        table.add_column(header)
+    for summary in summaries:
+        table.add_row(*(format_cell(summary.get(key)) for key, _ in COMPARE_COLUMNS))
+    Console(width=max(140, Console().width)).print(table)
+    typer.echo(f"accuracy vs wall-clock time: {plot_path}")
+
+
 data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV conversion and inspection.")
 app.add_typer(data_app, name="data")
 

@@ -50,11 +50,14 @@ class TrainerConfig:
         default=None,
     )
     num_workers: int = _help("dataloader worker processes per device", default=2)
-    loader: Literal["torch", "device"] = _help(
+    loader: Literal["torch", "device", "tensor_cache"] = _help(
         "torch: a DataLoader with per-sample transforms; device: keep an in-memory dataset on the "
-        "training device and crop/flip/normalise whole batches there (digits, MNIST, CIFAR, synthetic)",
+        "training device and crop/flip/normalise whole batches there (digits, MNIST, CIFAR, synthetic); "
+        "tensor_cache: decode an image folder once to a uint8 memory map, then augment whole batches",
         default="torch",
     )
+    cache_dir: Optional[str] = _help("tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None)
+    cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
     progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
     console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
     eval_subset_num_batches: int = _help("evaluate on this many batches only (-1 = all)", default=-1)
@@ -248,6 +251,12 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError(
             f"trainer.loader: 'device' needs a dataset held in memory as tensors ({usable}); "
             f"'{config.dataset.name}' reads files: use trainer.loader=torch"
+        )
+    if t.loader == "tensor_cache" and not registry.datasets.get(config.dataset.name).metadata.get("pil_images"):
+        usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
+        raise RecipeError(
+            f"trainer.loader: 'tensor_cache' caches image folders ({usable}); for '{config.dataset.name}' "
+            "use trainer.loader=device (in-memory data) or torch"
         )
     _check_algorithm_prerequisites(config)
 

@@ -6,6 +6,7 @@ experiment trackers.  Optional trackers are pip extras with an install hint.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from dlrecipes.errors import UserError
@@ -32,6 +33,8 @@ def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int =
 
 @loggers.register("wandb")
 def wandb(
+    run_dir,
+    /,
     project: Optional[str] = None,
     entity: Optional[str] = None,
     group: Optional[str] = None,
@@ -40,11 +43,37 @@ def wandb(
     offline: bool = False,
 ):
     """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it)."""
-    _require("wandb", "wandb", "wandb<0.19")  # the range Composer 0.32 declares
+    _require("wandb", "wandb", "dlrecipes[wandb]")
     import os
 
-    from composer.loggers import WandBLogger
+    from dlrecipes.wandb_logger import WandBLogger
 
     if offline:
         os.environ["WANDB_MODE"] = "offline"
-    return WandBLogger(project=project, entity=entity, group=group, name=name, tags=tags)
+    os.environ.setdefault("WANDB_DIR", str(run_dir))  # the run's files stay in its run directory
+    return WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags)
+
+
+@loggers.register("mlflow")
+def mlflow(
+    run_dir,
+    /,
+    tracking_uri: Optional[str] = None,
+    experiment_name: Optional[str] = None,
+    run_name: Optional[str] = None,
+    tags: Optional[dict[str, str]] = None,
+):
+    """MLflow tracking (default: a local file store in <run dir>/mlruns)."""
+    _require("mlflow", "mlflow", "dlrecipes[mlflow]")
+    import os
+
+    from composer.loggers import MLFlowLogger
+
+    if tracking_uri is None:
+        # MLflow 3 keeps its local file store only on request; a database needs a server or sqlalchemy
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        tracking_uri = (Path(run_dir) / "mlruns").resolve().as_uri()
+    return MLFlowLogger(
+        experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
+        tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
+    )

@@ -94,6 +94,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
     from composer.utils import reproducibility
 
     from dlrecipes.best_checkpoint import BestCheckpoint
+    from dlrecipes.history import RunHistory
 
     t, ckpt = config.trainer, config.checkpoint
     device = device or resolve_device(t.device)
@@ -106,6 +107,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
     train_dl, eval_dl = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     optimizer = builders.build_optimizer(config.optimizer, model)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
+    callbacks.append(RunHistory(run_dir, config.to_dict(), device))
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     if ckpt.monitor:
         callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))

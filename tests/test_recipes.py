@@ -69,3 +69,10 @@ def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(rec
     ])
     result = train(config)
     assert result.batches == 2
+
+
+def test_imagenet100_fast_uses_ffcv_with_decoder_progressive_resizing():
+    config = resolve(RECIPES / "imagenet100_fast.yaml", check_device=False)
+    assert config.dataset.name == "ffcv"
+    assert {"progressive_resizing", "channels_last", "blurpool", "label_smoothing", "ema"} <= set(config.algorithms)
+    assert config.trainer.precision == "amp_bf16" and config.trainer.batch_size % 8 == 0

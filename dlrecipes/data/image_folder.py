@@ -79,4 +79,6 @@ def build_image_folders(
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
+        augment={"crop_size": crop_size, "resize_size": resize_size, "min_scale": min_scale, "hflip": hflip,
+                 "mean": tuple(mean), "std": tuple(std)},
     )

@@ -15,3 +15,5 @@ class DatasetSplits:
     num_classes: int
     input_shape: tuple[int, int, int]  # (channels, height, width) of one sample
     class_names: Optional[list[str]] = None
+    # For image-folder data: crop_size, resize_size, min_scale, hflip, mean, std (the tensor cache reuses them)
+    augment: Optional[dict[str, Any]] = None

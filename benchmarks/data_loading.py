@@ -1,0 +1,158 @@
+"""Images per second from three loaders over the same generated ImageNet-like JPEG folder.
+
+    python benchmarks/data_loading.py [--images 2000] [--batch 64] [--workers 2] [--epochs 4]
+
+(a) torchvision ImageFolder + PIL transforms in a DataLoader, (b) the FFCV loader (after
+`data convert`), (c) the tensor cache; all with random-resized-crop to --crop, flip and
+normalisation to float32, the same batch size and worker count.  Only loading is timed (no
+model).  ``ffcv_uint8`` is FFCV without the normalisation: the CPU's share of the GPU
+pipeline, which normalises on the device.
+The first epoch is reported apart from the steady state (mean of the later epochs): FFCV
+compiles its pipeline in the first epoch, the tensor cache decodes the folder before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def make_images(root: Path, count: int, classes: int, seed: int = 0, noise: int = 80) -> None:
+    """JPEGs of about 500x375: smooth colour waves plus pixel noise, ~100 KB each at noise=80
+    (ImageNet's JPEGs average about 110 KB; smoother images would decode unrealistically fast)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / "train" / f"n{i % classes:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        w, h = int(rng.integers(440, 560)), int(rng.integers(330, 420))
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = rng.integers(0, 255, 3)
+        freq = rng.uniform(0.005, 0.05, 3)
+        img = (base + 80 * np.sin(xx[..., None] * freq + yy[..., None] * freq[::-1])).clip(0, 255).astype(np.uint8)
+        img = (img + rng.integers(0, noise, img.shape)).clip(0, 255).astype(np.uint8)
+        Image.fromarray(img).save(folder / f"{i}.jpg", quality=90)
+
+
+def time_epochs(loader, epochs: int) -> list[float]:
+    rates = []
+    for _ in range(epochs):
+        start, seen = time.perf_counter(), 0
+        for images, _ in loader:
+            seen += images.shape[0]
+        rates.append(seen / (time.perf_counter() - start))
+    return rates
+
+
+def torchvision_loader(root: Path, batch: int, workers: int, crop: int):
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD, imagenet_transforms
+
+    dataset = ImageFolder(str(root / "train"), transform=imagenet_transforms(crop, crop, 0.08, True, IMAGENET_MEAN, IMAGENET_STD, True))
+    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=True)
+
+
+def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int):
+    from torchvision.datasets import ImageFolder
+
+    from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
+    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    path = root / f"train-{max_resolution}.beton"
+    if not path.exists():
+        write_beton(RawImages(ImageFolder(str(root / "train"))), path,
+                    ConvertOptions(max_resolution=max_resolution, write_mode="jpg", num_workers=workers))
+    source = FFCVSource(str(path), True, crop, crop / 256, 0.08, True, IMAGENET_MEAN, IMAGENET_STD)
+    return FFCVLoader(source, batch, workers, torch.device("cpu"), seed=0)
+
+
+def ffcv_uint8_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int):
+    """The CPU side of the GPU pipeline: decode + crop + flip to uint8; normalisation then runs on the GPU."""
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    ffcv_loader(root, batch, workers, crop, max_resolution)  # writes the file if needed
+    return Loader(
+        str(root / f"train-{max_resolution}.beton"), batch_size=batch, num_workers=workers, order=OrderOption.RANDOM,
+        drop_last=True, pipelines={
+            "image": [RandomResizedCropRGBImageDecoder((crop, crop)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+            "label": [IntDecoder(), ToTensor(), Squeeze()],
+        },
+    )
+
+
+def tensor_cache_loader(root: Path, batch: int, workers: int, crop: int, cache_size: int):
+    from torchvision.datasets import ImageFolder
+
+    from dlrecipes.data.tensor_cache import build_tensor_cache_loader
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    return build_tensor_cache_loader(
+        ImageFolder(str(root / "train")), batch, True, torch.device("cpu"), workers, 0, 0, 1, root / "cache",
+        cache_size, crop, cache_size, 0.08, True, IMAGENET_MEAN, IMAGENET_STD,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--crop", type=int, default=224)
+    parser.add_argument("--max-resolution", type=int, default=256, help="FFCV stored size")
+    parser.add_argument("--cache-size", type=int, default=256, help="tensor cache stored size")
+    parser.add_argument("--noise", type=int, default=80, help="pixel noise amplitude of the generated JPEGs")
+    parser.add_argument("--data-dir", type=Path, help="reuse/keep the generated images here")
+    parser.add_argument("--loaders", default="torchvision,ffcv,ffcv_uint8,tensor_cache")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.data_dir or Path(tmp)
+        if not (root / "train").exists():
+            t = time.perf_counter()
+            make_images(root, args.images, args.classes, noise=args.noise)
+            print(f"generated {args.images} JPEGs in {time.perf_counter() - t:.1f}s", flush=True)
+        builders = {
+            "torchvision": lambda: torchvision_loader(root, args.batch, args.workers, args.crop),
+            "ffcv": lambda: ffcv_loader(root, args.batch, args.workers, args.crop, args.max_resolution),
+            "ffcv_uint8": lambda: ffcv_uint8_loader(root, args.batch, args.workers, args.crop, args.max_resolution),
+            "tensor_cache": lambda: tensor_cache_loader(root, args.batch, args.workers, args.crop, args.cache_size),
+        }
+        results = {}
+        for name in args.loaders.split(","):
+            t = time.perf_counter()
+            loader = builders[name]()
+            setup = time.perf_counter() - t
+            rates = time_epochs(loader, args.epochs)
+            steady = float(np.mean(rates[1:])) if len(rates) > 1 else rates[0]
+            results[name] = {"setup_s": setup, "first_epoch": rates[0], "steady": steady, "epochs": rates}
+            print(f"{name:<13} setup {setup:6.1f}s  first epoch {rates[0]:7.0f} img/s  steady {steady:7.0f} img/s", flush=True)
+        if "torchvision" in results:
+            base = results["torchvision"]
+            for name, r in results.items():
+                print(f"{name:<13} first epoch {r['first_epoch'] / base['first_epoch']:.2f}x  "
+                      f"steady {r['steady'] / base['steady']:.2f}x torchvision")
+        meta = {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
+                "cores": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()}}
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The fast path without FFCV: decode every image once into a uint8 memory-mapped array, then
+load whole batches of uint8 tensors and crop, flip and normalise them with batched torch ops.
+
+``trainer.loader: tensor_cache`` on an image-folder dataset writes
+``<cache_dir>/<split>-<size>.npy`` (N x size x size x 3: shorter side resized to ``size``,
+centre-cropped) and ``...labels.npy`` once, then trains from them.  Random-resized crops are
+taken per sample and resized with ``F.interpolate``; evaluation resizes and centre-crops.
+On a GPU the crops run on the device; on the CPU they run in the loader's worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from dlrecipes.errors import DataError
+
+# --- building the cache ------------------------------------------------------------------
+
+
+def _decode(args: tuple[str, int]) -> np.ndarray:
+    from PIL import Image
+
+    path, size = args
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        w, h = img.size
+        scale = size / min(w, h)
+        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+        w, h = img.size
+        left, top = (w - size) // 2, (h - size) // 2
+        return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+def _fingerprint(samples: Sequence[tuple[str, int]]) -> dict:
+    stats = [os.stat(p) for p, _ in samples]
+    return {"files": len(samples), "bytes": sum(s.st_size for s in stats), "mtime": max(s.st_mtime for s in stats)}
+
+
+def build_cache(samples: Sequence[tuple[str, int]], cache_dir: Path, split: str, size: int, workers: int = 2) -> Path:
+    """Decode ``samples`` (path, label) into ``cache_dir/split-size.npy`` unless an up-to-date one exists."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    images_path = cache_dir / f"{split}-{size}.npy"
+    meta_path = cache_dir / f"{split}-{size}.json"
+    fingerprint = _fingerprint(samples)
+    if images_path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == fingerprint:
+        return images_path
+    tmp = cache_dir / f".{split}-{size}.tmp-{os.getpid()}.npy"
+    try:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(samples), size, size, 3))
+        jobs = [(p, size) for p, _ in samples]
+        with ProcessPoolExecutor(max(1, workers)) as pool:
+            for i, image in enumerate(pool.map(_decode, jobs, chunksize=64)):
+                out[i] = image
+        out.flush()
+        del out
+        np.save(cache_dir / f"{split}-{size}.labels.npy", np.array([label for _, label in samples], dtype=np.int64))
+        os.replace(tmp, images_path)
+        meta_path.write_text(json.dumps(fingerprint))
+    except OSError as exc:
+        raise DataError(f"trainer.loader: cannot write the tensor cache under {cache_dir}: {exc}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return images_path
+
+
+# --- batched augmentation ----------------------------------------------------------------
+
+
+def random_resized_crop(
+    images: torch.Tensor, size: int, scale: tuple[float, float], generator: torch.Generator,
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> torch.Tensor:
+    """Per-sample random-resized crops of an NCHW batch, each resized to ``size`` (dtype kept).
+
+    uint8 input stays uint8: torch's antialiased bilinear resize has a fast uint8 path on CPU.
+    """
+    n, _, h, w = images.shape
+    area = h * w * torch.empty(n).uniform_(*scale, generator=generator)
+    aspect = torch.exp(torch.empty(n).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=generator))
+    cw = torch.sqrt(area * aspect).round().clamp(1, w).long()
+    ch = torch.sqrt(area / aspect).round().clamp(1, h).long()
+    top = (torch.rand(n, generator=generator) * (h - ch + 1)).long()
+    left = (torch.rand(n, generator=generator) * (w - cw + 1)).long()
+    crops = [
+        F.interpolate(images[i : i + 1, :, t : t + c_h, l : l + c_w], size=(size, size), mode="bilinear",
+                      align_corners=False, antialias=True)
+        for i, (t, l, c_h, c_w) in enumerate(zip(top.tolist(), left.tolist(), ch.tolist(), cw.tolist()))
+    ]
+    return torch.cat(crops)
+
+
+def center_crop(images: torch.Tensor, size: int, resize_ratio: float) -> torch.Tensor:
+    """Resize so that a ``size`` crop covers ``resize_ratio`` of the side, then crop the centre."""
+    resized = round(size / resize_ratio)
+    x = F.interpolate(images, size=(resized, resized), mode="bilinear", align_corners=False, antialias=True)
+    start = (resized - size) // 2
+    return x[:, :, start : start + size, start : start + size]
+
+
+def crop_batch(images: torch.Tensor, generator: torch.Generator, train: bool, size: int, min_scale: float,
+               resize_ratio: float, hflip: bool) -> torch.Tensor:
+    """uint8 NCHW in, uint8 NCHW (size x size) out: random-resized crop + flip, or centre crop."""
+    if not train:
+        return center_crop(images, size, resize_ratio)
+    x = random_resized_crop(images, size, (min_scale, 1.0), generator)
+    if hflip:
+        flip = torch.rand(x.shape[0], generator=generator) < 0.5
+        x = torch.where(flip[:, None, None, None].to(x.device), x.flip(3), x)
+    return x
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 -> float, (x / 255 - mean) / std, in two in-place passes (channels-last kept)."""
+    scale = (1.0 / (255.0 * std)).to(images.device)
+    shift = (-mean / std).to(images.device)
+    return images.to(torch.float32, memory_format=torch.channels_last).mul_(scale).add_(shift)
+
+
+class CachedBatches(Dataset):
+    """Item ``(epoch, i)`` is batch ``i`` of that epoch: uint8 rows from the memory map, cropped
+    here (in a worker) when ``crop`` is given, else left for the device."""
+
+    def __init__(self, images_path: Path, labels_path: Path, batch_size: int, train: bool, seed: int,
+                 rank: int, world_size: int, crop: Optional[dict] = None):
+        self.images_path, self.labels = images_path, np.load(labels_path)
+        self.batch_size, self.train, self.seed = batch_size, train, seed
+        self.rank, self.world_size = rank, world_size
+        self.crop = crop
+        self._images = None
+
+    @property
+    def images(self) -> np.ndarray:
+        if self._images is None:  # opened lazily, once per worker process
+            self._images = np.load(self.images_path, mmap_mode="r")
+        return self._images
+
+    def order(self, epoch: int) -> np.ndarray:
+        n = len(self.labels)
+        if self.train:
+            order = np.random.default_rng(self.seed + epoch).permutation(n)
+            order = order[: n - n % self.world_size]
+        else:
+            order = np.arange(n)
+        return order[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        n = len(self.order(0))
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        idx = np.sort(self.order(epoch)[index * self.batch_size : (index + 1) * self.batch_size])  # sequential reads
+        x = torch.from_numpy(np.ascontiguousarray(self.images[idx])).permute(0, 3, 1, 2)  # channels-last view
+        y = torch.from_numpy(self.labels[idx])
+        if self.crop is not None:
+            generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 100_003 + index)
+            x = crop_batch(x, generator, self.train, **self.crop)
+        return x, y
+
+
+class _EpochBatches(torch.utils.data.Sampler):
+    """Yields ``(epoch, batch index)``; the epoch advances each pass, so workers can persist."""
+
+    def __init__(self, batches: CachedBatches):
+        self.batches = batches
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter([(epoch, i) for i in range(len(self.batches))])
+
+
+class TensorCacheLoader:
+    """Composer-facing loader: a DataLoader whose items are whole batches, normalised on the device."""
+
+    def __init__(self, batches: CachedBatches, num_workers: int, device: torch.device, crop: dict,
+                 mean: Sequence[float], std: Sequence[float]):
+        self.batches = batches
+        self.device = device
+        self.crop = crop
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.sampler = _EpochBatches(batches)
+        self.loader = DataLoader(batches, batch_size=None, sampler=self.sampler, num_workers=num_workers,
+                                 persistent_workers=num_workers > 0, pin_memory=device.type == "cuda")
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def batch_size(self) -> int:  # Composer reads it for evaluation microbatches
+        return self.batches.batch_size
+
+    @property
+    def num_samples(self) -> int:
+        return len(self) * self.batches.batch_size if self.batches.train else len(self.batches.order(0))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(self.batches.seed * 7919 + self.sampler.epoch)
+        for x, y in self.loader:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.batches.crop is None:  # crops on the device
+                x = crop_batch(x, generator, self.batches.train, **self.crop)
+            yield normalize(x, self.mean, self.std), y
+
+
+def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
+                              seed: int, rank: int, world_size: int, cache_dir: Optional[Path],
+                              cache_size: Optional[int], crop_size: int, resize_size: int, min_scale: float,
+                              hflip: bool, mean: Sequence[float], std: Sequence[float]) -> TensorCacheLoader:
+    """Cache ``dataset`` (an ImageFolder) next to its data (or in ``cache_dir``) and load from the cache."""
+    samples = [(str(p), int(label)) for p, label in dataset.samples]
+    cache_dir = Path(cache_dir) if cache_dir else Path(dataset.root).resolve().parent / ".dlrecipes-cache"
+    cache_size = cache_size or resize_size
+    split = "train" if train else "val"
+    images_path = build_cache(samples, cache_dir, split, cache_size, workers=max(1, num_workers))
+    crop = {"size": crop_size, "min_scale": min_scale, "resize_ratio": crop_size / resize_size, "hflip": hflip}
+    batches = CachedBatches(images_path, cache_dir / f"{split}-{cache_size}.labels.npy", batch_size, train, seed,
+                            rank, world_size, crop=None if device.type == "cuda" else crop)
+    return TensorCacheLoader(batches, num_workers, device, crop, mean, std)

@@ -1,0 +1,161 @@
+"""Every run's record: ``history.csv`` (one row per epoch), ``summary.json`` and PNG plots.
+
+:class:`RunHistory` is added to every run.  It keeps the per-batch training loss on the
+device (no synchronisation per batch) and writes a row after each epoch's evaluation;
+at the end it writes the summary that ``dlrecipes compare`` reads and draws the plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+HISTORY_COLUMNS = (
+    "epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5", "images_per_sec", "elapsed_sec",
+)
+
+
+def peak_memory_mb(device: str) -> float:
+    """Peak CUDA memory allocated (GPU) or the process's peak resident memory (CPU), in MiB."""
+    if device == "gpu" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class RunHistory(Callback):
+    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str):
+        self.run_dir = Path(run_dir)
+        self.recipe = recipe
+        self.device = device
+        self.rows: list[dict[str, Any]] = []
+        self._loss_sum: Optional[torch.Tensor] = None
+        self._loss_batches = 0
+        self._sample_start = 0
+        self._train_seconds = 0.0
+        self._epoch_start = 0.0
+        self._fit_start = time.perf_counter()
+        self._elapsed_before = 0.0  # from an earlier (resumed) part of the run
+        self._closed = False
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / "history.csv"
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._fit_start = time.perf_counter()
+        if self.path.exists() and int(state.timestamp.batch) > 0:  # resumed: keep the rows already written
+            with open(self.path) as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= int(state.timestamp.batch)]
+            if self.rows:
+                self._elapsed_before = float(self.rows[-1]["elapsed_sec"])
+
+    def epoch_start(self, state: State, logger: Logger) -> None:
+        self._epoch_start = time.perf_counter()
+        self._sample_start = int(state.timestamp.sample)  # Composer counts samples over all ranks
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        loss = state.loss
+        if isinstance(loss, dict):
+            loss = sum(loss.values())
+        if isinstance(loss, (list, tuple)):
+            loss = sum(loss)
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().float()
+            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self._loss_batches += 1
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        self._train_seconds = time.perf_counter() - self._epoch_start
+
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._add_row(state)
+
+    def _add_row(self, state: State) -> None:
+        if self._loss_batches == 0:
+            return
+        metrics = state.eval_metric_values
+        lr = state.optimizers[0].param_groups[-1]["lr"] if state.optimizers else float("nan")
+        samples = int(state.timestamp.sample) - self._sample_start
+        row = {
+            "epoch": int(state.timestamp.epoch),
+            "step": int(state.timestamp.batch),
+            "lr": lr,
+            "train_loss": (self._loss_sum / self._loss_batches).item(),
+            "eval_loss": float(metrics.get("loss", math.nan)),
+            "eval_top1": float(metrics.get("top1", math.nan)),
+            "eval_top5": float(metrics.get("top5", math.nan)),
+            "images_per_sec": samples / self._train_seconds if self._train_seconds else math.nan,
+            "elapsed_sec": self._elapsed_before + time.perf_counter() - self._fit_start,
+        }
+        self.rows.append(row)
+        self._loss_sum, self._loss_batches = None, 0
+        if dist.get_global_rank() == 0:
+            self.write_csv()
+
+    def write_csv(self) -> None:
+        tmp = self.path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.path)
+
+    def close(self, state: State, logger: Logger) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._loss_batches:  # a run that ended inside an epoch (e.g. max_duration in batches)
+            self._train_seconds = time.perf_counter() - self._epoch_start
+            self._add_row(state)
+        if dist.get_global_rank() != 0 or not self.rows:
+            return
+        self.write_summary(state)
+        from dlrecipes.plots import plot_history
+
+        plot_history(self.run_dir)
+
+    def write_summary(self, state: State) -> None:
+        top1 = [float(r["eval_top1"]) for r in self.rows if not math.isnan(float(r["eval_top1"]))]
+        rates = [float(r["images_per_sec"]) for r in self.rows if not math.isnan(float(r["images_per_sec"]))]
+        t = self.recipe.get("trainer", {})
+        summary = {
+            "recipe": self.recipe.get("name"),
+            "run": self.run_dir.name,
+            "model": self.recipe.get("model", {}).get("name"),
+            "dataset": self.recipe.get("dataset", {}).get("name"),
+            "precision": t.get("precision"),
+            "batch_size": t.get("batch_size"),
+            "microbatch": t.get("device_train_microbatch_size"),
+            "device": self.device,
+            "world_size": dist.get_world_size(),
+            "epochs": int(state.timestamp.epoch),
+            "batches": int(state.timestamp.batch),
+            "wall_time_sec": float(self.rows[-1]["elapsed_sec"]),
+            "images_per_sec": sum(rates) / len(rates) if rates else None,
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "best_top1": max(top1) if top1 else None,
+            "final_top1": top1[-1] if top1 else None,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def read_history(run_dir: Path) -> list[dict[str, float]]:
+    path = Path(run_dir) / "history.csv"
+    if not path.is_file():
+        from dlrecipes.errors import UserError
+
+        raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
+    with open(path) as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]

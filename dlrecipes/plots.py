@@ -1,0 +1,106 @@
+"""Plots of a run's history (loss, accuracy, learning rate) and a comparison of runs.
+
+matplotlib runs headless (Agg).  ``dlrecipes plot RUN_DIR`` redraws a run's plots;
+``dlrecipes compare RUN_DIR...`` tabulates runs and plots accuracy against wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from dlrecipes.errors import UserError
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["epoch"], r[key]) for r in rows if not math.isnan(r[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_history(run_dir: str | Path) -> list[Path]:
+    """Write loss.png, accuracy.png and lr.png into ``run_dir`` from its history.csv."""
+    from dlrecipes.history import read_history
+
+    run_dir = Path(run_dir)
+    rows = read_history(run_dir)
+    if not rows:
+        raise UserError(f"{run_dir}/history.csv has no rows yet")
+    plt = _pyplot()
+    figures = {
+        "loss.png": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
+        "accuracy.png": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
+        "lr.png": ("learning rate", [("lr", "lr (end of epoch)")]),
+    }
+    written = []
+    for filename, (ylabel, series) in figures.items():
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        for key, label in series:
+            x, y = _series(rows, key)
+            if y:
+                ax.plot(x, y, marker="o", label=label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{run_dir.name}: {ylabel}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / filename)
+        plt.close(fig)
+        written.append(run_dir / filename)
+    return written
+
+
+COMPARE_COLUMNS = (
+    ("run", "run"), ("recipe", "recipe"), ("precision", "precision"), ("batch_size", "batch"),
+    ("microbatch", "microbatch"), ("wall_time_sec", "wall s"), ("images_per_sec", "img/s"),
+    ("peak_memory_mb", "peak MiB"), ("best_top1", "best top-1"), ("epochs", "epochs"),
+)
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise UserError(f"{path} not found: is {run_dir} a finished dlrecipes run?")
+    return json.loads(path.read_text())
+
+
+def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path) -> tuple[list[dict[str, Any]], Path]:
+    """Summaries of the runs (for the table) and a plot of eval top-1 against wall-clock time."""
+    from dlrecipes.history import read_history
+
+    summaries = [load_summary(Path(d)) for d in run_dirs]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for run_dir, summary in zip(run_dirs, summaries):
+        rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r["eval_top1"])]
+        label = f"{summary['run']} ({summary.get('precision')}, batch {summary.get('batch_size')})"
+        ax.plot([r["elapsed_sec"] for r in rows], [r["eval_top1"] for r in rows], marker="o", label=label)
+    ax.set_xlabel("wall-clock time (s)")
+    ax.set_ylabel("eval top-1 accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    plot_path = Path(plot_path)
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(plot_path)
+    plt.close(fig)
+    return summaries, plot_path
+
+
+def format_cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if value < 1.5 else f"{value:,.1f}"
+    return str(value)

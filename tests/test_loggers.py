@@ -1,0 +1,131 @@
+"""Loggers read back with each tool's reader; history.csv, summary.json, plots, compare."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+
+import pytest
+
+from dlrecipes.api import resolve
+from dlrecipes.errors import UserError
+from dlrecipes.train import train
+
+from . import wandb_log
+from .conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _history_csv(run_dir):
+    with open(run_dir / "history.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    """One tiny 2-epoch run logging to TensorBoard, wandb (offline) and MLflow at once."""
+    from .conftest import TINY_RECIPE, write
+
+    tmp = tmp_path_factory.mktemp("loggers")
+    recipe = write(tmp / "tiny.yaml", TINY_RECIPE)
+    os.environ["WANDB_SILENT"] = "true"
+    result = train(resolve(recipe, [
+        f"runs_dir={tmp}/runs", "run_name=logged", "trainer.console_log_interval=1ep",
+        "loggers={tensorboard: {}, wandb: {offline: true, project: dlrecipes-test, tags: [ci]}, mlflow: {}}",
+    ]))
+    return result.run_dir, _history_csv(result.run_dir)
+
+
+def test_history_csv_has_a_row_per_epoch_with_every_column(logged_run):
+    run_dir, rows = logged_run
+    assert list(rows[0]) == ["epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5",
+                             "images_per_sec", "elapsed_sec"]
+    assert [int(r["epoch"]) for r in rows] == [1, 2] and [int(r["step"]) for r in rows] == [3, 6]
+    for r in rows:
+        assert all(math.isfinite(float(v)) for v in r.values())
+        assert float(r["images_per_sec"]) > 0 and 0 <= float(r["eval_top1"]) <= float(r["eval_top5"]) <= 1
+    assert float(rows[1]["elapsed_sec"]) > float(rows[0]["elapsed_sec"])
+
+
+def test_tensorboard_events_hold_the_logged_metrics(logged_run):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    run_dir, rows = logged_run
+    values = {}
+    for path in sorted(glob.glob(str(run_dir / "tensorboard" / "**" / "events.out.tfevents.*"), recursive=True)):
+        for event in EventFileLoader(path).Load():
+            for v in event.summary.value:
+                if v.HasField("tensor") and v.tensor.tensor_shape.dim:
+                    continue  # histograms and images; the metrics are scalars
+                value = tensor_util.make_ndarray(v.tensor).item() if v.HasField("tensor") else v.simple_value
+                values.setdefault(v.tag, []).append((event.step, value))
+    top1 = [v for _, v in values["metrics/eval/top1"]]
+    assert top1[-1] == pytest.approx(float(rows[-1]["eval_top1"]), abs=1e-6)
+    assert len(values["loss/train/total"]) >= 6
+
+
+def test_wandb_offline_run_holds_the_logged_metrics(logged_run):
+    run_dir, rows = logged_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    history = wandb_log.history(offline)
+    top1 = [h["metrics/eval/top1"] for h in history if "metrics/eval/top1" in h]
+    assert top1[-1] == pytest.approx(float(rows[-1]["eval_top1"]), abs=1e-6)
+    losses = [h["loss/train/total"] for h in history if "loss/train/total" in h]
+    assert len(losses) >= 6 and all(math.isfinite(x) for x in losses)
+
+
+def test_mlflow_run_holds_the_logged_metrics(logged_run):
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow import MlflowClient
+
+    run_dir, rows = logged_run
+    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    experiment = client.get_experiment_by_name("dlrecipes")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "logged"
+    top1 = client.get_metric_history(run.info.run_id, "metrics/eval/top1")
+    assert sorted(top1, key=lambda m: m.step)[-1].value == pytest.approx(float(rows[-1]["eval_top1"]), abs=1e-6)
+
+
+def test_summary_and_plots_are_written(logged_run):
+    run_dir, rows = logged_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["batches"] == 6 and summary["precision"] == "fp32"
+    assert summary["best_top1"] == pytest.approx(max(float(r["eval_top1"]) for r in rows))
+    assert summary["peak_memory_mb"] > 10
+    for name in ("loss.png", "accuracy.png", "lr.png"):
+        data = (run_dir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+
+
+def test_plot_and_compare_commands(logged_run, tiny_recipe, tmp_path):
+    run_dir, _ = logged_run
+    (run_dir / "loss.png").unlink()
+    redraw = run_cli("plot", str(run_dir))
+    assert redraw.returncode == 0 and (run_dir / "loss.png").exists()
+    other = train(resolve(tiny_recipe, ["run_name=other", "trainer.device_train_microbatch_size=16"])).run_dir
+    out = tmp_path / "cmp.png"
+    result = run_cli("compare", str(run_dir), str(other), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "logged" in result.stdout and "other" in result.stdout and "best top-1" in result.stdout
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    as_json = json.loads(run_cli("compare", str(run_dir), str(other), "--json", "--out", str(out)).stdout)
+    assert [s["microbatch"] for s in as_json] == [None, 16]
+    missing = run_cli("compare", str(tmp_path))
+    assert missing.returncode == 2 and "summary.json not found" in missing.stderr
+
+
+def test_missing_optional_logger_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from dlrecipes import loggers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(UserError, match=r"loggers.mlflow: the 'mlflow' package is not installed.*dlrecipes\[mlflow\]"):
+        loggers.mlflow("/tmp")

@@ -1,0 +1,76 @@
+"""The tensor cache: decode once to a memory map, then batched crops; round trip and a run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dlrecipes.api import resolve
+from dlrecipes.data.tensor_cache import CachedBatches, build_cache, center_crop, random_resized_crop
+from dlrecipes.errors import RecipeError
+from dlrecipes.train import train
+
+
+def _folder(root, per_class=5):
+    samples = []
+    sample_id = 0
+    for label, c in enumerate(("a", "b", "c")):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            path = root / c / f"{i}.png"
+            Image.fromarray(np.full((20 + 2 * i, 30, 3), sample_id, dtype=np.uint8)).save(path)
+            samples.append((str(path), label))
+            sample_id += 1
+    return samples
+
+
+def test_cache_holds_every_image_once_and_is_rebuilt_only_when_files_change(tmp_path):
+    samples = _folder(tmp_path / "train")
+    path = build_cache(samples, tmp_path / "cache", "train", 16, workers=1)
+    images = np.load(path, mmap_mode="r")
+    assert images.shape == (15, 16, 16, 3) and images.dtype == np.uint8
+    assert [int(img[8, 8, 0]) for img in images] == list(range(15))
+    assert np.load(tmp_path / "cache" / "train-16.labels.npy").tolist() == [label for _, label in samples]
+    stamp = path.stat().st_mtime_ns
+    assert build_cache(samples, tmp_path / "cache", "train", 16, workers=1).stat().st_mtime_ns == stamp
+    Image.fromarray(np.full((20, 30, 3), 99, dtype=np.uint8)).save(samples[0][0])
+    rebuilt = np.load(build_cache(samples, tmp_path / "cache", "train", 16, workers=1), mmap_mode="r")
+    assert int(rebuilt[0][8, 8, 0]) == 99
+
+
+def test_batches_cover_the_epoch_once_per_sample_and_shards_split_it(tmp_path):
+    samples = _folder(tmp_path / "train", per_class=6)
+    path = build_cache(samples, tmp_path / "cache", "train", 12, workers=1)
+    labels = tmp_path / "cache" / "train-12.labels.npy"
+    batches = CachedBatches(path, labels, batch_size=4, train=True, seed=0, rank=0, world_size=1)
+    seen = torch.cat([batches[0, i][0][:, 0, 6, 6] for i in range(len(batches))]).tolist()
+    assert len(batches) == 4 and len(seen) == len(set(seen)) == 16  # 18 samples, 4 full batches, no repeats
+    shards = [CachedBatches(path, labels, 3, True, 0, rank, 2) for rank in (0, 1)]
+    ids = [set(torch.cat([s[0, i][0][:, 0, 6, 6] for i in range(len(s))]).tolist()) for s in shards]
+    assert not ids[0] & ids[1] and len(ids[0]) == len(ids[1]) == 9
+
+
+def test_crops_have_the_requested_size_and_keep_constant_images_constant():
+    images = torch.full((4, 3, 20, 30), 7, dtype=torch.uint8)
+    out = random_resized_crop(images, 8, (0.2, 1.0), torch.Generator().manual_seed(0))
+    assert out.shape == (4, 3, 8, 8) and out.dtype == torch.uint8 and bool((out == 7).all())
+    assert center_crop(images, 16, 0.8).shape == (4, 3, 16, 16)
+
+
+def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
+    _folder(tmp_path / "imgs" / "train", per_class=8)
+    _folder(tmp_path / "imgs" / "val", per_class=2)
+    result = train(resolve(tiny_recipe, [
+        f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, crop_size: 16, resize_size: 20}}",
+        "model={name: cifar_resnet18}", "trainer.loader=tensor_cache", "trainer.batch_size=8", "run_name=tc",
+        "trainer.num_workers=1", "trainer.max_duration=1ep",
+    ]))
+    assert result.batches == 3
+    assert (tmp_path / "imgs" / ".dlrecipes-cache" / "train-20.npy").exists()
+
+
+def test_tensor_cache_is_for_image_folders(tiny_recipe):
+    with pytest.raises(RecipeError, match="trainer.loader: 'tensor_cache' caches image folders"):
+        resolve(tiny_recipe, ["trainer.loader=tensor_cache"])

@@ -1,0 +1,50 @@
+"""Read a wandb offline run's transaction log (``run-*.wandb``) with wandb's own record schema.
+
+wandb >= 0.19 moved its Python reader into the Go core; the file is the documented LevelDB
+log format (32 KiB blocks; records of crc32c, little-endian length, type), after a 7-byte
+W&B header, and each record is a ``wandb_internal_pb2.Record``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+BLOCK = 32 * 1024
+HEADER = 7  # b":W&B", magic (2 bytes), version
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def read_records(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    records, pos, pending = [], HEADER, b""
+    while pos + 7 <= len(data):
+        left_in_block = BLOCK - pos % BLOCK
+        if left_in_block < 7:  # too little room for a header: the block is padded
+            pos += left_in_block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        pending = chunk if kind in (FULL, FIRST) else pending + chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def history(run_dir: Path) -> list[dict]:
+    """The rows passed to ``wandb.log`` in an offline run directory."""
+    (log,) = Path(run_dir).glob("run-*.wandb")
+    rows = []
+    for record in read_records(log):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    return rows
