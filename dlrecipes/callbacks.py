@@ -43,13 +43,18 @@ def early_stopping(
     split: Literal["eval", "train"] = "eval",
     mode: Literal["max", "min"] = "max",
     min_delta: float = 0.0,
-    patience: str = "1ep",
+    patience: int = 3,
 ):
-    """Stop when the monitored metric has not improved by min_delta for `patience` (e.g. '3ep')."""
+    """Stop after `patience` epochs in which the metric did not improve by more than min_delta."""
     from composer.callbacks import EarlyStopper
 
+    if patience < 1:
+        from dlrecipes.errors import RecipeError
+
+        raise RecipeError(f"callbacks.early_stopping.patience: must be at least 1 epoch, got {patience}")
+    # Composer stops once more than `patience` epochs passed since the best; ours counts the epochs without improvement
     return EarlyStopper(
-        monitor=monitor, dataloader_label=split, comp=_comparison(mode), min_delta=min_delta, patience=patience
+        monitor=monitor, dataloader_label=split, comp=_comparison(mode), min_delta=min_delta, patience=f"{patience - 1}ep"
     )
 
 
@@ -67,3 +72,40 @@ def threshold_stopper(
     return ThresholdStopper(
         monitor=monitor, dataloader_label=split, threshold=threshold, comp=_comparison(mode), stop_on_batch=stop_on_batch
     )
+
+
+@callbacks.register("nan_monitor")
+def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
+    """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update."""
+    from dlrecipes.monitors import NaNMonitor
+
+    return NaNMonitor(f"{run_dir}/checkpoints", action=action, max_skips=max_skips)
+
+
+@callbacks.register("torch_profiler")
+def torch_profiler(
+    run_dir,
+    /,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+    repeat: int = 1,
+    record_shapes: bool = True,
+    profile_memory: bool = True,
+    with_stack: bool = False,
+):
+    """torch.profiler traces for a window of batches, written to <run dir>/profiler."""
+    from dlrecipes.monitors import TorchProfilerTraces
+
+    return TorchProfilerTraces(
+        f"{run_dir}/profiler", wait=wait, warmup=warmup, active=active, repeat=repeat,
+        record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+    )
+
+
+@callbacks.register("best_checkpoint")
+def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
+    """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor)."""
+    from dlrecipes.best_checkpoint import BestCheckpoint
+
+    return BestCheckpoint(f"{run_dir}/checkpoints", monitor=monitor, mode=mode)

@@ -116,6 +116,52 @@ def list_registry(
 
 
 @app.command()
+def profile(
+    recipe: Optional[Path] = typer.Argument(None, help="a recipe (its model and input size), or use --model"),
+    overrides: Optional[List[str]] = OverridesArg,
+    model: Optional[str] = typer.Option(None, "--model", help="registry model, timm/<arch>, torchvision/<arch> or a timm name"),
+    param: List[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
+    input_size: str = typer.Option("3,224,224", "--input-size", help="C,H,W (with --model)"),
+    batch: int = typer.Option(32, "--batch", help="batch size for the second latency figure"),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    warmup: int = typer.Option(3, help="untimed forward passes first"),
+    repeats: int = typer.Option(10, help="timed forward passes"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Parameters, size, MACs/FLOPs, latency (batch 1 and B) and peak CUDA memory of a model."""
+    import json
+
+    from dlrecipes import profile as prof
+    from dlrecipes.recipe import parse_yaml
+
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device: expected cpu or cuda, got {device!r}")
+    if (recipe is None) == (model is None):
+        _fail("give either a RECIPE or --model NAME (with --input-size C,H,W)")
+
+    def build():
+        if model is not None:
+            params = {}
+            for item in param:
+                key, _, value = item.partition("=")
+                params[key] = parse_yaml(value, f"--param {item}")
+            size = prof.parse_input_size(input_size)
+            return prof.resolve_model(model, params, size), size, model
+        from dlrecipes import api
+        from dlrecipes.builders import build_datasets
+
+        config = api.resolve(recipe, overrides or [], plugin, check_device=False)
+        net, size = prof.model_from_recipe(config.model, build_datasets(config.dataset))
+        return net, size, f"{config.name}: {config.model.name}"
+
+    net, size, title = _guarded(build)
+    result = _guarded(lambda: prof.profile_model(net, size, batch, device, warmup, repeats))
+    result["model"] = title
+    typer.echo(json.dumps(result, indent=2) if as_json else prof.format_table(result, title))
+
+
+@app.command()
 def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
     from dlrecipes.plots import plot_history

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -113,7 +114,12 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
         callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
     loggers = builders.build_loggers(config.loggers, run_dir)
     loggers.append(FileLogger(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
+    if t.progress_bar:
+        from dlrecipes.progress import ProgressBar
+
+        loggers.append(ProgressBar())
     periodic = ckpt.save and not ckpt.best_only
+    warnings.filterwarnings("ignore", message="Specifying the ProgressBarLogger via `loggers`")
     return Trainer(
         model=model,
         train_dataloader=train_dl,
@@ -127,7 +133,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
         callbacks=callbacks,
         loggers=loggers,
         run_name=run_dir.name,
-        progress_bar=t.progress_bar,
+        progress_bar=False,  # ours is among the loggers when wanted
         log_to_console=not t.progress_bar,
         console_log_interval=t.console_log_interval,
         train_subset_num_batches=t.train_subset_num_batches,

@@ -1,0 +1,100 @@
+"""Callbacks of our own: stop (or skip the step) on a non-finite loss, and torch profiler traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from dlrecipes.errors import UserError
+
+
+class NonFiniteLossError(UserError):
+    """Training stopped because the loss was NaN or infinite (the checkpoints on disk are intact)."""
+
+
+class NaNMonitor(Callback):
+    """Check the loss after every forward pass.
+
+    ``action: stop`` raises before the bad step's backward pass, so the weights and every
+    checkpoint already written stay as they were; the message names the batch and the last
+    good checkpoint.  ``action: skip`` drops that step's gradients instead (the optimizer
+    step then changes nothing) and counts the skipped steps.
+    """
+
+    def __init__(self, checkpoint_dir: Path, action: str = "stop", max_skips: int = 10):
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.action = action
+        self.max_skips = max_skips
+        self.skipped = 0
+        self._bad = False
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        loss = state.loss
+        values = loss.values() if isinstance(loss, dict) else (loss if isinstance(loss, (list, tuple)) else [loss])
+        finite = all(bool(torch.isfinite(v.detach()).all()) for v in values if isinstance(v, torch.Tensor))
+        if finite:
+            return
+        batch, epoch = int(state.timestamp.batch) + 1, int(state.timestamp.epoch) + 1  # the one being trained
+        if self.action == "skip" and self.skipped < self.max_skips:
+            self._bad = True
+            self.skipped += 1
+            logger.log_metrics({"nan_monitor/skipped_steps": self.skipped})
+            return
+        latest = self.checkpoint_dir / f"latest-rank{dist.get_global_rank()}.pt"
+        kept = f"the last good checkpoint is {latest}" if latest.exists() else "no checkpoint had been written yet"
+        why = f" after skipping {self.skipped} steps (max_skips)" if self.action == "skip" else ""
+        raise NonFiniteLossError(f"nan_monitor: the loss is not finite at batch {batch} (epoch {epoch}){why}; "
+                                 f"training stopped before that step, {kept}")
+
+    def after_backward(self, state: State, logger: Logger) -> None:
+        if self._bad:
+            for p in state.model.parameters():
+                p.grad = None  # the optimizer skips parameters without gradients
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self._bad = False
+
+
+class TorchProfilerTraces(Callback):
+    """Chrome/TensorBoard traces from ``torch.profiler`` for a window of batches.
+
+    Skips ``wait`` batches, warms up for ``warmup``, records ``active``, ``repeat`` times;
+    traces go to ``<run dir>/profiler`` (open them in chrome://tracing or TensorBoard).
+    """
+
+    def __init__(self, folder: Path, wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1,
+                 record_shapes: bool = True, profile_memory: bool = True, with_stack: bool = False):
+        self.folder = Path(folder)
+        self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat)
+        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
+        self.profiler: Optional[torch.profiler.profile] = None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(**self.schedule),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.folder), worker_name=f"rank{dist.get_global_rank()}"),
+            **self.options,
+        )
+        self.profiler.__enter__()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.close(state, logger)
+
+    def close(self, state: State, logger: Logger) -> None:
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.__exit__(None, None, None)

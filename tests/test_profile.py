@@ -1,0 +1,46 @@
+"""Model profiling: counts match the published figures; CLI table and JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrecipes.profile import count_flops, profile_model, resolve_model
+
+from .conftest import REPO, run_cli
+
+# Published: torchvision/timm ResNet-18 11.69 M parameters and 1.82 GMACs, ResNet-50 25.56 M and 4.1 GMACs at 224 px.
+PUBLISHED = {"resnet18": (11.69e6, 1.82e9), "resnet50": (25.56e6, 4.11e9)}
+
+
+@pytest.mark.parametrize("family", ["timm", "torchvision"])
+@pytest.mark.parametrize("arch", sorted(PUBLISHED))
+def test_counts_match_published_figures(family, arch):
+    import torch
+
+    model = resolve_model(f"{family}/{arch}", {}, (3, 224, 224)).eval()
+    params, macs = PUBLISHED[arch]
+    assert abs(sum(p.numel() for p in model.parameters()) - params) / params < 0.01
+    assert abs(count_flops(model, torch.randn(1, 3, 224, 224)) / 2 - macs) / macs < 0.03
+
+
+def test_profile_reports_latency_and_size_for_a_small_model():
+    model = resolve_model("cifar_resnet18", {"num_classes": 10}, (3, 32, 32))
+    result = profile_model(model, (3, 32, 32), batch=4, warmup=1, repeats=3)
+    assert abs(result["parameters"] - 11.17e6) / 11.17e6 < 0.01
+    assert result["size_mb"] == pytest.approx(result["parameters"] * 4 / 2**20, rel=0.01)  # fp32 weights + BN buffers
+    for key in ("batch_1", "batch_4"):
+        assert 0 < result["latency"][key]["median_ms"] <= result["latency"][key]["p90_ms"]
+    assert result["peak_memory_mb"] is None  # CPU: no CUDA memory to report
+
+
+def test_cli_profile_by_model_and_by_recipe():
+    out = run_cli("profile", "--model", "timm/resnet18", "--batch", "2", "--repeats", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["parameters"] == 11_689_512 and result["model"] == "timm/resnet18"
+    table = run_cli("profile", str(REPO / "recipes" / "quickstart.yaml"), "--batch", "4", "--repeats", "2")
+    assert table.returncode == 0 and "input            1x28x28" in table.stdout and "MACs" in table.stdout
+    bad = run_cli("profile", "--model", "resnet5000")
+    assert bad.returncode == 2 and "unknown model 'resnet5000'" in bad.stderr and "Traceback" not in bad.stderr
