@@ -162,6 +162,27 @@ def profile(
 
 
 @app.command()
+def bench(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    steps: int = typer.Option(20, help="batches per timed segment"),
+    rounds: int = typer.Option(5, help="alternating segments of each loop"),
+    warmup: int = typer.Option(5, help="untimed batches of each loop first"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Images/s through dlrecipes/Composer vs a plain PyTorch loop on the same model and batches."""
+    import json
+
+    from dlrecipes import api
+    from dlrecipes.bench import format_bench, run_bench
+
+    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
+    result = _guarded(lambda: run_bench(config, steps=steps, rounds=rounds, warmup=warmup))
+    typer.echo(json.dumps(result, indent=2) if as_json else format_bench(result))
+
+
+@app.command()
 def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
     from dlrecipes.plots import plot_history

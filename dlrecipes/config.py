@@ -60,6 +60,10 @@ class TrainerConfig:
     cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
     progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
     console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
+    compile: Union[bool, dict[str, Any]] = _help(
+        "torch.compile the model through Composer's compile_config: true, or options such as {mode: max-autotune}",
+        default=False,
+    )
     eval_subset_num_batches: int = _help("evaluate on this many batches only (-1 = all)", default=-1)
     train_subset_num_batches: int = _help("train on this many batches per epoch only (-1 = all)", default=-1)
 

@@ -66,8 +66,6 @@ class RunHistory(Callback):
         self._sample_start = int(state.timestamp.sample)  # Composer counts samples over all ranks
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        if state.optimizers:
-            logger.log_metrics({"lr": state.optimizers[0].param_groups[-1]["lr"]})  # for the progress bar
         loss = state.loss
         if isinstance(loss, dict):
             loss = sum(loss.values())

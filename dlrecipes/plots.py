@@ -53,7 +53,8 @@ def plot_history(run_dir: str | Path) -> list[Path]:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{run_dir.name}: {ylabel}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_lines():
+            ax.legend()
         fig.tight_layout()
         fig.savefig(run_dir / filename)
         plt.close(fig)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from composer.core import State
-from composer.loggers import ProgressBarLogger
+from composer.loggers import Logger, ProgressBarLogger
 
 TRAIN_KEYS = ["loss/train", "metrics/train", "lr"]
 
@@ -16,3 +16,9 @@ class ProgressBar(ProgressBarLogger):
         if is_train:
             bar.keys_to_log = TRAIN_KEYS
         return bar
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        # the learning rate goes straight to the bar, not through every logger each batch
+        if state.optimizers:
+            self.log_metrics({"lr": state.optimizers[0].param_groups[-1]["lr"]})
+        super().batch_end(state, logger)

@@ -88,8 +88,19 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
     return run_dir
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, device: Optional[str] = None):
-    """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted)."""
+def build_trainer(
+    config: RecipeConfig,
+    run_dir: Path,
+    resume: bool = False,
+    device: Optional[str] = None,
+    dataloaders: Optional[tuple[Any, Any]] = None,
+    max_duration: Optional[str] = None,
+):
+    """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
+
+    ``dataloaders`` (train, eval) replace the recipe's data, and ``max_duration`` its
+    duration: the benchmarks use them to train the same Trainer on batches held in memory.
+    """
     from composer import Trainer
     from composer.loggers import FileLogger
     from composer.utils import reproducibility
@@ -105,7 +116,9 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
 
     data = builders.build_datasets(config.dataset)
     model = builders.build_model(config.model, data, config.loss)
-    train_dl, eval_dl = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
+    if dataloaders is None:
+        dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
+    train_dl, eval_dl = dataloaders
     optimizer = builders.build_optimizer(config.optimizer, model)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
@@ -124,7 +137,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
         model=model,
         train_dataloader=train_dl,
         eval_dataloader=eval_dl,
-        max_duration=t.max_duration,
+        max_duration=max_duration or t.max_duration,
         eval_interval=t.eval_interval,
         optimizers=optimizer,
         schedulers=builders.build_scheduler(config.scheduler),
@@ -151,6 +164,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, dev
         device_train_microbatch_size=t.device_train_microbatch_size,
         seed=t.seed,
         deterministic_mode=t.deterministic,
+        compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
     )
 
 

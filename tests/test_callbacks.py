@@ -103,8 +103,8 @@ def scripted_top1(monkeypatch):
     def script(values):
         real = classifier.classification_metrics
 
-        def metrics(num_classes):
-            collection = real(num_classes)
+        def metrics(num_classes, loss=True):
+            collection = real(num_classes, loss=True)
             return MetricCollection({"top1": ScriptedAccuracy(values), "loss": collection["loss"]})
 
         monkeypatch.setattr(classifier, "classification_metrics", metrics)

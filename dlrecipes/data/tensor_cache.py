@@ -5,7 +5,7 @@ load whole batches of uint8 tensors and crop, flip and normalise them with batch
 ``<cache_dir>/<split>-<size>.npy`` (N x size x size x 3: shorter side resized to ``size``,
 centre-cropped) and ``...labels.npy`` once, then trains from them.  Random-resized crops are
 taken per sample and resized with ``F.interpolate``; evaluation resizes and centre-crops.
-On a GPU the crops run on the device; on the CPU they run in the loader's worker processes.
+On a GPU the crops and normalisation run on the device; on the CPU, in the loader's workers.
 """
 
 from __future__ import annotations
@@ -132,8 +132,11 @@ class CachedBatches(Dataset):
     here (in a worker) when ``crop`` is given, else left for the device."""
 
     def __init__(self, images_path: Path, labels_path: Path, batch_size: int, train: bool, seed: int,
-                 rank: int, world_size: int, crop: Optional[dict] = None):
+                 rank: int, world_size: int, crop: Optional[dict] = None,
+                 mean: Sequence[float] = (0.0,), std: Sequence[float] = (1.0,)):
         self.images_path, self.labels = images_path, np.load(labels_path)
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.rank, self.world_size = rank, world_size
         self.crop = crop
@@ -163,9 +166,9 @@ class CachedBatches(Dataset):
         idx = np.sort(self.order(epoch)[index * self.batch_size : (index + 1) * self.batch_size])  # sequential reads
         x = torch.from_numpy(np.ascontiguousarray(self.images[idx])).permute(0, 3, 1, 2)  # channels-last view
         y = torch.from_numpy(self.labels[idx])
-        if self.crop is not None:
+        if self.crop is not None:  # CPU training: the workers do all of it, the main process only trains
             generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 100_003 + index)
-            x = crop_batch(x, generator, self.train, **self.crop)
+            x = normalize(crop_batch(x, generator, self.train, **self.crop), self.mean, self.std)
         return x, y
 
 
@@ -213,9 +216,9 @@ class TensorCacheLoader:
         generator = torch.Generator().manual_seed(self.batches.seed * 7919 + self.sampler.epoch)
         for x, y in self.loader:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            if self.batches.crop is None:  # crops on the device
-                x = crop_batch(x, generator, self.batches.train, **self.crop)
-            yield normalize(x, self.mean, self.std), y
+            if self.batches.crop is None:  # GPU: crops and normalisation on the device
+                x = normalize(crop_batch(x, generator, self.batches.train, **self.crop), self.mean, self.std)
+            yield x, y
 
 
 def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
@@ -230,5 +233,5 @@ def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: tor
     images_path = build_cache(samples, cache_dir, split, cache_size, workers=max(1, num_workers))
     crop = {"size": crop_size, "min_scale": min_scale, "resize_ratio": crop_size / resize_size, "hflip": hflip}
     batches = CachedBatches(images_path, cache_dir / f"{split}-{cache_size}.labels.npy", batch_size, train, seed,
-                            rank, world_size, crop=None if device.type == "cuda" else crop)
+                            rank, world_size, crop=None if device.type == "cuda" else crop, mean=mean, std=std)
     return TensorCacheLoader(batches, num_workers, device, crop, mean, std)

@@ -5,23 +5,27 @@ from __future__ import annotations
 from torch import nn
 
 
-def classification_metrics(num_classes: int):
-    """torchmetrics for one split: top-1 and top-5 accuracy (top-k capped at the class count) and loss."""
+def classification_metrics(num_classes: int, loss: bool = True):
+    """torchmetrics: top-1 and top-5 accuracy (top-k capped at the class count), and cross-entropy.
+
+    Training leaves the loss metric out: Composer already logs the training loss
+    (``loss/train/total``) every batch, and each metric costs time on every step.
+    """
     from composer.metrics import CrossEntropy
     from torchmetrics import MetricCollection
     from torchmetrics.classification import MulticlassAccuracy
 
-    return MetricCollection(
-        {
-            "top1": MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro"),
-            "top5": MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro"),
-            "loss": CrossEntropy(),
-        }
-    )
+    metrics = {
+        "top1": MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro"),
+        "top5": MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro"),
+    }
+    if loss:
+        metrics["loss"] = CrossEntropy()
+    return MetricCollection(metrics)
 
 
 def wrap_classifier(module: nn.Module, num_classes: int, loss: str = "cross_entropy"):
-    """A ComposerClassifier logging metrics/{train,eval}/{top1,top5,loss}.
+    """A ComposerClassifier logging metrics/train/{top1,top5}, loss/train/total and metrics/eval/{top1,top5,loss}.
 
     ``loss`` is the training loss: ``cross_entropy`` (softmax) or ``binary_cross_entropy``
     (one sigmoid per class), both Composer's, both accepting smoothed or mixed targets.
@@ -33,7 +37,7 @@ def wrap_classifier(module: nn.Module, num_classes: int, loss: str = "cross_entr
     return ComposerClassifier(
         module,
         num_classes=num_classes,
-        train_metrics=classification_metrics(num_classes),
+        train_metrics=classification_metrics(num_classes, loss=False),
         val_metrics=classification_metrics(num_classes),
         loss_fn=loss_fn,
     )

@@ -1,0 +1,168 @@
+"""Trainer overhead, measured side by side: the recipe through dlrecipes/Composer against a plain
+hand-written PyTorch loop doing the same work.
+
+Both get the same model (same initial weights), optimizer, precision, channels-last setting,
+batch and microbatch, and the same batches already in memory (on the device), so only the
+training-loop machinery differs.  The two run in alternating segments of ``steps`` batches,
+``rounds`` times, so drifts in machine speed hit both; the result is the median throughput of
+each and the median of the per-round ratios.  The dlrecipes side is the Trainer that
+``dlrecipes train`` builds (with the recipe's callbacks and our history/logging) minus
+evaluation and checkpoint writing; of the recipe's algorithms only ``channels_last`` is kept,
+since the plain loop does not reproduce the others.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from dlrecipes import builders
+from dlrecipes.config import RecipeConfig, resolve_device
+
+
+def in_memory_batches(config: RecipeConfig, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``count`` training batches of the recipe's data, on ``device``."""
+    data = builders.build_datasets(config.dataset)
+    loader, _ = builders.build_dataloaders(data, config.trainer, "gpu" if device.type == "cuda" else "cpu", config.trainer.seed)
+    loader = getattr(loader, "dataloader", loader)
+    batches = []
+    while len(batches) < count:
+        for x, y in loader:
+            batches.append((x.to(device), y.to(device)))
+            if len(batches) == count:
+                break
+    return batches
+
+
+class BatchList(list):
+    """Batches in memory, with the ``batch_size`` attribute Composer reads from dataloaders."""
+
+    def __init__(self, batches: list):
+        super().__init__(batches)
+        self.batch_size = len(batches[0][1])
+
+
+class PlainLoop:
+    """What one would write by hand: forward, loss, backward, step, with AMP and accumulation."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any,
+                 precision: str, microbatch: Optional[int], channels_last: bool, device: torch.device):
+        self.module, self.optimizer, self.loss_fn = module.train(), optimizer, loss_fn
+        self.microbatch = microbatch
+        self.channels_last = channels_last
+        dtype = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
+        self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = x.shape[0] // self.microbatch if self.microbatch else 1
+        for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):
+            with self.autocast():
+                loss = self.loss_fn(self.module(xs), ys) * (xs.shape[0] / x.shape[0])
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_bench(config: RecipeConfig, steps: int = 20, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
+    from composer.core import DataSpec
+    from composer.loss import soft_cross_entropy
+    from composer.utils import reproducibility
+
+    from dlrecipes.train import build_trainer
+
+    t = config.trainer
+    device_name = resolve_device(t.device)
+    device = torch.device("cuda" if device_name == "gpu" else "cpu")
+    channels_last = "channels_last" in config.algorithms
+    config = copy.deepcopy(config)
+    config.algorithms = {k: v for k, v in config.algorithms.items() if k == "channels_last"}
+    config.checkpoint.save, config.checkpoint.monitor = False, None
+    config.trainer.progress_bar = False
+    config.trainer.console_log_interval = "100000ep"
+    batches = in_memory_batches(config, max(steps, 8), device)
+    micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        reproducibility.seed_all(t.seed)
+        trainer = build_trainer(
+            config, Path(tmp), device=device_name,
+            dataloaders=(DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)), None),
+            max_duration="100000000ba",
+        )
+        composer_model = trainer.state.model
+        module = copy.deepcopy(composer_model.module)  # same initial weights (and channels-last if applied)
+        optimizer = builders.build_optimizer(config.optimizer, module)
+        plain = PlainLoop(module, optimizer, soft_cross_entropy, t.precision, micro, channels_last, device)
+
+        def plain_segment(n: int) -> float:
+            _sync(device)
+            start = time.perf_counter()
+            for i in range(n):
+                plain.step(*batches[i % len(batches)])
+            _sync(device)
+            return time.perf_counter() - start
+
+        def composer_segment(n: int) -> float:
+            _sync(device)
+            start = time.perf_counter()
+            trainer.fit(duration=f"{n}ba")
+            _sync(device)
+            return time.perf_counter() - start
+
+        plain_segment(warmup)
+        composer_segment(warmup)
+        batch = len(batches[0][1])
+        plain_rates, composer_rates, ratios = [], [], []
+        for _ in range(rounds):
+            p = steps * batch / plain_segment(steps)
+            c = steps * batch / composer_segment(steps)
+            plain_rates.append(p)
+            composer_rates.append(c)
+            ratios.append(c / p)
+        trainer.close()
+    return {
+        "model": config.model.name,
+        "dataset": config.dataset.name,
+        "device": device_name,
+        "precision": t.precision,
+        "channels_last": channels_last,
+        "batch": batch,
+        "microbatch": micro,
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "plain_img_s": statistics.median(plain_rates),
+        "dlrecipes_img_s": statistics.median(composer_rates),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    return (
+        f"{result['model']} on {result['dataset']}, {result['device']}, {result['precision']}, batch {result['batch']}"
+        f"{', microbatch ' + str(result['microbatch']) if result['microbatch'] else ''}"
+        f"{', channels-last' if result['channels_last'] else ''}: "
+        f"{result['rounds']} rounds of {result['steps_per_round']} steps\n"
+        f"plain PyTorch loop  {result['plain_img_s']:9.1f} img/s\n"
+        f"dlrecipes/Composer  {result['dlrecipes_img_s']:9.1f} img/s\n"
+        f"ratio               {result['ratio']:9.3f}  (per round: {', '.join(f'{r:.3f}' for r in result['ratios'])})"
+    )
