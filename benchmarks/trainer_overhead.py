@@ -21,8 +21,8 @@ from dlrecipes.bench import format_bench, run_bench
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = [
     f"{ROOT}/recipes/quickstart.yaml",
-    f"{ROOT}/recipes/quickstart.yaml model={{name: cifar_resnet18}} "
-    "dataset={name: synthetic, input_shape: [3, 32, 32], train_samples: 1024, num_classes: 10} trainer.batch_size=64",
+    f"{ROOT}/recipes/quickstart.yaml 'model={{name: cifar_resnet18}}' "
+    "'dataset={name: synthetic, input_shape: [3, 32, 32], train_samples: 1024, num_classes: 10}' trainer.batch_size=64",
 ]
 
 

@@ -106,7 +106,7 @@ def run_bench(config: RecipeConfig, steps: int = 20, rounds: int = 5, warmup: in
         trainer = build_trainer(
             config, Path(tmp), device=device_name,
             dataloaders=(DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)), None),
-            max_duration="100000000ba",
+            max_duration="100000000ba", quiet=True,
         )
         composer_model = trainer.state.model
         module = copy.deepcopy(composer_model.module)  # same initial weights (and channels-last if applied)
@@ -166,3 +166,41 @@ def format_bench(result: dict[str, Any]) -> str:
         f"dlrecipes/Composer  {result['dlrecipes_img_s']:9.1f} img/s\n"
         f"ratio               {result['ratio']:9.3f}  (per round: {', '.join(f'{r:.3f}' for r in result['ratios'])})"
     )
+
+
+def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) -> dict[str, Any]:
+    """Training images/s of the recipe's Trainer on batches already on the device (no data loading)."""
+    from composer.core import DataSpec
+
+    from dlrecipes.train import build_trainer
+
+    config = copy.deepcopy(config)
+    config.checkpoint.save, config.checkpoint.monitor = False, None
+    config.trainer.progress_bar = False
+    config.trainer.console_log_interval = "100000ep"
+    device_name = resolve_device(config.trainer.device)
+    device = torch.device("cuda" if device_name == "gpu" else "cpu")
+    batches = in_memory_batches(config, 4, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(
+            config, Path(tmp), device=device_name, max_duration="100000000ba", quiet=True,
+            dataloaders=(DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)), None),
+        )
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        trainer.fit(duration=f"{warmup}ba")  # includes torch.compile's compilation when enabled
+        _sync(device)
+        start = time.perf_counter()
+        trainer.fit(duration=f"{steps}ba")
+        _sync(device)
+        seconds = time.perf_counter() - start
+        loss = float(trainer.state.loss.detach()) if isinstance(trainer.state.loss, torch.Tensor) else None
+        trainer.close()
+    batch = len(batches[0][1])
+    return {
+        "img_s": steps * batch / seconds,
+        "step_ms": 1000 * seconds / steps,
+        "batch": batch,
+        "loss": loss,
+        "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+    }

@@ -179,10 +179,27 @@ def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bo
     return DataSpec(loader, num_samples=loader.num_samples)
 
 
-def build_optimizer(cfg: Component, model):
+def scaled_lr(lr: float, rule: str, batch_size: int, reference_batch_size: int | None) -> float:
+    """The learning rate for ``batch_size`` when ``lr`` was tuned at ``reference_batch_size``:
+    linear (Goyal et al. 2017: lr x k for a k-times larger batch), sqrt (lr x sqrt(k)), or none."""
+    if rule == "none" or not reference_batch_size:
+        return lr
+    ratio = batch_size / reference_batch_size
+    return lr * (ratio if rule == "linear" else ratio**0.5)
+
+
+def build_optimizer(cfg: Component, model, global_batch_size: int | None = None):
+    """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size."""
     import torch
 
-    optimizer = build_component(registry.optimizers, cfg.name, cfg.params, "optimizer.name", model=model)
+    from dlrecipes.config import LR_SCALING_KEYS
+
+    params = {k: v for k, v in cfg.params.items() if k not in LR_SCALING_KEYS}
+    rule = cfg.params.get("scale_lr", "none")
+    if rule != "none" and global_batch_size:
+        lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)
+        params["lr"] = scaled_lr(lr, rule, global_batch_size, cfg.params["reference_batch_size"])
+    optimizer = build_component(registry.optimizers, cfg.name, params, "optimizer.name", model=model)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer '{cfg.name}' returned {type(optimizer).__name__}, expected a torch Optimizer")
     return optimizer

@@ -64,6 +64,32 @@ def train(
 
 
 @app.command()
+def launch(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) on this node"),
+    nodes: int = typer.Option(1, "--nodes", help="number of nodes"),
+    node_rank: int = typer.Option(0, "--node-rank", help="this node's rank (0 .. nodes-1)"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", help="a free port on node 0"),
+    resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Train on several devices/nodes through Composer's launcher, after checking the setup."""
+    import subprocess
+
+    from dlrecipes import api
+    from dlrecipes.launch import check_devices, launcher_command
+
+    extra = tuple(["--resume"] if resume else []) + tuple(a for p in plugin for a in ("--plugin", p))
+    cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
+                                            master_port, extra))
+    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
+    _guarded(lambda: check_devices(config, nproc, nproc * nodes))
+    raise typer.Exit(subprocess.run(cmd).returncode)
+
+
+@app.command()
 def validate(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,

@@ -60,6 +60,11 @@ class TrainerConfig:
     cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
     progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
     console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
+    fsdp: Optional[dict[str, Any]] = _help(
+        "shard the model with FSDP through Composer's parallelism_config (GPU only), e.g. "
+        "{sharding_strategy: FULL_SHARD, mixed_precision: DEFAULT}",
+        default=None,
+    )
     compile: Union[bool, dict[str, Any]] = _help(
         "torch.compile the model through Composer's compile_config: true, or options such as {mode: max-autotune}",
         default=False,
@@ -178,6 +183,13 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     return config
 
 
+# Optimizer keys the builder handles itself (they are not the optimizer factory's parameters).
+LR_SCALING_KEYS = {
+    "scale_lr": Literal["none", "linear", "sqrt"],
+    "reference_batch_size": Optional[int],
+}
+
+
 def _check_component(value: Any, section: str, reg: registry.Registry) -> Component:
     if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
         value = {"name": value}
@@ -190,9 +202,14 @@ def _check_component(value: Any, section: str, reg: registry.Registry) -> Compon
         raise RecipeError(f"{section}.name: expected a {reg.what} name, got {name!r}")
     entry = reg.get(name, key_path=f"{section}.name")
     params = {k: v for k, v in value.items() if k != "name"}
+    own = {}
+    if section == "optimizer":
+        own = {k: check(params.pop(k), tp, f"optimizer.{k}") for k, tp in LR_SCALING_KEYS.items() if k in params}
+        if own.get("scale_lr", "none") != "none" and not own.get("reference_batch_size"):
+            raise RecipeError("optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was tuned for)")
     checked = check_params(params, entry.parameters, _hints(entry.factory), section, f"{reg.what} '{name}'")
     _run_validator(entry, checked, section)
-    return Component(name, checked)
+    return Component(name, {**checked, **own})
 
 
 def _check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
@@ -289,7 +306,9 @@ def resolve_device(device: str) -> str:
 
 def _check_device(config: RecipeConfig) -> None:
     t = config.trainer
-    needs_gpu = t.precision != "fp32" or t.device_train_microbatch_size == "auto" or t.device == "gpu"
+    needs_gpu = (
+        t.precision != "fp32" or t.device_train_microbatch_size == "auto" or t.device == "gpu" or t.fsdp is not None
+    )
     if not needs_gpu:
         return
     device = resolve_device(t.device)
@@ -301,6 +320,8 @@ def _check_device(config: RecipeConfig) -> None:
         if t.precision == "amp_bf16" and not torch.cuda.is_bf16_supported():
             raise RecipeError("trainer.precision: amp_bf16 is not supported by this GPU (use amp_fp16 or fp32)")
         return
+    if t.fsdp is not None:
+        raise RecipeError("trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp.")
     if t.precision != "fp32":
         raise RecipeError(
             f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "

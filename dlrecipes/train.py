@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -95,11 +96,13 @@ def build_trainer(
     device: Optional[str] = None,
     dataloaders: Optional[tuple[Any, Any]] = None,
     max_duration: Optional[str] = None,
+    quiet: bool = False,
 ):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``dataloaders`` (train, eval) replace the recipe's data, and ``max_duration`` its
-    duration: the benchmarks use them to train the same Trainer on batches held in memory.
+    duration: the benchmarks use them to train the same Trainer on batches held in memory
+    (``quiet``: no console output).
     """
     from composer import Trainer
     from composer.loggers import FileLogger
@@ -119,7 +122,7 @@ def build_trainer(
     if dataloaders is None:
         dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     train_dl, eval_dl = dataloaders
-    optimizer = builders.build_optimizer(config.optimizer, model)
+    optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
     checkpoint_dir = run_dir / CHECKPOINT_DIR
@@ -147,7 +150,7 @@ def build_trainer(
         loggers=loggers,
         run_name=run_dir.name,
         progress_bar=False,  # ours is among the loggers when wanted
-        log_to_console=not t.progress_bar,
+        log_to_console=not (t.progress_bar or quiet),
         console_log_interval=t.console_log_interval,
         train_subset_num_batches=t.train_subset_num_batches,
         eval_subset_num_batches=t.eval_subset_num_batches,
@@ -165,7 +168,22 @@ def build_trainer(
         seed=t.seed,
         deterministic_mode=t.deterministic,
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
+        parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
     )
+
+
+def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
+    params = config.optimizer.params
+    if params.get("scale_lr", "none") == "none":
+        return
+    lr = trainer.state.optimizers[0].param_groups[0]["lr"]
+    trainer.logger.log_hyperparameters({"optimizer/scaled_lr": lr, "optimizer/scale_lr": params["scale_lr"]})
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
+            f"to the global batch {config.trainer.batch_size}: {lr:.6g}",
+            file=sys.stderr,
+        )
 
 
 def train(config: RecipeConfig, resume: bool = False) -> TrainResult:
@@ -176,6 +194,7 @@ def train(config: RecipeConfig, resume: bool = False) -> TrainResult:
     run_dir = prepare_run_dir(config, choose_run_name(config, resume, device), resume)
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, device=device)
+    _log_lr_scaling(config, trainer)
     try:
         trainer.fit()
     finally:

@@ -1,0 +1,60 @@
+"""``dlrecipes launch``: a checked front end to Composer's launcher.
+
+Bad combinations are refused before any process starts; then Composer's launcher runs one
+training process per device (``dlrecipes/cli.py train ...``) with the distributed environment.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+from dlrecipes.errors import UserError
+
+
+def launcher_command(
+    recipe: str, overrides: list[str], nproc: int, nodes: int = 1, node_rank: int = 0,
+    master_addr: Optional[str] = None, master_port: Optional[int] = None, extra: tuple[str, ...] = (),
+) -> list[str]:
+    if nproc < 1:
+        raise UserError(f"-n/--nproc: at least 1 process per node, got {nproc}")
+    if nodes < 1:
+        raise UserError(f"--nodes: at least 1, got {nodes}")
+    if not 0 <= node_rank < nodes:
+        raise UserError(f"--node-rank: must be 0..{nodes - 1} for --nodes {nodes}, got {node_rank}")
+    if nodes > 1 and (master_addr is None or master_port is None):
+        raise UserError("--master-addr and --master-port: required with --nodes > 1 (node 0's address and a free port)")
+    if master_port is not None and not 1024 <= master_port <= 65535:
+        raise UserError(f"--master-port: expected 1024..65535, got {master_port}")
+    launcher = shutil.which("composer") or str(Path(sys.executable).parent / "composer")
+    if not Path(launcher).exists():
+        raise UserError("Composer's launcher `composer` is not on PATH (it comes with `pip install mosaicml`)")
+    cmd = [launcher, "-n", str(nproc), "--world_size", str(nproc * nodes), "--node_rank", str(node_rank)]
+    if master_addr is not None:
+        cmd += ["--master_addr", master_addr]
+    if master_port is not None:
+        cmd += ["--master_port", str(master_port)]
+    script = Path(__file__).resolve().parent / "cli.py"
+    return [*cmd, str(script), "train", recipe, *overrides, *extra]
+
+
+def check_devices(config, nproc: int, world_size: int) -> None:
+    """More processes than GPUs, or a global batch that does not split evenly, fail here."""
+    from dlrecipes.config import resolve_device
+
+    device = resolve_device(config.trainer.device)
+    if device == "gpu":
+        import torch
+
+        available = torch.cuda.device_count()
+        if nproc > available:
+            raise UserError(f"-n/--nproc: {nproc} processes per node but this node has {available} GPU(s)")
+    for key, batch in (("trainer.batch_size", config.trainer.batch_size),
+                       ("trainer.eval_batch_size", config.trainer.eval_batch_size)):
+        if batch is not None and batch % world_size:
+            raise UserError(
+                f"{key}: the global batch size {batch} does not divide evenly over {world_size} processes "
+                f"(use a multiple of {world_size})"
+            )

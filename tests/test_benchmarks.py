@@ -1,0 +1,53 @@
+"""The benchmark scripts run end to end at tiny sizes (their timings are never asserted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from .conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _script(name, *args, tmp_path):
+    out = tmp_path / "out.json"
+    result = run_cli(sys.executable, str(REPO / "benchmarks" / name), *args, "--json", str(out), module=False, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_bench_command_compares_both_loops(tiny_recipe):
+    result = run_cli("bench", str(tiny_recipe), "--steps", "2", "--rounds", "2", "--warmup", "1", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["plain_img_s"] > 0 and data["dlrecipes_img_s"] > 0 and len(data["ratios"]) == 2
+
+
+def test_trainer_overhead_script(tmp_path, tiny_recipe):
+    rows = _script("trainer_overhead.py", "--case", str(tiny_recipe), "--steps", "2", "--rounds", "1", "--warmup", "1",
+                   tmp_path=tmp_path)
+    assert rows[0]["ratio"] > 0
+
+
+def test_gpu_throughput_script_on_cpu(tmp_path):
+    data = _script("gpu_throughput.py", "--device", "cpu", "--models", "resnet18_cifar", "--precisions", "fp32",
+                   "--channels-last", "off,on", "--compile", "off", "--batch", "4", "--steps", "1", "--warmup", "1",
+                   tmp_path=tmp_path)
+    assert [r["channels_last"] for r in data["rows"]] == ["off", "on"] and all(r["img_s"] > 0 for r in data["rows"])
+
+
+def test_precision_script_on_cpu(tmp_path):
+    rows = _script("precision.py", "--device", "cpu", "--batch", "8", "--steps", "2", tmp_path=tmp_path)
+    assert [r["config"] for r in rows] == ["fp32", "fp32 + accumulation (microbatch 2)"]
+    assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in rows)
+
+
+def test_data_loading_script(tmp_path):
+    data = _script("data_loading.py", "--images", "24", "--classes", "3", "--batch", "4", "--workers", "1",
+                   "--epochs", "2", "--crop", "32", "--max-resolution", "48", "--cache-size", "40",
+                   "--data-dir", str(tmp_path / "imgs"), "--loaders", "torchvision,tensor_cache", tmp_path=tmp_path)
+    assert set(data["results"]) == {"torchvision", "tensor_cache"}
+    assert all(r["steady"] > 0 for r in data["results"].values())

@@ -1,0 +1,227 @@
+"""Distributed training on CPU (gloo) through Composer's launcher: 2 processes, 2 nodes x 2
+processes on loopback, resume under DDP, learning-rate scaling and the launch checks."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrecipes.builders import scaled_lr
+from dlrecipes.errors import UserError
+from dlrecipes.launch import launcher_command
+
+from .conftest import REPO, run_cli, write
+
+PLUGIN = '''
+import os
+from dlrecipes.registry import callbacks, datasets
+
+
+@datasets.register("indexed")
+def indexed(samples: int = 32):
+    """Test data: every pixel of image i is i, so a batch says which samples it holds."""
+    import torch
+    from torch.utils.data import TensorDataset
+    from dlrecipes.data.splits import DatasetSplits
+
+    x = torch.arange(samples, dtype=torch.float32).view(-1, 1, 1, 1).expand(-1, 1, 8, 8).contiguous()
+    y = torch.arange(samples) % 10
+    return DatasetSplits(TensorDataset(x, y), TensorDataset(x[:8], y[:8]), 10, (1, 8, 8))
+
+
+@callbacks.register("record_ranks")
+def record_ranks(folder: str):
+    """Test helper: save what this rank saw (sample ids per epoch, first batch) and its final weights."""
+    import torch
+    from composer.core import Callback
+    from composer.utils import dist
+
+    class Record(Callback):
+        def __init__(self):
+            self.seen, self.first_batch = {}, None
+
+        def fit_start(self, state, logger):
+            self.first_batch = int(state.timestamp.batch)
+
+        def after_dataloader(self, state, logger):
+            ids = state.batch[0][:, 0, 0, 0].round().long().tolist()
+            self.seen.setdefault(int(state.timestamp.epoch), []).extend(ids)
+
+        def fit_end(self, state, logger):
+            params = {k: v.detach().cpu().clone() for k, v in state.model.state_dict().items()}
+            torch.save({"seen": self.seen, "first_batch": self.first_batch, "params": params,
+                        "world": dist.get_world_size()}, f"{folder}/rank{dist.get_global_rank()}.pt")
+
+    return Record()
+'''
+
+RECIPE = """
+    imports: [./ddp_plugin.py]
+    model: {name: cnn_simple, width: 4, hidden: 8}
+    dataset: {name: indexed}
+    trainer: {max_duration: 1ep, batch_size: 8, num_workers: 0, progress_bar: false, device: cpu, console_log_interval: 1000ep}
+    optimizer: {name: sgd, lr: 0.05}
+    checkpoint: {save_interval: 1ep, monitor: null}
+"""
+
+COMPOSER = str(Path(sys.executable).parent / "composer")
+
+
+@pytest.fixture
+def ddp_recipe(tmp_path):
+    write(tmp_path / "ddp_plugin.py", PLUGIN)
+    path = write(tmp_path / "ddp.yaml", RECIPE)
+    (tmp_path / "out").mkdir()
+    path.write_text(path.read_text() + f"runs_dir: {tmp_path}/runs\ncallbacks: {{record_ranks: {{folder: {tmp_path}/out}}}}\n")
+    return path
+
+
+def _launch(tmp_path, *args, nproc=2, extra=(), timeout=240, tag="a"):
+    cmd = [COMPOSER, "-n", str(nproc), *extra, "--stdout", f"{tmp_path}/{tag}-out{{rank}}.txt",
+           "--stderr", f"{tmp_path}/{tag}-err{{rank}}.txt", str(REPO / "cli.py"), "train", *args]
+    return subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), timeout
+
+
+def _wait(proc_timeout, tmp_path):
+    proc, timeout = proc_timeout
+    out, _ = proc.communicate(timeout=timeout)
+    errors = "\n".join(p.read_text()[-2000:] for p in sorted(Path(tmp_path).glob("*-err*.txt")))
+    assert proc.returncode == 0, out[-2000:] + errors
+
+
+def _ranks(tmp_path, world):
+    return [torch.load(tmp_path / "out" / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _same_params(records):
+    first = records[0]["params"]
+    for other in records[1:]:
+        assert first.keys() == other["params"].keys()
+        for k in first:
+            assert torch.equal(first[k], other["params"][k]), k
+
+
+@pytest.mark.slow
+def test_two_processes_keep_identical_weights_and_share_the_epoch(ddp_recipe, tmp_path):
+    _wait(_launch(tmp_path, str(ddp_recipe)), tmp_path)
+    records = _ranks(tmp_path, 2)
+    assert all(r["world"] == 2 for r in records)
+    _same_params(records)
+    seen = [r["seen"][0] for r in records]
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(32))  # every sample once in the epoch
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("ddp-")  # one run name, agreed across ranks
+    assert {p.name for p in runs[0].glob("train-rank*.log")} == {"train-rank0.log", "train-rank1.log"}
+    assert (runs[0] / "history.csv").exists() and (runs[0] / "checkpoints" / "ep1-ba4-rank0.pt").exists()
+
+
+@pytest.mark.slow
+def test_resume_under_ddp_continues_from_the_saved_batch(ddp_recipe, tmp_path):
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=resumed"), tmp_path)
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=resumed", "trainer.max_duration=2ep", "--resume", tag="b"), tmp_path)
+    records = _ranks(tmp_path, 2)
+    assert [r["first_batch"] for r in records] == [4, 4]  # started where epoch 1 ended
+    assert sorted(records[0]["seen"][1] + records[1]["seen"][1]) == list(range(32))
+    _same_params(records)
+    assert (tmp_path / "runs" / "resumed" / "checkpoints" / "ep2-ba8-rank0.pt").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_processes_on_loopback(ddp_recipe, tmp_path):
+    port = _free_port()
+    node = lambda rank: _launch(  # noqa: E731
+        tmp_path, str(ddp_recipe), "run_name=nodes", tag=f"node{rank}", timeout=300,
+        extra=("--world_size", "4", "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port)),
+    )
+    nodes = [node(0), node(1)]
+    for n in nodes:
+        _wait(n, tmp_path)
+    records = _ranks(tmp_path, 4)
+    assert all(r["world"] == 4 for r in records)
+    _same_params(records)
+    assert sorted(sum((r["seen"][0] for r in records), [])) == list(range(32))
+
+
+def test_learning_rate_scaling_rules():
+    assert scaled_lr(0.1, "linear", 1024, 256) == pytest.approx(0.4)
+    assert scaled_lr(0.1, "sqrt", 1024, 256) == pytest.approx(0.2)
+    assert scaled_lr(0.1, "sqrt", 128, 512) == pytest.approx(0.05)
+    assert scaled_lr(0.1, "none", 1024, 256) == 0.1
+    assert scaled_lr(2.048, "linear", 2048, 2048) == 2.048
+    assert math.isclose(scaled_lr(1.0, "linear", 96, 64), 1.5)
+
+
+def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
+    from dlrecipes.api import resolve
+    from dlrecipes.builders import build_optimizer
+
+    config = resolve(tiny_recipe, ["optimizer={name: sgd, lr: 0.1, scale_lr: sqrt, reference_batch_size: 16}"])
+    optimizer = build_optimizer(config.optimizer, torch.nn.Linear(2, 2), config.trainer.batch_size)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)  # batch 64 = 4 x 16
+    result = run_cli("train", str(tiny_recipe), "optimizer={name: sgd, lr: 0.1, scale_lr: linear, reference_batch_size: 32}",
+                     "trainer.max_duration=1ba", "run_name=scaled")
+    assert "optimizer.lr scaled (linear) from the reference batch 32 to the global batch 64: 0.2" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nproc": 0}, "at least 1 process"),
+        ({"nproc": 2, "nodes": 2}, "--master-addr and --master-port: required"),
+        ({"nproc": 2, "nodes": 2, "node_rank": 2, "master_addr": "10.0.0.1", "master_port": 29500}, "--node-rank: must be 0..1"),
+        ({"nproc": 1, "master_port": 80}, "--master-port: expected 1024..65535"),
+    ],
+)
+def test_launch_refuses_bad_combinations(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        launcher_command("r.yaml", [], **kwargs)
+
+
+def test_launch_builds_composers_command_and_checks_the_batch(tiny_recipe):
+    cmd = launcher_command("r.yaml", ["a=1"], nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
+    assert cmd[1:9] == ["-n", "4", "--world_size", "8", "--node_rank", "1", "--master_addr", "10.1.1.1"]
+    assert cmd[-3:] == ["train", "r.yaml", "a=1"] and cmd[-4].endswith("dlrecipes/cli.py")
+    bad = run_cli("launch", str(tiny_recipe), "-n", "3")
+    assert bad.returncode == 2 and "does not divide evenly over 3 processes" in bad.stderr
+
+
+def test_slurm_template_starts_one_launcher_per_node_with_its_rank(tmp_path):
+    """Run the sbatch script with stand-ins for srun/scontrol/dlrecipes that record what they get."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    stubs = {
+        bin_dir / "scontrol": 'printf "gpu-node-a\\ngpu-node-b\\n"',
+        # srun runs its command once per node, as SLURM would, with that node's id
+        bin_dir / "srun": 'shift; for id in 0 1; do SLURM_NODEID=$id "$@"; done',
+        tmp_path / ".venv" / "bin" / "dlrecipes": f'echo "$@" >> {tmp_path}/calls.txt',
+    }
+    for path, body in stubs.items():
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-node-[a-b]",
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8"}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), "recipes/x.yaml",
+                           "model={name: cifar_resnet18}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2
+    for rank, call in enumerate(calls):
+        assert call.startswith("launch recipes/x.yaml model={name: cifar_resnet18} run_name=x-slurm-4242")
+        assert f"-n 8 --nodes 2 --node-rank {rank} --master-addr gpu-node-a --master-port 24242" in call
