@@ -191,7 +191,7 @@ def profile(
 def bench(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
-    steps: int = typer.Option(20, help="batches per timed segment"),
+    steps: int = typer.Option(30, help="batches per timed segment"),
     rounds: int = typer.Option(5, help="alternating segments of each loop"),
     warmup: int = typer.Option(5, help="untimed batches of each loop first"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
