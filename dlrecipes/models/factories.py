@@ -44,6 +44,16 @@ def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
     return preact_resnet18(num_classes, in_chans)
 
 
+def _refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int) -> None:
+    """ImageNet architectures downsample 32x early: on CIFAR-sized images little is left."""
+    if input_shape is not None and min(input_shape[1:]) < min_input_size:
+        raise RecipeError(
+            f"model.arch: {family} '{arch}' is built for ImageNet-sized inputs and the data is "
+            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
+            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
+        )
+
+
 def _check_timm_arch(params: dict, path: str) -> None:
     import timm
 
@@ -72,12 +82,7 @@ def timm_model(
     """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file)."""
     import timm
 
-    if input_shape is not None and min(input_shape[1:]) < min_input_size:
-        raise RecipeError(
-            f"model.arch: timm '{arch}' is built for ImageNet-sized inputs and the data is "
-            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
-            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
-        )
+    _refuse_small_inputs("timm", arch, input_shape, min_input_size)
     kwargs = {"num_classes": num_classes, "in_chans": in_chans, "drop_rate": drop_rate}
     if drop_path_rate is not None:
         kwargs["drop_path_rate"] = drop_path_rate
@@ -133,12 +138,7 @@ def torchvision_model(
 
     if in_chans != 3:
         raise RecipeError(f"model.in_chans: torchvision '{arch}' takes 3-channel images, the data has {in_chans}")
-    if input_shape is not None and min(input_shape[1:]) < min_input_size:
-        raise RecipeError(
-            f"model.arch: torchvision '{arch}' is built for ImageNet-sized inputs and the data is "
-            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
-            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
-        )
+    _refuse_small_inputs("torchvision", arch, input_shape, min_input_size)
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if pretrained_path is not None:
         from pathlib import Path
