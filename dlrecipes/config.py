@@ -165,7 +165,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     components: dict[str, Component] = {}
     for section, reg in COMPONENT_SECTIONS.items():
         if section in data:
-            components[section] = _check_component(data.pop(section), section, reg)
+            components[section] = check_component(data.pop(section), section, reg)
     maps = {}
     for section, reg in COMPONENT_MAPS.items():
         if section in data:
@@ -174,7 +174,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     config = check_dataclass(RecipeConfig, {**data, **components, **maps}, "")
     for section in ("optimizer", "scheduler"):
         if section not in components:  # defaults still go through the registry check
-            setattr(config, section, _check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]))
+            setattr(config, section, check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]))
     if config.name is None:
         config.name = recipe.name
     _check_cross_fields(config)
@@ -190,7 +190,7 @@ LR_SCALING_KEYS = {
 }
 
 
-def _check_component(value: Any, section: str, reg: registry.Registry) -> Component:
+def check_component(value: Any, section: str, reg: registry.Registry) -> Component:
     if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
         value = {"name": value}
     if not isinstance(value, dict):

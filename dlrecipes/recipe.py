@@ -141,7 +141,8 @@ def _merge_into(dst: dict, dst_sources: dict, src: dict, src_sources: dict, pref
         if isinstance(value, dict) and isinstance(dst.get(key), dict):
             _merge_into(dst[key], dst_sources, value, src_sources, prefix=f"{path}.")
             continue
-        _forget_sources(dst_sources, path)
+        if key in dst:  # replacing: the old value's sources go (a new key has none)
+            _forget_sources(dst_sources, path)
         dst[key] = copy.deepcopy(value)
         for leaf in _leaf_paths({key: value}, prefix):
             dst_sources[leaf] = src_sources.get(leaf, "?")

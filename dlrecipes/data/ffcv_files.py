@@ -234,11 +234,11 @@ def convert_dataset(
     dataset: str, params: dict[str, Any], out_dir: str | Path, options: ConvertOptions, echo: Callable[[str], None] = print
 ) -> list[ConvertReport]:
     """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton``."""
-    from dlrecipes.config import COMPONENT_SECTIONS, _check_component
+    from dlrecipes.config import COMPONENT_SECTIONS, check_component
     from dlrecipes.plugins import load_all
 
     load_all()
-    component = _check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
+    component = check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
     out_dir = Path(out_dir)
     targets = {"train": out_dir / "train.beton", "val": out_dir / "val.beton"}
     existing = [str(p) for p in targets.values() if p.exists()]
