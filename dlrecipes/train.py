@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -14,7 +15,7 @@ import yaml
 
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig, resolve_device
-from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.errors import DataError, RecipeError, UserError
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST_CHECKPOINT = "latest-rank0.pt"
@@ -89,6 +90,63 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
     return run_dir
 
 
+def _checkpoint_batch(path: Path) -> int:
+    match = re.match(r"ep\d+-ba(\d+)-rank0\.pt$", path.name)
+    return int(match.group(1)) if match else -1
+
+
+def _loadable(path: Path) -> Optional[str]:
+    """None if ``path`` loads as a checkpoint, else why not (a full load: the only honest test)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # our own run directory
+    except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
+        return f"{type(exc).__name__}: {exc}"
+    return None if isinstance(state, dict) and "state" in state else "not a Composer checkpoint"
+
+
+def ensure_resumable(checkpoint_dir: Path) -> None:
+    """Before resuming: if the latest checkpoint is damaged, point ``latest`` at the newest good one."""
+    latest = checkpoint_dir / LATEST_CHECKPOINT
+    if not latest.exists() and not latest.is_symlink():
+        return
+    problem = _loadable(latest)
+    if problem is None:
+        return
+    damaged = latest.resolve()
+    older = sorted((p for p in checkpoint_dir.glob("ep*-ba*-rank0.pt") if p.resolve() != damaged),
+                   key=_checkpoint_batch, reverse=True)
+    for candidate in older:
+        if _loadable(candidate) is None:
+            kept = damaged.with_name(damaged.name + ".damaged")  # kept for inspection, out of the way of the rerun
+            print(f"warning: checkpoint {damaged} is damaged ({problem}); resuming from {candidate} instead "
+                  f"(the damaged file is now {kept.name})", file=sys.stderr)
+            if damaged.exists():
+                damaged.rename(kept)
+            latest.unlink()
+            latest.symlink_to(candidate.name)
+            return
+    raise DataError(f"checkpoint {damaged} is damaged ({problem}) and no earlier checkpoint in {checkpoint_dir} loads")
+
+
+def check_free_space(run_dir: Path, model, keep: int) -> None:
+    """Refuse to start when the disk cannot hold the checkpoints (weights + optimizer state, about 3x)."""
+    import shutil
+
+    from torch.nn.parameter import UninitializedParameter
+
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if not isinstance(t, UninitializedParameter)]
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)  # lazy layers: not sized yet
+    needed = 3 * state_bytes * max(1, min(keep, 2) if keep >= 0 else 2)
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise UserError(
+            f"runs_dir: only {free / 2**20:.0f} MiB free at {run_dir}; checkpoints of this model need about "
+            f"{needed / 2**20:.0f} MiB. Free some space, choose another runs_dir, or set checkpoint.save=false."
+        )
+
+
 def build_trainer(
     config: RecipeConfig,
     run_dir: Path,
@@ -119,6 +177,10 @@ def build_trainer(
 
     data = builders.build_datasets(config.dataset)
     model = builders.build_model(config.model, data, config.loss)
+    if ckpt.save:
+        check_free_space(run_dir, model, ckpt.keep)
+    if resume and ckpt.save and not ckpt.best_only and int(os.environ.get("RANK", "0")) == 0:
+        ensure_resumable(run_dir / CHECKPOINT_DIR)
     if dataloaders is None:
         dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     train_dl, eval_dl = dataloaders

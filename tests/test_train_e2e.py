@@ -110,3 +110,45 @@ def test_gradient_accumulation_and_best_only_checkpoints(tiny_recipe):
     assert result.batches == 3  # 64-sample batches, each as four microbatches of 16
     files = sorted(p.name for p in (result.run_dir / "checkpoints").iterdir())
     assert files == ["best.json", "best.pt"]
+
+
+def test_resume_falls_back_from_a_truncated_checkpoint_with_a_warning(tiny_recipe, capsys):
+    first = train(resolve(tiny_recipe, ["run_name=damaged"]))
+    checkpoints = first.run_dir / "checkpoints"
+    newest = checkpoints / "ep2-ba6-rank0.pt"
+    assert (checkpoints / "latest-rank0.pt").resolve() == newest.resolve()
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])  # a crash mid-write
+
+    config = resolve(tiny_recipe, ["run_name=damaged", "trainer.max_duration=3ep"])
+    run_dir = prepare_run_dir(config, "damaged", resume=True)
+    trainer = build_trainer(config, run_dir, resume=True)
+    try:
+        assert "checkpoint" in capsys.readouterr().err and int(trainer.state.timestamp.batch) == 3
+        trainer.fit()
+        assert int(trainer.state.timestamp.batch) == 9
+    finally:
+        trainer.close()
+
+
+def test_no_good_checkpoint_left_is_a_named_error(tiny_recipe):
+    from dlrecipes.errors import DataError
+
+    first = train(resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=1ep"]))
+    only = first.run_dir / "checkpoints" / "ep1-ba3-rank0.pt"
+    only.write_bytes(b"not a checkpoint")
+    config = resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=2ep"])
+    with pytest.raises(DataError, match=r"ep1-ba3-rank0.pt is damaged .* no earlier checkpoint"):
+        build_trainer(config, prepare_run_dir(config, "ruined", resume=True), resume=True)
+
+
+def test_a_full_disk_is_refused_before_training(tiny_recipe, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from dlrecipes.errors import UserError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    config = resolve(tiny_recipe, ["run_name=full"])
+    with pytest.raises(UserError, match=r"runs_dir: only 0 MiB free at .*checkpoints of this model need about"):
+        build_trainer(config, prepare_run_dir(config, "full", resume=False))
