@@ -40,8 +40,9 @@ def train(
     plugins: Sequence[str] = (),
     resume: bool = False,
     config: Optional[RecipeConfig] = None,
+    trust_checkpoint: bool = False,
 ):
     """Resolve and train; returns a :class:`dlrecipes.train.TrainResult`."""
     from dlrecipes.train import train as fit
 
-    return fit(config or resolve(recipe, overrides, plugins), resume=resume)
+    return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from composer.core import Callback, State
 from composer.loggers import Logger
-from composer.utils import checkpoint, dist
+from composer.utils import dist
 
+from dlrecipes.checkpoints import atomic_write, save_atomically
 from dlrecipes.errors import RecipeError
 
 
@@ -38,7 +39,7 @@ class BestCheckpoint(Callback):
             return
         self.best = value
         path = self.folder / "best.pt"
-        checkpoint.save_checkpoint(state, filename=str(path))
+        save_atomically(state, path)
         if dist.get_global_rank() == 0:
             info = {
                 "monitor": self.monitor,
@@ -46,7 +47,8 @@ class BestCheckpoint(Callback):
                 "epoch": int(state.timestamp.epoch),
                 "batch": int(state.timestamp.batch),
             }
-            (self.folder / "best.json").write_text(json.dumps(info, indent=2) + "\n")
+            text = (json.dumps(info, indent=2) + "\n").encode()
+            atomic_write(self.folder / "best.json", lambda f: f.write(text))
         logger.log_metrics({f"checkpoint/best_{self.monitor}": value})
 
     def state_dict(self) -> dict:

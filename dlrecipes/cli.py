@@ -26,6 +26,9 @@ OverridesArg = typer.Argument(
     None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
 )
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
+TrustOpt = typer.Option(
+    False, "--trust-checkpoint", help="allow a full unpickle of checkpoint.load_path outside the run directory"
+)
 DeviceCheckOpt = typer.Option(
     True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
 )
@@ -48,13 +51,14 @@ def train(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
     from dlrecipes import api
 
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    result = _guarded(lambda: api.train(recipe, resume=resume, config=config))
+    result = _guarded(lambda: api.train(recipe, resume=resume, config=config, trust_checkpoint=trust_checkpoint))
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
     typer.echo(
         f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "
@@ -73,6 +77,7 @@ def launch(
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="a free port on node 0"),
     resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
@@ -81,7 +86,7 @@ def launch(
     from dlrecipes import api
     from dlrecipes.launch import check_devices, launcher_command
 
-    extra = tuple(["--resume"] if resume else []) + tuple(a for p in plugin for a in ("--plugin", p))
+    extra = tuple(["--resume"] if resume else []) + tuple(["--trust-checkpoint"] if trust_checkpoint else []) + tuple(a for p in plugin for a in ("--plugin", p))
     cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
                                             master_port, extra))
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 import warnings
@@ -14,11 +13,10 @@ from typing import Any, Optional
 import yaml
 
 from dlrecipes import builders
+from dlrecipes.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
 from dlrecipes.config import RecipeConfig, resolve_device
 from dlrecipes.errors import DataError, RecipeError, UserError
 
-CHECKPOINT_DIR = "checkpoints"
-LATEST_CHECKPOINT = "latest-rank0.pt"
 
 
 @dataclass
@@ -34,8 +32,8 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _same_on_all_ranks(value: str, device: str) -> str:
-    """Rank 0's ``value`` on every rank (run names contain a timestamp)."""
+def _same_on_all_ranks(value: Any, device: str) -> Any:
+    """Rank 0's ``value`` on every rank (run names contain a timestamp; rank 0 picks the resume point)."""
     if _world_size() == 1:
         return value
     from composer.devices import DeviceCPU, DeviceGPU
@@ -90,44 +88,38 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
     return run_dir
 
 
-def _checkpoint_batch(path: Path) -> int:
-    match = re.match(r"ep\d+-ba(\d+)-rank0\.pt$", path.name)
-    return int(match.group(1)) if match else -1
+def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool):
+    """Where training starts: ``(load_path, load_weights_only)`` for Composer, or weights loaded here.
 
+    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time,
+    RNG).  Otherwise ``checkpoint.load_path`` gives initial weights, read tensors-only where
+    the file allows it; a full state from outside the run directory needs ``trust``.
+    """
+    from dlrecipes.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
 
-def _loadable(path: Path) -> Optional[str]:
-    """None if ``path`` loads as a checkpoint, else why not (a full load: the only honest test)."""
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # our own run directory
-    except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
-        return f"{type(exc).__name__}: {exc}"
-    return None if isinstance(state, dict) and "state" in state else "not a Composer checkpoint"
-
-
-def ensure_resumable(checkpoint_dir: Path) -> None:
-    """Before resuming: if the latest checkpoint is damaged, point ``latest`` at the newest good one."""
-    latest = checkpoint_dir / LATEST_CHECKPOINT
-    if not latest.exists() and not latest.is_symlink():
-        return
-    problem = _loadable(latest)
-    if problem is None:
-        return
-    damaged = latest.resolve()
-    older = sorted((p for p in checkpoint_dir.glob("ep*-ba*-rank0.pt") if p.resolve() != damaged),
-                   key=_checkpoint_batch, reverse=True)
-    for candidate in older:
-        if _loadable(candidate) is None:
-            kept = damaged.with_name(damaged.name + ".damaged")  # kept for inspection, out of the way of the rerun
-            print(f"warning: checkpoint {damaged} is damaged ({problem}); resuming from {candidate} instead "
-                  f"(the damaged file is now {kept.name})", file=sys.stderr)
-            if damaged.exists():
-                damaged.rename(kept)
-            latest.unlink()
-            latest.symlink_to(candidate.name)
-            return
-    raise DataError(f"checkpoint {damaged} is damaged ({problem}) and no earlier checkpoint in {checkpoint_dir} loads")
+    ckpt = config.checkpoint
+    if resume:
+        point = resume_point(run_dir / CHECKPOINT_DIR) if int(os.environ.get("RANK", "0")) == 0 else None
+        point = _same_on_all_ranks(str(point) if point else "", device)
+        if point:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"resuming from {point}", file=sys.stderr)
+            return point, False
+        print(f"note: no complete checkpoint in {run_dir / CHECKPOINT_DIR} yet; starting from the beginning",
+              file=sys.stderr)
+    if not ckpt.load_path:
+        return None, False
+    path = Path(ckpt.load_path)
+    if not ckpt.load_weights_only:  # Composer's loader unpickles fully: check the file first
+        check_trusted(path, trusted_dirs=[run_dir], trust=trust)
+        return str(path), False
+    loaded = read_checkpoint(path, trusted_dirs=[run_dir], trust=trust)
+    report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)
+    if int(os.environ.get("RANK", "0")) == 0:
+        skipped = report["ignored"] + report["missing"]
+        print(f"loaded weights from {path}" + (f" (not loaded: {', '.join(skipped[:6])}"
+              f"{' ...' if len(skipped) > 6 else ''})" if skipped else ""), file=sys.stderr)
+    return None, False
 
 
 def check_free_space(run_dir: Path, model, keep: int) -> None:
@@ -155,12 +147,14 @@ def build_trainer(
     dataloaders: Optional[tuple[Any, Any]] = None,
     max_duration: Optional[str] = None,
     quiet: bool = False,
+    trust_checkpoint: bool = False,
 ):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``dataloaders`` (train, eval) replace the recipe's data, and ``max_duration`` its
     duration: the benchmarks use them to train the same Trainer on batches held in memory
-    (``quiet``: no console output).
+    (``quiet``: no console output).  ``trust_checkpoint`` allows a full unpickle of a
+    ``checkpoint.load_path`` outside the run directory (see :mod:`dlrecipes.checkpoints`).
     """
     from composer import Trainer
     from composer.loggers import FileLogger
@@ -179,15 +173,17 @@ def build_trainer(
     model = builders.build_model(config.model, data, config.loss)
     if ckpt.save:
         check_free_space(run_dir, model, ckpt.keep)
-    if resume and ckpt.save and not ckpt.best_only and int(os.environ.get("RANK", "0")) == 0:
-        ensure_resumable(run_dir / CHECKPOINT_DIR)
+    periodic = ckpt.save and not ckpt.best_only
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    load_path, load_weights_only = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint)
     if dataloaders is None:
         dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     train_dl, eval_dl = dataloaders
     optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
-    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    if periodic:
+        callbacks.append(make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep))
     if ckpt.monitor:
         callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
     loggers = builders.build_loggers(config.loggers, run_dir)
@@ -196,7 +192,6 @@ def build_trainer(
         from dlrecipes.progress import ProgressBar
 
         loggers.append(ProgressBar())
-    periodic = ckpt.save and not ckpt.best_only
     warnings.filterwarnings("ignore", message="Specifying the ProgressBarLogger via `loggers`")
     return Trainer(
         model=model,
@@ -216,14 +211,10 @@ def build_trainer(
         console_log_interval=t.console_log_interval,
         train_subset_num_batches=t.train_subset_num_batches,
         eval_subset_num_batches=t.eval_subset_num_batches,
-        save_folder=str(checkpoint_dir) if periodic else None,
-        save_interval=ckpt.save_interval,
-        save_num_checkpoints_to_keep=ckpt.keep,
-        autoresume=resume and periodic,
-        load_path=ckpt.load_path,
-        load_weights_only=ckpt.load_weights_only,
+        load_path=load_path,  # resuming, or a trusted full checkpoint; weights alone are loaded above
+        load_weights_only=load_weights_only,
         load_strict_model_weights=ckpt.load_strict,
-        load_ignore_keys=ckpt.load_ignore_keys or None,
+        load_ignore_keys=(ckpt.load_ignore_keys or None) if load_weights_only else None,
         device=device,
         precision=t.precision,
         device_train_microbatch_size=t.device_train_microbatch_size,
@@ -248,14 +239,14 @@ def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
         )
 
 
-def train(config: RecipeConfig, resume: bool = False) -> TrainResult:
+def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False) -> TrainResult:
     """Train a validated recipe; returns where the run went and its final eval metrics."""
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
     run_dir = prepare_run_dir(config, choose_run_name(config, resume, device), resume)
     start = time.perf_counter()
-    trainer = build_trainer(config, run_dir, resume=resume, device=device)
+    trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
     _log_lr_scaling(config, trainer)
     try:
         trainer.fit()

@@ -128,3 +128,25 @@ def test_base_cycles_missing_bases_and_bad_files_are_named(tmp_path):
     write(tmp_path / "list.yaml", "- 1\n- 2\n")
     with pytest.raises(RecipeError, match="must be a mapping"):
         load_recipe(tmp_path / "list.yaml")
+
+
+def test_input_paths_are_relative_to_the_file_that_sets_them(tmp_path, monkeypatch):
+    from dlrecipes.api import resolve
+
+    write(tmp_path / "recipes" / "base" / "data.yaml", """
+        dataset: {name: image_folder, train_path: ../../data/train, val_path: /abs/val}
+        checkpoint: {load_path: ../../weights/start.pt}
+    """)
+    recipe = write(tmp_path / "recipes" / "exp.yaml", """
+        base: base/data.yaml
+        model: {name: cnn_simple}
+        dataset: {train_path: ../images/train}
+    """)
+    monkeypatch.chdir(tmp_path / "recipes")  # somewhere else than the data
+    config = resolve(recipe, check_device=False)
+    assert config.dataset.params["train_path"] == str(tmp_path / "images" / "train")  # exp.yaml's folder
+    assert config.dataset.params["val_path"] == "/abs/val"
+    assert config.checkpoint.load_path == str(tmp_path / "weights" / "start.pt")  # base/data.yaml's folder
+    overridden = resolve(recipe, ["dataset.val_path=mine/val"], check_device=False)
+    assert overridden.dataset.params["val_path"] == str(tmp_path / "recipes" / "mine" / "val")  # the working dir
+    assert overridden.runs_dir == "runs"  # outputs stay relative to where you run

@@ -22,7 +22,7 @@ def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist", in_memory=True)
+@datasets.register("mnist", in_memory=True, paths=("root",))
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
     from dlrecipes.data.torchvision_sets import build_mnist
@@ -30,7 +30,7 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10", in_memory=True)
+@datasets.register("cifar10", in_memory=True, paths=("root",))
 def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
@@ -39,7 +39,7 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
     return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD)
 
 
-@datasets.register("cifar100", in_memory=True)
+@datasets.register("cifar100", in_memory=True, paths=("root",))
 def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
@@ -48,7 +48,7 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
     return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD)
 
 
-@datasets.register("image_folder", pil_images=True)
+@datasets.register("image_folder", pil_images=True, paths=("train_path", "val_path"))
 def image_folder(
     train_path: str,
     val_path: str,
@@ -65,7 +65,7 @@ def image_folder(
     return build_image_folders(train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std)
 
 
-@datasets.register("imagenet", pil_images=True)
+@datasets.register("imagenet", pil_images=True, paths=("root",))
 def imagenet(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -81,7 +81,7 @@ def imagenet(
     )
 
 
-@datasets.register("imagenet100", pil_images=True)
+@datasets.register("imagenet100", pil_images=True, paths=("root",))
 def imagenet100(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -109,7 +109,7 @@ def imagenet100(
     )
 
 
-@datasets.register("ffcv", ffcv=True)
+@datasets.register("ffcv", ffcv=True, paths=("train_path", "val_path"))
 def ffcv(
     train_path: str,
     val_path: str,

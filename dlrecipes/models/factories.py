@@ -66,7 +66,7 @@ def _check_timm_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch
+    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch, paths=("pretrained_path",),
 )
 def timm_model(
     arch: str,
@@ -122,7 +122,7 @@ def _check_torchvision_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch
+    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch, paths=("pretrained_path",),
 )
 def torchvision_model(
     arch: str,

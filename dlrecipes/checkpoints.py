@@ -1,0 +1,333 @@
+"""Checkpoints that survive ``kill -9``, and loading that does not trust strangers.
+
+Writing: every file goes to ``<name>-partial`` first, is fsynced, then renamed over its
+final name (``os.replace`` is atomic on POSIX), and the directory is fsynced.  The
+``latest-rank0.pt`` link is replaced the same way (a new link under a temporary name,
+renamed over the old one), so at every instant it points at a complete file.  A file
+under a final name is therefore always complete; a ``-partial`` file is garbage from an
+interrupted save and is removed on the next resume.
+
+Resuming: the newest checkpoint that loads wins.  ``latest`` is only a hint: after a
+kill between the rename and the relink it may lag one save behind, and a file damaged
+later (disk, copy) is renamed ``*.damaged`` and skipped with a warning.
+
+Loading weights (``checkpoint.load_path``): with ``torch.load(..., weights_only=True)``,
+which cannot run code, allowing the plain data Composer stores besides tensors (NumPy RNG
+state, versions).  A file holding any other Python object needs a full unpickle, which
+can run arbitrary code: dlrecipes does that only for files inside the run's own
+directory, or when the user passes ``--trust-checkpoint``.  Continuing a foreign full
+state (``load_weights_only: false``) goes through Composer's loader, which always
+unpickles fully, so the same check runs on the file first.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from dlrecipes.errors import DataError, UserError
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST_CHECKPOINT = "latest-rank0.pt"
+PARTIAL_SUFFIX = "-partial"  # not ".partial": Composer reads "x.pt.<ext>" as a compressed file
+_PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
+
+
+class CheckpointSaveError(UserError):
+    """A save failed (disk full, permissions); the previous checkpoint is intact."""
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(partial: Path, final: Path) -> None:
+    """Make a fully written ``partial`` file durable, then atomically give it its final name."""
+    fsync_file(partial)
+    os.replace(partial, final)
+    fsync_dir(final.parent)
+
+
+def atomic_write(final: Path, write: Callable[[Any], None]) -> None:
+    """``write(f)`` into ``final-partial``, then :func:`commit`; on failure the old ``final`` stays."""
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    try:
+        with open(partial, "wb") as f:
+            write(f)
+        commit(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def relink(link: Path, target: Path) -> None:
+    """Point the symlink ``link`` at ``target`` (relative) without a moment where it is missing."""
+    tmp = link.with_name(link.name + ".new-link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(target, link.parent))
+    os.replace(tmp, link)
+    fsync_dir(link.parent)
+
+
+def checkpoint_batch(path: Path) -> int:
+    match = _PERIODIC.match(path.name)
+    return int(match.group(2)) if match else -1
+
+
+def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> CheckpointSaveError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+    return CheckpointSaveError(
+        f"checkpoint.save: writing {path} failed ({reason}); {kept}. Training stopped: fix the cause "
+        "(free space, permissions) and rerun the same command with --resume."
+    )
+
+
+def make_saver(folder: Path, save_interval: str, keep: int):
+    """A Composer CheckpointSaver whose local saves are atomic (see the module docstring)."""
+    from composer.callbacks import CheckpointSaver
+    from composer.utils import checkpoint as composer_checkpoint
+
+    class AtomicCheckpointSaver(CheckpointSaver):
+        def _save_checkpoint(self, state, logger):
+            if state.fsdp_sharded_state_dict_enabled or self.remote_file_name is not None:
+                return super()._save_checkpoint(state, logger)  # directories / uploads: Composer's way
+            self.last_checkpoint_batch = state.timestamp.batch
+            pattern = self.filename.format(state, keep_placeholders=True)
+            final = composer_checkpoint.get_save_filename(state, pattern)
+            self.all_saved_checkpoints_to_timestamp[final] = state.timestamp
+            partial = composer_checkpoint.PartialFilePath(pattern + PARTIAL_SUFFIX).format(state)
+            previous = self.saved_checkpoints[-1] if self.saved_checkpoints else None
+            try:
+                written = composer_checkpoint.save_checkpoint(
+                    state, filename=pattern + PARTIAL_SUFFIX, weights_only=self.weights_only, ignore_keys=self.ignore_keys
+                )
+                if not written:  # ranks other than 0 write nothing
+                    return
+                commit(Path(written), Path(final))
+                if self.latest_filename is not None and self.num_checkpoints_to_keep != 0:
+                    relink(Path(self.latest_filename.format(state)), Path(final))
+            except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as RuntimeError
+                Path(partial).unlink(missing_ok=True)
+                raise _save_failed(final, exc, previous) from None
+            self.saved_checkpoints.append(final)
+            if self.num_checkpoints_to_keep >= 0:
+                self._rotate_checkpoints(sharding_enabled=False)
+
+    return AtomicCheckpointSaver(
+        folder=str(folder),
+        filename="ep{epoch}-ba{batch}-rank{rank}.pt",
+        remote_file_name=None,
+        latest_filename=LATEST_CHECKPOINT.replace("rank0", "rank{rank}"),
+        latest_remote_file_name=None,
+        save_interval=save_interval,
+        num_checkpoints_to_keep=keep,
+    )
+
+
+def save_atomically(state, path: Path) -> None:
+    """Composer's checkpoint of ``state`` at ``path`` (rank 0 writes), never half-written under that name."""
+    from composer.utils import checkpoint as composer_checkpoint
+
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
+    try:
+        written = composer_checkpoint.save_checkpoint(state, filename=str(partial))
+        if written:
+            commit(Path(written), path)
+    except (OSError, RuntimeError) as exc:
+        partial.unlink(missing_ok=True)
+        raise _save_failed(str(path), exc, str(path) if path.exists() else None) from None
+
+
+# --- resuming ---------------------------------------------------------------------------
+
+
+def loadable(path: Path) -> Optional[str]:
+    """None if ``path`` loads as a Composer checkpoint, else why not (a full load: the only honest test)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # only called on our own run directory
+    except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    return None if isinstance(state, dict) and "state" in state else "not a Composer checkpoint"
+
+
+def resume_point(checkpoint_dir: Path) -> Optional[Path]:
+    """The newest complete checkpoint in ``checkpoint_dir`` (``latest`` relinked to it), or None.
+
+    Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints
+    are renamed ``*.damaged`` (kept for inspection) with a warning.
+    """
+    if not checkpoint_dir.is_dir():
+        return None
+    for leftover in checkpoint_dir.glob(f"*{PARTIAL_SUFFIX}"):
+        print(f"note: removing {leftover}, left by a save that was interrupted", file=sys.stderr)
+        leftover.unlink()
+    (checkpoint_dir / (LATEST_CHECKPOINT + ".new-link")).unlink(missing_ok=True)
+    candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
+    latest = checkpoint_dir / LATEST_CHECKPOINT
+    damaged: list[str] = []
+    for candidate in candidates:
+        problem = loadable(candidate)
+        if problem is None:
+            if damaged:
+                print(f"warning: resuming from {candidate}, the newest checkpoint that loads", file=sys.stderr)
+            if not (latest.is_symlink() and latest.resolve() == candidate.resolve()):
+                relink(latest, candidate)
+            return candidate
+        kept = candidate.with_name(candidate.name + ".damaged")
+        print(f"warning: checkpoint {candidate} is damaged ({problem}); it is now {kept.name}, "
+              "trying the one before it", file=sys.stderr)
+        candidate.rename(kept)
+        damaged.append(str(candidate))
+    if damaged:
+        latest.unlink(missing_ok=True)
+        raise DataError(f"checkpoint {damaged[0]} is damaged and no earlier checkpoint in {checkpoint_dir} loads "
+                        f"(damaged: {', '.join(damaged)}); rerun without --resume to start over")
+    return None
+
+
+# --- loading weights from a file (fine-tuning) --------------------------------------------
+
+
+def is_inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _allowed_globals() -> list:
+    """What a Composer checkpoint holds beyond tensors: NumPy RNG state, versions, durations (plain data)."""
+    import datetime
+
+    import numpy as np
+    from torch.torch_version import TorchVersion
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [np.ndarray, np.dtype, _reconstruct, TorchVersion, datetime.timedelta, *set(type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG")]
+
+
+def unsafe_globals(path: Path) -> list[str]:
+    """Python objects in a checkpoint that a tensors-only load would refuse (empty: safe to unpickle)."""
+    import torch
+
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in _allowed_globals()} | {"numpy.dtype", "numpy.ndarray"}
+    return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+
+
+def check_trusted(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = False, key: str = "checkpoint.load_path") -> None:
+    """Refuse a checkpoint that needs a full unpickle unless it is ours (``trusted_dirs``) or ``trust`` is set.
+
+    A full unpickle can run arbitrary code.  A file whose only objects are tensors and
+    plain data (what Composer writes) is safe to load either way.
+    """
+    if not path.is_file():
+        raise DataError(f"{key}: no checkpoint file at {path}")
+    if trust or any(is_inside(path, d) for d in trusted_dirs):
+        return
+    try:
+        risky = unsafe_globals(path)
+    except Exception as exc:
+        raise DataError(f"{key}: cannot read {path} as a checkpoint ({type(exc).__name__}: {exc})") from None
+    if risky:
+        raise UserError(
+            f"{key}: {path} holds Python objects beyond tensors ({', '.join(risky[:4])}{' ...' if len(risky) > 4 else ''}); "
+            "loading it means a full unpickle, which can run arbitrary code. If you trust the file, pass "
+            "--trust-checkpoint."
+        )
+
+
+def read_checkpoint(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = False, key: str = "checkpoint.load_path"):
+    """``torch.load`` a checkpoint with ``weights_only=True`` (plus plain data), unless trusted."""
+    import torch
+
+    check_trusted(path, trusted_dirs, trust, key)
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()):
+            return torch.load(path, map_location="cpu", weights_only=not (trust or unsafe_globals(path)))
+    except Exception as exc:
+        raise DataError(f"{key}: cannot read {path} as a checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def model_weights(loaded: Any, path: Path, key: str = "checkpoint.load_path") -> dict[str, Any]:
+    """The model's state dict inside a Composer checkpoint, a timm/torchvision file or a bare state dict."""
+    import torch
+
+    if isinstance(loaded, dict) and isinstance(loaded.get("state"), dict) and "model" in loaded["state"]:
+        weights = loaded["state"]["model"]  # Composer: keys like "module.conv1.weight"
+    elif isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        weights = loaded["state_dict"]
+    elif isinstance(loaded, dict) and isinstance(loaded.get("model"), dict):
+        weights = loaded["model"]
+    else:
+        weights = loaded
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise DataError(f"{key}: {path} holds no model weights (expected a Composer checkpoint or a state dict)")
+    return weights
+
+
+def load_model_weights(
+    model, weights: dict[str, Any], path: Path, ignore: Iterable[str] = (), strict: bool = True,
+    key: str = "checkpoint.load_path",
+) -> dict[str, list[str]]:
+    """Copy ``weights`` into the Composer model ``model``; returns what was ignored or missing.
+
+    Keys are matched as Composer names them (``module.<layer>``); a bare network's state
+    dict (timm, torchvision, ``torch.save(net.state_dict())``) is matched under ``module.``.
+    ``ignore`` holds glob patterns, written either as Composer's ``state/model/module.fc*``
+    or as plain key globs (``module.fc*``, ``*head*``).  A shape mismatch that no pattern
+    covers is an error naming the keys and the fix.
+    """
+    own = model.state_dict()
+    if not any(k in own for k in weights) and any(f"module.{k}" in own for k in weights):
+        weights = {f"module.{k}": v for k, v in weights.items()}
+    patterns = [p.removeprefix("state/model/") for p in ignore]
+    ignored = sorted(k for k in weights if any(fnmatch.fnmatchcase(k, p) for p in patterns))
+    kept = {k: v for k, v in weights.items() if k not in ignored}
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs the model's {tuple(own[k].shape)}"
+        for k, v in kept.items() if k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if mismatched:
+        first_key = mismatched[0].split(" ")[0]
+        raise UserError(
+            f"{key}: {path} does not fit the model: {'; '.join(mismatched[:3])}"
+            f"{' ...' if len(mismatched) > 3 else ''}. For a new head (another class count), skip those weights "
+            f"with checkpoint.load_ignore_keys (e.g. ['{first_key.rsplit('.', 1)[0]}.*'])"
+        )
+    unexpected = sorted(k for k in kept if k not in own)
+    missing = sorted(k for k in own if k not in kept and not any(fnmatch.fnmatchcase(k, p) for p in patterns))
+    if strict and (unexpected or missing):
+        what = []
+        if missing:
+            what.append(f"missing from the file: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+        if unexpected:
+            what.append(f"not in the model: {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+        raise UserError(
+            f"{key}: {path} does not match the model ({'; '.join(what)}). Set checkpoint.load_strict=false to load "
+            "what matches, or checkpoint.load_ignore_keys to skip keys"
+        )
+    model.load_state_dict(kept, strict=False)
+    return {"ignored": ignored, "missing": missing, "unexpected": unexpected}

@@ -1,0 +1,98 @@
+"""Crash safety: kill -9 at chosen points, resume, and end with the weights of an uninterrupted run.
+
+Each scenario trains the same deterministic recipe (3 epochs of 4 batches, a checkpoint
+every 2 batches) in a subprocess that ``tests/fault_injection.py`` kills with SIGKILL,
+then reruns the same command with ``--resume`` until it finishes.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY_RECIPE, run_cli, write
+
+PLUGIN = str(REPO / "tests" / "fault_injection.py")
+
+
+@pytest.fixture(scope="module")
+def crash_recipe(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("crash")
+    path = write(root / "crash.yaml", TINY_RECIPE)
+    path.write_text(path.read_text().replace("max_duration: 2ep", "max_duration: 3ep")
+                    .replace("train_subset_num_batches: 3", "train_subset_num_batches: 4")
+                    .replace("save_interval: 1ep", "save_interval: 2ba")
+                    + f"runs_dir: {root / 'runs'}\n"
+                    + "callbacks: {fault_injection: {}}\n")
+    path.write_text(path.read_text().replace("  device: cpu\n", "  device: cpu\n  deterministic: true\n"))
+    return path
+
+
+def _train(recipe: Path, run: str, *extra: str):
+    return run_cli("train", str(recipe), f"run_name={run}", "--plugin", PLUGIN, *extra)
+
+
+def _batch(path: Path) -> int:
+    """The batch a checkpoint (or the file ``latest`` points at) was saved after."""
+    return int(re.search(r"-ba(\d+)-", path.resolve().name).group(1))
+
+
+def _final_weights(recipe: Path, run: str) -> dict:
+    latest = recipe.parent / "runs" / run / "checkpoints" / "latest-rank0.pt"
+    assert _batch(latest) == 12  # the whole run: 3 epochs of 4 batches
+    return torch.load(latest, map_location="cpu", weights_only=False)["state"]["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(crash_recipe) -> dict:
+    result = _train(crash_recipe, "reference")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return _final_weights(crash_recipe, "reference")
+
+
+SCENARIOS = {
+    "mid_interval": ["callbacks.fault_injection.kill_at_batch=5"],
+    "before_first_checkpoint": ["callbacks.fault_injection.kill_at_batch=1"],
+    "during_save": ["callbacks.fault_injection.kill_in_save=3"],
+    "between_save_and_link": ["callbacks.fault_injection.kill_before_link=4"],
+    "twice": ["callbacks.fault_injection.kill_at_batch=3", "callbacks.fault_injection.kill_at_batch=9"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_killed_runs_resume_to_the_weights_of_an_uninterrupted_run(crash_recipe, reference, scenario):
+    run = f"killed-{scenario}"
+    checkpoints = crash_recipe.parent / "runs" / run / "checkpoints"
+    for i, fault in enumerate(SCENARIOS[scenario]):
+        killed = _train(crash_recipe, run, fault, *(["--resume"] if i else []))
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    if scenario == "during_save":
+        assert [p.name for p in checkpoints.glob("*-partial")] == ["ep1-ba6-rank0.pt-partial"]
+        assert _batch(checkpoints / "latest-rank0.pt") == 4
+    if scenario == "between_save_and_link":
+        assert (checkpoints / "ep1-ba8-rank0.pt").exists()
+        assert _batch(checkpoints / "latest-rank0.pt") == 6
+    resumed = _train(crash_recipe, run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list(checkpoints.glob("*-partial"))
+    weights = _final_weights(crash_recipe, run)
+    assert weights.keys() == reference.keys()
+    different = [k for k in reference if not torch.equal(weights[k], reference[k])]
+    assert not different, f"weights differ from the uninterrupted run: {different}"
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint_and_says_why(crash_recipe):
+    result = _train(crash_recipe, "disk-full", "callbacks.fault_injection.fail_save=2")
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert "ep0-ba4-rank0.pt failed (No space left on device)" in message
+    assert "the previous checkpoint" in message and "ep0-ba2-rank0.pt is intact" in message and "--resume" in message
+    assert "Traceback" not in result.stderr
+    checkpoints = crash_recipe.parent / "runs" / "disk-full" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("ep*")) == ["ep0-ba2-rank0.pt"]
+    assert _batch(checkpoints / "latest-rank0.pt") == 2
