@@ -43,7 +43,10 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except UserError as exc:
-        _fail(str(exc))
+        message = str(exc)
+        if message.startswith("Caught ") and "Original Traceback" in message:  # raised in a DataLoader worker
+            message = message.strip().splitlines()[-1].split(": ", 1)[-1]
+        _fail(message)
 
 
 @app.command()

@@ -239,11 +239,25 @@ def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
         )
 
 
+def _report_skipped_images(trainer) -> None:
+    """Image-folder data with ``bad_images: skip``: say how many unreadable images were left out."""
+    for label, loader in (("train", trainer.state.train_dataloader),
+                          *((e.label, e.dataloader.dataloader) for e in trainer.state.evaluators)):
+        skipped = getattr(getattr(loader, "dataset", None), "skipped", None)
+        if skipped is not None and skipped.value:
+            print(f"warning: {skipped.value} unreadable image(s) skipped in the {label} data (paths above)",
+                  file=sys.stderr)
+
+
 def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False) -> TrainResult:
     """Train a validated recipe; returns where the run went and its final eval metrics."""
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
+    if _world_size() > 1:  # started by a launcher (composer -n N, torchrun, srun): the same checks as `launch`
+        from dlrecipes.launch import check_devices
+
+        check_devices(config, int(os.environ.get("LOCAL_WORLD_SIZE", _world_size())), _world_size())
     run_dir = prepare_run_dir(config, choose_run_name(config, resume, device), resume)
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
@@ -252,6 +266,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         trainer.fit()
     finally:
         trainer.close()
+        _report_skipped_images(trainer)
     state = trainer.state
     metrics: dict[str, Any] = {k: float(v) for k, v in state.eval_metric_values.items()}
     return TrainResult(

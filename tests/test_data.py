@@ -79,6 +79,58 @@ def test_image_folder_errors_name_the_folder(tmp_path):
         registry.datasets.build("image_folder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"))
 
 
+def _bad_image_recipe(tmp_path, bad_images):
+    _jpegs(tmp_path, ["cat", "dog"], per_class=4, size=(12, 12))
+    (tmp_path / "train" / "cat" / "0.jpg").write_bytes(b"")  # zero bytes
+    good = (tmp_path / "train" / "dog" / "0.jpg").read_bytes()
+    (tmp_path / "train" / "dog" / "1.jpg").write_bytes(good[: len(good) // 3])  # truncated
+    from tests.conftest import write
+
+    return write(tmp_path / "bad.yaml", f"""
+        model: {{name: cnn_simple, width: 4, hidden: 8}}
+        dataset: {{name: image_folder, train_path: train, val_path: val, crop_size: 8, resize_size: 10,
+                   bad_images: {bad_images}}}
+        runs_dir: {tmp_path / 'runs'}
+        trainer: {{max_duration: 2ep, batch_size: 4, num_workers: 1, progress_bar: false, device: cpu}}
+        optimizer: {{name: sgd, lr: 0.01}}
+        checkpoint: {{save: false}}
+    """)
+
+
+def test_unreadable_images_fail_by_default_naming_the_file(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("train", str(_bad_image_recipe(tmp_path, "fail")), "trainer.num_workers=1")
+    assert result.returncode == 2, result.stderr[-1500:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: dataset.train_path: cannot read image ") and "Traceback" not in result.stderr
+    assert ("cat/0.jpg" in last or "dog/1.jpg" in last) and "dataset.bad_images=skip" in last
+
+
+def test_unreadable_images_can_be_skipped_and_counted(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("train", str(_bad_image_recipe(tmp_path, "skip")))
+    assert result.returncode == 0, result.stderr[-1500:]
+    warned = {line.split("image ")[1].split(" (")[0] for line in result.stderr.splitlines()
+              if line.startswith("warning: skipping unreadable image")}
+    assert warned == {str(tmp_path / "train" / "cat" / "0.jpg"), str(tmp_path / "train" / "dog" / "1.jpg")}
+    assert "warning: 2 unreadable image(s) skipped in the train data" in result.stderr
+    assert "done: 2 epochs" in result.stderr
+
+
+def test_class_count_must_match_the_model(tmp_path):
+    from tests.conftest import run_cli
+
+    recipe = _bad_image_recipe(tmp_path, "skip")
+    result = run_cli("train", str(recipe), "model.num_classes=10")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: model.num_classes: 10 does not match the dataset, which has 2 classes "
+        "(leave model.num_classes out to take it from the data)"
+    )
+
+
 def test_imagenet100_uses_the_shipped_synsets_and_lists_missing_ones(tmp_path):
     classes = imagenet100_classes()
     assert len(classes) == 100 and len(set(classes)) == 100 and all(c.startswith("n") for c in classes)

@@ -6,7 +6,7 @@ listing and validating recipes stays fast.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from dlrecipes.registry import datasets
 
@@ -58,11 +58,14 @@ def image_folder(
     hflip: bool = True,
     mean: list[float] = _IMAGENET_MEAN,
     std: list[float] = _IMAGENET_STD,
+    bad_images: Literal["fail", "skip"] = "fail",
 ):
     """Any folders of <class>/<image> for train and val; random-resized-crop + flip, center-crop eval."""
     from dlrecipes.data.image_folder import build_image_folders
 
-    return build_image_folders(train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std)
+    return build_image_folders(
+        train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images
+    )
 
 
 @datasets.register("imagenet", pil_images=True, paths=("root",))
@@ -72,16 +75,18 @@ def imagenet(
     resize_size: int = 256,
     min_scale: float = 0.08,
     hflip: bool = True,
+    bad_images: Literal["fail", "skip"] = "fail",
 ):
     """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/."""
     from dlrecipes.data.image_folder import build_image_folders
 
     return build_image_folders(
-        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD
+        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
+        bad_images=bad_images,
     )
 
 
-@datasets.register("imagenet100", pil_images=True, paths=("root",))
+@datasets.register("imagenet100", pil_images=True, paths=("root", "class_list"))
 def imagenet100(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -89,6 +94,7 @@ def imagenet100(
     min_scale: float = 0.08,
     hflip: bool = True,
     class_list: Optional[str] = None,
+    bad_images: Literal["fail", "skip"] = "fail",
 ):
     """ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file)."""
     from pathlib import Path
@@ -105,7 +111,7 @@ def imagenet100(
             raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
     return build_image_folders(
         f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
-        only_classes=classes,
+        only_classes=classes, bad_images=bad_images,
     )
 
 

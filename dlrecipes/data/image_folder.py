@@ -6,6 +6,7 @@ ImageNet-100 is ImageNet restricted to the 100 classes of the CMC paper (Tian et
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Optional, Sequence
@@ -37,17 +38,50 @@ def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> 
     return list(only)
 
 
-def build_image_folder_split(root: Path, key: str, classes: list[str], transform):
+def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail"):
+    """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
+
+    ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by
+    the next readable one, warns with its path once per process, and counts it in
+    ``dataset.skipped`` (shared between DataLoader workers).
+    """
+    import multiprocessing
+
     from torchvision.datasets import ImageFolder
 
-    class _FixedClassesImageFolder(ImageFolder):
+    skip = bad_images == "skip"
+
+    class _CheckedImageFolder(ImageFolder):
         def find_classes(self, directory):
             return classes, {c: i for i, c in enumerate(classes)}
 
+        def __getitem__(self, index):
+            for attempt in range(len(self.samples)):
+                i = (index + attempt) % len(self.samples)
+                try:
+                    return super().__getitem__(i)
+                except OSError as exc:  # PIL: unidentified, truncated or unreadable file
+                    path = self.samples[i][0]
+                    reason = str(exc).split(" (")[0] if str(exc) else type(exc).__name__
+                    if not skip:
+                        raise DataError(
+                            f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
+                            "dataset.bad_images=skip to skip unreadable images"
+                        ) from None
+                    if path not in self._warned:
+                        self._warned.add(path)
+                        with self.skipped.get_lock():
+                            self.skipped.value += 1
+                        print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr)
+            raise DataError(f"{key}: none of the {len(self.samples)} images under {root} can be read")
+
     try:
-        return _FixedClassesImageFolder(str(root), transform=transform)
+        dataset = _CheckedImageFolder(str(root), transform=transform)
     except FileNotFoundError as exc:  # a class folder without any image
         raise DataError(f"{key}: {exc}") from None
+    dataset.skipped = multiprocessing.Value("i", 0)  # shared with forked DataLoader workers
+    dataset._warned = set()
+    return dataset
 
 
 def build_image_folders(
@@ -61,6 +95,7 @@ def build_image_folders(
     std: Sequence[float],
     only_classes: Optional[Sequence[str]] = None,
     key: str = "dataset",
+    bad_images: str = "fail",
 ) -> DatasetSplits:
     from dlrecipes.data.transforms import imagenet_transforms
 
@@ -74,8 +109,8 @@ def build_image_folders(
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
-        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf),
-        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf),
+        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images),
+        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
