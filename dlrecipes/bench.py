@@ -27,6 +27,7 @@ import torch
 
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig, resolve_device
+from dlrecipes.errors import RecipeError
 
 
 def in_memory_batches(config: RecipeConfig, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -122,6 +123,10 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
 
     from dlrecipes.train import build_trainer
 
+    if config.task is not None:
+        raise RecipeError(
+            "task: bench compares with a plain (image, label) loop; multi-input recipes are not benchmarked yet"
+        )
     t = config.trainer
     device_name = resolve_device(t.device)
     device = torch.device("cuda" if device_name == "gpu" else "cpu")

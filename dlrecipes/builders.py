@@ -59,12 +59,19 @@ def model_params(cfg: Component, data: DatasetSplits) -> dict[str, Any]:
     return params
 
 
-def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy"):
-    """The network wrapped as a Composer classifier with top-1/top-5 accuracy and loss."""
+def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy", task=None):
+    """The network wrapped as a Composer classifier with top-1/top-5 accuracy and loss.
+
+    With a ``task`` (several inputs/outputs), a per-output loss and metrics wrapper instead.
+    """
     from torch import nn
 
     from dlrecipes.models.classifier import wrap_classifier
 
+    if task is not None:
+        from dlrecipes.models.multi_io import build_multi_io_model
+
+        return build_multi_io_model(cfg, data, task)
     module = build_component(registry.models, cfg.name, model_params(cfg, data), "model.name")
     if not isinstance(module, nn.Module):
         raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
@@ -212,8 +219,11 @@ def build_scheduler(cfg: Component):
     return scheduler
 
 
-def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None) -> list:
-    """The recipe's algorithms; with an FFCV loader, progressive resizing moves into its decoder."""
+def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, run_dir: Path | None = None) -> list:
+    """The recipe's algorithms; with an FFCV loader, progressive resizing moves into its decoder.
+
+    ``run_dir`` goes to factories that take it positional-only (``qat`` exports there).
+    """
     from composer.core import Algorithm
 
     from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing
@@ -224,7 +234,7 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None) 
         if name == "progressive_resizing" and isinstance(ffcv_loader, FFCVLoader):
             built.append(FFCVProgressiveResizing(ffcv_loader, **params))
         else:
-            built.append(_build_checked(registry.algorithms, name, params, Algorithm))
+            built.append(_build_checked(registry.algorithms, name, params, Algorithm, run_dir=run_dir))
     return built
 
 

@@ -19,6 +19,7 @@ from dlrecipes import registry
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import LoadedRecipe
 from dlrecipes.schema import Duration, check, check_dataclass, check_params
+from dlrecipes.task import check_task
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -91,6 +92,36 @@ class CheckpointConfig:
 
 
 @dataclass
+class OutputConfig:
+    loss: Literal["cross_entropy", "binary_cross_entropy", "mse", "l1"] = _help(
+        "this output's loss: cross_entropy or binary_cross_entropy (class labels), mse or l1 (regression values)",
+        default="cross_entropy",
+    )
+    weight: float = _help("weight of this output's loss in the total (0 or more)", default=1.0)
+    num_classes: Optional[int] = _help("class count, checked against the dataset's", default=None)
+
+
+@dataclass
+class TaskConfig:
+    """Several inputs and outputs: the batch is (inputs..., targets...) as the dataset declares them."""
+
+    inputs: list[str] = _help("the model's inputs, in the order its forward takes them (the dataset's input names)")
+    outputs: dict[str, OutputConfig] = _help("one entry per output: {name: {loss, weight, num_classes}}")
+
+
+@dataclass
+class FinetuneConfig:
+    """Fine-tuning a pretrained network: a frozen backbone at first, a head learning rate, layer-wise decay."""
+
+    freeze_backbone: Duration = _help("train only the head for this long, then everything ('0ep': never frozen)", default="0ep")
+    head_lr: Optional[float] = _help("the head's learning rate (default: optimizer.lr, like the backbone)", default=None)
+    head: list[str] = _help("module names (globs) forming the head (default: the classifier, found from the model)",
+                            default_factory=list)
+    layer_decay: Optional[float] = _help("layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)",
+                                         default=None)
+
+
+@dataclass
 class RecipeConfig:
     """A validated recipe."""
 
@@ -105,6 +136,10 @@ class RecipeConfig:
         "training loss: softmax cross-entropy, or per-class binary cross-entropy (MosaicML's ResNet recipes)",
         default="cross_entropy",
     )
+    task: Optional[TaskConfig] = _help(
+        "several inputs and outputs: {inputs: [names], outputs: {name: {loss, weight}}} (null: one image, one label)",
+        default=None,
+    )
     trainer: TrainerConfig = _help("training loop settings", default_factory=TrainerConfig)
     optimizer: Component = _help(
         "optimizer: {name: <optimizer>, lr: ..., ...}",
@@ -115,6 +150,10 @@ class RecipeConfig:
         default_factory=lambda: Component("constant"),
     )
     checkpoint: CheckpointConfig = _help("saving and loading checkpoints", default_factory=CheckpointConfig)
+    finetune: Optional[FinetuneConfig] = _help(
+        "fine-tuning: {freeze_backbone: 2ep, head_lr: ..., head: [names], layer_decay: ...} (null: train all alike)",
+        default=None,
+    )
     algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
     callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
     loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
@@ -124,6 +163,10 @@ class RecipeConfig:
         out: dict[str, Any] = {}
         for name in TOP_LEVEL_ORDER:
             value = getattr(self, name)
+            if name in ("task", "finetune") and value is None:
+                continue  # recipes without a task resolve exactly as before tasks existed
+            if name == "loss" and self.task is not None:
+                continue  # each output of the task names its own loss
             if isinstance(value, Component):
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
@@ -134,8 +177,8 @@ class RecipeConfig:
 
 # How sections are listed in resolved recipes: what the run is, then what it builds.
 TOP_LEVEL_ORDER = (
-    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "trainer",
-    "optimizer", "scheduler", "checkpoint", "algorithms", "callbacks", "loggers",
+    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "task", "trainer",
+    "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers",
 )
 
 
@@ -179,6 +222,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     if config.name is None:
         config.name = recipe.name
     resolve_paths(config, recipe)
+    check_task(config, loss_given="loss" in data)
     _check_cross_fields(config)
     if check_device:
         _check_device(config)
@@ -303,6 +347,17 @@ def _check_cross_fields(config: RecipeConfig) -> None:
     micro = t.device_train_microbatch_size
     if isinstance(micro, int) and micro < 1:
         raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")
+    f = config.finetune
+    if f is not None:
+        if f.head_lr is not None and f.head_lr <= 0:
+            raise RecipeError(f"finetune.head_lr: must be above 0, got {f.head_lr}")
+        if f.layer_decay is not None and not 0 < f.layer_decay <= 1:
+            raise RecipeError(f"finetune.layer_decay: must be in (0, 1], got {f.layer_decay}")
+        if f.layer_decay is not None and "layerwise_lr_decay" in config.algorithms:
+            raise RecipeError("finetune.layer_decay: algorithms.layerwise_lr_decay is set too; keep one of them")
+        if f.layer_decay is not None and "layerwise_lr_decay" not in registry.algorithms:
+            raise RecipeError("finetune.layer_decay: needs the layerwise_lr_decay algorithm (dlrecipes' entry point "
+                              "is not installed: pip install -e .)")
     c = config.checkpoint
     if c.best_only and not c.monitor:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")

@@ -23,6 +23,14 @@ from composer.utils import dist
 HISTORY_COLUMNS = (
     "epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5", "images_per_sec", "elapsed_sec",
 )
+# Multi-output models (a recipe's task:) add a column per output after these: train_<output>/loss
+# (its unweighted training loss) and eval_<output>/<metric>; train_loss and eval_loss are the weighted totals.
+_STANDARD_EVAL_METRICS = ("loss", "top1", "top5")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracies grow, losses and errors shrink (``digit/top1`` vs ``digit/loss``, ``value/mse``)."""
+    return metric.rsplit("/", 1)[-1] in ("top1", "top5")
 
 
 def peak_memory_mb(device: str) -> float:
@@ -41,6 +49,7 @@ class RunHistory(Callback):
         self.device = device
         self.rows: list[dict[str, Any]] = []
         self._loss_sum: Optional[torch.Tensor] = None
+        self._output_loss_sums: dict[str, torch.Tensor] = {}  # per output, for multi-output models
         self._loss_batches = 0
         self._sample_start = 0
         self._train_seconds = 0.0
@@ -67,8 +76,13 @@ class RunHistory(Callback):
 
     def batch_end(self, state: State, logger: Logger) -> None:
         loss = state.loss
-        if isinstance(loss, dict):
-            loss = sum(loss.values())
+        if isinstance(loss, dict):  # a multi-output model: its outputs' losses and their weighted "total"
+            for name, value in loss.items():
+                if name != "total" and isinstance(value, torch.Tensor):
+                    value = value.detach().float()
+                    previous = self._output_loss_sums.get(name)
+                    self._output_loss_sums[name] = value if previous is None else previous + value
+            loss = loss["total"] if "total" in loss else sum(loss.values())
         if isinstance(loss, (list, tuple)):
             loss = sum(loss)
         if isinstance(loss, torch.Tensor):
@@ -99,18 +113,30 @@ class RunHistory(Callback):
             "images_per_sec": samples / self._train_seconds if self._train_seconds else math.nan,
             "elapsed_sec": self._elapsed_before + time.perf_counter() - self._fit_start,
         }
+        for name, total in self._output_loss_sums.items():
+            row[f"train_{name}/loss"] = (total / self._loss_batches).item()
+        for name, value in metrics.items():
+            if name not in _STANDARD_EVAL_METRICS:
+                row[f"eval_{name}"] = float(value)
         self.rows.append(row)
-        self._loss_sum, self._loss_batches = None, 0
+        self._loss_sum, self._loss_batches, self._output_loss_sums = None, 0, {}
         if dist.get_global_rank() == 0:
             self.write_csv()
 
     def write_csv(self) -> None:
         tmp = self.path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=self.columns())
             writer.writeheader()
             writer.writerows(self.rows)
         os.replace(tmp, self.path)
+
+    def columns(self) -> list[str]:
+        """The standard columns, then those of multi-output models in the order they first appeared."""
+        columns = list(HISTORY_COLUMNS)
+        for row in self.rows:
+            columns += [key for key in row if key not in columns]
+        return columns
 
     def close(self, state: State, logger: Logger) -> None:
         if self._closed:
@@ -148,6 +174,17 @@ class RunHistory(Callback):
             "best_top1": max(top1) if top1 else None,
             "final_top1": top1[-1] if top1 else None,
         }
+        per_output = [c for c in self.columns() if c.startswith("eval_") and c not in HISTORY_COLUMNS]
+        if per_output:  # multi-output models: best and final value of every eval_<output>/<metric>
+            best, final = {}, {}
+            for column in per_output:
+                values = [float(r[column]) for r in self.rows if r.get(column) not in (None, "")]
+                values = [v for v in values if not math.isnan(v)]
+                if values:
+                    name = column.removeprefix("eval_")
+                    best[name] = max(values) if higher_is_better(name) else min(values)
+                    final[name] = values[-1]
+            summary["best_metrics"], summary["final_metrics"] = best, final
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -42,6 +42,9 @@ def plot_history(run_dir: str | Path) -> list[Path]:
         "accuracy.png": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
         "lr.png": ("learning rate", [("lr", "lr (end of epoch)")]),
     }
+    # multi-output models: eval_<output>/top1 (and top5) beside the single-output columns
+    per_output = [k for k in rows[0] if k.startswith("eval_") and k.endswith(("/top1", "/top5"))]
+    figures["accuracy.png"][1].extend((k, "eval " + k.removeprefix("eval_")) for k in per_output)
     written = []
     for filename, (ylabel, series) in figures.items():
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)

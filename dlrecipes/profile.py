@@ -114,6 +114,8 @@ def model_from_recipe(recipe_model: Any, data: Any) -> tuple[nn.Module, tuple[in
     from dlrecipes.builders import build_component, model_params
     from dlrecipes import registry
 
+    if data.io is not None:
+        raise RecipeError("task: profile feeds the model one image tensor; multi-input recipes are not profiled yet")
     params = model_params(recipe_model, data)
     return build_component(registry.models, recipe_model.name, params, "model.name"), tuple(data.input_shape)
 

@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 import yaml
 
-from dlrecipes import builders
+from dlrecipes import builders, registry
 from dlrecipes.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
 from dlrecipes.config import RecipeConfig, resolve_device
-from dlrecipes.errors import DataError, RecipeError, UserError
+from dlrecipes.errors import RecipeError, UserError
 
 
 
@@ -86,6 +86,22 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
                 recipe_file.rename(run_dir / f"recipe.before-{time.strftime('%Y%m%d-%H%M%S')}.yaml")
             recipe_file.write_text(resolved)
     return run_dir
+
+
+def _finetune(config: RecipeConfig, model, optimizer) -> list:
+    """The ``finetune:`` section: a head lr group now, backbone freezing and layer-wise decay as algorithms."""
+    from dlrecipes.finetune import FreezeBackbone, head_parameter_names, split_head_group
+
+    f = config.finetune
+    net = getattr(model, "module", model)
+    head = head_parameter_names(net, f.head)
+    split_head_group(net, optimizer, head, f.head_lr)
+    algorithms = []
+    if f.freeze_backbone not in ("0ep", "0ba", "0dur"):
+        algorithms.append(FreezeBackbone(head, f.freeze_backbone))
+    if f.layer_decay is not None:
+        algorithms.append(registry.algorithms.build("layerwise_lr_decay", decay=f.layer_decay))
+    return algorithms
 
 
 def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool):
@@ -170,7 +186,7 @@ def build_trainer(
     reproducibility.seed_all(t.seed)  # before building, so weights and data are seeded too
 
     data = builders.build_datasets(config.dataset)
-    model = builders.build_model(config.model, data, config.loss)
+    model = builders.build_model(config.model, data, config.loss, task=config.task)
     if ckpt.save:
         check_free_space(run_dir, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
@@ -180,6 +196,9 @@ def build_trainer(
         dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     train_dl, eval_dl = dataloaders
     optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
+    algorithms = builders.build_algorithms(config.algorithms, train_dl, run_dir)
+    if config.finetune is not None:
+        algorithms += _finetune(config, model, optimizer)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
     if periodic:
@@ -202,7 +221,7 @@ def build_trainer(
         optimizers=optimizer,
         schedulers=builders.build_scheduler(config.scheduler),
         step_schedulers_every_batch=True,
-        algorithms=builders.build_algorithms(config.algorithms, train_dl),
+        algorithms=algorithms,
         callbacks=callbacks,
         loggers=loggers,
         run_name=run_dir.name,

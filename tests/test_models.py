@@ -16,7 +16,9 @@ def _fake_splits(input_shape, num_classes=7):
     return DatasetSplits(train=None, eval=None, num_classes=num_classes, input_shape=input_shape)
 
 
-@pytest.mark.parametrize("entry", list(registry.models), ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "entry", [e for e in registry.models if not e.metadata.get("multi_io")], ids=lambda e: e.name
+)  # multi-input models: tests/test_multi_io.py
 def test_model_forward_on_its_input_size(entry):
     shape = entry.metadata["input_size"]
     params = model_params(Component(entry.name, dict(entry.metadata.get("example_params", {}))), _fake_splits(shape))

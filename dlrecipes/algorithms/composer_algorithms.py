@@ -39,7 +39,7 @@ def channels_last():
     return ChannelsLast()
 
 
-@algorithms.register("label_smoothing")
+@algorithms.register("label_smoothing", image_label_batch="smooths batch[1] as the class labels")
 def label_smoothing(smoothing: float = 0.1):
     """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016)."""
     from composer.algorithms import LabelSmoothing
@@ -70,7 +70,7 @@ def ema(
     return EMA(half_life=half_life, smoothing=smoothing, ema_start=ema_start, update_interval=update_interval)
 
 
-@algorithms.register("progressive_resizing")
+@algorithms.register("progressive_resizing", image_label_batch="resizes batch[0] as the images")
 def progressive_resizing(
     mode: Literal["resize", "crop"] = "resize",
     initial_scale: float = 0.5,
@@ -92,7 +92,11 @@ def progressive_resizing(
     )
 
 
-@algorithms.register("mixup", conflicts_with={"cutmix": "both replace the labels of every batch"})
+@algorithms.register(
+    "mixup",
+    conflicts_with={"cutmix": "both replace the labels of every batch"},
+    image_label_batch="mixes batch[0] as the images and batch[1] as the labels",
+)
 def mixup(alpha: float = 0.2, interpolate_loss: bool = False):
     """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017)."""
     from composer.algorithms import MixUp
@@ -100,7 +104,7 @@ def mixup(alpha: float = 0.2, interpolate_loss: bool = False):
     return MixUp(alpha=alpha, interpolate_loss=interpolate_loss)
 
 
-@algorithms.register("cutmix")
+@algorithms.register("cutmix", image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels")
 def cutmix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False):
     """Paste a box from another image and mix the labels by area (Yun et al. 2019)."""
     from composer.algorithms import CutMix
@@ -108,7 +112,7 @@ def cutmix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
     return CutMix(alpha=alpha, interpolate_loss=interpolate_loss, uniform_sampling=uniform_sampling)
 
 
-@algorithms.register("cutout")
+@algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
 def cutout(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = False):
     """Zero out random square patches of each image (DeVries & Taylor 2017)."""
     from composer.algorithms import CutOut
@@ -124,7 +128,7 @@ def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "nor
     return GradientClipping(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
 
 
-@algorithms.register("randaugment", requires=_needs_pil_dataset)
+@algorithms.register("randaugment", requires=_needs_pil_dataset, image_label_batch="augments the one image of each sample")
 def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["all", "safe", "original"] = "all"):
     """Apply `depth` random image augmentations of strength `severity` to each training image."""
     from composer.algorithms import RandAugment
@@ -132,7 +136,7 @@ def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["al
     return RandAugment(severity=severity, depth=depth, augmentation_set=augmentation_set)
 
 
-@algorithms.register("augmix", requires=_needs_pil_dataset)
+@algorithms.register("augmix", requires=_needs_pil_dataset, image_label_batch="augments the one image of each sample")
 def augmix(
     severity: int = 3,
     depth: int = -1,
@@ -146,7 +150,7 @@ def augmix(
     return AugMix(severity=severity, depth=depth, width=width, alpha=alpha, augmentation_set=augmentation_set)
 
 
-@algorithms.register("colout")
+@algorithms.register("colout", image_label_batch="drops rows and columns of batch[0] as the images")
 def colout(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_target: Union[bool, Literal["auto"]] = "auto"):
     """Drop random rows and columns of each image: smaller, faster batches."""
     from composer.algorithms import ColOut
@@ -214,7 +218,9 @@ def layer_freezing(freeze_start: float = 0.5, freeze_level: float = 1.0):
     return LayerFreezing(freeze_start=freeze_start, freeze_level=freeze_level)
 
 
-@algorithms.register("selective_backprop")
+@algorithms.register(
+    "selective_backprop", image_label_batch="scores samples by running the model on batch[0] against batch[1]"
+)
 def selective_backprop(
     start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0, interrupt: int = 2
 ):

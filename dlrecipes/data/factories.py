@@ -159,3 +159,50 @@ def synthetic(
     from dlrecipes.data.synthetic import build_synthetic
 
     return build_synthetic(num_classes, tuple(input_shape), train_samples, eval_samples, seed)
+
+
+# Multi-input / multi-output data (recipes with a task: section). `io=` declares what a sample
+# holds from the factory's parameters (all of them, defaults filled), so recipes are checked
+# against it without loading data.
+def _digits_two_view_io(params: dict):
+    from dlrecipes.data.multi_io import digits_two_view_io
+
+    return digits_two_view_io(params["image_size"])
+
+
+@datasets.register("digits_two_view", io=_digits_two_view_io)
+def digits_two_view(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
+    """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs)."""
+    from dlrecipes.data.multi_io import build_digits_two_view
+
+    return build_digits_two_view(image_size, augment, eval_fraction, split_seed)
+
+
+def _synthetic_multi_io_io(params: dict):
+    from dlrecipes.data.multi_io import synthetic_multi_io_io
+
+    return synthetic_multi_io_io(
+        list(params["inputs"]), tuple(params["input_shape"]), params["classes"], list(params["regression"])
+    )
+
+
+_SYNTHETIC_CLASSES = {"label": 4}
+
+
+@datasets.register("synthetic_multi_io", io=_synthetic_multi_io_io)
+def synthetic_multi_io(
+    inputs: tuple[str, ...] = ("left", "right"),
+    input_shape: tuple[int, int, int] = (1, 8, 8),
+    classes: dict[str, int] = _SYNTHETIC_CLASSES,
+    regression: tuple[str, ...] = (),
+    train_samples: int = 512,
+    eval_samples: int = 128,
+    noise: float = 1.0,
+    seed: int = 0,
+):
+    """Generated (inputs..., labels..., values...) with a learnable signal; class and regression outputs by name."""
+    from dlrecipes.data.multi_io import build_synthetic_multi_io
+
+    return build_synthetic_multi_io(
+        list(inputs), tuple(input_shape), dict(classes), list(regression), train_samples, eval_samples, noise, seed
+    )

@@ -12,7 +12,7 @@ from dlrecipes.errors import DataError, RecipeError, did_you_mean
 from dlrecipes.registry import models
 
 
-@models.register("cnn_simple", input_size=(1, 28, 28))
+@models.register("cnn_simple", input_size=(1, 28, 28), param_count=421_642)
 def cnn_simple(num_classes: int = 10, in_chans: int = 1, width: int = 32, hidden: int = 128):
     """Small baseline CNN (2 conv + max-pool, 1 hidden layer), MNIST-sized inputs."""
     from dlrecipes.models.architectures.simple_cnn import CNNSimple
@@ -20,7 +20,7 @@ def cnn_simple(num_classes: int = 10, in_chans: int = 1, width: int = 32, hidden
     return CNNSimple(num_classes, in_chans, width, hidden)
 
 
-@models.register("mnist_cnn", input_size=(1, 28, 28))
+@models.register("mnist_cnn", input_size=(1, 28, 28), param_count=268_650)
 def mnist_cnn(num_classes: int = 10, in_chans: int = 1, width: int = 32, dropout: float = 0.4):
     """Stronger MNIST CNN (BN conv blocks, strided 5x5 downsampling, dropout), aims at >= 99.2%."""
     from dlrecipes.models.architectures.simple_cnn import MnistCNN
@@ -28,7 +28,25 @@ def mnist_cnn(num_classes: int = 10, in_chans: int = 1, width: int = 32, dropout
     return MnistCNN(num_classes, in_chans, width, dropout)
 
 
-@models.register("cifar_resnet18", input_size=(3, 32, 32))
+_FUSION_HEADS = {"digit": 10, "parity": 2}
+
+
+@models.register("fusion_cnn", multi_io=True, input_size=(1, 28, 14))
+def fusion_cnn(
+    input_channels: tuple[int, ...] = (1, 1),
+    output_sizes: dict[str, int] = _FUSION_HEADS,
+    width: int = 16,
+    hidden: int = 128,
+    dropout: float = 0.1,
+    shared_encoder: bool = False,
+):
+    """Several image inputs (one small BN conv encoder each, or one shared), fused, one linear head per output."""
+    from dlrecipes.models.architectures.fusion_cnn import FusionCNN
+
+    return FusionCNN(input_channels, output_sizes, width, hidden, dropout, shared_encoder)
+
+
+@models.register("cifar_resnet18", input_size=(3, 32, 32), param_count=11_173_962)
 def cifar_resnet18(num_classes: int = 10, in_chans: int = 3):
     """ResNet-18 with a 3x3 stride-1 stem for 32x32 images (11.2 M parameters)."""
     from dlrecipes.models.architectures.cifar_resnet import resnet18
@@ -36,7 +54,7 @@ def cifar_resnet18(num_classes: int = 10, in_chans: int = 3):
     return resnet18(num_classes, in_chans)
 
 
-@models.register("cifar_preact_resnet18", input_size=(3, 32, 32))
+@models.register("cifar_preact_resnet18", input_size=(3, 32, 32), param_count=11_172_170)
 def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
     """Pre-activation ResNet-18 with a 32x32 stem (He et al. 2016)."""
     from dlrecipes.models.architectures.cifar_resnet import preact_resnet18
@@ -66,7 +84,8 @@ def _check_timm_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch, paths=("pretrained_path",),
+    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch,
+    pretrained="yes: hub or local file", paths=("pretrained_path",),
 )
 def timm_model(
     arch: str,
@@ -122,7 +141,8 @@ def _check_torchvision_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch, paths=("pretrained_path",),
+    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch,
+    pretrained="yes: local file", paths=("pretrained_path",),
 )
 def torchvision_model(
     arch: str,

@@ -1,0 +1,185 @@
+"""Multi-input / multi-output tasks: the checks behind a recipe's ``task:`` section.
+
+A task names the inputs a model receives (separate tensors, in the task's order) and, for
+each output, its loss and weight.  The dataset declares what it yields (``io=`` in its
+registry entry, a :class:`~dlrecipes.data.splits.DataIO`), and the model declares that it
+takes several inputs (``multi_io=True``).  :func:`check_task` compares the three when the
+recipe is validated, before anything is built, and refuses what a ``(inputs..., targets...)``
+batch cannot do.  Metric names are decided here too, so that validation (``checkpoint.monitor``)
+and the model wrapper (:mod:`dlrecipes.models.multi_io`) agree.  No torch is imported.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, Optional
+
+from dlrecipes import registry
+from dlrecipes.data.splits import DataIO, OutputSpec
+from dlrecipes.errors import RecipeError, did_you_mean
+
+# loss name -> the kind of target it trains (the implementations are in dlrecipes.models.multi_io)
+LOSS_TARGETS = {
+    "cross_entropy": "class",
+    "binary_cross_entropy": "class",
+    "mse": "regression",
+    "l1": "regression",
+}
+TOTAL_LOSS = "loss"  # eval metric: the weighted sum of the outputs' losses
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+_RESERVED = {"total"}  # Composer logs the weighted sum as loss/train/total
+
+
+def output_metrics(spec: OutputSpec, train: bool = False) -> list[str]:
+    """Metric names of one output: top1 (top5 above 5 classes) or mse/mae, and its loss in evaluation."""
+    if spec.kind == "class":
+        names = ["top1", "top5"] if spec.size > 5 else ["top1"]  # top-5 of 5 classes or fewer is always 1
+    else:
+        names = ["mse", "mae"]
+    return names if train else [*names, "loss"]
+
+
+def metric_names(outputs: dict[str, OutputSpec], train: bool = False) -> list[str]:
+    """``<output>/<metric>`` for every output (and ``loss``, the weighted total, in evaluation)."""
+    names = [f"{name}/{metric}" for name, spec in outputs.items() for metric in output_metrics(spec, train)]
+    return names if train else [TOTAL_LOSS, *names]
+
+
+def multi_io_datasets() -> list[str]:
+    return [e.name for e in registry.datasets if e.metadata.get("io")]
+
+
+def multi_io_models() -> list[str]:
+    return [e.name for e in registry.models if e.metadata.get("multi_io")]
+
+
+def declared_io(dataset_name: str, params: dict[str, Any]) -> Optional[DataIO]:
+    """What a dataset entry says it yields for these parameters (its ``io=``), or None for (image, label) data."""
+    entry = registry.datasets.get(dataset_name)
+    io = entry.metadata.get("io")
+    if io is None:
+        return None
+    defaults = {n: p.default for n, p in entry.parameters.items() if p.default is not inspect.Parameter.empty}
+    return io({**defaults, **params})
+
+
+def check_task(config: Any, loss_given: bool = False) -> None:
+    """The task against the dataset, the model, the loader, the algorithms and the monitored metrics.
+
+    ``loss_given``: the recipe set the top-level ``loss:`` (which a task replaces).
+    """
+    io = declared_io(config.dataset.name, config.dataset.params)
+    is_multi_io_model = registry.models.get(config.model.name).metadata.get("multi_io", False)
+    task = config.task
+    if task is None:
+        if io is not None:
+            raise RecipeError(
+                f"task: dataset '{config.dataset.name}' yields inputs ({', '.join(io.inputs)}) and outputs "
+                f"({', '.join(io.outputs)}); declare them under task: "
+                "{inputs: [...], outputs: {name: {loss: ..., weight: ...}}}"
+            )
+        if is_multi_io_model:
+            raise RecipeError(
+                f"model.name: '{config.model.name}' takes several inputs and returns several outputs; it needs a "
+                f"task: section and a dataset that declares them ({', '.join(multi_io_datasets())})"
+            )
+        return
+    if io is None:
+        raise RecipeError(
+            f"task: dataset '{config.dataset.name}' yields (image, label) pairs; a task needs a dataset that declares "
+            f"its inputs and outputs ({', '.join(multi_io_datasets())}), or remove task:"
+        )
+    if not is_multi_io_model:
+        raise RecipeError(
+            f"model.name: '{config.model.name}' takes one image and returns one set of logits; with task: use a "
+            f"multi-input model ({', '.join(multi_io_models())})"
+        )
+    if loss_given:
+        raise RecipeError("loss: with task:, each output names its own loss (task.outputs.<name>.loss); remove loss")
+    _check_names(task.inputs, list(io.inputs), "task.inputs", "inputs", config.dataset.name)
+    _check_names(list(task.outputs), list(io.outputs), "task.outputs", "outputs", config.dataset.name)
+    for name, out in task.outputs.items():
+        _check_output(name, out, io.outputs[name], config.dataset.name)
+    if not any(out.weight > 0 for out in task.outputs.values()):
+        raise RecipeError("task.outputs: every weight is 0, so nothing would be trained; give one output a weight > 0")
+    _check_batch_users(config)
+    _check_monitors(config, {name: io.outputs[name] for name in task.outputs})
+
+
+def _check_names(given: list[str], declared: list[str], path: str, what: str, dataset: str) -> None:
+    for name in given:
+        if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
+            raise RecipeError(f"{path}: {name!r} is not a usable name (letters, digits, '_' or '-'; not 'total')")
+    if len(set(given)) != len(given):
+        twice = sorted({n for n in given if given.count(n) > 1})
+        raise RecipeError(f"{path}: {', '.join(twice)} named more than once")
+    for name in given:
+        if name not in declared:
+            raise RecipeError(
+                f"{path}: '{name}' is not one of the {what} of dataset '{dataset}'{did_you_mean(name, declared)}; "
+                f"it yields {', '.join(declared)}"
+            )
+    missing = [n for n in declared if n not in given]
+    if missing:
+        raise RecipeError(
+            f"{path}: dataset '{dataset}' yields {len(declared)} {what} ({', '.join(declared)}) and the task names "
+            f"{len(given)}; add {', '.join(missing)}"
+        )
+
+
+def _check_output(name: str, out: Any, spec: OutputSpec, dataset: str) -> None:
+    path = f"task.outputs.{name}"
+    if LOSS_TARGETS[out.loss] != spec.kind:
+        fitting = ", ".join(loss for loss, kind in LOSS_TARGETS.items() if kind == spec.kind)
+        target = "a class label" if spec.kind == "class" else f"{spec.size} regression value(s)"
+        raise RecipeError(f"{path}.loss: '{out.loss}' does not fit output '{name}' of dataset '{dataset}', which is "
+                          f"{target}; use {fitting}")
+    if out.weight < 0:
+        raise RecipeError(f"{path}.weight: must be 0 or more, got {out.weight}")
+    if out.num_classes is not None:
+        if spec.kind != "class":
+            raise RecipeError(f"{path}.num_classes: output '{name}' is a regression target; remove num_classes")
+        if out.num_classes != spec.size:
+            raise RecipeError(
+                f"{path}.num_classes: {out.num_classes} does not match dataset '{dataset}', whose output '{name}' has "
+                f"{spec.size} classes (leave num_classes out to take it from the data)"
+            )
+
+
+def _check_batch_users(config: Any) -> None:
+    """A task's batch is (inputs..., targets...): no per-image (x, y) loader or algorithm."""
+    if config.trainer.loader != "torch":
+        raise RecipeError(
+            f"trainer.loader: '{config.trainer.loader}' batches single (image, label) samples; with task: use "
+            "trainer.loader=torch"
+        )
+    for name in config.algorithms:
+        reason = registry.algorithms.get(name).metadata.get("image_label_batch")
+        if reason:
+            raise RecipeError(
+                f"algorithms.{name}: {reason}, and a task's batch is (inputs..., targets...); remove {name} "
+                "(model-level algorithms such as ema, swa, sam, channels_last, gradient_clipping work)"
+            )
+
+
+def _check_monitors(config: Any, outputs: dict[str, OutputSpec]) -> None:
+    """checkpoint.monitor and every callback's ``monitor`` must be a metric this task logs."""
+    example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
+    watched = []
+    if config.checkpoint.monitor:
+        watched.append(("checkpoint.monitor", config.checkpoint.monitor, "eval"))
+    for name, params in config.callbacks.items():
+        entry = registry.callbacks.get(name)
+        if "monitor" in entry.parameters:
+            default = entry.parameters["monitor"].default
+            split = params.get("split", "eval")
+            watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
+    for path, monitor, split in watched:
+        known = metric_names(outputs, train=split == "train")
+        if monitor not in known:
+            raise RecipeError(
+                f"{path}: '{monitor}' is not {'an eval' if split == 'eval' else 'a train'} metric of this task"
+                f"{did_you_mean(str(monitor), known)}; "
+                f"it logs {', '.join(known)} (e.g. {path}={example})"
+            )
