@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
+from dlrecipes.errors import RecipeError
 from dlrecipes.registry import callbacks
 
 
@@ -109,3 +110,61 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
     from dlrecipes.best_checkpoint import BestCheckpoint
 
     return BestCheckpoint(f"{run_dir}/checkpoints", monitor=monitor, mode=mode)
+
+
+EXPORT_FORMATS = ("torchscript", "onnx")
+ONNX_PACKAGES = ("onnx", "onnxruntime")  # the `onnx` extra: writing/checking the file, running it
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (validation stays fast)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it
+        return False
+
+
+def _check_export(params: dict, path: str) -> None:
+    formats = params.get("formats", EXPORT_FORMATS)
+    if not formats or len(set(formats)) != len(formats):
+        raise RecipeError(
+            f"{path}.formats: give each of {', '.join(EXPORT_FORMATS)} at most once, at least one, got {list(formats)}"
+        )
+    for key in ("batch_size", "verify_batch_size"):
+        if params.get(key, 1) < 1:
+            raise RecipeError(f"{path}.{key}: must be at least 1, got {params[key]}")
+    for key in ("atol", "rtol"):
+        if params.get(key, 0.0) < 0:
+            raise RecipeError(f"{path}.{key}: must be 0 or more, got {params[key]}")
+    missing = [m for m in ONNX_PACKAGES if "onnx" in formats and not _installed(m)]
+    if missing:
+        raise RecipeError(missing_onnx_message(missing, path))
+
+
+def missing_onnx_message(missing: list[str], path: str = "callbacks.export") -> str:
+    return (
+        f"{path}.formats: 'onnx' needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}: "
+        f"pip install 'dlrecipes[onnx]' (or export TorchScript only: {path}.formats=[torchscript])"
+    )
+
+
+@callbacks.register("export", validator=_check_export)
+def export(
+    run_dir,
+    /,
+    formats: tuple[Literal["torchscript", "onnx"], ...] = EXPORT_FORMATS,
+    batch_size: int = 1,
+    verify_batch_size: int = 16,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    onnx_opset: Optional[int] = None,
+):
+    """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images."""
+    from dlrecipes.export import ExportForInference
+
+    return ExportForInference(
+        f"{run_dir}/export", formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
+        atol=atol, rtol=rtol, onnx_opset=onnx_opset,
+    )

@@ -15,6 +15,11 @@ An entry is a *factory*: a function whose keyword parameters (with type annotati
 defaults) are exactly the keys a recipe may give next to ``name:``.  Recipes are checked
 against that signature before anything is built, so keep heavy imports (torch, composer,
 timm) inside the factory body: ``validate`` and ``list`` then answer quickly.
+
+Keyword metadata after the name is free-form; what dlrecipes reads: ``validator=fn(params,
+key_path)`` (checks beyond types, at validation), and for models the card ``list models``
+shows: ``input_size=(C, H, W)``, ``param_count=`` (at the factory's defaults; a test
+compares it with the built model) and ``pretrained="how to get weights"`` (absent: none).
 """
 
 from __future__ import annotations

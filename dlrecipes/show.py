@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from dlrecipes.registry import Registry
+from dlrecipes.registry import Entry, Registry
 
 DEFAULT_SOURCE = "default"
 
@@ -54,18 +54,40 @@ def describe_parameters(reg: Registry, name: str) -> list[tuple[str, str, str]]:
     return out
 
 
+MODEL_CARD_COLUMNS = ("input", "param count", "pretrained")
+
+
+def model_card(entry: Entry) -> dict[str, str]:
+    """What ``list models`` says about a model beyond its parameters, from the entry's metadata:
+    ``input_size`` (C, H, W), ``param_count`` (at the factory's defaults) and ``pretrained``
+    (how to get pretrained weights; none when absent).  Nothing is built: ``list`` stays fast."""
+    size = "x".join(str(s) for s in entry.metadata["input_size"]) if "input_size" in entry.metadata else "-"
+    count = entry.metadata.get("param_count")
+    if "arch" in entry.parameters:  # timm/torchvision: one factory, many architectures
+        example = entry.metadata.get("example_params", {}).get("arch")
+        size = f"depends on arch\n({example}: {size})" if example and size != "-" else "depends on arch"
+        params = "depends on arch" if count is None else f"{count:,}"
+    else:
+        params = "-" if count is None else f"{count:,}"
+    return {"input": size, "param count": params, "pretrained": entry.metadata.get("pretrained", "no")}
+
+
 def print_registry(reg: Registry) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    cards = reg.group == "models"
     table = Table(title=f"{reg.group} ({len(reg)})", title_justify="left", show_lines=False)
-    table.add_column("name", style="bold")
-    table.add_column("description")
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("description", min_width=24 if cards else None)
+    if cards:
+        for column, width in zip(MODEL_CARD_COLUMNS, (10, 10, 12)):
+            table.add_column(column, max_width=width)
     table.add_column("parameters (default)")
     for entry in reg:
         params = "\n".join(f"{p}: {t} = {d}" for p, t, d in describe_parameters(reg, entry.name)) or "-"
-        description = entry.description
-        if "input_size" in entry.metadata:
-            description += f"\ninput: {'x'.join(str(s) for s in entry.metadata['input_size'])}"
-        table.add_row(entry.name, description, params)
+        card = list(model_card(entry).values()) if cards else []
+        # plain text: a default such as [torchscript, onnx] would otherwise read as rich markup
+        table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card, params)))
     Console(width=max(120, Console().width)).print(table)

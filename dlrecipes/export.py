@@ -1,0 +1,247 @@
+"""Export the trained network for inference (TorchScript, ONNX) and check the files against it.
+
+The ``export`` callback (``callbacks: {export: {formats: [torchscript, onnx]}}``) writes, at
+the end of training, into ``<run dir>/export/``:
+
+- ``model.torchscript.pt`` (``torch.jit.load``) and/or ``model.onnx`` (batch axis dynamic),
+- ``verify.json``: each file run on real eval images next to the trained network.
+
+The files hold the bare network (``ComposerClassifier.module``): images in, logits out, no
+loss or metrics.  The writing is Composer's :func:`composer.utils.export_for_inference`
+(a deep copy, moved to the CPU, in eval mode; TorchScript by scripting, tracing if that
+fails).  Composer's own ``ExportForInferenceCallback`` does not fit: it exports the whole
+ComposerModel (whose forward takes an ``(images, labels)`` batch), sends the file to a
+logger's upload destination instead of the run directory when wandb/MLflow is on, traces
+on an augmented training batch and sets no dynamic batch axis, and checks nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+from torch import nn
+
+from dlrecipes.errors import RecipeError, UserError
+
+KEY = "callbacks.export"
+FILENAMES = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}
+REPORT = "verify.json"
+
+
+class ExportMismatchError(UserError):
+    """An exported file does not compute what the trained network computes."""
+
+
+def require_onnx() -> None:
+    """Import onnx and onnxruntime, or say how to install them."""
+    from dlrecipes.callbacks import ONNX_PACKAGES, missing_onnx_message
+
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise UserError(missing_onnx_message(missing, KEY))
+
+
+def export_model(
+    module: nn.Module, fmt: str, path: Path, sample: torch.Tensor, onnx_opset: Optional[int] = None
+) -> Path:
+    """Write ``module`` as ``fmt`` to ``path`` (tracing on ``sample`` where needed); the module is not changed."""
+    from composer.utils import export_for_inference
+
+    if fmt == "onnx":
+        require_onnx()
+    try:
+        export_for_inference(
+            module, fmt, str(path), sample_input=(sample,), onnx_opset_version=onnx_opset,
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}} if fmt == "onnx" else None,
+            input_names=["input"], output_names=["output"],
+        )
+    except Exception as exc:  # an operator the exporter cannot translate: the user can drop this format
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(
+            f"{KEY}: could not export this model to {fmt} ({type(exc).__name__}: {first_line}); "
+            f"remove '{fmt}' from {KEY}.formats"
+        ) from exc
+    return path
+
+
+def run_exported(path: Path, fmt: str, inputs: torch.Tensor) -> torch.Tensor:
+    """The exported file's outputs on ``inputs``: TorchScript through torch.jit.load, ONNX through onnxruntime."""
+    if fmt == "torchscript":
+        loaded = torch.jit.load(str(path), map_location="cpu").eval()
+        with torch.no_grad():
+            return loaded(inputs)
+    require_onnx()
+    import onnx
+    import onnxruntime
+
+    onnx.checker.check_model(str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (output,) = session.run(None, {session.get_inputs()[0].name: inputs.numpy()})
+    return torch.from_numpy(output)
+
+
+def verify_export(
+    module: nn.Module, path: Path, fmt: str, inputs: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-4
+) -> dict[str, Any]:
+    """Run ``inputs`` through ``module`` (eval mode, CPU) and the exported file; passed when
+    every output satisfies ``|exported - trained| <= atol + rtol * |trained|``."""
+    module = module.eval()
+    with torch.no_grad():
+        expected = module(inputs)
+    actual = run_exported(path, fmt, inputs).to(expected.dtype)
+    if actual.shape != expected.shape:
+        return {"format": fmt, "file": path.name, "max_abs_diff": None, "passed": False,
+                "problem": f"output shape {list(actual.shape)}, expected {list(expected.shape)}"}
+    diff = (actual - expected).abs()
+    passed = bool((diff <= atol + rtol * expected.abs()).all())  # NaN compares false: a NaN fails
+    return {"format": fmt, "file": path.name, "max_abs_diff": float(diff.max()), "passed": passed}
+
+
+def export_and_verify(
+    module: nn.Module,
+    out_dir: Path,
+    formats: Sequence[str],
+    inputs: torch.Tensor,
+    source: str = "eval",
+    batch_size: int = 1,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    onnx_opset: Optional[int] = None,
+) -> dict[str, Any]:
+    """Export ``module`` in each format to ``out_dir``, verify each file on ``inputs`` and write
+    ``verify.json``; a file that disagrees raises :class:`ExportMismatchError` (the files stay)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = inputs.detach().to("cpu").contiguous()
+    results = []
+    for fmt in formats:
+        path = export_model(module, fmt, out_dir / FILENAMES[fmt], inputs[:batch_size], onnx_opset)
+        results.append(verify_export(module, path, fmt, inputs, atol, rtol))
+    report = {
+        "passed": all(r["passed"] for r in results),
+        "inputs": {"source": source, "shape": list(inputs.shape)},
+        "traced_batch_size": min(batch_size, len(inputs)),
+        "atol": atol,
+        "rtol": rtol,
+        "results": results,
+    }
+    (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    on = f"{len(inputs)} {source} images"
+    per_file = ", ".join(f"{r['file']} max |diff| {_diff(r)}" for r in results)
+    print(
+        f"export: {per_file} vs the trained model on {on} "
+        f"(atol {atol:g}, rtol {rtol:g}): {'passed' if report['passed'] else 'FAILED'}; {out_dir}",
+        file=sys.stderr,
+    )
+    for r in results:
+        if not r["passed"]:
+            why = r.get("problem") or f"max |diff| {_diff(r)} on {on} exceeds atol={atol:g}, rtol={rtol:g}"
+            raise ExportMismatchError(
+                f"{KEY}: the {r['format']} export {out_dir / r['file']} disagrees with the trained model: {why} "
+                f"(details in {out_dir / REPORT}). Loosen {KEY}.atol/rtol if that is acceptable, "
+                f"or remove '{r['format']}' from {KEY}.formats"
+            )
+    return report
+
+
+def _diff(result: dict[str, Any]) -> str:
+    return "n/a" if result["max_abs_diff"] is None else f"{result['max_abs_diff']:.3g}"
+
+
+class ExportForInference(Callback):
+    """At the end of training: export the network, verify the files on eval images (rank 0 only).
+
+    The verification inputs are the first ``verify_batch_size`` images of the first eval
+    batch (a training batch if no evaluation ran); the export traces on ``batch_size`` of
+    them, so checking the larger batch also checks the dynamic batch axis.  With Composer's
+    EMA algorithm the averaged weights are exported, as evaluation uses them.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        formats: Sequence[str] = ("torchscript", "onnx"),
+        batch_size: int = 1,
+        verify_batch_size: int = 16,
+        atol: float = 1e-4,
+        rtol: float = 1e-4,
+        onnx_opset: Optional[int] = None,
+    ):
+        self.out_dir = Path(out_dir)
+        self.formats = tuple(formats)
+        self.batch_size = batch_size
+        self.verify_batch_size = verify_batch_size
+        self.atol, self.rtol, self.onnx_opset = atol, rtol, onnx_opset
+        self._inputs: dict[str, torch.Tensor] = {}  # "eval" / "train" -> images kept for the check
+        self.report: Optional[dict[str, Any]] = None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        # refuse before training, not after it
+        from composer.models import ComposerClassifier
+
+        model = state.model.module if state.is_model_ddp else state.model
+        if not isinstance(model, ComposerClassifier):
+            raise RecipeError(
+                f"{KEY}: exports a classifier with one image input and one logits output; this run trains "
+                f"a {type(model).__name__} (a task with several inputs/outputs?). Remove {KEY}"
+            )
+        if state.fsdp_enabled:
+            raise RecipeError(
+                f"{KEY}: cannot export an FSDP-sharded model (it cannot be copied); train without trainer.fsdp "
+                f"or remove {KEY}"
+            )
+        if "onnx" in self.formats:
+            require_onnx()
+
+    def before_forward(self, state: State, logger: Logger) -> None:
+        if not self._inputs:  # a fallback for runs that never evaluate
+            self._keep("train", state)
+
+    def eval_before_forward(self, state: State, logger: Logger) -> None:
+        if "eval" not in self._inputs:
+            self._keep("eval", state)
+
+    def _keep(self, source: str, state: State) -> None:
+        images = state.batch_get_item(0)
+        if isinstance(images, torch.Tensor):
+            images = images[: self.verify_batch_size].detach().to("cpu", copy=True).contiguous()
+            self._inputs[source] = images.float() if images.is_floating_point() else images
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if dist.get_global_rank() != 0:
+            return
+        source = "eval" if "eval" in self._inputs else "train"
+        if source not in self._inputs:  # Composer refuses to fit for zero batches, so this is a safeguard
+            raise UserError(f"{KEY}: no batch was seen during training, so there is nothing to check the export on")
+        self.report = export_and_verify(
+            trained_network(state), self.out_dir, self.formats, self._inputs[source], source, self.batch_size,
+            self.atol, self.rtol, self.onnx_opset,
+        )
+        logger.log_metrics({f"export/{r['format']}/max_abs_diff": r["max_abs_diff"] for r in self.report["results"]
+                            if r["max_abs_diff"] is not None})
+
+
+def trained_network(state: State) -> nn.Module:
+    """A CPU copy, in eval mode, of the network inside the trained ComposerModel (training is not disturbed)."""
+    from composer.algorithms import EMA
+
+    composer_model = state.model.module if state.is_model_ddp else state.model
+    composer_model = copy.deepcopy(composer_model)
+    for algorithm in state.algorithms:
+        if isinstance(algorithm, EMA) and algorithm.ema_started and not algorithm.ema_weights_active:
+            algorithm.get_ema_model(composer_model)  # the copy takes the averaged weights evaluation uses
+    network = getattr(composer_model, "module", composer_model)
+    return network.to("cpu").eval()
