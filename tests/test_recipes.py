@@ -76,3 +76,42 @@ def test_imagenet100_fast_uses_ffcv_with_decoder_progressive_resizing():
     assert config.dataset.name == "ffcv"
     assert {"progressive_resizing", "channels_last", "blurpool", "label_smoothing", "ema"} <= set(config.algorithms)
     assert config.trainer.precision == "amp_bf16" and config.trainer.batch_size % 8 == 0
+
+
+@pytest.mark.slow
+def test_finetune_timm_recipe_trains_from_a_local_weights_file(tmp_path):
+    """The shipped fine-tuning recipe, offline: timm weights from a file, new 2-class head, frozen first epoch."""
+    import numpy as np
+    import timm
+    import torch
+    from PIL import Image
+
+    from dlrecipes.train import build_trainer, prepare_run_dir
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("cat", "dog"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(tmp_path / split / c / f"{i}.jpg")
+    source = timm.create_model("resnet10t", num_classes=1000)
+    torch.save(source.state_dict(), tmp_path / "resnet10t.pth")
+    config = resolve(RECIPES / "finetune_timm.yaml", [
+        "model.arch=resnet10t", "model.pretrained=false", f"model.pretrained_path={tmp_path}/resnet10t.pth",
+        f"dataset.train_path={tmp_path}/train", f"dataset.val_path={tmp_path}/val", "dataset.crop_size=64",
+        "dataset.resize_size=72", "trainer.device=cpu", "trainer.batch_size=4", "trainer.num_workers=0",
+        "trainer.max_duration=2ep", "trainer.progress_bar=false", "checkpoint.save=false", f"runs_dir={tmp_path}/runs",
+    ])
+    trainer = build_trainer(config, prepare_run_dir(config, "finetune", resume=False))
+    try:
+        net = trainer.state.model.module
+        assert torch.equal(net.conv1[0].weight, source.conv1[0].weight)  # the file's backbone, a new 2-class head
+        assert net.fc.out_features == 2
+        trainer.fit(duration="1ep")
+        assert torch.equal(net.conv1[0].weight, source.conv1[0].weight)  # frozen during the first epoch
+        trainer.fit(duration="1ep")
+        assert not torch.equal(net.conv1[0].weight, source.conv1[0].weight)
+        lrs = sorted({g["lr"] for g in trainer.state.optimizers[0].param_groups})
+        assert len(lrs) > 2  # head lr plus layer-wise decayed backbone lrs
+    finally:
+        trainer.close()
