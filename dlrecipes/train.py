@@ -262,10 +262,10 @@ def _report_skipped_images(trainer) -> None:
     """Image-folder data with ``bad_images: skip``: say how many unreadable images were left out."""
     for label, loader in (("train", trainer.state.train_dataloader),
                           *((e.label, e.dataloader.dataloader) for e in trainer.state.evaluators)):
-        skipped = getattr(getattr(loader, "dataset", None), "skipped", None)
-        if skipped is not None and skipped.value:
-            print(f"warning: {skipped.value} unreadable image(s) skipped in the {label} data (paths above)",
-                  file=sys.stderr)
+        flags = getattr(getattr(loader, "dataset", None), "unreadable", None)
+        skipped = sum(flags) if flags is not None else 0
+        if skipped:
+            print(f"warning: {skipped} unreadable image(s) skipped in the {label} data (paths above)", file=sys.stderr)
 
 
 def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False) -> TrainResult:

@@ -12,6 +12,7 @@ import torch
 import yaml
 from PIL import Image
 
+import dlrecipes.algorithms.own  # noqa: F401  our own algorithms (an entry point) join the registry-wide tests
 from dlrecipes import registry
 from dlrecipes.algorithms.gradient_checkpointing import apply_gradient_checkpointing
 from dlrecipes.algorithms.layerwise_lr_decay import apply_layerwise_lr_decay, block_index

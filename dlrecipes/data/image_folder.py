@@ -42,8 +42,8 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
     """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
 
     ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by
-    the next readable one, warns with its path once per process, and counts it in
-    ``dataset.skipped`` (shared between DataLoader workers).
+    the next readable one, warns with its path, and flags it in ``dataset.unreadable``
+    (shared memory, so flags set in DataLoader workers are seen by the main process).
     """
     import multiprocessing
 
@@ -68,10 +68,8 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                             f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
                             "dataset.bad_images=skip to skip unreadable images"
                         ) from None
-                    if path not in self._warned:
-                        self._warned.add(path)
-                        with self.skipped.get_lock():
-                            self.skipped.value += 1
+                    if not self.unreadable[i]:  # first time any worker meets it
+                        self.unreadable[i] = 1
                         print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr)
             raise DataError(f"{key}: none of the {len(self.samples)} images under {root} can be read")
 
@@ -79,8 +77,8 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
         dataset = _CheckedImageFolder(str(root), transform=transform)
     except FileNotFoundError as exc:  # a class folder without any image
         raise DataError(f"{key}: {exc}") from None
-    dataset.skipped = multiprocessing.Value("i", 0)  # shared with forked DataLoader workers
-    dataset._warned = set()
+    # one flag per image, in shared memory: DataLoader workers (forked) mark what they skipped
+    dataset.unreadable = multiprocessing.Array("b", len(dataset.samples), lock=False)
     return dataset
 
 
