@@ -281,8 +281,13 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
     _log_lr_scaling(config, trainer)
+    finished = resume and trainer.state.get_elapsed_duration() >= 1.0
+    if finished:  # e.g. killed after its last checkpoint: nothing left to train
+        print(f"{run_dir.name} already finished ({int(trainer.state.timestamp.batch)} batches); nothing to resume",
+              file=sys.stderr)
     try:
-        trainer.fit()
+        if not finished:
+            trainer.fit()
     finally:
         trainer.close()
         _report_skipped_images(trainer)

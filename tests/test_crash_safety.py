@@ -96,3 +96,39 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_says_why(crash_recipe):
     checkpoints = crash_recipe.parent / "runs" / "disk-full" / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("ep*")) == ["ep0-ba2-rank0.pt"]
     assert _batch(checkpoints / "latest-rank0.pt") == 2
+
+
+@pytest.mark.slow
+def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe, reference):
+    """SIGKILL after random delays (import, build, training or saving: wherever it lands), then resume."""
+    import os
+    import random
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(7)
+    cmd = [sys.executable, "-m", "dlrecipes", "train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN]
+    for attempt in range(3):
+        process = subprocess.Popen([*cmd, *(["--resume"] if attempt else [])], cwd=REPO, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        time.sleep(rng.uniform(2.0, 7.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    resumed = _train(crash_recipe, "random-kills", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    weights = _final_weights(crash_recipe, "random-kills")
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+    again = _train(crash_recipe, "random-kills", "--resume")  # a finished run: nothing more is trained, no error
+    assert again.returncode == 0, again.stderr[-2000:]
+    weights = _final_weights(crash_recipe, "random-kills")
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+
+
+def test_resuming_a_finished_run_trains_nothing_and_says_so(crash_recipe):
+    done = _train(crash_recipe, "finished", "checkpoint.save_interval=1ep")
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = _train(crash_recipe, "finished", "checkpoint.save_interval=1ep", "--resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "finished already finished (12 batches); nothing to resume" in again.stderr
+    assert "Traceback" not in again.stderr
