@@ -41,15 +41,8 @@ class CheckpointSaveError(UserError):
     """A save failed (disk full, permissions); the previous checkpoint is intact."""
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries (a rename is durable once its folder is synced), to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -59,9 +52,9 @@ def fsync_file(path: Path) -> None:
 
 def commit(partial: Path, final: Path) -> None:
     """Make a fully written ``partial`` file durable, then atomically give it its final name."""
-    fsync_file(partial)
+    fsync(partial)
     os.replace(partial, final)
-    fsync_dir(final.parent)
+    fsync(final.parent)
 
 
 def atomic_write(final: Path, write: Callable[[Any], None]) -> None:
@@ -82,7 +75,7 @@ def relink(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(os.path.relpath(target, link.parent))
     os.replace(tmp, link)
-    fsync_dir(link.parent)
+    fsync(link.parent)
 
 
 def checkpoint_batch(path: Path) -> int:

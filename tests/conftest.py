@@ -41,6 +41,21 @@ TINY_RECIPE = """
 """
 
 
+def image_folders(root: Path, classes, per_class: int = 2, size: tuple[int, int] = (40, 30)) -> Path:
+    """Random-pixel JPEGs of ``size`` (width, height) in root/{train,val}/<class>/<i>.jpg."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{i}.jpg")
+    return root
+
+
 @pytest.fixture
 def tiny_recipe(tmp_path: Path) -> Path:
     """A recipe that trains a 4-channel CNN on 8x8 digits for 3 batches an epoch."""

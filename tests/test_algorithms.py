@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from PIL import Image
 
 import dlrecipes.algorithms.own  # noqa: F401  our own algorithms (an entry point) join the registry-wide tests
 from dlrecipes import registry
@@ -20,7 +19,7 @@ from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.train import train
 
-from .conftest import write
+from .conftest import image_folders, write
 
 SMALL_RECIPE = """
     model: {name: cifar_resnet18}
@@ -55,12 +54,7 @@ def small_recipe(tmp_path):
 
 
 def _image_folder(root):
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in ("a", "b"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(8):
-                Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(root / split / c / f"{i}.jpg")
+    image_folders(root, ("a", "b"), per_class=8, size=(40, 30))
     return [f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, crop_size: 32, resize_size: 36}}"]
 
 

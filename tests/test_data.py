@@ -13,13 +13,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from dlrecipes import registry
 from dlrecipes.data import torchvision_sets
 from dlrecipes.data.digits import load_digits_arrays, stratified_split
 from dlrecipes.data.image_folder import imagenet100_classes
 from dlrecipes.errors import DataError
+
+from .conftest import image_folders
 
 
 def test_embedded_digits_are_the_real_uci_set():
@@ -48,14 +49,7 @@ def test_synthetic_is_deterministic():
     assert a.train.tensors[1].max() < 3
 
 
-def _jpegs(root, classes, per_class=2, size=(40, 30)):
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in classes:
-            (root / split / c).mkdir(parents=True, exist_ok=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(root / split / c / f"{i}.jpg")
+_jpegs = image_folders
 
 
 def test_image_folder_builds_transforms_per_split(tmp_path):

@@ -8,7 +8,7 @@ from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import load_recipe
 
-from .conftest import RECIPES
+from .conftest import RECIPES, image_folders
 
 ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if "base" not in p.relative_to(RECIPES).parts)
 
@@ -49,17 +49,9 @@ def test_gpu_recipes_give_a_clear_error_on_this_machine():
 @pytest.mark.parametrize("recipe", ["resnet50_mild", "resnet50_medium", "resnet50_hot"])
 def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(recipe, tmp_path):
     """All the recipe's algorithms together, on CPU-sized settings (the hot one has ten)."""
-    import numpy as np
-    from PIL import Image
-
     from dlrecipes.train import train
 
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in ("n01", "n02"):
-            (tmp_path / split / c).mkdir(parents=True)
-            for i in range(4):
-                Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(tmp_path / split / c / f"{i}.jpg")
+    image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
     config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", [
         f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, resize_size: 72}}",
         "trainer.device=cpu", "trainer.precision=fp32", "trainer.device_train_microbatch_size=null",
@@ -81,19 +73,12 @@ def test_imagenet100_fast_uses_ffcv_with_decoder_progressive_resizing():
 @pytest.mark.slow
 def test_finetune_timm_recipe_trains_from_a_local_weights_file(tmp_path):
     """The shipped fine-tuning recipe, offline: timm weights from a file, new 2-class head, frozen first epoch."""
-    import numpy as np
     import timm
     import torch
-    from PIL import Image
 
     from dlrecipes.train import build_trainer, prepare_run_dir
 
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in ("cat", "dog"):
-            (tmp_path / split / c).mkdir(parents=True)
-            for i in range(4):
-                Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(tmp_path / split / c / f"{i}.jpg")
+    image_folders(tmp_path, ("cat", "dog"), per_class=4, size=(80, 72))
     source = timm.create_model("resnet10t", num_classes=1000)
     torch.save(source.state_dict(), tmp_path / "resnet10t.pth")
     config = resolve(RECIPES / "finetune_timm.yaml", [
