@@ -160,11 +160,12 @@ def export(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     onnx_opset: Optional[int] = None,
+    trial: bool = True,
 ):
     """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images."""
     from dlrecipes.export import ExportForInference
 
     return ExportForInference(
         f"{run_dir}/export", formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
-        atol=atol, rtol=rtol, onnx_opset=onnx_opset,
+        atol=atol, rtol=rtol, onnx_opset=onnx_opset, trial=trial,
     )

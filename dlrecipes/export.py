@@ -179,8 +179,10 @@ class ExportForInference(Callback):
         atol: float = 1e-4,
         rtol: float = 1e-4,
         onnx_opset: Optional[int] = None,
+        trial: bool = True,
     ):
         self.out_dir = Path(out_dir)
+        self.trial = trial  # export once at the first batch too, to fail before training
         self.formats = tuple(formats)
         self.batch_size = batch_size
         self.verify_batch_size = verify_batch_size
@@ -205,10 +207,23 @@ class ExportForInference(Callback):
             )
         if "onnx" in self.formats:
             require_onnx()
+        self._network = model.module  # read by the trial export (exports work on copies)
 
     def before_forward(self, state: State, logger: Logger) -> None:
         if not self._inputs:  # a fallback for runs that never evaluate
             self._keep("train", state)
+            if self.trial and dist.get_global_rank() == 0 and "train" in self._inputs:
+                self._trial_export()
+
+    def _trial_export(self) -> None:
+        """Export the network once at the first batch: an operator a format cannot take fails now, not after training."""
+        import tempfile
+
+        network = copy.deepcopy(self._network).to("cpu").eval()
+        with tempfile.TemporaryDirectory(prefix="dlrecipes-export-trial-") as tmp:
+            for fmt in self.formats:
+                export_model(network, fmt, Path(tmp) / FILENAMES[fmt], self._inputs["train"][: self.batch_size],
+                             self.onnx_opset)
 
     def eval_before_forward(self, state: State, logger: Logger) -> None:
         if "eval" not in self._inputs:

@@ -253,3 +253,18 @@ def _table_rows(text: str) -> dict[str, list[str]]:
         elif cells and current is not None:  # the row goes on
             current[:] = [f"{a} {b}".strip() for a, b in zip(current, cells)]
     return rows
+
+
+@needs_onnx
+def test_a_model_a_format_cannot_take_fails_at_the_first_batch_not_after_training(tmp_path):
+    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE + """
+    callbacks:
+      export: {formats: [torchscript, onnx]}
+""")
+    result = run_cli("train", str(recipe), f"runs_dir={tmp_path}/runs", "run_name=untranslatable")
+    assert result.returncode == 2 and "Traceback" not in result.stderr.split("error:")[-1]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: callbacks.export: could not export this model to onnx")
+    assert "remove 'onnx' from callbacks.export.formats" in last
+    checkpoints = tmp_path / "runs" / "untranslatable" / "checkpoints"
+    assert not list(checkpoints.glob("ep*"))  # stopped within the first batch: nothing was trained to lose
