@@ -141,3 +141,13 @@ def test_cli_refuses_an_untrusted_full_state_and_accepts_it_with_the_flag(tiny_r
         assert int(trainer.state.timestamp.batch) == 3  # the full state: time and optimizer too
     finally:
         trainer.close()
+
+
+def test_a_truncated_load_path_is_named(tmp_path):
+    path = tmp_path / "cut.pt"
+    torch.save(Net(3).state_dict(), path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(DataError, match=r"checkpoint.load_path: cannot read .*cut.pt as a checkpoint"):
+        read_checkpoint(path)
+    with pytest.raises(DataError, match=r"checkpoint.load_path: cannot read .*cut.pt as a checkpoint"):
+        read_checkpoint(path, trust=True)
