@@ -51,3 +51,15 @@ def test_data_loading_script(tmp_path):
                    "--data-dir", str(tmp_path / "imgs"), "--loaders", "torchvision,tensor_cache", tmp_path=tmp_path)
     assert set(data["results"]) == {"torchvision", "tensor_cache"}
     assert all(r["steady"] > 0 for r in data["results"].values())
+
+
+def test_checkpoint_save_script():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "benchmarks/checkpoint_save.py", "--model", "resnet18", "--rounds", "2"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| plain") or line.startswith("| atomic")]
+    assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
+    assert "atomic / plain:" in out.stdout
