@@ -254,12 +254,17 @@ def check_trusted(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = F
 
 def read_checkpoint(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = False, key: str = "checkpoint.load_path"):
     """``torch.load`` a checkpoint with ``weights_only=True`` (plus plain data), unless trusted."""
+    import pickle
+
     import torch
 
     check_trusted(path, trusted_dirs, trust, key)
     try:
-        with torch.serialization.safe_globals(_allowed_globals()):
-            return torch.load(path, map_location="cpu", weights_only=not (trust or unsafe_globals(path)))
+        try:
+            with torch.serialization.safe_globals(_allowed_globals()):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # other Python objects: only a trusted file gets past check_trusted
+            return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
         raise DataError(f"{key}: cannot read {path} as a checkpoint ({type(exc).__name__}: {exc})") from None
 
