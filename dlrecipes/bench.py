@@ -52,6 +52,15 @@ class BatchList(list):
         self.batch_size = len(batches[0][1])
 
 
+def one_epoch(batches: list, count: int):
+    """A DataSpec cycling through ``batches`` for ``count`` steps: the timed steps stay inside
+    one epoch, so per-epoch work (history rows, log flushes) is not charged to a few steps."""
+    from composer.core import DataSpec
+
+    cycled = BatchList([batches[i % len(batches)] for i in range(count)])
+    return DataSpec(cycled, num_samples=sum(len(b[1]) for b in cycled))
+
+
 class PlainLoop:
     """What one would write by hand: forward, loss, backward, step, with AMP and accumulation."""
 
@@ -87,7 +96,11 @@ def _sync(device: torch.device) -> None:
 
 class _SegmentTimer:
     """Times a ``fit(duration=...)`` segment from its first batch's start to its last batch's end,
-    so the fixed cost of each extra ``fit`` call (which a real run pays once) is left out."""
+    so the fixed cost of each extra ``fit`` call (which a real run pays once) is left out.
+
+    Like the plain loop's timing, it waits for the device only at the two ends of a segment:
+    a wait after every batch would stop the host from running ahead on one side only.
+    """
 
     def __init__(self, device: torch.device):
         from composer.core import Callback
@@ -101,15 +114,18 @@ class _SegmentTimer:
                     timer.start = time.perf_counter()
 
             def batch_end(self, state, logger):
-                _sync(device)
-                timer.end = time.perf_counter()
+                if int(state.timestamp.batch) == timer.last_batch:
+                    _sync(device)
+                    timer.end = time.perf_counter()
 
         self.callback = _Callback()
         self.start: Optional[float] = None
         self.end: Optional[float] = None
+        self.last_batch = -1
 
-    def reset(self) -> None:
+    def reset(self, last_batch: int) -> None:
         self.start = self.end = None
+        self.last_batch = last_batch
 
     @property
     def seconds(self) -> float:
@@ -143,7 +159,7 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         reproducibility.seed_all(t.seed)
         trainer = build_trainer(
             config, Path(tmp), device=device_name,
-            dataloaders=(DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)), None),
+            dataloaders=(one_epoch(batches, warmup + steps * rounds + 1), None),
             max_duration="100000000ba", quiet=True,
         )
         timer = _SegmentTimer(device)
@@ -151,6 +167,8 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         composer_model = trainer.state.model
         module = copy.deepcopy(composer_model.module)  # same initial weights (and channels-last if applied)
         optimizer = builders.build_optimizer(config.optimizer, module)
+        if t.compile is not False:  # the plain loop compiles too, with the recipe's options
+            module = torch.compile(module, **({} if t.compile is True else t.compile))
         plain = PlainLoop(module, optimizer, soft_cross_entropy, t.precision, micro, channels_last, device)
 
         def plain_segment(n: int) -> float:
@@ -162,20 +180,20 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
             return time.perf_counter() - start
 
         def composer_segment(n: int) -> float:
-            timer.reset()
+            timer.reset(int(trainer.state.timestamp.batch) + n)
             trainer.fit(duration=f"{n}ba")
             return timer.seconds  # from the first batch's start to the last batch's end: n batches
 
         plain_segment(warmup)
         composer_segment(warmup)
         batch = len(batches[0][1])
-        plain_rates, composer_rates, ratios = [], [], []
+        plain_rates, composer_rates, ratios, extra_ms = [], [], [], []
         for _ in range(rounds):
-            p = steps * batch / plain_segment(steps)
-            c = steps * batch / composer_segment(steps)
-            plain_rates.append(p)
-            composer_rates.append(c)
-            ratios.append(c / p)
+            plain_s, composer_s = plain_segment(steps), composer_segment(steps)
+            plain_rates.append(steps * batch / plain_s)
+            composer_rates.append(steps * batch / composer_s)
+            ratios.append(plain_s / composer_s)
+            extra_ms.append(1000 * (composer_s - plain_s) / steps)
         trainer.close()
     return {
         "model": config.model.name,
@@ -191,6 +209,7 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         "dlrecipes_img_s": statistics.median(composer_rates),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
+        "overhead_ms_per_step": statistics.median(extra_ms),
     }
 
 
@@ -202,7 +221,8 @@ def format_bench(result: dict[str, Any]) -> str:
         f"{result['rounds']} rounds of {result['steps_per_round']} steps\n"
         f"plain PyTorch loop  {result['plain_img_s']:9.1f} img/s\n"
         f"dlrecipes/Composer  {result['dlrecipes_img_s']:9.1f} img/s\n"
-        f"ratio               {result['ratio']:9.3f}  (per round: {', '.join(f'{r:.3f}' for r in result['ratios'])})"
+        f"ratio               {result['ratio']:9.3f}  (per round: {', '.join(f'{r:.3f}' for r in result['ratios'])})\n"
+        f"overhead            {result['overhead_ms_per_step']:9.3f} ms per step (median over rounds)"
     )
 
 

@@ -62,6 +62,16 @@ class TrainerConfig:
     cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
     progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
     console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
+    log_interval: int = _help(
+        "batches between reading the training loss back from the device and logging it (and at each epoch's "
+        "last batch); the steps in between never wait for the device",
+        default=50,
+    )
+    train_metrics_interval: int = _help(
+        "every how many batches the step's own outputs update the train metrics, reported once per epoch "
+        "(0 = no train metrics)",
+        default=10,
+    )
     fsdp: Optional[dict[str, Any]] = _help(
         "shard the model with FSDP through Composer's parallelism_config (GPU only), e.g. "
         "{sharding_strategy: FULL_SHARD, mixed_precision: DEFAULT}",
@@ -344,6 +354,10 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError(f"trainer.eval_batch_size: must be at least 1, got {t.eval_batch_size}")
     if t.num_workers < 0:
         raise RecipeError(f"trainer.num_workers: must be 0 or more, got {t.num_workers}")
+    if t.log_interval < 1:
+        raise RecipeError(f"trainer.log_interval: must be at least 1 (batches), got {t.log_interval}")
+    if t.train_metrics_interval < 0:
+        raise RecipeError(f"trainer.train_metrics_interval: must be 0 (off) or more, got {t.train_metrics_interval}")
     micro = t.device_train_microbatch_size
     if isinstance(micro, int) and micro < 1:
         raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")

@@ -172,9 +172,9 @@ def build_trainer(
     (``quiet``: no console output).  ``trust_checkpoint`` allows a full unpickle of a
     ``checkpoint.load_path`` outside the run directory (see :mod:`dlrecipes.checkpoints`).
     """
-    from composer import Trainer
-    from composer.loggers import FileLogger
     from composer.utils import reproducibility
+
+    from dlrecipes.engine import RunLogFile, Trainer
 
     from dlrecipes.best_checkpoint import BestCheckpoint
     from dlrecipes.history import RunHistory
@@ -206,7 +206,7 @@ def build_trainer(
     if ckpt.monitor:
         callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
     loggers = builders.build_loggers(config.loggers, run_dir)
-    loggers.append(FileLogger(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
+    loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
     if t.progress_bar:
         from dlrecipes.progress import ProgressBar
 
@@ -241,6 +241,8 @@ def build_trainer(
         deterministic_mode=t.deterministic,
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
         parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
+        log_interval=t.log_interval,
+        train_metrics_interval=t.train_metrics_interval,
     )
 
 

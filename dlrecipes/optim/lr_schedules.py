@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from composer.core import State
+from composer.core import State, Time
 from composer.optim.scheduler import LinearScheduler, _convert_time  # _convert_time: Composer's own time arithmetic
 
 
@@ -16,8 +16,8 @@ class StepWithWarmupScheduler:
     """Linear warmup to 1, then multiply by ``gamma`` every ``step_size`` after the warmup."""
 
     def __init__(self, t_warmup: str, step_size: str, gamma: float = 0.1):
-        self.t_warmup = t_warmup
-        self.step_size = step_size
+        self.t_warmup = Time.from_timestring(t_warmup)  # parsed once, not at every step
+        self.step_size = Time.from_timestring(step_size)
         self.gamma = gamma
         self.warmup = LinearScheduler(alpha_i=0.0, alpha_f=1.0, t_max=t_warmup)
 
@@ -37,13 +37,14 @@ class OneCycleScheduler:
     """
 
     def __init__(self, t_warmup: str, div_factor: float = 25.0, final_div_factor: float = 1e4):
-        self.t_warmup = t_warmup
+        self.t_warmup = Time.from_timestring(t_warmup)  # parsed once, not at every step
+        self.t_max = Time.from_timestring("1dur")
         self.start = 1.0 / div_factor
         self.end = self.start / final_div_factor
 
     def __call__(self, state: State, ssr: float = 1.0) -> float:
         t_warmup = _convert_time(self.t_warmup, state)
-        t_max = _convert_time("1dur", state, ssr=ssr)
+        t_max = _convert_time(self.t_max, state, ssr=ssr)
         now = state.timestamp.get(t_warmup.unit).value
         if now < t_warmup.value:
             frac = now / max(1, t_warmup.value)

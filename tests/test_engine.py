@@ -1,0 +1,213 @@
+"""Our Trainer (dlrecipes/engine.py): the same training as Composer's, without host-device
+synchronisation per step, train metrics from the step's own outputs, losses read back only
+at the log interval."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import composer
+import pytest
+import torch
+from composer.core import Callback
+
+from dlrecipes import api
+from dlrecipes.engine import COMPOSER_VERSION, Trainer
+from dlrecipes.train import build_trainer
+
+from .conftest import REPO
+
+DETERMINISTIC = ["trainer.deterministic=true", "checkpoint.save=false", "checkpoint.monitor=null"]
+
+
+def test_overrides_follow_the_pinned_composer():
+    assert composer.__version__ == COMPOSER_VERSION  # the private methods overridden are this version's
+
+
+def _fit(recipe: Path, run_dir: Path, overrides: list[str], callbacks=()):
+    trainer = build_trainer(api.resolve(recipe, overrides), run_dir, device="cpu", quiet=True)
+    trainer.state.callbacks.extend(callbacks)
+    trainer.fit()
+    trainer.close()
+    return trainer
+
+
+def _weights(trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.state.model.state_dict().items()}
+
+
+def _reference_fit(recipe: Path, run_dir: Path, overrides: list[str]):
+    """The same recipe through Composer's own Trainer."""
+    import dlrecipes.engine
+
+    ours = dlrecipes.engine.Trainer
+    try:
+        sys.modules.pop("reference_engine", None)
+        sys.path.insert(0, str(REPO / "tests"))
+        importlib.import_module("reference_engine")
+        return _fit(recipe, run_dir, overrides)
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+        dlrecipes.engine.Trainer = ours
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        [],  # one microbatch, SGD without closures
+        ["trainer.device_train_microbatch_size=16", "optimizer={name: adamw, lr: 0.01}"],  # gradient accumulation
+        ["algorithms={label_smoothing: {smoothing: 0.1}}"],  # an algorithm acting on the loss events
+        ["algorithms={sam: {rho: 0.05}}"],  # an optimizer that needs a closure (two passes)
+    ],
+    ids=["plain", "accumulation", "label_smoothing", "sam"],
+)
+def test_training_is_bit_identical_to_composers_trainer(tiny_recipe, tmp_path, case):
+    overrides = DETERMINISTIC + case
+    ours = _fit(tiny_recipe, tmp_path / "ours", overrides)
+    assert isinstance(ours, Trainer) and int(ours.state.timestamp.batch) == 6
+    reference = _reference_fit(tiny_recipe, tmp_path / "reference", overrides)
+    assert not isinstance(reference, Trainer)
+    a, b = _weights(ours), _weights(reference)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert int(reference.state.timestamp.sample) == int(ours.state.timestamp.sample)
+
+
+class CountReadBacks(Callback):
+    """Counts Tensor.item/.cpu/.tolist/.numpy and tensor -> bool/float/int conversions (each a
+    host-device synchronisation on a GPU) from the end of batch ``start`` to the end of batch ``stop``:
+    whole training steps, data loading and the loop's bookkeeping included."""
+
+    NAMES = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop, self.counts, self.active = start, stop, {}, False
+        self.originals = {name: getattr(torch.Tensor, name) for name in self.NAMES}
+        self.module_train_calls = 0
+
+    def _install(self):
+        for name, original in self.originals.items():
+            def counted(tensor, *args, __name=name, __original=original, **kwargs):
+                if self.active:
+                    self.counts[__name] = self.counts.get(__name, 0) + 1
+                return __original(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, counted)
+        original_train = torch.nn.Module.train
+        self.original_train = original_train
+
+        def train(module, mode=True):
+            if self.active:
+                self.module_train_calls += 1
+            return original_train(module, mode)
+
+        torch.nn.Module.train = train
+
+    def uninstall(self):
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, original)
+        torch.nn.Module.train = self.original_train
+
+    def fit_start(self, state, logger):
+        self._install()
+
+    def batch_end(self, state, logger):
+        batch = int(state.timestamp.batch)
+        self.active = self.start <= batch < self.stop
+
+    def fit_end(self, state, logger):
+        self.active = False
+        self.uninstall()
+
+
+def test_steady_state_steps_never_read_back_from_the_device(tiny_recipe, tmp_path):
+    """Nineteen steps between loss read-backs (log_interval 25; the epoch's 22nd batch logs) with a
+    train-metric update every step: no read-back and no switch to eval mode and back.  The batches
+    come from the on-device loader, so its steps are counted too (a DataLoader's per-sample work
+    on host tensors would be counted as well, though it never waits for a device)."""
+    counter = CountReadBacks(start=2, stop=21)
+    overrides = ["trainer.max_duration=24ba", "trainer.train_subset_num_batches=-1", "trainer.log_interval=25",
+                 "trainer.loader=device",
+                 "trainer.train_metrics_interval=1", "checkpoint.save=false", "checkpoint.monitor=null"]
+    try:
+        trainer = _fit(tiny_recipe, tmp_path / "run", overrides, callbacks=[counter])
+    finally:
+        counter.uninstall()
+    assert int(trainer.state.timestamp.batch) == 24
+    assert counter.counts == {} and counter.module_train_calls == 0
+
+
+def test_composers_own_step_reads_back_every_batch(tiny_recipe, tmp_path):
+    """The same count through Composer's Trainer, so the test above would notice a regression."""
+    counter = CountReadBacks(start=2, stop=12)
+    overrides = ["trainer.max_duration=14ba", "trainer.train_subset_num_batches=-1", "trainer.loader=device",
+                 "checkpoint.save=false", "checkpoint.monitor=null"]
+    import dlrecipes.engine
+
+    ours = dlrecipes.engine.Trainer
+    try:
+        sys.path.insert(0, str(REPO / "tests"))
+        importlib.import_module("reference_engine")
+        importlib.reload(sys.modules["reference_engine"])
+        _fit(tiny_recipe, tmp_path / "run", overrides, callbacks=[counter])
+    finally:
+        counter.uninstall()
+        sys.path.remove(str(REPO / "tests"))
+        dlrecipes.engine.Trainer = ours
+    assert sum(counter.counts.values()) >= 5 * 10  # five or more per step
+    assert counter.module_train_calls >= 10  # eval mode and back for the train metrics
+
+
+def test_losses_are_logged_at_the_interval_and_each_epochs_last_batch(tiny_recipe, tmp_path):
+    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=5",
+                                                    "trainer.log_interval=2", "checkpoint.save=false"])
+    log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
+    steps = [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line]
+    # batches 1..10 (epochs of 5): every 2nd, plus each epoch's last (5 and 10); logged at the step's start count
+    assert steps == [1, 3, 4, 5, 7, 9]
+    assert 0 < trainer.state.total_loss_dict["loss/train/total"] < 10
+    assert not any(line.split(": ")[1].startswith("time/batch") for line in log if "[metric]" in line)
+
+
+def test_train_metrics_come_from_sampled_steps_once_per_epoch(tiny_recipe, tmp_path):
+    updates = []
+
+    class CountUpdates(Callback):
+        def fit_start(self, state, logger):
+            for metric in trainer_box[0].sampled_train_metrics.values():
+                original = metric.update
+                metric.update = lambda *a, __o=original, **k: (updates.append(int(state.timestamp.batch)), __o(*a, **k))
+
+    trainer_box = []
+    config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
+                                        "trainer.train_metrics_interval=3", "checkpoint.save=false"])
+    trainer = build_trainer(config, tmp_path / "run", device="cpu", quiet=True)
+    trainer_box.append(trainer)
+    trainer.state.callbacks.append(CountUpdates())
+    trainer.fit()
+    trainer.close()
+    assert trainer.state.train_metrics == {}  # Composer's per-batch path stays off
+    assert sorted(set(updates)) == [0, 3, 6, 9]  # every 3rd of 12 batches (top-1 and top-5 each)
+    assert 0.0 <= float(trainer.state.train_metric_values["top1"]) <= 1.0
+    log = (tmp_path / "run" / "train-rank0.log").read_text()
+    assert log.count("metrics/train/top1") == 2  # once per epoch
+
+
+def test_train_metrics_can_be_switched_off(tiny_recipe, tmp_path):
+    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.train_metrics_interval=0", "checkpoint.save=false"])
+    assert trainer.sampled_train_metrics == {} and trainer.state.train_metric_values == {}
+    assert "metrics/train/" not in (tmp_path / "run" / "train-rank0.log").read_text()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("trainer.log_interval", 0, "trainer.log_interval: must be at least 1"),
+    ("trainer.train_metrics_interval", -1, "trainer.train_metrics_interval: must be 0 (off) or more"),
+])
+def test_intervals_are_validated(tiny_recipe, key, value, message):
+    from dlrecipes.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        api.resolve(tiny_recipe, [f"{key}={value}"])
