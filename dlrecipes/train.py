@@ -147,7 +147,8 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
     tensors = [t for t in [*model.parameters(), *model.buffers()] if not isinstance(t, UninitializedParameter)]
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)  # lazy layers: not sized yet
     needed = 3 * state_bytes * max(1, min(keep, 2) if keep >= 0 else 2)
-    free = shutil.disk_usage(run_dir).free
+    where = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # other ranks may not see it yet
+    free = shutil.disk_usage(where).free
     if free < needed:
         raise UserError(
             f"runs_dir: only {free / 2**20:.0f} MiB free at {run_dir}; checkpoints of this model need about "

@@ -246,3 +246,17 @@ def test_a_direct_launch_is_checked_like_dlrecipes_launch(tiny_recipe, monkeypat
     with pytest.raises(UserError, match="global batch size 64 does not divide evenly over 3 processes"):
         train(resolve(tiny_recipe))
     assert not (tiny_recipe.parent / "runs").exists()  # refused before a run directory was made
+
+
+@pytest.mark.slow
+def test_two_processes_train_bit_identically_to_composers_trainer(ddp_recipe, tmp_path):
+    """Our Trainer (host-side reductions over gloo) against Composer's own, 2 ranks, 2 microbatches each."""
+    common = ["trainer.max_duration=2ep", "trainer.device_train_microbatch_size=2", "trainer.deterministic=true"]
+    (tmp_path / "ref").mkdir()
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=ours", *common), tmp_path)
+    ours = _ranks(tmp_path, 2)
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=reference", *common, f"callbacks.record_ranks.folder={tmp_path}/ref",
+                  f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'reference_engine.py'}]", tag="b"), tmp_path)
+    reference = [torch.load(tmp_path / "ref" / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    _same_params(ours + reference)  # all four: each rank, both trainers
+    assert [r["seen"] for r in ours] == [r["seen"] for r in reference]
