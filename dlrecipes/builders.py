@@ -95,8 +95,7 @@ def build_dataloaders(
 ):
     """Train and eval loaders for this rank; batch sizes in the recipe are global.
 
-    ``algorithms`` tells an FFCV pipeline whether to emit channels-last images and whether
-    its decode size will change (progressive resizing).
+    ``algorithms`` tells an FFCV pipeline whether to emit channels-last images.
     """
     from composer.utils import dist
     from torch.utils.data import DataLoader
@@ -109,7 +108,7 @@ def build_dataloaders(
         algorithms = algorithms or {}
         train, evaluation = build_ffcv_loaders(
             data.train, data.eval, train_batch, eval_batch, cfg.num_workers, device, cfg.precision, seed,
-            channels_last="channels_last" in algorithms, resizable="progressive_resizing" in algorithms,
+            channels_last="channels_last" in algorithms,
         )
         return ffcv_dataspec(train), ffcv_dataspec(evaluation)
     if cfg.loader == "device":

@@ -82,7 +82,6 @@ class FFCVLoader:
         world_size: int = 1,
         half: bool = False,
         channels_last: bool = False,
-        resizable: bool = False,
     ):
         import_ffcv()
         from ffcv.loader import Loader, OrderOption
@@ -104,7 +103,9 @@ class FFCVLoader:
             seed=seed,
             pipelines=pipelines,
             batches_ahead=source.batches_ahead,
-            recompile=resizable,  # the decoder's output size is compiled in; re-read it each epoch
+            # FFCV's decode writes into buffers allocated at each epoch from the decoder's current
+            # output size and never captures the size: progressive resizing needs no recompiling
+            recompile=False,
             **kwargs,
         )
         self.batch_size = batch_size
@@ -171,7 +172,6 @@ def build_ffcv_loaders(
     precision: str,
     seed: int,
     channels_last: bool,
-    resizable: bool,
 ) -> tuple[FFCVLoader, FFCVLoader]:
     from composer.utils import dist
 
@@ -181,6 +181,6 @@ def build_ffcv_loaders(
         "world_size": dist.get_world_size(), "half": precision == "amp_fp16", "channels_last": channels_last,
     }
     return (
-        FFCVLoader(train, train_batch, resizable=resizable, **common),
+        FFCVLoader(train, train_batch, **common),
         FFCVLoader(evaluation, eval_batch, **common),
     )
