@@ -24,6 +24,18 @@ def test_bench_command_compares_both_loops(tiny_recipe):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert data["plain_img_s"] > 0 and data["dlrecipes_img_s"] > 0 and len(data["ratios"]) == 2
+    assert isinstance(data["overhead_ms_per_step"], float)
+
+
+def test_gpu_suite_smoke_run_on_cpu(tmp_path):
+    """The GPU suite's every section at tiny sizes on the CPU: it runs and fills its table."""
+    data = _script("gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir", str(tmp_path / "images"), tmp_path=tmp_path)
+    assert data["meta"]["tiny"] and data["meta"]["composer"] == "0.32.1"
+    assert [r["model"] for r in data["overhead"]] == ["cifar_resnet18"] and data["overhead"][0]["ratio"] > 0
+    flagship = data["flagship"]
+    assert len(flagship["loader_epochs"]) == 3 and flagship["model_img_s"] > 0
+    assert len(flagship["end_to_end"]["epochs"]) == 3 and flagship["end_to_end"]["numba_tracebacks"] == 0
+    assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
 
 
 def test_trainer_overhead_script(tmp_path, tiny_recipe):

@@ -1,0 +1,255 @@
+"""Everything the GPU-speed issue asks for, in one command and one table.
+
+    python benchmarks/gpu_suite.py                       # on a GPU machine, no internet needed (~6-9 min on an H100)
+    python benchmarks/gpu_suite.py --tiny --device cpu   # smoke run at tiny sizes (the test suite runs this)
+
+1. Trainer overhead: ``dlrecipes bench`` (dlrecipes/Composer against a plain PyTorch loop on the
+   same model, weights and batches on the device; both timed with one device wait per segment)
+   for ResNet-50 at 224 px and CIFAR ResNet-18 at batch 512, bf16, channels-last, eager and
+   with ``trainer.compile`` (the plain loop is compiled too).
+2. The flagship recipe (recipes/imagenet100_fast.yaml) on a generated ImageNet-like JPEG folder
+   converted to FFCV: the FFCV train loader alone (its device pipeline, final crop size), the
+   model alone (its algorithms, batches already on the device, final crop size), and
+   ``dlrecipes train`` end to end (first epoch and steady epochs from history.csv).
+3. The precision experiment: fp32 / amp_fp16 / amp_bf16 / amp + gradient accumulation, ResNet-50
+   and CIFAR ResNet-18, each in its own process (benchmarks/precision.py): time, peak memory and
+   the loss after a fixed number of steps.
+
+Sections can be skipped (``--skip flagship,precision``); ``--json`` keeps every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from data_loading import make_images  # noqa: E402
+from gpu_throughput import overrides as throughput_overrides  # noqa: E402
+
+from dlrecipes.api import resolve  # noqa: E402
+from dlrecipes.bench import measure_throughput, run_bench  # noqa: E402
+
+# (name, gpu_throughput model key, batch, compile); --tiny shrinks batches and leaves ResNet-50 out
+OVERHEAD_CASES = [
+    ("ResNet-50 224 px", "resnet50", 256, False),
+    ("ResNet-50 224 px", "resnet50", 256, True),
+    ("CIFAR ResNet-18", "resnet18_cifar", 512, False),
+    ("CIFAR ResNet-18", "resnet18_cifar", 512, True),
+]
+
+
+class Scale:
+    def __init__(self, tiny: bool, device: str):
+        self.tiny, self.device = tiny, device
+        self.precision = "amp_bf16" if device == "gpu" else "fp32"
+        self.images = 96 if tiny else 6000
+        self.classes = 4 if tiny else 100
+        self.crop, self.eval_crop, self.max_res = (32, 32, 48) if tiny else (192, 224, 256)
+        self.flagship_batch = 8 if tiny else 256
+        self.epochs = 3 if tiny else 5
+        self.workers = 1 if tiny else 16
+        self.steps, self.rounds, self.warmup = (2, 2, 1) if tiny else (30, 5, 10)
+
+    def overhead_cases(self):
+        for name, model, batch, compile_ in OVERHEAD_CASES:
+            if self.tiny and (model == "resnet50" or compile_):
+                continue  # ResNet-50 and compilation take minutes on a CPU
+            batch = 4 if self.tiny else batch
+            label = f"{name}, batch {batch}, {self.precision}, channels-last, {'compiled' if compile_ else 'eager'}"
+            yield label, model, batch, compile_
+
+
+def overhead(scale: Scale) -> list[dict]:
+    rows = []
+    for label, model, batch, compile_ in scale.overhead_cases():
+        config = resolve(ROOT / "recipes" / "quickstart.yaml",
+                         throughput_overrides(model, scale.precision, True, compile_, batch, scale.device))
+        result = run_bench(config, steps=scale.steps, rounds=scale.rounds, warmup=scale.warmup)
+        rows.append({"case": label, **result})
+        print(f"overhead  {label:<60} plain {result['plain_img_s']:9.0f} img/s  dlrecipes "
+              f"{result['dlrecipes_img_s']:9.0f} img/s  ratio {result['ratio']:.3f}", flush=True)
+    return rows
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def loader_alone(beton: Path, scale: Scale) -> list[float]:
+    """Images/s of the flagship's FFCV train pipeline, epoch by epoch (no model)."""
+    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    device = torch.device("cuda" if scale.device == "gpu" else "cpu")
+    source = FFCVSource(str(beton), True, scale.crop, 0.875, 0.25, True, IMAGENET_MEAN, IMAGENET_STD)
+    loader = FFCVLoader(source, scale.flagship_batch, scale.workers, device, seed=0, channels_last=True)
+    rates = []
+    for _ in range(scale.epochs):
+        _sync()
+        start, seen = time.perf_counter(), 0
+        for images, _ in loader:
+            seen += images.shape[0]
+        _sync()
+        rates.append(seen / (time.perf_counter() - start))
+    return rates
+
+
+def flagship_overrides(data: Path, scale: Scale) -> list[str]:
+    small = ["model.min_input_size=16"] if scale.tiny else []  # timm's ResNet-50 at 32 px: a smoke run only
+    return small + [
+        f"dataset.train_path={data}/train.beton", f"dataset.val_path={data}/val.beton",
+        f"dataset.crop_size={scale.crop}", f"dataset.eval_crop_size={scale.eval_crop}",
+        f"trainer.batch_size={scale.flagship_batch}", f"trainer.num_workers={scale.workers}",
+        f"trainer.device={scale.device}", f"trainer.precision={scale.precision}",
+    ]
+
+
+def model_alone(data: Path, scale: Scale) -> dict:
+    """The flagship's model and algorithms at its final crop size on batches already on the device."""
+    shape = [3, scale.crop, scale.crop]
+    config = resolve(ROOT / "recipes" / "imagenet100_fast.yaml", flagship_overrides(data, scale) + [
+        f"dataset={{name: synthetic, input_shape: {shape}, num_classes: {scale.classes}, "
+        f"train_samples: {4 * scale.flagship_batch}, eval_samples: {scale.flagship_batch}}}",
+        "trainer.loader=device", "trainer.num_workers=0", "~algorithms.progressive_resizing",
+    ])
+    return measure_throughput(config, steps=scale.steps * 2, warmup=scale.warmup)
+
+
+def end_to_end(data: Path, runs: Path, scale: Scale) -> dict:
+    cmd = [sys.executable, "-m", "dlrecipes", "train", str(ROOT / "recipes" / "imagenet100_fast.yaml"),
+           *flagship_overrides(data, scale), f"trainer.max_duration={scale.epochs}ep", "trainer.progress_bar=false",
+           "checkpoint.save=false", "checkpoint.monitor=null", f"runs_dir={runs}", "run_name=flagship"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"flagship run failed:\n{done.stderr[-3000:]}")
+    with open(runs / "flagship" / "history.csv") as f:
+        rates = [float(row["images_per_sec"]) for row in csv.DictReader(f)]
+    return {"epochs": rates, "first": rates[0], "steady": statistics.median(rates[1:]) if len(rates) > 1 else rates[0],
+            "process_s": time.perf_counter() - start, "numba_tracebacks": done.stderr.count("Exception ignored")}
+
+
+def flagship(scale: Scale, data_dir: Path | None) -> dict:
+    from torchvision.datasets import ImageFolder
+
+    from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = data_dir or Path(tmp) / "images"
+        ffcv = root / f"ffcv-{scale.max_res}"
+        if not (ffcv / "val.beton").exists():
+            t = time.perf_counter()
+            if not (root / "train").exists():
+                make_images(root, scale.images, scale.classes)
+            val = root / "val"
+            if not val.exists():  # the eval split: every tenth image, linked (a stand-in, not held out)
+                for i, image in enumerate(sorted((root / "train").glob("*/*.jpg"))):
+                    if i % 10 == 0:
+                        (val / image.parent.name).mkdir(parents=True, exist_ok=True)
+                        (val / image.parent.name / image.name).symlink_to(image)
+            ffcv.mkdir(parents=True, exist_ok=True)
+            options = ConvertOptions(max_resolution=scale.max_res, write_mode="jpg", num_workers=scale.workers)
+            for split in ("train", "val"):
+                write_beton(RawImages(ImageFolder(str(root / split))), ffcv / f"{split}.beton", options)
+            print(f"flagship  data: {scale.images} JPEGs -> FFCV in {time.perf_counter() - t:.0f}s", flush=True)
+        loader = loader_alone(ffcv / "train.beton", scale)
+        print(f"flagship  loader alone: {', '.join(f'{r:.0f}' for r in loader)} img/s per epoch", flush=True)
+        model = model_alone(ffcv, scale)
+        print(f"flagship  model alone: {model['img_s']:.0f} img/s", flush=True)
+        e2e = end_to_end(ffcv, Path(tmp) / "runs", scale)
+        print(f"flagship  end to end: {', '.join(f'{r:.0f}' for r in e2e['epochs'])} img/s per epoch", flush=True)
+    steady_loader = statistics.median(loader[1:]) if len(loader) > 1 else loader[0]
+    bound = min(steady_loader, model["img_s"])
+    return {"loader_epochs": loader, "loader_steady": steady_loader, "model_img_s": model["img_s"],
+            "end_to_end": e2e, "steady_vs_bound": e2e["steady"] / bound, "first_vs_steady": e2e["first"] / e2e["steady"]}
+
+
+def precision(scale: Scale) -> list[dict]:
+    models = "resnet18_cifar" if scale.tiny else "resnet50,resnet18_cifar"
+    batch, steps = (8, 2) if scale.tiny else (128, 40)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "precision.json"
+        cmd = [sys.executable, str(HERE / "precision.py"), "--device", scale.device, "--models", models,
+               "--batch", str(batch), "--steps", str(steps), "--json", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            raise RuntimeError(f"precision runs failed:\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def table(results: dict) -> str:
+    lines = [f"device: {results['meta']['device']}; torch {results['meta']['torch']}, "
+             f"Composer {results['meta']['composer']}, Python {results['meta']['python']}", ""]
+    if "overhead" in results:
+        lines += ["| trainer overhead | plain loop img/s | dlrecipes img/s | ratio | overhead ms/step |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['case']} | {r['plain_img_s']:,.0f} | {r['dlrecipes_img_s']:,.0f} | {r['ratio']:.3f} | "
+                  f"{r['overhead_ms_per_step']:.2f} |" for r in results["overhead"]]
+        lines.append("")
+    if "flagship" in results:
+        f = results["flagship"]
+        e = f["end_to_end"]
+        lines += ["| flagship (imagenet100_fast) | img/s |", "|---|---|",
+                  f"| FFCV loader alone, steady | {f['loader_steady']:,.0f} |",
+                  f"| model alone (final crop, its algorithms) | {f['model_img_s']:,.0f} |",
+                  f"| end to end, first epoch | {e['first']:,.0f} |",
+                  f"| end to end, steady epochs (median) | {e['steady']:,.0f} |",
+                  f"| steady / min(loader, model) | {f['steady_vs_bound']:.2f} |",
+                  f"| first epoch / steady | {f['first_vs_steady']:.2f} |",
+                  f"| numba tracebacks on stderr | {e['numba_tracebacks']} |", ""]
+    if "precision" in results:
+        lines += ["| precision | model | train s | img/s | peak MiB | loss after the steps |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
+                  f"{r['train_loss']:.4f} |" for r in results["precision"]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run, not a measurement")
+    parser.add_argument("--skip", default="", help="comma-separated sections to leave out: overhead,flagship,precision")
+    parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.device == "gpu" and not torch.cuda.is_available():
+        sys.exit("gpu_suite: no CUDA device here; run with --device cpu --tiny for a smoke run")
+    import composer
+
+    scale = Scale(args.tiny, args.device)
+    skip = set(filter(None, args.skip.split(",")))
+    results: dict = {"meta": {
+        "device": torch.cuda.get_device_name(0) if args.device == "gpu" else f"CPU ({platform.processor() or 'cpu'})",
+        "torch": torch.__version__, "composer": composer.__version__, "python": platform.python_version(),
+        "tiny": args.tiny, "date": time.strftime("%Y-%m-%d"),
+    }}
+    start = time.perf_counter()
+    if "overhead" not in skip:
+        results["overhead"] = overhead(scale)
+    if "flagship" not in skip:
+        results["flagship"] = flagship(scale, args.data_dir)
+    if "precision" not in skip:
+        results["precision"] = precision(scale)
+    results["meta"]["seconds"] = time.perf_counter() - start
+    print("\n" + table(results) + f"\n\n({results['meta']['seconds']:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
