@@ -64,6 +64,8 @@ class RunHistory(Callback):
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._fit_start = time.perf_counter()
+        # a resumed run starts inside an epoch without EPOCH_START: its first row counts from here
+        self._epoch_start, self._sample_start = self._fit_start, int(state.timestamp.sample)
         if self.path.exists() and int(state.timestamp.batch) > 0:  # resumed: keep the rows already written
             with open(self.path) as f:
                 self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= int(state.timestamp.batch)]

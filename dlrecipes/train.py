@@ -12,10 +12,11 @@ from typing import Any, Optional
 
 import yaml
 
-from dlrecipes import builders, registry
+from dlrecipes import builders, registry, run_lock
 from dlrecipes.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
 from dlrecipes.config import RecipeConfig, resolve_device
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.resume_check import check_resume
 
 
 
@@ -65,18 +66,22 @@ def choose_run_name(config: RecipeConfig, resume: bool, device: str) -> str:
     return _same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device)
 
 
+def make_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"runs_dir: cannot create run directory {run_dir}: {exc.strerror}") from None
+    if not os.access(run_dir, os.W_OK):
+        raise UserError(f"runs_dir: run directory {run_dir} is not writable")
+
+
 def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
     """Create ``runs/<run_name>/`` and write the resolved recipe there (rank 0)."""
     run_dir = Path(config.runs_dir) / run_name
     resolved = yaml.safe_dump(config.to_dict(), sort_keys=False)
     recipe_file = run_dir / "recipe.yaml"
     if int(os.environ.get("RANK", "0")) == 0:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"runs_dir: cannot create run directory {run_dir}: {exc.strerror}") from None
-        if not os.access(run_dir, os.W_OK):
-            raise UserError(f"runs_dir: run directory {run_dir} is not writable")
+        make_run_dir(run_dir)
         if recipe_file.exists() and not resume and (run_dir / CHECKPOINT_DIR).exists():
             raise UserError(
                 f"run_name: {run_dir} already holds a run; pass --resume to continue it or choose another run_name"
@@ -280,7 +285,24 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         from dlrecipes.launch import check_devices
 
         check_devices(config, int(os.environ.get("LOCAL_WORLD_SIZE", _world_size())), _world_size())
-    run_dir = prepare_run_dir(config, choose_run_name(config, resume, device), resume)
+    run_name = choose_run_name(config, resume, device)
+    run_dir = Path(config.runs_dir) / run_name
+    if resume:  # before anything is built or written
+        accepted = check_resume(run_dir, config.to_dict())
+        if accepted and int(os.environ.get("RANK", "0")) == 0:
+            print(f"resuming {run_name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
+    lock = None
+    if int(os.environ.get("RANK", "0")) == 0:
+        make_run_dir(run_dir)
+        lock = run_lock.acquire(run_dir)
+    try:
+        return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, trust_checkpoint: bool) -> TrainResult:
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
     _log_lr_scaling(config, trainer)

@@ -1,0 +1,75 @@
+"""What ``--resume`` may change: the recipe is compared with the one the run recorded.
+
+A run continues from its checkpoint: the model's weights and buffers, the optimizer's state,
+the algorithms' state, the data order.  Changes to anything that shapes those cannot continue
+the run (:data:`CANNOT_CHANGE`, and adding, removing or retuning an algorithm that changes the
+model or keeps state in the checkpoint); they are refused before anything is built, each named.
+Everything else (how long to train, logging, workers, evaluation, learning rate) is accepted
+and listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlrecipes.errors import RecipeError
+
+# Key paths (and everything under them) that a checkpoint was made for.
+CANNOT_CHANGE = (
+    "model", "task", "loss", "finetune", "optimizer.name", "trainer.fsdp",
+    "dataset.name", "dataset.classes", "dataset.class_list", "dataset.num_classes",
+    "dataset.image_size", "dataset.crop_size", "dataset.input_shape",
+)
+# Algorithms that change the network's modules or keep their own state in the checkpoint.
+MODEL_CHANGING_ALGORITHMS = (
+    "blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
+    "gradient_checkpointing", "qat", "ema", "swa", "sam",
+)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    if not isinstance(data, dict) or (prefix and not data):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _cannot_continue(key: str) -> bool:
+    if any(key == p or key.startswith(p + ".") for p in CANNOT_CHANGE):
+        return True
+    parts = key.split(".")
+    return parts[0] == "algorithms" and len(parts) > 1 and parts[1] in MODEL_CHANGING_ALGORITHMS
+
+
+def changes(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """Every key path whose value differs, as (key, before, after); a missing side is None."""
+    old, now = flatten(recorded), flatten(new)
+    return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k)]
+
+
+def _show(key: str, before: Any, after: Any) -> str:
+    fmt = lambda v: "(none)" if v is None else repr(v)  # noqa: E731
+    return f"{key} ({fmt(before)} -> {fmt(after)})"
+
+
+def check_resume(run_dir: Path, new: dict) -> list[str]:
+    """Refuse changes the run cannot continue with; return the accepted ones, described."""
+    recorded_file = Path(run_dir) / "recipe.yaml"
+    if not recorded_file.is_file():
+        return []
+    recorded = yaml.safe_load(recorded_file.read_text()) or {}
+    ignored = {"run_name", "description"}
+    found = [c for c in changes(recorded, new) if c[0].split(".")[0] not in ignored]
+    refused = [_show(*c) for c in found if _cannot_continue(c[0])]
+    if refused:
+        raise RecipeError(
+            f"--resume: {run_dir} was trained with another recipe; these changes cannot continue it: "
+            f"{'; '.join(refused)}. Undo them, or start a new run (another run_name, without --resume)"
+        )
+    return [_show(*c) for c in found]
