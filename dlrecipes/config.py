@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from dlrecipes import registry
-from dlrecipes.errors import RecipeError
+from dlrecipes.errors import RecipeError, did_you_mean
 from dlrecipes.recipe import LoadedRecipe
 from dlrecipes.schema import Duration, check, check_dataclass, check_params
 from dlrecipes.task import check_task
@@ -342,8 +342,53 @@ def _hints(factory: Any) -> dict[str, Any]:
         return {}
 
 
+# What Composer's FSDPConfig and torch.compile accept (kept here so validation imports neither;
+# tests/test_validation.py checks both lists against the installed Composer and torch).
+FSDP_KEYS = (
+    "activation_checkpointing", "activation_checkpointing_reentrant", "activation_cpu_offload", "auto_wrap",
+    "backward_prefetch", "backward_prefetch_limit", "cpu_offload", "data_parallel_replicate_degree",
+    "data_parallel_shard_degree", "forward_prefetch", "forward_prefetch_limit", "ignored_modules",
+    "keep_low_precision_grads", "limit_all_gathers", "load_monolith_rank0_only", "load_planner", "mixed_precision",
+    "process_group", "save_planner", "sharded_ckpt_prefix_dir", "sharding_strategy", "state_dict_type",
+    "sync_module_states", "te_checkpoint_wrapper", "te_shard_fp8_weight", "use_orig_params", "verbose",
+)
+COMPILE_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+
+
+def _check_option_keys(key: str, given: Any, valid: tuple[str, ...]) -> None:
+    if isinstance(given, dict):
+        for name in given:
+            if name not in valid:
+                raise RecipeError(
+                    f"{key}.{name}: unknown option{did_you_mean(str(name), valid)}; valid: {', '.join(valid)}"
+                )
+
+
+def _with_defaults(entry: registry.Entry, params: dict[str, Any]) -> dict[str, Any]:
+    defaults = {n: p.default for n, p in entry.parameters.items() if p.default is not p.empty}
+    return {**defaults, **params}
+
+
+def _check_input_side(config: RecipeConfig) -> None:
+    """A model with ``min_input_size`` (timm, torchvision) against the data's image side, before building."""
+    if config.task is not None:
+        return
+    data, model = registry.datasets.get(config.dataset.name), registry.models.get(config.model.name)
+    side_of = data.metadata.get("image_side")
+    if side_of is None or "min_input_size" not in model.parameters:
+        return
+    from dlrecipes.models.factories import refuse_small_inputs
+
+    side = side_of(_with_defaults(data, config.dataset.params))
+    params = _with_defaults(model, config.model.params)
+    refuse_small_inputs(config.model.name, params.get("arch", config.model.name), (3, side, side), params["min_input_size"])
+
+
 def _check_cross_fields(config: RecipeConfig) -> None:
     t = config.trainer
+    _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
+    _check_option_keys("trainer.compile", t.compile, COMPILE_KEYS)
+    _check_input_side(config)
     if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
         raise RecipeError(
             f"run_name: {config.run_name!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"

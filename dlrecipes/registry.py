@@ -19,7 +19,9 @@ timm) inside the factory body: ``validate`` and ``list`` then answer quickly.
 Keyword metadata after the name is free-form; what dlrecipes reads: ``validator=fn(params,
 key_path)`` (checks beyond types, at validation), and for models the card ``list models``
 shows: ``input_size=(C, H, W)``, ``param_count=`` (at the factory's defaults; a test
-compares it with the built model) and ``pretrained="how to get weights"`` (absent: none).
+compares it with the built model) and ``pretrained="how to get weights"`` (absent: none);
+for datasets ``image_side=fn(params)``: the side of the images a model sees, which validation
+checks against a model's ``min_input_size``.
 """
 
 from __future__ import annotations

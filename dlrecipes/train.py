@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -291,18 +292,24 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         accepted = check_resume(run_dir, config.to_dict())
         if accepted and int(os.environ.get("RANK", "0")) == 0:
             print(f"resuming {run_name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
-    lock = None
+    lock, fresh, started = None, not run_dir.exists(), []
     if int(os.environ.get("RANK", "0")) == 0:
         make_run_dir(run_dir)
         lock = run_lock.acquire(run_dir)
     try:
-        return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint)
+        return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint, started)
+    except BaseException:
+        if fresh and not started and lock is not None:  # failed before training: leave no run directory behind
+            lock.release()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, trust_checkpoint: bool) -> TrainResult:
+def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, trust_checkpoint: bool,
+              started: list) -> TrainResult:
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
     _log_lr_scaling(config, trainer)
@@ -312,6 +319,7 @@ def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, tr
               file=sys.stderr)
     try:
         if not finished:
+            started.append(True)
             trainer.fit()
     finally:
         trainer.close()

@@ -202,6 +202,17 @@ def test_cifar_offline_names_the_expected_files(tmp_path, monkeypatch, http_serv
     )
     monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
     with pytest.raises(DataError, match=r"cifar10 not found \(download failed: [\s\S]*data_batch_1[\s\S]*test_batch"):
-        registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True)
+        registry.datasets.build("cifar10", root=str(tmp_path / "root" / "cifar"), download=True)
+    assert not (tmp_path / "root").exists()  # no empty folders left behind
     with pytest.raises(DataError, match=r"download is off"):
         registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=False)
+
+
+def test_mnist_failed_download_leaves_no_folders(tmp_path, monkeypatch, http_server):
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setattr(MNIST, "mirrors", [f"{http_server}/no-mirror/"])
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DataError, match=r"mnist not found \(download failed"):
+        registry.datasets.build("mnist", root=str(tmp_path / "data" / "mnist"), download=True)
+    assert list((tmp_path / "data").iterdir()) == []  # the folder that existed stays, nothing under it

@@ -111,3 +111,12 @@ def test_history_after_a_resume_inside_an_epoch_counts_from_the_resume(tiny_reci
     assert len(resumed) == 1
     # one batch of 64 samples trained in this process: at least 64 / (this whole call's wall time) images/s
     assert float(resumed[0]["images_per_sec"]) >= 64 / wall
+
+
+def test_a_run_that_fails_before_training_leaves_no_run_directory(tiny_recipe, tmp_path):
+    offline = run_cli("train", str(tiny_recipe), "run_name=offline",
+                      f"dataset={{name: cifar10, root: {tmp_path}/cifar, download: false}}")
+    assert offline.returncode == 2 and "cifar10 not found (download is off)" in offline.stderr
+    assert not (tmp_path / "runs" / "offline").exists() and not (tmp_path / "cifar").exists()
+    invalid = run_cli("train", str(tiny_recipe), "run_name=invalid", "trainer.bogus=1")
+    assert invalid.returncode == 2 and not (tmp_path / "runs" / "invalid").exists()

@@ -166,3 +166,36 @@ def test_cli_validate_show_and_list_succeed(recipe):
     listing = run_cli("list", "optimizers").stdout
     for name in ("sgd", "adamw", "decoupled_sgdw", "decoupled_adamw", "no_decay_norm_and_bias"):
         assert name in listing
+
+
+@pytest.mark.parametrize("key, bad, suggestion", [
+    ("trainer.fsdp", "{sharding_strategi: FULL_SHARD}", "sharding_strategy"),
+    ("trainer.compile", "{mode: max-autotune, fulgraph: true}", "fullgraph"),
+])
+def test_fsdp_and_compile_options_are_checked_by_name(tiny_recipe, key, bad, suggestion):
+    from dlrecipes.api import resolve
+
+    with pytest.raises(RecipeError, match=rf"{key}\.\w+: unknown option \(did you mean '{suggestion}'\?\)"):
+        resolve(tiny_recipe, [f"{key}={bad}"], check_device=False)
+
+
+def test_fsdp_and_compile_option_lists_match_composer_and_torch():
+    import dataclasses
+    import inspect
+
+    import torch
+    from composer.utils.parallelism import FSDPConfig
+
+    from dlrecipes.config import COMPILE_KEYS, FSDP_KEYS
+
+    assert set(FSDP_KEYS) == {f.name for f in dataclasses.fields(FSDPConfig) if not f.name.startswith("_")}
+    assert set(COMPILE_KEYS) == set(inspect.signature(torch.compile).parameters) - {"model"}
+
+
+def test_an_imagenet_network_on_small_images_is_refused_by_validate(tiny_recipe):
+    result = run_cli("validate", str(tiny_recipe), "model={name: timm, arch: resnet18}", "--skip-device-check")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "model.arch: timm 'resnet18' is built for ImageNet-sized inputs and the data is 8x8" in result.stderr
+    lowered = run_cli("validate", str(tiny_recipe), "model={name: timm, arch: resnet18, min_input_size: 8}",
+                      "--skip-device-check")
+    assert lowered.returncode == 0, lowered.stderr

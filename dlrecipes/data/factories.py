@@ -14,7 +14,12 @@ _IMAGENET_MEAN = [0.485, 0.456, 0.406]
 _IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-@datasets.register("digits", in_memory=True)
+def _crop_side(params: dict) -> int:
+    """``image_side=`` metadata: the side of the images a model sees (validation checks models' minimum)."""
+    return min(params["crop_size"], params.get("eval_crop_size") or params["crop_size"])
+
+
+@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"])
 def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed)."""
     from dlrecipes.data.digits import build_digits
@@ -22,7 +27,7 @@ def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist", in_memory=True, paths=("root",))
+@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
     from dlrecipes.data.torchvision_sets import build_mnist
@@ -30,7 +35,7 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10", in_memory=True, paths=("root",))
+@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: 32)
 def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
@@ -39,7 +44,7 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
     return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD)
 
 
-@datasets.register("cifar100", in_memory=True, paths=("root",))
+@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: 32)
 def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment."""
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
@@ -48,7 +53,7 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
     return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD)
 
 
-@datasets.register("image_folder", pil_images=True, paths=("train_path", "val_path"))
+@datasets.register("image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side)
 def image_folder(
     train_path: str,
     val_path: str,
@@ -68,7 +73,7 @@ def image_folder(
     )
 
 
-@datasets.register("imagenet", pil_images=True, paths=("root",))
+@datasets.register("imagenet", pil_images=True, paths=("root",), image_side=_crop_side)
 def imagenet(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -86,7 +91,7 @@ def imagenet(
     )
 
 
-@datasets.register("imagenet100", pil_images=True, paths=("root", "class_list"))
+@datasets.register("imagenet100", pil_images=True, paths=("root", "class_list"), image_side=_crop_side)
 def imagenet100(
     root: str = "data/imagenet",
     crop_size: int = 224,
@@ -115,7 +120,7 @@ def imagenet100(
     )
 
 
-@datasets.register("ffcv", ffcv=True, paths=("train_path", "val_path"))
+@datasets.register("ffcv", ffcv=True, paths=("train_path", "val_path"), image_side=_crop_side)
 def ffcv(
     train_path: str,
     val_path: str,
@@ -147,7 +152,7 @@ def ffcv(
     )
 
 
-@datasets.register("synthetic", in_memory=True)
+@datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]))
 def synthetic(
     num_classes: int = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),

@@ -7,6 +7,7 @@ the files that were expected and where to get them.
 from __future__ import annotations
 
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,22 @@ def _download_error(what: str, missing: list[str], url: str, reason: str) -> Dat
     )
 
 
+@contextmanager
+def no_empty_folders_on_failure(root: Path):
+    """A failed download leaves no empty folders behind (folders that existed before stay)."""
+    root = Path(root)
+    missing_chain = [p for p in (root, *root.parents) if not p.exists()]  # created by the download, if any
+    before = {p for p in root.rglob("*") if p.is_dir()} if root.exists() else set()
+    try:
+        yield
+    except BaseException:
+        created = [p for p in root.rglob("*") if p.is_dir() and p not in before] if root.exists() else []
+        for folder in sorted(created, key=lambda p: len(p.parts), reverse=True) + missing_chain:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
 def ensure_cifar(root: Path, source: CifarSource, download: bool) -> Path:
     """The extracted batch folder; downloads and checks the archive if files are missing."""
     folder = root / source.folder
@@ -80,7 +97,8 @@ def ensure_cifar(root: Path, source: CifarSource, download: bool) -> Path:
     from torchvision.datasets.utils import download_and_extract_archive
 
     try:
-        download_and_extract_archive(source.url, download_root=str(root), md5=source.md5)
+        with no_empty_folders_on_failure(root):
+            download_and_extract_archive(source.url, download_root=str(root), md5=source.md5)
     except Exception as exc:  # network errors come in many types (URLError, OSError, ...)
         raise _download_error(source.name, missing, source.url, f"download failed: {exc}") from None
     missing = _missing(folder, source.train_files + source.test_files)
@@ -141,8 +159,9 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
     if missing and not download:
         raise _download_error("mnist", missing, MNIST.mirrors[0], "download is off")
     try:
-        train = MNIST(root, train=True, download=download and bool(missing))
-        test = MNIST(root, train=False, download=False)
+        with no_empty_folders_on_failure(Path(root)):
+            train = MNIST(root, train=True, download=download and bool(missing))
+            test = MNIST(root, train=False, download=False)
     except Exception as exc:
         missing = _missing(folder, MNIST_FILES)
         if not missing:

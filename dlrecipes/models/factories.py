@@ -62,7 +62,7 @@ def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
     return preact_resnet18(num_classes, in_chans)
 
 
-def _refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int) -> None:
+def refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int) -> None:
     """ImageNet architectures downsample 32x early: on CIFAR-sized images little is left."""
     if input_shape is not None and min(input_shape[1:]) < min_input_size:
         raise RecipeError(
@@ -101,7 +101,7 @@ def timm_model(
     """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file)."""
     import timm
 
-    _refuse_small_inputs("timm", arch, input_shape, min_input_size)
+    refuse_small_inputs("timm", arch, input_shape, min_input_size)
     kwargs = {"num_classes": num_classes, "in_chans": in_chans, "drop_rate": drop_rate}
     if drop_path_rate is not None:
         kwargs["drop_path_rate"] = drop_path_rate
@@ -158,7 +158,7 @@ def torchvision_model(
 
     if in_chans != 3:
         raise RecipeError(f"model.in_chans: torchvision '{arch}' takes 3-channel images, the data has {in_chans}")
-    _refuse_small_inputs("torchvision", arch, input_shape, min_input_size)
+    refuse_small_inputs("torchvision", arch, input_shape, min_input_size)
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if pretrained_path is not None:
         from pathlib import Path
