@@ -34,9 +34,9 @@ DeviceCheckOpt = typer.Option(
 )
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}" if code == 2 else message, err=True)
+    raise typer.Exit(code=code)
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
@@ -46,7 +46,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         message = str(exc)
         if message.startswith("Caught ") and "Original Traceback" in message:  # raised in a DataLoader worker
             message = message.strip().splitlines()[-1].split(": ", 1)[-1]
-        _fail(message)
+        _fail(message, exc.exit_code)
 
 
 @app.command()
@@ -84,17 +84,15 @@ def launch(
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
-    import subprocess
-
     from dlrecipes import api
-    from dlrecipes.launch import check_devices, launcher_command
+    from dlrecipes.launch import check_devices, launcher_command, run_forwarding_signals
 
     extra = tuple(["--resume"] if resume else []) + tuple(["--trust-checkpoint"] if trust_checkpoint else []) + tuple(a for p in plugin for a in ("--plugin", p))
     cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
                                             master_port, extra))
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
     _guarded(lambda: check_devices(config, nproc, nproc * nodes))
-    raise typer.Exit(subprocess.run(cmd).returncode)
+    raise typer.Exit(run_forwarding_signals(cmd))
 
 
 @app.command()

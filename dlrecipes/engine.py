@@ -95,11 +95,11 @@ def _total_loss(loss: Any, device: Any) -> tuple[torch.Tensor, dict[str, torch.T
     return total, named
 
 
-class _HostReducer:
-    """Sums small host-side numbers over all ranks without touching the device.
+class HostReducer:
+    """Reduces small host-side numbers over all ranks without touching the device.
 
     With a gloo default group that group is used; with NCCL a gloo group is made once
-    (every rank reaches the first reduction at the same point of the first epoch).
+    (every rank reaches its first reduction at the same point of the first epoch).
     """
 
     def __init__(self):
@@ -108,6 +108,12 @@ class _HostReducer:
         self.rank = dist.get_global_rank()
 
     def sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "SUM")
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "MAX")
+
+    def _reduce(self, values: list[float], op: str) -> list[float]:
         if self.world_size == 1:
             return values
         import torch.distributed as tdist
@@ -115,7 +121,7 @@ class _HostReducer:
         if self._group is None:
             self._group = tdist.group.WORLD if tdist.get_backend() == "gloo" else tdist.new_group(backend="gloo")
         box = torch.tensor(values, dtype=torch.float64)
-        tdist.all_reduce(box, group=self._group)
+        tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group)
         return box.tolist()  # a CPU tensor: no device synchronisation
 
 
@@ -198,7 +204,7 @@ class Trainer(ComposerTrainer):
     def __init__(self, *args: Any, log_interval: int = 50, train_metrics_interval: int = 10, **kwargs: Any):
         self.log_interval = max(1, int(log_interval))
         self.train_metrics_interval = int(train_metrics_interval)
-        self._host = _HostReducer()
+        self._host = HostReducer()
         self._sample_metrics = False
         self._logged_microbatch: Any = None
         if kwargs.get("device") in (None, "cpu"):

@@ -36,8 +36,9 @@ def launcher_command(
         cmd += ["--master_addr", master_addr]
     if master_port is not None:
         cmd += ["--master_port", str(master_port)]
-    script = Path(__file__).resolve().parent / "cli.py"
-    return [*cmd, str(script), "train", recipe, *overrides, *extra]
+    # as a module: running dlrecipes/cli.py as a script would put dlrecipes/ first on sys.path,
+    # where profile.py hides the standard library's module of that name
+    return [*cmd, "--module_mode", "dlrecipes", "train", recipe, *overrides, *extra]
 
 
 def check_devices(config, nproc: int, world_size: int) -> None:
@@ -58,3 +59,39 @@ def check_devices(config, nproc: int, world_size: int) -> None:
                 f"{key}: the global batch size {batch} does not divide evenly over {world_size} processes "
                 f"(use a multiple of {world_size})"
             )
+
+
+def run_forwarding_signals(cmd: list[str]) -> int:
+    """Run Composer's launcher; SIGTERM/SIGUSR1 reach the training processes, not the launcher.
+
+    A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption): the
+    launcher would die at once and the job step end before the ranks finished their checkpoint.
+    So the launcher starts with both ignored (each rank installs its own handlers when training
+    starts) and a signal that reaches this process is passed on to every training process.
+    """
+    import signal
+    import subprocess
+
+    import psutil
+
+    forwarded = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}  # inherited by the launcher
+    try:
+        launcher = subprocess.Popen(cmd)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    def forward(signum, frame):
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                child.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+
+    for s in forwarded:
+        signal.signal(s, forward)
+    try:
+        return launcher.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the ranks and the launcher too; let them finish
+        return launcher.wait()

@@ -182,6 +182,7 @@ def build_trainer(
     from composer.utils import reproducibility
 
     from dlrecipes.engine import RunLogFile, Trainer
+    from dlrecipes.preemption import StopOnSignal
 
     from dlrecipes.best_checkpoint import BestCheckpoint
     from dlrecipes.history import RunHistory
@@ -208,8 +209,10 @@ def build_trainer(
         algorithms += _finetune(config, model, optimizer)
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
-    if periodic:
-        callbacks.append(make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep))
+    saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None
+    if saver is not None:
+        callbacks.append(saver)
+    callbacks.append(StopOnSignal(saver))  # after the saver: a signal at a save point writes once
     if ckpt.monitor:
         callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
     loggers = builders.build_loggers(config.loggers, run_dir)

@@ -3,11 +3,14 @@
 ``callbacks: {fault_injection: {...}}`` then kills the process (SIGKILL: no cleanup, no
 ``finally``) at a chosen point, or makes a checkpoint write fail as a full disk would:
 
-- ``kill_at_batch: N``: after batch N's optimizer step, before any checkpoint of it;
+- ``kill_at_batch: N``: after batch N's optimizer step, before any checkpoint of it (on every
+  rank, or only on ``kill_rank``);
 - ``kill_in_save: K``: half-way through writing the K-th periodic checkpoint file;
 - ``kill_before_link: K``: after the K-th checkpoint is complete under its name, before
   ``latest`` points at it;
-- ``fail_save: K``: the K-th checkpoint write raises ENOSPC.
+- ``fail_save: K``: the K-th checkpoint write raises ENOSPC;
+- ``signal_at_batch: N`` (with ``signal_name``, default SIGTERM, and ``signal_rank``, default
+  all ranks): the process sends itself that signal after batch N, as a cluster would.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ def _die() -> None:
 
 
 @callbacks.register("fault_injection")
-def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before_link: int = -1, fail_save: int = -1):
+def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before_link: int = -1, fail_save: int = -1,
+                    signal_at_batch: int = -1, signal_name: str = "SIGTERM", signal_rank: int = -1, kill_rank: int = -1):
     """Kill the process or fail a checkpoint write at a chosen point (tests only)."""
     import torch
     from composer.core import Callback
@@ -60,7 +64,11 @@ def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before
 
     class FaultInjection(Callback):
         def batch_end(self, state, logger):
-            if int(state.timestamp.batch) == kill_at_batch:  # batch N trained, its checkpoint not yet written
-                _die()
+            from composer.utils import dist
+
+            if int(state.timestamp.batch) == kill_at_batch and kill_rank in (-1, dist.get_global_rank()):
+                _die()  # batch N trained, its checkpoint not yet written
+            if int(state.timestamp.batch) == signal_at_batch and signal_rank in (-1, dist.get_global_rank()):
+                os.kill(os.getpid(), getattr(signal, signal_name))
 
     return FaultInjection()

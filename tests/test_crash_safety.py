@@ -132,3 +132,22 @@ def test_resuming_a_finished_run_trains_nothing_and_says_so(crash_recipe):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "finished already finished (12 batches); nothing to resume" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1", "SIGINT"])
+def test_a_signal_saves_at_the_next_batch_and_resume_ends_identically(crash_recipe, reference, name):
+    """Batch 5 is not a save point (every 2 batches): the signal writes its own checkpoint."""
+    run = f"signalled-{name}"
+    stopped = _train(crash_recipe, run, "callbacks.fault_injection.signal_at_batch=5",
+                     f"callbacks.fault_injection.signal_name={name}")
+    checkpoint = crash_recipe.parent / "runs" / run / "checkpoints" / "ep1-ba5-rank0.pt"
+    assert stopped.returncode == 75, stopped.stderr[-2000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"stopped by {name} after batch 5 (epoch 2): checkpoint {checkpoint}; continue with --resume")
+    assert _batch(checkpoint.parent / "latest-rank0.pt") == 5 and "Traceback" not in stopped.stderr
+    resumed = _train(crash_recipe, run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    weights = _final_weights(crash_recipe, run)
+    for key in reference:
+        assert torch.equal(weights[key], reference[key]), key

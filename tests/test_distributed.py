@@ -193,7 +193,7 @@ def test_launch_refuses_bad_combinations(kwargs, message):
 def test_launch_builds_composers_command_and_checks_the_batch(tiny_recipe):
     cmd = launcher_command("r.yaml", ["a=1"], nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
     assert cmd[1:9] == ["-n", "4", "--world_size", "8", "--node_rank", "1", "--master_addr", "10.1.1.1"]
-    assert cmd[-3:] == ["train", "r.yaml", "a=1"] and cmd[-4].endswith("dlrecipes/cli.py")
+    assert cmd[-5:] == ["--module_mode", "dlrecipes", "train", "r.yaml", "a=1"]
     bad = run_cli("launch", str(tiny_recipe), "-n", "3")
     assert bad.returncode == 2 and "does not divide evenly over 3 processes" in bad.stderr
 
@@ -260,3 +260,72 @@ def test_two_processes_train_bit_identically_to_composers_trainer(ddp_recipe, tm
     reference = [torch.load(tmp_path / "ref" / f"rank{r}.pt", weights_only=False) for r in range(2)]
     _same_params(ours + reference)  # all four: each rank, both trainers
     assert [r["seen"] for r in ours] == [r["seen"] for r in reference]
+
+
+def _finish(proc_timeout):
+    proc, timeout = proc_timeout
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(ddp_recipe, tmp_path):
+    """Rank 1 alone gets SIGTERM after batch 3 of 8 (2 epochs of 4): both ranks stop after that
+    batch, rank 0 writes the checkpoint, and --resume ends with the uninterrupted run's weights."""
+    common = ["trainer.max_duration=2ep", "trainer.deterministic=true", "checkpoint.save_interval=1ep"]
+    faults = [f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]",
+              "callbacks.fault_injection={signal_at_batch: 3, signal_rank: 1}"]
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=whole", *common, *faults[:1]), tmp_path)
+    whole = _ranks(tmp_path, 2)
+    code, rank0 = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, tag="b"))
+    assert code != 0  # the launcher reports the ranks' exit code 75 as a failure
+    checkpoint = tmp_path / "runs" / "cut" / "checkpoints" / "ep0-ba3-rank0.pt"
+    assert f"stopped by SIGTERM after batch 3 (epoch 1): checkpoint {checkpoint}" in rank0, rank0[-2000:]
+    assert "stopped by SIGTERM after batch 3" in (tmp_path / "b-err1.txt").read_text()
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, "--resume", tag="c"), tmp_path)
+    resumed = _ranks(tmp_path, 2)
+    assert [r["first_batch"] for r in resumed] == [3, 3]
+    _same_params(whole + resumed)
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, tmp_path):
+    """What SLURM's --signal=USR1@120 does: SIGUSR1 to every process of the job. The launchers
+    must survive it so that the ranks can finish their checkpoint."""
+    import os
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "dlrecipes", "launch", str(ddp_recipe), "-n", "2", "run_name=slurm",
+           "trainer.max_duration=400ep", "checkpoint.save_interval=50ep"]
+    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    history = tmp_path / "runs" / "slurm" / "history.csv"
+    deadline = time.time() + 240
+    while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
+        time.sleep(0.2)  # two epochs trained: the ranks' handlers are in place
+    os.killpg(job.pid, signal.SIGUSR1)
+    out, _ = job.communicate(timeout=240)
+    assert job.returncode != 0 and "stopped by SIGUSR1 after batch" in out, out[-3000:]
+    batch = int(out.split("stopped by SIGUSR1 after batch ")[1].split()[0])
+    latest = tmp_path / "runs" / "slurm" / "checkpoints" / "latest-rank0.pt"
+    assert latest.resolve().name == f"ep{(batch - 1) // 4}-ba{batch}-rank0.pt"
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_recipe, tmp_path):
+    """Rank 1 is SIGKILLed after batch 6 of 8 (a checkpoint every 2 batches); the launcher stops
+    rank 0; --resume continues from batch 4 and ends where an uninterrupted run ends."""
+    common = ["trainer.max_duration=2ep", "trainer.deterministic=true", "checkpoint.save_interval=2ba",
+              f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]"]
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=whole", *common), tmp_path)
+    whole = _ranks(tmp_path, 2)
+    code, out = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=killed", *common,
+                                "callbacks.fault_injection={kill_at_batch: 6, kill_rank: 1}", tag="b"))
+    assert code != 0 and "exited with code" in out, out[-2000:]  # rank 1 killed; rank 0 lost its peer
+    latest = tmp_path / "runs" / "killed" / "checkpoints" / "latest-rank0.pt"
+    assert "-ba4-" in latest.resolve().name or "-ba6-" in latest.resolve().name  # batch 6's save may not have run
+    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=killed", *common, "--resume", tag="c"), tmp_path)
+    resumed = _ranks(tmp_path, 2)
+    assert resumed[0]["first_batch"] in (4, 6)
+    _same_params(whole + resumed)

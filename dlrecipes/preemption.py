@@ -1,0 +1,79 @@
+"""Stop on a signal with a checkpoint: SIGTERM (preemption, ``scancel``, the end of a time
+slot), SIGUSR1 (SLURM's early warning, ``--signal=USR1@120``) and SIGINT (Ctrl-C).
+
+The handler only records the signal.  At the next batch boundary every rank learns that some
+rank was signalled (a host-side reduction, so ranks signalled at different moments still stop
+at the same batch), the run writes a complete checkpoint through the run's atomic saver
+(unless it has just written one for that batch), and :class:`Preempted` ends it with one line
+and exit code 75 (``EX_TEMPFAIL``: try again later); ``--resume`` continues from that checkpoint.
+A second Ctrl-C interrupts at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+from composer.core import Callback, State
+from composer.loggers import Logger
+
+from dlrecipes.errors import UserError
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class Preempted(UserError):
+    """Training stopped on a signal after writing a checkpoint."""
+
+    exit_code = 75
+
+
+class StopOnSignal(Callback):
+    def __init__(self, saver: Any = None):
+        self.saver = saver
+        self.received: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+        self._host: Any = None
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        from dlrecipes.engine import HostReducer
+
+        self._host = HostReducer()
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        received = self.received if self.received is not None else 0
+        received = int(max(self._host.max([float(received)])))
+        if not received:
+            return
+        self._restore()
+        batch = int(state.timestamp.batch)
+        saved = None
+        if self.saver is not None:
+            if self.saver.last_checkpoint_batch is None or int(self.saver.last_checkpoint_batch) != batch:
+                self.saver._save_checkpoint(state, logger)
+            saved = self.saver.saved_checkpoints[-1] if self.saver.saved_checkpoints else None
+        name = signal.Signals(received).name
+        if saved:
+            where = f"checkpoint {saved}; continue with --resume"
+        else:
+            where = "checkpoint written by rank 0" if self.saver is not None else "no checkpoint (checkpoint.save is off)"
+        raise Preempted(f"stopped by {name} after batch {batch} (epoch {int(state.timestamp.epoch) + 1}): {where}")
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._restore()
+
+    def close(self, state: State, logger: Logger) -> None:
+        self._restore()
