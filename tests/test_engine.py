@@ -22,6 +22,15 @@ from .conftest import REPO
 DETERMINISTIC = ["trainer.deterministic=true", "checkpoint.save=false", "checkpoint.monitor=null"]
 
 
+@pytest.fixture(autouse=True)
+def restore_nondeterministic_mode():
+    """trainer.deterministic switches torch to deterministic algorithms for the whole process
+    (Composer's configure_deterministic_mode); later tests in this process must not inherit it."""
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, False
+
+
 def test_overrides_follow_the_pinned_composer():
     assert composer.__version__ == COMPOSER_VERSION  # the private methods overridden are this version's
 
