@@ -46,6 +46,11 @@ class TrainerConfig:
     seed: int = _help("random seed for weights, data order and augmentation", default=17)
     deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
     batch_size: int = _help("global training batch size, split evenly over all devices", default=128)
+    batch_size_per_device: Optional[int] = _help(
+        "instead of batch_size: the batch each device trains on; the global batch (and the lr that "
+        "optimizer.scale_lr derives from it) then grows with the number of devices",
+        default=None,
+    )
     eval_batch_size: Optional[int] = _help("global evaluation batch size (default: batch_size)", default=None)
     device_train_microbatch_size: Union[int, Literal["auto"], None] = _help(
         "per-device microbatch for gradient accumulation; 'auto' (GPU only) finds the largest that fits",
@@ -232,11 +237,29 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     if config.name is None:
         config.name = recipe.name
     resolve_paths(config, recipe)
+    _resolve_batch_size(config, given=data.get("trainer") or {})
     check_task(config, loss_given="loss" in data)
     _check_cross_fields(config)
     if check_device:
         _check_device(config)
     return config
+
+
+def _resolve_batch_size(config: RecipeConfig, given: dict) -> None:
+    """``trainer.batch_size_per_device`` x the number of processes becomes the global batch size."""
+    per_device = config.trainer.batch_size_per_device
+    if per_device is None:
+        return
+    if "batch_size" in given:
+        raise RecipeError(
+            "trainer.batch_size_per_device: set either it or trainer.batch_size (the global batch), not both "
+            "(delete one, e.g. with the override '~trainer.batch_size')"
+        )
+    if per_device < 1:
+        raise RecipeError(f"trainer.batch_size_per_device: must be at least 1, got {per_device}")
+    import os
+
+    config.trainer.batch_size = per_device * int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _anchor(recipe: LoadedRecipe, key_path: str) -> Path:

@@ -3,6 +3,7 @@ processes on loopback, resume under DDP, learning-rate scaling and the launch ch
 
 from __future__ import annotations
 
+import csv
 import math
 import socket
 import subprocess
@@ -329,3 +330,28 @@ def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_
     resumed = _ranks(tmp_path, 2)
     assert resumed[0]["first_batch"] in (4, 6)
     _same_params(whole + resumed)
+
+
+@pytest.mark.slow
+def test_batch_size_per_device_scales_the_global_batch_and_the_lr_with_the_processes(ddp_recipe, tmp_path):
+    """The scaling tutorial's rule as one switch: 2 per device on 2 processes is a global batch of 4,
+    and scale_lr (linear, tuned at batch 2) doubles the learning rate."""
+    code, out = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=perdev", "~trainer.batch_size",
+                                "trainer.batch_size_per_device=2",
+                                "optimizer={name: sgd, lr: 0.05, scale_lr: linear, reference_batch_size: 2}"))
+    assert code == 0, out[-3000:]
+    assert "optimizer.lr scaled (linear) from the reference batch 2 to the global batch 4: 0.1" in out
+    records = _ranks(tmp_path, 2)
+    assert [len(r["seen"][0]) for r in records] == [16, 16]  # 32 samples, 8 steps of 2 per rank
+    with open(tmp_path / "runs" / "perdev" / "history.csv") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == [8]
+    _same_params(records)
+
+
+def test_batch_size_and_batch_size_per_device_are_exclusive(tiny_recipe):
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"trainer.batch_size_per_device: set either it or trainer.batch_size"):
+        resolve(tiny_recipe, ["trainer.batch_size_per_device=4"])
+    assert resolve(tiny_recipe, ["~trainer.batch_size", "trainer.batch_size_per_device=4"]).trainer.batch_size == 4
