@@ -100,3 +100,23 @@ def test_finetune_timm_recipe_trains_from_a_local_weights_file(tmp_path):
         assert len(lrs) > 2  # head lr plus layer-wise decayed backbone lrs
     finally:
         trainer.close()
+
+
+def test_imagenet100_is_the_plain_baseline_of_the_fast_recipe():
+    plain = resolve(RECIPES / "imagenet100.yaml", check_device=False)
+    fast = resolve(RECIPES / "imagenet100_fast.yaml", check_device=False)
+    assert plain.dataset.name == "imagenet100" and plain.trainer.loader == "torch"  # ImageFolder + PIL in workers
+    assert plain.algorithms == {} and plain.trainer.compile is False
+    assert (plain.model.name, plain.model.params["arch"]) == (fast.model.name, fast.model.params["arch"])
+    assert plain.trainer.max_duration == fast.trainer.max_duration
+
+
+def test_every_recipe_the_course_map_names_is_shipped():
+    """README's course map names recipes; each is one of the recipes validated above."""
+    import re
+
+    readme = (RECIPES.parent / "README.md").read_text()
+    section = readme.split("### The course, as recipes", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"recipes/([\w/]+\.yaml)", section))
+    assert len(named) >= 8
+    assert named <= {str(p.relative_to(RECIPES)) for p in ALL_RECIPES}
