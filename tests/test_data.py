@@ -216,3 +216,34 @@ def test_mnist_failed_download_leaves_no_folders(tmp_path, monkeypatch, http_ser
     with pytest.raises(DataError, match=r"mnist not found \(download failed"):
         registry.datasets.build("mnist", root=str(tmp_path / "data" / "mnist"), download=True)
     assert list((tmp_path / "data").iterdir()) == []  # the folder that existed stays, nothing under it
+
+
+def test_cifar_resized_for_larger_networks_on_either_loader(tmp_path, monkeypatch, http_server):
+    import torch
+
+    from dlrecipes.builders import device_loader
+
+    archive = _cifar_archive(tmp_path)
+    source = torchvision_sets.CIFAR10.__class__(**{**torchvision_sets.CIFAR10.__dict__, "url": f"{http_server}/{archive.name}",
+                                                   "md5": hashlib.md5(archive.read_bytes()).hexdigest()})
+    monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
+    data = registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True, image_size=48)
+    assert data.input_shape == (3, 48, 48)
+    assert data.train[0][0].shape == (3, 48, 48) and data.eval[0][0].shape == (3, 48, 48)  # DataLoader path
+    for dataset, train in ((data.train, True), (data.eval, False)):
+        images, _ = next(iter(device_loader(dataset, 4, train, "cpu", seed=0).dataloader))  # on-device path
+        assert images.shape == (4, 3, 48, 48) and images.dtype == torch.float32
+    # both paths resize the same way: the eval images (no augmentation) agree
+    on_device, _ = next(iter(device_loader(data.eval, 2, False, "cpu", seed=0).dataloader))
+    assert torch.allclose(on_device, torch.stack([data.eval[0][0], data.eval[1][0]]), atol=1e-4)
+
+
+def test_timm_on_cifar_is_refused_at_32_px_and_accepted_resized(tmp_path):
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {name: timm, arch: resnet18}\ndataset: {name: cifar10}\ntrainer: {device: cpu}\n")
+    with pytest.raises(RecipeError, match="the data is 32x32"):
+        resolve(recipe)
+    assert resolve(recipe, ["dataset.image_size=64"]).dataset.params["image_size"] == 64

@@ -18,12 +18,14 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class BatchAugment:
-    """The train-time augmentation, in batched form: pad-and-crop and horizontal flip."""
+    """The train-time augmentation, in batched form: pad-and-crop and horizontal flip; then a
+    resize to ``size`` (train and eval: the images a model built for larger inputs sees)."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
     crop_padding: int = 0
     hflip: bool = False
+    size: Optional[int] = None
 
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
@@ -108,4 +110,7 @@ class DeviceTensorLoader:
             images = random_crop(images, self.augment.crop_padding, generator)
             if self.augment.hflip:
                 images = random_hflip(images, generator)
-        return (images.float() / 255.0 - self.mean) / self.std
+        images = images.float()
+        if self.augment.size is not None and images.shape[-1] != self.augment.size:
+            images = F.interpolate(images, size=(self.augment.size,) * 2, mode="bilinear", align_corners=False)
+        return (images / 255.0 - self.mean) / self.std

@@ -35,22 +35,23 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: 32)
-def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True):
-    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment."""
+@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"])
+def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True, image_size: int = 32):
+    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment; image_size resizes
+    the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device."""
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
     from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 
-    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD)
+    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size)
 
 
-@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: 32)
-def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True):
-    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment."""
+@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"])
+def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True, image_size: int = 32):
+    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10."""
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
-    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD)
+    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size)
 
 
 @datasets.register("image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side)

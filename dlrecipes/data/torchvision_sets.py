@@ -122,28 +122,35 @@ def read_cifar_batches(folder: Path, files: tuple[str, ...], label_key: str) -> 
     return np.concatenate(images), np.concatenate(labels)
 
 
-def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std) -> DatasetSplits:
+def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std,
+                image_size: int = 32) -> DatasetSplits:
     import torch
 
     from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.transforms import small_image_transforms
 
+    if image_size < 8:
+        from dlrecipes.errors import RecipeError
+
+        raise RecipeError(f"dataset.image_size: must be at least 8, got {image_size}")
     folder = ensure_cifar(Path(root), source, download)
     train_x, train_y = read_cifar_batches(folder, source.train_files, source.label_key)
     test_x, test_y = read_cifar_batches(folder, source.test_files, source.label_key)
-    train_tf = small_image_transforms(32, mean, std, crop_padding=4 if augment else 0, hflip=augment, train=True)
-    eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False)
+    size = None if image_size == 32 else image_size  # resized after augmentation, on the loader's device
+    train_tf = small_image_transforms(32, mean, std, crop_padding=4 if augment else 0, hflip=augment, train=True,
+                                      resize=size)
+    eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False, resize=size)
     return DatasetSplits(
         train=TransformedTensorDataset(
             torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf,
-            BatchAugment(tuple(mean), tuple(std), crop_padding=4 if augment else 0, hflip=augment),
+            BatchAugment(tuple(mean), tuple(std), crop_padding=4 if augment else 0, hflip=augment, size=size),
         ),
         eval=TransformedTensorDataset(
-            torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std))
+            torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std), size=size)
         ),
         num_classes=source.num_classes,
-        input_shape=(3, 32, 32),
+        input_shape=(3, image_size, image_size),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -15,9 +15,11 @@ MNIST_STD = (0.3081,)
 
 
 def small_image_transforms(
-    size: int, mean: Sequence[float], std: Sequence[float], crop_padding: int, hflip: bool, train: bool
+    size: int, mean: Sequence[float], std: Sequence[float], crop_padding: int, hflip: bool, train: bool,
+    resize: Optional[int] = None,
 ):
-    """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding and flip, then normalise."""
+    """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding and flip, then normalise
+    (with ``resize``: bilinearly resized first, as the on-device loader does)."""
     import torch
     from torchvision.transforms import v2
 
@@ -26,7 +28,10 @@ def small_image_transforms(
         steps.append(v2.RandomCrop(size, padding=crop_padding))
     if train and hflip:
         steps.append(v2.RandomHorizontalFlip())
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    steps.append(v2.ToDtype(torch.float32, scale=True))
+    if resize is not None and resize != size:
+        steps.append(v2.Resize((resize, resize), antialias=False))
+    steps.append(v2.Normalize(list(mean), list(std)))
     return v2.Compose(steps)
 
 
