@@ -101,6 +101,8 @@ def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_dec
     import numba.core.event
 
     loader = FFCVLoader(_source(beton, train=True), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=1)
+    before, threads = torch.get_num_threads(), 3  # any count other than the loader's one worker
+    torch.set_num_threads(threads)
     compilations = []
     for size in (16, 8, 24, 8):
         loader.set_resolution(size)
@@ -113,6 +115,8 @@ def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_dec
         assert sorted(ids.tolist()) == list(range(18))
         assert torch.equal(labels, ids // 6)
     assert compilations[0] > 0 and compilations[1:] == [0, 0, 0]
+    assert torch.get_num_threads() == threads  # FFCV's per-epoch set_num_threads(workers) is undone
+    torch.set_num_threads(before)
 
 
 def test_progressive_resizing_schedule_matches_composers_rule(beton):

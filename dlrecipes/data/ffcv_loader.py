@@ -122,7 +122,10 @@ class FFCVLoader:
         return len(self.loader)
 
     def __iter__(self):
-        return iter(self.loader)
+        threads = torch.get_num_threads()
+        epoch = iter(self.loader)  # FFCV sets torch's thread count to its worker count here, every epoch
+        torch.set_num_threads(threads)  # numba keeps FFCV's; the model keeps its own
+        return epoch
 
 
 def ffcv_dataspec(loader: FFCVLoader) -> DataSpec:
