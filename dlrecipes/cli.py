@@ -114,9 +114,13 @@ def show(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     plugin: List[str] = PluginOpt,
-    device_check: bool = DeviceCheckOpt,
+    device_check: bool = typer.Option(
+        False, "--device-check/--skip-device-check", help="also check that this machine can run the device and precision"
+    ),
 ) -> None:
-    """Print the resolved recipe, each value annotated with the file or override it came from."""
+    """Print the resolved recipe, each value annotated with the file or override it came from.
+
+    Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
     from dlrecipes.config import validate as validate_recipe
     from dlrecipes.show import render_with_sources

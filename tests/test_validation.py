@@ -199,3 +199,11 @@ def test_an_imagenet_network_on_small_images_is_refused_by_validate(tiny_recipe)
     lowered = run_cli("validate", str(tiny_recipe), "model={name: timm, arch: resnet18, min_input_size: 8}",
                       "--skip-device-check")
     assert lowered.returncode == 0, lowered.stderr
+
+
+def test_show_of_a_gpu_recipe_needs_no_gpu():
+    from .conftest import RECIPES
+
+    shown = run_cli("show", str(RECIPES / "imagenet100_fast.yaml"))
+    assert shown.returncode == 0, shown.stderr
+    assert "precision: amp_bf16" in shown.stdout and "device: gpu" in shown.stdout
