@@ -9,6 +9,7 @@ except to ask whether a GPU exists when the recipe wants one.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -257,8 +258,6 @@ def _resolve_batch_size(config: RecipeConfig, given: dict) -> None:
         )
     if per_device < 1:
         raise RecipeError(f"trainer.batch_size_per_device: must be at least 1, got {per_device}")
-    import os
-
     config.trainer.batch_size = per_device * int(os.environ.get("WORLD_SIZE", "1"))
 
 

@@ -52,9 +52,10 @@ def check_devices(config, nproc: int, world_size: int) -> None:
         available = torch.cuda.device_count()
         if nproc > available:
             raise UserError(f"-n/--nproc: {nproc} processes per node but this node has {available} GPU(s)")
-    per_device = config.trainer.batch_size_per_device is not None  # its global batch always splits evenly
-    for key, batch in ((("trainer.batch_size", config.trainer.batch_size),) * (not per_device)
-                       + (("trainer.eval_batch_size", config.trainer.eval_batch_size),)):
+    batches = [("trainer.eval_batch_size", config.trainer.eval_batch_size)]
+    if config.trainer.batch_size_per_device is None:  # a per-device batch always splits evenly
+        batches.insert(0, ("trainer.batch_size", config.trainer.batch_size))
+    for key, batch in batches:
         if batch is not None and batch % world_size:
             raise UserError(
                 f"{key}: the global batch size {batch} does not divide evenly over {world_size} processes "

@@ -54,8 +54,7 @@ class StopOnSignal(Callback):
         self._previous = {}
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        received = self.received if self.received is not None else 0
-        received = int(max(self._host.max([float(received)])))
+        received = int(self._host.max([float(self.received or 0)])[0])  # any rank's signal stops every rank
         if not received:
             return
         self._restore()
