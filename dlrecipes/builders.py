@@ -16,8 +16,8 @@ from dlrecipes.config import Component, TrainerConfig
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 
-# Model parameters the builder fills from the dataset when the recipe leaves them out.
-DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape")
+# Model parameters the builder fills from the dataset (and the recipe's loss) when the recipe leaves them out.
+DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape", "loss")
 
 
 def build_component(reg: registry.Registry, name: str, params: dict[str, Any], key: str, **context: Any) -> Any:
@@ -39,11 +39,13 @@ def build_datasets(cfg: Component) -> DatasetSplits:
     return data
 
 
-def model_params(cfg: Component, data: DatasetSplits) -> dict[str, Any]:
-    """The model's parameters, with class count and input shape filled from the data."""
+def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy") -> dict[str, Any]:
+    """The model's parameters, with class count and input shape filled from the data (and the loss
+    from the recipe, for factories whose initialisation depends on it)."""
     params = dict(cfg.params)
     accepted = registry.models.get(cfg.name).parameters
-    supplied = {"num_classes": data.num_classes, "in_chans": data.input_shape[0], "input_shape": data.input_shape}
+    supplied = {"num_classes": data.num_classes, "in_chans": data.input_shape[0], "input_shape": data.input_shape,
+                "loss": loss}
     for key in DATA_SUPPLIED_MODEL_PARAMS:
         if key in accepted and key not in params:
             params[key] = supplied[key]
@@ -56,6 +58,8 @@ def model_params(cfg: Component, data: DatasetSplits) -> dict[str, Any]:
         raise RecipeError(
             f"model.in_chans: {params['in_chans']} does not match the dataset's {data.input_shape[0]} channels"
         )
+    if params.get("loss", loss) != loss:
+        raise RecipeError(f"model.loss: '{params['loss']}' differs from the recipe's loss '{loss}' (set loss: instead)")
     return params
 
 
@@ -72,7 +76,7 @@ def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy"
         from dlrecipes.models.multi_io import build_multi_io_model
 
         return build_multi_io_model(cfg, data, task)
-    module = build_component(registry.models, cfg.name, model_params(cfg, data), "model.name")
+    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss), "model.name")
     if not isinstance(module, nn.Module):
         raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
     return wrap_classifier(module, data.num_classes, loss)

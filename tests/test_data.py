@@ -63,6 +63,34 @@ def test_image_folder_builds_transforms_per_split(tmp_path):
     assert data.eval[5][0].shape == (3, 16, 16) and data.eval[5][1] == 2
 
 
+def test_image_folder_train_and_eval_sizes_are_separate(tmp_path):
+    """MosaicML's mild recipe shape: small training crops, larger evaluation centre crops."""
+    _jpegs(tmp_path, ["cat", "dog"], size=(40, 30))
+    data = registry.datasets.build(
+        "image_folder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
+        crop_size=12, eval_crop_size=20, resize_size=24,
+    )
+    assert data.train[0][0].shape == (3, 12, 12) and data.eval[0][0].shape == (3, 20, 20)
+    assert data.input_shape == (3, 12, 12)
+    assert data.augment["crop_size"] == 12 and data.augment["eval_crop_size"] == 20
+
+
+def test_an_eval_crop_larger_than_the_resize_is_refused_at_validation(tmp_path):
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    from .conftest import write
+
+    recipe = write(tmp_path / "r.yaml", f"""
+description: sizes
+model: {{name: cifar_resnet18}}
+dataset: {{name: imagenet, root: {tmp_path}, crop_size: 176, eval_crop_size: 240, resize_size: 232}}
+""")
+    with pytest.raises(RecipeError, match=r"dataset.eval_crop_size: a 240 px evaluation centre crop does not fit .* "
+                                          r"dataset.resize_size=232"):
+        resolve(recipe, check_device=False)
+
+
 def test_image_folder_errors_name_the_folder(tmp_path):
     with pytest.raises(DataError, match=r"dataset.train_path: folder not found: .*nope"):
         registry.datasets.build("image_folder", train_path=str(tmp_path / "nope"), val_path=str(tmp_path))

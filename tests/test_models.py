@@ -61,3 +61,35 @@ def test_timm_loads_a_local_pretrained_file(tmp_path):
 def test_model_num_classes_must_match_the_data():
     with pytest.raises(RecipeError, match="model.num_classes: 5 does not match the dataset, which has 7 classes"):
         model_params(Component("cnn_simple", {"num_classes": 5}), _fake_splits((1, 28, 28)))
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "binary_cross_entropy"])
+def test_mosaicml_init_as_their_resnet_benchmark(loss):
+    """Kaiming-normal conv/linear weights, BN weights uniform in [0, 1) and biases 0; with binary
+    cross-entropy the classifier bias at -log(num_classes) (mosaicml/examples resnet_imagenet model.py)."""
+    import math
+
+    from dlrecipes.builders import build_model
+
+    data = DatasetSplits([], [], 100, (3, 64, 64))
+    torch.manual_seed(0)
+    net = build_model(Component("torchvision", {"arch": "resnet50", "init": "mosaicml"}), data, loss).module
+    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    weights = torch.cat([m.weight.detach() for m in bns])
+    assert 0.0 <= weights.min() and weights.max() < 1.0 and 0.45 < weights.mean() < 0.55
+    assert all(bool((m.bias == 0).all()) for m in bns)
+    conv = net.layer3[0].conv2  # 256 x 256 x 3 x 3: fan-in 2304, Kaiming std sqrt(2 / 2304)
+    assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / 2304), rel=0.02)
+    assert net.fc.weight.std().item() == pytest.approx(math.sqrt(2 / 2048), rel=0.02)
+    if loss == "binary_cross_entropy":
+        assert torch.allclose(net.fc.bias, torch.full((100,), -math.log(100)))
+    else:
+        assert net.fc.bias.abs().max() < 0.1  # torchvision's own uniform(+-1/sqrt(fan_in)) bias
+
+
+def test_the_model_loss_comes_from_the_recipe():
+    data = DatasetSplits([], [], 10, (3, 64, 64))
+    params = model_params(Component("torchvision", {"arch": "resnet18"}), data, "binary_cross_entropy")
+    assert params["loss"] == "binary_cross_entropy"
+    with pytest.raises(RecipeError, match="model.loss: 'cross_entropy' differs from the recipe's loss"):
+        model_params(Component("torchvision", {"arch": "resnet18", "loss": "cross_entropy"}), data, "binary_cross_entropy")

@@ -71,6 +71,23 @@ def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
     assert (tmp_path / "imgs" / ".dlrecipes-cache" / "train-20.npy").exists()
 
 
+def test_tensor_cache_honours_separate_train_and_eval_sizes(tmp_path):
+    from dlrecipes import registry
+    from dlrecipes.data.tensor_cache import build_tensor_cache_loader
+
+    _folder(tmp_path / "imgs" / "train", per_class=4)
+    _folder(tmp_path / "imgs" / "val", per_class=2)
+    data = registry.datasets.build("image_folder", train_path=str(tmp_path / "imgs" / "train"),
+                                   val_path=str(tmp_path / "imgs" / "val"), crop_size=12, eval_crop_size=18,
+                                   resize_size=20)
+    shapes = {}
+    for split, dataset, train in (("train", data.train, True), ("eval", data.eval, False)):
+        loader = build_tensor_cache_loader(dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None,
+                                           **data.augment)
+        shapes[split] = next(iter(loader))[0].shape
+    assert shapes == {"train": (2, 3, 12, 12), "eval": (2, 3, 18, 18)}
+
+
 def test_tensor_cache_is_for_image_folders(tiny_recipe):
     with pytest.raises(RecipeError, match="trainer.loader: 'tensor_cache' caches image folders"):
         resolve(tiny_recipe, ["trainer.loader=tensor_cache"])

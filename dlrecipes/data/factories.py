@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from dlrecipes.errors import RecipeError
 from dlrecipes.registry import datasets
 
 _IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -17,6 +18,18 @@ _IMAGENET_STD = [0.229, 0.224, 0.225]
 def _crop_side(params: dict) -> int:
     """``image_side=`` metadata: the side of the images a model sees (validation checks models' minimum)."""
     return min(params["crop_size"], params.get("eval_crop_size") or params["crop_size"])
+
+
+def _check_eval_sizes(params: dict, path: str) -> None:
+    """Image folders: the evaluation centre crop must fit in the resized image."""
+    crop = params.get("eval_crop_size") or params.get("crop_size", 224)
+    resize = params.get("resize_size", 256)
+    if crop > resize:
+        which = "eval_crop_size" if params.get("eval_crop_size") else "crop_size"
+        raise RecipeError(
+            f"{path}.{which}: a {crop} px evaluation centre crop does not fit in images resized to "
+            f"{path}.resize_size={resize} px (use a resize_size of at least {crop})"
+        )
 
 
 @datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"])
@@ -54,49 +67,61 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
     return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size)
 
 
-@datasets.register("image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side)
+@datasets.register(
+    "image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side, validator=_check_eval_sizes,
+)
 def image_folder(
     train_path: str,
     val_path: str,
     crop_size: int = 224,
     resize_size: int = 256,
+    eval_crop_size: Optional[int] = None,
     min_scale: float = 0.08,
     hflip: bool = True,
     mean: list[float] = _IMAGENET_MEAN,
     std: list[float] = _IMAGENET_STD,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
-    """Any folders of <class>/<image> for train and val; random-resized-crop + flip, center-crop eval."""
+    """Any folders of <class>/<image> for train and val: random-resized crops of crop_size + flip for
+    training; evaluation resizes the shorter side to resize_size and center-crops eval_crop_size
+    (default: crop_size)."""
     from dlrecipes.data.image_folder import build_image_folders
 
     return build_image_folders(
-        train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images
+        train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images,
+        eval_crop_size=eval_crop_size,
     )
 
 
-@datasets.register("imagenet", pil_images=True, paths=("root",), image_side=_crop_side)
+@datasets.register(
+    "imagenet", pil_images=True, paths=("root",), image_side=_crop_side, validator=_check_eval_sizes,
+)
 def imagenet(
     root: str = "data/imagenet",
     crop_size: int = 224,
     resize_size: int = 256,
+    eval_crop_size: Optional[int] = None,
     min_scale: float = 0.08,
     hflip: bool = True,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
-    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/."""
+    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder)."""
     from dlrecipes.data.image_folder import build_image_folders
 
     return build_image_folders(
         f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
-        bad_images=bad_images,
+        bad_images=bad_images, eval_crop_size=eval_crop_size,
     )
 
 
-@datasets.register("imagenet100", pil_images=True, paths=("root", "class_list"), image_side=_crop_side)
+@datasets.register(
+    "imagenet100", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
+)
 def imagenet100(
     root: str = "data/imagenet",
     crop_size: int = 224,
     resize_size: int = 256,
+    eval_crop_size: Optional[int] = None,
     min_scale: float = 0.08,
     hflip: bool = True,
     class_list: Optional[str] = None,
@@ -117,7 +142,7 @@ def imagenet100(
             raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
     return build_image_folders(
         f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
-        only_classes=classes, bad_images=bad_images,
+        only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size,
     )
 
 

@@ -94,8 +94,13 @@ def build_image_folders(
     only_classes: Optional[Sequence[str]] = None,
     key: str = "dataset",
     bad_images: str = "fail",
+    eval_crop_size: Optional[int] = None,
 ) -> DatasetSplits:
+    """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation
+    the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop."""
     from dlrecipes.data.transforms import imagenet_transforms
+
+    eval_crop_size = eval_crop_size or crop_size
 
     classes = find_classes(Path(train_path), f"{key}.train_path", only_classes)
     val_classes = find_classes(Path(val_path), f"{key}.val_path", only_classes)
@@ -105,13 +110,13 @@ def build_image_folders(
             f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
         )
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
-    eval_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=False)
+    eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
         train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images),
         eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
-        augment={"crop_size": crop_size, "resize_size": resize_size, "min_scale": min_scale, "hflip": hflip,
-                 "mean": tuple(mean), "std": tuple(std)},
+        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
+                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
     )

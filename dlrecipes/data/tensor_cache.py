@@ -223,15 +223,21 @@ class TensorCacheLoader:
 
 def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
                               seed: int, rank: int, world_size: int, cache_dir: Optional[Path],
-                              cache_size: Optional[int], crop_size: int, resize_size: int, min_scale: float,
-                              hflip: bool, mean: Sequence[float], std: Sequence[float]) -> TensorCacheLoader:
-    """Cache ``dataset`` (an ImageFolder) next to its data (or in ``cache_dir``) and load from the cache."""
+                              cache_size: Optional[int], crop_size: int, eval_crop_size: int, resize_size: int,
+                              min_scale: float, hflip: bool, mean: Sequence[float],
+                              std: Sequence[float]) -> TensorCacheLoader:
+    """Cache ``dataset`` (an ImageFolder) next to its data (or in ``cache_dir``) and load from the cache.
+
+    Training takes ``crop_size`` random-resized crops; evaluation an ``eval_crop_size`` centre crop
+    covering ``eval_crop_size / resize_size`` of the side, as the torchvision path does.
+    """
     samples = [(str(p), int(label)) for p, label in dataset.samples]
     cache_dir = Path(cache_dir) if cache_dir else Path(dataset.root).resolve().parent / ".dlrecipes-cache"
     cache_size = cache_size or resize_size
     split = "train" if train else "val"
     images_path = build_cache(samples, cache_dir, split, cache_size, workers=max(1, num_workers))
-    crop = {"size": crop_size, "min_scale": min_scale, "resize_ratio": crop_size / resize_size, "hflip": hflip}
+    size = crop_size if train else eval_crop_size
+    crop = {"size": size, "min_scale": min_scale, "resize_ratio": eval_crop_size / resize_size, "hflip": hflip}
     batches = CachedBatches(images_path, cache_dir / f"{split}-{cache_size}.labels.npy", batch_size, train, seed,
                             rank, world_size, crop=None if device.type == "cuda" else crop, mean=mean, std=std)
     return TensorCacheLoader(batches, num_workers, device, crop, mean, std)

@@ -6,7 +6,7 @@ imported inside the factories so that listing and validating recipes stays fast.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from dlrecipes.errors import DataError, RecipeError, did_you_mean
 from dlrecipes.registry import models
@@ -151,8 +151,14 @@ def torchvision_model(
     pretrained_path: Optional[str] = None,
     min_input_size: int = 64,
     input_shape: Optional[tuple[int, int, int]] = None,
+    init: Literal["torchvision", "mosaicml"] = "torchvision",
+    loss: str = "cross_entropy",
 ):
-    """Any torchvision classification model by name (`arch`), e.g. resnet50; weights from a local file."""
+    """Any torchvision classification model by name (`arch`), e.g. resnet50; weights from a local file.
+
+    ``init: mosaicml`` re-initialises the weights as MosaicML's ResNet benchmark does (see
+    dlrecipes.models.init); ``loss`` is filled from the recipe's loss.
+    """
     import torch
     import torchvision
 
@@ -160,6 +166,10 @@ def torchvision_model(
         raise RecipeError(f"model.in_chans: torchvision '{arch}' takes 3-channel images, the data has {in_chans}")
     refuse_small_inputs("torchvision", arch, input_shape, min_input_size)
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if init == "mosaicml":
+        from dlrecipes.models.init import mosaicml_init
+
+        mosaicml_init(model, num_classes, binary_cross_entropy=loss == "binary_cross_entropy")
     if pretrained_path is not None:
         from pathlib import Path
 
