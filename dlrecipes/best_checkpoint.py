@@ -22,6 +22,7 @@ class BestCheckpoint(Callback):
         self.monitor = monitor
         self.mode = mode
         self.best: float | None = None
+        self.saved_at_batch: int | None = None  # when best.pt was last written (this process's run)
 
     def _better(self, value: float) -> bool:
         if math.isnan(value):
@@ -38,6 +39,7 @@ class BestCheckpoint(Callback):
         if not self._better(value):
             return
         self.best = value
+        self.saved_at_batch = int(state.timestamp.batch)
         path = self.folder / "best.pt"
         save_atomically(state, path)
         if dist.get_global_rank() == 0:

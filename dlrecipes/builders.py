@@ -63,8 +63,9 @@ def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy
     return params
 
 
-def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy", task=None):
-    """The network wrapped as a Composer classifier with top-1/top-5 accuracy and loss.
+def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy", task=None,
+                metrics: dict | None = None, train_metrics: dict | None = None):
+    """The network wrapped as a Composer classifier with the recipe's loss and metrics.
 
     With a ``task`` (several inputs/outputs), a per-output loss and metrics wrapper instead.
     """
@@ -76,10 +77,12 @@ def build_model(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy"
         from dlrecipes.models.multi_io import build_multi_io_model
 
         return build_multi_io_model(cfg, data, task)
-    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss), "model.name")
+    from dlrecipes.losses import loss_name
+
+    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss_name(loss)), "model.name")
     if not isinstance(module, nn.Module):
         raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
-    return wrap_classifier(module, data.num_classes, loss)
+    return wrap_classifier(module, data.num_classes, loss, metrics, train_metrics)
 
 
 def per_device_batch(global_batch: int, key: str) -> int:

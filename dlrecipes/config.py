@@ -18,9 +18,10 @@ from typing import Any, Literal, Optional, Union
 
 from dlrecipes import registry
 from dlrecipes.errors import RecipeError, did_you_mean
+from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 from dlrecipes.recipe import LoadedRecipe
 from dlrecipes.schema import Duration, check, check_dataclass, check_params
-from dlrecipes.task import check_task
+from dlrecipes.task import check_task, declared_io, metric_names
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -109,8 +110,9 @@ class CheckpointConfig:
 
 @dataclass
 class OutputConfig:
-    loss: Literal["cross_entropy", "binary_cross_entropy", "mse", "l1"] = _help(
-        "this output's loss: cross_entropy or binary_cross_entropy (class labels), mse or l1 (regression values)",
+    loss: Union[str, dict[str, Any]] = _help(
+        "this output's loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy, focal "
+        "(class labels), mse, l1 (regression values), or a plugin's (dlrecipes list losses)",
         default="cross_entropy",
     )
     weight: float = _help("weight of this output's loss in the total (0 or more)", default=1.0)
@@ -148,9 +150,19 @@ class RecipeConfig:
     run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
     runs_dir: str = _help("where run directories are written", default="runs")
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
-    loss: Literal["cross_entropy", "binary_cross_entropy"] = _help(
-        "training loss: softmax cross-entropy, or per-class binary cross-entropy (MosaicML's ResNet recipes)",
+    loss: Union[str, dict[str, Any]] = _help(
+        "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "
+        "recipes), focal, each with label_smoothing; or a plugin's (dlrecipes list losses)",
         default="cross_entropy",
+    )
+    metrics: dict[str, dict[str, Any]] = _help(
+        "evaluation metrics, a list of names or {name: {params}} (dlrecipes list metrics); the evaluation loss "
+        "is always computed; confusion_matrix and per_class_accuracy are written at the end of the run",
+        default_factory=lambda: {name: {} for name in DEFAULT_METRICS},
+    )
+    train_metrics: dict[str, dict[str, Any]] = _help(
+        "training metrics, as metrics:, from every trainer.train_metrics_interval-th step's own outputs",
+        default_factory=lambda: {name: {} for name in DEFAULT_TRAIN_METRICS},
     )
     task: Optional[TaskConfig] = _help(
         "several inputs and outputs: {inputs: [names], outputs: {name: {loss, weight}}} (null: one image, one label)",
@@ -181,8 +193,8 @@ class RecipeConfig:
             value = getattr(self, name)
             if name in ("task", "finetune") and value is None:
                 continue  # recipes without a task resolve exactly as before tasks existed
-            if name == "loss" and self.task is not None:
-                continue  # each output of the task names its own loss
+            if name in ("loss", "metrics", "train_metrics") and self.task is not None:
+                continue  # each output of the task names its own loss; its metrics follow from its kind
             if isinstance(value, Component):
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
@@ -193,7 +205,8 @@ class RecipeConfig:
 
 # How sections are listed in resolved recipes: what the run is, then what it builds.
 TOP_LEVEL_ORDER = (
-    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "task", "trainer",
+    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "metrics", "train_metrics",
+    "task", "trainer",
     "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers",
 )
 
@@ -230,6 +243,11 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     for section, reg in COMPONENT_MAPS.items():
         if section in data:
             maps[section] = _check_component_map(data.pop(section), section, reg)
+    for section in ("metrics", "train_metrics"):
+        if section in data:
+            maps[section] = _check_metrics(data.pop(section), section)
+    if "loss" in data:
+        data["loss"] = check_loss(data["loss"], "loss")
     # the remaining keys, and whether required sections are there, are checked by the dataclass
     config = check_dataclass(RecipeConfig, {**data, **components, **maps}, "")
     for section in ("optimizer", "scheduler"):
@@ -239,6 +257,12 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
         config.name = recipe.name
     resolve_paths(config, recipe)
     _resolve_batch_size(config, given=data.get("trainer") or {})
+    if config.task is not None:
+        for name, out in config.task.outputs.items():
+            out.loss = check_loss(out.loss, f"task.outputs.{name}.loss")
+        if "metrics" in maps or "train_metrics" in maps:
+            raise RecipeError("metrics: with task:, each output's metrics follow from its kind (top1/top5 or "
+                              "mse/mae); remove metrics and train_metrics")
     check_task(config, loss_given="loss" in data)
     _check_cross_fields(config)
     if check_device:
@@ -350,6 +374,31 @@ def _check_component_map(value: Any, section: str, reg: registry.Registry) -> di
     return out
 
 
+def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
+    """A loss: a registered name, or ``{name: ..., <params>}`` checked against its factory."""
+    if isinstance(value, str):
+        registry.losses.get(value, key_path=path)
+        return value
+    if not isinstance(value, dict):
+        raise RecipeError(f"{path}: expected a loss name or {{name: ..., <params>}}, got {value!r}")
+    return check_component(value, path, registry.losses).to_dict()
+
+
+def _check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
+    """``metrics``/``train_metrics``: a list of names or a mapping of names to parameters."""
+    if isinstance(value, list):
+        if not all(isinstance(name, str) for name in value):
+            raise RecipeError(f"{section}: expected a list of metric names, got {value!r}")
+        value = {name: {} for name in value}
+    metrics = _check_component_map(value, section, registry.metrics)
+    if section == "train_metrics":
+        for name in metrics:
+            if registry.metrics.get(name).metadata.get("report"):
+                raise RecipeError(f"train_metrics.{name}: a table written for the best evaluation; list it "
+                                  "under metrics: instead")
+    return metrics
+
+
 def _run_validator(entry: registry.Entry, params: dict[str, Any], path: str) -> None:
     """An entry may register ``validator=fn(params, key_path)`` for checks beyond types."""
     validator = entry.metadata.get("validator")
@@ -406,8 +455,43 @@ def _check_input_side(config: RecipeConfig) -> None:
     refuse_small_inputs(config.model.name, params.get("arch", config.model.name), (3, side, side), params["min_input_size"])
 
 
+def _logged_metrics(config: RecipeConfig, split: str) -> tuple[list[str], str]:
+    """The metric names an evaluation (``eval``) or the training (``train``) logs, and an example."""
+    if config.task is not None:
+        outputs = {name: io for name, io in declared_io(config.dataset.name, config.dataset.params).outputs.items()
+                   if name in config.task.outputs}
+        example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
+        return metric_names(outputs, train=split == "train"), example
+    if split == "train":
+        return list(config.train_metrics), "top1"
+    scalar = [n for n in config.metrics if not registry.metrics.get(n).metadata.get("report")]
+    return [*scalar, EVAL_LOSS], "top1"
+
+
+def _check_monitors(config: RecipeConfig) -> None:
+    """checkpoint.monitor and every callback's ``monitor`` must be a metric the run logs."""
+    watched = []
+    if config.checkpoint.monitor:
+        watched.append(("checkpoint.monitor", config.checkpoint.monitor, "eval"))
+    for name, params in config.callbacks.items():
+        entry = registry.callbacks.get(name)
+        if "monitor" in entry.parameters:
+            default = entry.parameters["monitor"].default
+            split = params.get("split", "eval")
+            watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
+    for path, monitor, split in watched:
+        known, example = _logged_metrics(config, split)
+        if monitor not in known:
+            raise RecipeError(
+                f"{path}: '{monitor}' is not {'an eval' if split == 'eval' else 'a train'} metric of this "
+                f"{'task' if config.task is not None else 'run'}"
+                f"{did_you_mean(str(monitor), known)}; it logs {', '.join(known)} (e.g. {path}={example})"
+            )
+
+
 def _check_cross_fields(config: RecipeConfig) -> None:
     t = config.trainer
+    _check_monitors(config)
     _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
     _check_option_keys("trainer.compile", t.compile, COMPILE_KEYS)
     _check_input_side(config)

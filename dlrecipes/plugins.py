@@ -31,6 +31,8 @@ BUILTIN_MODULES = (
     "dlrecipes.algorithms",
     "dlrecipes.callbacks",
     "dlrecipes.loggers",
+    "dlrecipes.losses",
+    "dlrecipes.metrics",
 )
 ENTRY_POINT_GROUPS = {f"dlrecipes.{group}": group for group in REGISTRIES}
 

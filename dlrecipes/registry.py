@@ -21,7 +21,10 @@ key_path)`` (checks beyond types, at validation), and for models the card ``list
 shows: ``input_size=(C, H, W)``, ``param_count=`` (at the factory's defaults; a test
 compares it with the built model) and ``pretrained="how to get weights"`` (absent: none);
 for datasets ``image_side=fn(params)``: the side of the images a model sees, which validation
-checks against a model's ``min_input_size``.
+checks against a model's ``min_input_size``; for losses ``targets="class"`` or ``"regression"``
+(what the loss trains; multi-output tasks check it per output); for metrics ``report=True``
+(not a number per evaluation but a table written at the end of the run, see
+:mod:`dlrecipes.metrics`).
 """
 
 from __future__ import annotations
@@ -132,7 +135,9 @@ schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler")
 algorithms = Registry("algorithms", "algorithm", "a composer Algorithm")
 callbacks = Registry("callbacks", "callback", "a composer Callback")
 loggers = Registry("loggers", "logger", "a composer LoggerDestination")
+losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor")
+metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)")
 
 REGISTRIES: dict[str, Registry] = {
-    r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers)
+    r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers, losses, metrics)
 }

@@ -19,13 +19,6 @@ from dlrecipes import registry
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError, did_you_mean
 
-# loss name -> the kind of target it trains (the implementations are in dlrecipes.models.multi_io)
-LOSS_TARGETS = {
-    "cross_entropy": "class",
-    "binary_cross_entropy": "class",
-    "mse": "regression",
-    "l1": "regression",
-}
 TOTAL_LOSS = "loss"  # eval metric: the weighted sum of the outputs' losses
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _RESERVED = {"total"}  # Composer logs the weighted sum as loss/train/total
@@ -104,7 +97,6 @@ def check_task(config: Any, loss_given: bool = False) -> None:
     if not any(out.weight > 0 for out in task.outputs.values()):
         raise RecipeError("task.outputs: every weight is 0, so nothing would be trained; give one output a weight > 0")
     _check_batch_users(config)
-    _check_monitors(config, {name: io.outputs[name] for name in task.outputs})
 
 
 def _check_names(given: list[str], declared: list[str], path: str, what: str, dataset: str) -> None:
@@ -130,10 +122,11 @@ def _check_names(given: list[str], declared: list[str], path: str, what: str, da
 
 def _check_output(name: str, out: Any, spec: OutputSpec, dataset: str) -> None:
     path = f"task.outputs.{name}"
-    if LOSS_TARGETS[out.loss] != spec.kind:
-        fitting = ", ".join(loss for loss, kind in LOSS_TARGETS.items() if kind == spec.kind)
+    loss = out.loss if isinstance(out.loss, str) else out.loss["name"]
+    if registry.losses.get(loss).metadata.get("targets") != spec.kind:
+        fitting = ", ".join(e.name for e in registry.losses if e.metadata.get("targets") == spec.kind)
         target = "a class label" if spec.kind == "class" else f"{spec.size} regression value(s)"
-        raise RecipeError(f"{path}.loss: '{out.loss}' does not fit output '{name}' of dataset '{dataset}', which is "
+        raise RecipeError(f"{path}.loss: '{loss}' does not fit output '{name}' of dataset '{dataset}', which is "
                           f"{target}; use {fitting}")
     if out.weight < 0:
         raise RecipeError(f"{path}.weight: must be 0 or more, got {out.weight}")
@@ -160,26 +153,4 @@ def _check_batch_users(config: Any) -> None:
             raise RecipeError(
                 f"algorithms.{name}: {reason}, and a task's batch is (inputs..., targets...); remove {name} "
                 "(model-level algorithms such as ema, swa, sam, channels_last, gradient_clipping work)"
-            )
-
-
-def _check_monitors(config: Any, outputs: dict[str, OutputSpec]) -> None:
-    """checkpoint.monitor and every callback's ``monitor`` must be a metric this task logs."""
-    example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
-    watched = []
-    if config.checkpoint.monitor:
-        watched.append(("checkpoint.monitor", config.checkpoint.monitor, "eval"))
-    for name, params in config.callbacks.items():
-        entry = registry.callbacks.get(name)
-        if "monitor" in entry.parameters:
-            default = entry.parameters["monitor"].default
-            split = params.get("split", "eval")
-            watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
-    for path, monitor, split in watched:
-        known = metric_names(outputs, train=split == "train")
-        if monitor not in known:
-            raise RecipeError(
-                f"{path}: '{monitor}' is not {'an eval' if split == 'eval' else 'a train'} metric of this task"
-                f"{did_you_mean(str(monitor), known)}; "
-                f"it logs {', '.join(known)} (e.g. {path}={example})"
             )

@@ -186,6 +186,7 @@ def build_trainer(
 
     from dlrecipes.best_checkpoint import BestCheckpoint
     from dlrecipes.history import RunHistory
+    from dlrecipes.metrics.report import ClassReport, report_tables
 
     t, ckpt = config.trainer, config.checkpoint
     device = device or resolve_device(t.device)
@@ -194,7 +195,8 @@ def build_trainer(
     reproducibility.seed_all(t.seed)  # before building, so weights and data are seeded too
 
     data = builders.build_datasets(config.dataset)
-    model = builders.build_model(config.model, data, config.loss, task=config.task)
+    model = builders.build_model(config.model, data, config.loss, task=config.task, metrics=config.metrics,
+                                 train_metrics=config.train_metrics)
     if ckpt.save:
         check_free_space(run_dir, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
@@ -213,8 +215,12 @@ def build_trainer(
     if saver is not None:
         callbacks.append(saver)
     callbacks.append(StopOnSignal(saver))  # after the saver: a signal at a save point writes once
-    if ckpt.monitor:
-        callbacks.append(BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode))
+    best = BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode) if ckpt.monitor else None
+    if best is not None:
+        callbacks.append(best)
+    tables = report_tables(config.metrics) if config.task is None else []
+    if tables:  # after BestCheckpoint: it tells which evaluation is the best one
+        callbacks.append(ClassReport(run_dir, data.num_classes, data.class_names, tables, best))
     loggers = builders.build_loggers(config.loggers, run_dir)
     loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
     if t.progress_bar:

@@ -103,8 +103,10 @@ def scripted_top1(monkeypatch):
     def script(values):
         real = classifier.classification_metrics
 
-        def metrics(num_classes, loss=True):
-            collection = real(num_classes, loss=True)
+        def metrics(num_classes, names=None, train=False):
+            collection = real(num_classes, names, train=train)
+            if train:
+                return collection
             return MetricCollection({"top1": ScriptedAccuracy(values), "loss": collection["loss"]})
 
         monkeypatch.setattr(classifier, "classification_metrics", metrics)

@@ -194,6 +194,8 @@ def _cifar_archive(tmp_path, n=6):
         batch = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), "labels": list(range(n))}
         with open(folder / name, "wb") as f:
             pickle.dump(batch, f)
+    with open(folder / "batches.meta", "wb") as f:  # as in the real archive: names as bytes in python 2 pickles
+        pickle.dump({"label_names": [f"class{i}".encode() for i in range(10)], "num_vis": 3072}, f)
     archive = tmp_path / "cifar-10-python.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname="cifar-10-batches-py")
@@ -220,6 +222,7 @@ def test_cifar_download_path_fetches_checks_and_extracts(tmp_path, monkeypatch, 
     monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
     data = registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True)
     assert len(data.train) == 30 and len(data.eval) == 6 and data.num_classes == 10
+    assert data.class_names == [f"class{i}" for i in range(10)]  # from batches.meta, for the end-of-run report
     x, y = data.train[7]
     assert x.shape == (3, 32, 32) and y == 1
 

@@ -83,6 +83,10 @@ def test_inspect_reports_samples_fields_resolutions_and_classes(beton):
     assert info["resolution"]["height"] == {"min": 24, "median": 26.5, "max": 29}
     assert info["stored_as"] == {"jpg": 0, "raw": 18}
     assert info["classes"] == {0: 6, 1: 6, 2: 6} and info["class_names"] == list(CLASSES)
+    from dlrecipes import registry
+
+    data = registry.datasets.build("ffcv", train_path=str(beton), val_path=str(beton), crop_size=16)
+    assert data.num_classes == 3 and data.class_names == list(CLASSES)  # for the end-of-run report
 
 
 def test_eval_loader_returns_every_sample_once_with_its_label(beton):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import typing
 
 import pytest
 import torch
@@ -16,9 +15,9 @@ from dlrecipes.builders import build_datasets, build_model
 from dlrecipes.config import OutputConfig, TaskConfig, validate
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
-from dlrecipes.models.multi_io import MultiIOModel, loss_functions, multi_io_model_params
+from dlrecipes.models.multi_io import MultiIOModel, multi_io_model_params
 from dlrecipes.recipe import load_recipe
-from dlrecipes.task import LOSS_TARGETS, declared_io, metric_names
+from dlrecipes.task import declared_io, metric_names
 
 from .conftest import RECIPES, run_cli, write
 
@@ -155,11 +154,6 @@ def test_model_outputs_may_be_a_tuple_in_the_task_order():
         bad(batch)
 
 
-def test_loss_names_agree_everywhere():
-    allowed = typing.get_args(typing.get_type_hints(OutputConfig)["loss"])
-    assert set(allowed) == set(LOSS_TARGETS) == set(loss_functions())
-
-
 # --- data ------------------------------------------------------------------------------------
 
 
@@ -207,8 +201,8 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ("task.inputs=[left, left]", "task.inputs: left named more than once"),
         ("dataset.classes={label: 4}", "task.outputs: 'parity' is not one of the outputs of dataset 'synthetic_multi_io'"),
         ("~task.outputs.value", "task.outputs: dataset 'synthetic_multi_io' yields 3 outputs (label, parity, value) and the task names 2; add value"),
-        ("task.outputs.label.loss=crossentropy", "task.outputs.label.loss: expected one of 'cross_entropy', 'binary_cross_entropy', 'mse', 'l1', got 'crossentropy'"),
-        ("task.outputs.label.loss=mse", "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a class label; use cross_entropy, binary_cross_entropy"),
+        ("task.outputs.label.loss=crossentropy", "task.outputs.label.loss: unknown loss 'crossentropy' (did you mean 'cross_entropy'?)"),
+        ("task.outputs.label.loss=mse", "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a class label; use binary_cross_entropy, cross_entropy, focal"),
         ("task.outputs.value.loss=cross_entropy", "task.outputs.value.loss: 'cross_entropy' does not fit output 'value'"),
         ("task.outputs.label.weight=-1", "task.outputs.label.weight: must be 0 or more, got -1.0"),
         ("task.outputs.label.wieght=1", "task.outputs.label.wieght: unknown key (did you mean 'weight'?)"),
@@ -270,7 +264,7 @@ def _assert_user_error(result, *fragments):
 
 def test_cli_task_mistakes_exit_2_naming_the_key(task_recipe):
     _assert_user_error(run_cli("validate", str(task_recipe), "task.outputs.parity.loss=bce"),
-                       "error: task.outputs.parity.loss: expected one of", "got 'bce'")
+                       "error: task.outputs.parity.loss: unknown loss 'bce'", "Valid losses:")
     _assert_user_error(run_cli("train", str(task_recipe), "task.inputs=[left, middle]"),
                        "task.inputs: 'middle' is not one of the inputs of dataset 'synthetic_multi_io'")
 

@@ -12,7 +12,7 @@ from dlrecipes.errors import PluginError, RecipeError
 
 def test_every_group_is_declared_and_filled():
     assert set(registry.REGISTRIES) == {
-        "models", "datasets", "optimizers", "schedulers", "algorithms", "callbacks", "loggers"
+        "models", "datasets", "optimizers", "schedulers", "algorithms", "callbacks", "loggers", "losses", "metrics"
     }
     for reg in registry.REGISTRIES.values():
         assert len(reg) > 0, reg.group

@@ -161,7 +161,7 @@ def ffcv(
     batches_ahead: int = 3,
 ):
     """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra."""
-    from dlrecipes.data.ffcv_files import beton_num_classes
+    from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
     from dlrecipes.data.ffcv_loader import FFCVSource
     from dlrecipes.data.splits import DatasetSplits
 
@@ -175,6 +175,7 @@ def ffcv(
         eval=source(val_path, False, eval_crop_size or crop_size),
         num_classes=num_classes,
         input_shape=(3, crop_size, crop_size),
+        class_names=beton_class_names(train_path),
     )
 
 

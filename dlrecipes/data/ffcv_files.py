@@ -197,6 +197,14 @@ def open_reader(path: str | Path):
     return reader
 
 
+def beton_class_names(path: str | Path) -> Optional[list[str]]:
+    """The class names ``data convert`` recorded next to the file, if any."""
+    sidecar = Path(f"{path}.json")
+    if not sidecar.is_file():
+        return None
+    return json.loads(sidecar.read_text()).get("class_names") or None
+
+
 def beton_num_classes(path: str | Path) -> int:
     sidecar = Path(f"{path}.json")
     if sidecar.is_file():

@@ -10,6 +10,7 @@ import pickle
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -27,6 +28,8 @@ class CifarSource:
     test_files: tuple[str, ...]
     label_key: str
     num_classes: int
+    names_file: str = "batches.meta"  # pickled dict holding the class names (optional)
+    names_key: str = "label_names"
 
 
 CIFAR10 = CifarSource(
@@ -48,6 +51,8 @@ CIFAR100 = CifarSource(
     ("test",),
     "fine_labels",
     100,
+    "meta",
+    "fine_label_names",
 )
 MNIST_FILES = (
     "train-images-idx3-ubyte",
@@ -122,6 +127,17 @@ def read_cifar_batches(folder: Path, files: tuple[str, ...], label_key: str) -> 
     return np.concatenate(images), np.concatenate(labels)
 
 
+def read_class_names(folder: Path, source: CifarSource) -> Optional[list[str]]:
+    """The class names from the archive's meta file, or None when it is absent or unreadable."""
+    try:
+        with open(folder / source.names_file, "rb") as f:
+            names = pickle.load(f, encoding="latin1")[source.names_key]
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError):
+        return None
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return names if len(names) == source.num_classes else None
+
+
 def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std,
                 image_size: int = 32) -> DatasetSplits:
     import torch
@@ -151,6 +167,7 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
         ),
         num_classes=source.num_classes,
         input_shape=(3, image_size, image_size),
+        class_names=read_class_names(folder, source),
     )
 
 

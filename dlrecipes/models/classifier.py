@@ -1,45 +1,63 @@
-"""Wrap an ``nn.Module`` as a Composer classifier with top-1/top-5 accuracy and loss."""
+"""Wrap an ``nn.Module`` as a Composer classifier with the recipe's loss and metrics."""
 
 from __future__ import annotations
 
+from typing import Any, Optional, Union
+
 from torch import nn
 
+from dlrecipes import registry
+from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 
-def classification_metrics(num_classes: int, loss: bool = True):
-    """torchmetrics: top-1 and top-5 accuracy (top-k capped at the class count), and cross-entropy.
 
-    Training leaves the loss metric out (the training loss is logged already) and skips
+def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str, Any]]] = None, train: bool = False):
+    """The named metrics (the report tables excluded) as a torchmetrics MetricCollection.
+
+    Evaluation adds ``loss`` (cross-entropy over the evaluation set).  Training skips
     torchmetrics' input checks: they read values back from the device (a host-device
-    synchronisation) and cost more than the update itself.
+    synchronisation) and cost more than the update itself; evaluation keeps them.
     """
     from composer.metrics import CrossEntropy
     from torchmetrics import MetricCollection
-    from torchmetrics.classification import MulticlassAccuracy
 
-    checks = {"validate_args": loss}  # eval metrics (loss=True) keep them
-    metrics = {
-        "top1": MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro", **checks),
-        "top5": MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro", **checks),
-    }
-    if loss:
-        metrics["loss"] = CrossEntropy()
+    from dlrecipes.builders import build_component
+
+    if names is None:
+        names = {name: {} for name in (DEFAULT_TRAIN_METRICS if train else DEFAULT_METRICS)}
+    metrics = {}
+    for name, params in names.items():
+        if registry.metrics.get(name).metadata.get("report"):
+            continue  # tables, gathered by dlrecipes.metrics.report
+        metric = build_component(registry.metrics, name, params, f"metrics.{name}", num_classes=num_classes)
+        if train:
+            metric.validate_args = False
+        metrics[name] = metric
+    if not train:
+        metrics[EVAL_LOSS] = CrossEntropy()
     return MetricCollection(metrics)
 
 
-def wrap_classifier(module: nn.Module, num_classes: int, loss: str = "cross_entropy"):
-    """A ComposerClassifier logging metrics/train/{top1,top5}, loss/train/total and metrics/eval/{top1,top5,loss}.
+def wrap_classifier(
+    module: nn.Module,
+    num_classes: int,
+    loss: Union[str, dict[str, Any]] = "cross_entropy",
+    metrics: Optional[dict[str, dict[str, Any]]] = None,
+    train_metrics: Optional[dict[str, dict[str, Any]]] = None,
+):
+    """A ComposerClassifier logging metrics/train/<name>, loss/train/total and metrics/eval/<name>.
 
-    ``loss`` is the training loss: ``cross_entropy`` (softmax) or ``binary_cross_entropy``
-    (one sigmoid per class), both Composer's, both accepting smoothed or mixed targets.
+    ``loss`` is the recipe's training loss (a name, or a name with parameters; see
+    :mod:`dlrecipes.losses`); ``metrics`` and ``train_metrics`` map metric names to parameters
+    (default: top-1 and top-5 accuracy).
     """
-    from composer.loss import binary_cross_entropy_with_logits, soft_cross_entropy
     from composer.models import ComposerClassifier
 
-    loss_fn = {"cross_entropy": soft_cross_entropy, "binary_cross_entropy": binary_cross_entropy_with_logits}[loss]
+    from dlrecipes.losses import build_loss
+
     return ComposerClassifier(
         module,
         num_classes=num_classes,
-        train_metrics=classification_metrics(num_classes, loss=False),
-        val_metrics=classification_metrics(num_classes),
-        loss_fn=loss_fn,
+        train_metrics=classification_metrics(num_classes, train_metrics, train=True),
+        val_metrics=classification_metrics(num_classes, metrics),
+        loss_fn=build_loss(loss),
     )

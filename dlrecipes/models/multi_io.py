@@ -12,9 +12,8 @@ the weighted total over the evaluation set.  :mod:`dlrecipes.task` decides the n
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-import torch.nn.functional as F
 from composer.models import ComposerModel
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, Metric
@@ -23,36 +22,12 @@ from torchmetrics.classification import MulticlassAccuracy
 from dlrecipes import registry
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
+from dlrecipes.losses import build_loss
+from dlrecipes.losses.functions import regression_pair
 from dlrecipes.task import TOTAL_LOSS, output_metrics
 
 # Model parameters filled from the task and the data when the factory takes them and the recipe leaves them out.
 MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")
-
-
-def _regression_pair(pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """(N, 1) predictions against (N,) targets: one value per sample either way."""
-    target = target.float()
-    return pred.reshape(target.shape), target
-
-
-def _mse(pred: Tensor, target: Tensor) -> Tensor:
-    return F.mse_loss(*_regression_pair(pred, target))
-
-
-def _l1(pred: Tensor, target: Tensor) -> Tensor:
-    return F.l1_loss(*_regression_pair(pred, target))
-
-
-def loss_functions() -> dict[str, Callable[[Tensor, Tensor], Tensor]]:
-    """Loss name -> ``fn(prediction, target)``: Composer's for class labels (index or soft targets), torch's for values."""
-    from composer.loss import binary_cross_entropy_with_logits, soft_cross_entropy
-
-    return {
-        "cross_entropy": soft_cross_entropy,
-        "binary_cross_entropy": binary_cross_entropy_with_logits,
-        "mse": _mse,
-        "l1": _l1,
-    }
 
 
 class OutputLoss(MeanMetric):
@@ -74,7 +49,7 @@ class MultiIOModel(ComposerModel):
     """A network with several inputs and outputs, trained on a weighted sum of per-output losses."""
 
     def __init__(self, module: nn.Module, io: DataIO, inputs: list[str], outputs: dict[str, tuple[str, float]]):
-        """``outputs``: output name -> (loss name, weight), in the task's order."""
+        """``outputs``: output name -> (loss: a name or {name, params}, weight), in the task's order."""
         super().__init__()
         self.module = module
         layout = [*io.inputs, *io.outputs]  # the batch's order
@@ -82,8 +57,7 @@ class MultiIOModel(ComposerModel):
         self.target_positions = {name: layout.index(name) for name in outputs}
         self.specs = {name: io.outputs[name] for name in outputs}
         self.weights = {name: weight for name, (_, weight) in outputs.items()}
-        functions = loss_functions()
-        self.loss_fns = {name: functions[loss] for name, (loss, _) in outputs.items()}
+        self.loss_fns = {name: build_loss(loss) for name, (loss, _) in outputs.items()}
         self.train_metrics = self._metrics(train=True)
         self.val_metrics = self._metrics(train=False)
 
@@ -158,7 +132,7 @@ class MultiIOModel(ComposerModel):
             return
         pred, target = outputs[name], batch[self.target_positions[name]]
         if self.specs[name].kind == "regression":
-            pred, target = _regression_pair(pred, target)
+            pred, target = regression_pair(pred, target)
             pred, target = pred.reshape(-1), target.reshape(-1)
         metric.update(pred.detach(), target)
 

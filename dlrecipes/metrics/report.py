@@ -1,0 +1,153 @@
+"""The confusion matrix and per-class accuracy of the best checkpoint, as CSV and PNG.
+
+:class:`ClassReport` updates a confusion matrix from every evaluation batch's outputs (on the
+device, no read-back), computes it once per evaluation, keeps the one of the evaluation at
+which ``best.pt`` was saved (the last evaluation when no metric is monitored), and at the end
+of training writes under ``<run dir>/report/``:
+
+- ``confusion_matrix.csv`` / ``.png``: rows are true classes, columns predicted classes;
+- ``per_class_accuracy.csv`` / ``.png``: each class's correct, total and accuracy (its recall);
+- ``report.json``: which evaluation they come from.
+
+The kept matrix travels in checkpoints, so a resumed run still reports its best evaluation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from dlrecipes.checkpoints import atomic_write
+
+REPORT_DIR = "report"
+
+
+class ClassReport(Callback):
+    def __init__(self, run_dir: Path, num_classes: int, class_names: Optional[Sequence[str]], tables: Sequence[str],
+                 best=None):
+        from torchmetrics.classification import MulticlassConfusionMatrix
+
+        self.folder = Path(run_dir) / REPORT_DIR
+        self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
+        self.tables = list(tables)
+        self.best = best  # the BestCheckpoint callback, when a metric is monitored
+        self.matrix = MulticlassConfusionMatrix(num_classes=num_classes)
+        self.kept: Optional[dict] = None
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        self.matrix.reset()
+
+    def eval_batch_end(self, state: State, logger: Logger) -> None:
+        outputs, targets = state.outputs, state.batch[1]
+        if self.matrix.device != outputs.device:
+            self.matrix = self.matrix.to(outputs.device)
+        self.matrix.update(outputs.detach(), targets)
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        counts = self.matrix.compute()  # every rank: the counts are summed over processes here
+        batch = int(state.timestamp.batch)
+        if self.best is None or self.best.saved_at_batch == batch:
+            self.kept = {"matrix": counts.cpu().tolist(), "epoch": int(state.timestamp.epoch), "batch": batch}
+            if self.best is not None:
+                self.kept.update(monitor=self.best.monitor, value=self.best.best)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if self.kept is not None and dist.get_global_rank() == 0:
+            write_report(self.folder, self.kept, self.class_names, self.tables)
+
+    def state_dict(self) -> dict:
+        return {"kept": self.kept}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kept = state.get("kept")
+
+
+def _csv_bytes(rows: list[list]) -> bytes:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue().encode()
+
+
+def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[str]) -> list[Path]:
+    """Write the requested tables (``confusion_matrix``, ``per_class_accuracy``) as CSV and PNG."""
+    folder.mkdir(parents=True, exist_ok=True)
+    matrix = kept["matrix"]
+    written = []
+    if "confusion_matrix" in tables:
+        rows = [["true \\ predicted", *names]] + [[names[i], *row] for i, row in enumerate(matrix)]
+        atomic_write(folder / "confusion_matrix.csv", lambda f: f.write(_csv_bytes(rows)))
+        _plot_matrix(folder / "confusion_matrix.png", matrix, names)
+        written += [folder / "confusion_matrix.csv", folder / "confusion_matrix.png"]
+    if "per_class_accuracy" in tables:
+        per_class = [(names[i], row[i], sum(row)) for i, row in enumerate(matrix)]
+        rows = [["class", "correct", "total", "accuracy"]] + [
+            [name, correct, total, f"{correct / total:.6f}" if total else ""] for name, correct, total in per_class
+        ]
+        atomic_write(folder / "per_class_accuracy.csv", lambda f: f.write(_csv_bytes(rows)))
+        _plot_accuracy(folder / "per_class_accuracy.png", per_class)
+        written += [folder / "per_class_accuracy.csv", folder / "per_class_accuracy.png"]
+    info = {k: v for k, v in kept.items() if k != "matrix"}
+    atomic_write(folder / "report.json", lambda f: f.write((json.dumps(info, indent=2) + "\n").encode()))
+    return written
+
+
+def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
+    from dlrecipes.plots import _pyplot
+
+    plt = _pyplot()
+    n = len(names)
+    side = min(4 + 0.35 * n, 16)
+    fig, ax = plt.subplots(figsize=(side, side), dpi=100)
+    image = ax.imshow(matrix, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if n <= 40:
+        ax.set_xticks(range(n), names, rotation=90)
+        ax.set_yticks(range(n), names)
+    if n <= 15:
+        top = max(max(row) for row in matrix) or 1
+        for i, row in enumerate(matrix):
+            for j, count in enumerate(row):
+                ax.text(j, i, str(count), ha="center", va="center", color="white" if count > top / 2 else "black")
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title("confusion matrix")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_accuracy(path: Path, per_class: list[tuple[str, int, int]]) -> None:
+    from dlrecipes.plots import _pyplot
+
+    plt = _pyplot()
+    n = len(per_class)
+    fig, ax = plt.subplots(figsize=(6, min(2 + 0.25 * n, 24)), dpi=100)
+    accuracy = [correct / total if total else 0.0 for _, correct, total in per_class]
+    ax.barh(range(n), accuracy, color="tab:blue")
+    if n <= 100:
+        ax.set_yticks(range(n), [name for name, _, _ in per_class])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("accuracy")
+    ax.set_title("per-class accuracy")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report_tables(metrics: dict) -> list[str]:
+    """The report tables a recipe's ``metrics:`` asks for."""
+    from dlrecipes import registry
+
+    return [name for name in metrics if registry.metrics.get(name).metadata.get("report")]
+
+
+__all__ = ["ClassReport", "write_report", "report_tables", "REPORT_DIR"]
