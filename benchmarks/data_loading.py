@@ -103,7 +103,8 @@ def tensor_cache_loader(root: Path, batch: int, workers: int, crop: int, cache_s
 
     return build_tensor_cache_loader(
         ImageFolder(str(root / "train")), batch, True, torch.device("cpu"), workers, 0, 0, 1, root / "cache",
-        cache_size, crop, cache_size, 0.08, True, IMAGENET_MEAN, IMAGENET_STD,
+        cache_size, crop_size=crop, eval_crop_size=crop, resize_size=cache_size, min_scale=0.08, hflip=True,
+        mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
 
 

@@ -41,8 +41,10 @@ def train(
     resume: bool = False,
     config: Optional[RecipeConfig] = None,
     trust_checkpoint: bool = False,
+    verbose: bool = False,
 ):
     """Resolve and train; returns a :class:`dlrecipes.train.TrainResult`."""
     from dlrecipes.train import train as fit
 
-    return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint)
+    return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
+               verbose=verbose)

@@ -56,12 +56,16 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
     trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="also Composer's console logging (config banner, metrics) and its warnings"
+    ),
 ) -> None:
     """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
     from dlrecipes import api
 
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    result = _guarded(lambda: api.train(recipe, resume=resume, config=config, trust_checkpoint=trust_checkpoint))
+    result = _guarded(lambda: api.train(recipe, resume=resume, config=config, trust_checkpoint=trust_checkpoint,
+                                        verbose=verbose))
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
     typer.echo(
         f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "

@@ -67,8 +67,10 @@ class TrainerConfig:
     )
     cache_dir: Optional[str] = _help("tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None)
     cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
-    progress_bar: bool = _help("show a progress bar (otherwise log lines to the console)", default=True)
-    console_log_interval: Duration = _help("how often to print metrics when the progress bar is off", default="1ep")
+    progress_bar: bool = _help(
+        "on a terminal, a live progress line per phase (a summary row per epoch is printed either way)", default=True
+    )
+    console_log_interval: Duration = _help("with `train --verbose`: how often Composer prints every metric", default="1ep")
     log_interval: int = _help(
         "batches between reading the training loss back from the device and logging it (and at each epoch's "
         "last batch); the steps in between never wait for the device",

@@ -171,12 +171,14 @@ def build_trainer(
     max_duration: Optional[str] = None,
     quiet: bool = False,
     trust_checkpoint: bool = False,
+    verbose: bool = False,
 ):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``dataloaders`` (train, eval) replace the recipe's data, and ``max_duration`` its
     duration: the benchmarks use them to train the same Trainer on batches held in memory
-    (``quiet``: no console output).  ``trust_checkpoint`` allows a full unpickle of a
+    (``quiet``: no console output).  ``verbose`` adds Composer's own console logging (its
+    config banner and every metric at ``trainer.console_log_interval``).  ``trust_checkpoint`` allows a full unpickle of a
     ``checkpoint.load_path`` outside the run directory (see :mod:`dlrecipes.checkpoints`).
     """
     from composer.utils import reproducibility
@@ -223,11 +225,10 @@ def build_trainer(
         callbacks.append(ClassReport(run_dir, data.num_classes, data.class_names, tables, best))
     loggers = builders.build_loggers(config.loggers, run_dir)
     loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
-    if t.progress_bar:
-        from dlrecipes.progress import ProgressBar
+    if not quiet:
+        from dlrecipes.terminal import TerminalReport
 
-        loggers.append(ProgressBar())
-    warnings.filterwarnings("ignore", message="Specifying the ProgressBarLogger via `loggers`")
+        loggers.append(TerminalReport(live=t.progress_bar, monitor=ckpt.monitor))
     return Trainer(
         model=model,
         train_dataloader=train_dl,
@@ -242,7 +243,7 @@ def build_trainer(
         loggers=loggers,
         run_name=run_dir.name,
         progress_bar=False,  # ours is among the loggers when wanted
-        log_to_console=not (t.progress_bar or quiet),
+        log_to_console=verbose and not quiet,
         console_log_interval=t.console_log_interval,
         train_subset_num_batches=t.train_subset_num_batches,
         eval_subset_num_batches=t.eval_subset_num_batches,
@@ -286,8 +287,13 @@ def _report_skipped_images(trainer) -> None:
             print(f"warning: {skipped} unreadable image(s) skipped in the {label} data (paths above)", file=sys.stderr)
 
 
-def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False) -> TrainResult:
-    """Train a validated recipe; returns where the run went and its final eval metrics."""
+def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
+          verbose: bool = False) -> TrainResult:
+    """Train a validated recipe; returns where the run went and its final eval metrics.
+
+    ``verbose``: Composer's own console logging too, and the warnings
+    :data:`dlrecipes.terminal.HARMLESS_WARNINGS` (hidden otherwise).
+    """
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
@@ -306,7 +312,13 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         make_run_dir(run_dir)
         lock = run_lock.acquire(run_dir)
     try:
-        return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint, started)
+        with warnings.catch_warnings():
+            if not verbose:
+                from dlrecipes.terminal import hide_harmless_warnings
+
+                hide_harmless_warnings()
+            return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint,
+                             started, verbose)
     except BaseException:
         if fresh and not started and lock is not None:  # failed before training: leave no run directory behind
             lock.release()
@@ -318,9 +330,10 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
 
 
 def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, trust_checkpoint: bool,
-              started: list) -> TrainResult:
+              started: list, verbose: bool = False) -> TrainResult:
     start = time.perf_counter()
-    trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint)
+    trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint,
+                            verbose=verbose)
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train

@@ -1,0 +1,303 @@
+"""What a training run prints: a live line per phase on a terminal, one summary line per epoch.
+
+On a terminal (``trainer.progress_bar: true``) one line is redrawn in place while an epoch
+trains or evaluates::
+
+    train epoch 3/12 ━━━━━━━━━━━━━━━━━━━━━  45/100  loss 0.1234  top1 0.9312  lr 1.20e-03  1,234 img/s  ETA 0:04:10
+
+It always fits the terminal's width: the bar shrinks or goes, then the labels shorten, but
+the epoch, loss, monitored metric, learning rate, speed and ETA stay.  Epochs count from 1,
+as the final ``done: N epochs`` does.  When the epoch (and its evaluation) ends, the live line
+is replaced by a summary line that stays::
+
+    epoch  3/12  loss 0.1234  train top1 0.9312  eval loss 0.2010 top1 0.9300  lr 1.20e-03  1,234 img/s  12.3s
+
+When standard output is not a terminal (CI, ``| tee``, SLURM logs) only the summary lines
+are written, plainly, with no carriage returns.  Only the process of global rank 0 prints.
+Nothing here reads a value back from the device: the loss and metrics are the values the
+engine logs (every ``trainer.log_interval`` batches and at each epoch's end).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+import time
+from typing import Any, Optional, TextIO
+
+from composer.core import State, TimeUnit
+from composer.loggers import Logger, LoggerDestination
+from composer.utils import dist
+
+CLEAR_LINE = "\r\x1b[K"
+
+# Warnings every run of a correct recipe can print, hidden unless `dlrecipes train --verbose`:
+# (message start, why it is harmless)
+HARMLESS_WARNINGS = (
+    ("Cannot split tensor of length", "Composer: the last batch is smaller than the microbatch size"),
+    ("DataloaderNumBatchesWarning", "Composer: train_subset_num_batches is larger than the epoch"),
+    ("Specifying the ProgressBarLogger via `loggers`", "Composer: our terminal output is a logger"),
+)
+
+
+def hide_harmless_warnings() -> None:
+    """Ignore :data:`HARMLESS_WARNINGS` (call inside ``warnings.catch_warnings()``)."""
+    import warnings
+
+    for message, _ in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=f"{message}.*")
+
+
+def _number(value: Any) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "-:--:--"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _short_number(value: Any) -> str:
+    text = _number(value)
+    return text[:-1] if re.fullmatch(r"-?\d\.\d{4}", text) else text
+
+
+def _speed(per_second: float) -> tuple[str, str]:
+    # padded, so that the line keeps its layout as the numbers change
+    short = f"{per_second / 1000:>5.1f}k/s" if per_second >= 1000 else f"{per_second:>5.0f}/s"
+    return f"{per_second:>6,.0f} img/s", short
+
+
+def fit_line(head: tuple[str, str], counter: str, fields: list[tuple[str, str]], progress: Optional[float],
+             width: int, unicode: bool = True) -> str:
+    """One live line no wider than ``width - 1``: the head, a bar if there is room, the counter, the fields.
+
+    ``head`` and each field come as (full text, short text). The bar gives way first, then the
+    gaps, then the full texts; no field is ever dropped (below about 70 columns the terminal
+    wraps the shortest form).
+    """
+    limit = max(width - 1, 20)
+    plain = ""
+    for form, gap in ((0, "  "), (0, " "), (1, " ")):
+        tail = gap.join(field[form] for field in fields)
+        plain = f"{head[form]} {counter}{gap}{tail}"
+        room = limit - len(plain) - 1
+        if progress is not None and form == 0 and room >= 10:
+            cells = min(room, 40)
+            done = int(round(cells * min(max(progress, 0.0), 1.0)))
+            full, empty = ("━", "╺") if unicode else ("#", "-")
+            bar = full * done + (empty if done < cells else "") + " " * max(cells - done - 1, 0)
+            return f"{head[form]} {bar} {counter}{gap}{tail}"
+        if len(plain) <= limit:
+            return plain
+    return plain
+
+
+class TerminalReport(LoggerDestination):
+    """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
+
+    def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
+                 refresh_s: float = 0.1):
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.live = live and self.tty
+        self.monitor = monitor
+        self.refresh_s = refresh_s
+        encoding = (getattr(self.stream, "encoding", None) or "").lower()
+        self.unicode = encoding.replace("-", "") == "utf8"
+        self.values: dict[str, Any] = {}
+        self.eval_values: dict[str, Any] = {}
+        self._last_draw = 0.0
+        self._drawn = False
+        self._epoch_start = time.perf_counter()
+        self._epoch_seconds = 0.0
+        self._epoch_samples = 0
+        self._epoch_ended = False
+        self._eval_pending = False
+        self._epoch_train_metrics: dict[str, Any] = {}
+        self._header: list[str] = []
+        self._widths: list[int] = []
+
+    # --- values the engine and Composer log --------------------------------------------------
+
+    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        for key, value in metrics.items():
+            if key.startswith("metrics/eval/"):
+                self.eval_values[key.removeprefix("metrics/eval/")] = value
+            elif key.startswith("metrics/train/"):
+                self._epoch_train_metrics[key.removeprefix("metrics/train/")] = value
+            elif key == "loss/train/total":
+                self.values["loss"] = value
+
+    # --- events -------------------------------------------------------------------------------
+
+    def _printing(self) -> bool:
+        return dist.get_global_rank() == 0
+
+    def epoch_start(self, state: State, logger: Logger) -> None:
+        self._epoch_start = time.perf_counter()
+        self._epoch_ended = False
+        self._eval_pending = False
+        self._epoch_train_metrics = {}
+        self._epoch_samples = 0
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self._epoch_samples = int(state.timestamp.sample_in_epoch)  # host numbers: no device read-back
+        if self.live and self._printing() and time.perf_counter() - self._last_draw >= self.refresh_s:
+            self._draw(self._train_line(state))
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        self._epoch_seconds = time.perf_counter() - self._epoch_start
+        self._epoch_ended = True
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        self._eval_start = time.perf_counter()
+
+    def eval_batch_end(self, state: State, logger: Logger) -> None:
+        if self.live and self._printing() and time.perf_counter() - self._last_draw >= self.refresh_s:
+            self._draw(self._eval_line(state))
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        if self._epoch_ended:  # the evaluation at the end of an epoch goes into that epoch's line
+            self._eval_pending = True
+            return
+        if self._printing():  # one during an epoch (an eval_interval in batches), or after the last epoch
+            self._print(f"eval at epoch {self._epoch_label(state, done=False)} batch {int(state.timestamp.batch)}: "
+                        + self._eval_fields())
+
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self._printing():
+            self._print(self._epoch_summary(state))
+        self._epoch_ended = False
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._clear()
+
+    # --- lines --------------------------------------------------------------------------------
+
+    def _max_epochs(self, state: State) -> Optional[int]:
+        max_duration, per_epoch = state.max_duration, state.dataloader_len
+        if max_duration is None:
+            return None
+        if max_duration.unit == TimeUnit.EPOCH:
+            return int(max_duration.value)
+        if max_duration.unit == TimeUnit.BATCH and per_epoch:
+            return math.ceil(int(max_duration.value) / int(per_epoch))
+        return None
+
+    def _epoch_label(self, state: State, done: bool) -> str:
+        total = self._max_epochs(state)
+        number = int(state.timestamp.epoch) + (0 if done else 1)
+        if total is None:
+            return str(number)
+        return f"{number:>{len(str(total))}}/{total}"
+
+    def _lr(self, state: State) -> Optional[float]:
+        return float(state.optimizers[0].param_groups[0]["lr"]) if state.optimizers else None
+
+    def _monitored(self) -> tuple[str, Any]:
+        name = self.monitor or "top1"
+        return name, self.eval_values.get(name)
+
+    def _train_line(self, state: State) -> str:
+        batch, per_epoch = int(state.timestamp.batch_in_epoch), state.dataloader_len
+        total_batches = int(per_epoch) if per_epoch is not None else None
+        elapsed = time.perf_counter() - self._epoch_start
+        samples = int(state.timestamp.sample_in_epoch)
+        speed = samples / elapsed if elapsed > 0 else 0.0
+        eta = float("nan")
+        if total_batches and batch:
+            epochs = self._max_epochs(state)
+            left = total_batches - batch
+            if epochs is not None:
+                left += (epochs - int(state.timestamp.epoch) - 1) * total_batches
+            eta = left * elapsed / batch
+        name, value = self._monitored()
+        loss, lr = self.values.get("loss"), self._lr(state)
+        fields = [
+            (f"loss {_number(loss)}", f"loss {_short_number(loss)}"), (f"{name} {_number(value)}", f"{name} {_short_number(value)}"),
+            (f"lr {lr:.2e}" if lr is not None else "lr -", f"lr {lr:.1e}" if lr is not None else "lr -"),
+            _speed(speed), (f"ETA {_duration(eta)}", _duration(eta)),
+        ]
+        counter = f"{batch:>{len(str(total_batches))}}/{total_batches}" if total_batches else str(batch)
+        progress = batch / total_batches if total_batches else None
+        epoch = self._epoch_label(state, done=False)
+        return fit_line((f"train epoch {epoch}", f"ep {epoch.strip()}"), counter, fields, progress, self._width(),
+                        self.unicode)
+
+    def _eval_line(self, state: State) -> str:
+        batch, total = int(state.eval_timestamp.batch), state.dataloader_len
+        elapsed = time.perf_counter() - getattr(self, "_eval_start", time.perf_counter())
+        eta = (int(total) - batch) * elapsed / batch if total and batch else float("nan")
+        speed = int(state.eval_timestamp.sample) / elapsed if elapsed > 0 else 0.0
+        fields = [_speed(speed), (f"ETA {_duration(eta)}", _duration(eta))]
+        counter = f"{batch:>{len(str(int(total)))}}/{int(total)}" if total else str(batch)
+        epoch = self._epoch_label(state, done=self._epoch_ended)
+        return fit_line((f"eval  epoch {epoch}", f"eval {epoch.strip()}"), counter, fields,
+                        batch / int(total) if total else None, self._width(), self.unicode)
+
+    def _epoch_columns(self, state: State) -> dict[str, str]:
+        """This epoch's summary: column header -> value."""
+        columns = {"epoch": self._epoch_label(state, done=True), "loss": _number(self.values.get("loss"))}
+        columns.update({f"train {k}": _number(v) for k, v in self._epoch_train_metrics.items()})
+        if self._eval_pending:
+            columns.update({f"eval {k}": _number(v) for k, v in self._eval_items()})
+        speed = self._epoch_samples / self._epoch_seconds if self._epoch_seconds > 0 else 0.0
+        lr = self._lr(state)
+        columns.update({"lr": f"{lr:.2e}" if lr is not None else "-", "img/s": f"{speed:,.0f}",
+                        "time": f"{self._epoch_seconds:.1f}s"})
+        self._eval_pending = False
+        return columns
+
+    def _epoch_summary(self, state: State) -> str:
+        """One aligned row per epoch, under a header printed again only when the columns change."""
+        columns = self._epoch_columns(state)
+        lines = []
+        if not set(columns) <= set(self._header):  # a column not seen before (e.g. the first evaluation)
+            self._header = [*self._header, *(name for name in columns if name not in self._header)]
+            self._header.sort(key=lambda name: list(columns).index(name) if name in columns else len(columns))
+            self._widths = [max(len(name), len(columns.get(name, "")), 7 if name != "epoch" else 0)
+                            for name in self._header]
+            lines.append("  ".join(name.ljust(w) for name, w in zip(self._header, self._widths)).rstrip())
+        row = (columns.get(name, "-").ljust(w) for name, w in zip(self._header, self._widths))
+        lines.append("  ".join(row).rstrip())
+        return "\n".join(lines)
+
+    def _eval_items(self) -> list[tuple[str, Any]]:
+        return sorted(self.eval_values.items(), key=lambda kv: kv[0] != "loss")
+
+    def _eval_fields(self) -> str:
+        return "  ".join(f"{k} {_number(v)}" for k, v in self._eval_items())
+
+    # --- output -------------------------------------------------------------------------------
+
+    def _width(self) -> int:
+        return shutil.get_terminal_size().columns  # $COLUMNS, else the terminal's width (read at every draw)
+
+    def _draw(self, line: str) -> None:
+        self.stream.write(CLEAR_LINE + line)
+        self.stream.flush()
+        self._drawn = True
+        self._last_draw = time.perf_counter()
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.stream.write(CLEAR_LINE)
+            self.stream.flush()
+            self._drawn = False
+
+    def _print(self, line: str) -> None:
+        self._clear()
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        self._last_draw = 0.0  # redraw the live line at the next batch

@@ -1,0 +1,101 @@
+"""What `dlrecipes train` prints: in a pseudo-terminal at 80 and 200 columns, and piped."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import pytest
+
+from dlrecipes.terminal import fit_line
+
+from .conftest import REPO, run_cli
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+FIELDS = [("loss 0.1234", "loss 0.123"), ("top1 0.9312", "top1 0.931"), ("lr 1.20e-03", "lr 1.2e-03"),
+          ("12,345 img/s", "12.3k/s"), ("ETA 1:02:03", "1:02:03")]
+
+
+@pytest.mark.parametrize("width", [72, 80, 100, 120, 200])
+def test_the_live_line_fits_and_never_drops_a_field(width):
+    """A long run (100 epochs of 1,000 batches): the bar goes first, then the long labels."""
+    line = fit_line(("train epoch 12/100", "ep 12/100"), "450/1000", FIELDS, 0.5, width)
+    assert len(line) <= width - 1, line
+    for value in ("12/100", "450/1000", "loss 0.123", "top1 0.931", "1.2", "e-03", "12", "1:02:03"):
+        assert value in line
+    assert ("━" in line) == (width >= 120)
+
+
+def _train_in_pty(args: list[str], columns: int) -> str:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONUNBUFFERED"] = "1"
+    process = subprocess.Popen([sys.executable, "-m", "dlrecipes", "train", *args], stdin=slave, stdout=slave,
+                               stderr=slave, cwd=REPO, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert process.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+RUN = ["trainer.max_duration=3ep", "trainer.train_subset_num_batches=6", "trainer.progress_bar=true",
+       "checkpoint.save=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", [80, 200])
+def test_in_a_terminal_one_live_line_that_fits_and_a_summary_line_per_epoch(tiny_recipe, columns):
+    out = _train_in_pty([str(tiny_recipe), *RUN, f"run_name=tty{columns}"], columns)
+    assert "Config:" not in out and "*****" not in out  # Composer's banner
+    assert "Cannot split tensor" not in out  # a known harmless warning
+    segments = [ANSI.sub("", s) for s in re.split(r"\r|\n", out)]
+    live = [s for s in segments if s.startswith("train epoch")]
+    assert live, out[-2000:]
+    for line in live:
+        assert len(line) <= columns - 1, line
+        assert re.match(r"train epoch [123]/3 ", line) and "loss " in line and "top1 " in line and " lr " in line
+        assert "img/s" in line and re.search(r"\d+:\d\d:\d\d", line)
+    if columns == 200:
+        assert any("━" in line for line in live)
+    lines = [ANSI.sub("", line.split("\r")[-1]) for line in out.split("\n")]  # what stays on screen
+    headers = [line for line in lines if line.startswith("epoch ")]
+    assert len(headers) == 1 and "eval loss" in headers[0] and "img/s" in headers[0]  # one table
+    rows = [line.split()[0] for line in lines if re.match(r"\d/3 ", line)]
+    assert rows == ["1/3", "2/3", "3/3"]  # counted from 1, like `done: 3 epochs`
+    assert "done: 3 epochs" in out
+
+
+@pytest.mark.slow
+def test_piped_one_plain_line_per_epoch_and_no_carriage_returns(tiny_recipe):
+    result = run_cli("train", str(tiny_recipe), *RUN, "run_name=piped")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "\r" not in result.stdout and "\x1b" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:2] == ["epoch", "loss"] and "eval top1" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"]  # and nothing else on stdout
+    columns = lines[0].index("eval top1")
+    assert all(re.match(r"0\.\d{4}", line[columns:]) for line in lines[1:])  # aligned under the header
+    assert "Cannot split tensor" not in result.stderr
+
+
+@pytest.mark.slow
+def test_verbose_shows_composer_s_console_logging(tiny_recipe):
+    result = run_cli("train", str(tiny_recipe), *RUN, "run_name=verbose", "trainer.max_duration=1ep", "--verbose")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Config:" in result.stdout + result.stderr
