@@ -93,3 +93,26 @@ def test_the_model_loss_comes_from_the_recipe():
     assert params["loss"] == "binary_cross_entropy"
     with pytest.raises(RecipeError, match="model.loss: 'cross_entropy' differs from the recipe's loss"):
         model_params(Component("torchvision", {"arch": "resnet18", "loss": "cross_entropy"}), data, "binary_cross_entropy")
+
+
+@pytest.mark.parametrize("family", ["timm", "torchvision"])
+def test_the_shipped_architecture_lists_are_the_installed_libraries(family):
+    """validate looks names up in these lists; rewrite them with `python -m dlrecipes.models.arch_names`."""
+    from dlrecipes.models.arch_names import installed, shipped
+
+    version, names = installed(family)
+    shipped_version, shipped_names = shipped(family)
+    if version != shipped_version:
+        pytest.skip(f"{family} {version} is installed, the list is from {shipped_version}: names checked at run time")
+    assert shipped_names == set(names)
+
+
+def test_a_name_missing_from_the_list_is_asked_of_the_library(monkeypatch):
+    from dlrecipes.models import arch_names
+
+    monkeypatch.setattr(arch_names, "shipped", lambda family: ("0", frozenset()))
+    arch_names.check_arch("timm", "resnet18", "model")  # a newer library's model: found by asking timm
+    with pytest.raises(RecipeError, match=r"model.arch: unknown timm architecture 'resnet5' \(did you mean"):
+        arch_names.check_arch("timm", "resnet5", "model")
+    with pytest.raises(RecipeError, match=r"model.arch: unknown torchvision classification model 'resnet5'"):
+        arch_names.check_arch("torchvision", "resnet5", "model")

@@ -9,6 +9,8 @@ of training writes under ``<run dir>/report/``:
 - ``per_class_accuracy.csv`` / ``.png``: each class's correct, total and accuracy (its recall);
 - ``report.json``: which evaluation they come from.
 
+(Written at the end of training, and again if Composer evaluates once more after the last step.)
+
 The kept matrix travels in checkpoints, so a resumed run still reports its best evaluation.
 """
 
@@ -40,6 +42,7 @@ class ClassReport(Callback):
         self.best = best  # the BestCheckpoint callback, when a metric is monitored
         self.matrix = MulticlassConfusionMatrix(num_classes=num_classes)
         self.kept: Optional[dict] = None
+        self.fit_ended = False
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self.matrix.reset()
@@ -57,8 +60,11 @@ class ClassReport(Callback):
             self.kept = {"matrix": counts.cpu().tolist(), "epoch": int(state.timestamp.epoch), "batch": batch}
             if self.best is not None:
                 self.kept.update(monitor=self.best.monitor, value=self.best.best)
+            if self.fit_ended:  # Composer's evaluation after the last step (an eval_interval not ending on it)
+                self.fit_end(state, logger)
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        self.fit_ended = True
         if self.kept is not None and dist.get_global_rank() == 0:
             write_report(self.folder, self.kept, self.class_names, self.tables)
 

@@ -73,14 +73,10 @@ def refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int
 
 
 def _check_timm_arch(params: dict, path: str) -> None:
-    import timm
+    from dlrecipes.models.arch_names import check_arch
 
-    arch = params.get("arch")
-    if arch is not None and not timm.is_model(arch):
-        raise RecipeError(
-            f"{path}.arch: unknown timm architecture '{arch}'"
-            f"{did_you_mean(arch, timm.list_models())}. `python -c \"import timm; print(timm.list_models('resnet*'))\"` lists them."
-        )
+    if params.get("arch") is not None:
+        check_arch("timm", params["arch"], path)
 
 
 @models.register(
@@ -130,14 +126,10 @@ BOTTLENECK_RESNETS = (
 
 
 def _check_torchvision_arch(params: dict, path: str) -> None:
-    import torchvision
+    from dlrecipes.models.arch_names import check_arch
 
-    arch = params.get("arch")
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch is not None and arch not in names:
-        raise RecipeError(
-            f"{path}.arch: unknown torchvision classification model '{arch}'{did_you_mean(arch, names)}"
-        )
+    if params.get("arch") is not None:
+        check_arch("torchvision", params["arch"], path)
 
 
 @models.register(
