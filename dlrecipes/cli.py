@@ -325,6 +325,23 @@ def data_inspect(
     typer.echo(f"classes ({len(info['classes'])}): {counts}")
 
 
+@app.command()
+def wheelhouse(
+    out: Path = typer.Argument(..., help="folder for the wheels and requirements.txt"),
+    python_version: Optional[str] = typer.Option(
+        None, "--python-version", help="the target's Python, e.g. 3.12 (default: this one)"
+    ),
+    extra: List[str] = typer.Option([], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"),
+) -> None:
+    """Collect wheels of everything dlrecipes needs except torch, for an offline machine with its own torch."""
+    from dlrecipes.wheelhouse import INSTALL_COMMAND, build_wheelhouse
+
+    requirements_file = _guarded(lambda: build_wheelhouse(out, python_version, extra))
+    wheels = len(list(out.glob("*.whl")))
+    typer.echo(f"{wheels} wheels in {out} ({requirements_file.name} lists them). On the target machine, beside its torch:")
+    typer.echo("  " + INSTALL_COMMAND.format(out=out))
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point (also used by the root ``cli.py`` and ``python -m dlrecipes``)."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="dlrecipes")
