@@ -63,11 +63,17 @@ def export_model(
     if fmt == "onnx":
         require_onnx()
     try:
-        export_for_inference(
-            module, fmt, str(path), sample_input=(sample,), onnx_opset_version=onnx_opset,
-            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}} if fmt == "onnx" else None,
-            input_names=["input"], output_names=["output"],
-        )
+        if fmt == "onnx":
+            # Written here rather than through Composer's export_for_inference: from torch 2.9 on,
+            # torch.onnx.export defaults to the dynamo exporter (which needs onnxscript and writes the
+            # weights beside the file), and Composer cannot ask for the TorchScript-based one.
+            network = copy.deepcopy(module).cpu().eval()
+            torch.onnx.export(
+                network, (sample.detach().cpu(),), str(path), input_names=["input"], output_names=["output"],
+                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=onnx_opset, dynamo=False,
+            )
+        else:
+            export_for_inference(module, fmt, str(path), sample_input=(sample,))
     except Exception as exc:  # an operator the exporter cannot translate: the user can drop this format
         first_line = (str(exc).strip().splitlines() or [""])[0]
         raise UserError(
