@@ -23,7 +23,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dlrecipes.checkpoints import atomic_write, relink  # noqa: E402
+from dlrecipes.records.checkpoints import atomic_write, relink  # noqa: E402
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from data_loading import make_images  # noqa: E402
 from gpu_throughput import overrides as throughput_overrides  # noqa: E402
 
 from dlrecipes.api import resolve  # noqa: E402
-from dlrecipes.bench import measure_throughput, run_bench  # noqa: E402
+from dlrecipes.tools.bench import measure_throughput, run_bench  # noqa: E402
 
 # (name, gpu_throughput model key, batch, compile); --tiny shrinks batches and leaves ResNet-50 out
 OVERHEAD_CASES = [

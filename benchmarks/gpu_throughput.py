@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dlrecipes.api import resolve
-from dlrecipes.bench import measure_throughput
+from dlrecipes.tools.bench import measure_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from dlrecipes.api import resolve
-from dlrecipes.bench import format_bench, run_bench
+from dlrecipes.tools.bench import format_bench, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = [

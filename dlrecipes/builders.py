@@ -1,42 +1,28 @@
 """Builders: a validated section in, an object out.  One small function per section.
 
-Factories may take positional-only parameters that are not recipe keys (the model for an
-optimizer, the run directory for a logger); :func:`build_component` supplies them from
-the context by name.
+Each goes through :func:`dlrecipes.registry.build_component`, which supplies a factory's
+positional-only parameters (the model for an optimizer, the run directory for a logger) from
+the context and checks the type of what it returns.
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
+from dlrecipes.config.devices import torch_device
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
+from dlrecipes.registry import build_component
 
 # Model parameters the builder fills from the dataset (and the recipe's loss) when the recipe leaves them out.
 DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape", "loss")
 
 
-def build_component(reg: registry.Registry, name: str, params: dict[str, Any], key: str, **context: Any) -> Any:
-    """``reg[name](*supplied, **params)`` where ``supplied`` are positional-only names taken from ``context``."""
-    entry = reg.get(name, key_path=key)
-    supplied = []
-    for pname, param in inspect.signature(entry.factory).parameters.items():
-        if param.kind is param.POSITIONAL_ONLY:
-            if pname not in context:
-                raise TypeError(f"{entry.source}: positional-only parameter '{pname}' cannot be supplied")
-            supplied.append(context[pname])
-    return entry.factory(*supplied, **params)
-
-
 def build_datasets(cfg: Component) -> DatasetSplits:
-    data = build_component(registry.datasets, cfg.name, cfg.params, "dataset.name")
-    if not isinstance(data, DatasetSplits):
-        raise TypeError(f"dataset '{cfg.name}' returned {type(data).__name__}, expected DatasetSplits")
-    return data
+    return build_component(registry.datasets, cfg.name, cfg.params, "dataset.name", DatasetSplits)
 
 
 def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy") -> dict[str, Any]:
@@ -79,9 +65,7 @@ def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy"
         return build_multi_io_model(cfg, data, task)
     from dlrecipes.losses import loss_name
 
-    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss_name(loss)), "model.name")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
+    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss_name(loss)), "model.name", nn.Module)
     return wrap_classifier(module, data.num_classes, loss, metrics, train_metrics)
 
 
@@ -152,7 +136,6 @@ def build_dataloaders(
 
 def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int):
     """A :class:`DeviceTensorLoader` over an in-memory dataset, wrapped as a Composer DataSpec."""
-    import torch
     from composer.core import DataSpec
     from composer.utils import dist
     from torch.utils.data import TensorDataset
@@ -166,9 +149,9 @@ def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int)
         (images, labels), augment = dataset.tensors, None
     else:
         raise RecipeError(f"trainer.loader: 'device' cannot load a {type(dataset).__name__}; use trainer.loader=torch")
-    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    on_device = torch_device(device)
     loader = DeviceTensorLoader(
-        images, labels, batch_size, augment, train, torch_device, seed, dist.get_global_rank(), dist.get_world_size()
+        images, labels, batch_size, augment, train, on_device, seed, dist.get_global_rank(), dist.get_world_size()
     )
     return DataSpec(loader, num_samples=loader.num_samples)
 
@@ -176,7 +159,6 @@ def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int)
 def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bool, cfg: TrainerConfig,
                         device: str, seed: int):
     """A tensor-cache loader (decode once, batched augmentation) as a Composer DataSpec."""
-    import torch
     from composer.core import DataSpec
     from composer.utils import dist
 
@@ -184,9 +166,9 @@ def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bo
 
     if data.augment is None or not hasattr(dataset, "samples"):
         raise RecipeError("trainer.loader: 'tensor_cache' needs an image-folder dataset")
-    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    on_device = torch_device(device)
     loader = build_tensor_cache_loader(
-        dataset, batch_size, train, torch_device, cfg.num_workers, seed, dist.get_global_rank(),
+        dataset, batch_size, train, on_device, cfg.num_workers, seed, dist.get_global_rank(),
         dist.get_world_size(), cfg.cache_dir, cfg.cache_size, **data.augment,
     )
     return DataSpec(loader, num_samples=loader.num_samples)
@@ -212,17 +194,13 @@ def build_optimizer(cfg: Component, model, global_batch_size: int | None = None)
     if rule != "none" and global_batch_size:
         lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)
         params["lr"] = scaled_lr(lr, rule, global_batch_size, cfg.params["reference_batch_size"])
-    optimizer = build_component(registry.optimizers, cfg.name, params, "optimizer.name", model=model)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer '{cfg.name}' returned {type(optimizer).__name__}, expected a torch Optimizer")
-    return optimizer
+    return build_component(registry.optimizers, cfg.name, params, "optimizer.name", torch.optim.Optimizer, model=model)
 
 
 def build_scheduler(cfg: Component):
-    scheduler = build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name")
-    if not callable(scheduler):
-        raise TypeError(f"scheduler '{cfg.name}' returned {type(scheduler).__name__}, expected a ComposerScheduler")
-    return scheduler
+    from collections.abc import Callable
+
+    return build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name", Callable)
 
 
 def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, run_dir: Path | None = None) -> list:
@@ -240,27 +218,20 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, 
         if name == "progressive_resizing" and isinstance(ffcv_loader, FFCVLoader):
             built.append(FFCVProgressiveResizing(ffcv_loader, **params))
         else:
-            built.append(_build_checked(registry.algorithms, name, params, Algorithm, run_dir=run_dir))
+            built.append(build_component(registry.algorithms, name, params, f"algorithms.{name}", Algorithm,
+                                         run_dir=run_dir))
     return built
 
 
 def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
     from composer.core import Callback
 
-    return [_build_checked(registry.callbacks, name, params, Callback, run_dir=run_dir) for name, params in cfgs.items()]
+    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", Callback, run_dir=run_dir)
+            for name, params in cfgs.items()]
 
 
 def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
     from composer.loggers import LoggerDestination
 
-    return [
-        _build_checked(registry.loggers, name, params, LoggerDestination, run_dir=run_dir)
-        for name, params in cfgs.items()
-    ]
-
-
-def _build_checked(reg: registry.Registry, name: str, params: dict[str, Any], expected: type, **context: Any):
-    obj = build_component(reg, name, params, f"{reg.group}.{name}", **context)
-    if not isinstance(obj, expected):
-        raise TypeError(f"{reg.what} '{name}' returned {type(obj).__name__}, expected a {expected.__name__}")
-    return obj
+    return [build_component(registry.loggers, name, params, f"loggers.{name}", LoggerDestination, run_dir=run_dir)
+            for name, params in cfgs.items()]

@@ -89,7 +89,8 @@ def launch(
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
     from dlrecipes import api
-    from dlrecipes.launch import check_devices, launcher_command, run_forwarding_signals
+    from dlrecipes.config.devices import check_devices
+    from dlrecipes.tools.launch import launcher_command, run_forwarding_signals
 
     extra = tuple(["--resume"] if resume else []) + tuple(["--trust-checkpoint"] if trust_checkpoint else []) + tuple(a for p in plugin for a in ("--plugin", p))
     cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
@@ -127,7 +128,7 @@ def show(
     Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
     from dlrecipes.config import validate as validate_recipe
-    from dlrecipes.show import render_with_sources
+    from dlrecipes.tools.describe import render_with_sources
 
     loaded = _guarded(lambda: api.load(recipe, overrides or [], plugin))
     config = _guarded(lambda: validate_recipe(loaded, check_device=device_check))
@@ -143,7 +144,7 @@ def list_registry(
     """What each registry holds, with parameters and defaults."""
     from dlrecipes.plugins import load_all
     from dlrecipes.registry import REGISTRIES
-    from dlrecipes.show import print_registry
+    from dlrecipes.tools.describe import print_registry
 
     _guarded(lambda: load_all(plugins=plugin))
     if group is not None and group not in REGISTRIES:
@@ -172,7 +173,7 @@ def profile(
     """Parameters, size, MACs/FLOPs, latency (batch 1 and B) and peak CUDA memory of a model."""
     import json
 
-    from dlrecipes import profile as prof
+    from dlrecipes.tools import model_cost as prof
     from dlrecipes.recipe import parse_yaml
 
     if device not in ("cpu", "cuda"):
@@ -215,7 +216,7 @@ def bench(
     import json
 
     from dlrecipes import api
-    from dlrecipes.bench import format_bench, run_bench
+    from dlrecipes.tools.bench import format_bench, run_bench
 
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
     result = _guarded(lambda: run_bench(config, steps=steps, rounds=rounds, warmup=warmup))
@@ -225,7 +226,7 @@ def bench(
 @app.command()
 def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
-    from dlrecipes.plots import plot_history
+    from dlrecipes.records.plots import plot_history
 
     for path in _guarded(lambda: plot_history(run_dir)):
         typer.echo(str(path))
@@ -238,7 +239,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
     """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""
-    from dlrecipes.plots import COMPARE_COLUMNS, compare_runs, format_cell
+    from dlrecipes.records.plots import COMPARE_COLUMNS, compare_runs, format_cell
 
     summaries, plot_path = _guarded(lambda: compare_runs(run_dirs, out))
     if as_json:
@@ -278,7 +279,8 @@ def data_convert(
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra)."""
-    from dlrecipes.data.ffcv_files import ConvertOptions, convert_dataset
+    from dlrecipes.data.ffcv_files import ConvertOptions
+    from dlrecipes.tools.data_convert import convert_dataset
     from dlrecipes.plugins import load_all
     from dlrecipes.recipe import parse_yaml
 
@@ -334,7 +336,7 @@ def wheelhouse(
     extra: List[str] = typer.Option([], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"),
 ) -> None:
     """Collect wheels of everything dlrecipes needs except torch, for an offline machine with its own torch."""
-    from dlrecipes.wheelhouse import INSTALL_COMMAND, build_wheelhouse
+    from dlrecipes.tools.wheelhouse import INSTALL_COMMAND, build_wheelhouse
 
     requirements_file = _guarded(lambda: build_wheelhouse(out, python_version, extra))
     wheels = len(list(out.glob("*.whl")))

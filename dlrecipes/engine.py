@@ -34,15 +34,17 @@ from typing import Any, Optional, Union
 import torch
 from composer import Trainer as ComposerTrainer
 from composer.core import Callback, Engine, Event, State
-from composer.loggers import FileLogger, Logger, LoggerDestination
+from composer.loggers import Logger, LoggerDestination
 from composer.trainer.trainer import TrainerMode
 from composer.core.precision import get_precision_context
 from composer.distributed import ddp_sync_context
 from composer.utils import dist, ensure_tuple, map_collection
 from torch.nn.parallel import DistributedDataParallel
 
+from dlrecipes.config.devices import HostReducer
+from dlrecipes.loggers.run_log import MICROBATCH_KEY
+
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow
-MICROBATCH_KEY = "trainer/device_train_microbatch_size"
 _ENGINE_DEBUG = bool(os.environ.get("ENGINE_DEBUG"))  # Composer's per-event debug lines
 
 
@@ -95,36 +97,6 @@ def _total_loss(loss: Any, device: Any) -> tuple[torch.Tensor, dict[str, torch.T
     return total, named
 
 
-class HostReducer:
-    """Reduces small host-side numbers over all ranks without touching the device.
-
-    With a gloo default group that group is used; with NCCL a gloo group is made once
-    (every rank reaches its first reduction at the same point of the first epoch).
-    """
-
-    def __init__(self):
-        self._group: Any = None
-        self.world_size = dist.get_world_size()
-        self.rank = dist.get_global_rank()
-
-    def sum(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "SUM")
-
-    def max(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "MAX")
-
-    def _reduce(self, values: list[float], op: str) -> list[float]:
-        if self.world_size == 1:
-            return values
-        import torch.distributed as tdist
-
-        if self._group is None:
-            self._group = tdist.group.WORLD if tdist.get_backend() == "gloo" else tdist.new_group(backend="gloo")
-        box = torch.tensor(values, dtype=torch.float64)
-        tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group)
-        return box.tolist()  # a CPU tensor: no device synchronisation
-
-
 class _EpochTrainMetrics(Callback):
     """Computes and logs the sampled train metrics at each epoch end, then resets them."""
 
@@ -133,21 +105,6 @@ class _EpochTrainMetrics(Callback):
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         self.trainer.log_train_metrics()
-
-
-class RunLogFile(FileLogger):
-    """Composer's text log without the per-batch counters: ``time/*`` (every line names its batch)
-    and the microbatch size unless it changed (auto microbatching)."""
-
-    _microbatch: Any = None
-
-    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
-        kept = {k: v for k, v in metrics.items() if not k.startswith("time/") or k == "time/epoch"}
-        micro = kept.pop(MICROBATCH_KEY, None)
-        if micro is not None and micro != self._microbatch:
-            kept[MICROBATCH_KEY] = self._microbatch = micro
-        if kept:
-            super().log_metrics(kept, step)
 
 
 class _DirectEngine(Engine):

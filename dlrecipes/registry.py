@@ -16,15 +16,22 @@ defaults) are exactly the keys a recipe may give next to ``name:``.  Recipes are
 against that signature before anything is built, so keep heavy imports (torch, composer,
 timm) inside the factory body: ``validate`` and ``list`` then answer quickly.
 
-Keyword metadata after the name is free-form; what dlrecipes reads: ``validator=fn(params,
-key_path)`` (checks beyond types, at validation), and for models the card ``list models``
-shows: ``input_size=(C, H, W)``, ``param_count=`` (at the factory's defaults; a test
-compares it with the built model) and ``pretrained="how to get weights"`` (absent: none);
-for datasets ``image_side=fn(params)``: the side of the images a model sees, which validation
-checks against a model's ``min_input_size``; for losses ``targets="class"`` or ``"regression"``
-(what the loss trains; multi-output tasks check it per output); for metrics ``report=True``
-(not a number per evaluation but a table written at the end of the run, see
-:mod:`dlrecipes.metrics`).
+Keyword metadata after the name is free-form; what dlrecipes reads:
+
+- any entry: ``validator=fn(params, key_path)``: checks beyond types, at validation;
+  ``paths=("root", ...)``: parameters that are file paths, resolved against the recipe's folder.
+- models: ``input_size=(C, H, W)``, ``param_count=`` (at the factory's defaults; a test compares
+  it with the built model), ``pretrained="how to get weights"`` and ``example_params=`` (what
+  ``list models`` shows and builds); ``multi_io=True``: takes several inputs (needs ``task:``).
+- datasets: ``image_side=fn(params)`` (the side of the images a model sees, checked against its
+  ``min_input_size``); ``in_memory=True`` (``trainer.loader: device`` can hold it on the device);
+  ``pil_images=True`` (yields PIL images: the tensor cache, RandAugment and AugMix need it);
+  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
+  ``ffcv=True`` (reads ``.beton`` files).
+- algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)`` and
+  ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch).
+- losses: ``targets="class"`` or ``"regression"`` (what the loss trains; checked per task output).
+- metrics: ``report=True`` (a table written at the end of the run, see :mod:`dlrecipes.metrics`).
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ class Registry:
     def __init__(self, group: str, what: str, returns: str):
         self.group = group
         self.what = what  # e.g. "model", used in messages
-        self.returns = returns  # what a factory must return, for the docs and `list`
+        self.returns = returns  # what a factory must return (build_component says so when one does not)
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str | None = None, **metadata: Any) -> Callable:
@@ -118,6 +125,27 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, expected: Any = None,
+                    **context: Any) -> Any:
+    """``reg[name](*supplied, **params)``, checked to be an instance of ``expected`` (a type or tuple).
+
+    Factories may take positional-only parameters that are not recipe keys (the model for an
+    optimizer, the run directory for a callback, the class count for a metric); they are supplied
+    from ``context`` by name.
+    """
+    entry = reg.get(name, key_path=key)
+    supplied = []
+    for pname, param in inspect.signature(entry.factory).parameters.items():
+        if param.kind is param.POSITIONAL_ONLY:
+            if pname not in context:
+                raise TypeError(f"{entry.source}: positional-only parameter '{pname}' cannot be supplied")
+            supplied.append(context[pname])
+    built = entry.factory(*supplied, **params)
+    if expected is not None and not isinstance(built, expected):
+        raise TypeError(f"{reg.what} '{name}' ({entry.source}) returned {type(built).__name__}, expected {reg.returns}")
+    return built
 
 
 def _source_of(factory: Callable) -> str:

@@ -13,11 +13,14 @@ from typing import Any, Optional
 
 import yaml
 
-from dlrecipes import builders, registry, run_lock
-from dlrecipes.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
-from dlrecipes.config import RecipeConfig, resolve_device
+from dlrecipes import builders, registry
+from dlrecipes.config import RecipeConfig
+from dlrecipes.config.devices import check_devices, local_world_size, rank, resolve_device, world_size
+from dlrecipes.config.schema import is_zero
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.resume_check import check_resume
+from dlrecipes.records import run_lock
+from dlrecipes.records.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
+from dlrecipes.records.resume_check import check_resume
 
 
 
@@ -30,13 +33,9 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _same_on_all_ranks(value: Any, device: str) -> Any:
     """Rank 0's ``value`` on every rank (run names contain a timestamp; rank 0 picks the resume point)."""
-    if _world_size() == 1:
+    if world_size() == 1:
         return value
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
@@ -81,7 +80,7 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
     run_dir = Path(config.runs_dir) / run_name
     resolved = yaml.safe_dump(config.to_dict(), sort_keys=False)
     recipe_file = run_dir / "recipe.yaml"
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         make_run_dir(run_dir)
         if recipe_file.exists() and not resume and (run_dir / CHECKPOINT_DIR).exists():
             raise UserError(
@@ -96,14 +95,14 @@ def prepare_run_dir(config: RecipeConfig, run_name: str, resume: bool) -> Path:
 
 def _finetune(config: RecipeConfig, model, optimizer) -> list:
     """The ``finetune:`` section: a head lr group now, backbone freezing and layer-wise decay as algorithms."""
-    from dlrecipes.finetune import FreezeBackbone, head_parameter_names, split_head_group
+    from dlrecipes.algorithms.finetune import FreezeBackbone, head_parameter_names, split_head_group
 
     f = config.finetune
     net = getattr(model, "module", model)
     head = head_parameter_names(net, f.head)
     split_head_group(net, optimizer, head, f.head_lr)
     algorithms = []
-    if f.freeze_backbone not in ("0ep", "0ba", "0dur"):
+    if not is_zero(f.freeze_backbone):
         algorithms.append(FreezeBackbone(head, f.freeze_backbone))
     if f.layer_decay is not None:
         algorithms.append(registry.algorithms.build("layerwise_lr_decay", decay=f.layer_decay))
@@ -111,37 +110,38 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
 
 
 def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool):
-    """Where training starts: ``(load_path, load_weights_only)`` for Composer, or weights loaded here.
+    """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
     Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time,
     RNG).  Otherwise ``checkpoint.load_path`` gives initial weights, read tensors-only where
-    the file allows it; a full state from outside the run directory needs ``trust``.
+    the file allows it (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole
+    file to Composer, which from outside the run directory needs ``trust``.
     """
-    from dlrecipes.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
+    from dlrecipes.records.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
 
     ckpt = config.checkpoint
     if resume:
-        point = resume_point(run_dir / CHECKPOINT_DIR) if int(os.environ.get("RANK", "0")) == 0 else None
+        point = resume_point(run_dir / CHECKPOINT_DIR) if rank() == 0 else None
         point = _same_on_all_ranks(str(point) if point else "", device)
         if point:
-            if int(os.environ.get("RANK", "0")) == 0:
+            if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
-            return point, False
+            return point
         print(f"note: no complete checkpoint in {run_dir / CHECKPOINT_DIR} yet; starting from the beginning",
               file=sys.stderr)
     if not ckpt.load_path:
-        return None, False
+        return None
     path = Path(ckpt.load_path)
     if not ckpt.load_weights_only:  # Composer's loader unpickles fully: check the file first
         check_trusted(path, trusted_dirs=[run_dir], trust=trust)
-        return str(path), False
+        return str(path)
     loaded = read_checkpoint(path, trusted_dirs=[run_dir], trust=trust)
     report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         skipped = report["ignored"] + report["missing"]
         print(f"loaded weights from {path}" + (f" (not loaded: {', '.join(skipped[:6])}"
               f"{' ...' if len(skipped) > 6 else ''})" if skipped else ""), file=sys.stderr)
-    return None, False
+    return None
 
 
 def check_free_space(run_dir: Path, model, keep: int) -> None:
@@ -162,55 +162,61 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
         )
 
 
-def build_trainer(
-    config: RecipeConfig,
-    run_dir: Path,
-    resume: bool = False,
-    device: Optional[str] = None,
-    dataloaders: Optional[tuple[Any, Any]] = None,
-    max_duration: Optional[str] = None,
-    quiet: bool = False,
-    trust_checkpoint: bool = False,
-    verbose: bool = False,
-):
+def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
+                  verbose: bool = False):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
-    ``dataloaders`` (train, eval) replace the recipe's data, and ``max_duration`` its
-    duration: the benchmarks use them to train the same Trainer on batches held in memory
-    (``quiet``: no console output).  ``verbose`` adds Composer's own console logging (its
-    config banner and every metric at ``trainer.console_log_interval``).  ``trust_checkpoint`` allows a full unpickle of a
-    ``checkpoint.load_path`` outside the run directory (see :mod:`dlrecipes.checkpoints`).
+    ``trust_checkpoint`` allows a full unpickle of a ``checkpoint.load_path`` outside the run
+    directory (see :mod:`dlrecipes.records.checkpoints`); ``verbose`` adds Composer's own
+    console logging (its config banner and every metric at ``trainer.console_log_interval``).
     """
-    from composer.utils import reproducibility
-
-    from dlrecipes.engine import RunLogFile, Trainer
-    from dlrecipes.preemption import StopOnSignal
-
-    from dlrecipes.best_checkpoint import BestCheckpoint
-    from dlrecipes.history import RunHistory
-    from dlrecipes.metrics.report import ClassReport, report_tables
-
-    t, ckpt = config.trainer, config.checkpoint
-    device = device or resolve_device(t.device)
-    if t.deterministic:
-        reproducibility.configure_deterministic_mode()
-    reproducibility.seed_all(t.seed)  # before building, so weights and data are seeded too
-
-    data = builders.build_datasets(config.dataset)
-    model = builders.build_model(config.model, data, config.loss, task=config.task, metrics=config.metrics,
-                                 train_metrics=config.train_metrics)
+    device = resolve_device(config.trainer.device)
+    data, model = _seeded_model(config)
+    ckpt = config.checkpoint
     if ckpt.save:
         check_free_space(run_dir, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
-    checkpoint_dir = run_dir / CHECKPOINT_DIR
-    load_path, load_weights_only = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint)
-    if dataloaders is None:
-        dataloaders = builders.build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
-    train_dl, eval_dl = dataloaders
-    optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
-    algorithms = builders.build_algorithms(config.algorithms, train_dl, run_dir)
-    if config.finetune is not None:
-        algorithms += _finetune(config, model, optimizer)
+    load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint)
+    loaders = builders.build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
+                                         algorithms=config.algorithms)
+    callbacks = _run_callbacks(config, run_dir, device, data, periodic)
+    return _trainer(config, run_dir, device, model, loaders, callbacks, _loggers(config, run_dir, terminal=True),
+                    verbose, load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+
+
+def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any):
+    """The recipe's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
+    model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
+    no checkpoints and no terminal output."""
+    device = resolve_device(config.trainer.device)
+    data, model = _seeded_model(config)
+    callbacks = _run_callbacks(config, run_dir, device, data, periodic=False)
+    return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
+                    _loggers(config, run_dir, terminal=False), verbose=False, load={}, max_duration="100000000ba")
+
+
+def _seeded_model(config: RecipeConfig):
+    """The data splits and the wrapped model, built after seeding (so weights and data are seeded)."""
+    from composer.utils import reproducibility
+
+    t = config.trainer
+    if t.deterministic:
+        reproducibility.configure_deterministic_mode()
+    reproducibility.seed_all(t.seed)
+    data = builders.build_datasets(config.dataset)
+    model = builders.build_model(config.model, data, config.loss, task=config.task, metrics=config.metrics,
+                                 train_metrics=config.train_metrics)
+    return data, model
+
+
+def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, periodic: bool) -> list:
+    """The recipe's callbacks, then every run's: history, periodic saves, stopping on signals, best.pt, report."""
+    from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.callbacks.preemption import StopOnSignal
+    from dlrecipes.metrics.report import ClassReport, report_tables
+    from dlrecipes.records.history import RunHistory
+
+    ckpt, checkpoint_dir = config.checkpoint, run_dir / CHECKPOINT_DIR
     callbacks = builders.build_callbacks(config.callbacks, run_dir)
     callbacks.append(RunHistory(run_dir, config.to_dict(), device))
     saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None
@@ -223,43 +229,44 @@ def build_trainer(
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
         callbacks.append(ClassReport(run_dir, data.num_classes, data.class_names, tables, best))
+    return callbacks
+
+
+def _loggers(config: RecipeConfig, run_dir: Path, terminal: bool) -> list:
+    from dlrecipes.loggers.run_log import RunLogFile
+
     loggers = builders.build_loggers(config.loggers, run_dir)
     loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
-    if not quiet:
-        from dlrecipes.terminal import TerminalReport
+    if terminal:
+        from dlrecipes.loggers.terminal import TerminalReport
 
-        loggers.append(TerminalReport(live=t.progress_bar, monitor=ckpt.monitor))
+        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor))
+    return loggers
+
+
+def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
+             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None):
+    from dlrecipes.engine import Trainer
+
+    t = config.trainer
+    optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
+    algorithms = builders.build_algorithms(config.algorithms, loaders[0], run_dir)
+    if config.finetune is not None:
+        algorithms += _finetune(config, model, optimizer)
     return Trainer(
-        model=model,
-        train_dataloader=train_dl,
-        eval_dataloader=eval_dl,
-        max_duration=max_duration or t.max_duration,
-        eval_interval=t.eval_interval,
-        optimizers=optimizer,
-        schedulers=builders.build_scheduler(config.scheduler),
-        step_schedulers_every_batch=True,
-        algorithms=algorithms,
-        callbacks=callbacks,
-        loggers=loggers,
-        run_name=run_dir.name,
-        progress_bar=False,  # ours is among the loggers when wanted
-        log_to_console=verbose and not quiet,
-        console_log_interval=t.console_log_interval,
-        train_subset_num_batches=t.train_subset_num_batches,
-        eval_subset_num_batches=t.eval_subset_num_batches,
-        load_path=load_path,  # resuming, or a trusted full checkpoint; weights alone are loaded above
-        load_weights_only=load_weights_only,
-        load_strict_model_weights=ckpt.load_strict,
-        load_ignore_keys=(ckpt.load_ignore_keys or None) if load_weights_only else None,
-        device=device,
-        precision=t.precision,
-        device_train_microbatch_size=t.device_train_microbatch_size,
-        seed=t.seed,
-        deterministic_mode=t.deterministic,
+        model=model, train_dataloader=loaders[0], eval_dataloader=loaders[1],
+        max_duration=max_duration or t.max_duration, eval_interval=t.eval_interval,
+        optimizers=optimizer, schedulers=builders.build_scheduler(config.scheduler), step_schedulers_every_batch=True,
+        algorithms=algorithms, callbacks=callbacks, loggers=loggers, run_name=run_dir.name,
+        progress_bar=False,  # dlrecipes.loggers.terminal is among the loggers instead
+        log_to_console=verbose, console_log_interval=t.console_log_interval,
+        train_subset_num_batches=t.train_subset_num_batches, eval_subset_num_batches=t.eval_subset_num_batches,
+        device=device, precision=t.precision, device_train_microbatch_size=t.device_train_microbatch_size,
+        seed=t.seed, deterministic_mode=t.deterministic,
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
         parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
-        log_interval=t.log_interval,
-        train_metrics_interval=t.train_metrics_interval,
+        log_interval=t.log_interval, train_metrics_interval=t.train_metrics_interval,
+        **load,  # resuming, or a trusted full checkpoint; weights alone were loaded by _initial_state
     )
 
 
@@ -269,7 +276,7 @@ def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
         return
     lr = trainer.state.optimizers[0].param_groups[0]["lr"]
     trainer.logger.log_hyperparameters({"optimizer/scaled_lr": lr, "optimizer/scale_lr": params["scale_lr"]})
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         print(
             f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
             f"to the global batch {config.trainer.batch_size}: {lr:.6g}",
@@ -292,29 +299,27 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     """Train a validated recipe; returns where the run went and its final eval metrics.
 
     ``verbose``: Composer's own console logging too, and the warnings
-    :data:`dlrecipes.terminal.HARMLESS_WARNINGS` (hidden otherwise).
+    :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise).
     """
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
-    if _world_size() > 1:  # started by a launcher (composer -n N, torchrun, srun): the same checks as `launch`
-        from dlrecipes.launch import check_devices
-
-        check_devices(config, int(os.environ.get("LOCAL_WORLD_SIZE", _world_size())), _world_size())
+    if world_size() > 1:  # started by a launcher (composer -n N, torchrun, srun): the same checks as `launch`
+        check_devices(config, local_world_size(), world_size())
     run_name = choose_run_name(config, resume, device)
     run_dir = Path(config.runs_dir) / run_name
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, config.to_dict())
-        if accepted and int(os.environ.get("RANK", "0")) == 0:
+        if accepted and rank() == 0:
             print(f"resuming {run_name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
     lock, fresh, started = None, not run_dir.exists(), []
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         make_run_dir(run_dir)
         lock = run_lock.acquire(run_dir)
     try:
         with warnings.catch_warnings():
             if not verbose:
-                from dlrecipes.terminal import hide_harmless_warnings
+                from dlrecipes.loggers.terminal import hide_harmless_warnings
 
                 hide_harmless_warnings()
             return _train_in(config, prepare_run_dir(config, run_name, resume), device, resume, trust_checkpoint,
@@ -332,8 +337,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
 def _train_in(config: RecipeConfig, run_dir: Path, device: str, resume: bool, trust_checkpoint: bool,
               started: list, verbose: bool = False) -> TrainResult:
     start = time.perf_counter()
-    trainer = build_trainer(config, run_dir, resume=resume, device=device, trust_checkpoint=trust_checkpoint,
-                            verbose=verbose)
+    trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose)
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train

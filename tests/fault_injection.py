@@ -34,7 +34,7 @@ def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before
     import torch
     from composer.core import Callback
 
-    import dlrecipes.checkpoints as checkpoints
+    import dlrecipes.records.checkpoints as checkpoints
 
     real_save, real_relink = torch.save, checkpoints.relink
     saves = {"n": 0}

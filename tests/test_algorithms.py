@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-import dlrecipes.algorithms.own  # noqa: F401  our own algorithms (an entry point) join the registry-wide tests
+import dlrecipes.algorithms  # noqa: F401  the built-ins, our own algorithms among them
 from dlrecipes import registry
 from dlrecipes.algorithms.gradient_checkpointing import apply_gradient_checkpointing
 from dlrecipes.algorithms.layerwise_lr_decay import apply_layerwise_lr_decay, block_index

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dlrecipes.api import resolve
-from dlrecipes.checkpoints import (
+from dlrecipes.records.checkpoints import (
     atomic_write,
     check_trusted,
     load_model_weights,

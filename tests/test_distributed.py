@@ -15,7 +15,7 @@ import torch
 
 from dlrecipes.builders import scaled_lr
 from dlrecipes.errors import UserError
-from dlrecipes.launch import launcher_command
+from dlrecipes.tools.launch import launcher_command
 
 from .conftest import REPO, run_cli, write
 

@@ -36,7 +36,7 @@ def test_overrides_follow_the_pinned_composer():
 
 
 def _fit(recipe: Path, run_dir: Path, overrides: list[str], callbacks=()):
-    trainer = build_trainer(api.resolve(recipe, overrides), run_dir, device="cpu", quiet=True)
+    trainer = build_trainer(api.resolve(recipe, overrides), run_dir)
     trainer.state.callbacks.extend(callbacks)
     trainer.fit()
     trainer.close()
@@ -193,7 +193,7 @@ def test_train_metrics_come_from_sampled_steps_once_per_epoch(tiny_recipe, tmp_p
     trainer_box = []
     config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
                                         "trainer.train_metrics_interval=3", "checkpoint.save=false"])
-    trainer = build_trainer(config, tmp_path / "run", device="cpu", quiet=True)
+    trainer = build_trainer(config, tmp_path / "run")
     trainer_box.append(trainer)
     trainer.state.callbacks.append(CountUpdates())
     trainer.fit()

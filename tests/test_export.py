@@ -13,7 +13,7 @@ import torch
 from dlrecipes import registry
 from dlrecipes.api import resolve, train
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.export import (
+from dlrecipes.callbacks.exporter import (
     ExportMismatchError,
     export_and_verify,
     export_model,
@@ -145,7 +145,7 @@ def test_verify_detects_a_model_that_differs_from_the_file(tmp_path):
 
 @needs_onnx
 def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
-    import dlrecipes.export as export
+    import dlrecipes.callbacks.exporter as export
 
     def off_by_a_little(path, fmt, inputs):
         return run_exported(path, fmt, inputs) + (1e-2 if fmt == "onnx" else 0.0)
@@ -164,7 +164,7 @@ def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
 def test_a_mismatch_at_the_end_of_a_run_exits_2_without_traceback(tmp_path):
     recipe = write(tmp_path / "tiny.yaml", EXPORT_RECIPE)
     probe = (
-        "import dlrecipes.export as e\n"
+        "import dlrecipes.callbacks.exporter as e\n"
         "run = e.run_exported\n"
         "e.run_exported = lambda path, fmt, inputs: run(path, fmt, inputs) + (0.5 if fmt == 'onnx' else 0)\n"
         f"from dlrecipes.cli import main; main(['train', {str(recipe)!r}, 'runs_dir={tmp_path}/runs'])\n"

@@ -7,7 +7,7 @@ import torch
 
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.finetune import default_head, head_parameter_names
+from dlrecipes.algorithms.finetune import default_head, head_parameter_names
 from dlrecipes.train import build_trainer, prepare_run_dir, train
 from tests.conftest import run_cli, write
 

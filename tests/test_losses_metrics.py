@@ -59,7 +59,7 @@ def test_binary_cross_entropy_is_per_class_sigmoid():
 
 
 def _metric(name, **params):
-    from dlrecipes.builders import build_component
+    from dlrecipes.registry import build_component
 
     return build_component(registry.metrics, name, params, f"metrics.{name}", num_classes=3)
 

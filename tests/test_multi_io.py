@@ -17,7 +17,7 @@ from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
 from dlrecipes.models.multi_io import MultiIOModel, multi_io_model_params
 from dlrecipes.recipe import load_recipe
-from dlrecipes.task import declared_io, metric_names
+from dlrecipes.config.task import declared_io, metric_names
 
 from .conftest import RECIPES, run_cli, write
 
@@ -243,8 +243,8 @@ def test_a_multi_io_dataset_or_model_without_a_task_is_refused(tmp_path):
 
 
 def test_profile_and_bench_refuse_task_recipes_in_one_line(task_recipe):
-    from dlrecipes.bench import run_bench
-    from dlrecipes.profile import model_from_recipe
+    from dlrecipes.tools.bench import run_bench
+    from dlrecipes.tools.model_cost import model_from_recipe
 
     config = check(task_recipe)
     with pytest.raises(RecipeError, match="^task: profile feeds the model one image tensor"):

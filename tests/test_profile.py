@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dlrecipes.profile import count_flops, profile_model, resolve_model
+from dlrecipes.tools.model_cost import count_flops, profile_model, resolve_model
 
 from .conftest import REPO, run_cli
 

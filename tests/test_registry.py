@@ -77,3 +77,12 @@ def test_composer_algorithm_wrappers_mirror_composer_signatures():
         for pname, default in theirs.items():
             if default is not inspect.Parameter.empty:
                 assert ours[pname] == default, f"{name}.{pname}"
+
+
+def test_a_factory_returning_the_wrong_kind_of_object_is_named_with_what_was_expected():
+    reg = registry.Registry("things", "thing", "a list of numbers")
+    reg.add("bad", lambda: "not a list", source="my_plugin.py")
+    with pytest.raises(TypeError, match=r"thing 'bad' \(my_plugin.py\) returned str, expected a list of numbers"):
+        registry.build_component(reg, "bad", {}, "things.bad", list)
+    reg.add("good", lambda size, /: [0] * size, source="my_plugin.py")
+    assert registry.build_component(reg, "good", {}, "things.good", list, size=3) == [0, 0, 0]

@@ -13,7 +13,7 @@ import termios
 
 import pytest
 
-from dlrecipes.terminal import fit_line
+from dlrecipes.loggers.terminal import fit_line
 
 from .conftest import REPO, run_cli
 

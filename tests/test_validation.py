@@ -57,6 +57,8 @@ def test_unknown_keys_name_the_path_and_the_closest_key(recipe, override, messag
         ("model.width=[4]", r"model.width: expected int, got \[4\] \(list\)"),
         ("trainer.device_train_microbatch_size=big", r"trainer.device_train_microbatch_size: expected int or one of 'auto' or null"),
         ("checkpoint.load_ignore_keys=[1]", r"checkpoint.load_ignore_keys\[0\]: expected str, got 1"),
+        ("checkpoint={load_weights_only: false, load_ignore_keys: ['module.fc.*']}",
+         r"checkpoint.load_ignore_keys: applies to weights-only loads"),
         ("trainer=5", r"trainer: expected mapping, got 5"),
     ],
 )

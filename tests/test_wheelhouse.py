@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrecipes.wheelhouse import TORCH_STACK, closure, requirements
+from dlrecipes.tools.wheelhouse import TORCH_STACK, closure, requirements
 
 from .conftest import REPO, TINY_RECIPE, write
 

@@ -18,6 +18,7 @@ import torch
 from composer.core import Algorithm, DataSpec, Event, State
 from composer.loggers import Logger
 
+from dlrecipes.config.devices import torch_device
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
 from dlrecipes.data.progressive import progressive_resolution
 
@@ -178,9 +179,9 @@ def build_ffcv_loaders(
 ) -> tuple[FFCVLoader, FFCVLoader]:
     from composer.utils import dist
 
-    torch_device = torch.device("cuda", dist.get_local_rank()) if device == "gpu" else torch.device("cpu")
+    on_device = torch_device(device)
     common = {
-        "num_workers": num_workers, "device": torch_device, "seed": seed, "rank": dist.get_global_rank(),
+        "num_workers": num_workers, "device": on_device, "seed": seed, "rank": dist.get_global_rank(),
         "world_size": dist.get_world_size(), "half": precision == "amp_fp16", "channels_last": channels_last,
     }
     return (

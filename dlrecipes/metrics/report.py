@@ -26,7 +26,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from dlrecipes.checkpoints import atomic_write
+from dlrecipes.records.checkpoints import atomic_write
 
 REPORT_DIR = "report"
 
@@ -105,7 +105,7 @@ def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[st
 
 
 def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
-    from dlrecipes.plots import _pyplot
+    from dlrecipes.records.plots import _pyplot
 
     plt = _pyplot()
     n = len(names)
@@ -130,7 +130,7 @@ def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
 
 
 def _plot_accuracy(path: Path, per_class: list[tuple[str, int, int]]) -> None:
-    from dlrecipes.plots import _pyplot
+    from dlrecipes.records.plots import _pyplot
 
     plt = _pyplot()
     n = len(per_class)

@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from dlrecipes import registry
+from dlrecipes.registry import build_component
 from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 
 
@@ -18,9 +19,8 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
     synchronisation) and cost more than the update itself; evaluation keeps them.
     """
     from composer.metrics import CrossEntropy
-    from torchmetrics import MetricCollection
+    from torchmetrics import Metric, MetricCollection
 
-    from dlrecipes.builders import build_component
 
     if names is None:
         names = {name: {} for name in (DEFAULT_TRAIN_METRICS if train else DEFAULT_METRICS)}
@@ -28,7 +28,7 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
     for name, params in names.items():
         if registry.metrics.get(name).metadata.get("report"):
             continue  # tables, gathered by dlrecipes.metrics.report
-        metric = build_component(registry.metrics, name, params, f"metrics.{name}", num_classes=num_classes)
+        metric = build_component(registry.metrics, name, params, f"metrics.{name}", Metric, num_classes=num_classes)
         if train:
             metric.validate_args = False
         metrics[name] = metric

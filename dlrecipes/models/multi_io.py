@@ -7,7 +7,7 @@ output name, or as a tuple in the task's output order.  Each output has its own 
 weight; the training loss is ``{<output>: loss, ..., "total": weighted sum}``, which Composer
 logs as ``loss/train/<output>`` and ``loss/train/total`` and trains on ``total``.  Metrics
 are named ``<output>/<metric>`` (Composer logs ``metrics/eval/digit/top1``), plus ``loss``,
-the weighted total over the evaluation set.  :mod:`dlrecipes.task` decides the names.
+the weighted total over the evaluation set.  :mod:`dlrecipes.config.task` decides the names.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from dlrecipes import registry
+from dlrecipes.registry import build_component
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
 from dlrecipes.losses.functions import regression_pair
-from dlrecipes.task import TOTAL_LOSS, output_metrics
+from dlrecipes.config.task import TOTAL_LOSS, output_metrics
 
 # Model parameters filled from the task and the data when the factory takes them and the recipe leaves them out.
 MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")
@@ -170,13 +171,10 @@ def _plain(value: Any) -> Any:
 
 def build_multi_io_model(cfg: Any, data: Any, task: Any) -> MultiIOModel:
     """The recipe's network (``model:``) for its ``task:``, wrapped with per-output losses and metrics."""
-    from dlrecipes.builders import build_component
 
     if data.io is None:
         raise TypeError("the dataset returned DatasetSplits without io; a task needs it (DatasetSplits.io)")
     params = multi_io_model_params(cfg.name, cfg.params, data.io, list(task.inputs), list(task.outputs))
-    module = build_component(registry.models, cfg.name, params, "model.name")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"model '{cfg.name}' returned {type(module).__name__}, expected a torch.nn.Module")
+    module = build_component(registry.models, cfg.name, params, "model.name", nn.Module)
     outputs = {name: (out.loss, out.weight) for name, out in task.outputs.items()}
     return MultiIOModel(module, data.io, list(task.inputs), outputs)

@@ -6,14 +6,9 @@ warmup is not zero); step-with-warmup and one-cycle live in :mod:`dlrecipes.opti
 
 from __future__ import annotations
 
-import re
 
+from dlrecipes.config.schema import Duration, is_zero
 from dlrecipes.registry import schedulers
-from dlrecipes.schema import Duration
-
-
-def is_zero(duration: str) -> bool:
-    return float(re.match(r"\s*([\d.]+)", duration).group(1)) == 0.0
 
 
 @schedulers.register("constant")

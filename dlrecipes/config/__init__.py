@@ -9,7 +9,6 @@ except to ask whether a GPU exists when the recipe wants one.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -20,8 +19,9 @@ from dlrecipes import registry
 from dlrecipes.errors import RecipeError, did_you_mean
 from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 from dlrecipes.recipe import LoadedRecipe
-from dlrecipes.schema import Duration, check, check_dataclass, check_params
-from dlrecipes.task import check_task, declared_io, metric_names
+from dlrecipes.config import devices
+from dlrecipes.config.schema import Duration, check, check_dataclass, check_params
+from dlrecipes.config.task import check_task, declared_io, metric_names
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -268,7 +268,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
     check_task(config, loss_given="loss" in data)
     _check_cross_fields(config)
     if check_device:
-        _check_device(config)
+        devices.check_device(config)
     return config
 
 
@@ -284,7 +284,7 @@ def _resolve_batch_size(config: RecipeConfig, given: dict) -> None:
         )
     if per_device < 1:
         raise RecipeError(f"trainer.batch_size_per_device: must be at least 1, got {per_device}")
-    config.trainer.batch_size = per_device * int(os.environ.get("WORLD_SIZE", "1"))
+    config.trainer.batch_size = per_device * devices.world_size()
 
 
 def _anchor(recipe: LoadedRecipe, key_path: str) -> Path:
@@ -503,6 +503,9 @@ def _check_monitors(config: RecipeConfig) -> None:
 def _check_cross_fields(config: RecipeConfig) -> None:
     t = config.trainer
     _check_monitors(config)
+    if config.checkpoint.load_ignore_keys and not config.checkpoint.load_weights_only:
+        raise RecipeError("checkpoint.load_ignore_keys: applies to weights-only loads; set "
+                          "checkpoint.load_weights_only=true, or remove load_ignore_keys")
     _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
     if isinstance(t.compile, dict):
         _check_option_keys("trainer.compile", t.compile, compile_keys())
@@ -568,39 +571,3 @@ def _check_algorithm_prerequisites(config: RecipeConfig) -> None:
             raise RecipeError(f"algorithms.{name}: {problem}")
 
 
-def resolve_device(device: str) -> str:
-    """'auto' -> 'gpu' when CUDA is available, else 'cpu'."""
-    if device != "auto":
-        return device
-    import torch  # only asked when the recipe leaves the device to us
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def _check_device(config: RecipeConfig) -> None:
-    t = config.trainer
-    needs_gpu = (
-        t.precision != "fp32" or t.device_train_microbatch_size == "auto" or t.device == "gpu" or t.fsdp is not None
-    )
-    if not needs_gpu:
-        return
-    device = resolve_device(t.device)
-    if device == "gpu":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RecipeError("trainer.device: 'gpu' requested but no CUDA GPU is available (use 'cpu' or 'auto')")
-        if t.precision == "amp_bf16" and not torch.cuda.is_bf16_supported():
-            raise RecipeError("trainer.precision: amp_bf16 is not supported by this GPU (use amp_fp16 or fp32)")
-        return
-    if t.fsdp is not None:
-        raise RecipeError("trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp.")
-    if t.precision != "fp32":
-        raise RecipeError(
-            f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "
-            "(Composer supports only fp32 there). Use trainer.precision=fp32."
-        )
-    if t.device_train_microbatch_size == "auto":
-        raise RecipeError(
-            "trainer.device_train_microbatch_size: 'auto' needs a GPU; on the CPU give a number or null"
-        )

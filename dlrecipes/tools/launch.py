@@ -41,28 +41,6 @@ def launcher_command(
     return [*cmd, "--module_mode", "dlrecipes", "train", recipe, *overrides, *extra]
 
 
-def check_devices(config, nproc: int, world_size: int) -> None:
-    """More processes than GPUs, or a global batch that does not split evenly, fail here."""
-    from dlrecipes.config import resolve_device
-
-    device = resolve_device(config.trainer.device)
-    if device == "gpu":
-        import torch
-
-        available = torch.cuda.device_count()
-        if nproc > available:
-            raise UserError(f"-n/--nproc: {nproc} processes per node but this node has {available} GPU(s)")
-    batches = [("trainer.eval_batch_size", config.trainer.eval_batch_size)]
-    if config.trainer.batch_size_per_device is None:  # a per-device batch always splits evenly
-        batches.insert(0, ("trainer.batch_size", config.trainer.batch_size))
-    for key, batch in batches:
-        if batch is not None and batch % world_size:
-            raise UserError(
-                f"{key}: the global batch size {batch} does not divide evenly over {world_size} processes "
-                f"(use a multiple of {world_size})"
-            )
-
-
 def run_forwarding_signals(cmd: list[str]) -> int:
     """Run Composer's launcher; SIGTERM/SIGUSR1 reach the training processes, not the launcher.
 

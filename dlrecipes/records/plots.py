@@ -6,12 +6,22 @@ matplotlib runs headless (Agg).  ``dlrecipes plot RUN_DIR`` redraws a run's plot
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from dlrecipes.errors import UserError
+
+
+def read_history(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of a run's ``history.csv`` (written by :class:`dlrecipes.records.history.RunHistory`)."""
+    path = Path(run_dir) / "history.csv"
+    if not path.is_file():
+        raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
+    with open(path) as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def _pyplot():
@@ -30,8 +40,6 @@ def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[f
 
 def plot_history(run_dir: str | Path) -> list[Path]:
     """Write loss.png, accuracy.png and lr.png into ``run_dir`` from its history.csv."""
-    from dlrecipes.history import read_history
-
     run_dir = Path(run_dir)
     rows = read_history(run_dir)
     if not rows:
@@ -81,8 +89,6 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
 
 def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path) -> tuple[list[dict[str, Any]], Path]:
     """Summaries of the runs (for the table) and a plot of eval top-1 against wall-clock time."""
-    from dlrecipes.history import read_history
-
     summaries = [load_summary(Path(d)) for d in run_dirs]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)

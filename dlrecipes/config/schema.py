@@ -24,6 +24,20 @@ Duration = NewType("Duration", str)
 _DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ep|ba|sp|tok|dur)\s*$")
 
 
+def parse_duration(value: str) -> tuple[float, str]:
+    """``'2ep'`` -> ``(2.0, 'ep')``: the one parser of duration strings (validation checks them with it;
+    schedules, QAT times and fine-tuning compare them with it; Composer parses them again to train)."""
+    match = _DURATION_RE.match(value)
+    if match is None:
+        raise ValueError(f"not a duration: {value!r}")
+    return float(match.group(1)), match.group(3)
+
+
+def is_zero(duration: str) -> bool:
+    """``'0ep'``, ``'0.0ba'``, ``'0dur'``...: no time at all."""
+    return parse_duration(duration)[0] == 0.0
+
+
 def type_name(tp: Any) -> str:
     """How a type reads in an error message."""
     if tp is Duration:
@@ -72,51 +86,60 @@ def check(value: Any, tp: Any, path: str) -> Any:
         raise _wrong(path, tp, value)
     if origin in (Union, types.UnionType):
         return _check_union(value, typing.get_args(tp), path, tp)
-    if origin is list or tp is list:
-        if not isinstance(value, list):
-            raise _wrong(path, tp, value)
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        return [check(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is tuple or tp is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _wrong(path, tp, value)
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-        if args and len(args) != len(value):
-            raise RecipeError(f"{path}: expected a list of {len(args)} values, got {_show(value)}")
-        return tuple(check(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args or [Any] * len(value))))
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise _wrong(path, tp, value)
-        args = typing.get_args(tp)
-        value_tp = args[1] if args else Any
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise RecipeError(f"{path}: keys must be strings, got {_show(k)}")
-            out[k] = check(v, value_tp, f"{path}.{k}")
-        return out
+    for kind, checker in _CONTAINERS.items():
+        if origin is kind or tp is kind:
+            return checker(value, tp, path)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):  # already checked (e.g. a component)
             return value
         if not isinstance(value, dict):
             raise _wrong(path, tp, value)
         return check_dataclass(tp, value, path)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
+    return _check_scalar(value, tp, path)
+
+
+def _check_list(value: Any, tp: Any, path: str) -> list:
+    if not isinstance(value, list):
         raise _wrong(path, tp, value)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    (item_tp,) = typing.get_args(tp) or (Any,)
+    return [check(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+
+
+def _check_tuple(value: Any, tp: Any, path: str) -> tuple:
+    if not isinstance(value, (list, tuple)):
         raise _wrong(path, tp, value)
+    args = typing.get_args(tp)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if args and len(args) != len(value):
+        raise RecipeError(f"{path}: expected a list of {len(args)} values, got {_show(value)}")
+    return tuple(check(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args or [Any] * len(value))))
+
+
+def _check_dict(value: Any, tp: Any, path: str) -> dict:
+    if not isinstance(value, dict):
+        raise _wrong(path, tp, value)
+    args = typing.get_args(tp)
+    value_tp = args[1] if args else Any
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise RecipeError(f"{path}: keys must be strings, got {_show(k)}")
+        out[k] = check(v, value_tp, f"{path}.{k}")
+    return out
+
+
+_CONTAINERS = {list: _check_list, tuple: _check_tuple, dict: _check_dict}
+
+
+def _check_scalar(value: Any, tp: Any, path: str) -> Any:
+    """bool, int, float (an int is accepted and made a float), str, or any other class."""
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise _wrong(path, tp, value)
-    if tp is str:
-        if isinstance(value, str):
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise _wrong(path, tp, value)
     if isinstance(tp, type):

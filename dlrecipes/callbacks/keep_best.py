@@ -10,7 +10,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from dlrecipes.checkpoints import atomic_write, save_atomically
+from dlrecipes.records.checkpoints import atomic_write, save_atomically
 from dlrecipes.errors import RecipeError
 
 

@@ -111,7 +111,8 @@ def parse_input_size(text: str) -> tuple[int, int, int]:
 
 
 def model_from_recipe(recipe_model: Any, data: Any) -> tuple[nn.Module, tuple[int, int, int]]:
-    from dlrecipes.builders import build_component, model_params
+    from dlrecipes.builders import model_params
+    from dlrecipes.registry import build_component
     from dlrecipes import registry
 
     if data.io is not None:

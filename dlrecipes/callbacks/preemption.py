@@ -42,7 +42,7 @@ class StopOnSignal(Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.engine import HostReducer
+        from dlrecipes.config.devices import HostReducer
 
         self._host = HostReducer()
         if threading.current_thread() is threading.main_thread():

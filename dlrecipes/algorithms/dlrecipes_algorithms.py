@@ -1,21 +1,18 @@
-"""dlrecipes' own algorithms, registered exactly as a user's plugin would be.
+"""dlrecipes' own algorithms, registered exactly as a user's plugin registers its own.
 
-This module is not imported with the built-ins: ``pyproject.toml`` lists it under the
-``dlrecipes.algorithms`` entry-point group, so it arrives through the same route as a
-third-party package.  The factories are light; the implementations (which import torch
-and Composer) load only when a recipe uses them.
+Imported with the built-ins (:mod:`dlrecipes.algorithms`).  The factories are light; the
+implementations (which import torch and Composer) load only when a recipe uses them.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
-import re
 from typing import Literal, Optional
 
+from dlrecipes.config.devices import world_size
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import algorithms
-from dlrecipes.schema import Duration
+from dlrecipes.config.schema import Duration, parse_duration
 
 
 @algorithms.register("layerwise_lr_decay")
@@ -39,12 +36,6 @@ def gradient_checkpointing(targets: Optional[list[str]] = None, every: int = 1):
 _QAT_TIMES = ("start", "freeze_bn", "freeze_observers")
 
 
-def _duration(value: str) -> tuple[float, str]:
-    """'2ep' -> (2.0, 'ep'): enough to order two durations of the same unit without Composer."""
-    number, unit = re.match(r"\s*([\d.]+)\s*([a-z]+)", value).groups()
-    return float(number), unit
-
-
 def _qat_times(params: dict) -> dict[str, str]:
     """The recipe's QAT times, defaults filled in, unset freezes left out."""
     defaults = {k: p.default for k, p in inspect.signature(qat).parameters.items() if k in _QAT_TIMES}
@@ -55,9 +46,9 @@ def _qat_times(params: dict) -> dict[str, str]:
 def _check_qat_times(params: dict, path: str) -> None:
     """The freezes come after ``start`` (checked where the units agree; Composer checks nothing)."""
     times = _qat_times(params)
-    start = _duration(times["start"])
+    start = parse_duration(times["start"])
     for key in ("freeze_bn", "freeze_observers"):
-        if key in times and _duration(times[key])[1] == start[1] and _duration(times[key])[0] < start[0]:
+        if key in times and parse_duration(times[key])[1] == start[1] and parse_duration(times[key])[0] < start[0]:
             raise RecipeError(
                 f"{path}.{key}: {times[key]!r} comes before start {times['start']!r}; "
                 "it freezes what QAT inserts, so give a time at or after start"
@@ -76,7 +67,7 @@ def _qat_fits_the_run(config) -> Optional[str]:
         )
     if getattr(config, "task", None) is not None:
         return "quantizes single-output classifiers; remove the task section (several inputs/outputs)"
-    if t.fsdp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if t.fsdp is not None or world_size() > 1:
         return "runs in a single process (DDP/FSDP would not keep the inserted observers in sync); train on one device"
     end = _duration(t.max_duration)
     for key, value in _qat_times(config.algorithms["qat"]).items():

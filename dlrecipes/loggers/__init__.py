@@ -1,7 +1,8 @@
 """Built-in logger destinations (Composer's), registered by name for ``loggers:``.
 
-The run's text log (``train.log`` in the run directory) is always written; these add
-experiment trackers.  Optional trackers are pip extras with an install hint.
+The run's text log (``train-rank<N>.log`` in the run directory, :mod:`.run_log`) and the
+terminal output (:mod:`.terminal`) are always there; these add experiment trackers.  Optional
+trackers are pip extras with an install hint.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def wandb(
     _require("wandb", "wandb", "dlrecipes[wandb]")
     import os
 
-    from dlrecipes.wandb_logger import WandBLogger
+    from dlrecipes.loggers.wandb_logger import WandBLogger
 
     if offline:
         os.environ["WANDB_MODE"] = "offline"

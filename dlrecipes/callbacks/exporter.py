@@ -42,7 +42,7 @@ class ExportMismatchError(UserError):
 
 def require_onnx() -> None:
     """Import onnx and onnxruntime, or say how to install them."""
-    from dlrecipes.callbacks import ONNX_PACKAGES, missing_onnx_message
+    from dlrecipes.callbacks.export_options import ONNX_PACKAGES, missing_onnx_message
 
     missing = []
     for name in ONNX_PACKAGES:

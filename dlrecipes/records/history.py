@@ -29,8 +29,8 @@ _STANDARD_EVAL_METRICS = ("loss", "top1", "top5")
 
 
 def higher_is_better(metric: str) -> bool:
-    """Accuracies grow, losses and errors shrink (``digit/top1`` vs ``digit/loss``, ``value/mse``)."""
-    return metric.rsplit("/", 1)[-1] in ("top1", "top5")
+    """Losses and errors shrink, scores grow (``digit/loss``, ``value/mse`` vs ``digit/top1``, ``macro_f1``)."""
+    return metric.rsplit("/", 1)[-1] not in ("loss", "mse", "mae")
 
 
 def peak_memory_mb(device: str) -> float:
@@ -150,7 +150,7 @@ class RunHistory(Callback):
         if dist.get_global_rank() != 0 or not self.rows:
             return
         self.write_summary(state)
-        from dlrecipes.plots import plot_history
+        from dlrecipes.records.plots import plot_history
 
         plot_history(self.run_dir)
 
@@ -188,13 +188,3 @@ class RunHistory(Callback):
                     final[name] = values[-1]
             summary["best_metrics"], summary["final_metrics"] = best, final
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def read_history(run_dir: Path) -> list[dict[str, float]]:
-    path = Path(run_dir) / "history.csv"
-    if not path.is_file():
-        from dlrecipes.errors import UserError
-
-        raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
-    with open(path) as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]

@@ -40,7 +40,7 @@ def describe_parameters(reg: Registry, name: str) -> list[tuple[str, str, str]]:
     """(parameter, type, default) for a registry entry."""
     import typing
 
-    from dlrecipes.schema import type_name
+    from dlrecipes.config.schema import type_name
 
     entry = reg.get(name)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from dlrecipes.callbacks.export_options import EXPORT_FORMATS, check_export
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import callbacks
 
@@ -50,8 +51,6 @@ def early_stopping(
     from composer.callbacks import EarlyStopper
 
     if patience < 1:
-        from dlrecipes.errors import RecipeError
-
         raise RecipeError(f"callbacks.early_stopping.patience: must be at least 1 epoch, got {patience}")
     # Composer stops once more than `patience` epochs passed since the best; ours counts the epochs without improvement
     return EarlyStopper(
@@ -78,7 +77,7 @@ def threshold_stopper(
 @callbacks.register("nan_monitor")
 def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
     """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update."""
-    from dlrecipes.monitors import NaNMonitor
+    from dlrecipes.callbacks.monitors import NaNMonitor
 
     return NaNMonitor(f"{run_dir}/checkpoints", action=action, max_skips=max_skips)
 
@@ -96,7 +95,7 @@ def torch_profiler(
     with_stack: bool = False,
 ):
     """torch.profiler traces for a window of batches, written to <run dir>/profiler."""
-    from dlrecipes.monitors import TorchProfilerTraces
+    from dlrecipes.callbacks.monitors import TorchProfilerTraces
 
     return TorchProfilerTraces(
         f"{run_dir}/profiler", wait=wait, warmup=warmup, active=active, repeat=repeat,
@@ -107,50 +106,12 @@ def torch_profiler(
 @callbacks.register("best_checkpoint")
 def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
     """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor)."""
-    from dlrecipes.best_checkpoint import BestCheckpoint
+    from dlrecipes.callbacks.keep_best import BestCheckpoint
 
     return BestCheckpoint(f"{run_dir}/checkpoints", monitor=monitor, mode=mode)
 
 
-EXPORT_FORMATS = ("torchscript", "onnx")
-ONNX_PACKAGES = ("onnx", "onnxruntime")  # the `onnx` extra: writing/checking the file, running it
-
-
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it (validation stays fast)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it
-        return False
-
-
-def _check_export(params: dict, path: str) -> None:
-    formats = params.get("formats", EXPORT_FORMATS)
-    if not formats or len(set(formats)) != len(formats):
-        raise RecipeError(
-            f"{path}.formats: give each of {', '.join(EXPORT_FORMATS)} at most once, at least one, got {list(formats)}"
-        )
-    for key in ("batch_size", "verify_batch_size"):
-        if params.get(key, 1) < 1:
-            raise RecipeError(f"{path}.{key}: must be at least 1, got {params[key]}")
-    for key in ("atol", "rtol"):
-        if params.get(key, 0.0) < 0:
-            raise RecipeError(f"{path}.{key}: must be 0 or more, got {params[key]}")
-    missing = [m for m in ONNX_PACKAGES if "onnx" in formats and not _installed(m)]
-    if missing:
-        raise RecipeError(missing_onnx_message(missing, path))
-
-
-def missing_onnx_message(missing: list[str], path: str = "callbacks.export") -> str:
-    return (
-        f"{path}.formats: 'onnx' needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}: "
-        f"pip install 'dlrecipes[onnx]' (or export TorchScript only: {path}.formats=[torchscript])"
-    )
-
-
-@callbacks.register("export", validator=_check_export)
+@callbacks.register("export", validator=check_export)
 def export(
     run_dir,
     /,
@@ -163,7 +124,7 @@ def export(
     trial: bool = True,
 ):
     """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images."""
-    from dlrecipes.export import ExportForInference
+    from dlrecipes.callbacks.exporter import ExportForInference
 
     return ExportForInference(
         f"{run_dir}/export", formats, batch_size=batch_size, verify_batch_size=verify_batch_size,

@@ -26,7 +26,8 @@ from typing import Any, Optional
 import torch
 
 from dlrecipes import builders
-from dlrecipes.config import RecipeConfig, resolve_device
+from dlrecipes.config import RecipeConfig
+from dlrecipes.config.devices import resolve_device, torch_device
 from dlrecipes.errors import RecipeError
 
 
@@ -135,9 +136,8 @@ class _SegmentTimer:
 def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
     from composer.core import DataSpec
     from composer.loss import soft_cross_entropy
-    from composer.utils import reproducibility
 
-    from dlrecipes.train import build_trainer
+    from dlrecipes.train import build_bench_trainer
 
     if config.task is not None:
         raise RecipeError(
@@ -145,7 +145,7 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         )
     t = config.trainer
     device_name = resolve_device(t.device)
-    device = torch.device("cuda" if device_name == "gpu" else "cpu")
+    device = torch_device(device_name)
     channels_last = "channels_last" in config.algorithms
     config = copy.deepcopy(config)
     config.algorithms = {k: v for k, v in config.algorithms.items() if k == "channels_last"}
@@ -156,12 +156,7 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
 
     with tempfile.TemporaryDirectory() as tmp:
-        reproducibility.seed_all(t.seed)
-        trainer = build_trainer(
-            config, Path(tmp), device=device_name,
-            dataloaders=(one_epoch(batches, warmup + steps * rounds + 1), None),
-            max_duration="100000000ba", quiet=True,
-        )
+        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1))
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
         composer_model = trainer.state.model
@@ -230,19 +225,18 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     """Training images/s of the recipe's Trainer on batches already on the device (no data loading)."""
     from composer.core import DataSpec
 
-    from dlrecipes.train import build_trainer
+    from dlrecipes.train import build_bench_trainer
 
     config = copy.deepcopy(config)
     config.checkpoint.save, config.checkpoint.monitor = False, None
     config.trainer.progress_bar = False
     config.trainer.console_log_interval = "100000ep"
     device_name = resolve_device(config.trainer.device)
-    device = torch.device("cuda" if device_name == "gpu" else "cpu")
+    device = torch_device(device_name)
     batches = in_memory_batches(config, 4, device)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(
-            config, Path(tmp), device=device_name, max_duration="100000000ba", quiet=True,
-            dataloaders=(DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)), None),
+        trainer = build_bench_trainer(
+            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches))
         )
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

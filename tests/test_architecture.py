@@ -1,0 +1,155 @@
+"""The package's structure, enforced: which parts may import which, and no import cycles.
+
+Imports are read from the source (module level and inside functions alike), so a cycle
+hidden behind an import inside a function counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dlrecipes"
+
+# Parts of the package, each a list of module prefixes, in the order of the stages.
+PARTS = {
+    "foundation": ["dlrecipes", "dlrecipes.errors", "dlrecipes.registry"],  # "dlrecipes": its __init__, a docstring
+    "load+validate": ["dlrecipes.recipe", "dlrecipes.config", "dlrecipes.plugins"],
+    "components": ["dlrecipes.models", "dlrecipes.data", "dlrecipes.optim", "dlrecipes.algorithms", "dlrecipes.losses",
+                   "dlrecipes.metrics", "dlrecipes.callbacks", "dlrecipes.loggers"],
+    "records": ["dlrecipes.records"],
+    "build": ["dlrecipes.builders"],
+    "fit": ["dlrecipes.train", "dlrecipes.engine"],
+    "tools": ["dlrecipes.tools"],
+    "interface": ["dlrecipes.api", "dlrecipes.cli", "dlrecipes.__main__"],
+}
+# What each part must not import.
+FORBIDDEN = {
+    "foundation": ["load+validate", "components", "records", "build", "fit", "tools", "interface"],
+    "load+validate": ["records", "build", "fit", "tools", "interface"],
+    "components": ["build", "fit", "tools", "interface"],
+    "records": ["components", "build", "fit", "tools", "interface"],
+    "build": ["fit", "tools", "interface"],
+    "fit": ["tools", "interface"],
+    "tools": ["interface"],
+    "interface": [],
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """dlrecipes modules that ``name`` imports, anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            candidates = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in MODULES:
+                candidate = candidate.rpartition(".")[0]
+            if candidate.startswith("dlrecipes") and candidate != name:
+                targets.add(candidate)
+    return targets
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def part_of(module: str) -> str:
+    best = max(((prefix, part) for part, prefixes in PARTS.items() for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), key=lambda pp: len(pp[0]))
+    return best[1]
+
+
+def test_every_module_belongs_to_a_part():
+    for module in MODULES:
+        assert part_of(module) in PARTS
+
+
+def test_parts_import_only_what_their_layer_allows():
+    wrong = []
+    for module, targets in sorted(GRAPH.items()):
+        part = part_of(module)
+        for target in sorted(targets):
+            if part_of(target) in FORBIDDEN[part]:
+                wrong.append(f"{module} ({part}) imports {target} ({part_of(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in GRAPH[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_import_cycles():
+    assert _cycles() == []
+
+
+def test_the_checks_see_a_cycle_and_a_forbidden_import(monkeypatch):
+    """The tests above would notice: a made-up registry -> builders -> registry loop."""
+    graph = {**GRAPH, "dlrecipes.registry": GRAPH["dlrecipes.registry"] | {"dlrecipes.builders"}}
+    monkeypatch.setitem(globals(), "GRAPH", graph)
+    assert any({"dlrecipes.registry", "dlrecipes.builders"} <= set(group) for group in _cycles())
+    assert part_of("dlrecipes.builders") in FORBIDDEN[part_of("dlrecipes.registry")]
+
+
+@pytest.mark.parametrize("module", ["dlrecipes.train", "dlrecipes.builders", "dlrecipes.config", "dlrecipes.recipe"])
+def test_stage_functions_stay_short(module):
+    """No function in the stage modules runs past about 60 lines."""
+    path = MODULES[module]
+    long = [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, f"{module}: " + ", ".join(long)
+
+
+def test_the_top_level_shows_the_stages_and_little_else():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert top == ["__main__", "api", "builders", "cli", "engine", "errors", "plugins", "recipe", "registry", "train"]
