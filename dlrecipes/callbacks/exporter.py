@@ -176,17 +176,9 @@ class ExportForInference(Callback):
     EMA algorithm the averaged weights are exported, as evaluation uses them.
     """
 
-    def __init__(
-        self,
-        out_dir: Path,
-        formats: Sequence[str] = ("torchscript", "onnx"),
-        batch_size: int = 1,
-        verify_batch_size: int = 16,
-        atol: float = 1e-4,
-        rtol: float = 1e-4,
-        onnx_opset: Optional[int] = None,
-        trial: bool = True,
-    ):
+    def __init__(self, out_dir: Path, formats: Sequence[str], *, batch_size: int, verify_batch_size: int, atol: float,
+                 rtol: float, onnx_opset: Optional[int], trial: bool):
+        """The parameters (and their defaults) are the ``export`` factory's in :mod:`dlrecipes.callbacks`."""
         self.out_dir = Path(out_dir)
         self.trial = trial  # export once at the first batch too, to fail before training
         self.formats = tuple(formats)

@@ -21,7 +21,7 @@ from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 from dlrecipes.recipe import LoadedRecipe
 from dlrecipes.config import devices
 from dlrecipes.config.schema import Duration, check, check_dataclass, check_params
-from dlrecipes.config.task import check_task, declared_io, metric_names
+from dlrecipes.config.multi_io import check_task, declared_io, metric_names
 
 
 def _help(text: str, **kw: Any) -> Any:

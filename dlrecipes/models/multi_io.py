@@ -7,7 +7,7 @@ output name, or as a tuple in the task's output order.  Each output has its own 
 weight; the training loss is ``{<output>: loss, ..., "total": weighted sum}``, which Composer
 logs as ``loss/train/<output>`` and ``loss/train/total`` and trains on ``total``.  Metrics
 are named ``<output>/<metric>`` (Composer logs ``metrics/eval/digit/top1``), plus ``loss``,
-the weighted total over the evaluation set.  :mod:`dlrecipes.config.task` decides the names.
+the weighted total over the evaluation set.  :mod:`dlrecipes.config.multi_io` decides the names.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
 from dlrecipes.losses.functions import regression_pair
-from dlrecipes.config.task import TOTAL_LOSS, output_metrics
+from dlrecipes.config.multi_io import TOTAL_LOSS, output_metrics
 
 # Model parameters filled from the task and the data when the factory takes them and the recipe leaves them out.
 MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")

@@ -133,34 +133,56 @@ class _SegmentTimer:
         return self.end - self.start
 
 
-def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
-    from composer.core import DataSpec
-    from composer.loss import soft_cross_entropy
-
-    from dlrecipes.train import build_bench_trainer
-
+def _bench_config(config: RecipeConfig) -> RecipeConfig:
+    """The recipe as benchmarked: no checkpoints, no console output, only the algorithms the plain loop
+    can mirror (channels-last)."""
     if config.task is not None:
         raise RecipeError(
             "task: bench compares with a plain (image, label) loop; multi-input recipes are not benchmarked yet"
         )
-    t = config.trainer
-    device_name = resolve_device(t.device)
-    device = torch_device(device_name)
-    channels_last = "channels_last" in config.algorithms
     config = copy.deepcopy(config)
     config.algorithms = {k: v for k, v in config.algorithms.items() if k == "channels_last"}
     config.checkpoint.save, config.checkpoint.monitor = False, None
     config.trainer.progress_bar = False
     config.trainer.console_log_interval = "100000ep"
+    return config
+
+
+def _timed_rounds(plain_segment, composer_segment, steps: int, rounds: int, warmup: int, batch: int) -> dict:
+    """Warm both up, then alternate timed segments of ``steps`` steps; medians over the rounds."""
+    plain_segment(warmup)
+    composer_segment(warmup)
+    plain_rates, composer_rates, ratios, extra_ms = [], [], [], []
+    for _ in range(rounds):
+        plain_s, composer_s = plain_segment(steps), composer_segment(steps)
+        plain_rates.append(steps * batch / plain_s)
+        composer_rates.append(steps * batch / composer_s)
+        ratios.append(plain_s / composer_s)
+        extra_ms.append(1000 * (composer_s - plain_s) / steps)
+    return {
+        "plain_img_s": statistics.median(plain_rates), "dlrecipes_img_s": statistics.median(composer_rates),
+        "ratio": statistics.median(ratios), "ratios": ratios, "overhead_ms_per_step": statistics.median(extra_ms),
+    }
+
+
+def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
+    """The recipe's Trainer against a plain PyTorch loop on the same model, batches and optimizer."""
+    from composer.loss import soft_cross_entropy
+
+    from dlrecipes.train import build_bench_trainer
+
+    config = _bench_config(config)
+    t = config.trainer
+    device_name = resolve_device(t.device)
+    device = torch_device(device_name)
+    channels_last = "channels_last" in config.algorithms
     batches = in_memory_batches(config, max(steps, 8), device)
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
-
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1))
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
-        composer_model = trainer.state.model
-        module = copy.deepcopy(composer_model.module)  # same initial weights (and channels-last if applied)
+        module = copy.deepcopy(trainer.state.model.module)  # same initial weights (and channels-last if applied)
         optimizer = builders.build_optimizer(config.optimizer, module)
         if t.compile is not False:  # the plain loop compiles too, with the recipe's options
             module = torch.compile(module, **({} if t.compile is True else t.compile))
@@ -179,32 +201,13 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
             trainer.fit(duration=f"{n}ba")
             return timer.seconds  # from the first batch's start to the last batch's end: n batches
 
-        plain_segment(warmup)
-        composer_segment(warmup)
         batch = len(batches[0][1])
-        plain_rates, composer_rates, ratios, extra_ms = [], [], [], []
-        for _ in range(rounds):
-            plain_s, composer_s = plain_segment(steps), composer_segment(steps)
-            plain_rates.append(steps * batch / plain_s)
-            composer_rates.append(steps * batch / composer_s)
-            ratios.append(plain_s / composer_s)
-            extra_ms.append(1000 * (composer_s - plain_s) / steps)
+        timings = _timed_rounds(plain_segment, composer_segment, steps, rounds, warmup, batch)
         trainer.close()
     return {
-        "model": config.model.name,
-        "dataset": config.dataset.name,
-        "device": device_name,
-        "precision": t.precision,
-        "channels_last": channels_last,
-        "batch": batch,
-        "microbatch": micro,
-        "steps_per_round": steps,
-        "rounds": rounds,
-        "plain_img_s": statistics.median(plain_rates),
-        "dlrecipes_img_s": statistics.median(composer_rates),
-        "ratio": statistics.median(ratios),
-        "ratios": ratios,
-        "overhead_ms_per_step": statistics.median(extra_ms),
+        "model": config.model.name, "dataset": config.dataset.name, "device": device_name, "precision": t.precision,
+        "channels_last": channels_last, "batch": batch, "microbatch": micro, "steps_per_round": steps,
+        "rounds": rounds, **timings,
     }
 
 
