@@ -29,7 +29,7 @@ import datetime
 import itertools
 import os
 from collections import OrderedDict
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 from composer import Trainer as ComposerTrainer

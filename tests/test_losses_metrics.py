@@ -65,7 +65,7 @@ def _metric(name, **params):
 
 
 def test_metrics_compute_what_their_names_say():
-    preds = LOGITS.argmax(1)  # [0, 2, 0, 1] against [0, 2, 1, 0]
+    # predictions (argmax): [0, 2, 0, 1] against the labels [0, 2, 1, 0]
     values = {}
     for name, params in [("top1", {}), ("macro_f1", {}), ("micro_f1", {}), ("precision", {}), ("recall", {}),
                          ("accuracy", {"top_k": 2}), ("accuracy", {"average": "macro"})]:

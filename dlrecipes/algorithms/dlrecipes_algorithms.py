@@ -69,9 +69,9 @@ def _qat_fits_the_run(config) -> Optional[str]:
         return "quantizes single-output classifiers; remove the task section (several inputs/outputs)"
     if t.fsdp is not None or world_size() > 1:
         return "runs in a single process (DDP/FSDP would not keep the inserted observers in sync); train on one device"
-    end = _duration(t.max_duration)
+    end = parse_duration(t.max_duration)
     for key, value in _qat_times(config.algorithms["qat"]).items():
-        number, unit = _duration(value)
+        number, unit = parse_duration(value)
         if (unit == "dur" and number >= 1) or (unit == end[1] and number >= end[0]):
             # a problem of one key: name it (requires' messages name only the algorithm)
             raise RecipeError(

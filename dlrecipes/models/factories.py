@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from dlrecipes.errors import DataError, RecipeError, did_you_mean
+from dlrecipes.errors import DataError, RecipeError
 from dlrecipes.registry import models
 
 
