@@ -159,3 +159,14 @@ def test_a_plugin_can_add_a_loss(tmp_path, tiny_recipe):
     config = resolve(tiny_recipe, [f"imports=[{plugin}]", "loss={name: squared_hinge_test, margin: 0.5}"])
     assert config.loss == {"name": "squared_hinge_test", "margin": 0.5}
     assert build_loss(config.loss)(LOGITS, LABELS) > 0
+
+
+def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
+    """`loss: bce`, `loss: {name: bce}` and `loss: {name: bce, label_smoothing: 0.0}` are one recipe."""
+    same = [resolve(tiny_recipe, [override]).loss for override in (
+        "loss=binary_cross_entropy", "loss={name: binary_cross_entropy}",
+        "loss={name: binary_cross_entropy, label_smoothing: 0.0}",
+    )]
+    assert same == ["binary_cross_entropy"] * 3
+    assert resolve(tiny_recipe, ["loss={name: focal, label_smoothing: 0.1}"]).loss == {"name": "focal",
+                                                                                        "label_smoothing": 0.1}

@@ -116,3 +116,15 @@ def test_a_name_missing_from_the_list_is_asked_of_the_library(monkeypatch):
         arch_names.check_arch("timm", "resnet5", "model")
     with pytest.raises(RecipeError, match=r"model.arch: unknown torchvision classification model 'resnet5'"):
         arch_names.check_arch("torchvision", "resnet5", "model")
+
+
+def test_an_older_library_than_the_list_is_asked(monkeypatch):
+    """A listed name is trusted only when the installed library is not older than the list."""
+    from dlrecipes.models import arch_names
+
+    monkeypatch.setattr(arch_names, "shipped", lambda family: ("999.0", frozenset({"resnet18", "made_up_net"})))
+    assert arch_names._older_than_list("timm")
+    with pytest.raises(RecipeError, match=r"model.arch: unknown timm architecture 'made_up_net'"):
+        arch_names.check_arch("timm", "made_up_net", "model")
+    monkeypatch.setattr(arch_names, "shipped", lambda family: ("0.1", frozenset({"made_up_net"})))
+    arch_names.check_arch("timm", "made_up_net", "model")  # a newer library: the list is trusted, timm not asked

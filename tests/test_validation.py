@@ -210,3 +210,11 @@ def test_show_of_a_gpu_recipe_needs_no_gpu():
     shown = run_cli("show", str(RECIPES / "imagenet100_fast.yaml"))
     assert shown.returncode == 0, shown.stderr
     assert "precision: amp_bf16" in shown.stdout and "device: gpu" in shown.stdout
+
+
+def test_show_names_the_override_of_a_list_written_section(tiny_recipe):
+    result = run_cli("show", str(tiny_recipe), "metrics=[top1,macro_f1]")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.strip().startswith("macro_f1: {}") and "# override metrics=[top1,macro_f1]" in line for line in lines)
+    assert any(line.strip().startswith("deterministic: false") and "# default" in line for line in lines)

@@ -34,7 +34,16 @@ def test_the_wheelhouse_leaves_the_torch_stack_out_and_keeps_the_rest():
     held = requirements(["ffcv"])
     assert not {"torch", "torchvision", "triton", "nvidia-cudnn-cu12", "numpy"} & set(held)  # the target's torch has them
     assert {"mosaicml", "mosaicml-cli", "timm", "torchmetrics", "typer", "ffcv", "numba", "opencv-python"} <= set(held)
-    assert held["mosaicml"] == metadata.version("mosaicml")  # the versions tested here
+    assert held["mosaicml"] == f"mosaicml=={metadata.version('mosaicml')}"  # the versions tested here
+
+
+def test_a_target_python_s_own_needs_are_followed_too():
+    """Markers are read for the target: Python 3.10 needs backports this 3.11+ machine does not have."""
+    if sys.version_info[:2] < (3, 11):
+        pytest.skip("this Python is 3.10 itself")
+    held = requirements(python_version="3.10")
+    assert "tomli" not in requirements() and held["tomli"].startswith("tomli")  # huggingface-hub's, below 3.11
+    assert "==" not in held["tomli"]  # not installed here: the requiring package's specifier, not a pin
 
 
 @pytest.mark.slow
@@ -84,4 +93,4 @@ def test_a_wheelhouse_for_another_python_holds_wheels_for_it(tmp_path):
         pythons = python_tag.split(".")
         assert abi_tag in ("none", "abi3", tag) and (tag in pythons or "py3" in pythons or abi_tag == "abi3"), wheel
     pinned = [line for line in (out / "requirements.txt").read_text().splitlines() if not line.startswith("#")]
-    assert len(pinned) == len(requirements()) + 1 and len(wheels) == len(pinned)
+    assert len(pinned) == len(requirements(python_version=target)) + 1 and len(wheels) == len(pinned)

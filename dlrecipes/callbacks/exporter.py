@@ -7,9 +7,9 @@ the end of training, into ``<run dir>/export/``:
 - ``verify.json``: each file run on real eval images next to the trained network.
 
 The files hold the bare network (``ComposerClassifier.module``): images in, logits out, no
-loss or metrics.  The writing is Composer's :func:`composer.utils.export_for_inference`
-(a deep copy, moved to the CPU, in eval mode; TorchScript by scripting, tracing if that
-fails).  Composer's own ``ExportForInferenceCallback`` does not fit: it exports the whole
+loss or metrics.  TorchScript is written by Composer's :func:`composer.utils.export_for_inference`
+(a deep copy, moved to the CPU, in eval mode; scripting, tracing if that fails); ONNX by
+``torch.onnx.export`` with the TorchScript-based exporter (see :func:`export_model`).  Composer's own ``ExportForInferenceCallback`` does not fit: it exports the whole
 ComposerModel (whose forward takes an ``(images, labels)`` batch), sends the file to a
 logger's upload destination instead of the run directory when wandb/MLflow is on, traces
 on an augmented training batch and sets no dynamic batch axis, and checks nothing.

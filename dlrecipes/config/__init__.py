@@ -100,7 +100,7 @@ class CheckpointConfig:
     save_interval: Duration = _help("how often to save", default="1ep")
     keep: int = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
     monitor: Optional[str] = _help(
-        "metric to track for best.pt, e.g. 'metrics/eval/top1' (null = no best checkpoint)", default=None
+        "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)", default=None
     )
     mode: Literal["max", "min"] = _help("whether a larger or smaller monitored metric is better", default="max")
     best_only: bool = _help("keep only best.pt (needs monitor); periodic checkpoints are not written", default=False)
@@ -377,13 +377,20 @@ def _check_component_map(value: Any, section: str, reg: registry.Registry) -> di
 
 
 def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
-    """A loss: a registered name, or ``{name: ..., <params>}`` checked against its factory."""
+    """A loss: a registered name, or ``{name: ..., <params>}`` checked against its factory.
+
+    Written back one way (so that a resumed run compares equal): the bare name when every
+    parameter is the factory's default, else the name with the parameters that differ.
+    """
     if isinstance(value, str):
-        registry.losses.get(value, key_path=path)
-        return value
+        registry.losses.get(value, key_path=path)  # a misspelled name is the key's error, not `name`'s
+        value = {"name": value}
     if not isinstance(value, dict):
         raise RecipeError(f"{path}: expected a loss name or {{name: ..., <params>}}, got {value!r}")
-    return check_component(value, path, registry.losses).to_dict()
+    component = check_component(value, path, registry.losses)
+    defaults = _with_defaults(registry.losses.get(component.name), {})
+    changed = {k: v for k, v in component.params.items() if defaults.get(k, object()) != v}
+    return {"name": component.name, **changed} if changed else component.name
 
 
 def _check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
@@ -474,9 +481,10 @@ def _logged_metrics(config: RecipeConfig, split: str) -> tuple[list[str], str]:
         example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
         return metric_names(outputs, train=split == "train"), example
     if split == "train":
-        return list(config.train_metrics), "top1"
+        names = list(config.train_metrics)
+        return names, (names or ["top1"])[0]
     scalar = [n for n in config.metrics if not registry.metrics.get(n).metadata.get("report")]
-    return [*scalar, EVAL_LOSS], "top1"
+    return [*scalar, EVAL_LOSS], (scalar or [EVAL_LOSS])[0]
 
 
 def _check_monitors(config: RecipeConfig) -> None:
@@ -535,9 +543,6 @@ def _check_cross_fields(config: RecipeConfig) -> None:
             raise RecipeError(f"finetune.layer_decay: must be in (0, 1], got {f.layer_decay}")
         if f.layer_decay is not None and "layerwise_lr_decay" in config.algorithms:
             raise RecipeError("finetune.layer_decay: algorithms.layerwise_lr_decay is set too; keep one of them")
-        if f.layer_decay is not None and "layerwise_lr_decay" not in registry.algorithms:
-            raise RecipeError("finetune.layer_decay: needs the layerwise_lr_decay algorithm (dlrecipes' entry point "
-                              "is not installed: pip install -e .)")
     c = config.checkpoint
     if c.best_only and not c.monitor:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")

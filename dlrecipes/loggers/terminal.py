@@ -126,6 +126,7 @@ class TerminalReport(LoggerDestination):
         self._eval_pending = False
         self._epoch_train_metrics: dict[str, Any] = {}
         self._header: list[str] = []
+        self._fit_ended = False
         self._widths: list[int] = []
 
     # --- values the engine and Composer log --------------------------------------------------
@@ -171,9 +172,9 @@ class TerminalReport(LoggerDestination):
         if self._epoch_ended:  # the evaluation at the end of an epoch goes into that epoch's line
             self._eval_pending = True
             return
-        if self._printing():  # one during an epoch (an eval_interval in batches), or after the last epoch
-            self._print(f"eval at epoch {self._epoch_label(state, done=False)} batch {int(state.timestamp.batch)}: "
-                        + self._eval_fields())
+        if self._printing():  # one during an epoch (an eval_interval in batches), or after the last step
+            epoch = self._epoch_label(state, done=self._fit_ended)
+            self._print(f"eval at epoch {epoch} batch {int(state.timestamp.batch)}: " + self._eval_fields())
 
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         if self._printing():
@@ -181,6 +182,7 @@ class TerminalReport(LoggerDestination):
         self._epoch_ended = False
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        self._fit_ended = True  # Composer may still evaluate once, after the last step
         self._clear()
 
     # --- lines --------------------------------------------------------------------------------
@@ -206,7 +208,8 @@ class TerminalReport(LoggerDestination):
         return float(state.optimizers[0].param_groups[0]["lr"]) if state.optimizers else None
 
     def _monitored(self) -> tuple[str, Any]:
-        name = self.monitor or "top1"
+        """``checkpoint.monitor``'s last value; without one, the first metric evaluation logs (loss last)."""
+        name = self.monitor or next((k for k, _ in self._eval_items() if k != "loss"), "loss")
         return name, self.eval_values.get(name)
 
     def _train_line(self, state: State) -> str:

@@ -37,10 +37,12 @@ class ClassReport(Callback):
         from torchmetrics.classification import MulticlassConfusionMatrix
 
         self.folder = Path(run_dir) / REPORT_DIR
-        self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
+        names = list(class_names or [])
+        self.class_names = names if len(names) == num_classes else [str(i) for i in range(num_classes)]
         self.tables = list(tables)
         self.best = best  # the BestCheckpoint callback, when a metric is monitored
-        self.matrix = MulticlassConfusionMatrix(num_classes=num_classes)
+        # no input checks: they read the batch back from the device (torch.unique) at every update
+        self.matrix = MulticlassConfusionMatrix(num_classes=num_classes, validate_args=False)
         self.kept: Optional[dict] = None
         self.fit_ended = False
 

@@ -3,8 +3,9 @@
 ``dlrecipes validate`` of a recipe naming ``arch: resnet50`` looks the name up in
 ``timm_models.txt`` / ``torchvision_models.txt`` (written from the installed libraries by
 ``python -m dlrecipes.models.arch_names``; the first line records their version).  A name the
-list does not know may come from a newer library, so only then is the library imported and
-asked (a few seconds), and a name it does not know either is an error with suggestions.
+list does not know may come from a newer library, and an older library may lack a listed name,
+so only then is the library imported and asked (a few seconds); a name it does not know either
+is an error with suggestions.
 tests/test_models.py compares the lists with the installed libraries.
 """
 
@@ -41,9 +42,22 @@ def installed(family: str) -> tuple[str, list[str]]:
     return torchvision.__version__.split("+")[0], torchvision.models.list_models(module=torchvision.models)
 
 
+def _older_than_list(family: str) -> bool:
+    """Whether the installed library predates the list (then a listed name may be missing from it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version(family).split("+")[0]) < Version(shipped(family)[0])
+    except (PackageNotFoundError, InvalidVersion):
+        return True
+
+
 def check_arch(family: str, arch: str, path: str) -> None:
-    """``arch`` must be a model of ``family``; imports the library only for a name the list lacks."""
-    if arch in shipped(family)[1]:
+    """``arch`` must be a model of ``family``; imports the library only for a name the list lacks, or
+    when the installed library is older than the list (names are added far more often than removed)."""
+    if arch in shipped(family)[1] and not _older_than_list(family):
         return
     names = installed(family)[1]
     if arch not in names:

@@ -167,8 +167,7 @@ def _timed_rounds(plain_segment, composer_segment, steps: int, rounds: int, warm
 
 def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
     """The recipe's Trainer against a plain PyTorch loop on the same model, batches and optimizer."""
-    from composer.loss import soft_cross_entropy
-
+    from dlrecipes.losses import build_loss
     from dlrecipes.train import build_bench_trainer
 
     config = _bench_config(config)
@@ -186,7 +185,7 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         optimizer = builders.build_optimizer(config.optimizer, module)
         if t.compile is not False:  # the plain loop compiles too, with the recipe's options
             module = torch.compile(module, **({} if t.compile is True else t.compile))
-        plain = PlainLoop(module, optimizer, soft_cross_entropy, t.precision, micro, channels_last, device)
+        plain = PlainLoop(module, optimizer, build_loss(config.loss), t.precision, micro, channels_last, device)
 
         def plain_segment(n: int) -> float:
             _sync(device)

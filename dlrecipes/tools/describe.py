@@ -17,6 +17,16 @@ def _scalar(value: Any) -> str:
     return text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
 
 
+def _source_of(path: str, sources: dict[str, str]) -> str:
+    """Where a value came from: its own key's source, else the nearest enclosing key's (a list such as
+    ``metrics: [top1]`` is recorded as a whole and shown as a mapping), else the default."""
+    while path:
+        if path in sources:
+            return sources[path]
+        path = path.rpartition(".")[0]
+    return DEFAULT_SOURCE
+
+
 def render_with_sources(data: dict[str, Any], sources: dict[str, str]) -> str:
     """YAML lines of ``data``, each leaf followed by ``# <file or override>`` (or ``# default``)."""
     rows: list[tuple[str, str]] = []
@@ -29,7 +39,7 @@ def render_with_sources(data: dict[str, Any], sources: dict[str, str]) -> str:
                 rows.append((f"{pad}{key}:", ""))
                 walk(value, f"{path}.", indent + 1)
             else:
-                rows.append((f"{pad}{key}: {_scalar(value)}", sources.get(path, DEFAULT_SOURCE)))
+                rows.append((f"{pad}{key}: {_scalar(value)}", _source_of(path, sources)))
 
     walk(data, "", 0)
     width = min(60, max(len(text) for text, _ in rows))

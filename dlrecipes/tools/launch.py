@@ -37,7 +37,7 @@ def launcher_command(
     if master_port is not None:
         cmd += ["--master_port", str(master_port)]
     # as a module: running dlrecipes/cli.py as a script would put dlrecipes/ first on sys.path,
-    # where profile.py hides the standard library's module of that name
+    # where a module named like a standard-library one would hide it
     return [*cmd, "--module_mode", "dlrecipes", "train", recipe, *overrides, *extra]
 
 

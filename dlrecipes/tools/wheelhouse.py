@@ -34,34 +34,52 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def closure(roots: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, str]:
-    """Installed distributions reachable from ``roots`` ((name, extras)), as {normalised name: version}."""
+def _name(pin: str) -> str:
+    """The normalised project name of a pin such as ``numpy==2.2.6`` or ``tomli>=1.1``."""
+    return _key(re.split(r"[=<>!~;\[ ]", pin, maxsplit=1)[0])
+
+
+def closure(roots: Iterable[tuple[str, tuple[str, ...]]], python_version: Optional[str] = None) -> dict[str, str]:
+    """Distributions reachable from ``roots`` ((name, extras)), as {normalised name: pin}.
+
+    Requirement markers are evaluated for ``python_version`` (the target's; default: this
+    Python).  An installed distribution is pinned to the version installed (and tested) here; one
+    only the target needs (a backport for an older Python) is not installed here, so it keeps the
+    requiring package's specifier (``"tomli>=1.1"``) and pip picks the newest fitting release.
+    """
+    from packaging.markers import default_environment
     from packaging.requirements import Requirement
 
+    environment = default_environment()
+    if python_version is not None:
+        environment.update(python_version=python_version, python_full_version=f"{python_version}.0")
     found: dict[str, str] = {}
-    stack = [(name, set(extras)) for name, extras in roots]
+    stack = [(name, set(extras), name) for name, extras in roots]
     while stack:
-        name, extras = stack.pop()
+        name, extras, spec = stack.pop()
         if _key(name) in found:
             continue
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise UserError(f"wheelhouse: {name} is needed but not installed here; install dlrecipes (with the "
-                            "extras you want) in this environment first") from None
-        found[_key(name)] = dist.version
+            if python_version is None or spec == name:
+                raise UserError(f"wheelhouse: {name} is needed but not installed here; install dlrecipes (with the "
+                                "extras you want) in this environment first") from None
+            found[_key(name)] = spec
+            continue
+        found[_key(name)] = f"{name}=={dist.version}"
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (extras or {""})):
-                stack.append((req.name, tuple(req.extras)))
+            if req.marker is None or any(req.marker.evaluate({**environment, "extra": e}) for e in (extras or {""})):
+                stack.append((req.name, tuple(req.extras), f"{req.name}{req.specifier}"))
     return found
 
 
-def requirements(extras: Iterable[str] = ()) -> dict[str, str]:
-    """What the wheelhouse holds: dlrecipes' closure (with ``extras``) minus the torch stack's."""
-    needed = closure([("dlrecipes", tuple(extras))])
+def requirements(extras: Iterable[str] = (), python_version: Optional[str] = None) -> dict[str, str]:
+    """What the wheelhouse holds, {name: pin}: dlrecipes' closure (with ``extras``) minus the torch stack's."""
+    needed = closure([("dlrecipes", tuple(extras))], python_version)
     torch_stack = closure([(name, ()) for name in TORCH_STACK])
-    return {name: version for name, version in needed.items() if name not in torch_stack and name != "dlrecipes"}
+    return {name: pin for name, pin in needed.items() if name not in torch_stack and name != "dlrecipes"}
 
 
 def _pip(*args: str) -> subprocess.CompletedProcess:
@@ -82,6 +100,19 @@ def _source_root() -> Path:
     if not (root / "pyproject.toml").is_file():
         raise UserError("wheelhouse: run it from dlrecipes installed from a source checkout (pip install -e .)")
     return root
+
+
+def _build_dlrecipes(out: Path) -> subprocess.CompletedProcess:
+    """dlrecipes' own wheel, from a clean copy of the package (a checkout's build/ may hold stale modules)."""
+    import shutil
+    import tempfile
+
+    root = _source_root()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(root / name, Path(tmp) / name)
+        shutil.copytree(root / "dlrecipes", Path(tmp) / "dlrecipes", ignore=shutil.ignore_patterns("__pycache__"))
+        return _pip("wheel", "--no-deps", "--wheel-dir", str(out), tmp)
 
 
 def _target_args(python_version: Optional[str]) -> list[str]:
@@ -113,9 +144,9 @@ def _download(pins: list[str], out: Path, python_version: str) -> list[str]:
         missing = re.search(r"No matching distribution found for (\S+)", result.stderr)
         if missing is None:
             raise UserError(f"wheelhouse: pip download failed: {_pip_error(result)}")
-        name = _key(re.split(r"[=<>!~]", missing.group(1))[0])
-        without += [p for p in pending if _key(p.split("==")[0]) == name]
-        pending = [p for p in pending if _key(p.split("==")[0]) != name]
+        name = _name(missing.group(1))
+        without += [p for p in pending if _name(p) == name]
+        pending = [p for p in pending if _name(p) != name]
     return without
 
 
@@ -138,14 +169,14 @@ def build_wheelhouse(out: Path, python_version: Optional[str] = None, extras: It
     """Fill ``out`` with wheels and write ``out/requirements.txt``; returns that file."""
     extras = tuple(extras)
     out.mkdir(parents=True, exist_ok=True)
-    pins = [f"{name}=={version}" for name, version in sorted(requirements(extras).items())]
+    pins = [pin for _, pin in sorted(requirements(extras, python_version).items())]
     if _same_python(python_version):
         result = _pip("wheel", "--no-deps", "--wheel-dir", str(out), *pins)  # cached wheels, or built here
         if result.returncode != 0:
             raise UserError(f"wheelhouse: pip wheel failed: {_pip_error(result)}")
     else:
         _build(_download(pins, out, python_version), out, any_python_only=True)
-    result = _pip("wheel", "--no-deps", "--wheel-dir", str(out), str(_source_root()))
+    result = _build_dlrecipes(out)
     if result.returncode != 0:
         raise UserError(f"wheelhouse: building the dlrecipes wheel failed: {_pip_error(result)}")
     torch_version = metadata.version("torch")
