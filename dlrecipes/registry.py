@@ -26,8 +26,7 @@ Keyword metadata after the name is free-form; what dlrecipes reads:
 - datasets: ``image_side=fn(params)`` (the side of the images a model sees, checked against its
   ``min_input_size``); ``in_memory=True`` (``trainer.loader: device`` can hold it on the device);
   ``pil_images=True`` (yields PIL images: the tensor cache, RandAugment and AugMix need it);
-  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
-  ``ffcv=True`` (reads ``.beton`` files).
+  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)`` and
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch).
 - losses: ``targets="class"`` or ``"regression"`` (what the loss trains; checked per task output).

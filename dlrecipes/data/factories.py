@@ -146,7 +146,7 @@ def imagenet100(
     )
 
 
-@datasets.register("ffcv", ffcv=True, paths=("train_path", "val_path"), image_side=_crop_side)
+@datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side)
 def ffcv(
     train_path: str,
     val_path: str,
