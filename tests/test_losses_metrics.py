@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +171,45 @@ def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
     assert same == ["binary_cross_entropy"] * 3
     assert resolve(tiny_recipe, ["loss={name: focal, label_smoothing: 0.1}"]).loss == {"name": "focal",
                                                                                         "label_smoothing": 0.1}
+
+
+def test_the_report_counts_every_eval_microbatch_once(tiny_recipe):
+    """With evaluation in microbatches, each one's outputs are counted (not only a batch's last)."""
+    from dlrecipes.metrics.report import ClassReport
+    from dlrecipes.train import build_trainer, prepare_run_dir
+
+    config = resolve(tiny_recipe, ["trainer.max_duration=1ep", "run_name=micro", "metrics=[top1, confusion_matrix]"])
+    trainer = build_trainer(config, prepare_run_dir(config, "micro", resume=False))
+    try:
+        report = next(c for c in trainer.state.callbacks if isinstance(c, ClassReport))
+        trainer.state.evaluators[0].device_eval_microbatch_size = 5  # 64-image batches in 13 microbatches
+        trainer.fit()
+        top1 = trainer.state.eval_metrics["eval"]["top1"]
+        counted = int(report.matrix.confmat.sum())
+        assert counted == 2 * 64  # eval_subset_num_batches=2 of 64 images each
+        assert int(report.matrix.confmat.diagonal().sum()) == round(float(top1.compute()) * counted)
+    finally:
+        trainer.close()
+
+
+def test_a_distributed_sampler_s_lone_padding_sample_is_left_out(monkeypatch):
+    """Composer skips a last microbatch that holds only padding; the report skips it too."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from dlrecipes.metrics.report import ClassReport
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dataset = list(range(5))  # 2 ranks: 3 samples each, rank 1 gets one padding sample
+    loader = DataLoader(dataset, batch_size=2, sampler=DistributedSampler(dataset, num_replicas=2, rank=1))
+    report = ClassReport(Path("unused"), 3, None, ["confusion_matrix"])
+    state = SimpleNamespace(dataloader=loader)
+    report._batches, report._left_in_batch = 2, 0  # the last batch of rank 1: its padding sample alone
+    assert report._padding_only(state, size=1)
+    report._batches = 1  # an earlier batch
+    assert not report._padding_only(state, size=1)
+    monkeypatch.setenv("RANK", "0")  # rank 0 holds no padding
+    report._batches = 2
+    assert not report._padding_only(state, size=1)

@@ -1,9 +1,9 @@
 """The confusion matrix and per-class accuracy of the best checkpoint, as CSV and PNG.
 
-:class:`ClassReport` updates a confusion matrix from every evaluation batch's outputs (on the
-device, no read-back), computes it once per evaluation, keeps the one of the evaluation at
-which ``best.pt`` was saved (the last evaluation when no metric is monitored), and at the end
-of training writes under ``<run dir>/report/``:
+:class:`ClassReport` updates a confusion matrix from every evaluation (micro)batch's outputs
+(on the device, no read-back; the samples Composer's metrics count), computes it once per
+evaluation, keeps the one of the evaluation at which ``best.pt`` was saved (the last evaluation
+when no metric is monitored), and at the end of training writes under ``<run dir>/report/``:
 
 - ``confusion_matrix.csv`` / ``.png``: rows are true classes, columns predicted classes;
 - ``per_class_accuracy.csv`` / ``.png``: each class's correct, total and accuracy (its recall);
@@ -45,15 +45,40 @@ class ClassReport(Callback):
         self.matrix = MulticlassConfusionMatrix(num_classes=num_classes, validate_args=False)
         self.kept: Optional[dict] = None
         self.fit_ended = False
+        self._batches = 0
+        self._left_in_batch = 0
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self.matrix.reset()
+        self._batches = 0
 
-    def eval_batch_end(self, state: State, logger: Logger) -> None:
+    def eval_batch_start(self, state: State, logger: Logger) -> None:
+        self._batches += 1
+        self._left_in_batch = len(state.batch[1])
+
+    def eval_after_forward(self, state: State, logger: Logger) -> None:
+        """Each (micro)batch's outputs, as Composer's metrics see them (per microbatch: at the end of
+        a batch only its last microbatch's outputs are left)."""
         outputs, targets = state.outputs, state.batch[1]
+        self._left_in_batch -= len(targets)
+        if self._padding_only(state, len(targets)):
+            return
         if self.matrix.device != outputs.device:
             self.matrix = self.matrix.to(outputs.device)
         self.matrix.update(outputs.detach(), targets)
+
+    def _padding_only(self, state: State, size: int) -> bool:
+        """A DistributedSampler's padding sample alone in the last microbatch: Composer leaves it out of
+        its metrics (it trims padding from larger ones before the forward pass), and so does the report."""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        loader = state.dataloader
+        sampler = getattr(loader, "sampler", None)
+        if not isinstance(loader, DataLoader) or not isinstance(sampler, DistributedSampler) or loader.drop_last:
+            return False
+        padding = sampler.total_size - len(sampler.dataset)
+        on_padded_rank = padding > 0 and dist.get_global_rank() >= dist.get_world_size() - padding
+        return on_padded_rank and size == 1 and self._left_in_batch <= 0 and self._batches == len(loader)
 
     def eval_end(self, state: State, logger: Logger) -> None:
         counts = self.matrix.compute()  # every rank: the counts are summed over processes here
