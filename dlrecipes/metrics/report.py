@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
+from torch.utils.data import DataLoader, DistributedSampler
 
 from dlrecipes.records.checkpoints import atomic_write
 
@@ -70,8 +71,6 @@ class ClassReport(Callback):
     def _padding_only(self, state: State, size: int) -> bool:
         """A DistributedSampler's padding sample alone in the last microbatch: Composer leaves it out of
         its metrics (it trims padding from larger ones before the forward pass), and so does the report."""
-        from torch.utils.data import DataLoader, DistributedSampler
-
         loader = state.dataloader
         sampler = getattr(loader, "sampler", None)
         if not isinstance(loader, DataLoader) or not isinstance(sampler, DistributedSampler) or loader.drop_last:

@@ -31,7 +31,9 @@ INSTALL_COMMAND = "pip install --no-index --find-links {out} --no-deps -r {out}/
 
 
 def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
 
 
 def _name(pin: str) -> str:
