@@ -36,7 +36,7 @@ from composer import Trainer as ComposerTrainer
 from composer.core import Callback, Engine, Event, State
 from composer.loggers import Logger, LoggerDestination
 from composer.trainer.trainer import TrainerMode
-from composer.core.precision import get_precision_context
+from composer.core.precision import Precision, get_precision_context
 from composer.distributed import ddp_sync_context
 from composer.utils import dist, ensure_tuple, map_collection
 from torch.nn.parallel import DistributedDataParallel
@@ -45,6 +45,7 @@ from dlrecipes.config.devices import HostReducer
 from dlrecipes.loggers.run_log import MICROBATCH_KEY
 
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow
+_NO_CONTEXT = contextlib.nullcontext()  # reusable
 _ENGINE_DEBUG = bool(os.environ.get("ENGINE_DEBUG"))  # Composer's per-event debug lines
 
 
@@ -79,8 +80,14 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def _total_loss(loss: Any, device: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss to differentiate and the named parts to log, as Composer 0.32.1 forms them:
-    a dict's ``total`` if it has one, else the sum of the means of its parts added to a zero."""
+    """The loss to differentiate and the named parts to log, with Composer 0.32.1's values:
+    a dict's ``total`` if it has one, else the sum of the means of its parts.
+
+    Composer adds the means to a new zero tensor; for a single loss tensor that sum is the
+    mean itself (0 + x == x exactly), so the common case costs no extra tensor operations.
+    """
+    if isinstance(loss, torch.Tensor):
+        return (loss if loss.dim() == 0 else loss.mean()), {}
     if isinstance(loss, dict) and "total" in loss:
         return loss["total"], dict(loss)
     total = device.tensor_to_device(torch.zeros(size=(1,)))
@@ -93,8 +100,16 @@ def _total_loss(loss: Any, device: Any) -> tuple[torch.Tensor, dict[str, torch.T
         named = {f"loss{i}": part for i, part in enumerate(parts)}
     else:
         named = {}
-    named["total"] = total
     return total, named
+
+
+def _logged(part: torch.Tensor, scale: float) -> torch.Tensor:
+    """A loss part as Composer logs it: detached, averaged, weighed by the microbatch's share
+    (the mean of a 0-d tensor and a product by 1.0 change nothing, so they are skipped)."""
+    part = part.detach()
+    if part.dim() != 0:
+        part = part.mean()
+    return part if scale == 1.0 else part * scale
 
 
 class _EpochTrainMetrics(Callback):
@@ -164,6 +179,8 @@ class Trainer(ComposerTrainer):
         self._host = HostReducer()
         self._sample_metrics = False
         self._logged_microbatch: Any = None
+        self._cuda = torch.cuda.is_available()
+        self._closures: tuple[Any, bool] = (None, False)
         if kwargs.get("device") in (None, "cpu"):
             keep_freed_memory_for_reuse()
         super().__init__(*args, **kwargs)
@@ -196,7 +213,19 @@ class Trainer(ComposerTrainer):
 
     # -- the optimizer closure: only there to call ``.item()`` on the loss for most optimizers --
     def _use_closures(self) -> bool:
-        return super()._use_closures() and any(needs_closure(o) for o in self.state.optimizers)
+        key = (self.state.precision, self.state.device.dist_backend, tuple(map(id, self.state.optimizers)))
+        if self._closures[0] != key:  # asked every batch; the answer changes only with these
+            use = super()._use_closures() and any(needs_closure(o) for o in self.state.optimizers)
+            self._closures = (key, use)
+        return self._closures[1]
+
+    def _precision_context(self):
+        """Composer's precision context; on a machine without CUDA its FP32 context does nothing,
+        and asking ``torch.cuda.is_available()`` twice per microbatch is what it would cost."""
+        state = self.state
+        if state.precision is Precision.FP32 and not self._cuda:
+            return _NO_CONTEXT
+        return get_precision_context(state.precision, state.precision_config)
 
     # -- one batch: Composer 0.32.1's _train_batch without the auto-microbatching retry loop --
     def _train_batch(self, use_grad_scaling: bool):
@@ -221,7 +250,7 @@ class Trainer(ComposerTrainer):
         state = self.state
         assert self._train_data_spec is not None and state.scaler is not None
         assert state.device_train_microbatch_size is not None
-        totals = {"loss/train/total": state.device.tensor_to_device(torch.zeros(size=(1,)))}
+        totals: dict[str, torch.Tensor] = {}  # filled by _train_microbatches
         spec, micro = self._train_data_spec, state.device_train_microbatch_size
         if spec.get_num_samples_in_batch(state.batch) <= micro:  # one microbatch: the batch itself
             microbatches = [state.batch]
@@ -272,11 +301,10 @@ class Trainer(ComposerTrainer):
             for index, microbatch in enumerate(microbatches):
                 self.state.batch = spec.microbatch_transforms(self.state.device.batch_to_device(microbatch))
                 losses = self._train_microbatch(use_grad_scaling, batch_size, index + 1 == len(microbatches))
-                for name, loss in losses.items():
+                for name, loss in losses.items():  # Composer adds them to zeros: the same sums
                     key = f"loss/train/{name}"
-                    if key not in total_loss_dict:
-                        total_loss_dict[key] = self.state.device.tensor_to_device(torch.zeros(size=(1,)))
-                    total_loss_dict[key] += loss
+                    previous = total_loss_dict.get(key)
+                    total_loss_dict[key] = loss.float() if previous is None else previous + loss
             self.state.batch = full_batch
             if use_grad_scaling:  # gradients unscaled before AFTER_TRAIN_BATCH, as Composer does
                 for optimizer in self.state.optimizers:
@@ -317,20 +345,22 @@ class Trainer(ComposerTrainer):
             sync = contextlib.nullcontext()
         with sync:
             run(Event.BEFORE_FORWARD)
-            with get_precision_context(state.precision, state.precision_config):
+            with self._precision_context():
                 state.outputs = state.model(state.batch)
             run(Event.AFTER_FORWARD)
             run(Event.BEFORE_LOSS)
-            with get_precision_context(state.precision, state.precision_config):
+            with self._precision_context():
                 state.loss = self._original_model.loss(state.outputs, state.batch)
             run(Event.AFTER_LOSS)
             run(Event.BEFORE_BACKWARD)
             loss, parts = _total_loss(state.loss, state.device)
             scale = size / batch_size
-            logged = {name: part.detach().mean() * scale for name, part in parts.items()}
+            logged = {name: _logged(part, scale) for name, part in parts.items()}
+            logged["total"] = _logged(loss, scale)
             if use_grad_scaling:
                 loss = state.scaler.scale(loss)
-            loss.mul_(scale)  # a microbatch's gradients weigh by its share of the batch
+            if scale != 1.0:  # a microbatch's gradients weigh by its share of the batch
+                loss = loss * scale  # not in place: the loss may be the model's own tensor (state.loss)
             loss.backward(create_graph=self._backwards_create_graph)
             run(Event.AFTER_BACKWARD)
         return logged
