@@ -82,7 +82,10 @@ def test_training_is_bit_identical_to_composers_trainer(tiny_recipe, tmp_path, c
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    assert int(reference.state.timestamp.sample) == int(ours.state.timestamp.sample)
+    clock = ("total_wct", "iteration_wct", "epoch_wct", "batch_wct")
+    counters = {k: v for k, v in ours.state.timestamp.state_dict().items() if k not in clock}
+    assert counters == {k: v for k, v in reference.state.timestamp.state_dict().items() if k not in clock}
+    assert ours.state.total_loss_dict and ours.state.total_loss_dict == reference.state.total_loss_dict  # last batch
 
 
 class CountReadBacks(Callback):
@@ -220,3 +223,51 @@ def test_intervals_are_validated(tiny_recipe, key, value, message):
 
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         api.resolve(tiny_recipe, [f"{key}={value}"])
+
+
+def test_the_quick_timestamp_counts_as_composers():
+    import datetime
+
+    from composer.core import Time, Timestamp
+
+    from dlrecipes.engine import _Timestamp
+
+    theirs, ours = Timestamp(), _Timestamp.of(Timestamp())
+    steps = [(3, 0, 0.5), (3, 0, None), (2, 7, 0.25)]
+    for epoch in range(3):
+        for samples, tokens, seconds in steps:
+            duration = None if seconds is None else datetime.timedelta(seconds=seconds)
+            theirs = theirs.to_next_batch(samples=samples, tokens=tokens, duration=duration)
+            ours = ours.to_next_batch(samples=samples, tokens=tokens, duration=duration)
+            assert isinstance(ours, _Timestamp) and ours.state_dict() == theirs.state_dict()
+        theirs, ours = theirs.to_next_epoch(), ours.to_next_epoch()
+        assert isinstance(ours, _Timestamp) and ours.state_dict() == theirs.state_dict()
+    assert type(ours).__qualname__ == "Timestamp"  # the name Composer files it under in checkpoints
+    # counts given as Time objects take Composer's own arithmetic
+    ours = ours.to_next_batch(samples=Time(4, "sp"))
+    theirs = theirs.to_next_batch(samples=Time(4, "sp"))
+    assert ours.state_dict() == theirs.state_dict()
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        (torch.zeros(5, 3), torch.zeros(5, dtype=torch.long)),
+        [torch.zeros(4, 3), torch.zeros(4)],
+        ((torch.zeros(6, 2), torch.zeros(6, 2)), torch.zeros(6)),  # two inputs
+        {"x": torch.zeros(3, 1), "y": torch.zeros(3)},
+        {"input_ids": torch.zeros(2, 9, dtype=torch.long)},
+    ],
+    ids=["tuple", "list", "two_inputs", "dict", "tokens"],
+)
+def test_quick_batch_counts_agree_with_composers(batch):
+    from composer.core import DataSpec
+
+    from dlrecipes.engine import _quick_counts
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    theirs, ours = DataSpec(loader), DataSpec(loader)
+    _quick_counts(ours)
+    assert ours.get_num_samples_in_batch is not theirs.get_num_samples_in_batch
+    assert ours.get_num_samples_in_batch(batch) == theirs.get_num_samples_in_batch(batch)
+    assert ours.get_num_tokens_in_batch(batch) == theirs.get_num_tokens_in_batch(batch)
