@@ -75,3 +75,10 @@ def test_checkpoint_save_script():
     rows = [line for line in out.stdout.splitlines() if line.startswith("| plain") or line.startswith("| atomic")]
     assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
     assert "atomic / plain:" in out.stdout
+
+
+def test_framework_overhead_script_compares_composers_step_with_ours(tmp_path):
+    rows = _script("framework_overhead.py", "--models", "cnn_simple", "--steps", "2", "--rounds", "1", "--warmup", "1",
+                   "--repeats", "1", tmp_path=tmp_path)
+    assert [r["trainer"] for r in rows] == ["Composer's step", "dlrecipes (this checkout)"]
+    assert all(len(r["ratios"]) == 1 and r["ratios"][0] > 0 for r in rows)
