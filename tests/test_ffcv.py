@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -99,10 +100,13 @@ def test_eval_loader_returns_every_sample_once_with_its_label(beton):
     assert labels.tolist() == [i // 6 for i in range(18)]  # the label travelled with its image
 
 
-def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_decoder(beton):
+def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_decoder(beton, tmp_path, monkeypatch):
     """Each epoch decodes at the size set before it; numba compiles the pipeline in the first
     epoch only, whatever the size (progressive resizing used to recompile at every epoch)."""
+    import numba.core.config
     import numba.core.event
+
+    monkeypatch.setattr(numba.core.config, "CACHE_DIR", str(tmp_path / "numba"))  # nothing cached yet
 
     loader = FFCVLoader(_source(beton, train=True), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=1)
     before, threads = torch.get_num_threads(), 3  # any count other than the loader's one worker
@@ -121,6 +125,108 @@ def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_dec
     assert compilations[0] > 0 and compilations[1:] == [0, 0, 0]
     assert torch.get_num_threads() == threads  # FFCV's per-epoch set_num_threads(workers) is undone
     torch.set_num_threads(before)
+
+
+def test_an_os_cache_loader_leaves_numbas_shared_types_writable(beton):
+    """FFCV's OS-cache reader set ``mutable = False`` on numba's one ``uint8[::1]`` instance, so
+    writable buffers were typed read-only and numba printed KeyError tracebacks at exit."""
+    import numba
+
+    source = FFCVSource(str(beton), False, 16, 1.0, 0.5, False, (0.0,) * 3, (1 / 255,) * 3, os_cache=True)
+    loader = FFCVLoader(source, batch_size=6, num_workers=1, device=torch.device("cpu"), seed=0)
+    assert sum(len(labels) for _, labels in loader) == 18
+    assert numba.uint8[::1].mutable and numba.uint64[::1].mutable
+
+
+_DECODE_TWICE = """
+import json, sys
+import numba.core.event, torch
+from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+out = {"compilations": 0, "batches": []}
+for train in (True, False):
+    source = FFCVSource(sys.argv[1], train, 12, 1.0, 0.3, True, (0.0, 0.0, 0.0), (1 / 255,) * 3, os_cache=True)
+    loader = FFCVLoader(source, batch_size=6, num_workers=2, device=torch.device("cpu"), seed=3)
+    with numba.core.event.install_recorder("numba:compile") as recorder:
+        for epoch in range(2):
+            out["batches"] += [[images.sum().item(), labels.tolist()] for images, labels in loader]
+    out["compilations"] += len(recorder.buffer)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("write_mode", ["jpg", "raw"])
+def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path, write_mode):
+    """With FFCV's own compilation, then a machine's first process with the cache (compiles the
+    train and eval pipelines: random crops, flips, two numba threads), then the next (loads every
+    function from numba's cache, compiles nothing): the same batches, and no numba warnings or
+    tracebacks on stderr."""
+    import subprocess
+    import sys
+
+    from dlrecipes.data.ffcv_compile import CACHE_SWITCH
+
+    root = _folder(tmp_path / "src" / "train")
+    path = tmp_path / "train.beton"
+    write_beton(RawImages(_image_folder(root)), path, ConvertOptions(write_mode=write_mode, num_workers=1), list(CLASSES))
+    cache = tmp_path / "numba"
+    runs = [subprocess.run([sys.executable, "-c", _DECODE_TWICE, str(path)], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "NUMBA_CACHE_DIR": str(cache), CACHE_SWITCH: switch})
+            for switch in ("0", "1", "1")]
+    ffcvs, first, second = (json.loads(run.stdout.splitlines()[-1]) for run in runs)
+    assert ffcvs["compilations"] > 0 and first["compilations"] > 0 and second["compilations"] == 0
+    assert ffcvs["batches"] == first["batches"] == second["batches"] and len(first["batches"]) == 2 * (3 + 3)
+    for run in runs:
+        assert not any(word in run.stderr for word in ("Numba", "Traceback", "Exception ignored")), run.stderr[-2000:]
+    assert any(cache.rglob("*.nbi"))
+
+
+def _closure(scale, inner):
+    def pipeline(x):
+        return inner(x) * scale[0]
+
+    return pipeline
+
+
+def _plus_one(x):
+    return x + 1
+
+
+def _plus_two(x):
+    return x + 2
+
+
+def test_cache_keys_follow_the_code_and_every_closure_value():
+    """Equal content gives equal keys across separately built dispatchers (as in a new process);
+    a different captured array, inner function or inner compile option gives a different key."""
+    from numba import njit
+
+    from dlrecipes.data.ffcv_compile import _fingerprint
+
+    key = _fingerprint(_closure(np.array([2.0]), njit(_plus_one)))
+    assert key == _fingerprint(_closure(np.array([2.0]), njit(_plus_one)))
+    assert key != _fingerprint(_closure(np.array([3.0]), njit(_plus_one)))
+    assert key != _fingerprint(_closure(np.array([2.0]), njit(_plus_two)))
+    assert key != _fingerprint(_closure(np.array([2.0]), njit(fastmath=True)(_plus_one)))
+
+
+def test_without_a_writable_cache_location_pipelines_compile_uncached(beton, monkeypatch):
+    from ffcv.pipeline.compiler import Compiler
+    from numba.core.caching import NullCache
+
+    from dlrecipes.data import ffcv_compile
+
+    def no_location(self, py_func):
+        raise RuntimeError("cannot cache function: no locator available")
+
+    monkeypatch.setattr(ffcv_compile._ContentKeyedCache, "__init__", no_location)
+    import_ffcv()
+    assert Compiler.compile.__func__ is ffcv_compile._compile
+    compiled = Compiler.compile(_closure(np.array([2.0]), Compiler.compile(_plus_one)))
+    assert compiled(1.0) == 4.0 and isinstance(compiled._cache, NullCache)
+    loader = FFCVLoader(_source(beton, train=False), batch_size=9, num_workers=1, device=torch.device("cpu"), seed=0)
+    images = torch.cat([batch[0] for batch in loader])
+    assert images[:, 0, 8, 8].round().long().tolist() == list(range(18))
 
 
 def test_progressive_resizing_schedule_matches_composers_rule(beton):
