@@ -196,11 +196,13 @@ def _plus_two(x):
     return x + 2
 
 
-def test_cache_keys_follow_the_code_and_every_closure_value():
+def test_cache_keys_follow_the_code_and_every_closure_value(monkeypatch):
     """Equal content gives equal keys across separately built dispatchers (as in a new process);
-    a different captured array, inner function or inner compile option gives a different key."""
-    from numba import njit
+    a different captured array, inner function, inner compile option or C signature gives a
+    different key."""
+    from numba import njit, types
 
+    from dlrecipes.data import ffcv_compile
     from dlrecipes.data.ffcv_compile import _fingerprint
 
     key = _fingerprint(_closure(np.array([2.0]), njit(_plus_one)))
@@ -208,6 +210,9 @@ def test_cache_keys_follow_the_code_and_every_closure_value():
     assert key != _fingerprint(_closure(np.array([3.0]), njit(_plus_one)))
     assert key != _fingerprint(_closure(np.array([2.0]), njit(_plus_two)))
     assert key != _fingerprint(_closure(np.array([2.0]), njit(fastmath=True)(_plus_one)))
+    decode_key = _fingerprint(ffcv_compile.imdecode)
+    monkeypatch.setattr(ffcv_compile, "_c_imdecode", types.ExternalFunction("other", types.int32(types.int64)))
+    assert _fingerprint(ffcv_compile.imdecode) != decode_key
 
 
 def test_without_a_writable_cache_location_pipelines_compile_uncached(beton, monkeypatch):

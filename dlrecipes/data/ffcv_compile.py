@@ -100,9 +100,10 @@ def _os_cache_reader(manager: Any) -> Callable:
 def _fingerprint(value: Any) -> str:
     """A digest of what code compiled from (or calling) ``value`` depends on, equal in every process.
 
-    Functions: module, name, bytecode, constants, names, defaults and closure (recursively);
-    dispatchers: their function, options and fixed signatures; anything else: its pickle (a value
-    whose pickle varied would only cost a cache miss).
+    Functions: module, name, bytecode, constants, names, defaults, closure (recursively) and the
+    numba types they read from module globals (an external C function's signature); dispatchers:
+    their function, options and fixed signatures; anything else: its pickle (a value whose pickle
+    varied would only cost a cache miss).
     """
     digest = hashlib.sha256()
     if isinstance(value, Dispatcher):
@@ -111,11 +112,22 @@ def _fingerprint(value: Any) -> str:
     elif inspect.isfunction(value):
         closure = [_fingerprint(cell.cell_contents) for cell in value.__closure__ or ()]
         parts = ("function", value.__module__, value.__qualname__, _code_digest(value.__code__),
-                 _fingerprint(value.__defaults__), closure)
+                 _fingerprint(value.__defaults__), closure, _global_types(value))
     else:
         return hashlib.sha256(serialize.dumps(value)).hexdigest()
     digest.update(repr(parts).encode())
     return digest.hexdigest()
+
+
+def _global_types(function: types_module.FunctionType) -> list[tuple[str, ...]]:
+    found = []
+    for name in function.__code__.co_names:
+        value = function.__globals__.get(name)
+        if isinstance(value, types.ExternalFunction):
+            found.append((name, value.symbol, str(value.sig)))
+        elif isinstance(value, types.Type):
+            found.append((name, str(value)))
+    return found
 
 
 def _code_digest(code: types_module.CodeType) -> str:
