@@ -3,32 +3,44 @@
 Composer 0.32.1's step reads values back from the device five to six times per batch
 (``Tensor.item``/``.cpu``), so the host can never queue the next step while the GPU works
 and every microsecond of Python is GPU idle time.  :class:`Trainer` keeps Composer's loop,
-events, algorithms, checkpoints and distributed handling, and changes only where values
-come from (each override below names the Composer line it replaces):
+events, algorithms, checkpoints, loggers and distributed handling, and changes only where values
+come from (each override below names the Composer method it replaces):
 
-- the end-of-data flag, the batch size averaged over ranks and the sample counts are host
-  numbers; with several ranks they are reduced over a host-side (gloo) process group;
-- the optimizer gets no closure unless it needs one (SAM, L-BFGS): the closure's only
-  other effect was a ``loss.item()``;
-- the training loss stays on the device and is reduced, read and logged only every
-  ``log_interval`` batches and at the last batch of an epoch;
-- train metrics are not computed per batch in eval mode with an extra forward pass:
-  every ``train_metrics_interval``-th batch, the step's own outputs (train mode, after
-  the batch augmentations) update them against that batch's labels, and they are
-  computed and logged once per epoch (``metrics/train/*``);
-- Composer's loop itself is kept, with two cheaper parts: the timestamp advances without
-  rebuilding ~19 ``Time`` objects per batch, and batches that are (inputs, targets) pairs are
-  counted without Composer's generic walk; a single loss tensor is differentiated without the
-  zero tensor Composer adds it to (the same values).
+- **the loss** is logged every batch, as Composer does, but as a 0-d tensor on the device
+  (averaged over ranks on the device); a logger reads it when it writes it.  Composer's own
+  loggers already take tensors (they get the metrics that way); our terminal and run log read
+  the loss every ``trainer.log_interval`` batches, so the steps in between never wait.
+- **train metrics** (``state.train_metrics``) are updated from the step's own outputs on every
+  ``train_metrics_interval``-th batch (1, Composer's, by default) once the batch has trained and
+  accumulate over the epoch, instead of being reset, updated and synchronised every batch.  After
+  each such batch their value so far is logged (device tensors; with several processes, each
+  rank's own running value, so no collective per step); at the epoch's end (and at the end of
+  training inside an epoch) the value over every rank is computed and logged.  Callbacks that
+  read them (early and threshold stoppers on ``train``) see the epoch so far.
+- **the end of the data, the batch size averaged over ranks and the sample counts** are host
+  numbers.  At the start of each epoch (and evaluation) the ranks compare their loaders' batch
+  plans once (:func:`batch_plan`: a DistributedSampler's equal shards, dlrecipes' loaders); when
+  they agree, every rank has as many batches of the same sizes, and these numbers need no
+  reduction at all.  Otherwise (uneven per-rank data, iterable datasets) a gloo group reduces
+  them on the host every batch (:mod:`dlrecipes.distributed`); the device is never involved.
+- **the optimizer** gets no closure unless it needs one (SAM, L-BFGS): the closure's only other
+  effect was a ``loss.item()``.
+- Composer's loop is kept, with cheaper parts: the timestamp advances without rebuilding ~19
+  ``Time`` objects per batch, (inputs, targets) batches are counted without Composer's generic
+  walk, events go only to the callbacks that handle them, and a single loss tensor is
+  differentiated without the zero tensor Composer adds it to (the same values).
 
-Training itself is unchanged: ``tests/test_engine.py`` checks bit-identical weights against
-Composer's own Trainer (one process and two gloo processes) and counts the read-backs.
-Valid for the pinned Composer 0.32.1 (the test names the version).
+Auto microbatching keeps Composer's retry loop (its out-of-memory checks read flags back by
+design); XLA keeps Composer's microbatch step.  Training itself is unchanged:
+``tests/test_engine.py`` checks bit-identical weights against Composer's Trainer (one process
+and two gloo processes), and ``scripts/composer_conformance.sh`` runs Composer's own Trainer,
+callback and logger tests against this class.  Valid for the pinned Composer 0.32.1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import datetime
 import itertools
 import os
@@ -38,14 +50,16 @@ from typing import Any, Optional, Union
 import torch
 from composer import Trainer as ComposerTrainer
 from composer.core import Callback, Engine, Event, State, Time, Timestamp, TimeUnit
-from composer.loggers import Logger, LoggerDestination
-from composer.trainer.trainer import TrainerMode
 from composer.core.precision import Precision, get_precision_context
 from composer.distributed import ddp_sync_context
-from composer.utils import dist, ensure_tuple, map_collection
+from composer.loggers import Logger, LoggerDestination
+from composer.models import ComposerModel
+from composer.trainer.trainer import OOM_FOUND_ON_OTHER_RANK, TrainerMode
+from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
-from dlrecipes.config.devices import HostReducer
+from dlrecipes.distributed import HostReducer, gloo_errors
 from dlrecipes.loggers.run_log import MICROBATCH_KEY
 
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow
@@ -83,6 +97,28 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, (SAMOptimizer, torch.optim.LBFGS)) or getattr(optimizer, "needs_closure", False)
 
 
+def batch_plan(loader: Any, length: Optional[int]) -> Optional[list[float]]:
+    """Four numbers that fix how many batches this rank's loader gives and the size of each, or None.
+
+    Known for a map-style DataLoader cutting its sampler with a BatchSampler (its sampler's length,
+    batch size, drop_last and the number of batches taken) and for loaders that declare
+    ``fixed_batches = True`` (dlrecipes' device, tensor-cache and FFCV loaders: batch ``i`` holds
+    ``min(batch_size, num_samples - i * batch_size)`` samples).
+    """
+    count = -1.0 if length is None else float(length)
+    if getattr(loader, "fixed_batches", False):
+        return [float(loader.num_samples), float(loader.batch_size), 0.0, count]
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    batches = loader.batch_sampler
+    if type(batches) is not BatchSampler:
+        return None
+    try:
+        return [float(len(batches.sampler)), float(batches.batch_size), float(batches.drop_last), count]
+    except TypeError:  # a sampler without a length
+        return None
+
+
 def _total_loss(loss: Any, device: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss to differentiate and the named parts to log, with Composer 0.32.1's values:
     a dict's ``total`` if it has one, else the sum of the means of its parts.
@@ -116,6 +152,10 @@ def _logged(part: torch.Tensor, scale: float) -> torch.Tensor:
     return part if scale == 1.0 else part * scale
 
 
+def _detached(outputs: Any) -> Any:
+    return map_collection(outputs, lambda t: t.detach() if torch.is_tensor(t) else t)
+
+
 def _time(value: int, unit: TimeUnit) -> Time:
     """A Time without its constructor's conversions and checks (the value is a counter already)."""
     made = Time.__new__(Time)
@@ -128,7 +168,9 @@ class _Timestamp(Timestamp):
 
     Composer's ``to_next_batch`` adds ``Time`` objects and rebuilds the timestamp through its
     validating constructor, about 19 ``Time`` objects and 25 us per batch; this one makes the
-    same values directly (``tests/test_engine.py`` compares the two).  Copies stay this class.
+    same values directly (``tests/test_engine.py`` compares the two).  Copies stay this class;
+    pickled (a callback keeping ``state.timestamp``, a deep copy of the state) it becomes
+    Composer's own Timestamp, so the pickle loads without dlrecipes.
     """
 
     # Composer keys checkpointed objects by class qualname: checkpoints must keep saying "Timestamp"
@@ -139,6 +181,10 @@ class _Timestamp(Timestamp):
         made = Timestamp.__new__(cls)
         made.__dict__.update(timestamp.__dict__)
         return made
+
+    def __reduce_ex__(self, protocol: Any):
+        # copyreg's own rebuilder: Timestamp.__new__, then these fields; the pickle names no dlrecipes class
+        return copyreg._reconstructor, (Timestamp, object, None), dict(self.__dict__)
 
     def copy(self, *args: Any, **kwargs: Any) -> "_Timestamp":
         return _Timestamp.of(super().copy(*args, **kwargs))
@@ -188,13 +234,17 @@ def _quick_counts(spec: Any) -> None:
         spec._get_num_tokens_in_batch = lambda batch: 0 if type(batch) in (tuple, list) else default_tokens(batch)
 
 
-class _EpochTrainMetrics(Callback):
-    """Computes and logs the sampled train metrics at each epoch end, then resets them."""
+class _TrainMetricEpochs(Callback):
+    """The train metrics' epoch: reset at its start; at the end of training inside an epoch
+    (``max_duration`` in batches), the part trained is computed and logged."""
 
     def __init__(self, trainer: "Trainer"):
         self.trainer = trainer
 
-    def epoch_end(self, state: State, logger: Logger) -> None:
+    def epoch_start(self, state: State, logger: Logger) -> None:
+        self.trainer.reset_train_metrics()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
         self.trainer.log_train_metrics()
 
 
@@ -245,27 +295,29 @@ class _DirectEngine(Engine):
 class Trainer(ComposerTrainer):
     """Composer's Trainer without per-step host-device synchronisation (see the module docstring).
 
-    ``log_interval``: batches between loss read-backs (and logging).  ``train_metrics_interval``:
-    every how many batches the step's outputs update the train metrics (0 = none).
+    ``train_metrics_interval``: every how many batches the step's outputs update the train
+    metrics (1: every batch; 0: no train metrics).  ``dist_timeout`` (Composer's) also bounds the
+    host-side reductions.
     """
 
-    def __init__(self, *args: Any, log_interval: int = 50, train_metrics_interval: int = 10, **kwargs: Any):
-        self.log_interval = max(1, int(log_interval))
+    def __init__(self, *args: Any, train_metrics_interval: int = 1, **kwargs: Any):
         self.train_metrics_interval = int(train_metrics_interval)
-        self._host = HostReducer()
-        self._sample_metrics = False
-        self._logged_microbatch: Any = None
         self._cuda = torch.cuda.is_available()
         self._closures: tuple[Any, bool] = (None, False)
+        self._logged_microbatch: Any = None
+        self._sample_metrics = self._record_metrics = self._metrics_pending = False
+        self._metric_updates: list[tuple[Any, Any]] = []  # this batch's (batch, outputs), applied once it trained
+        self._metric_source: Any = None  # the microbatch list whose first pass is being recorded
+        self._metrics_placed: Any = None
+        self._same_batches: dict[TrainerMode, bool] = {}  # per mode: the ranks' batch plans agree
         if kwargs.get("device") in (None, "cpu"):
             keep_freed_memory_for_reuse()
-        super().__init__(*args, **kwargs)
-        # Composer resets, updates (in eval mode, with a second forward pass), computes and
-        # logs state.train_metrics every batch when it is non-empty; an empty dict turns that off.
-        self.sampled_train_metrics = self.state.train_metrics if self.train_metrics_interval > 0 else {}
-        self.state.train_metrics = {}
-        if self.sampled_train_metrics:
-            self.state.callbacks.insert(0, _EpochTrainMetrics(self))
+        with gloo_errors("the process group (torch.distributed, gloo)"):
+            super().__init__(*args, **kwargs)
+        self._host = HostReducer(timeout=kwargs.get("dist_timeout", 300.0))
+        if self.train_metrics_interval <= 0:
+            self.state.train_metrics = {}  # Composer's way of computing none
+        self.state.callbacks.insert(0, _TrainMetricEpochs(self))
         self.engine.__class__ = _DirectEngine  # same state; only the dispatch differs
 
     # -- the loop itself stays Composer's; its timestamp and batch counting get cheaper --
@@ -275,12 +327,30 @@ class Trainer(ComposerTrainer):
             _quick_counts(self._train_data_spec)
         return super()._train_loop()
 
+    def _agree_on_batches(self, mode: TrainerMode) -> bool:
+        """Whether every rank's loader gives the same number of batches of the same sizes (asked once
+        per epoch or evaluation, by every rank at the same point)."""
+        if self._host.world_size == 1:
+            same = True
+        else:
+            plan = batch_plan(self.state.dataloader, self.state.dataloader_len)
+            mine = [1.0, *plan] if plan is not None else [0.0] * 5
+            reduced = self._host.max(mine + [-v for v in mine])  # maxima and minima in one reduction
+            same = reduced[0] == 1.0 and -reduced[5] == 1.0 and all(reduced[i] == -reduced[i + 5] for i in range(5))
+        self._same_batches[mode] = same
+        return same
+
+    def _equal_on_every_rank(self) -> bool:
+        """Whether this epoch's training batches are alike on every rank (no per-batch reductions)."""
+        return self._host.world_size == 1 or self._same_batches.get(TrainerMode.TRAIN, False)
+
     # -- the end of the data: Composer all-reduces a device flag and reads it every batch --
     def _iter_dataloader(self, trainer_mode: TrainerMode):
         loader = self.state.dataloader
         assert loader is not None
         length = self.state.dataloader_len
         iterator = iter(loader) if length is None else itertools.islice(loader, int(length))
+        agree = not self._agree_on_batches(trainer_mode)  # ranks may run out at different batches: ask them all
         while True:
             if trainer_mode == TrainerMode.TRAIN:
                 self.engine.run_event(Event.BEFORE_DATALOADER)
@@ -290,7 +360,9 @@ class Trainer(ComposerTrainer):
                 if trainer_mode == TrainerMode.TRAIN:
                     self.engine.run_marker_only_event(Event.AFTER_DATALOADER)
                 batch, finished = None, 1.0
-            if self._host.sum([finished])[0] > 0:  # any rank out of data: every rank stops
+            if agree:
+                finished = self._host.max([finished])[0]  # any rank out of data: every rank stops
+            if finished:
                 return
             yield batch
 
@@ -310,25 +382,34 @@ class Trainer(ComposerTrainer):
             return _NO_CONTEXT
         return get_precision_context(state.precision, state.precision_config)
 
-    # -- one batch: Composer 0.32.1's _train_batch without the auto-microbatching retry loop --
+    # -- one batch: Composer's _train_batch, then the train metrics and the loss log --
     def _train_batch(self, use_grad_scaling: bool):
-        ts, state = self.state.timestamp, self.state
-        self._sample_metrics = bool(self.sampled_train_metrics) and int(ts.batch) % self.train_metrics_interval == 0
-        if state.auto_microbatching:  # its OOM detection reads flags back every batch anyway
-            losses = super()._train_batch(use_grad_scaling)
+        state = self.state
+        interval = self.train_metrics_interval
+        self._sample_metrics = (bool(state.train_metrics) and interval > 0
+                                and int(state.timestamp.batch_in_epoch) % interval == 0)  # each epoch's first too
+        self._metric_updates, self._metric_source = [], None
+        if state.auto_microbatching or state.device.dist_backend == "xla":
+            # Composer's retry loop resets state.train_metrics on every attempt: they accumulate
+            # over the epoch here, and this batch's updates wait until it has trained
+            hidden, state.train_metrics = state.train_metrics, {}
+            try:
+                losses = super()._train_batch(use_grad_scaling)
+            finally:
+                state.train_metrics = hidden
         else:
             losses = self._train_batch_direct(use_grad_scaling)
-        last_of_epoch = state.dataloader_len is not None and int(ts.batch_in_epoch) + 1 >= int(state.dataloader_len)
-        if losses is not None and ((int(ts.batch) + 1) % self.log_interval == 0 or last_of_epoch):
+        self._update_train_metrics()
+        if losses:
             self.log_losses(losses)
-        return None  # Composer's loop then skips its per-batch loss read-back
+        return None  # Composer's loop then skips its read-back of the loss
 
     def _train_batch_direct(self, use_grad_scaling: bool) -> dict[str, torch.Tensor]:
         """Forward, backward and optimizer step of a batch with a fixed microbatch size.
 
-        Composer's version also resets the (here empty) train metrics, walks every module to
-        look for FSDP and reads the CUDA allocator's statistics each batch; those serve its
-        auto-microbatching retry loop only.
+        Composer's version also resets the train metrics, walks every module to look for FSDP
+        and reads the CUDA allocator's statistics each batch; those serve its auto-microbatching
+        retry loop only.
         """
         state = self.state
         assert self._train_data_spec is not None and state.scaler is not None
@@ -367,6 +448,12 @@ class Trainer(ComposerTrainer):
         """Composer 0.32.1's ``_train_microbatches`` with the batch size counted on the host."""
         assert self._train_data_spec is not None and self.state.scaler is not None
         spec, model = self._train_data_spec, self.state.model
+        # the train metrics see the first pass over these microbatches (SAM makes two); a retry
+        # after an out-of-memory error splits the batch anew and starts the record again
+        first_pass = microbatches is not self._metric_source
+        if first_pass:
+            self._metric_source, self._metric_updates = microbatches, []
+        self._record_metrics = self._sample_metrics and first_pass
         if ddp_sync or not isinstance(model, DistributedDataParallel) or (
             self.state.auto_microbatching and not self.first_train_batch_complete  # see Composer: avoids a deadlock
         ):
@@ -378,8 +465,9 @@ class Trainer(ComposerTrainer):
             use_grad_scaling = self._use_grad_scaling(self.state.precision, self.state.scaler)
             for optimizer in self.state.optimizers:
                 optimizer.zero_grad(set_to_none=True)
-            batch_size = self._host.sum([float(sum(map(self._microbatch_size, microbatches)))])[0]
-            batch_size /= self._host.world_size
+            batch_size = float(sum(map(self._microbatch_size, microbatches)))
+            if self.accumulate_train_batch_on_tokens or not self._equal_on_every_rank():
+                batch_size = self._host.sum([batch_size])[0] / self._host.world_size
             full_batch = self.state.batch
             for index, microbatch in enumerate(microbatches):
                 self.state.batch = spec.microbatch_transforms(self.state.device.batch_to_device(microbatch))
@@ -389,6 +477,7 @@ class Trainer(ComposerTrainer):
                     previous = total_loss_dict.get(key)
                     total_loss_dict[key] = loss.float() if previous is None else previous + loss
             self.state.batch = full_batch
+            self._record_metrics = False
             if use_grad_scaling:  # gradients unscaled before AFTER_TRAIN_BATCH, as Composer does
                 for optimizer in self.state.optimizers:
                     self.state.scaler.unscale_(optimizer)
@@ -402,35 +491,47 @@ class Trainer(ComposerTrainer):
             return spec.get_num_tokens_in_batch(microbatch, token_type="loss_generating")
         return spec.get_num_samples_in_batch(microbatch)
 
-    # -- one microbatch: Composer's, without the deep copy of the batch kept for eval-mode metrics --
+    # -- one microbatch: Composer's, without the deep copy of the batch kept for the metrics --
     def _train_microbatch(self, use_grad_scaling: bool, current_batch_size, is_final_microbatch: bool):
         state = self.state
         batch = state.batch
         labelled = list(batch) if isinstance(batch, (list, tuple)) else batch  # before algorithms change it
-        if state.auto_microbatching or state.device.dist_backend == "xla":
+        if state.device.dist_backend == "xla":
             losses = super()._train_microbatch(use_grad_scaling, current_batch_size, is_final_microbatch)
         else:
             losses = self._train_microbatch_direct(use_grad_scaling, current_batch_size, is_final_microbatch)
-        if self._sample_metrics:
-            with torch.no_grad():
-                outputs = map_collection(state.outputs, lambda t: t.detach() if torch.is_tensor(t) else t)
-                for metric in self.sampled_train_metrics.values():
-                    self._original_model.update_metric(labelled, outputs, metric)
+        if self._record_metrics:
+            self._metric_updates.append((labelled, self._metric_outputs(labelled)))
         return losses
+
+    def _metric_outputs(self, batch: Any) -> Any:
+        """What the train metrics are updated with: the step's outputs, as Composer's ``eval_forward``
+        returns them for models that keep ComposerModel's; other models' own ``eval_forward``, run
+        in eval mode now (before the optimizer step), as Composer does."""
+        state, model = self.state, self._original_model
+        if type(model).eval_forward is ComposerModel.eval_forward:
+            return _detached(state.outputs)
+        with torch.no_grad(), model_eval_mode(state.model), \
+                get_precision_context(state.precision, state.precision_config, fp8_autocast_enabled=False):
+            return _detached(model.eval_forward(batch, state.outputs))
 
     def _train_microbatch_direct(self, use_grad_scaling: bool, batch_size: float, is_final: bool):
         """Forward, loss and backward of one microbatch, with Composer's events and arithmetic."""
         state, run = self.state, self.engine.run_event
         size = self._microbatch_size(state.batch)
-        if isinstance(state.model, DistributedDataParallel):
-            sync = ddp_sync_context(state, is_final, self._ddp_sync_strategy)
-        else:
+        if not isinstance(state.model, DistributedDataParallel):
             sync = contextlib.nullcontext()
+        elif state.auto_microbatching and not self.first_train_batch_complete:
+            sync = contextlib.nullcontext()  # Composer: every microbatch syncs on the first batch
+        else:
+            sync = ddp_sync_context(state, is_final, self._ddp_sync_strategy)
         with sync:
             run(Event.BEFORE_FORWARD)
             with self._precision_context():
                 state.outputs = state.model(state.batch)
             run(Event.AFTER_FORWARD)
+            if state.auto_microbatching:
+                self._check_other_ranks_oom()
             run(Event.BEFORE_LOSS)
             with self._precision_context():
                 state.loss = self._original_model.loss(state.outputs, state.batch)
@@ -448,28 +549,100 @@ class Trainer(ComposerTrainer):
             run(Event.AFTER_BACKWARD)
         return logged
 
-    def log_losses(self, losses: dict[str, torch.Tensor]) -> None:
-        """Average the step's losses over ranks and log them (one read-back for all of them)."""
-        names = list(losses)
-        stacked = torch.stack([losses[k].reshape(()).float() for k in names])
-        dist.all_reduce(stacked)
-        values = (stacked / dist.get_world_size()).cpu().tolist()
-        self.state.total_loss_dict = dict(zip(names, values))
-        self.logger.log_metrics(self.state.total_loss_dict)
+    def _check_other_ranks_oom(self) -> None:
+        """Composer's check after the forward pass with auto microbatching: another rank ran out of
+        memory (its flags are read back, as auto microbatching does by design)."""
+        device = self.state.device
+        found = device.tensor_to_device(torch.tensor([0], dtype=torch.uint8))
+        dist.all_reduce(found, reduce_operation="MAX")
+        still_in_batch = device.tensor_to_device(torch.tensor([0], dtype=torch.uint8))
+        dist.all_reduce(still_in_batch, reduce_operation="MIN")
+        if found.item() == 1:
+            raise RuntimeError(OOM_FOUND_ON_OTHER_RANK)
 
-    def log_train_metrics(self) -> None:
-        """Compute, log and reset the sampled train metrics (at an epoch end)."""
+    # -- the loss: Composer all-reduces it and reads it back every batch --
+    def log_losses(self, losses: dict[str, torch.Tensor]) -> None:
+        """Log the step's losses as 0-d device tensors averaged over ranks (no read-back here)."""
+        world = self._host.world_size
+        if world > 1:
+            names = list(losses)
+            stacked = torch.stack([losses[k].reshape(()).float() for k in names])
+            dist.all_reduce(stacked)  # on the device: NCCL queues it behind the step
+            values = dict(zip(names, (stacked / world).unbind()))
+        else:
+            values = {k: v if v.dim() == 0 else v.reshape(()) for k, v in losses.items()}
+        self.state.total_loss_dict = values
+        self.logger.log_metrics(values)
+
+    # -- train metrics: updated from the step's outputs, accumulated over the epoch --
+    def _update_train_metrics(self) -> None:
+        updates, self._metric_updates, self._metric_source = self._metric_updates, [], None
+        if not updates:
+            return
+        metrics = self.state.train_metrics
+        placed = (id(metrics), tuple(map(id, metrics.values())))
+        if placed != self._metrics_placed:  # new metrics (a callback's, a new fit): onto the model's device
+            self.state.train_metrics = self._ensure_metrics_device_and_dtype(metrics)
+            self._metrics_placed = (id(self.state.train_metrics), tuple(map(id, self.state.train_metrics.values())))
+        with torch.no_grad():
+            for batch, outputs in updates:
+                for metric in self.state.train_metrics.values():
+                    self._original_model.update_metric(batch, outputs, metric)
+        self._metrics_pending = True
+        self._log_running_train_metrics()
+
+    def _log_running_train_metrics(self) -> None:
+        """After a sampled batch, as Composer logs train metrics after every batch: the epoch so far,
+        as device tensors (no read-back).  With several processes each rank computes its own running
+        value (no collective per step); the value logged at the epoch's end covers every rank."""
         values = {}
-        for name, metric in self.sampled_train_metrics.items():
-            if metric.update_called:
+        for name, metric in self.state.train_metrics.items():
+            if not metric.update_called:
+                continue
+            syncs = metric._to_sync  # torchmetrics' sync_on_compute
+            metric._to_sync = syncs and dist.get_world_size() == 1
+            try:
                 values[name] = metric.compute()
-            metric.reset()
+            finally:
+                metric._to_sync = syncs
+                metric._computed = None  # the epoch's value is computed afresh, over every rank
         if values:
             self.state.train_metric_values.update(values)
             self.logger.log_metrics({f"metrics/train/{name}": value for name, value in values.items()})
 
+    def reset_train_metrics(self) -> None:
+        for metric in (self.state.train_metrics or {}).values():
+            metric.reset()
+        self._metrics_pending = False
+
+    def log_train_metrics(self) -> None:
+        """Compute and log the train metrics updated since the last log (every rank takes part)."""
+        if not self._metrics_pending:
+            return
+        self._metrics_pending = False
+        metrics = {name: m for name, m in (self.state.train_metrics or {}).items() if m.update_called}
+        if metrics:
+            super()._compute_and_log_metrics("train", metrics)
+
+    def _compute_and_log_metrics(self, dataloader_label: str, metrics: dict[str, Any]):
+        """Composer computes and logs the train metrics after every batch and at each epoch's end;
+        here only at the epoch's end (the call after the last batch of the data)."""
+        if dataloader_label != "train":
+            return super()._compute_and_log_metrics(dataloader_label, metrics)
+        if self._in_batch:  # the per-batch call
+            self._in_batch = False
+            return None
+        return self.log_train_metrics()
+
+    _in_batch = False  # between a batch's step and its BATCH_END: Composer's per-batch metrics call
+
     # -- samples and wall time: Composer reduces on the device and reads three values --
     def _accumulate_time_across_ranks(self, num_samples, num_tokens: int, batch_time: datetime.timedelta):
+        self._in_batch = True
+        if self._host.world_size == 1:
+            return num_samples, num_tokens, batch_time
+        if self._equal_on_every_rank() and not num_tokens and isinstance(num_samples, int):
+            return num_samples * self._host.world_size, 0, batch_time  # each rank's own clock
         seconds = batch_time.total_seconds() if self._host.rank == 0 else 0.0
         samples, tokens, seconds = self._host.sum([float(num_samples), float(num_tokens), seconds])
         if abs(samples - round(samples)) > 1e-4 or abs(tokens - round(tokens)) > 1e-4:

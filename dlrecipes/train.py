@@ -33,14 +33,17 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def _same_on_all_ranks(value: Any, device: str) -> Any:
+def _same_on_all_ranks(value: Any, device: str, timeout: float) -> Any:
     """Rank 0's ``value`` on every rank (run names contain a timestamp; rank 0 picks the resume point)."""
     if world_size() == 1:
         return value
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
 
-    dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
+    from dlrecipes.distributed import gloo_errors
+
+    with gloo_errors("the process group (torch.distributed)"):
+        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU(), timeout=timeout)
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -63,7 +66,7 @@ def choose_run_name(config: RecipeConfig, resume: bool, device: str) -> str:
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
-    return _same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device)
+    return _same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device, config.trainer.dist_timeout)
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -122,7 +125,7 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
     ckpt = config.checkpoint
     if resume:
         point = resume_point(run_dir / CHECKPOINT_DIR) if rank() == 0 else None
-        point = _same_on_all_ranks(str(point) if point else "", device)
+        point = _same_on_all_ranks(str(point) if point else "", device, config.trainer.dist_timeout)
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
@@ -235,12 +238,19 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
 def _loggers(config: RecipeConfig, run_dir: Path, terminal: bool) -> list:
     from dlrecipes.loggers.run_log import RunLogFile
 
+    from dlrecipes.loggers.read_back import ReadsAtInterval
+
     loggers = builders.build_loggers(config.loggers, run_dir)
-    loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False))
+    read_every = config.trainer.log_interval  # batches between loss read-backs
+    for logger in loggers:
+        if isinstance(logger, ReadsAtInterval):
+            logger.read_every = read_every
+    loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False, read_every=read_every))
     if terminal:
         from dlrecipes.loggers.terminal import TerminalReport
 
-        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor))
+        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
+                                      read_every=read_every))
     return loggers
 
 
@@ -265,7 +275,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
         seed=t.seed, deterministic_mode=t.deterministic,
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
         parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
-        log_interval=t.log_interval, train_metrics_interval=t.train_metrics_interval,
+        train_metrics_interval=t.train_metrics_interval, dist_timeout=t.dist_timeout,
         **load,  # resuming, or a trusted full checkpoint; weights alone were loaded by _initial_state
     )
 

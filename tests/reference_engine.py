@@ -11,7 +11,7 @@ import dlrecipes.engine
 class ComposerReference(ComposerTrainer):
     """Composer 0.32.1's Trainer; takes (and ignores) the settings only our Trainer has."""
 
-    def __init__(self, *args, log_interval: int = 50, train_metrics_interval: int = 10, **kwargs):
+    def __init__(self, *args, train_metrics_interval: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
 
 

@@ -271,8 +271,9 @@ def _finish(proc_timeout):
 
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(ddp_recipe, tmp_path):
-    """Rank 1 alone gets SIGTERM after batch 3 of 8 (2 epochs of 4): both ranks stop after that
-    batch, rank 0 writes the checkpoint, and --resume ends with the uninterrupted run's weights."""
+    """Rank 1 alone gets SIGTERM after batch 3 of 8 (2 epochs of 4).  The ranks learn of it through a
+    reduction started at batch 3's end and read at batch 4's (no step waits for it), so both stop
+    after batch 4, rank 0 writes the checkpoint, and --resume ends with the uninterrupted run's weights."""
     common = ["trainer.max_duration=2ep", "trainer.deterministic=true", "checkpoint.save_interval=1ep"]
     faults = [f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]",
               "callbacks.fault_injection={signal_at_batch: 3, signal_rank: 1}"]
@@ -280,12 +281,12 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_ident
     whole = _ranks(tmp_path, 2)
     code, rank0 = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, tag="b"))
     assert code != 0  # the launcher reports the ranks' exit code 75 as a failure
-    checkpoint = tmp_path / "runs" / "cut" / "checkpoints" / "ep0-ba3-rank0.pt"
-    assert f"stopped by SIGTERM after batch 3 (epoch 1): checkpoint {checkpoint}" in rank0, rank0[-2000:]
-    assert "stopped by SIGTERM after batch 3" in (tmp_path / "b-err1.txt").read_text()
+    checkpoint = tmp_path / "runs" / "cut" / "checkpoints" / "ep0-ba4-rank0.pt"
+    assert f"stopped by SIGTERM after batch 4 (epoch 1): checkpoint {checkpoint}" in rank0, rank0[-2000:]
+    assert "stopped by SIGTERM after batch 4" in (tmp_path / "b-err1.txt").read_text()
     _wait(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, "--resume", tag="c"), tmp_path)
     resumed = _ranks(tmp_path, 2)
-    assert [r["first_batch"] for r in resumed] == [3, 3]
+    assert [r["first_batch"] for r in resumed] == [4, 4]
     _same_params(whole + resumed)
 
 

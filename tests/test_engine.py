@@ -85,7 +85,8 @@ def test_training_is_bit_identical_to_composers_trainer(tiny_recipe, tmp_path, c
     clock = ("total_wct", "iteration_wct", "epoch_wct", "batch_wct")
     counters = {k: v for k, v in ours.state.timestamp.state_dict().items() if k not in clock}
     assert counters == {k: v for k, v in reference.state.timestamp.state_dict().items() if k not in clock}
-    assert ours.state.total_loss_dict and ours.state.total_loss_dict == reference.state.total_loss_dict  # last batch
+    ours_losses = {k: float(v) for k, v in ours.state.total_loss_dict.items()}  # device tensors: read here
+    assert ours_losses and ours_losses == reference.state.total_loss_dict  # the last batch's
 
 
 class CountReadBacks(Callback):
@@ -173,44 +174,53 @@ def test_composers_own_step_reads_back_every_batch(tiny_recipe, tmp_path):
     assert counter.module_train_calls >= 10  # eval mode and back for the train metrics
 
 
-def test_losses_are_logged_at_the_interval_and_each_epochs_last_batch(tiny_recipe, tmp_path):
+def test_every_batch_loss_is_logged_and_read_back_at_the_interval(tiny_recipe, tmp_path, monkeypatch):
+    import dlrecipes.loggers.read_back as read_back_module
+
+    reads = []
+    original = read_back_module.read_back
+
+    def spy(values):
+        reads.append(sum(isinstance(v, torch.Tensor) for v in values))
+        return original(values)
+
+    monkeypatch.setattr(read_back_module, "read_back", spy)
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=5",
-                                                    "trainer.log_interval=2", "checkpoint.save=false"])
+                                                    "trainer.log_interval=4", "checkpoint.save=false"])
     log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
     steps = [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line]
-    # batches 1..10 (epochs of 5): every 2nd, plus each epoch's last (5 and 10); logged at the step's start count
-    assert steps == [1, 3, 4, 5, 7, 9]
-    assert 0 < trainer.state.total_loss_dict["loss/train/total"] < 10
+    assert steps == list(range(10))  # every batch, at the step's start count, as Composer logs it
+    # one read per interval (batches 4 and 8), epoch end and evaluation, not one per batch
+    assert 0 < len([n for n in reads if n]) <= 8 and sum(reads) >= 10
+    assert 0 < float(trainer.state.total_loss_dict["loss/train/total"]) < 10
     assert not any(line.split(": ")[1].startswith("time/batch") for line in log if "[metric]" in line)
 
 
-def test_train_metrics_come_from_sampled_steps_once_per_epoch(tiny_recipe, tmp_path):
+def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, tmp_path):
     updates = []
 
     class CountUpdates(Callback):
         def fit_start(self, state, logger):
-            for metric in trainer_box[0].sampled_train_metrics.values():
+            for metric in state.train_metrics.values():
                 original = metric.update
                 metric.update = lambda *a, __o=original, **k: (updates.append(int(state.timestamp.batch)), __o(*a, **k))
 
-    trainer_box = []
     config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
-                                        "trainer.train_metrics_interval=3", "checkpoint.save=false"])
+                                        "trainer.train_metrics_interval=4", "checkpoint.save=false"])
     trainer = build_trainer(config, tmp_path / "run")
-    trainer_box.append(trainer)
     trainer.state.callbacks.append(CountUpdates())
     trainer.fit()
     trainer.close()
-    assert trainer.state.train_metrics == {}  # Composer's per-batch path stays off
-    assert sorted(set(updates)) == [0, 3, 6, 9]  # every 3rd of 12 batches (top-1 and top-5 each)
+    assert set(trainer.state.train_metrics) == {"top1", "top5"}  # Composer's train metrics, kept in the state
+    assert sorted(set(updates)) == [0, 4, 6, 10]  # every 4th of each epoch's 6 batches, each epoch's first
     assert 0.0 <= float(trainer.state.train_metric_values["top1"]) <= 1.0
     log = (tmp_path / "run" / "train-rank0.log").read_text()
-    assert log.count("metrics/train/top1") == 2  # once per epoch
+    assert log.count("metrics/train/top1") == 4 + 2  # after each sampled batch, and each epoch's value
 
 
 def test_train_metrics_can_be_switched_off(tiny_recipe, tmp_path):
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.train_metrics_interval=0", "checkpoint.save=false"])
-    assert trainer.sampled_train_metrics == {} and trainer.state.train_metric_values == {}
+    assert trainer.state.train_metrics == {} and trainer.state.train_metric_values == {}
     assert "metrics/train/" not in (tmp_path / "run" / "train-rank0.log").read_text()
 
 
@@ -271,3 +281,133 @@ def test_quick_batch_counts_agree_with_composers(batch):
     assert ours.get_num_samples_in_batch is not theirs.get_num_samples_in_batch
     assert ours.get_num_samples_in_batch(batch) == theirs.get_num_samples_in_batch(batch)
     assert ours.get_num_tokens_in_batch(batch) == theirs.get_num_tokens_in_batch(batch)
+
+
+# --- the findings of the engine review, each on the CPU ---------------------------------------
+
+
+def _linear_classifier():
+    from composer.models import ComposerClassifier
+
+    torch.manual_seed(0)
+    return ComposerClassifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3)), num_classes=3)
+
+
+def _tensors(samples: int = 24):
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(samples, 6, generator=g), torch.randint(0, 3, (samples,), generator=g))
+
+
+def _direct(loader, callbacks=(), **kwargs):
+    from composer.loggers import InMemoryLogger
+
+    memory = InMemoryLogger()
+    made = Trainer(model=_linear_classifier(), train_dataloader=loader, device="cpu", loggers=[memory],
+                   callbacks=list(callbacks), progress_bar=False, log_to_console=False, seed=1,
+                   **{"max_duration": "2ep", **kwargs})
+    return made, memory
+
+
+@pytest.mark.parametrize("stopper, epochs", [
+    ("threshold_stopper={threshold: -1.0, monitor: top1, split: train}", 1),  # reached at the first epoch's end
+    ("early_stopping={monitor: top1, split: train, patience: 1, min_delta: 10.0}", 2),  # never improves by 10
+])
+def test_stoppers_watch_train_metrics(tiny_recipe, tmp_path, stopper, epochs):
+    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=4ep", f"callbacks.{stopper}",
+                                                    "checkpoint.save=false", "trainer.train_metrics_interval=2"])
+    assert int(trainer.state.timestamp.epoch) == epochs
+    assert set(trainer.state.train_metric_values) == {"top1", "top5"}
+
+
+def test_a_train_split_monitor_needs_train_metrics(tiny_recipe):
+    from dlrecipes.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"callbacks.early_stopping.monitor: split 'train' .* trainer.train_metrics_interval is 0"):
+        api.resolve(tiny_recipe, ["callbacks.early_stopping={split: train}", "trainer.train_metrics_interval=0"])
+
+
+def test_a_run_ending_inside_an_epoch_logs_its_losses_and_train_metrics(tiny_recipe, tmp_path):
+    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=5ba", "checkpoint.save=false",
+                                                    "trainer.train_metrics_interval=1"])
+    assert int(trainer.state.timestamp.batch) == 5 and int(trainer.state.timestamp.epoch) == 1
+    log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
+    assert [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line] == [0, 1, 2, 3, 4]
+    # the second epoch's two batches: logged after each, then their value at the end of training
+    steps = [int(line.split("batch=")[1].split("]")[0]) for line in log if "metrics/train/top1" in line]
+    assert steps[-3:] == [3, 4, 5]
+    assert 0.0 <= float(trainer.state.train_metric_values["top1"]) <= 1.0
+
+
+def test_a_loader_without_a_length_gets_every_loss_and_the_epoch_metrics():
+    class NoLength:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+    made, memory = _direct(NoLength(torch.utils.data.DataLoader(_tensors(20), batch_size=4)),
+                           device_train_microbatch_size=4, max_duration="12ba")
+    made.fit()
+    assert int(made.state.timestamp.epoch) == 2 and int(made.state.timestamp.batch) == 12  # epochs of 5, then 2
+    assert len(memory.get_timeseries("loss/train/total")["loss/train/total"]) == 12
+    steps = [int(stamp.batch) for stamp, _ in memory.data["metrics/train/MulticlassAccuracy"]]
+    # after every batch (at its start count), each epoch's value at its end (5, 10), the last two at the end
+    assert steps == [0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10, 10, 11, 12]
+
+
+def test_the_timestamp_pickles_inside_a_callback():
+    import pickle
+
+    from composer.core import Timestamp
+
+    pickled = []
+
+    class Keep(Callback):
+        def batch_end(self, state, logger):
+            pickled.append((pickle.dumps(state.timestamp), state.timestamp.state_dict()))
+
+    made, _ = _direct(torch.utils.data.DataLoader(_tensors(8), batch_size=4), callbacks=[Keep()])
+    made.fit()
+    loaded = pickle.loads(pickled[-1][0])
+    assert type(loaded) is Timestamp and loaded.state_dict() == pickled[-1][1]
+    assert int(loaded.batch) == 4
+
+
+def test_an_out_of_memory_retry_counts_each_batch_once_in_the_train_metrics():
+    """Composer's auto-microbatching loop, driven on the CPU: the second batch's first attempt runs
+    out of memory after its first microbatch; it is retried with smaller microbatches."""
+
+    class OutOfMemoryOnce(Callback):
+        def __init__(self):
+            self.raised = False
+
+        def after_forward(self, state, logger):
+            if int(state.timestamp.batch) == 1 and not self.raised:
+                self.raised = True
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (a test)")
+
+    oom = OutOfMemoryOnce()
+    made, _ = _direct(torch.utils.data.DataLoader(_tensors(24), batch_size=8), callbacks=[oom],
+                      max_duration="1ep", device_train_microbatch_size=4)
+    made.state.auto_microbatching = True  # Composer allows 'auto' only on a GPU; its retry loop runs anywhere
+    counted = []
+    metric = made.state.train_metrics["MulticlassAccuracy"]
+    update = metric.update
+    metric.update = lambda preds, target: (counted.append(len(target)), update(preds, target))
+    made.fit()
+    assert oom.raised and made.state.device_train_microbatch_size == 2
+    assert sum(counted) == 24  # every sample once: the failed attempt's microbatch was not counted
+    assert int(metric.tp + metric.fn) == 24
+
+
+def test_train_metrics_move_to_the_models_device_before_their_first_update():
+    """Composer moves the train metrics to the device before updating them (FSDP and other wrappers
+    may leave them elsewhere); so does the engine, before the first sampled update of a metric set."""
+    made, _ = _direct(torch.utils.data.DataLoader(_tensors(8), batch_size=4), max_duration="1ep")
+    metric = made.state.train_metrics["MulticlassAccuracy"]
+    events, place, update = [], made.state.device.module_to_device, metric.update
+    made.state.device.module_to_device = lambda module: (events.append(("placed", module)), place(module))[1]
+    metric.update = lambda *a, **k: (events.append(("updated", metric)), update(*a, **k))
+    made.fit()
+    assert events[0] == ("placed", metric) and [e for e, m in events if m is metric].count("updated") == 2

@@ -66,8 +66,8 @@ def test_tensorboard_events_hold_the_logged_metrics(logged_run):
                 values.setdefault(v.tag, []).append((event.step, value))
     top1 = [v for _, v in values["metrics/eval/top1"]]
     assert top1[-1] == pytest.approx(float(rows[-1]["eval_top1"]), abs=1e-6)
-    # the loss is read back every log_interval (2) batches and at each epoch's last: batches 2, 3, 4, 6
-    assert [step for step, _ in values["loss/train/total"]] == [1, 2, 3, 5]
+    # every batch's loss, at its own step (read back every log_interval (2) batches and at each epoch's end)
+    assert [step for step, _ in values["loss/train/total"]] == [0, 1, 2, 3, 4, 5]
 
 
 def test_wandb_offline_run_holds_the_logged_metrics(logged_run):
@@ -77,7 +77,7 @@ def test_wandb_offline_run_holds_the_logged_metrics(logged_run):
     top1 = [h["metrics/eval/top1"] for h in history if "metrics/eval/top1" in h]
     assert top1[-1] == pytest.approx(float(rows[-1]["eval_top1"]), abs=1e-6)
     losses = [h["loss/train/total"] for h in history if "loss/train/total" in h]
-    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)  # at the log interval (see above)
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)  # every batch (see above)
 
 
 def test_mlflow_run_holds_the_logged_metrics(logged_run):

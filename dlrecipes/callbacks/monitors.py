@@ -20,10 +20,16 @@ class NonFiniteLossError(UserError):
 class NaNMonitor(Callback):
     """Check the loss after every forward pass.
 
-    ``action: stop`` raises before the bad step's backward pass, so the weights and every
+    ``action: stop`` raises before the bad step's optimizer update, so the weights and every
     checkpoint already written stay as they were; the message names the batch and the last
     good checkpoint.  ``action: skip`` drops that step's gradients instead (the optimizer
     step then changes nothing) and counts the skipped steps.
+
+    With several processes every rank decides together, once per batch before the optimizer
+    step (a host-side reduction of "some microbatch here was not finite"): a NaN on one rank
+    reaches every rank's gradients through the all-reduce, so every rank skips that step, or
+    every rank stops.  Reading the check back is a synchronisation per step: the price of
+    asking for this monitor.
     """
 
     def __init__(self, checkpoint_dir: Path, action: str = "stop", max_skips: int = 10):
@@ -32,32 +38,43 @@ class NaNMonitor(Callback):
         self.max_skips = max_skips
         self.skipped = 0
         self._bad = False
+        self._host = None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        from dlrecipes.distributed import HostReducer
+
+        self._host = HostReducer()
+
+    def before_train_batch(self, state: State, logger: Logger) -> None:
+        self._bad = False
 
     def after_loss(self, state: State, logger: Logger) -> None:
         loss = state.loss
         values = loss.values() if isinstance(loss, dict) else (loss if isinstance(loss, (list, tuple)) else [loss])
-        finite = all(bool(torch.isfinite(v.detach()).all()) for v in values if isinstance(v, torch.Tensor))
-        if finite:
+        checks = [torch.isfinite(v.detach()).all() for v in values if isinstance(v, torch.Tensor)]
+        if checks and not bool(torch.stack(checks).all()):
+            self._bad = True
+
+    def after_train_batch(self, state: State, logger: Logger) -> None:
+        """All microbatches are done and the optimizer has not stepped yet: decide for every rank."""
+        bad = self._bad
+        if self._host is not None and self._host.world_size > 1:
+            bad = bool(self._host.max([float(bad)])[0])
+        self._bad = False
+        if not bad:
             return
         batch, epoch = int(state.timestamp.batch) + 1, int(state.timestamp.epoch) + 1  # the one being trained
         if self.action == "skip" and self.skipped < self.max_skips:
-            self._bad = True
             self.skipped += 1
+            for p in state.model.parameters():
+                p.grad = None  # the optimizer skips parameters without gradients
             logger.log_metrics({"nan_monitor/skipped_steps": self.skipped})
             return
         latest = self.checkpoint_dir / f"latest-rank{dist.get_global_rank()}.pt"
         kept = f"the last good checkpoint is {latest}" if latest.exists() else "no checkpoint had been written yet"
         why = f" after skipping {self.skipped} steps (max_skips)" if self.action == "skip" else ""
         raise NonFiniteLossError(f"nan_monitor: the loss is not finite at batch {batch} (epoch {epoch}){why}; "
-                                 f"training stopped before that step, {kept}")
-
-    def after_backward(self, state: State, logger: Logger) -> None:
-        if self._bad:
-            for p in state.model.parameters():
-                p.grad = None  # the optimizer skips parameters without gradients
-
-    def batch_end(self, state: State, logger: Logger) -> None:
-        self._bad = False
+                                 f"training stopped before that step's update, {kept}")
 
 
 class TorchProfilerTraces(Callback):

@@ -1,12 +1,13 @@
 """Stop on a signal with a checkpoint: SIGTERM (preemption, ``scancel``, the end of a time
 slot), SIGUSR1 (SLURM's early warning, ``--signal=USR1@120``) and SIGINT (Ctrl-C).
 
-The handler only records the signal.  At the next batch boundary every rank learns that some
-rank was signalled (a host-side reduction, so ranks signalled at different moments still stop
-at the same batch), the run writes a complete checkpoint through the run's atomic saver
-(unless it has just written one for that batch), and :class:`Preempted` ends it with one line
-and exit code 75 (``EX_TEMPFAIL``: try again later); ``--resume`` continues from that checkpoint.
-A second Ctrl-C interrupts at once.
+The handler only records the signal.  Every rank learns that some rank was signalled through a
+host-side reduction that runs in the background: started at one batch's end and read at the
+next one's, so no step waits for it and ranks signalled at different moments still stop at the
+same batch (with one process, at the batch the signal arrives in).  Then the run writes a
+complete checkpoint through the run's atomic saver (unless it has just written one for that
+batch), and :class:`Preempted` ends it with one line and exit code 75 (``EX_TEMPFAIL``: try again
+later); ``--resume`` continues from that checkpoint.  A second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class StopOnSignal(Callback):
         self.received: Optional[int] = None
         self._previous: dict[int, Any] = {}
         self._host: Any = None
+        self._pending: Any = None  # the reduction started at the previous batch's end
 
     def _record(self, signum: int, frame: Any) -> None:
         self.received = signum
@@ -42,9 +44,9 @@ class StopOnSignal(Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.config.devices import HostReducer
+        from dlrecipes.distributed import HostReducer
 
-        self._host = HostReducer()
+        self._host, self._pending = HostReducer(), None
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
 
@@ -53,10 +55,23 @@ class StopOnSignal(Callback):
             signal.signal(signum, handler)
         self._previous = {}
 
+    def _any_rank_signalled(self) -> int:
+        """The signal any rank had received by the previous batch's end (this one's, with one process)."""
+        if self._host.world_size == 1:
+            return self.received or 0
+        pending, self._pending = self._pending, self._host.start([float(self.received or 0)], "MAX")
+        return int(pending.wait()[0]) if pending is not None else 0
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.wait()
+
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        received = int(self._host.max([float(self.received or 0)])[0])  # any rank's signal stops every rank
+        received = self._any_rank_signalled()
         if not received:
             return
+        self._finish_pending()
         self._restore()
         batch = int(state.timestamp.batch)
         saved = None
@@ -72,7 +87,9 @@ class StopOnSignal(Callback):
         raise Preempted(f"stopped by {name} after batch {batch} (epoch {int(state.timestamp.epoch) + 1}): {where}")
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        self._finish_pending()  # every rank started it at the last batch: no reduction left in flight
         self._restore()
 
     def close(self, state: State, logger: Logger) -> None:
+        self._pending = None  # after an error another rank may never answer it
         self._restore()

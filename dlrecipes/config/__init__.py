@@ -72,14 +72,20 @@ class TrainerConfig:
     )
     console_log_interval: Duration = _help("with `train --verbose`: how often Composer prints every metric", default="1ep")
     log_interval: int = _help(
-        "batches between reading the training loss back from the device and logging it (and at each epoch's "
-        "last batch); the steps in between never wait for the device",
+        "every how many batches the terminal and the run log read the training loss back from the device "
+        "(and at each epoch's last batch); every batch's loss reaches the loggers, and the steps in between "
+        "never wait for the device",
         default=50,
     )
     train_metrics_interval: int = _help(
-        "every how many batches the step's own outputs update the train metrics, reported once per epoch "
-        "(0 = no train metrics)",
+        "every how many batches the step's own outputs update the train metrics, which cover the epoch and are "
+        "reported at its end (1 = every batch; 0 = no train metrics)",
         default=10,
+    )
+    dist_timeout: float = _help(
+        "seconds that processes wait for each other (process group setup and every collective) before "
+        "the run stops with an error",
+        default=300.0,
     )
     fsdp: Optional[dict[str, Any]] = _help(
         "shard the model with FSDP through Composer's parallelism_config (GPU only), e.g. "
@@ -499,6 +505,9 @@ def _check_monitors(config: RecipeConfig) -> None:
             split = params.get("split", "eval")
             watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
     for path, monitor, split in watched:
+        if split == "train" and config.trainer.train_metrics_interval == 0:
+            raise RecipeError(f"{path}: split 'train' watches a train metric, but trainer.train_metrics_interval "
+                              "is 0 (no train metrics); set it to 1 or more, or watch split 'eval'")
         known, example = _logged_metrics(config, split)
         if monitor not in known:
             raise RecipeError(
@@ -532,6 +541,8 @@ def _check_cross_fields(config: RecipeConfig) -> None:
         raise RecipeError(f"trainer.log_interval: must be at least 1 (batches), got {t.log_interval}")
     if t.train_metrics_interval < 0:
         raise RecipeError(f"trainer.train_metrics_interval: must be 0 (off) or more, got {t.train_metrics_interval}")
+    if not t.dist_timeout > 0:
+        raise RecipeError(f"trainer.dist_timeout: must be more than 0 seconds, got {t.dist_timeout}")
     micro = t.device_train_microbatch_size
     if isinstance(micro, int) and micro < 1:
         raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")

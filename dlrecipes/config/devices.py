@@ -3,8 +3,8 @@
 One place for what was asked in several: the rank and process counts a launcher (``composer -n``,
 torchrun, srun through ``dlrecipes launch``) puts in the environment (read from there, so that
 validation can use them before torch.distributed starts), the choice of device, the torch device
-of this process, the checks that this machine can run the recipe, and small host-side
-reductions over the processes that never touch the GPU.  Torch is imported only when needed.
+of this process, and the checks that this machine can run the recipe (the host-side reductions
+among the processes are :mod:`dlrecipes.distributed`).  Torch is imported only when needed.
 """
 
 from __future__ import annotations
@@ -94,35 +94,3 @@ def check_devices(config: Any, nproc: int, processes: int) -> None:
                 f"{key}: the global batch size {batch} does not divide evenly over {processes} processes "
                 f"(use a multiple of {processes})"
             )
-
-
-class HostReducer:
-    """Reduces small host-side numbers over all ranks without touching the device.
-
-    With a gloo default group that group is used; with NCCL a gloo group is made once
-    (every rank reaches its first reduction at the same point of the first epoch).
-    """
-
-    def __init__(self):
-        self._group: Any = None
-        self.world_size = world_size()
-        self.rank = rank()
-
-    def sum(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "SUM")
-
-    def max(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "MAX")
-
-    def _reduce(self, values: list[float], op: str) -> list[float]:
-        if self.world_size == 1:
-            return values
-        import torch.distributed as tdist
-
-        if self._group is None:
-            self._group = tdist.group.WORLD if tdist.get_backend() == "gloo" else tdist.new_group(backend="gloo")
-        import torch
-
-        box = torch.tensor(values, dtype=torch.float64)
-        tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group)
-        return box.tolist()  # a CPU tensor: no device synchronisation

@@ -2,7 +2,8 @@
 
 The run's text log (``train-rank<N>.log`` in the run directory, :mod:`.run_log`) and the
 terminal output (:mod:`.terminal`) are always there; these add experiment trackers.  Optional
-trackers are pip extras with an install hint.
+trackers are pip extras with an install hint.  Each gets every batch's loss, read back from the
+device every ``trainer.log_interval`` batches (:mod:`.read_back`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _require(module: str, extra: str, pip_spec: str) -> None:
 def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int = 100):
     """TensorBoard event files (default: <run dir>/tensorboard)."""
     _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
-    from composer.loggers import TensorboardLogger
+    from dlrecipes.loggers.trackers import TensorboardLogger
 
     return TensorboardLogger(log_dir=log_dir or f"{run_dir}/tensorboard", flush_interval=flush_interval)
 
@@ -68,7 +69,7 @@ def mlflow(
     _require("mlflow", "mlflow", "dlrecipes[mlflow]")
     import os
 
-    from composer.loggers import MLFlowLogger
+    from dlrecipes.loggers.trackers import MLFlowLogger
 
     if tracking_uri is None:
         # MLflow 3 keeps its local file store only on request; a database needs a server or sqlalchemy

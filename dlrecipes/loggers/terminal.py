@@ -14,8 +14,9 @@ is replaced by a summary line that stays::
 
 When standard output is not a terminal (CI, ``| tee``, SLURM logs) only the summary lines
 are written, plainly, with no carriage returns.  Only the process of global rank 0 prints.
-Nothing here reads a value back from the device: the loss and metrics are the values the
-engine logs (every ``trainer.log_interval`` batches and at each epoch's end).
+The engine logs every batch's loss as a device tensor; it is read back only every
+``read_every`` batches (``trainer.log_interval``) and at each epoch's end, so the live line
+never makes a step wait for the device.
 """
 
 from __future__ import annotations
@@ -107,12 +108,14 @@ class TerminalReport(LoggerDestination):
     """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
 
     def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
-                 refresh_s: float = 0.1):
+                 refresh_s: float = 0.1, read_every: int = 1):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live and self.tty
         self.monitor = monitor
         self.refresh_s = refresh_s
+        self.read_every = max(1, int(read_every))
+        self._unread_loss: Any = None  # the latest loss as logged (a device tensor), read every read_every batches
         encoding = (getattr(self.stream, "encoding", None) or "").lower()
         self.unicode = encoding.replace("-", "") == "utf8"
         self.values: dict[str, Any] = {}
@@ -138,7 +141,7 @@ class TerminalReport(LoggerDestination):
             elif key.startswith("metrics/train/"):
                 self._epoch_train_metrics[key.removeprefix("metrics/train/")] = value
             elif key == "loss/train/total":
-                self.values["loss"] = value
+                self._unread_loss = value
 
     # --- events -------------------------------------------------------------------------------
 
@@ -152,12 +155,19 @@ class TerminalReport(LoggerDestination):
         self._epoch_train_metrics = {}
         self._epoch_samples = 0
 
+    def _read_loss(self) -> None:
+        if self._unread_loss is not None:
+            self.values["loss"], self._unread_loss = float(self._unread_loss), None
+
     def batch_end(self, state: State, logger: Logger) -> None:
         self._epoch_samples = int(state.timestamp.sample_in_epoch)  # host numbers: no device read-back
+        if int(state.timestamp.batch) % self.read_every == 0:
+            self._read_loss()
         if self.live and self._printing() and time.perf_counter() - self._last_draw >= self.refresh_s:
             self._draw(self._train_line(state))
 
     def epoch_end(self, state: State, logger: Logger) -> None:
+        self._read_loss()
         self._epoch_seconds = time.perf_counter() - self._epoch_start
         self._epoch_ended = True
 
@@ -182,6 +192,7 @@ class TerminalReport(LoggerDestination):
         self._epoch_ended = False
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        self._read_loss()
         self._fit_ended = True  # Composer may still evaluate once, after the last step
         self._clear()
 

@@ -3,7 +3,7 @@
 Composer 0.32.1's ``WandBLogger.init`` reads ``wandb.run.get_url()``; wandb 0.31 removed
 ``Run.get_url`` in favour of the ``Run.url`` property, so ``Trainer(...)`` fails at init,
 offline mode included.  This subclass supplies ``get_url`` (as ``url``) for the duration of
-Composer's ``init`` and changes nothing else.  Chosen over pinning ``wandb<0.19`` (Composer's
+Composer's ``init``, and reads device values back every ``read_every`` batches (:mod:`.read_back`).  Chosen over pinning ``wandb<0.19`` (Composer's
 declared range), which would hold back protobuf and conflict with current TensorBoard.
 """
 
@@ -13,8 +13,10 @@ from composer.core import State
 from composer.loggers import Logger
 from composer.loggers import WandBLogger as ComposerWandBLogger
 
+from dlrecipes.loggers.read_back import ReadsAtInterval
 
-class WandBLogger(ComposerWandBLogger):
+
+class WandBLogger(ReadsAtInterval, ComposerWandBLogger):
     def init(self, state: State, logger: Logger) -> None:
         from wandb.sdk.wandb_run import Run
 

@@ -29,11 +29,15 @@ EVAL_LOSS = "loss"  # always evaluated (cross-entropy over the evaluation set); 
 
 Average = Literal["macro", "micro", "weighted"]
 
+# torchmetrics checks every update's labels with torch.unique, which waits for the GPU each time;
+# the loss has already checked them (cross-entropy refuses a label outside the classes).
+UNCHECKED = {"validate_args": False}
+
 
 def _accuracy(num_classes: int, top_k: int, average: str):
     from torchmetrics.classification import MulticlassAccuracy
 
-    return MulticlassAccuracy(num_classes=num_classes, top_k=min(top_k, num_classes), average=average)
+    return MulticlassAccuracy(num_classes=num_classes, top_k=min(top_k, num_classes), average=average, **UNCHECKED)
 
 
 @metrics.register("top1")
@@ -59,7 +63,7 @@ def f1(num_classes: int, /, average: Average = "macro"):
     """F1 score (harmonic mean of precision and recall), macro-, micro- or support-weighted-averaged."""
     from torchmetrics.classification import MulticlassF1Score
 
-    return MulticlassF1Score(num_classes=num_classes, average=average)
+    return MulticlassF1Score(num_classes=num_classes, average=average, **UNCHECKED)
 
 
 @metrics.register("macro_f1")
@@ -79,7 +83,7 @@ def precision(num_classes: int, /, average: Average = "macro"):
     """Precision (of the samples predicted as a class, the fraction that are), averaged over classes."""
     from torchmetrics.classification import MulticlassPrecision
 
-    return MulticlassPrecision(num_classes=num_classes, average=average)
+    return MulticlassPrecision(num_classes=num_classes, average=average, **UNCHECKED)
 
 
 @metrics.register("recall")
@@ -87,7 +91,7 @@ def recall(num_classes: int, /, average: Average = "macro"):
     """Recall (of the samples of a class, the fraction predicted as it), averaged over classes."""
     from torchmetrics.classification import MulticlassRecall
 
-    return MulticlassRecall(num_classes=num_classes, average=average)
+    return MulticlassRecall(num_classes=num_classes, average=average, **UNCHECKED)
 
 
 @metrics.register("confusion_matrix", report=True)
@@ -95,7 +99,7 @@ def confusion_matrix(num_classes: int, /):
     """Counts of (true class, predicted class) at the best evaluation: report/confusion_matrix.{csv,png}."""
     from torchmetrics.classification import MulticlassConfusionMatrix
 
-    return MulticlassConfusionMatrix(num_classes=num_classes)
+    return MulticlassConfusionMatrix(num_classes=num_classes, **UNCHECKED)
 
 
 @metrics.register("per_class_accuracy", report=True)

@@ -42,7 +42,8 @@ class OutputLoss(MeanMetric):
 def _scores(spec: OutputSpec, names: list[str]) -> dict[str, Metric]:
     if spec.kind == "class":
         kinds = {"top1": 1, "top5": 5}
-        return {n: MulticlassAccuracy(num_classes=spec.size, top_k=kinds[n], average="micro") for n in names}
+        return {n: MulticlassAccuracy(num_classes=spec.size, top_k=kinds[n], average="micro", validate_args=False)
+                for n in names}  # validate_args: torch.unique on every update waits for the GPU
     return {n: {"mse": MeanSquaredError, "mae": MeanAbsoluteError}[n]() for n in names}
 
 

@@ -1,0 +1,111 @@
+"""Small reductions of host numbers over all processes, on a gloo group of their own.
+
+The engine and the signal handling agree across ranks on numbers that live on the host (the end
+of the data, batch sizes, sample counts, a received signal).  Reducing them on the training
+device would mean a device round trip and a read-back each time; a gloo group reduces them on
+the CPU and never touches the GPU.  The group is made once per process group (every rank makes
+it at the same point: the Trainer's construction), with the run's ``trainer.dist_timeout``, and
+a gloo connection failure becomes one line that names ``GLOO_SOCKET_IFNAME``.
+
+Torch is imported only when there is more than one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator, Optional
+
+from dlrecipes.errors import UserError
+
+# torch's own words for a gloo rendezvous that could not connect or find its interface
+_GLOO_FAILURES = ("connectFullMesh", "Gloo connect", "Unable to find address for", "getaddrinfo", "Connection refused",
+                  "Connection reset by peer", "Timed out waiting", "No route to host")
+
+
+@contextlib.contextmanager
+def gloo_errors(what: str = "gloo (the host-side process group)") -> Iterator[None]:
+    """Turn a gloo connection failure into one :class:`UserError` line naming GLOO_SOCKET_IFNAME."""
+    try:
+        yield
+    except RuntimeError as exc:
+        message = str(exc)
+        if not any(words in message for words in _GLOO_FAILURES):
+            raise
+        first = next((line.strip() for line in message.splitlines() if line.strip()), message)[:200]
+        chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+        hint = (f"GLOO_SOCKET_IFNAME={chosen} is set: check that this interface exists and reaches the other hosts"
+                if chosen else "gloo picks its network interface from this host's name; set GLOO_SOCKET_IFNAME to "
+                               "the interface that reaches the other hosts (e.g. GLOO_SOCKET_IFNAME=eth0, see `ip addr`)")
+        raise UserError(f"{what} could not connect the processes ({first}); {hint}") from None
+
+
+class Pending:
+    """An asynchronous reduction started now and read later (:meth:`HostReducer.start`)."""
+
+    def __init__(self, box: Any = None, work: Any = None, values: Optional[list[float]] = None):
+        self._box, self._work, self._values = box, work, values
+
+    def wait(self) -> list[float]:
+        if self._values is None:
+            try:
+                self._work.wait()
+            except RuntimeError as exc:
+                first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]
+                raise UserError(f"another process of this run stopped or stopped answering ({first}); "
+                                "its own log or terminal says why") from None
+            self._values = self._box.tolist()  # a CPU tensor: no device synchronisation
+        return self._values
+
+
+class HostReducer:
+    """Sums or maxima of small lists of host numbers over all ranks, on a gloo group of its own.
+
+    With one process nothing is reduced (and torch is not imported).  ``timeout`` (seconds) bounds
+    every reduction, so a rank that died does not keep the others waiting for torch's default
+    half hour.
+    """
+
+    _groups: dict = {}  # id(default group) -> (default group, ours); tests start several in one process
+
+    def __init__(self, timeout: float = 300.0):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.timeout = float(timeout)
+        self._group: Any = None
+        if self.world_size > 1:
+            self._group = self._make_group()
+
+    def _make_group(self) -> Any:
+        import torch.distributed as tdist
+
+        if not tdist.is_initialized():  # e.g. a Trainer built before the launcher's group: made on first use
+            return None
+        world = tdist.group.WORLD
+        found = HostReducer._groups.get(id(world))
+        if found is None or found[0] is not world:
+            with gloo_errors():
+                group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
+            found = HostReducer._groups[id(world)] = (world, group)
+        return found[1]
+
+    def sum(self, values: list[float]) -> list[float]:
+        return self.start(values, "SUM").wait()
+
+    def max(self, values: list[float]) -> list[float]:
+        return self.start(values, "MAX").wait()
+
+    def start(self, values: list[float], op: str = "SUM") -> Pending:
+        """Begin reducing ``values``; :meth:`Pending.wait` gives the result (gloo works meanwhile)."""
+        if self.world_size == 1:
+            return Pending(values=list(values))
+        import torch
+        import torch.distributed as tdist
+
+        if self._group is None:
+            self._group = self._make_group()
+        box = torch.tensor(values, dtype=torch.float64)
+        with gloo_errors():
+            work = tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group, async_op=True)
+        return Pending(box, work)
