@@ -183,13 +183,19 @@ def scaled_lr(lr: float, rule: str, batch_size: int, reference_batch_size: int |
     return lr * (ratio if rule == "linear" else ratio**0.5)
 
 
-def build_optimizer(cfg: Component, model, global_batch_size: int | None = None):
-    """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size."""
+def build_optimizer(cfg: Component, model, global_batch_size: int | None = None, fused: bool = False):
+    """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size.
+
+    ``fused``: what a factory with a ``fused`` parameter gets when the recipe leaves it unset
+    (True for amp_fp16 on a GPU: see :mod:`dlrecipes.optim.optimizers`).
+    """
     import torch
 
     from dlrecipes.config import LR_SCALING_KEYS
 
     params = {k: v for k, v in cfg.params.items() if k not in LR_SCALING_KEYS}
+    if fused and "fused" in registry.optimizers.get(cfg.name).parameters and params.get("fused") is None:
+        params["fused"] = True
     rule = cfg.params.get("scale_lr", "none")
     if rule != "none" and global_batch_size:
         lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)

@@ -259,7 +259,8 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
     from dlrecipes.engine import Trainer
 
     t = config.trainer
-    optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size)
+    optimizer = builders.build_optimizer(config.optimizer, model, t.batch_size,
+                                         fused=t.precision == "amp_fp16" and device == "gpu")
     algorithms = builders.build_algorithms(config.algorithms, loaders[0], run_dir)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)

@@ -62,3 +62,32 @@ def test_training_with_the_device_loader(tiny_recipe):
 def test_device_loader_needs_in_memory_data(tiny_recipe):
     with pytest.raises(RecipeError, match="trainer.loader: 'device' needs a dataset held in memory as tensors"):
         resolve(tiny_recipe, ["trainer.loader=device", "dataset={name: image_folder, train_path: a, val_path: b}"])
+
+
+def test_a_batch_is_made_on_the_device_without_host_copies_or_read_backs():
+    """The per-batch work (gather, crop, flip, resize, normalise) on a meta-device dataset: every op
+    stays on that device, so on a GPU no batch waits for a copy from the host or a read-back."""
+    from .stays_on_device import StaysOnDevice
+
+    images = torch.zeros(64, 3, 32, 32, dtype=torch.uint8, device="meta")
+    labels = torch.zeros(64, dtype=torch.long, device="meta")
+    augment = BatchAugment(mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2), crop_padding=4, hflip=True, size=40)
+    loader = DeviceTensorLoader(images, labels, batch_size=8, augment=augment, train=True, device="meta")
+    batches = iter(loader)
+    next(batches)  # the epoch's order arrives once, at its start
+    with StaysOnDevice() as audit:
+        x, y = next(batches)
+        next(batches)
+    assert x.shape == (8, 3, 40, 40) and x.device.type == "meta" and y.device.type == "meta"
+    assert len(audit.ops) > 10 and audit.left == []
+
+
+def test_the_old_host_drawn_crop_would_be_caught():
+    """The check above notices what it is for: offsets drawn on the host and copied over."""
+    from .stays_on_device import StaysOnDevice
+
+    images = torch.zeros(8, 3, 32, 32, device="meta")
+    with StaysOnDevice() as audit:
+        offsets = torch.randint(0, 9, (2, 8), generator=torch.Generator().manual_seed(0)).to(images.device)
+        images + offsets[0].view(8, 1, 1, 1)
+    assert [op for op, _ in audit.left] == ["aten.randint.low_generator", "aten._to_copy.default"]

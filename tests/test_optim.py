@@ -36,6 +36,33 @@ def test_norm_and_bias_can_be_excluded_from_weight_decay(name, net):
     assert len(plain.param_groups) == 1 and plain.param_groups[0]["weight_decay"] == 0.1
 
 
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_amp_fp16_gets_a_fused_optimizer_whose_scaler_step_reads_nothing_back(name, net):
+    """A fused optimizer takes GradScaler's inf/NaN flag on the device; any other optimizer makes
+    GradScaler.step read it back (.item(), a wait for the GPU) every step.  Shown with the CPU's
+    GradScaler, which follows the same code."""
+    def scaler_step_reads(optimizer) -> int:
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(net(torch.randn(2, 1, 3, 3)).sum()).backward()
+        scaler.unscale_(optimizer)  # as Composer does before AFTER_TRAIN_BATCH
+        reads, item = [], torch.Tensor.item
+        torch.Tensor.item = lambda t: (reads.append(1), item(t))[1]
+        try:
+            scaler.step(optimizer)
+        finally:
+            torch.Tensor.item = item
+        scaler.update()
+        optimizer.zero_grad()
+        return len(reads)
+
+    fused = build_optimizer(Component(name, {"lr": 0.01}), net, fused=True)
+    assert fused.defaults["fused"] is True
+    assert build_optimizer(Component(name, {"lr": 0.01, "fused": False}), net, fused=True).defaults["fused"] is False
+    plain = build_optimizer(Component(name, {"lr": 0.01}), net)
+    assert not plain.defaults["fused"]
+    assert scaler_step_reads(fused) == 0 and scaler_step_reads(plain) >= 1
+
+
 @pytest.fixture
 def state():
     """A Composer State at 100 batches of training (10 epochs of 10 batches)."""

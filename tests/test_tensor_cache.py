@@ -91,3 +91,28 @@ def test_tensor_cache_honours_separate_train_and_eval_sizes(tmp_path):
 def test_tensor_cache_is_for_image_folders(tiny_recipe):
     with pytest.raises(RecipeError, match="trainer.loader: 'tensor_cache' caches image folders"):
         resolve(tiny_recipe, ["trainer.loader=tensor_cache"])
+
+
+def test_device_side_crops_stay_on_the_device_and_match_the_boxes_they_draw():
+    """The GPU path of the tensor cache: random-resized crops, flips and normalisation of a batch
+    with nothing drawn on the host or read back (checked on the meta device), and on the CPU a
+    full-image box with no flip gives the resized image."""
+    from dlrecipes.data.tensor_cache import crop_on_device, normalize, random_resized_crop_on_device
+
+    from .stays_on_device import StaysOnDevice
+
+    mean = torch.tensor([0.5, 0.4, 0.3]).view(1, -1, 1, 1).to("meta")
+    std = torch.tensor([0.2, 0.2, 0.2]).view(1, -1, 1, 1).to("meta")
+    batch = torch.zeros(8, 3, 48, 48, dtype=torch.uint8, device="meta")
+    with StaysOnDevice() as audit:
+        train = normalize(crop_on_device(batch, None, True, 32, 0.35, 0.875, True), mean, std)
+        val = normalize(crop_on_device(batch, None, False, 32, 0.35, 0.875, True), mean, std)
+    assert train.shape == val.shape == (8, 3, 32, 32) and audit.left == []
+
+    ramp = torch.arange(16, dtype=torch.float32).repeat(16, 1).expand(2, 3, 16, 16).contiguous()
+    whole = random_resized_crop_on_device(ramp, 16, (1.0, 1.0), torch.Generator().manual_seed(0), ratio=(1.0, 1.0))
+    assert torch.allclose(whole, ramp, atol=1e-4)  # the whole image, same size: unchanged
+    flipped = random_resized_crop_on_device(ramp, 16, (1.0, 1.0), torch.Generator().manual_seed(1), ratio=(1.0, 1.0),
+                                            hflip=True)
+    for image in flipped:
+        assert torch.allclose(image, ramp[0], atol=1e-4) or torch.allclose(image, ramp[0].flip(-1), atol=1e-4)

@@ -28,13 +28,17 @@ class BatchAugment:
     size: Optional[int] = None
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """Each image cropped back to its size at its own random offset after zero-padding."""
+def random_crop(images: torch.Tensor, padding: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """Each image cropped back to its size at its own random offset after zero-padding.
+
+    The offsets are drawn on the images' device (``generator`` lives there), so nothing waits
+    for a copy from the host.
+    """
     if padding <= 0:
         return images
     b, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding))
-    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator).to(images.device)
+    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=images.device)
     rows = (offsets[0, :, None] + torch.arange(h, device=images.device))[:, None, :, None]
     cols = (offsets[1, :, None] + torch.arange(w, device=images.device))[:, None, None, :]
     batch = torch.arange(b, device=images.device)[:, None, None, None]
@@ -42,13 +46,22 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
     return padded[batch, channel, rows, cols]
 
 
-def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    flip = (torch.rand(images.shape[0], generator=generator) < 0.5).to(images.device)
+def random_hflip(images: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    flip = torch.rand(images.shape[0], generator=generator, device=images.device) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(3), images)
+
+
+def device_generator(device: torch.device, seed: int) -> Optional[torch.Generator]:
+    """A generator on ``device`` seeded with ``seed`` (None on the meta device, which has none)."""
+    if device.type == "meta":
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 class DeviceTensorLoader:
     """Iterate ``(float images, labels)`` batches from uint8 ``images`` on ``device``."""
+
+    fixed_batches = True  # batch i holds min(batch_size, num_samples - i * batch_size) samples (the engine)
 
     def __init__(
         self,
@@ -78,6 +91,7 @@ class DeviceTensorLoader:
             self.std = torch.tensor(augment.std, device=self.device).view(shape)
 
     def _indices(self) -> torch.Tensor:
+        """This rank's sample order for the current epoch, on the host (the same on every rank)."""
         n = len(self.labels)
         if self.train:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
@@ -96,14 +110,19 @@ class DeviceTensorLoader:
         return len(self) * self.batch_size if self.train else len(self._indices())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices = self._indices().to(self.device)
-        generator = torch.Generator().manual_seed(10_007 * (self.seed + 1) + self.epoch)
+        # one copy of the epoch's order to the device, from pinned memory without waiting
+        indices = self._indices()
+        if self.device.type == "cuda":
+            indices = indices.pin_memory().to(self.device, non_blocking=True)
+        else:
+            indices = indices.to(self.device)
+        generator = device_generator(self.device, 10_007 * (self.seed + 1) + self.epoch)
         self.epoch += 1
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = indices[start : start + self.batch_size]
             yield self._prepare(self.images[idx], generator), self.labels[idx]
 
-    def _prepare(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def _prepare(self, images: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
         if self.augment is None:
             return images.float()
         if self.train:

@@ -72,6 +72,8 @@ def _pipelines(source: FFCVSource, device: torch.device, half: bool, channels_la
 class FFCVLoader:
     """An FFCV Loader plus the decoder whose output size progressive resizing changes."""
 
+    fixed_batches = True  # batch i holds min(batch_size, num_samples - i * batch_size) samples (the engine)
+
     def __init__(
         self,
         source: FFCVSource,

@@ -100,6 +100,40 @@ def random_resized_crop(
     return torch.cat(crops)
 
 
+def random_resized_crop_on_device(
+    images: torch.Tensor, size: int, scale: tuple[float, float], generator: Optional[torch.Generator],
+    ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = False,
+) -> torch.Tensor:
+    """Random-resized crops (and flips) of a whole NCHW batch in one resampling, as float32.
+
+    The same crop boxes as :func:`random_resized_crop` draws, but every random number is drawn
+    on the images' device and no box is read back: each sample's box (mirrored when flipped) becomes
+    an affine sampling grid for ``F.grid_sample`` (bilinear, without the antialiasing the per-sample
+    CPU path applies when it shrinks a crop).
+    """
+    n, _, h, w = images.shape
+    device = images.device
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        return torch.empty(n, device=device).uniform_(low, high, generator=generator)
+
+    area = h * w * uniform(*scale)
+    aspect = torch.exp(uniform(math.log(ratio[0]), math.log(ratio[1])))
+    cw = torch.sqrt(area * aspect).round().clamp(1, w)
+    ch = torch.sqrt(area / aspect).round().clamp(1, h)
+    top = (uniform(0.0, 1.0) * (h - ch + 1)).floor()
+    left = (uniform(0.0, 1.0) * (w - cw + 1)).floor()
+    # the box in grid_sample's coordinates (-1..1 spans the image's outer pixel edges)
+    sx, sy = cw / w, ch / h
+    cx, cy = (2 * left + cw) / w - 1, (2 * top + ch) / h - 1
+    if hflip:
+        sx = torch.where(uniform(0.0, 1.0) < 0.5, -sx, sx)
+    theta = torch.zeros(n, 2, 3, device=device)
+    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = sx, cx, sy, cy
+    grid = F.affine_grid(theta, [n, images.shape[1], size, size], align_corners=False)
+    return F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
 def center_crop(images: torch.Tensor, size: int, resize_ratio: float) -> torch.Tensor:
     """Resize so that a ``size`` crop covers ``resize_ratio`` of the side, then crop the centre."""
     resized = round(size / resize_ratio)
@@ -121,10 +155,21 @@ def crop_batch(images: torch.Tensor, generator: torch.Generator, train: bool, si
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 -> float, (x / 255 - mean) / std, in two in-place passes (channels-last kept)."""
-    scale = (1.0 / (255.0 * std)).to(images.device)
-    shift = (-mean / std).to(images.device)
+    """uint8 (or 0-255 float) -> float, (x / 255 - mean) / std, in two in-place passes (channels-last kept).
+
+    ``mean`` and ``std`` should be on the images' device already (a copy per batch would wait).
+    """
+    scale = 1.0 / (255.0 * std)
+    shift = -mean / std
     return images.to(torch.float32, memory_format=torch.channels_last).mul_(scale).add_(shift)
+
+
+def crop_on_device(images: torch.Tensor, generator: Optional[torch.Generator], train: bool, size: int,
+                   min_scale: float, resize_ratio: float, hflip: bool) -> torch.Tensor:
+    """What :func:`crop_batch` does, for a batch on the training device: float NCHW out, 0-255."""
+    if not train:
+        return center_crop(images, size, resize_ratio).float()
+    return random_resized_crop_on_device(images, size, (min_scale, 1.0), generator, hflip=hflip)
 
 
 class CachedBatches(Dataset):
@@ -190,13 +235,15 @@ class _EpochBatches(torch.utils.data.Sampler):
 class TensorCacheLoader:
     """Composer-facing loader: a DataLoader whose items are whole batches, normalised on the device."""
 
+    fixed_batches = True  # batch i holds min(batch_size, num_samples - i * batch_size) samples (the engine)
+
     def __init__(self, batches: CachedBatches, num_workers: int, device: torch.device, crop: dict,
                  mean: Sequence[float], std: Sequence[float]):
         self.batches = batches
         self.device = device
         self.crop = crop
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1).to(device)  # once: on the device for every batch
+        self.std = torch.tensor(std).view(1, -1, 1, 1).to(device)
         self.sampler = _EpochBatches(batches)
         self.loader = DataLoader(batches, batch_size=None, sampler=self.sampler, num_workers=num_workers,
                                  persistent_workers=num_workers > 0, pin_memory=device.type == "cuda")
@@ -213,11 +260,13 @@ class TensorCacheLoader:
         return len(self) * self.batches.batch_size if self.batches.train else len(self.batches.order(0))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        generator = torch.Generator().manual_seed(self.batches.seed * 7919 + self.sampler.epoch)
+        from dlrecipes.data.device_loader import device_generator
+
+        generator = device_generator(self.device, self.batches.seed * 7919 + self.sampler.epoch)
         for x, y in self.loader:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.batches.crop is None:  # GPU: crops and normalisation on the device
-                x = normalize(crop_batch(x, generator, self.batches.train, **self.crop), self.mean, self.std)
+                x = normalize(crop_on_device(x, generator, self.batches.train, **self.crop), self.mean, self.std)
             yield x, y
 
 

@@ -3,9 +3,16 @@
 A factory receives the model positionally (it is not a recipe key) and the recipe's
 parameters by keyword.  ``no_decay_norm_and_bias`` puts 1-D parameters (biases and norm
 scales) in a group without weight decay, as most ImageNet recipes do.
+
+``fused`` (torch's SGD and AdamW): one kernel for the whole update.  Left unset, the builder
+turns it on for ``amp_fp16`` on a GPU, where it matters most: a fused optimizer takes the
+gradient scaler's inf/NaN flag on the device, while any other optimizer makes
+``GradScaler.step`` read that flag back (a wait for the GPU) every step.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from dlrecipes.registry import optimizers
 
@@ -28,12 +35,13 @@ def sgd(
     weight_decay: float = 5e-4,
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
+    fused: Optional[bool] = None,
 ):
     """torch SGD with momentum; weight decay coupled to the learning rate (L2)."""
     import torch
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, fused=fused)
 
 
 @optimizers.register("adamw")
@@ -45,12 +53,13 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 0.01,
     no_decay_norm_and_bias: bool = False,
+    fused: Optional[bool] = None,
 ):
     """torch AdamW."""
     import torch
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
 
 
 @optimizers.register("decoupled_sgdw")
