@@ -1,5 +1,6 @@
 """Everything the GPU-speed issue asks for, in one command and one table.
 
+    python benchmarks/gpu_suite.py --check               # first: the engine's correctness matrix (benchmarks/gpu_check.py)
     python benchmarks/gpu_suite.py                       # on a GPU machine, no internet needed (~7-10 min on an H100)
     python benchmarks/gpu_suite.py --tiny --device cpu   # smoke run at tiny sizes (the test suite runs this)
 
@@ -148,29 +149,34 @@ def end_to_end(data: Path, runs: Path, scale: Scale, numba_cache: Path, epochs: 
             "process_s": time.perf_counter() - start, "numba_tracebacks": done.stderr.count("Exception ignored")}
 
 
-def flagship(scale: Scale, data_dir: Path | None) -> dict:
+def flagship_data(scale: Scale, root: Path) -> Path:
+    """Generated ImageNet-like JPEGs under ``root`` (kept if there) and their FFCV files; returns their folder."""
     from torchvision.datasets import ImageFolder
 
     from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
 
+    ffcv = root / f"ffcv-{scale.max_res}"
+    if not (ffcv / "val.beton").exists():
+        t = time.perf_counter()
+        if not (root / "train").exists():
+            make_images(root, scale.images, scale.classes)
+        val = root / "val"
+        if not val.exists():  # the eval split: every tenth image, linked (a stand-in, not held out)
+            for i, image in enumerate(sorted((root / "train").glob("*/*.jpg"))):
+                if i % 10 == 0:
+                    (val / image.parent.name).mkdir(parents=True, exist_ok=True)
+                    (val / image.parent.name / image.name).symlink_to(image)
+        ffcv.mkdir(parents=True, exist_ok=True)
+        options = ConvertOptions(max_resolution=scale.max_res, write_mode="jpg", num_workers=scale.workers)
+        for split in ("train", "val"):
+            write_beton(RawImages(ImageFolder(str(root / split))), ffcv / f"{split}.beton", options)
+        print(f"flagship  data: {scale.images} JPEGs -> FFCV in {time.perf_counter() - t:.0f}s", flush=True)
+    return ffcv
+
+
+def flagship(scale: Scale, data_dir: Path | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        root = data_dir or Path(tmp) / "images"
-        ffcv = root / f"ffcv-{scale.max_res}"
-        if not (ffcv / "val.beton").exists():
-            t = time.perf_counter()
-            if not (root / "train").exists():
-                make_images(root, scale.images, scale.classes)
-            val = root / "val"
-            if not val.exists():  # the eval split: every tenth image, linked (a stand-in, not held out)
-                for i, image in enumerate(sorted((root / "train").glob("*/*.jpg"))):
-                    if i % 10 == 0:
-                        (val / image.parent.name).mkdir(parents=True, exist_ok=True)
-                        (val / image.parent.name / image.name).symlink_to(image)
-            ffcv.mkdir(parents=True, exist_ok=True)
-            options = ConvertOptions(max_resolution=scale.max_res, write_mode="jpg", num_workers=scale.workers)
-            for split in ("train", "val"):
-                write_beton(RawImages(ImageFolder(str(root / split))), ffcv / f"{split}.beton", options)
-            print(f"flagship  data: {scale.images} JPEGs -> FFCV in {time.perf_counter() - t:.0f}s", flush=True)
+        ffcv = flagship_data(scale, data_dir or Path(tmp) / "images")
         loader = loader_alone(ffcv / "train.beton", scale)
         print(f"flagship  loader alone: {', '.join(f'{r:.0f}' for r in loader)} img/s per epoch", flush=True)
         model = model_alone(ffcv, scale)
@@ -238,7 +244,13 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated sections to leave out: overhead,flagship,precision")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--check", action="store_true",
+                        help="run the engine's correctness matrix instead (benchmarks/gpu_check.py), not the speed suite")
     args = parser.parse_args()
+    if args.check:
+        import gpu_check
+
+        sys.exit(gpu_check.main(["--device", args.device, *(["--json", str(args.json)] if args.json else [])]))
     if args.device == "gpu" and not torch.cuda.is_available():
         sys.exit("gpu_suite: no CUDA device here; run with --device cpu --tiny for a smoke run")
     import composer

@@ -39,6 +39,18 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
 
 
+def test_gpu_check_smoke_run_on_cpu(tmp_path):
+    """The engine's correctness matrix (gpu_suite.py --check) on the CPU: the cases that can run here
+    pass (ours against Composer's Trainer in fp32 with accumulation, the two-process cases on gloo),
+    the rest say why they are skipped."""
+    rows = _script("gpu_suite.py", "--check", "--device", "cpu", tmp_path=tmp_path)
+    results = {r["case"]: r["result"] for r in rows}
+    assert results["same as Composer: fp32, accumulation"] == "pass"
+    assert results["2 ranks: DDP with uneven loaders"] == results["2 ranks: SIGTERM stop, then --resume"] == "pass"
+    assert results["no sync in steps 3-20: cifar10_fast"] == "skip" and "needs CUDA" in str(rows)
+    assert set(results.values()) == {"pass", "skip"} and len(rows) == 13
+
+
 def test_trainer_overhead_script(tmp_path, tiny_recipe):
     rows = _script("trainer_overhead.py", "--case", str(tiny_recipe), "--steps", "2", "--rounds", "1", "--warmup", "1",
                    tmp_path=tmp_path)

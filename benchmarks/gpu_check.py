@@ -1,0 +1,368 @@
+"""The engine's GPU correctness matrix: ``python benchmarks/gpu_suite.py --check`` (or this file).
+
+One GPU, no internet; prints one table of pass / fail / skip and exits 1 on a failure:
+
+- our Trainer against Composer's on {fp32, amp_bf16, amp_fp16} x {fixed microbatches with
+  accumulation, ``auto``}: the recipe's training in deterministic mode, the weights and every
+  logged loss compared within the stated tolerance;
+- ``torch.cuda.set_sync_debug_mode("error")`` over steps 3-20 of cifar10_fast (synthetic
+  CIFAR-sized data on the device) and of the flagship recipe on generated FFCV data: any host-device
+  synchronisation in those steps fails the case with the op that made it;
+- FSDP on one rank with train metrics on; ``trainer.compile`` with SAM and with EMA;
+- with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
+  Trainer), a SIGTERM stop and ``--resume`` ending with the uninterrupted run's weights.  With
+  fewer GPUs they are skipped with a message.
+
+``--device cpu`` is its smoke version (in the test suite): the fp32 fixed-microbatch comparison and
+the two-process cases on gloo; the cases that need CUDA are skipped.  Each case runs in its own
+process, so deterministic mode, compilation and process groups never leak between cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+# max |difference| allowed between our Trainer and Composer's: weights, then each logged loss
+TOLERANCE = {"fp32": (0.0, 0.0), "amp_bf16": (1e-6, 1e-6), "amp_fp16": (1e-6, 1e-6)}
+
+
+class Skip(Exception):
+    """A case this machine cannot run (the message says why)."""
+
+
+def _recipe(tmp: Path, device: str, extra: list[str]) -> tuple[Path, list[str]]:
+    """The quickstart recipe (embedded digits, no download), short and deterministic."""
+    return ROOT / "recipes" / "quickstart.yaml", [
+        f"runs_dir={tmp}/runs", "trainer.max_duration=12ba", "trainer.train_subset_num_batches=6",
+        "trainer.eval_subset_num_batches=2", f"trainer.device={device}", "trainer.deterministic=true",
+        "trainer.progress_bar=false", "checkpoint.save=false", "checkpoint.monitor=null", *extra]
+
+
+def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = False, callbacks=(),
+           record_losses: bool = True) -> dict:
+    """Train in this process (ours, or Composer's Trainer); the weights and every batch's loss
+    (read back after each batch, so not while a synchronisation gate is open)."""
+    import torch
+    from composer import Trainer as ComposerTrainer
+    from composer.core import Callback
+
+    import dlrecipes.engine
+    from dlrecipes import api
+    from dlrecipes.train import build_trainer
+
+    losses = []
+
+    class Losses(Callback):
+        def batch_end(self, state, logger):  # a read-back per batch: this is a check, not a speed run
+            losses.append(float(state.total_loss_dict["loss/train/total"]))
+
+    class Composers(ComposerTrainer):
+        def __init__(self, *args, train_metrics_interval: int = 1, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    ours = dlrecipes.engine.Trainer
+    dlrecipes.engine.Trainer = Composers if reference else ours
+    try:
+        trainer = build_trainer(api.resolve(recipe, overrides), run_dir)
+    finally:
+        dlrecipes.engine.Trainer = ours
+    trainer.state.callbacks.extend([*([Losses()] if record_losses else []), *callbacks])
+    trainer.fit()
+    trainer.close()
+    weights = {k: v.detach().float().cpu() for k, v in trainer.state.model.state_dict().items()}
+    return {"weights": weights, "losses": losses, "micro": trainer.state.device_train_microbatch_size,
+            "train_metrics": {k: float(v) for k, v in trainer.state.train_metric_values.items()},
+            "device": str(next(iter(trainer.state.model.parameters())).device)}
+
+
+def case_same_as_composer(device: str, precision: str, micro: str) -> str:
+    if device == "cpu" and (precision != "fp32" or micro == "auto"):
+        raise Skip("needs CUDA")
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe, overrides = _recipe(Path(tmp), device, [f"trainer.precision={precision}",
+                                                         f"trainer.device_train_microbatch_size={micro}"])
+        ours = _train(recipe, overrides, Path(tmp) / "ours")
+        theirs = _train(recipe, overrides, Path(tmp) / "theirs", reference=True)
+    weight_diff = max((ours["weights"][k] - theirs["weights"][k]).abs().max().item() for k in ours["weights"])
+    loss_diff = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"]))
+    weight_tol, loss_tol = TOLERANCE[precision]
+    detail = (f"max abs weight diff {weight_diff:.2e} (<= {weight_tol:.0e}), max abs loss diff {loss_diff:.2e} "
+              f"(<= {loss_tol:.0e}) over {len(ours['losses'])} losses; microbatch {ours['micro']}")
+    assert len(ours["losses"]) == len(theirs["losses"]) == 12, f"{len(ours['losses'])} vs {len(theirs['losses'])} losses"
+    assert weight_diff <= weight_tol and loss_diff <= loss_tol, detail
+    return detail
+
+
+class SyncGate:
+    """``torch.cuda.set_sync_debug_mode("error")`` from the end of batch ``start`` to the end of ``stop``."""
+
+    def __init__(self, start: int = 3, stop: int = 20):
+        from composer.core import Callback
+
+        gate = self
+
+        class Gate(Callback):
+            def batch_end(self, state, logger):
+                import torch
+
+                batch = int(state.timestamp.batch)
+                if batch == gate.start:
+                    torch.cuda.set_sync_debug_mode("error")
+                    gate.opened = True
+                elif batch == gate.stop:
+                    torch.cuda.set_sync_debug_mode("default")
+                    gate.closed = True
+
+            def close(self, state, logger):
+                import torch
+
+                torch.cuda.set_sync_debug_mode("default")
+
+        self.start, self.stop, self.opened, self.closed = start, stop, False, False
+        self.callback = Gate()
+
+
+def _gated(recipe: Path, overrides: list[str], run_dir: Path) -> str:
+    gate = SyncGate()
+    _train(recipe, overrides, run_dir, callbacks=[gate.callback], record_losses=False)
+    assert gate.opened and gate.closed, "the run ended before batch 20"
+    return f"no synchronisation in steps {gate.start + 1}-{gate.stop}"
+
+
+def case_sync_free_cifar(device: str) -> str:
+    if device != "gpu":
+        raise Skip("needs CUDA")
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = ["dataset={name: synthetic, input_shape: [3, 32, 32], num_classes: 10, train_samples: 15360, "
+                     "eval_samples: 512}", "trainer.max_duration=24ba", "trainer.progress_bar=false",
+                     "checkpoint.save=false", "checkpoint.monitor=null", f"runs_dir={tmp}/runs"]
+        return _gated(ROOT / "recipes" / "cifar10_fast.yaml", overrides, Path(tmp) / "run")
+
+
+def case_sync_free_flagship(device: str) -> str:
+    if device != "gpu":
+        raise Skip("needs CUDA")
+    sys.path.insert(0, str(HERE))
+    from gpu_suite import Scale, flagship_data, flagship_overrides
+
+    scale = Scale(tiny=False, device=device)
+    scale.images = 3000  # enough for 24 batches of 64
+    with tempfile.TemporaryDirectory() as tmp:
+        data = flagship_data(scale, Path(tmp) / "images")
+        overrides = flagship_overrides(data, scale) + [
+            "trainer.max_duration=24ba", "trainer.progress_bar=false", "checkpoint.save=false",
+            "checkpoint.monitor=null", f"runs_dir={tmp}/runs", "trainer.batch_size=64"]
+        return _gated(ROOT / "recipes" / "imagenet100_fast.yaml", overrides, Path(tmp) / "run")
+
+
+def case_fsdp_with_train_metrics(device: str) -> str:
+    if device != "gpu":
+        raise Skip("needs CUDA (FSDP runs on NCCL)")
+    port = _free_port()
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe, overrides = _recipe(Path(tmp), device, ["trainer.fsdp={sharding_strategy: FULL_SHARD}",
+                                                         "trainer.train_metrics_interval=1"])
+        run = _train(recipe, overrides, Path(tmp) / "run")
+    top1 = run["train_metrics"].get("top1")
+    assert top1 is not None and 0.0 <= top1 <= 1.0, run["train_metrics"]
+    assert all(loss == loss for loss in run["losses"]), "a NaN loss"
+    return f"train top1 {top1:.4f} on {run['device']}, {len(run['losses'])} finite losses"
+
+
+def case_compile_with(device: str, algorithm: str) -> str:
+    if device != "gpu":
+        raise Skip("torch.compile of the recipe takes minutes on a CPU")
+    with tempfile.TemporaryDirectory() as tmp:
+        params = {"sam": "{rho: 0.05}", "ema": "{half_life: 10ba}"}[algorithm]
+        recipe, eager = _recipe(Path(tmp), device, ["trainer.deterministic=false", f"algorithms={{{algorithm}: {params}}}"])
+        compiled = _train(recipe, [*eager, "trainer.compile=true"], Path(tmp) / "compiled")
+        reference = _train(recipe, eager, Path(tmp) / "eager")
+    diff = max(abs(a - b) for a, b in zip(compiled["losses"], reference["losses"]))
+    assert len(compiled["losses"]) == 12 and all(x == x for x in compiled["losses"]), compiled["losses"]
+    assert diff < 0.05, f"compiled and eager losses differ by {diff:.3g}"
+    return f"12 finite losses; max abs diff from eager {diff:.2e}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gpus_for_two(device: str) -> None:
+    if device == "gpu":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise Skip(f"needs 2 GPUs ({torch.cuda.device_count()} here)")
+
+
+def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    port, procs = _free_port(), []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
+                                      env=env, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def case_ddp_uneven(device: str) -> str:
+    import torch
+
+    _gpus_for_two(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = _ranks("uneven", Path(tmp) / "ours", device)
+        theirs = _ranks("uneven", Path(tmp) / "theirs", device, reference=True)
+    for name, value in ours[0]["params"].items():
+        assert torch.equal(value, ours[1]["params"][name]), f"ranks differ in {name}"
+        assert torch.allclose(value, theirs[0]["params"][name], atol=1e-6), f"differs from Composer's in {name}"
+    assert ours[0]["batches"] == theirs[0]["batches"] == 10 and ours[0]["samples"] == theirs[0]["samples"]
+    return f"{ours[0]['batches']} batches on both ranks, weights equal to Composer's; {ours[0]['reductions']} " \
+           "host reductions"
+
+
+def case_sigterm_and_resume(device: str) -> str:
+    import torch
+
+    _gpus_for_two(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        common = [f"runs_dir={tmp}/runs", f"trainer.device={device}", "trainer.deterministic=true",
+                  "trainer.max_duration=6ep", "trainer.train_subset_num_batches=4", "trainer.eval_subset_num_batches=1",
+                  "trainer.progress_bar=false", "checkpoint.save_interval=1ep", "checkpoint.keep=-1",
+                  "checkpoint.monitor=null", "trainer.batch_size=32"]
+        launch = [sys.executable, "-m", "dlrecipes", "launch", str(ROOT / "recipes" / "quickstart.yaml"), "-n", "2"]
+        whole = subprocess.run([*launch, "run_name=whole", *common], cwd=ROOT, capture_output=True, text=True,
+                               timeout=600)
+        assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+        job = subprocess.Popen([*launch, "run_name=stopped", *common], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        history = Path(tmp) / "runs" / "stopped" / "history.csv"
+        deadline = time.time() + 300
+        while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
+            time.sleep(0.2)
+        os.killpg(job.pid, signal.SIGTERM)
+        out, _ = job.communicate(timeout=300)
+        assert job.returncode == 75 and "stopped by SIGTERM" in out, out[-2000:]
+        resumed = subprocess.run([*launch, "run_name=stopped", "--resume", *common], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+
+        def final(name: str) -> dict:
+            saved = torch.load(Path(tmp) / "runs" / name / "checkpoints" / "latest-rank0.pt", weights_only=False,
+                               map_location="cpu")
+            return saved["state"]["model"]
+
+        a, b = final("whole"), final("stopped")
+        diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert diff == 0.0, f"resumed weights differ from the uninterrupted run's by {diff:.3g}"
+    stopped_at = out.split("stopped by SIGTERM after batch ")[1].split()[0]
+    return f"stopped after batch {stopped_at} (exit 75), resumed to the end: weights equal to the uninterrupted run's"
+
+
+CASES: dict[str, Callable[[str], str]] = {
+    **{f"same as Composer: {p}, {'accumulation' if m != 'auto' else 'auto microbatching'}":
+       (lambda device, p=p, m=m: case_same_as_composer(device, p, m))
+       for p in ("fp32", "amp_bf16", "amp_fp16") for m in ("16", "auto")},
+    "no sync in steps 3-20: cifar10_fast": case_sync_free_cifar,
+    "no sync in steps 3-20: imagenet100_fast on FFCV": case_sync_free_flagship,
+    "FSDP (1 rank) with train metrics": case_fsdp_with_train_metrics,
+    "trainer.compile with SAM": lambda device: case_compile_with(device, "sam"),
+    "trainer.compile with EMA": lambda device: case_compile_with(device, "ema"),
+    "2 ranks: DDP with uneven loaders": case_ddp_uneven,
+    "2 ranks: SIGTERM stop, then --resume": case_sigterm_and_resume,
+}
+
+
+def run_case(name: str, device: str) -> dict:
+    """One case in this process: {"result": pass|fail|skip, "detail": ...}."""
+    try:
+        return {"result": "pass", "detail": CASES[name](device)}
+    except Skip as skip:
+        return {"result": "skip", "detail": str(skip)}
+    except Exception as exc:  # a failed check: its message is the table's detail
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        return {"result": "fail", "detail": f"{type(exc).__name__}: {first[:300]}"}
+
+
+def run_all(device: str, only: str = "") -> list[dict]:
+    """Every case, each in its own process; returns the rows and prints the table."""
+    rows = []
+    for name in CASES:
+        if only and only not in name:
+            continue
+        start = time.perf_counter()
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            try:
+                done = subprocess.run([sys.executable, str(Path(__file__)), "--device", device, "--case", name,
+                                       "--json", out.name], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                row = json.loads(Path(out.name).read_text())
+            except subprocess.TimeoutExpired:
+                row = {"result": "fail", "detail": "no result after 900 s (a hang?)"}
+            except json.JSONDecodeError:
+                row = {"result": "fail", "detail": f"the case's process failed: {done.stderr.strip()[-300:]}"}
+        row.update(case=name, seconds=time.perf_counter() - start)
+        rows.append(row)
+        print(f"{row['result']:<4}  {name}  ({row['seconds']:.0f} s)", flush=True)
+    print("\n" + table(rows, device))
+    return rows
+
+
+def table(rows: list[dict], device: str) -> str:
+    import composer
+    import torch
+
+    name = torch.cuda.get_device_name(0) if device == "gpu" else "CPU"
+    lines = [f"engine correctness on {name}; torch {torch.__version__}, Composer {composer.__version__}", "",
+             "| case | result | detail |", "|---|---|---|"]
+    lines += [f"| {r['case']} | {r['result']} | {r['detail']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    parser.add_argument("--case", help="run one case in this process (what the table's runner does)")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this text")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.device == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("gpu_check: no CUDA device here; --device cpu runs the smoke version")
+    if args.case:
+        row = run_case(args.case, args.device)
+        if args.json:
+            args.json.write_text(json.dumps(row))
+        return 0
+    rows = run_all(args.device, args.only)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 1 if any(r["result"] == "fail" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
