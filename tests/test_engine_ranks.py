@@ -23,7 +23,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, env: Optional[dict] = None):
+def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, env: Optional[dict] = None,
+              stop_on_error: bool = False):
     """Start ``world`` processes of the scenario; returns [(exit code, stderr)] and, per rank, the
     seconds until it had ended (rank 0 first)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -41,6 +42,9 @@ def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, en
             _, err = proc.communicate(timeout=remaining)
             results.append((proc.returncode, err))
             ended.append(time.monotonic() - start)
+            if proc.returncode and stop_on_error:  # the others would only wait for their own timeouts
+                for other in procs:
+                    other.kill()
     finally:
         for proc in procs:
             proc.kill()
@@ -107,7 +111,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_stalled_peer_ends_the_run_after_dist_timeout_with_one_line(tmp_path):
-    results, seconds = run_ranks("stalled_peer", tmp_path, timeout=90)
+    results, seconds = run_ranks("stalled_peer", tmp_path, timeout=90, stop_on_error=True)
     code, err = results[0]  # rank 0 waited for rank 1, which sleeps for 25 s
     assert code == 2 and "another process of this run stopped or stopped answering" in err, err[-1500:]
     assert "Traceback" not in err
