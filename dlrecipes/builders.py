@@ -12,7 +12,7 @@ from typing import Any
 
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
-from dlrecipes.config.devices import torch_device
+from dlrecipes.core.distributed import split_batch, torch_device, world_size
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import build_component
@@ -69,18 +69,6 @@ def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy"
     return wrap_classifier(module, data.num_classes, loss, metrics, train_metrics)
 
 
-def per_device_batch(global_batch: int, key: str) -> int:
-    from composer.utils import dist
-
-    world = dist.get_world_size()
-    if global_batch % world:
-        raise RecipeError(
-            f"{key}: the global batch size {global_batch} does not divide evenly over {world} devices "
-            f"(use a multiple of {world})"
-        )
-    return global_batch // world
-
-
 def build_dataloaders(
     data: DatasetSplits, cfg: TrainerConfig, device: str, seed: int = 0, algorithms: dict[str, Any] | None = None
 ):
@@ -93,8 +81,8 @@ def build_dataloaders(
 
     from dlrecipes.data.ffcv_loader import FFCVSource, build_ffcv_loaders, ffcv_dataspec
 
-    train_batch = per_device_batch(cfg.batch_size, "trainer.batch_size")
-    eval_batch = per_device_batch(cfg.eval_batch_size or cfg.batch_size, "trainer.eval_batch_size")
+    train_batch = split_batch(cfg.batch_size, world_size(), "trainer.batch_size")
+    eval_batch = split_batch(cfg.eval_batch_size or cfg.batch_size, world_size(), "trainer.eval_batch_size")
     if isinstance(data.train, FFCVSource):
         algorithms = algorithms or {}
         train, evaluation = build_ffcv_loaders(

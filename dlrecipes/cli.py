@@ -89,14 +89,14 @@ def launch(
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
     from dlrecipes import api
-    from dlrecipes.config.devices import check_devices
+    from dlrecipes.config.devices import check_launch
     from dlrecipes.tools.launch import launcher_command, run_forwarding_signals
 
     extra = tuple(["--resume"] if resume else []) + tuple(["--trust-checkpoint"] if trust_checkpoint else []) + tuple(a for p in plugin for a in ("--plugin", p))
     cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
                                             master_port, extra))
     config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    _guarded(lambda: check_devices(config, nproc, nproc * nodes))
+    _guarded(lambda: check_launch(config, nproc, nproc * nodes))
     raise typer.Exit(run_forwarding_signals(cmd))
 
 

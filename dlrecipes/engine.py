@@ -22,7 +22,7 @@ come from (each override below names the Composer method it replaces):
   plans once (:func:`batch_plan`: a DistributedSampler's equal shards, dlrecipes' loaders); when
   they agree, every rank has as many batches of the same sizes, and these numbers need no
   reduction at all.  Otherwise (uneven per-rank data, iterable datasets) a gloo group reduces
-  them on the host every batch (:mod:`dlrecipes.distributed`); the device is never involved.
+  them on the host every batch (:mod:`dlrecipes.core.distributed`); the device is never involved.
 - **the optimizer** gets no closure unless it needs one (SAM, L-BFGS): the closure's only other
   effect was a ``loss.item()``.
 - Composer's loop is kept, with cheaper parts: the timestamp advances without rebuilding ~19
@@ -59,7 +59,7 @@ from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
-from dlrecipes.distributed import HostReducer, gloo_errors
+from dlrecipes.core.distributed import HostReducer, gloo_errors
 from dlrecipes.loggers.run_log import MICROBATCH_KEY
 
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow

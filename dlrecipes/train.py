@@ -15,8 +15,8 @@ import yaml
 
 from dlrecipes import builders, registry
 from dlrecipes.config import RecipeConfig
-from dlrecipes.config.devices import check_devices, local_world_size, rank, resolve_device, world_size
-from dlrecipes.config.schema import is_zero
+from dlrecipes.core.distributed import rank, resolve_device, same_on_all_ranks
+from dlrecipes.core.durations import is_zero
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT, make_saver, resume_point
@@ -31,22 +31,6 @@ class TrainResult:
     batches: int
     eval_metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
-
-
-def _same_on_all_ranks(value: Any, device: str, timeout: float) -> Any:
-    """Rank 0's ``value`` on every rank (run names contain a timestamp; rank 0 picks the resume point)."""
-    if world_size() == 1:
-        return value
-    from composer.devices import DeviceCPU, DeviceGPU
-    from composer.utils import dist
-
-    from dlrecipes.distributed import gloo_errors
-
-    with gloo_errors("the process group (torch.distributed)"):
-        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU(), timeout=timeout)
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def choose_run_name(config: RecipeConfig, resume: bool, device: str) -> str:
@@ -66,7 +50,7 @@ def choose_run_name(config: RecipeConfig, resume: bool, device: str) -> str:
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
-    return _same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device, config.trainer.dist_timeout)
+    return same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device, config.trainer.dist_timeout)
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -125,7 +109,7 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
     ckpt = config.checkpoint
     if resume:
         point = resume_point(run_dir / CHECKPOINT_DIR) if rank() == 0 else None
-        point = _same_on_all_ranks(str(point) if point else "", device, config.trainer.dist_timeout)
+        point = same_on_all_ranks(str(point) if point else "", device, config.trainer.dist_timeout)
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
@@ -315,8 +299,6 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
-    if world_size() > 1:  # started by a launcher (composer -n N, torchrun, srun): the same checks as `launch`
-        check_devices(config, local_world_size(), world_size())
     run_name = choose_run_name(config, resume, device)
     run_dir = Path(config.runs_dir) / run_name
     if resume:  # before anything is built or written

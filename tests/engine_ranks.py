@@ -69,7 +69,7 @@ class CountReductions(Callback):
 
     def __init__(self):
         self.count, self.active = 0, False
-        from dlrecipes.distributed import HostReducer
+        from dlrecipes.core.distributed import HostReducer
 
         original = HostReducer.start
 

@@ -229,23 +229,23 @@ def test_slurm_template_starts_one_launcher_per_node_with_its_rank(tmp_path):
 
 
 def test_a_direct_launch_is_checked_like_dlrecipes_launch(tiny_recipe, monkeypatch):
-    """`composer -n 4 cli.py train ...` on a 2-GPU node fails before anything starts, naming the mismatch."""
+    """`composer -n 4 cli.py train ...` on a 2-GPU node fails at validation, before anything starts,
+    naming the mismatch; so does a global batch that does not divide over the processes."""
     import torch
 
     from dlrecipes.api import resolve
     from dlrecipes.errors import UserError
-    from dlrecipes.train import train
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    gpu = resolve(tiny_recipe, ["trainer.device=gpu"], check_device=False)
     with pytest.raises(UserError, match=r"4 processes per node but this node has 2 GPU\(s\)"):
-        train(gpu)
+        resolve(tiny_recipe, ["trainer.device=gpu"])
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     with pytest.raises(UserError, match="global batch size 64 does not divide evenly over 3 processes"):
-        train(resolve(tiny_recipe))
+        resolve(tiny_recipe)
     assert not (tiny_recipe.parent / "runs").exists()  # refused before a run directory was made
 
 

@@ -188,7 +188,7 @@ def test_fsdp_and_compile_option_lists_match_composer_and_torch():
 
     from composer.utils.parallelism import FSDPConfig
 
-    from dlrecipes.config import FSDP_KEYS, compile_keys
+    from dlrecipes.config.sections import FSDP_KEYS, compile_keys
 
     assert set(FSDP_KEYS) == {f.name for f in dataclasses.fields(FSDPConfig) if not f.name.startswith("_")}
     assert {"fullgraph", "dynamic", "backend", "mode", "options", "disable"} <= set(compile_keys())

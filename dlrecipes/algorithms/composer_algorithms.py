@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal, Optional, Union
 
 from dlrecipes.registry import algorithms, datasets
-from dlrecipes.config.schema import Duration
+from dlrecipes.core.durations import Duration
 
 
 # Prerequisites, checked when a recipe is validated: each returns a problem or None.

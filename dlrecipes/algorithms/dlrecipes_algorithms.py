@@ -9,10 +9,10 @@ from __future__ import annotations
 import inspect
 from typing import Literal, Optional
 
-from dlrecipes.config.devices import world_size
+from dlrecipes.core.distributed import world_size
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import algorithms
-from dlrecipes.config.schema import Duration, parse_duration
+from dlrecipes.core.durations import Duration, parse_duration
 
 
 @algorithms.register("layerwise_lr_decay")

@@ -41,7 +41,7 @@ class NaNMonitor(Callback):
         self._host = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.distributed import HostReducer
+        from dlrecipes.core.distributed import HostReducer
 
         self._host = HostReducer()
 

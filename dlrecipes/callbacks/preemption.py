@@ -44,7 +44,7 @@ class StopOnSignal(Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.distributed import HostReducer
+        from dlrecipes.core.distributed import HostReducer
 
         self._host, self._pending = HostReducer(), None
         if threading.current_thread() is threading.main_thread():

@@ -2,11 +2,10 @@
 
 A task names the inputs a model receives (separate tensors, in the task's order) and, for
 each output, its loss and weight.  The dataset declares what it yields (``io=`` in its
-registry entry, a :class:`~dlrecipes.data.splits.DataIO`), and the model declares that it
+registry entry, a :class:`~dlrecipes.core.outputs.DataIO`), and the model declares that it
 takes several inputs (``multi_io=True``).  :func:`check_task` compares the three when the
 recipe is validated, before anything is built, and refuses what a ``(inputs..., targets...)``
-batch cannot do.  Metric names are decided here too, so that validation (``checkpoint.monitor``)
-and the model wrapper (:mod:`dlrecipes.models.multi_io`) agree.  No torch is imported.
+batch cannot do (metric names: :mod:`dlrecipes.core.outputs`).  No torch is imported.
 """
 
 from __future__ import annotations
@@ -16,27 +15,11 @@ import re
 from typing import Any, Optional
 
 from dlrecipes import registry
-from dlrecipes.data.splits import DataIO, OutputSpec
+from dlrecipes.core.outputs import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError, did_you_mean
 
-TOTAL_LOSS = "loss"  # eval metric: the weighted sum of the outputs' losses
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _RESERVED = {"total"}  # Composer logs the weighted sum as loss/train/total
-
-
-def output_metrics(spec: OutputSpec, train: bool = False) -> list[str]:
-    """Metric names of one output: top1 (top5 above 5 classes) or mse/mae, and its loss in evaluation."""
-    if spec.kind == "class":
-        names = ["top1", "top5"] if spec.size > 5 else ["top1"]  # top-5 of 5 classes or fewer is always 1
-    else:
-        names = ["mse", "mae"]
-    return names if train else [*names, "loss"]
-
-
-def metric_names(outputs: dict[str, OutputSpec], train: bool = False) -> list[str]:
-    """``<output>/<metric>`` for every output (and ``loss``, the weighted total, in evaluation)."""
-    names = [f"{name}/{metric}" for name, spec in outputs.items() for metric in output_metrics(spec, train)]
-    return names if train else [TOTAL_LOSS, *names]
 
 
 def multi_io_datasets() -> list[str]:

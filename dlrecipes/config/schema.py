@@ -11,31 +11,21 @@ fields are checked recursively, unknown keys refused with a suggestion).
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
-from typing import Any, Literal, NewType, Union
+from typing import Any, Literal, Union
 
+from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.errors import RecipeError, did_you_mean
 
-Duration = NewType("Duration", str)
-"""A Composer time string: ``10ep`` (epochs), ``200ba`` (batches), ``5000sp`` (samples), ``0.1dur``."""
+__all__ = ["Duration", "check", "check_dataclass", "check_params", "parse_duration", "type_name"]
 
-_DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ep|ba|sp|tok|dur)\s*$")
-
-
-def parse_duration(value: str) -> tuple[float, str]:
-    """``'2ep'`` -> ``(2.0, 'ep')``: the one parser of duration strings (validation checks them with it;
-    schedules, QAT times and fine-tuning compare them with it; Composer parses them again to train)."""
-    match = _DURATION_RE.match(value)
-    if match is None:
-        raise ValueError(f"not a duration: {value!r}")
-    return float(match.group(1)), match.group(3)
-
-
-def is_zero(duration: str) -> bool:
-    """``'0ep'``, ``'0.0ba'``, ``'0dur'``...: no time at all."""
-    return parse_duration(duration)[0] == 0.0
+def _is_duration(value: str) -> bool:
+    try:
+        parse_duration(value)
+    except ValueError:
+        return False
+    return True
 
 
 def type_name(tp: Any) -> str:
@@ -76,7 +66,7 @@ def check(value: Any, tp: Any, path: str) -> Any:
             return None
         raise _wrong(path, tp, value)
     if tp is Duration:
-        if isinstance(value, str) and _DURATION_RE.match(value):
+        if isinstance(value, str) and _is_duration(value):
             return value.strip()
         raise _wrong(path, tp, value)
     origin = typing.get_origin(tp)

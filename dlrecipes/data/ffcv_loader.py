@@ -18,7 +18,7 @@ import torch
 from composer.core import Algorithm, DataSpec, Event, State
 from composer.loggers import Logger
 
-from dlrecipes.config.devices import torch_device
+from dlrecipes.core.distributed import torch_device
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
 from dlrecipes.data.progressive import progressive_resolution
 

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
+from dlrecipes.core.outputs import DataIO, OutputSpec
 
-@dataclass(frozen=True)
-class OutputSpec:
-    """One target of a multi-output dataset: a class label, or ``size`` regression values."""
-
-    kind: Literal["class", "regression"]
-    size: int  # classes (kind "class") or values per sample (kind "regression"; 1 = a scalar)
-
-
-@dataclass(frozen=True)
-class DataIO:
-    """What a multi-input / multi-output dataset yields: a sample is ``(*inputs, *outputs)`` in this order.
-
-    A dataset declares it twice: as ``io=`` in its registry entry (a function of the
-    factory's parameters, so recipes are checked without loading data) and on the
-    :class:`DatasetSplits` it returns.
-    """
-
-    inputs: dict[str, tuple[int, ...]]  # name -> shape of one sample
-    outputs: dict[str, OutputSpec]
-
-    def __post_init__(self) -> None:
-        both = set(self.inputs) & set(self.outputs)
-        if both:
-            raise ValueError(f"names used for an input and an output: {', '.join(sorted(both))}")
+__all__ = ["DataIO", "DatasetSplits", "OutputSpec"]
 
 
 @dataclass

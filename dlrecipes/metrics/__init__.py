@@ -22,11 +22,6 @@ from typing import Literal
 
 from dlrecipes.registry import metrics
 
-# What a recipe gets without a metrics: section.
-DEFAULT_METRICS = ("top1", "top5", "per_class_accuracy", "confusion_matrix")
-DEFAULT_TRAIN_METRICS = ("top1", "top5")
-EVAL_LOSS = "loss"  # always evaluated (cross-entropy over the evaluation set); not a registry name
-
 Average = Literal["macro", "micro", "weighted"]
 
 # torchmetrics checks every update's labels with torch.unique, which waits for the GPU each time;

@@ -8,7 +8,7 @@ from torch import nn
 
 from dlrecipes import registry
 from dlrecipes.registry import build_component
-from dlrecipes.metrics import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
+from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
 
 
 def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str, Any]]] = None, train: bool = False):

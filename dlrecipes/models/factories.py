@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from dlrecipes.config.checks import refuse_small_inputs
 from dlrecipes.errors import DataError, RecipeError
 from dlrecipes.registry import models
 
@@ -60,16 +61,6 @@ def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
     from dlrecipes.models.architectures.cifar_resnet import preact_resnet18
 
     return preact_resnet18(num_classes, in_chans)
-
-
-def refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int) -> None:
-    """ImageNet architectures downsample 32x early: on CIFAR-sized images little is left."""
-    if input_shape is not None and min(input_shape[1:]) < min_input_size:
-        raise RecipeError(
-            f"model.arch: {family} '{arch}' is built for ImageNet-sized inputs and the data is "
-            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
-            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
-        )
 
 
 def _check_timm_arch(params: dict, path: str) -> None:

@@ -7,7 +7,7 @@ output name, or as a tuple in the task's output order.  Each output has its own 
 weight; the training loss is ``{<output>: loss, ..., "total": weighted sum}``, which Composer
 logs as ``loss/train/<output>`` and ``loss/train/total`` and trains on ``total``.  Metrics
 are named ``<output>/<metric>`` (Composer logs ``metrics/eval/digit/top1``), plus ``loss``,
-the weighted total over the evaluation set.  :mod:`dlrecipes.config.multi_io` decides the names.
+the weighted total over the evaluation set.  :mod:`dlrecipes.core.outputs` decides the names.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from dlrecipes import registry
 from dlrecipes.registry import build_component
-from dlrecipes.data.splits import DataIO, OutputSpec
+from dlrecipes.core.outputs import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
 from dlrecipes.losses.functions import regression_pair
-from dlrecipes.config.multi_io import TOTAL_LOSS, output_metrics
+from dlrecipes.core.outputs import EVAL_LOSS, output_metrics
 
 # Model parameters filled from the task and the data when the factory takes them and the recipe leaves them out.
 MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")
@@ -77,7 +77,7 @@ class MultiIOModel(ComposerModel):
         if not train:
             total = OutputLoss(None)
             total.output_name = None
-            per_output[TOTAL_LOSS] = nn.ModuleDict({TOTAL_LOSS: total})
+            per_output[EVAL_LOSS] = nn.ModuleDict({EVAL_LOSS: total})
         return nn.ModuleDict(per_output)
 
     def forward(self, batch: Any) -> dict[str, Tensor]:
@@ -119,7 +119,7 @@ class MultiIOModel(ComposerModel):
     def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
         groups = self.train_metrics if is_train else self.val_metrics
         return {
-            (metric_name if output == TOTAL_LOSS else f"{output}/{metric_name}"): metric
+            (metric_name if output == EVAL_LOSS else f"{output}/{metric_name}"): metric
             for output, metrics in groups.items()
             for metric_name, metric in metrics.items()
         }

@@ -7,7 +7,7 @@ warmup is not zero); step-with-warmup and one-cycle live in :mod:`dlrecipes.opti
 from __future__ import annotations
 
 
-from dlrecipes.config.schema import Duration, is_zero
+from dlrecipes.core.durations import Duration, is_zero
 from dlrecipes.registry import schedulers
 
 

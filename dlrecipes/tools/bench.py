@@ -27,7 +27,7 @@ import torch
 
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig
-from dlrecipes.config.devices import resolve_device, torch_device
+from dlrecipes.core.distributed import resolve_device, torch_device
 from dlrecipes.errors import RecipeError
 
 

@@ -1,13 +1,19 @@
-"""Small reductions of host numbers over all processes, on a gloo group of their own.
+"""This process among the launcher's processes, and agreement among them.
 
-The engine and the signal handling agree across ranks on numbers that live on the host (the end
-of the data, batch sizes, sample counts, a received signal).  Reducing them on the training
-device would mean a device round trip and a read-back each time; a gloo group reduces them on
-the CPU and never touches the GPU.  The group is made once per process group (every rank makes
-it at the same point: the Trainer's construction), with the run's ``trainer.dist_timeout``, and
-a gloo connection failure becomes one line that names ``GLOO_SOCKET_IFNAME``.
+- Where a run executes: the rank and process counts a launcher (``composer -n``, torchrun, srun
+  through ``dlrecipes launch``) puts in the environment (read from there, so that validation can
+  use them before torch.distributed starts), the device a recipe resolves to and this process's
+  torch device.
+- The one check that a global batch divides over the processes (:func:`split_batch`).
+- Small reductions of host numbers over all processes, on a gloo group of their own
+  (:class:`HostReducer`): the engine and the signal handling agree on numbers that live on the
+  host (the end of the data, batch sizes, sample counts, a received signal) without touching the
+  GPU.  The group is made once per process group (every rank makes it at the same point: the
+  Trainer's construction), with the run's ``trainer.dist_timeout``; a gloo connection failure
+  becomes one line that names ``GLOO_SOCKET_IFNAME``.  :func:`same_on_all_ranks` gives every rank
+  rank 0's value of something (a run name with its timestamp).
 
-Torch is imported only when there is more than one process.
+Torch is imported only when there is more than one process, or a device to resolve.
 """
 
 from __future__ import annotations
@@ -17,7 +23,48 @@ import datetime
 import os
 from typing import Any, Iterator, Optional
 
-from dlrecipes.errors import UserError
+from dlrecipes.errors import RecipeError, UserError
+
+def rank() -> int:
+    """This process's global rank (0 without a launcher)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    """How many processes train together (1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def local_world_size() -> int:
+    """How many of them run on this node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'gpu' when CUDA is available, else 'cpu'."""
+    if device != "auto":
+        return device
+    import torch  # only asked when the recipe leaves the device to us
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def torch_device(device: str):
+    """The torch device of this process for a resolved device name: its GPU (by local rank), or the CPU."""
+    import torch
+
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if device == "gpu" else torch.device("cpu")
+
+
+def split_batch(global_batch: int, processes: int, key: str) -> int:
+    """Each process's share of a global batch; one that does not divide evenly names ``key``."""
+    if global_batch % processes:
+        raise RecipeError(
+            f"{key}: the global batch size {global_batch} does not divide evenly over {processes} processes "
+            f"(use a multiple of {processes})"
+        )
+    return global_batch // processes
+
 
 # torch's own words for a gloo rendezvous that could not connect or find its interface
 _GLOO_FAILURES = ("connectFullMesh", "Gloo connect", "Unable to find address for", "getaddrinfo", "Connection refused",
@@ -109,3 +156,17 @@ class HostReducer:
         with gloo_errors():
             work = tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group, async_op=True)
         return Pending(box, work)
+
+
+def same_on_all_ranks(value: Any, device: str, timeout: float) -> Any:
+    """Rank 0's ``value`` on every rank (starting the default process group, within ``timeout``)."""
+    if world_size() == 1:
+        return value
+    from composer.devices import DeviceCPU, DeviceGPU
+    from composer.utils import dist
+
+    with gloo_errors("the process group (torch.distributed)"):
+        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU(), timeout=timeout)
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,253 @@
+"""Checks of a recipe beyond its types: components against their factories, losses, metrics and
+what one section implies for another (monitors, loaders, algorithms, input sizes).  No torch."""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any, Union
+
+from dlrecipes import registry
+from dlrecipes.config.multi_io import declared_io
+from dlrecipes.config.schema import check, check_params
+from dlrecipes.config.sections import FSDP_KEYS, LR_SCALING_KEYS, Component, RecipeConfig, compile_keys
+from dlrecipes.core.outputs import EVAL_LOSS, metric_names
+from dlrecipes.errors import RecipeError, did_you_mean
+
+_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_component(value: Any, section: str, reg: registry.Registry) -> Component:
+    if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {value!r}")
+    if "name" not in value:
+        raise RecipeError(f"{section}.name: missing required key (one of {', '.join(reg.names())})")
+    name = value["name"]
+    if not isinstance(name, str):
+        raise RecipeError(f"{section}.name: expected a {reg.what} name, got {name!r}")
+    entry = reg.get(name, key_path=f"{section}.name")
+    params = {k: v for k, v in value.items() if k != "name"}
+    own = {}
+    if section == "optimizer":
+        own = {k: check(params.pop(k), tp, f"optimizer.{k}") for k, tp in LR_SCALING_KEYS.items() if k in params}
+        if own.get("scale_lr", "none") != "none" and not own.get("reference_batch_size"):
+            raise RecipeError("optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was tuned for)")
+    checked = check_params(params, entry.parameters, _hints(entry.factory), section, f"{reg.what} '{name}'")
+    _run_validator(entry, checked, section)
+    return Component(name, {**checked, **own})
+
+
+def _check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{section}: expected a mapping of {reg.what} names to parameters, got {value!r}")
+    out = {}
+    for name, params in value.items():
+        if params is None or params is False:  # `ema: null` in a child recipe switches it off
+            continue
+        if params is True:
+            params = {}
+        if not isinstance(params, dict):
+            raise RecipeError(
+                f"{section}.{name}: expected a mapping of parameters, true (defaults) or null (off), got {params!r}"
+            )
+        entry = reg.get(name, key_path=f"{section}.{name}")
+        out[name] = check_params(params, entry.parameters, _hints(entry.factory), f"{section}.{name}", f"{reg.what} '{name}'")
+        _run_validator(entry, out[name], f"{section}.{name}")
+    return out
+
+
+def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
+    """A loss: a registered name, or ``{name: ..., <params>}`` checked against its factory.
+
+    Written back one way (so that a resumed run compares equal): the bare name when every
+    parameter is the factory's default, else the name with the parameters that differ.
+    """
+    if isinstance(value, str):
+        registry.losses.get(value, key_path=path)  # a misspelled name is the key's error, not `name`'s
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{path}: expected a loss name or {{name: ..., <params>}}, got {value!r}")
+    component = check_component(value, path, registry.losses)
+    defaults = _with_defaults(registry.losses.get(component.name), {})
+    changed = {k: v for k, v in component.params.items() if defaults.get(k, object()) != v}
+    return {"name": component.name, **changed} if changed else component.name
+
+
+def _check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
+    """``metrics``/``train_metrics``: a list of names or a mapping of names to parameters."""
+    if isinstance(value, list):
+        if not all(isinstance(name, str) for name in value):
+            raise RecipeError(f"{section}: expected a list of metric names, got {value!r}")
+        value = {name: {} for name in value}
+    metrics = _check_component_map(value, section, registry.metrics)
+    if section == "train_metrics":
+        for name in metrics:
+            if registry.metrics.get(name).metadata.get("report"):
+                raise RecipeError(f"train_metrics.{name}: a table written for the best evaluation; list it "
+                                  "under metrics: instead")
+    return metrics
+
+
+def _run_validator(entry: registry.Entry, params: dict[str, Any], path: str) -> None:
+    """An entry may register ``validator=fn(params, key_path)`` for checks beyond types."""
+    validator = entry.metadata.get("validator")
+    if validator is not None:
+        validator(params, path)
+
+
+def _hints(factory: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(factory)
+    except Exception:  # an annotation we cannot resolve: check only names, not types
+        return {}
+
+
+def _check_option_keys(key: str, given: Any, valid: tuple[str, ...]) -> None:
+    if isinstance(given, dict):
+        for name in given:
+            if name not in valid:
+                raise RecipeError(
+                    f"{key}.{name}: unknown option{did_you_mean(str(name), valid)}; valid: {', '.join(valid)}"
+                )
+
+
+def _with_defaults(entry: registry.Entry, params: dict[str, Any]) -> dict[str, Any]:
+    defaults = {n: p.default for n, p in entry.parameters.items() if p.default is not p.empty}
+    return {**defaults, **params}
+
+
+def refuse_small_inputs(family: str, arch: str, input_shape, min_input_size: int) -> None:
+    """ImageNet architectures downsample 32x early: on CIFAR-sized images little is left (also run by
+    the timm and torchvision model factories on the shape they are given)."""
+    if input_shape is not None and min(input_shape[1:]) < min_input_size:
+        raise RecipeError(
+            f"model.arch: {family} '{arch}' is built for ImageNet-sized inputs and the data is "
+            f"{input_shape[1]}x{input_shape[2]} (below min_input_size={min_input_size}). "
+            "Use a CIFAR-sized model (cifar_resnet18, cifar_preact_resnet18) or set model.min_input_size."
+        )
+
+
+def _check_input_side(config: RecipeConfig) -> None:
+    """A model with ``min_input_size`` (timm, torchvision) against the data's image side, before building."""
+    if config.task is not None:
+        return
+    data, model = registry.datasets.get(config.dataset.name), registry.models.get(config.model.name)
+    side_of = data.metadata.get("image_side")
+    if side_of is None or "min_input_size" not in model.parameters:
+        return
+    side = side_of(_with_defaults(data, config.dataset.params))
+    params = _with_defaults(model, config.model.params)
+    refuse_small_inputs(config.model.name, params.get("arch", config.model.name), (3, side, side), params["min_input_size"])
+
+
+def _logged_metrics(config: RecipeConfig, split: str) -> tuple[list[str], str]:
+    """The metric names an evaluation (``eval``) or the training (``train``) logs, and an example."""
+    if config.task is not None:
+        outputs = {name: io for name, io in declared_io(config.dataset.name, config.dataset.params).outputs.items()
+                   if name in config.task.outputs}
+        example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
+        return metric_names(outputs, train=split == "train"), example
+    if split == "train":
+        names = list(config.train_metrics)
+        return names, (names or ["top1"])[0]
+    scalar = [n for n in config.metrics if not registry.metrics.get(n).metadata.get("report")]
+    return [*scalar, EVAL_LOSS], (scalar or [EVAL_LOSS])[0]
+
+
+def _check_monitors(config: RecipeConfig) -> None:
+    """checkpoint.monitor and every callback's ``monitor`` must be a metric the run logs."""
+    watched = []
+    if config.checkpoint.monitor:
+        watched.append(("checkpoint.monitor", config.checkpoint.monitor, "eval"))
+    for name, params in config.callbacks.items():
+        entry = registry.callbacks.get(name)
+        if "monitor" in entry.parameters:
+            default = entry.parameters["monitor"].default
+            split = params.get("split", "eval")
+            watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
+    for path, monitor, split in watched:
+        if split == "train" and config.trainer.train_metrics_interval == 0:
+            raise RecipeError(f"{path}: split 'train' watches a train metric, but trainer.train_metrics_interval "
+                              "is 0 (no train metrics); set it to 1 or more, or watch split 'eval'")
+        known, example = _logged_metrics(config, split)
+        if monitor not in known:
+            raise RecipeError(
+                f"{path}: '{monitor}' is not {'an eval' if split == 'eval' else 'a train'} metric of this "
+                f"{'task' if config.task is not None else 'run'}"
+                f"{did_you_mean(str(monitor), known)}; it logs {', '.join(known)} (e.g. {path}={example})"
+            )
+
+
+def check_cross_fields(config: RecipeConfig) -> None:
+    """What one section implies for another, and the ranges of trainer, checkpoint and finetune keys."""
+    t = config.trainer
+    _check_monitors(config)
+    if config.checkpoint.load_ignore_keys and not config.checkpoint.load_weights_only:
+        raise RecipeError("checkpoint.load_ignore_keys: applies to weights-only loads; set "
+                          "checkpoint.load_weights_only=true, or remove load_ignore_keys")
+    _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
+    if isinstance(t.compile, dict):
+        _check_option_keys("trainer.compile", t.compile, compile_keys())
+    _check_input_side(config)
+    if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
+        raise RecipeError(
+            f"run_name: {config.run_name!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"
+        )
+    if t.batch_size < 1:
+        raise RecipeError(f"trainer.batch_size: must be at least 1, got {t.batch_size}")
+    if t.eval_batch_size is not None and t.eval_batch_size < 1:
+        raise RecipeError(f"trainer.eval_batch_size: must be at least 1, got {t.eval_batch_size}")
+    if t.num_workers < 0:
+        raise RecipeError(f"trainer.num_workers: must be 0 or more, got {t.num_workers}")
+    if t.log_interval < 1:
+        raise RecipeError(f"trainer.log_interval: must be at least 1 (batches), got {t.log_interval}")
+    if t.train_metrics_interval < 0:
+        raise RecipeError(f"trainer.train_metrics_interval: must be 0 (off) or more, got {t.train_metrics_interval}")
+    if not t.dist_timeout > 0:
+        raise RecipeError(f"trainer.dist_timeout: must be more than 0 seconds, got {t.dist_timeout}")
+    micro = t.device_train_microbatch_size
+    if isinstance(micro, int) and micro < 1:
+        raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")
+    f = config.finetune
+    if f is not None:
+        if f.head_lr is not None and f.head_lr <= 0:
+            raise RecipeError(f"finetune.head_lr: must be above 0, got {f.head_lr}")
+        if f.layer_decay is not None and not 0 < f.layer_decay <= 1:
+            raise RecipeError(f"finetune.layer_decay: must be in (0, 1], got {f.layer_decay}")
+        if f.layer_decay is not None and "layerwise_lr_decay" in config.algorithms:
+            raise RecipeError("finetune.layer_decay: algorithms.layerwise_lr_decay is set too; keep one of them")
+    c = config.checkpoint
+    if c.best_only and not c.monitor:
+        raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
+    if c.keep < -1:
+        raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
+    if t.loader == "device" and not registry.datasets.get(config.dataset.name).metadata.get("in_memory"):
+        usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("in_memory"))
+        raise RecipeError(
+            f"trainer.loader: 'device' needs a dataset held in memory as tensors ({usable}); "
+            f"'{config.dataset.name}' reads files: use trainer.loader=torch"
+        )
+    if t.loader == "tensor_cache" and not registry.datasets.get(config.dataset.name).metadata.get("pil_images"):
+        usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
+        raise RecipeError(
+            f"trainer.loader: 'tensor_cache' caches image folders ({usable}); for '{config.dataset.name}' "
+            "use trainer.loader=device (in-memory data) or torch"
+        )
+    _check_algorithm_prerequisites(config)
+
+
+def _check_algorithm_prerequisites(config: RecipeConfig) -> None:
+    """Algorithms that exclude each other, or need a kind of model or data (entry metadata)."""
+    for name in config.algorithms:
+        entry = registry.algorithms.get(name)
+        for other, reason in entry.metadata.get("conflicts_with", {}).items():
+            if other in config.algorithms:
+                raise RecipeError(f"algorithms: {name} and {other} cannot be used together ({reason}); remove one")
+        requires = entry.metadata.get("requires")
+        problem = requires(config) if requires is not None else None
+        if problem:
+            raise RecipeError(f"algorithms.{name}: {problem}")

@@ -1,0 +1,48 @@
+"""Paths in a recipe: input paths are relative to the file that names them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dlrecipes.config.sections import COMPONENT_MAPS, COMPONENT_SECTIONS, Component, RecipeConfig
+from dlrecipes.recipe import LoadedRecipe
+
+
+def _anchor(recipe: LoadedRecipe, key_path: str) -> Path:
+    """The folder a relative path at ``key_path`` is relative to: its recipe file's, or the working directory."""
+    source = recipe.sources.get(key_path, "")
+    if not source or source.startswith("override ") or source == "?":
+        return Path.cwd()
+    return Path(source).resolve().parent
+
+
+def _resolved(value: Any, anchor: Path) -> Any:
+    if isinstance(value, list):
+        return [_resolved(v, anchor) for v in value]
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (anchor / path).resolve())
+
+
+def resolve_paths(config: RecipeConfig, recipe: LoadedRecipe) -> None:
+    """Input paths in a recipe file are relative to that file (``base:`` files: to theirs).
+
+    Paths given as command-line overrides are relative to the working directory, and so
+    are output locations (``runs_dir``, ``trainer.cache_dir``).  Which parameters are
+    paths: ``checkpoint.load_path`` and each factory's ``paths=`` registry metadata.
+    """
+    if config.checkpoint.load_path:
+        config.checkpoint.load_path = _resolved(config.checkpoint.load_path, _anchor(recipe, "checkpoint.load_path"))
+    for section, reg in COMPONENT_SECTIONS.items():
+        component = getattr(config, section, None)
+        if isinstance(component, Component):
+            for key in reg.get(component.name).metadata.get("paths", ()):
+                if key in component.params:
+                    component.params[key] = _resolved(component.params[key], _anchor(recipe, f"{section}.{key}"))
+    for section, reg in COMPONENT_MAPS.items():
+        for name, params in (getattr(config, section, None) or {}).items():
+            for key in reg.get(name).metadata.get("paths", ()):
+                if key in params:
+                    params[key] = _resolved(params[key], _anchor(recipe, f"{section}.{name}.{key}"))

@@ -1,0 +1,255 @@
+"""The recipe's sections: what a resolved recipe may contain, with types, defaults and help.
+
+Each section is a dataclass whose fields are its keys (``help`` in their metadata, what ``show``,
+``list`` and the reference pages print); components are named by registry (``COMPONENT_SECTIONS``,
+``COMPONENT_MAPS``) and checked against their factories by :mod:`.checks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from dlrecipes import registry
+from dlrecipes.core.durations import Duration
+from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class Component:
+    """A registry entry by name, with the parameters for its factory."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.params}
+
+
+@dataclass
+class TrainerConfig:
+    max_duration: Duration = _help("how long to train: '10ep', '500ba', ...", default="1ep")
+    eval_interval: Duration = _help("how often to evaluate", default="1ep")
+    precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help("numeric precision; AMP needs a GPU", default="fp32")
+    device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
+    seed: int = _help("random seed for weights, data order and augmentation", default=17)
+    deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
+    batch_size: int = _help("global training batch size, split evenly over all devices", default=128)
+    batch_size_per_device: Optional[int] = _help(
+        "instead of batch_size: the batch each device trains on; the global batch (and the lr that "
+        "optimizer.scale_lr derives from it) then grows with the number of devices",
+        default=None,
+    )
+    eval_batch_size: Optional[int] = _help("global evaluation batch size (default: batch_size)", default=None)
+    device_train_microbatch_size: Union[int, Literal["auto"], None] = _help(
+        "per-device microbatch for gradient accumulation; 'auto' (GPU only) finds the largest that fits",
+        default=None,
+    )
+    num_workers: int = _help("dataloader worker processes per device", default=2)
+    loader: Literal["torch", "device", "tensor_cache"] = _help(
+        "torch: a DataLoader with per-sample transforms; device: keep an in-memory dataset on the "
+        "training device and crop/flip/normalise whole batches there (digits, MNIST, CIFAR, synthetic); "
+        "tensor_cache: decode an image folder once to a uint8 memory map, then augment whole batches",
+        default="torch",
+    )
+    cache_dir: Optional[str] = _help("tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None)
+    cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
+    progress_bar: bool = _help(
+        "on a terminal, a live progress line per phase (a summary row per epoch is printed either way)", default=True
+    )
+    console_log_interval: Duration = _help("with `train --verbose`: how often Composer prints every metric", default="1ep")
+    log_interval: int = _help(
+        "every how many batches the terminal and the run log read the training loss back from the device "
+        "(and at each epoch's last batch); every batch's loss reaches the loggers, and the steps in between "
+        "never wait for the device",
+        default=50,
+    )
+    train_metrics_interval: int = _help(
+        "every how many batches the step's own outputs update the train metrics, which cover the epoch and are "
+        "reported at its end (1 = every batch; 0 = no train metrics)",
+        default=10,
+    )
+    dist_timeout: float = _help(
+        "seconds that processes wait for each other (process group setup and every collective) before "
+        "the run stops with an error",
+        default=300.0,
+    )
+    fsdp: Optional[dict[str, Any]] = _help(
+        "shard the model with FSDP through Composer's parallelism_config (GPU only), e.g. "
+        "{sharding_strategy: FULL_SHARD, mixed_precision: DEFAULT}",
+        default=None,
+    )
+    compile: Union[bool, dict[str, Any]] = _help(
+        "torch.compile the model through Composer's compile_config: true, or options such as {mode: max-autotune}",
+        default=False,
+    )
+    eval_subset_num_batches: int = _help("evaluate on this many batches only (-1 = all)", default=-1)
+    train_subset_num_batches: int = _help("train on this many batches per epoch only (-1 = all)", default=-1)
+
+
+@dataclass
+class CheckpointConfig:
+    save: bool = _help("write checkpoints under the run directory", default=True)
+    save_interval: Duration = _help("how often to save", default="1ep")
+    keep: int = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
+    monitor: Optional[str] = _help(
+        "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)", default=None
+    )
+    mode: Literal["max", "min"] = _help("whether a larger or smaller monitored metric is better", default="max")
+    best_only: bool = _help("keep only best.pt (needs monitor); periodic checkpoints are not written", default=False)
+    load_path: Optional[str] = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
+    load_strict: bool = _help("require every weight in load_path to match the model", default=True)
+    load_weights_only: bool = _help("load only the weights from load_path, not the optimizer or time", default=True)
+    load_ignore_keys: list[str] = _help("glob patterns of state keys not to load, e.g. 'state/model/*fc*'", default_factory=list)
+
+
+@dataclass
+class OutputConfig:
+    loss: Union[str, dict[str, Any]] = _help(
+        "this output's loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy, focal "
+        "(class labels), mse, l1 (regression values), or a plugin's (dlrecipes list losses)",
+        default="cross_entropy",
+    )
+    weight: float = _help("weight of this output's loss in the total (0 or more)", default=1.0)
+    num_classes: Optional[int] = _help("class count, checked against the dataset's", default=None)
+
+
+@dataclass
+class TaskConfig:
+    """Several inputs and outputs: the batch is (inputs..., targets...) as the dataset declares them."""
+
+    inputs: list[str] = _help("the model's inputs, in the order its forward takes them (the dataset's input names)")
+    outputs: dict[str, OutputConfig] = _help("one entry per output: {name: {loss, weight, num_classes}}")
+
+
+@dataclass
+class FinetuneConfig:
+    """Fine-tuning a pretrained network: a frozen backbone at first, a head learning rate, layer-wise decay."""
+
+    freeze_backbone: Duration = _help("train only the head for this long, then everything ('0ep': never frozen)", default="0ep")
+    head_lr: Optional[float] = _help("the head's learning rate (default: optimizer.lr, like the backbone)", default=None)
+    head: list[str] = _help("module names (globs) forming the head (default: the classifier, found from the model)",
+                            default_factory=list)
+    layer_decay: Optional[float] = _help("layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)",
+                                         default=None)
+
+
+@dataclass
+class RecipeConfig:
+    """A validated recipe."""
+
+    model: Component = _help("the network: {name: <model>, ...params}")
+    dataset: Component = _help("the data: {name: <dataset>, ...params}")
+    name: Optional[str] = _help("recipe name, used in run names (default: the file name)", default=None)
+    description: str = _help("one line about what this recipe is for", default="")
+    run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
+    runs_dir: str = _help("where run directories are written", default="runs")
+    imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
+    loss: Union[str, dict[str, Any]] = _help(
+        "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "
+        "recipes), focal, each with label_smoothing; or a plugin's (dlrecipes list losses)",
+        default="cross_entropy",
+    )
+    metrics: dict[str, dict[str, Any]] = _help(
+        "evaluation metrics, a list of names or {name: {params}} (dlrecipes list metrics); the evaluation loss "
+        "is always computed; confusion_matrix and per_class_accuracy are written at the end of the run",
+        default_factory=lambda: {name: {} for name in DEFAULT_METRICS},
+    )
+    train_metrics: dict[str, dict[str, Any]] = _help(
+        "training metrics, as metrics:, from every trainer.train_metrics_interval-th step's own outputs",
+        default_factory=lambda: {name: {} for name in DEFAULT_TRAIN_METRICS},
+    )
+    task: Optional[TaskConfig] = _help(
+        "several inputs and outputs: {inputs: [names], outputs: {name: {loss, weight}}} (null: one image, one label)",
+        default=None,
+    )
+    trainer: TrainerConfig = _help("training loop settings", default_factory=TrainerConfig)
+    optimizer: Component = _help(
+        "optimizer: {name: <optimizer>, lr: ..., ...}",
+        default_factory=lambda: Component("sgd"),
+    )
+    scheduler: Component = _help(
+        "learning-rate schedule: {name: <scheduler>, warmup: ..., ...}",
+        default_factory=lambda: Component("constant"),
+    )
+    checkpoint: CheckpointConfig = _help("saving and loading checkpoints", default_factory=CheckpointConfig)
+    finetune: Optional[FinetuneConfig] = _help(
+        "fine-tuning: {freeze_backbone: 2ep, head_lr: ..., head: [names], layer_decay: ...} (null: train all alike)",
+        default=None,
+    )
+    algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
+    callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
+    loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what ``show`` prints and runs save)."""
+        out: dict[str, Any] = {}
+        for name in TOP_LEVEL_ORDER:
+            value = getattr(self, name)
+            if name in ("task", "finetune") and value is None:
+                continue  # recipes without a task resolve exactly as before tasks existed
+            if name in ("loss", "metrics", "train_metrics") and self.task is not None:
+                continue  # each output of the task names its own loss; its metrics follow from its kind
+            if isinstance(value, Component):
+                value = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            out[name] = value
+        return out
+
+
+# How sections are listed in resolved recipes: what the run is, then what it builds.
+TOP_LEVEL_ORDER = (
+    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "metrics", "train_metrics",
+    "task", "trainer",
+    "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers",
+)
+
+
+# Sections holding one named component, and the registry that names it.
+COMPONENT_SECTIONS = {
+    "model": registry.models,
+    "dataset": registry.datasets,
+    "optimizer": registry.optimizers,
+    "scheduler": registry.schedulers,
+}
+# Sections holding any number of components as {name: params}.
+COMPONENT_MAPS = {
+    "algorithms": registry.algorithms,
+    "callbacks": registry.callbacks,
+    "loggers": registry.loggers,
+}
+
+
+# Optimizer keys the builder handles itself (they are not the optimizer factory's parameters).
+LR_SCALING_KEYS = {
+    "scale_lr": Literal["none", "linear", "sqrt"],
+    "reference_batch_size": Optional[int],
+}
+
+
+# What Composer's FSDPConfig accepts (kept here so validation imports neither Composer nor torch;
+# tests/test_validation.py checks it against the installed Composer).
+FSDP_KEYS = (
+    "activation_checkpointing", "activation_checkpointing_reentrant", "activation_cpu_offload", "auto_wrap",
+    "backward_prefetch", "backward_prefetch_limit", "cpu_offload", "data_parallel_replicate_degree",
+    "data_parallel_shard_degree", "forward_prefetch", "forward_prefetch_limit", "ignored_modules",
+    "keep_low_precision_grads", "limit_all_gathers", "load_monolith_rank0_only", "load_planner", "mixed_precision",
+    "process_group", "save_planner", "sharded_ckpt_prefix_dir", "sharding_strategy", "state_dict_type",
+    "sync_module_states", "te_checkpoint_wrapper", "te_shard_fp8_weight", "use_orig_params", "verbose",
+)
+
+
+def compile_keys() -> tuple[str, ...]:
+    """What the installed torch.compile accepts (it grows with torch releases, so asked of torch; only a
+    recipe giving compile options pays the import)."""
+    import inspect
+
+    import torch
+
+    return tuple(name for name in inspect.signature(torch.compile).parameters if name != "model")

@@ -1,0 +1,10 @@
+"""The foundation every part of dlrecipes may use, and which uses none of them.
+
+- :mod:`.durations`: the recipe's time strings (``10ep``, ``200ba``, ``0.5dur``) and their parser;
+- :mod:`.distributed`: this process among the launcher's processes (rank, world size, device),
+  the one batch-divisibility check, and agreement among the ranks (host-side reductions);
+- :mod:`.outputs`: what a model's outputs are and how their metrics are named.
+
+Besides :mod:`dlrecipes.errors` these modules import nothing of dlrecipes, and torch only inside
+functions that need it, so validation (which uses all three) stays fast.
+"""

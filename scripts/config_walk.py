@@ -1,0 +1,79 @@
+"""Follow a resolved recipe through the code that builds a run (the architecture issue's measure).
+
+    python scripts/config_walk.py [RECIPE] [key=value ...]
+
+Builds everything ``train`` builds for the recipe (default: recipes/quickstart.yaml) without
+fitting, and records every call of a dlrecipes function that receives the config or one of its
+sections as an argument.  Prints the modules in the order the config enters them, how many times
+it enters each, and how many times it climbs back into a module it had left for another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config_parts(config) -> set[int]:
+    """The config and each of its sections (dataclasses, dicts and lists of the recipe's sections)."""
+    parts = {id(config)}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) or isinstance(value, (dict, list)):
+            parts.add(id(value))
+    return parts
+
+
+def walk(recipe: Path, overrides: list[str]) -> list[str]:
+    from dlrecipes import api
+
+    config = api.resolve(recipe, overrides)
+    parts = _config_parts(config)
+    entered: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("dlrecipes"):
+            return
+        values = [frame.f_locals.get(name) for name in frame.f_code.co_varnames[: frame.f_code.co_argcount]]
+        if any(id(v) in parts for v in values):
+            entered.append(module)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config.runs_dir = tmp
+        from dlrecipes import train
+
+        sys.setprofile(profile)
+        try:
+            trainer = train.build_trainer(config, Path(tmp) / "walk")
+        finally:
+            sys.setprofile(None)
+        trainer.close()
+    return entered
+
+
+def summary(entered: list[str]) -> str:
+    runs = [m for i, m in enumerate(entered) if i == 0 or entered[i - 1] != m]  # consecutive calls in one module: one visit
+    visits = Counter(runs)
+    left: set[str] = set()
+    climbs = 0
+    for previous, module in zip(runs, runs[1:]):
+        left.add(previous)
+        climbs += module in left
+    lines = [" -> ".join(runs), "", "visits per module:"]
+    lines += [f"  {module}: {count}" for module, count in visits.most_common()]
+    lines.append(f"modules entered: {len(visits)}; visits: {len(runs)}; climbs back into a module left before: {climbs}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    recipe = Path(args.pop(0)) if args and not "=" in args[0] else ROOT / "recipes" / "quickstart.yaml"
+    print(summary(walk(recipe, ["trainer.device=cpu", "checkpoint.save=false", *args])))
