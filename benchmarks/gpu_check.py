@@ -61,7 +61,7 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
 
     import dlrecipes.engine
     from dlrecipes import api
-    from dlrecipes.train import build_trainer
+    from dlrecipes.builders import build_trainer
 
     losses = []
 

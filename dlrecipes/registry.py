@@ -66,17 +66,16 @@ class Entry:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         }
 
-    def build(self, **params: Any) -> Any:
-        return self.factory(**params)
 
 
 class Registry:
     """Name -> factory, for one group (``models``, ``datasets``, ...)."""
 
-    def __init__(self, group: str, what: str, returns: str):
+    def __init__(self, group: str, what: str, returns: str, expected: str = ""):
         self.group = group
         self.what = what  # e.g. "model", used in messages
-        self.returns = returns  # what a factory must return (build_component says so when one does not)
+        self.returns = returns  # what a factory must return, in words (build_component says so when one does not)
+        self.expected = expected  # the same as a dotted type name ("torch.nn.Module"), imported when checked
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str | None = None, **metadata: Any) -> Callable:
@@ -111,7 +110,17 @@ class Registry:
             ) from None
 
     def build(self, name: str, **params: Any) -> Any:
-        return self.get(name).build(**params)
+        """``name``'s factory called with ``params`` and its result type-checked (:func:`build_component`)."""
+        return build_component(self, name, params, f"{self.group}.{name}")
+
+    def expected_type(self) -> Any:
+        """The type a factory's result must have (imported now: only building needs it), or None."""
+        if not self.expected:
+            return None
+        import importlib
+
+        module, _, name = self.expected.rpartition(".")
+        return getattr(importlib.import_module(module), name)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -126,9 +135,9 @@ class Registry:
         return len(self._entries)
 
 
-def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, expected: Any = None,
-                    **context: Any) -> Any:
-    """``reg[name](*supplied, **params)``, checked to be an instance of ``expected`` (a type or tuple).
+def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, **context: Any) -> Any:
+    """``reg[name](*supplied, **params)``, checked to be an instance of the registry's type: the one
+    door every build goes through (``Registry.build`` included).
 
     Factories may take positional-only parameters that are not recipe keys (the model for an
     optimizer, the run directory for a callback, the class count for a metric); they are supplied
@@ -137,11 +146,15 @@ def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, 
     entry = reg.get(name, key_path=key)
     supplied = []
     for pname, param in inspect.signature(entry.factory).parameters.items():
-        if param.kind is param.POSITIONAL_ONLY:
-            if pname not in context:
-                raise TypeError(f"{entry.source}: positional-only parameter '{pname}' cannot be supplied")
-            supplied.append(context[pname])
+        if param.kind is not param.POSITIONAL_ONLY:
+            break
+        if pname not in context:
+            if param.default is not param.empty:  # optional: its default, and the rest's
+                break
+            raise TypeError(f"{entry.source}: positional-only parameter '{pname}' cannot be supplied")
+        supplied.append(context[pname])
     built = entry.factory(*supplied, **params)
+    expected = reg.expected_type()
     if expected is not None and not isinstance(built, expected):
         raise TypeError(f"{reg.what} '{name}' ({entry.source}) returned {type(built).__name__}, expected {reg.returns}")
     return built
@@ -155,15 +168,17 @@ def _source_of(factory: Callable) -> str:
         return module
 
 
-models = Registry("models", "model", "a torch.nn.Module producing class logits")
-datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits")
-optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)")
-schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler")
-algorithms = Registry("algorithms", "algorithm", "a composer Algorithm")
-callbacks = Registry("callbacks", "callback", "a composer Callback")
-loggers = Registry("loggers", "logger", "a composer LoggerDestination")
-losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor")
-metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)")
+models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module")
+datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits")
+optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
+                      "torch.optim.Optimizer")
+schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
+algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm")
+callbacks = Registry("callbacks", "callback", "a composer Callback", "composer.core.Callback")
+loggers = Registry("loggers", "logger", "a composer LoggerDestination", "composer.loggers.LoggerDestination")
+losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",
+                  "collections.abc.Callable")
+metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric")
 
 REGISTRIES: dict[str, Registry] = {
     r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers, losses, metrics)

@@ -48,11 +48,11 @@ def walk(recipe: Path, overrides: list[str]) -> list[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         config.runs_dir = tmp
-        from dlrecipes import train
+        from dlrecipes import builders
 
         sys.setprofile(profile)
         try:
-            trainer = train.build_trainer(config, Path(tmp) / "walk")
+            trainer = builders.build_trainer(config, Path(tmp) / "walk")
         finally:
             sys.setprofile(None)
         trainer.close()

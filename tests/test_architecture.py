@@ -15,11 +15,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dlrecipes"
 PARTS = {
     "foundation": ["dlrecipes", "dlrecipes.errors", "dlrecipes.registry", "dlrecipes.core"],  # "dlrecipes": its __init__, a docstring
     "load+validate": ["dlrecipes.recipe", "dlrecipes.config", "dlrecipes.plugins"],
+    # what recipes name by registry, and the engine: the Trainer class the builders put them in
     "components": ["dlrecipes.models", "dlrecipes.data", "dlrecipes.optim", "dlrecipes.algorithms", "dlrecipes.losses",
-                   "dlrecipes.metrics", "dlrecipes.callbacks", "dlrecipes.loggers"],
+                   "dlrecipes.metrics", "dlrecipes.callbacks", "dlrecipes.loggers", "dlrecipes.engine"],
     "records": ["dlrecipes.records"],
     "build": ["dlrecipes.builders"],
-    "fit": ["dlrecipes.train", "dlrecipes.engine"],
+    "fit": ["dlrecipes.train"],
     "tools": ["dlrecipes.tools"],
     "interface": ["dlrecipes.api", "dlrecipes.cli", "dlrecipes.__main__"],
 }
@@ -151,4 +152,7 @@ def test_functions_stay_short():
 
 def test_the_top_level_shows_the_stages_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["__main__", "api", "builders", "cli", "engine", "errors", "plugins", "recipe", "registry", "train"]
+    assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "recipe", "registry", "train"]
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert packages == ["algorithms", "builders", "callbacks", "config", "core", "data", "loggers", "losses", "metrics",
+                        "models", "optim", "records", "tools"]

@@ -19,7 +19,9 @@ from dlrecipes.records.checkpoints import (
     resume_point,
 )
 from dlrecipes.errors import DataError, UserError
-from dlrecipes.train import build_trainer, prepare_run_dir, train
+from dlrecipes.builders import build_trainer
+from dlrecipes.records.run_dir import prepare_run_dir
+from dlrecipes.train import train
 from tests.conftest import run_cli
 
 

@@ -8,7 +8,9 @@ import torch
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.algorithms.finetune import default_head, head_parameter_names
-from dlrecipes.train import build_trainer, prepare_run_dir, train
+from dlrecipes.builders import build_trainer
+from dlrecipes.records.run_dir import prepare_run_dir
+from dlrecipes.train import train
 from tests.conftest import run_cli, write
 
 FINETUNE = [

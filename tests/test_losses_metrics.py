@@ -25,7 +25,7 @@ LABELS = torch.tensor([0, 2, 1, 0])
 @pytest.mark.parametrize("entry", list(registry.losses), ids=lambda e: e.name)
 def test_every_loss_says_what_it_trains_and_returns_a_scalar_with_gradients(entry):
     assert entry.metadata.get("targets") in ("class", "regression")
-    fn = entry.build()
+    fn = registry.losses.build(entry.name)
     logits = LOGITS.clone().requires_grad_()
     targets = LABELS if entry.metadata["targets"] == "class" else torch.randn(4, 3)
     loss = fn(logits, targets)
@@ -176,7 +176,8 @@ def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
 def test_the_report_counts_every_eval_microbatch_once(tiny_recipe):
     """With evaluation in microbatches, each one's outputs are counted (not only a batch's last)."""
     from dlrecipes.metrics.report import ClassReport
-    from dlrecipes.train import build_trainer, prepare_run_dir
+    from dlrecipes.builders import build_trainer
+    from dlrecipes.records.run_dir import prepare_run_dir
 
     config = resolve(tiny_recipe, ["trainer.max_duration=1ep", "run_name=micro", "metrics=[top1, confusion_matrix]"])
     trainer = build_trainer(config, prepare_run_dir(config, "micro", resume=False))

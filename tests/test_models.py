@@ -22,7 +22,7 @@ def _fake_splits(input_shape, num_classes=7):
 def test_model_forward_on_its_input_size(entry):
     shape = entry.metadata["input_size"]
     params = model_params(Component(entry.name, dict(entry.metadata.get("example_params", {}))), _fake_splits(shape))
-    model = entry.build(**params).eval()
+    model = registry.models.build(entry.name, **params).eval()
     with torch.no_grad():
         out = model(torch.randn(2, *shape))
     assert out.shape == (2, 7)

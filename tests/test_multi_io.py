@@ -74,7 +74,7 @@ def _model_and_batch(config, batch_size=16):
 def test_multi_io_models_return_one_output_per_head(entry):
     io = DataIO({"a": (1, 28, 14), "b": (3, 20, 20)}, {"x": OutputSpec("class", 7), "y": OutputSpec("regression", 3)})
     params = multi_io_model_params(entry.name, {}, io, ["a", "b"], ["x", "y"])
-    model = entry.build(**params).eval()
+    model = registry.models.build(entry.name, **params).eval()
     with torch.no_grad():
         out = model(torch.randn(2, 1, 28, 14), torch.randn(2, 3, 20, 20))
     assert {k: tuple(v.shape) for k, v in out.items()} == {"x": (2, 7), "y": (2, 3)}
@@ -161,7 +161,7 @@ def test_model_outputs_may_be_a_tuple_in_the_task_order():
 @pytest.mark.parametrize("entry", [e for e in registry.datasets if e.metadata.get("io")], ids=lambda e: e.name)
 def test_datasets_yield_what_they_declare(entry):
     params = {"image_size": 12} if entry.name == "digits_two_view" else {}
-    data = entry.build(**params)
+    data = registry.datasets.build(entry.name, **params)
     assert data.io == declared_io(entry.name, params)
     sample = data.train[0]
     assert len(sample) == len(data.io.inputs) + len(data.io.outputs)

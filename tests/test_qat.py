@@ -26,7 +26,9 @@ from dlrecipes.algorithms.qat import (
 )
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.train import build_trainer, prepare_run_dir, train
+from dlrecipes.builders import build_trainer
+from dlrecipes.records.run_dir import prepare_run_dir
+from dlrecipes.train import train
 
 from .conftest import write
 

@@ -80,9 +80,11 @@ def test_composer_algorithm_wrappers_mirror_composer_signatures():
 
 
 def test_a_factory_returning_the_wrong_kind_of_object_is_named_with_what_was_expected():
-    reg = registry.Registry("things", "thing", "a list of numbers")
+    reg = registry.Registry("things", "thing", "a list of numbers", "builtins.list")
     reg.add("bad", lambda: "not a list", source="my_plugin.py")
     with pytest.raises(TypeError, match=r"thing 'bad' \(my_plugin.py\) returned str, expected a list of numbers"):
-        registry.build_component(reg, "bad", {}, "things.bad", list)
+        registry.build_component(reg, "bad", {}, "things.bad")
+    with pytest.raises(TypeError, match=r"thing 'bad' \(my_plugin.py\) returned str"):
+        reg.build("bad")  # the registry's own build goes through the same check
     reg.add("good", lambda size, /: [0] * size, source="my_plugin.py")
-    assert registry.build_component(reg, "good", {}, "things.good", list, size=3) == [0, 0, 0]
+    assert registry.build_component(reg, "good", {}, "things.good", size=3) == [0, 0, 0]

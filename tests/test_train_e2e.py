@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from dlrecipes.api import resolve
-from dlrecipes.train import build_trainer, prepare_run_dir, train
+from dlrecipes.builders import build_trainer
+from dlrecipes.records.run_dir import prepare_run_dir
+from dlrecipes.train import train
 
 from .conftest import REPO, run_cli
 

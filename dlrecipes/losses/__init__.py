@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from dlrecipes.errors import RecipeError
-from dlrecipes.registry import losses
+from dlrecipes.registry import build_component, losses
 
 
 def _check(params: dict, path: str) -> None:
@@ -78,4 +78,4 @@ def loss_params(value: Union[str, dict[str, Any]]) -> dict[str, Any]:
 
 def build_loss(value: Union[str, dict[str, Any]]):
     """The loss function a recipe's ``loss:`` value names."""
-    return losses.build(loss_name(value), **loss_params(value))
+    return build_component(losses, loss_name(value), loss_params(value), "loss")

@@ -28,7 +28,7 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
     for name, params in names.items():
         if registry.metrics.get(name).metadata.get("report"):
             continue  # tables, gathered by dlrecipes.metrics.report
-        metric = build_component(registry.metrics, name, params, f"metrics.{name}", Metric, num_classes=num_classes)
+        metric = build_component(registry.metrics, name, params, f"metrics.{name}", num_classes=num_classes)
         if train:
             metric.validate_args = False
         metrics[name] = metric

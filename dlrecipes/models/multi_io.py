@@ -176,6 +176,6 @@ def build_multi_io_model(cfg: Any, data: Any, task: Any) -> MultiIOModel:
     if data.io is None:
         raise TypeError("the dataset returned DatasetSplits without io; a task needs it (DatasetSplits.io)")
     params = multi_io_model_params(cfg.name, cfg.params, data.io, list(task.inputs), list(task.outputs))
-    module = build_component(registry.models, cfg.name, params, "model.name", nn.Module)
+    module = build_component(registry.models, cfg.name, params, "model.name")
     outputs = {name: (out.loss, out.weight) for name, out in task.outputs.items()}
     return MultiIOModel(module, data.io, list(task.inputs), outputs)

@@ -168,7 +168,7 @@ def _timed_rounds(plain_segment, composer_segment, steps: int, rounds: int, warm
 def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
     """The recipe's Trainer against a plain PyTorch loop on the same model, batches and optimizer."""
     from dlrecipes.losses import build_loss
-    from dlrecipes.train import build_bench_trainer
+    from dlrecipes.builders import build_bench_trainer
 
     config = _bench_config(config)
     t = config.trainer
@@ -227,7 +227,7 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     """Training images/s of the recipe's Trainer on batches already on the device (no data loading)."""
     from composer.core import DataSpec
 
-    from dlrecipes.train import build_bench_trainer
+    from dlrecipes.builders import build_bench_trainer
 
     config = copy.deepcopy(config)
     config.checkpoint.save, config.checkpoint.monitor = False, None

@@ -21,6 +21,7 @@ def resolve_model(name: str, params: dict[str, Any], input_size: tuple[int, int,
     """A registry model by name, or ``timm/<arch>``, ``torchvision/<arch>``, or a bare timm architecture."""
     from dlrecipes import registry
     from dlrecipes.plugins import load_all
+    from dlrecipes.registry import build_component
 
     load_all()
     if "/" in name:
@@ -42,7 +43,7 @@ def resolve_model(name: str, params: dict[str, Any], input_size: tuple[int, int,
         params["in_chans"] = input_size[0]
     if "min_input_size" in entry.parameters and "min_input_size" not in params:
         params["min_input_size"] = 1  # profiling only: any size
-    return entry.build(**params)
+    return build_component(registry.models, name, params, "--model")
 
 
 def count_flops(model: nn.Module, example: torch.Tensor) -> int:

@@ -22,7 +22,7 @@ DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape", "loss")
 
 
 def build_datasets(cfg: Component) -> DatasetSplits:
-    return build_component(registry.datasets, cfg.name, cfg.params, "dataset.name", DatasetSplits)
+    return build_component(registry.datasets, cfg.name, cfg.params, "dataset.name")
 
 
 def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy") -> dict[str, Any]:
@@ -55,8 +55,6 @@ def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy"
 
     With a ``task`` (several inputs/outputs), a per-output loss and metrics wrapper instead.
     """
-    from torch import nn
-
     from dlrecipes.models.classifier import wrap_classifier
 
     if task is not None:
@@ -65,7 +63,7 @@ def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy"
         return build_multi_io_model(cfg, data, task)
     from dlrecipes.losses import loss_name
 
-    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss_name(loss)), "model.name", nn.Module)
+    module = build_component(registry.models, cfg.name, model_params(cfg, data, loss_name(loss)), "model.name")
     return wrap_classifier(module, data.num_classes, loss, metrics, train_metrics)
 
 
@@ -177,8 +175,6 @@ def build_optimizer(cfg: Component, model, global_batch_size: int | None = None,
     ``fused``: what a factory with a ``fused`` parameter gets when the recipe leaves it unset
     (True for amp_fp16 on a GPU: see :mod:`dlrecipes.optim.optimizers`).
     """
-    import torch
-
     from dlrecipes.config import LR_SCALING_KEYS
 
     params = {k: v for k, v in cfg.params.items() if k not in LR_SCALING_KEYS}
@@ -188,13 +184,11 @@ def build_optimizer(cfg: Component, model, global_batch_size: int | None = None,
     if rule != "none" and global_batch_size:
         lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)
         params["lr"] = scaled_lr(lr, rule, global_batch_size, cfg.params["reference_batch_size"])
-    return build_component(registry.optimizers, cfg.name, params, "optimizer.name", torch.optim.Optimizer, model=model)
+    return build_component(registry.optimizers, cfg.name, params, "optimizer.name", model=model)
 
 
 def build_scheduler(cfg: Component):
-    from collections.abc import Callable
-
-    return build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name", Callable)
+    return build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name")
 
 
 def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, run_dir: Path | None = None) -> list:
@@ -202,8 +196,6 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, 
 
     ``run_dir`` goes to factories that take it positional-only (``qat`` exports there).
     """
-    from composer.core import Algorithm
-
     from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing
 
     built = []
@@ -212,20 +204,15 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, 
         if name == "progressive_resizing" and isinstance(ffcv_loader, FFCVLoader):
             built.append(FFCVProgressiveResizing(ffcv_loader, **params))
         else:
-            built.append(build_component(registry.algorithms, name, params, f"algorithms.{name}", Algorithm,
-                                         run_dir=run_dir))
+            built.append(build_component(registry.algorithms, name, params, f"algorithms.{name}", run_dir=run_dir))
     return built
 
 
 def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    from composer.core import Callback
-
-    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", Callback, run_dir=run_dir)
+    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir)
             for name, params in cfgs.items()]
 
 
 def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    from composer.loggers import LoggerDestination
-
-    return [build_component(registry.loggers, name, params, f"loggers.{name}", LoggerDestination, run_dir=run_dir)
+    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir)
             for name, params in cfgs.items()]

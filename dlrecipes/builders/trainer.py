@@ -1,0 +1,205 @@
+"""Build a run's Trainer: everything a validated recipe names, around the engine (not yet fitted)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.builders.components import (
+    build_algorithms, build_callbacks, build_dataloaders, build_datasets, build_loggers, build_model, build_optimizer,
+    build_scheduler,
+)
+from dlrecipes.config import RecipeConfig
+from dlrecipes.core.distributed import rank, resolve_device, same_on_all_ranks
+from dlrecipes.core.durations import is_zero
+from dlrecipes.errors import UserError
+from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver, resume_point
+from dlrecipes.registry import algorithms as algorithm_registry, build_component
+
+
+def _finetune(config: RecipeConfig, model, optimizer) -> list:
+    """The ``finetune:`` section: a head lr group now, backbone freezing and layer-wise decay as algorithms."""
+    from dlrecipes.algorithms.finetune import FreezeBackbone, head_parameter_names, split_head_group
+
+    f = config.finetune
+    net = getattr(model, "module", model)
+    head = head_parameter_names(net, f.head)
+    split_head_group(net, optimizer, head, f.head_lr)
+    algorithms = []
+    if not is_zero(f.freeze_backbone):
+        algorithms.append(FreezeBackbone(head, f.freeze_backbone))
+    if f.layer_decay is not None:
+        algorithms.append(build_component(algorithm_registry, "layerwise_lr_decay", {"decay": f.layer_decay},
+                                          "finetune.layer_decay"))
+    return algorithms
+
+
+def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool):
+    """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
+
+    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time,
+    RNG).  Otherwise ``checkpoint.load_path`` gives initial weights, read tensors-only where
+    the file allows it (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole
+    file to Composer, which from outside the run directory needs ``trust``.
+    """
+    from dlrecipes.records.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
+
+    ckpt = config.checkpoint
+    if resume:
+        point = resume_point(run_dir / CHECKPOINT_DIR) if rank() == 0 else None
+        point = same_on_all_ranks(str(point) if point else "", device, config.trainer.dist_timeout)
+        if point:
+            if rank() == 0:
+                print(f"resuming from {point}", file=sys.stderr)
+            return point
+        print(f"note: no complete checkpoint in {run_dir / CHECKPOINT_DIR} yet; starting from the beginning",
+              file=sys.stderr)
+    if not ckpt.load_path:
+        return None
+    path = Path(ckpt.load_path)
+    if not ckpt.load_weights_only:  # Composer's loader unpickles fully: check the file first
+        check_trusted(path, trusted_dirs=[run_dir], trust=trust)
+        return str(path)
+    loaded = read_checkpoint(path, trusted_dirs=[run_dir], trust=trust)
+    report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)
+    if rank() == 0:
+        skipped = report["ignored"] + report["missing"]
+        print(f"loaded weights from {path}" + (f" (not loaded: {', '.join(skipped[:6])}"
+              f"{' ...' if len(skipped) > 6 else ''})" if skipped else ""), file=sys.stderr)
+    return None
+
+
+def check_free_space(run_dir: Path, model, keep: int) -> None:
+    """Refuse to start when the disk cannot hold the checkpoints (weights + optimizer state, about 3x)."""
+    import shutil
+
+    from torch.nn.parameter import UninitializedParameter
+
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if not isinstance(t, UninitializedParameter)]
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)  # lazy layers: not sized yet
+    needed = 3 * state_bytes * max(1, min(keep, 2) if keep >= 0 else 2)
+    where = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # other ranks may not see it yet
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise UserError(
+            f"runs_dir: only {free / 2**20:.0f} MiB free at {run_dir}; checkpoints of this model need about "
+            f"{needed / 2**20:.0f} MiB. Free some space, choose another runs_dir, or set checkpoint.save=false."
+        )
+
+
+def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
+                  verbose: bool = False, recipe: Optional[dict[str, Any]] = None):
+    """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
+
+    ``trust_checkpoint`` allows a full unpickle of a ``checkpoint.load_path`` outside the run
+    directory (see :mod:`dlrecipes.records.checkpoints`); ``verbose`` adds Composer's own
+    console logging (its config banner and every metric at ``trainer.console_log_interval``);
+    ``recipe``: the config as plain data (what the run's history records), when the caller has it.
+    """
+    device = resolve_device(config.trainer.device)
+    data, model = _seeded_model(config)
+    ckpt = config.checkpoint
+    if ckpt.save:
+        check_free_space(run_dir, model, ckpt.keep)
+    periodic = ckpt.save and not ckpt.best_only
+    load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint)
+    loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
+                                         algorithms=config.algorithms)
+    callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)
+    return _trainer(config, run_dir, device, model, loaders, callbacks, _loggers(config, run_dir, terminal=True),
+                    verbose, load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+
+
+def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any):
+    """The recipe's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
+    model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
+    no checkpoints and no terminal output."""
+    device = resolve_device(config.trainer.device)
+    data, model = _seeded_model(config)
+    callbacks = _run_callbacks(config, run_dir, device, data, periodic=False)
+    return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
+                    _loggers(config, run_dir, terminal=False), verbose=False, load={}, max_duration="100000000ba")
+
+
+def _seeded_model(config: RecipeConfig):
+    """The data splits and the wrapped model, built after seeding (so weights and data are seeded)."""
+    from composer.utils import reproducibility
+
+    t = config.trainer
+    if t.deterministic:
+        reproducibility.configure_deterministic_mode()
+    reproducibility.seed_all(t.seed)
+    data = build_datasets(config.dataset)
+    model = build_model(config.model, data, config.loss, task=config.task, metrics=config.metrics,
+                                 train_metrics=config.train_metrics)
+    return data, model
+
+
+def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, periodic: bool,
+                   recipe: Optional[dict[str, Any]] = None) -> list:
+    """The recipe's callbacks, then every run's: history, periodic saves, stopping on signals, best.pt, report."""
+    from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.callbacks.preemption import StopOnSignal
+    from dlrecipes.metrics.report import ClassReport, report_tables
+    from dlrecipes.records.history import RunHistory
+
+    ckpt, checkpoint_dir = config.checkpoint, run_dir / CHECKPOINT_DIR
+    callbacks = build_callbacks(config.callbacks, run_dir)
+    callbacks.append(RunHistory(run_dir, recipe if recipe is not None else config.to_dict(), device))
+    saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None
+    if saver is not None:
+        callbacks.append(saver)
+    callbacks.append(StopOnSignal(saver))  # after the saver: a signal at a save point writes once
+    best = BestCheckpoint(checkpoint_dir, monitor=ckpt.monitor, mode=ckpt.mode) if ckpt.monitor else None
+    if best is not None:
+        callbacks.append(best)
+    tables = report_tables(config.metrics) if config.task is None else []
+    if tables:  # after BestCheckpoint: it tells which evaluation is the best one
+        callbacks.append(ClassReport(run_dir, data.num_classes, data.class_names, tables, best))
+    return callbacks
+
+
+def _loggers(config: RecipeConfig, run_dir: Path, terminal: bool) -> list:
+    from dlrecipes.loggers.read_back import ReadsAtInterval
+    from dlrecipes.loggers.run_log import RunLogFile
+
+    loggers = build_loggers(config.loggers, run_dir)
+    read_every = config.trainer.log_interval  # batches between loss read-backs
+    for logger in loggers:
+        if isinstance(logger, ReadsAtInterval):
+            logger.read_every = read_every
+    loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False, read_every=read_every))
+    if terminal:
+        from dlrecipes.loggers.terminal import TerminalReport
+
+        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
+                                      read_every=read_every))
+    return loggers
+
+
+def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
+             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None):
+    from dlrecipes.engine import Trainer
+
+    t = config.trainer
+    optimizer = build_optimizer(config.optimizer, model, t.batch_size,
+                                         fused=t.precision == "amp_fp16" and device == "gpu")
+    algorithms = build_algorithms(config.algorithms, loaders[0], run_dir)
+    if config.finetune is not None:
+        algorithms += _finetune(config, model, optimizer)
+    return Trainer(
+        model=model, train_dataloader=loaders[0], eval_dataloader=loaders[1],
+        max_duration=max_duration or t.max_duration, eval_interval=t.eval_interval,
+        optimizers=optimizer, schedulers=build_scheduler(config.scheduler), step_schedulers_every_batch=True,
+        algorithms=algorithms, callbacks=callbacks, loggers=loggers, run_name=run_dir.name,
+        progress_bar=False,  # dlrecipes.loggers.terminal is among the loggers instead
+        log_to_console=verbose, console_log_interval=t.console_log_interval,
+        train_subset_num_batches=t.train_subset_num_batches, eval_subset_num_batches=t.eval_subset_num_batches,
+        device=device, precision=t.precision, device_train_microbatch_size=t.device_train_microbatch_size,
+        seed=t.seed, deterministic_mode=t.deterministic,
+        compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
+        parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
+        train_metrics_interval=t.train_metrics_interval, dist_timeout=t.dist_timeout,
+        **load,  # resuming, or a trusted full checkpoint; weights alone were loaded by _initial_state
+    )
