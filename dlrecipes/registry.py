@@ -16,7 +16,8 @@ defaults) are exactly the keys a recipe may give next to ``name:``.  Recipes are
 against that signature before anything is built, so keep heavy imports (torch, composer,
 timm) inside the factory body: ``validate`` and ``list`` then answer quickly.
 
-Keyword metadata after the name is free-form; what dlrecipes reads:
+Keyword metadata after the name: each registry declares the keys it reads (below, and
+:data:`COMMON_METADATA`), and registering with any other key is an error naming the valid ones:
 
 - any entry: ``validator=fn(params, key_path)``: checks beyond types, at validation;
   ``paths=("root", ...)``: parameters that are file paths, resolved against the recipe's folder.
@@ -71,11 +72,12 @@ class Entry:
 class Registry:
     """Name -> factory, for one group (``models``, ``datasets``, ...)."""
 
-    def __init__(self, group: str, what: str, returns: str, expected: str = ""):
+    def __init__(self, group: str, what: str, returns: str, expected: str = "", metadata: tuple[str, ...] = ()):
         self.group = group
         self.what = what  # e.g. "model", used in messages
         self.returns = returns  # what a factory must return, in words (build_component says so when one does not)
         self.expected = expected  # the same as a dotted type name ("torch.nn.Module"), imported when checked
+        self.metadata_keys = (*COMMON_METADATA, *metadata)  # what dlrecipes reads of an entry's metadata
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str | None = None, **metadata: Any) -> Callable:
@@ -89,6 +91,13 @@ class Registry:
 
     def add(self, name: str, factory: Callable, source: str | None = None, **metadata: Any) -> None:
         source = source or _source_of(factory)
+        unknown = [key for key in metadata if key not in self.metadata_keys]
+        if unknown:
+            raise PluginError(
+                f"{self.what} '{name}' from {source}: unknown registry metadata "
+                f"{', '.join(repr(k) for k in unknown)}{did_you_mean(unknown[0], self.metadata_keys)}; "
+                f"{self.group} read {', '.join(self.metadata_keys)}"
+            )
         if name in self._entries:
             existing = self._entries[name]
             if existing.factory is factory:
@@ -168,17 +177,23 @@ def _source_of(factory: Callable) -> str:
         return module
 
 
-models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module")
-datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits")
+COMMON_METADATA = ("validator", "paths")
+
+models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
+                  ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
+datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
+                    ("image_side", "in_memory", "pil_images", "io"))
 optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
-algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm")
+algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm",
+                      ("conflicts_with", "requires", "image_label_batch"))
 callbacks = Registry("callbacks", "callback", "a composer Callback", "composer.core.Callback")
 loggers = Registry("loggers", "logger", "a composer LoggerDestination", "composer.loggers.LoggerDestination")
 losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",
-                  "collections.abc.Callable")
-metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric")
+                  "collections.abc.Callable", ("targets",))
+metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric",
+                   ("report",))
 
 REGISTRIES: dict[str, Registry] = {
     r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers, losses, metrics)

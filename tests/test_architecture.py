@@ -156,3 +156,17 @@ def test_the_top_level_shows_the_stages_and_little_else():
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == ["algorithms", "builders", "callbacks", "config", "core", "data", "loggers", "losses", "metrics",
                         "models", "optim", "records", "tools"]
+
+
+def test_each_component_package_registers_in_its_registered_module():
+    """One convention: a package's built-ins are registered in <package>/registered.py, nowhere else."""
+    registering = {}
+    for module, path in MODULES.items():
+        text = path.read_text()
+        if ".register(" in text and "@" in text and part_of(module) == "components":
+            if any(line.lstrip().startswith("@") and ".register(" in line for line in text.splitlines()):
+                registering[module] = path
+    packages = {m.rsplit(".", 1)[0] for m in registering}
+    assert all(m.endswith(".registered") for m in registering), sorted(registering)
+    assert packages == {f"dlrecipes.{p}" for p in ("models", "data", "optim", "algorithms", "losses", "metrics",
+                                                   "callbacks", "loggers")}

@@ -23,7 +23,7 @@ if importlib.util.find_spec("ffcv") is None:
     pytest.skip("FFCV is not installed (pip install -e '.[ffcv]')", allow_module_level=True)
 
 from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, import_ffcv, inspect_beton, open_reader, write_beton  # noqa: E402
-from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing, FFCVSource  # noqa: E402
+from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource  # noqa: E402
 
 CLASSES = ("ant", "bee", "cow")
 
@@ -236,9 +236,12 @@ def test_without_a_writable_cache_location_pipelines_compile_uncached(beton, mon
 
 def test_progressive_resizing_schedule_matches_composers_rule(beton):
     loader = FFCVLoader(_source(beton, train=True, size=224), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=0)
-    pr = FFCVProgressiveResizing(loader, initial_scale=0.5, delay_fraction=0.2, finetune_fraction=0.2, size_increment=32)
+    from dlrecipes.algorithms.progressive_resizing import ProgressiveResizing, decodes_at_a_size
+
+    assert decodes_at_a_size(loader) and loader.full_resolution == 224
+    pr = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.2, finetune_fraction=0.2, size_increment=32)
     # 10 epochs: epochs 0-1 at half size, a linear ramp, full size for the last 2 (multiples of 32)
-    assert [pr.resolution_at(e / 10) for e in range(10)] == [128, 128, 128, 128, 160, 160, 192, 192, 224, 224]
+    assert [pr.resolution_at(e / 10, 224) for e in range(10)] == [128, 128, 128, 128, 160, 160, 192, 192, 224, 224]
 
 
 def test_truncated_or_missing_beton_is_a_named_error(beton, tmp_path):

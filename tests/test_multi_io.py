@@ -15,9 +15,9 @@ from dlrecipes.builders import build_datasets, build_model
 from dlrecipes.config import OutputConfig, TaskConfig, validate
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
-from dlrecipes.models.multi_io import MultiIOModel, multi_io_model_params
+from dlrecipes.models.task_model import MultiIOModel, multi_io_model_params
 from dlrecipes.recipe import load_recipe
-from dlrecipes.config.multi_io import declared_io
+from dlrecipes.config.tasks import declared_io
 from dlrecipes.core.outputs import metric_names
 
 from .conftest import RECIPES, run_cli, write

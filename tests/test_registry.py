@@ -88,3 +88,14 @@ def test_a_factory_returning_the_wrong_kind_of_object_is_named_with_what_was_exp
         reg.build("bad")  # the registry's own build goes through the same check
     reg.add("good", lambda size, /: [0] * size, source="my_plugin.py")
     assert registry.build_component(reg, "good", {}, "things.good", size=3) == [0, 0, 0]
+
+
+def test_registering_with_metadata_the_registry_does_not_read_names_the_keys_it_reads():
+    from dlrecipes.errors import PluginError
+
+    reg = registry.Registry("things", "thing", "anything", metadata=("in_memory",))
+    with pytest.raises(PluginError, match=r"thing 'x' from my_plugin.py: unknown registry metadata 'in_memroy' "
+                                          r"\(did you mean 'in_memory'\?\); things read validator, paths, in_memory"):
+        reg.add("x", lambda: 1, source="my_plugin.py", in_memroy=True)
+    reg.add("y", lambda: 1, source="my_plugin.py", in_memory=True, paths=("root",))
+    assert reg.get("y").metadata == {"in_memory": True, "paths": ("root",)}

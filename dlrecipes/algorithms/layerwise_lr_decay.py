@@ -7,7 +7,7 @@ when fine-tuning, where early features are already good and the head is new.
 Written the Composer way: :func:`apply_layerwise_lr_decay` does the work on a model and an
 optimizer; :class:`LayerwiseLRDecay` only applies it at ``Event.INIT`` (before Composer
 compiles the schedulers, so schedules scale each group from its own base rate).  The
-registered factory lives in :mod:`dlrecipes.algorithms.dlrecipes_algorithms`.
+registered factory lives in :mod:`dlrecipes.algorithms`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Why FX graph mode (``prepare_qat_fx`` / ``convert_fx``):
 Written the Composer way: the functions below do the work on a bare ``nn.Module``;
 :class:`QAT` only applies them at training events.  It needs a single process: under DDP
 the inserted observers would not be synchronised between ranks, so it refuses to run there.
-The registered factory lives in :mod:`dlrecipes.algorithms.dlrecipes_algorithms`.
+The registered factory lives in :mod:`dlrecipes.algorithms`.
 """
 
 from __future__ import annotations

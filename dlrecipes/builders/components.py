@@ -58,7 +58,7 @@ def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy"
     from dlrecipes.models.classifier import wrap_classifier
 
     if task is not None:
-        from dlrecipes.models.multi_io import build_multi_io_model
+        from dlrecipes.models.task_model import build_multi_io_model
 
         return build_multi_io_model(cfg, data, task)
     from dlrecipes.losses import loss_name
@@ -129,7 +129,7 @@ def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int)
     from dlrecipes.data.device_loader import DeviceTensorLoader
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
 
-    if isinstance(dataset, TransformedTensorDataset):
+    if isinstance(dataset, TransformedTensorDataset) and dataset.sample is None:  # (image, label) samples
         images, labels, augment = dataset.images, dataset.labels, dataset.batch_augment
     elif isinstance(dataset, TensorDataset):
         (images, labels), augment = dataset.tensors, None
@@ -173,7 +173,7 @@ def build_optimizer(cfg: Component, model, global_batch_size: int | None = None,
     """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size.
 
     ``fused``: what a factory with a ``fused`` parameter gets when the recipe leaves it unset
-    (True for amp_fp16 on a GPU: see :mod:`dlrecipes.optim.optimizers`).
+    (True for amp_fp16 on a GPU: see :mod:`dlrecipes.optim`).
     """
     from dlrecipes.config import LR_SCALING_KEYS
 
@@ -191,21 +191,10 @@ def build_scheduler(cfg: Component):
     return build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name")
 
 
-def build_algorithms(cfgs: dict[str, dict[str, Any]], train_loader: Any = None, run_dir: Path | None = None) -> list:
-    """The recipe's algorithms; with an FFCV loader, progressive resizing moves into its decoder.
-
-    ``run_dir`` goes to factories that take it positional-only (``qat`` exports there).
-    """
-    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVProgressiveResizing
-
-    built = []
-    for name, params in cfgs.items():
-        ffcv_loader = getattr(train_loader, "dataloader", None)
-        if name == "progressive_resizing" and isinstance(ffcv_loader, FFCVLoader):
-            built.append(FFCVProgressiveResizing(ffcv_loader, **params))
-        else:
-            built.append(build_component(registry.algorithms, name, params, f"algorithms.{name}", run_dir=run_dir))
-    return built
+def build_algorithms(cfgs: dict[str, dict[str, Any]], run_dir: Path | None = None) -> list:
+    """The recipe's algorithms; ``run_dir`` goes to factories that take it positional-only (``qat`` exports there)."""
+    return [build_component(registry.algorithms, name, params, f"algorithms.{name}", run_dir=run_dir)
+            for name, params in cfgs.items()]
 
 
 def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:

@@ -185,7 +185,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
                                          fused=t.precision == "amp_fp16" and device == "gpu")
-    algorithms = build_algorithms(config.algorithms, loaders[0], run_dir)
+    algorithms = build_algorithms(config.algorithms, run_dir)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)
     return Trainer(

@@ -4,7 +4,7 @@
 every named component against its factory's signature.  It builds nothing and imports no torch,
 except to ask whether a GPU exists when the recipe wants one.  The parts: :mod:`.sections` (what
 a recipe may contain), :mod:`.schema` (the type checker), :mod:`.checks` (components and
-cross-field rules), :mod:`.multi_io` (tasks), :mod:`.paths` (input paths), :mod:`.devices`
+cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.devices`
 (what this machine and the launch can run).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dlrecipes.config import devices
 from dlrecipes.config.checks import _check_component_map, _check_metrics, check_component, check_loss, check_cross_fields
-from dlrecipes.config.multi_io import check_task
+from dlrecipes.config.tasks import check_task
 from dlrecipes.config.paths import resolve_paths
 from dlrecipes.config.schema import check_dataclass
 from dlrecipes.config.sections import (

@@ -8,7 +8,7 @@ import typing
 from typing import Any, Union
 
 from dlrecipes import registry
-from dlrecipes.config.multi_io import declared_io
+from dlrecipes.config.tasks import declared_io
 from dlrecipes.config.schema import check, check_params
 from dlrecipes.config.sections import FSDP_KEYS, LR_SCALING_KEYS, Component, RecipeConfig, compile_keys
 from dlrecipes.core.outputs import EVAL_LOSS, metric_names

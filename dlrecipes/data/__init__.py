@@ -1,11 +1,8 @@
-"""Datasets: built-in factories register themselves in :data:`dlrecipes.registry.datasets`.
-
-A dataset factory takes keyword parameters from the recipe and returns a
-:class:`~dlrecipes.data.splits.DatasetSplits` (train and eval datasets yielding
-``(image, label)``, the class count and the input shape).
+"""Datasets: factories of :class:`~dlrecipes.data.splits.DatasetSplits`, registered in :mod:`.registered`;
+the loaders (torch, on-device, tensor cache, FFCV) and dataset implementations sit beside it.
 """
 
-from dlrecipes.data import factories  # noqa: F401  (registers the built-ins)
+from dlrecipes.data import registered  # noqa: F401  (registers the built-ins)
 from dlrecipes.data.splits import DatasetSplits
 
 __all__ = ["DatasetSplits"]

@@ -1,6 +1,6 @@
 """FFCV loaders for training (random-resized-crop decode, flip, normalise) and evaluation
-(center-crop decode), returned as Composer DataSpecs; and progressive resizing done in the
-decoder, so early epochs decode small images instead of resizing full-size ones.
+(center-crop decode), returned as Composer DataSpecs; a loader decodes at the size progressive
+resizing sets (:mod:`dlrecipes.algorithms.progressive_resizing`), so early epochs decode small images.
 
 Pipelines differ by device.  On the GPU, decoded uint8 batches go to the device
 (non-blocking), become channels-last torch images, and are normalised there in fp16 or fp32.
@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from composer.core import Algorithm, DataSpec, Event, State
-from composer.loggers import Logger
+from composer.core import DataSpec
 
 from dlrecipes.core.distributed import torch_device
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
-from dlrecipes.data.progressive import progressive_resolution
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,13 @@ class FFCVLoader:
     def resolution(self) -> int:
         return int(self.decoder.output_size[0])
 
+    @property
+    def full_resolution(self) -> int:
+        """The crop size the recipe asks for (progressive resizing grows to it)."""
+        return int(self.source.crop_size)
+
     def set_resolution(self, size: int) -> None:
+        """Decode the next epoch at ``size`` (progressive resizing; nothing is recompiled)."""
         self.decoder.output_size = (size, size)
 
     def __len__(self) -> int:
@@ -133,39 +137,6 @@ class FFCVLoader:
 
 def ffcv_dataspec(loader: FFCVLoader) -> DataSpec:
     return DataSpec(loader, num_samples=loader.num_samples, get_num_samples_in_batch=lambda batch: batch[0].shape[0])
-
-
-class FFCVProgressiveResizing(Algorithm):
-    """Progressive resizing in the FFCV decoder: set the train decode size at each epoch start.
-
-    Takes the parameters of Composer's ``ProgressiveResizing`` (so one recipe block drives
-    either loader) and logs ``progressive_resizing/resolution`` every epoch.
-    """
-
-    def __init__(
-        self,
-        loader: FFCVLoader,
-        initial_scale: float = 0.5,
-        delay_fraction: float = 0.5,
-        finetune_fraction: float = 0.2,
-        size_increment: int = 4,
-        **_ignored: object,  # mode / resize_targets only concern batch resizing
-    ):
-        self.loader = loader
-        self.full_size = loader.source.crop_size
-        self.params = (initial_scale, delay_fraction, finetune_fraction, size_increment)
-
-    def resolution_at(self, elapsed: float) -> int:
-        return progressive_resolution(elapsed, self.full_size, *self.params)
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.EPOCH_START
-
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        elapsed = state.get_elapsed_duration()
-        size = self.resolution_at(float(elapsed.value) if elapsed is not None else 0.0)
-        self.loader.set_resolution(size)
-        logger.log_metrics({"progressive_resizing/resolution": size})
 
 
 def build_ffcv_loaders(

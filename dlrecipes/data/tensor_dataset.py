@@ -1,8 +1,9 @@
-"""A dataset over in-memory uint8 images with a per-sample transform."""
+"""The one dataset over in-memory images: uint8 images and labels, a per-sample transform, and what a
+sample is made of (an (image, label) pair, or several views and targets of one image)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.data import Dataset
@@ -14,7 +15,8 @@ class TransformedTensorDataset(Dataset):
     """``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64, transformed on access.
 
     ``batch_augment`` describes the same augmentation for whole batches, used when the
-    recipe asks for ``trainer.loader: device``.
+    recipe asks for ``trainer.loader: device``.  ``sample`` makes a sample of the transformed
+    image and its label (default: the pair; e.g. two halves of the image, its class and parity).
     """
 
     def __init__(
@@ -23,6 +25,7 @@ class TransformedTensorDataset(Dataset):
         labels: torch.Tensor,
         transform: Optional[Callable] = None,
         batch_augment: Optional[BatchAugment] = None,
+        sample: Optional[Callable[[Any, int], tuple]] = None,
     ):
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
@@ -30,6 +33,7 @@ class TransformedTensorDataset(Dataset):
         self.labels = labels
         self.transform = transform
         self.batch_augment = batch_augment
+        self.sample = sample
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -38,4 +42,5 @@ class TransformedTensorDataset(Dataset):
         image = self.images[index]
         if self.transform is not None:
             image = self.transform(image)
-        return image, int(self.labels[index])
+        label = int(self.labels[index])
+        return (image, label) if self.sample is None else self.sample(image, label)

@@ -1,70 +1,11 @@
-"""The built-in losses, by name (``loss:`` in a recipe, ``task.outputs.<name>.loss`` per output).
-
-A recipe gives a name, or a name with parameters::
-
-    loss: cross_entropy
-    loss: {name: focal, gamma: 2.0}
-
-Each factory returns ``fn(predictions, targets) -> loss``; class losses take index targets
-or dense (smoothed, mixed) targets, as Composer's label smoothing and MixUp produce.
-``targets=`` says what a loss trains: ``class`` labels or ``regression`` values.  The
-implementations (and torch) are imported inside the factories, so validation stays fast.
-"""
+"""Losses, registered by name in :mod:`.registered`; :func:`build_loss` builds a recipe's ``loss:`` value."""
 
 from __future__ import annotations
 
 from typing import Any, Union
 
-from dlrecipes.errors import RecipeError
+from dlrecipes.losses import registered  # noqa: F401  (registers the built-ins)
 from dlrecipes.registry import build_component, losses
-
-
-def _check(params: dict, path: str) -> None:
-    smoothing = params.get("label_smoothing", 0.0)
-    if not 0.0 <= smoothing < 1.0:
-        raise RecipeError(f"{path}.label_smoothing: must be in [0, 1), got {smoothing}")
-    if params.get("gamma", 0.0) < 0:
-        raise RecipeError(f"{path}.gamma: must be 0 or more, got {params['gamma']}")
-
-
-@losses.register("cross_entropy", targets="class", validator=_check)
-def cross_entropy(label_smoothing: float = 0.0):
-    """Softmax cross-entropy (Composer's, for index or soft targets), optional label smoothing."""
-    from dlrecipes.losses.functions import smoothed, soft_cross_entropy
-
-    return smoothed(soft_cross_entropy, label_smoothing)
-
-
-@losses.register("binary_cross_entropy", targets="class", validator=_check)
-def binary_cross_entropy(label_smoothing: float = 0.0):
-    """One sigmoid per class (MosaicML's ResNet recipes), optional label smoothing."""
-    from dlrecipes.losses.functions import binary_cross_entropy, smoothed
-
-    return smoothed(binary_cross_entropy, label_smoothing)
-
-
-@losses.register("focal", targets="class", validator=_check)
-def focal(gamma: float = 2.0, label_smoothing: float = 0.0):
-    """Softmax focal loss (Lin et al. 2017): cross-entropy weighted by (1 - p)^gamma; gamma 0 is cross-entropy."""
-    from dlrecipes.losses.functions import focal_loss, smoothed
-
-    return smoothed(focal_loss(gamma), label_smoothing)
-
-
-@losses.register("mse", targets="regression")
-def mse():
-    """Mean squared error, for regression outputs."""
-    from dlrecipes.losses.functions import mse_loss
-
-    return mse_loss
-
-
-@losses.register("l1", targets="regression")
-def l1():
-    """Mean absolute error, for regression outputs."""
-    from dlrecipes.losses.functions import l1_loss
-
-    return l1_loss
 
 
 def loss_name(value: Union[str, dict[str, Any]]) -> str:

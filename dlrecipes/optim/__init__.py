@@ -1,3 +1,5 @@
-"""Optimizers and learning-rate schedulers; the built-ins register themselves by name."""
+"""Optimizers and learning-rate schedules, registered in :mod:`.registered` (the schedules Composer
+lacks are in :mod:`.lr_schedules`).
+"""
 
-from dlrecipes.optim import optimizers, schedulers  # noqa: F401  (registers the built-ins)
+from dlrecipes.optim import registered  # noqa: F401  (registers the built-ins)

@@ -7,7 +7,7 @@ here (``io=``), without loading data, so this module imports torch only inside t
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any
 
 from dlrecipes.data.splits import DataIO, DatasetSplits, OutputSpec
 
@@ -21,36 +21,23 @@ def digits_two_view_io(image_size: int) -> DataIO:
     )
 
 
-class TwoViewDigits:
-    """(left half, right half, digit, parity) of each image; the transform sees the whole image first.
-
-    A map-style dataset (``__len__``/``__getitem__``), as torch's DataLoader and samplers take it.
-    """
-
-    def __init__(self, images: Any, labels: Any, transform: Optional[Callable] = None):
-        self.images, self.labels, self.transform = images, labels, transform
-        self.half = images.shape[-1] // 2
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        image = self.images[index]
-        if self.transform is not None:
-            image = self.transform(image)
-        digit = int(self.labels[index])
-        return image[..., : self.half], image[..., self.half :], digit, digit % 2
+def two_views(image: Any, digit: int) -> tuple:
+    """A sample of the two-view digits: the left and right halves of the (transformed) image, its
+    class and its parity."""
+    half = image.shape[-1] // 2
+    return image[..., :half], image[..., half:], digit, digit % 2
 
 
 def build_digits_two_view(image_size: int, augment: bool, eval_fraction: float, split_seed: int) -> DatasetSplits:
     """The embedded digits (dlrecipes.data.digits), each cut into a left and a right view."""
     from dlrecipes.data.digits import build_digits
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
 
     # the same images, split, normalisation and augmentation as the `digits` dataset
     single = build_digits(image_size, augment, eval_fraction, split_seed)
 
-    def two_view(split) -> TwoViewDigits:
-        return TwoViewDigits(split.images, split.labels, split.transform)
+    def two_view(split) -> TransformedTensorDataset:
+        return TransformedTensorDataset(split.images, split.labels, split.transform, sample=two_views)
 
     io = digits_two_view_io(image_size)
     return DatasetSplits(

@@ -1,15 +1,20 @@
-"""The built-in dataset factories: recipe parameters in, DatasetSplits out.
+"""Datasets: the built-in dataset factories, registered in :data:`dlrecipes.registry.datasets`.
 
-The implementations (and torch/torchvision) are imported inside each factory so that
-listing and validating recipes stays fast.
+A dataset factory takes keyword parameters from the recipe and returns a
+:class:`~dlrecipes.data.splits.DatasetSplits` (train and eval datasets yielding
+``(image, label)``, the class count and the input shape).  The implementations (and
+torch/torchvision) are imported inside each factory so that listing and validating recipes
+stays fast.
 """
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
+from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import datasets
+
 
 _IMAGENET_MEAN = [0.485, 0.456, 0.406]
 _IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -163,8 +168,7 @@ def ffcv(
     """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra."""
     from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
     from dlrecipes.data.ffcv_loader import FFCVSource
-    from dlrecipes.data.splits import DatasetSplits
-
+    
     def source(path: str, train: bool, size: int) -> FFCVSource:
         return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
 
@@ -197,7 +201,7 @@ def synthetic(
 # holds from the factory's parameters (all of them, defaults filled), so recipes are checked
 # against it without loading data.
 def _digits_two_view_io(params: dict):
-    from dlrecipes.data.multi_io import digits_two_view_io
+    from dlrecipes.data.task_data import digits_two_view_io
 
     return digits_two_view_io(params["image_size"])
 
@@ -205,13 +209,13 @@ def _digits_two_view_io(params: dict):
 @datasets.register("digits_two_view", io=_digits_two_view_io)
 def digits_two_view(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
     """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs)."""
-    from dlrecipes.data.multi_io import build_digits_two_view
+    from dlrecipes.data.task_data import build_digits_two_view
 
     return build_digits_two_view(image_size, augment, eval_fraction, split_seed)
 
 
 def _synthetic_multi_io_io(params: dict):
-    from dlrecipes.data.multi_io import synthetic_multi_io_io
+    from dlrecipes.data.task_data import synthetic_multi_io_io
 
     return synthetic_multi_io_io(
         list(params["inputs"]), tuple(params["input_shape"]), params["classes"], list(params["regression"])
@@ -233,8 +237,9 @@ def synthetic_multi_io(
     seed: int = 0,
 ):
     """Generated (inputs..., labels..., values...) with a learnable signal; class and regression outputs by name."""
-    from dlrecipes.data.multi_io import build_synthetic_multi_io
+    from dlrecipes.data.task_data import build_synthetic_multi_io
 
     return build_synthetic_multi_io(
         list(inputs), tuple(input_shape), dict(classes), list(regression), train_samples, eval_samples, noise, seed
     )
+

@@ -1,7 +1,10 @@
-"""The built-in model factories.
+"""Models: the built-in model factories, registered in :data:`dlrecipes.registry.models`.
 
-Each is a few lines: recipe parameters in, ``nn.Module`` out.  Torch and timm are
-imported inside the factories so that listing and validating recipes stays fast.
+A model factory takes keyword parameters from the recipe and returns a ``torch.nn.Module``
+mapping a batch of images to class logits.  The builder fills ``num_classes``,
+``in_chans`` and ``input_shape`` from the dataset when a factory takes them and the recipe
+leaves them out.  Each is a few lines; torch and timm are imported inside the factories (the
+architectures live in :mod:`.architectures`), so that listing and validating recipes stays fast.
 """
 
 from __future__ import annotations

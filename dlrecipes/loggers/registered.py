@@ -1,0 +1,81 @@
+"""Built-in logger destinations (Composer's), registered by name for ``loggers:``.
+
+The run's text log (``train-rank<N>.log`` in the run directory, :mod:`.run_log`) and the
+terminal output (:mod:`.terminal`) are always there; these add experiment trackers.  Optional
+trackers are pip extras with an install hint.  Each gets every batch's loss, read back from the
+device every ``trainer.log_interval`` batches (:mod:`.read_back`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from dlrecipes.errors import UserError
+from dlrecipes.registry import loggers
+
+
+def _require(module: str, extra: str, pip_spec: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UserError(
+            f"loggers.{extra}: the '{module}' package is not installed. Install it with: pip install '{pip_spec}'"
+        )
+
+
+@loggers.register("tensorboard")
+def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int = 100):
+    """TensorBoard event files (default: <run dir>/tensorboard)."""
+    _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
+    from dlrecipes.loggers.trackers import TensorboardLogger
+
+    return TensorboardLogger(log_dir=log_dir or f"{run_dir}/tensorboard", flush_interval=flush_interval)
+
+
+@loggers.register("wandb")
+def wandb(
+    run_dir,
+    /,
+    project: Optional[str] = None,
+    entity: Optional[str] = None,
+    group: Optional[str] = None,
+    name: Optional[str] = None,
+    tags: Optional[list[str]] = None,
+    offline: bool = False,
+):
+    """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it)."""
+    _require("wandb", "wandb", "dlrecipes[wandb]")
+    import os
+
+    from dlrecipes.loggers.wandb_logger import WandBLogger
+
+    if offline:
+        os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_DIR", str(run_dir))  # the run's files stay in its run directory
+    return WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags)
+
+
+@loggers.register("mlflow")
+def mlflow(
+    run_dir,
+    /,
+    tracking_uri: Optional[str] = None,
+    experiment_name: Optional[str] = None,
+    run_name: Optional[str] = None,
+    tags: Optional[dict[str, str]] = None,
+):
+    """MLflow tracking (default: a local file store in <run dir>/mlruns)."""
+    _require("mlflow", "mlflow", "dlrecipes[mlflow]")
+    import os
+
+    from dlrecipes.loggers.trackers import MLFlowLogger
+
+    if tracking_uri is None:
+        # MLflow 3 keeps its local file store only on request; a database needs a server or sqlalchemy
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        tracking_uri = (Path(run_dir) / "mlruns").resolve().as_uri()
+    return MLFlowLogger(
+        experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
+        tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
+    )
