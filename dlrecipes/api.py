@@ -1,4 +1,5 @@
-"""The Python entry points a notebook user calls; the CLI calls exactly these.
+"""The Python entry points a notebook user calls; each CLI command calls exactly one of these and
+prints what it returns (formatted by :mod:`dlrecipes.tools`).
 
 >>> from dlrecipes.api import resolve
 >>> config = resolve("recipes/quickstart.yaml", ["trainer.max_duration=1ep"])
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError
@@ -34,6 +35,30 @@ def resolve(
     return validate(load(recipe, overrides, plugins), check_device=check_device)
 
 
+def show(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
+         check_device: bool = False) -> str:
+    """The resolved recipe as YAML, each value annotated with the file or override it came from.
+
+    Showing a recipe does not depend on the machine unless ``check_device``: a GPU recipe shows on a laptop.
+    """
+    from dlrecipes.tools.describe import render_with_sources
+
+    loaded = load(recipe, overrides, plugins)
+    config = validate(loaded, check_device=check_device)
+    return render_with_sources(config.to_dict(), {"name": "the recipe's file name", **loaded.sources})
+
+
+def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list:
+    """The registries (``group``: only that one), with the built-ins and plugins loaded."""
+    from dlrecipes.errors import did_you_mean
+    from dlrecipes.registry import REGISTRIES
+
+    load_all(plugins=plugins)
+    if group is not None and group not in REGISTRIES:
+        raise RecipeError(f"unknown group '{group}'{did_you_mean(group, REGISTRIES)}; groups: {', '.join(REGISTRIES)}")
+    return [reg for reg in REGISTRIES.values() if group is None or reg.group == group]
+
+
 def train(
     recipe: str | Path,
     overrides: Iterable[str] = (),
@@ -48,3 +73,86 @@ def train(
 
     return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
                verbose=verbose)
+
+
+def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
+           nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
+           resume: bool = False, trust_checkpoint: bool = False) -> int:
+    """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``) through Composer's
+    launcher; returns its exit code."""
+    from dlrecipes.config.devices import check_launch
+    from dlrecipes.tools.launch import launcher_command, run_forwarding_signals
+
+    extra = (*(["--resume"] if resume else []), *(["--trust-checkpoint"] if trust_checkpoint else []),
+             *(a for p in plugins for a in ("--plugin", p)))
+    cmd = launcher_command(str(recipe), list(overrides), nproc, nodes, node_rank, master_addr, master_port,
+                           tuple(extra))
+    check_launch(resolve(recipe, overrides, plugins), nproc, nproc * nodes)
+    return run_forwarding_signals(cmd)
+
+
+def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
+            model: Optional[str] = None, params: Optional[dict[str, Any]] = None,
+            input_size: tuple[int, int, int] = (3, 224, 224), batch: int = 32, device: str = "cpu",
+            warmup: int = 3, repeats: int = 10) -> dict[str, Any]:
+    """Parameters, size, MACs/FLOPs, latency and peak memory of a recipe's model, or of ``model`` by name."""
+    from dlrecipes.tools import model_cost
+
+    if device not in ("cpu", "cuda"):
+        raise RecipeError(f"--device: expected cpu or cuda, got {device!r}")
+    if (recipe is None) == (model is None):
+        raise RecipeError("give either a RECIPE or --model NAME (with --input-size C,H,W)")
+    if model is not None:
+        net, size, title = model_cost.resolve_model(model, dict(params or {}), input_size), input_size, model
+    else:
+        from dlrecipes.builders import build_datasets
+
+        config = resolve(recipe, overrides, plugins, check_device=False)
+        net, size = model_cost.model_from_recipe(config.model, build_datasets(config.dataset))
+        title = f"{config.name}: {config.model.name}"
+    return {**model_cost.profile_model(net, size, batch, device, warmup, repeats), "model": title}
+
+
+def bench(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), steps: int = 30,
+          rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
+    """Images/s through dlrecipes/Composer and through a plain PyTorch loop on the same model and batches."""
+    from dlrecipes.tools.bench import run_bench
+
+    return run_bench(resolve(recipe, overrides, plugins), steps=steps, rounds=rounds, warmup=warmup)
+
+
+def plot(run_dir: str | Path) -> list[Path]:
+    """Redraw a run's plots from its history.csv; returns their paths."""
+    from dlrecipes.records.plots import plot_history
+
+    return plot_history(Path(run_dir))
+
+
+def compare(run_dirs: Sequence[str | Path], out: str | Path = "compare.png") -> tuple[list[dict[str, Any]], Path]:
+    """The runs' summaries and a plot of accuracy against wall-clock time (written to ``out``)."""
+    from dlrecipes.records.plots import compare_runs
+
+    return compare_runs(run_dirs, out)
+
+
+def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path, options: Any,
+                    plugins: Sequence[str] = (), echo: Callable[[str], None] = print) -> list:
+    """Write a registered dataset's train and eval splits as FFCV ``.beton`` files in ``out``."""
+    from dlrecipes.tools.data_convert import convert_dataset as convert
+
+    load_all(plugins=plugins)
+    return convert(dataset, params, out, options, echo=echo)
+
+
+def inspect_beton(path: str | Path) -> dict[str, Any]:
+    """Samples, fields, resolution statistics and classes of an FFCV ``.beton`` file."""
+    from dlrecipes.data.ffcv_files import inspect_beton as inspect
+
+    return inspect(Path(path))
+
+
+def wheelhouse(out: str | Path, python_version: Optional[str] = None, extras: Sequence[str] = ()) -> Path:
+    """Wheels of everything dlrecipes needs except torch, for an offline machine; returns the requirements file."""
+    from dlrecipes.tools.wheelhouse import build_wheelhouse
+
+    return build_wheelhouse(Path(out), python_version, extras)

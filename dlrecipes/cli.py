@@ -1,12 +1,18 @@
-"""The ``dlrecipes`` command line: thin wrappers over :mod:`dlrecipes.api`.
+"""The ``dlrecipes`` command line: each command calls one :mod:`dlrecipes.api` function and prints
+what it returns (formatted by :mod:`dlrecipes.tools`).
 
-User errors print one message and exit with code 2; torch and Composer are imported only
-by the commands that train.
+User errors print one message and exit with code 2; torch and Composer are imported only by the
+commands that need them.  The arguments every recipe command takes (the recipe, its ``key=value``
+overrides and ``--plugin``) are declared once, by :func:`recipe_command`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
@@ -21,17 +27,54 @@ app = typer.Typer(
     help="Train image classifiers from YAML recipes on MosaicML Composer.",
 )
 
-RecipeArg = typer.Argument(..., help="recipe YAML file", show_default=False)
-OverridesArg = typer.Argument(
-    None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
-)
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
 TrustOpt = typer.Option(
     False, "--trust-checkpoint", help="allow a full unpickle of checkpoint.load_path outside the run directory"
 )
-DeviceCheckOpt = typer.Option(
-    True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
-)
+ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
+JsonOpt = typer.Option(False, "--json", help="print JSON")
+
+
+@dataclass(frozen=True)
+class RecipeArgs:
+    """What every recipe command is given: the recipe file, its overrides and the plugins to import."""
+
+    recipe: Optional[Path]
+    overrides: list[str]
+    plugins: list[str]
+
+
+def recipe_command(name: Optional[str] = None, required: bool = True, app: typer.Typer = app) -> Callable:
+    """Register a command whose first parameter receives :class:`RecipeArgs`: the recipe argument, the
+    overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
+    recipe_arg = typer.Argument(... if required else None, help="recipe YAML file" + ("" if required else
+                                " (or use --model)"), show_default=False)
+    overrides_arg = typer.Argument(
+        None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
+    )
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+    def decorate(fn: Callable) -> Callable:
+        own = list(inspect.signature(fn).parameters.values())[1:]
+        params = [inspect.Parameter("recipe", positional, default=recipe_arg,
+                                    annotation=Path if required else Optional[Path]),
+                  inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
+                  *own,
+                  inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str])]
+
+        @functools.wraps(fn)
+        def command(**values: Any) -> Any:
+            args = RecipeArgs(values.pop("recipe"), list(values.pop("overrides") or []), list(values.pop("plugin")))
+            return fn(args, **values)
+
+        del command.__wrapped__  # typer reads the signature below, not fn's
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {**fn.__annotations__, "recipe": params[0].annotation,
+                                   "overrides": params[1].annotation, "plugin": params[-1].annotation}
+        command.__annotations__.pop("args", None)
+        return app.command(name)(command)
+
+    return decorate
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -49,76 +92,67 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         _fail(message, exc.exit_code)
 
 
-@app.command()
+def _assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
+    from dlrecipes.recipe import parse_assignment
+
+    return dict(_guarded(lambda: [parse_assignment(item, what) for item in items or []]))
+
+
+@recipe_command()
 def train(
-    recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    args: RecipeArgs,
+    resume: bool = ResumeOpt,
     trust_checkpoint: bool = TrustOpt,
-    plugin: List[str] = PluginOpt,
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="also Composer's console logging (config banner, metrics) and its warnings"
     ),
 ) -> None:
     """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
     from dlrecipes import api
+    from dlrecipes.tools.describe import trained
 
-    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    result = _guarded(lambda: api.train(recipe, resume=resume, config=config, trust_checkpoint=trust_checkpoint,
-                                        verbose=verbose))
-    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
-    typer.echo(
-        f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "
-        f"eval {metrics}; run directory {result.run_dir}",
-        err=True,
-    )
+    result = _guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
+                                        trust_checkpoint=trust_checkpoint, verbose=verbose))
+    typer.echo(trained(result), err=True)
 
 
-@app.command()
+@recipe_command()
 def launch(
-    recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
+    args: RecipeArgs,
     nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) on this node"),
     nodes: int = typer.Option(1, "--nodes", help="number of nodes"),
     node_rank: int = typer.Option(0, "--node-rank", help="this node's rank (0 .. nodes-1)"),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="a free port on node 0"),
-    resume: bool = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run"),
+    resume: bool = ResumeOpt,
     trust_checkpoint: bool = TrustOpt,
-    plugin: List[str] = PluginOpt,
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
     from dlrecipes import api
-    from dlrecipes.config.devices import check_launch
-    from dlrecipes.tools.launch import launcher_command, run_forwarding_signals
 
-    extra = tuple(["--resume"] if resume else []) + tuple(["--trust-checkpoint"] if trust_checkpoint else []) + tuple(a for p in plugin for a in ("--plugin", p))
-    cmd = _guarded(lambda: launcher_command(str(recipe), overrides or [], nproc, nodes, node_rank, master_addr,
-                                            master_port, extra))
-    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    _guarded(lambda: check_launch(config, nproc, nproc * nodes))
-    raise typer.Exit(run_forwarding_signals(cmd))
+    code = _guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,
+                                       master_addr, master_port, resume, trust_checkpoint))
+    raise typer.Exit(code)
 
 
-@app.command()
+@recipe_command()
 def validate(
-    recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    plugin: List[str] = PluginOpt,
-    device_check: bool = DeviceCheckOpt,
+    args: RecipeArgs,
+    device_check: bool = typer.Option(
+        True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
+    ),
 ) -> None:
     """Check a recipe against the schema and the registries, building nothing."""
     from dlrecipes import api
+    from dlrecipes.tools.describe import validated
 
-    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin, check_device=device_check))
-    typer.echo(f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})")
+    config = _guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check))
+    typer.echo(validated(args.recipe, config))
 
 
-@app.command()
+@recipe_command()
 def show(
-    recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    plugin: List[str] = PluginOpt,
+    args: RecipeArgs,
     device_check: bool = typer.Option(
         False, "--device-check/--skip-device-check", help="also check that this machine can run the device and precision"
     ),
@@ -127,13 +161,8 @@ def show(
 
     Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
-    from dlrecipes.config import validate as validate_recipe
-    from dlrecipes.tools.describe import render_with_sources
 
-    loaded = _guarded(lambda: api.load(recipe, overrides or [], plugin))
-    config = _guarded(lambda: validate_recipe(loaded, check_device=device_check))
-    sources = {"name": "the recipe's file name", **loaded.sources}
-    typer.echo(render_with_sources(config.to_dict(), sources))
+    typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check)))
 
 
 @app.command("list")
@@ -142,24 +171,16 @@ def list_registry(
     plugin: List[str] = PluginOpt,
 ) -> None:
     """What each registry holds, with parameters and defaults."""
-    from dlrecipes.plugins import load_all
-    from dlrecipes.registry import REGISTRIES
-    from dlrecipes.tools.describe import print_registry
+    from dlrecipes import api
+    from dlrecipes.tools.describe import format_registry
 
-    _guarded(lambda: load_all(plugins=plugin))
-    if group is not None and group not in REGISTRIES:
-        from dlrecipes.errors import did_you_mean
-
-        _fail(f"unknown group '{group}'{did_you_mean(group, REGISTRIES)}; groups: {', '.join(REGISTRIES)}")
-    for reg in REGISTRIES.values():
-        if group is None or reg.group == group:
-            print_registry(reg)
+    for reg in _guarded(lambda: api.registries(group, plugin)):
+        typer.echo(format_registry(reg))
 
 
-@app.command()
+@recipe_command(required=False)
 def profile(
-    recipe: Optional[Path] = typer.Argument(None, help="a recipe (its model and input size), or use --model"),
-    overrides: Optional[List[str]] = OverridesArg,
+    args: RecipeArgs,
     model: Optional[str] = typer.Option(None, "--model", help="registry model, timm/<arch>, torchvision/<arch> or a timm name"),
     param: List[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
     input_size: str = typer.Option("3,224,224", "--input-size", help="C,H,W (with --model)"),
@@ -167,68 +188,41 @@ def profile(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     warmup: int = typer.Option(3, help="untimed forward passes first"),
     repeats: int = typer.Option(10, help="timed forward passes"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    plugin: List[str] = PluginOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Parameters, size, MACs/FLOPs, latency (batch 1 and B) and peak CUDA memory of a model."""
-    import json
+    from dlrecipes import api
+    from dlrecipes.tools.model_cost import format_table, parse_input_size
 
-    from dlrecipes.tools import model_cost as prof
-    from dlrecipes.recipe import parse_yaml
-
-    if device not in ("cpu", "cuda"):
-        _fail(f"--device: expected cpu or cuda, got {device!r}")
-    if (recipe is None) == (model is None):
-        _fail("give either a RECIPE or --model NAME (with --input-size C,H,W)")
-
-    def build():
-        if model is not None:
-            params = {}
-            for item in param:
-                key, _, value = item.partition("=")
-                params[key] = parse_yaml(value, f"--param {item}")
-            size = prof.parse_input_size(input_size)
-            return prof.resolve_model(model, params, size), size, model
-        from dlrecipes import api
-        from dlrecipes.builders import build_datasets
-
-        config = api.resolve(recipe, overrides or [], plugin, check_device=False)
-        net, size = prof.model_from_recipe(config.model, build_datasets(config.dataset))
-        return net, size, f"{config.name}: {config.model.name}"
-
-    net, size, title = _guarded(build)
-    result = _guarded(lambda: prof.profile_model(net, size, batch, device, warmup, repeats))
-    result["model"] = title
-    typer.echo(json.dumps(result, indent=2) if as_json else prof.format_table(result, title))
+    params = _assignments(param, "--param")
+    size = _guarded(lambda: parse_input_size(input_size))
+    result = _guarded(lambda: api.profile(args.recipe, args.overrides, args.plugins, model, params, size, batch,
+                                          device, warmup, repeats))
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result, result["model"]))
 
 
-@app.command()
+@recipe_command()
 def bench(
-    recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
+    args: RecipeArgs,
     steps: int = typer.Option(30, help="batches per timed segment"),
     rounds: int = typer.Option(5, help="alternating segments of each loop"),
     warmup: int = typer.Option(5, help="untimed batches of each loop first"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    plugin: List[str] = PluginOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Images/s through dlrecipes/Composer vs a plain PyTorch loop on the same model and batches."""
-    import json
-
     from dlrecipes import api
-    from dlrecipes.tools.bench import format_bench, run_bench
+    from dlrecipes.tools.bench import format_bench
 
-    config = _guarded(lambda: api.resolve(recipe, overrides or [], plugin))
-    result = _guarded(lambda: run_bench(config, steps=steps, rounds=rounds, warmup=warmup))
+    result = _guarded(lambda: api.bench(args.recipe, args.overrides, args.plugins, steps, rounds, warmup))
     typer.echo(json.dumps(result, indent=2) if as_json else format_bench(result))
 
 
 @app.command()
 def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
-    from dlrecipes.records.plots import plot_history
+    from dlrecipes import api
 
-    for path in _guarded(lambda: plot_history(run_dir)):
+    for path in _guarded(lambda: api.plot(run_dir)):
         typer.echo(str(path))
 
 
@@ -239,24 +233,11 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
     """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""
-    from dlrecipes.records.plots import COMPARE_COLUMNS, compare_runs, format_cell
+    from dlrecipes import api
+    from dlrecipes.tools.describe import format_comparison
 
-    summaries, plot_path = _guarded(lambda: compare_runs(run_dirs, out))
-    if as_json:
-        import json
-
-        typer.echo(json.dumps(summaries, indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="runs", title_justify="left")
-    for _, header in COMPARE_COLUMNS:
-        table.add_column(header)
-    for summary in summaries:
-        table.add_row(*(format_cell(summary.get(key)) for key, _ in COMPARE_COLUMNS))
-    Console(width=max(140, Console().width)).print(table)
-    typer.echo(f"accuracy vs wall-clock time: {plot_path}")
+    summaries, plot_path = _guarded(lambda: api.compare(run_dirs, out))
+    typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV conversion and inspection.")
@@ -279,52 +260,31 @@ def data_convert(
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra)."""
+    from dlrecipes import api
     from dlrecipes.data.ffcv_files import ConvertOptions
-    from dlrecipes.tools.data_convert import convert_dataset
-    from dlrecipes.plugins import load_all
-    from dlrecipes.recipe import parse_yaml
 
     if write_mode not in ("smart", "jpg", "raw", "proportion"):
         _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
-    parsed = {}
-    for item in params or []:
-        if "=" not in item:
-            _fail(f"dataset parameter '{item}': expected key=value")
-        key, _, value = item.partition("=")
-        parsed[key] = _guarded(lambda: parse_yaml(value, f"parameter {item}"))
     options = ConvertOptions(
         max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
         compress_probability=compress_probability, page_size=page_size, num_workers=workers,
         overwrite=overwrite, skip_bad=skip_bad,
     )
-    _guarded(lambda: load_all(plugins=plugin))
-    _guarded(lambda: convert_dataset(dataset, parsed, out, options, echo=lambda m: typer.echo(m, err=True)))
+    parsed = _assignments(params, "dataset parameter")
+    _guarded(lambda: api.convert_dataset(dataset, parsed, out, options, plugin, echo=lambda m: typer.echo(m, err=True)))
 
 
 @data_app.command("inspect")
 def data_inspect(
     path: Path = typer.Argument(..., help="an FFCV .beton file"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Samples, fields, resolution statistics and classes of a .beton file."""
-    import json
+    from dlrecipes import api
+    from dlrecipes.tools.data_convert import format_beton
 
-    from dlrecipes.data.ffcv_files import inspect_beton
-
-    info = _guarded(lambda: inspect_beton(path))
-    if as_json:
-        typer.echo(json.dumps(info, indent=2))
-        return
-    res = info["resolution"]
-    typer.echo(f"{info['path']}: {info['samples']} samples")
-    typer.echo(f"fields: {', '.join(f'{k} ({v})' for k, v in info['fields'].items())}")
-    for side in ("height", "width"):
-        r = res[side]
-        typer.echo(f"{side}: min {r['min']}, median {r['median']:g}, max {r['max']}")
-    typer.echo(f"stored as: {info['stored_as']['jpg']} JPEG, {info['stored_as']['raw']} raw")
-    names = info.get("class_names")
-    counts = ", ".join(f"{names[k] if names else k}: {v}" for k, v in info["classes"].items())
-    typer.echo(f"classes ({len(info['classes'])}): {counts}")
+    info = _guarded(lambda: api.inspect_beton(path))
+    typer.echo(json.dumps(info, indent=2) if as_json else format_beton(info))
 
 
 @app.command()
@@ -336,12 +296,10 @@ def wheelhouse(
     extra: List[str] = typer.Option([], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"),
 ) -> None:
     """Collect wheels of everything dlrecipes needs except torch, for an offline machine with its own torch."""
-    from dlrecipes.tools.wheelhouse import INSTALL_COMMAND, build_wheelhouse
+    from dlrecipes import api
+    from dlrecipes.tools.wheelhouse import format_wheelhouse
 
-    requirements_file = _guarded(lambda: build_wheelhouse(out, python_version, extra))
-    wheels = len(list(out.glob("*.whl")))
-    typer.echo(f"{wheels} wheels in {out} ({requirements_file.name} lists them). On the target machine, beside its torch:")
-    typer.echo("  " + INSTALL_COMMAND.format(out=out))
+    typer.echo(format_wheelhouse(_guarded(lambda: api.wheelhouse(out, python_version, extra))))
 
 
 def main(argv: Optional[list[str]] = None) -> None:

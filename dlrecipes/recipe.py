@@ -171,6 +171,15 @@ def _display_path(path: Path) -> str:
         return str(path)
 
 
+def parse_assignment(item: str, what: str, form: str = "key=value") -> tuple[str, Any]:
+    """``key=value`` -> ``(key, value)`` with the value read as YAML: the one parser of assignments
+    (recipe overrides, ``profile --param``, ``data convert``'s dataset parameters)."""
+    if "=" not in item:
+        raise RecipeError(f"{what} '{item}': expected {form}")
+    key, _, raw = item.partition("=")
+    return key, (parse_yaml(raw, f"{what} {item}") if raw.strip() else "")
+
+
 def apply_override(recipe: LoadedRecipe, override: str) -> None:
     """Apply ``key.path=value`` (YAML value), ``key.path=null`` or ``~key.path`` (delete)."""
     label = f"override {override}"
@@ -182,13 +191,8 @@ def apply_override(recipe: LoadedRecipe, override: str) -> None:
         del parent[keys[-1]]
         _forget_sources(recipe.sources, ".".join(keys))
         return
-    if "=" not in override:
-        raise RecipeError(
-            f"override '{override}': expected key.path=value (or ~key.path to delete a key)"
-        )
-    key_path, _, raw_value = override.partition("=")
+    key_path, value = parse_assignment(override, "override", "key.path=value (or ~key.path to delete a key)")
     keys = _split_key_path(key_path, override)
-    value = parse_yaml(raw_value, f"override {override}") if raw_value.strip() else ""
     parent = _walk(recipe.data, keys[:-1], override, create=True)
     _forget_sources(recipe.sources, ".".join(keys))
     parent[keys[-1]] = value

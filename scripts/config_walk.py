@@ -2,10 +2,11 @@
 
     python scripts/config_walk.py [RECIPE] [key=value ...]
 
-Builds everything ``train`` builds for the recipe (default: recipes/quickstart.yaml) without
-fitting, and records every call of a dlrecipes function that receives the config or one of its
-sections as an argument.  Prints the modules in the order the config enters them, how many times
-it enters each, and how many times it climbs back into a module it had left for another.
+Runs ``dlrecipes.train.train`` on the recipe (default: recipes/quickstart.yaml) with the Trainer's
+``fit`` left out, and records every call of a dlrecipes function that receives the config or one
+of its sections as an argument.  Prints the modules in the order the config enters them, how many
+times it enters each, how many times it climbs back into a module it had left for another, and
+the same for the stages (load/validate, build, fit, ...: tests/test_architecture.py's parts).
 """
 
 from __future__ import annotations
@@ -46,30 +47,49 @@ def walk(recipe: Path, overrides: list[str]) -> list[str]:
         if any(id(v) in parts for v in values):
             entered.append(module)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        config.runs_dir = tmp
-        from dlrecipes import builders
+    import composer
 
+    with tempfile.TemporaryDirectory() as tmp:
+        config.runs_dir, config.checkpoint.save = tmp, False
+        from dlrecipes import train
+
+        fit, composer.Trainer.fit = composer.Trainer.fit, lambda self, *a, **k: None
         sys.setprofile(profile)
         try:
-            trainer = builders.build_trainer(config, Path(tmp) / "walk")
+            train.train(config)
         finally:
             sys.setprofile(None)
-        trainer.close()
+            composer.Trainer.fit = fit
     return entered
 
 
-def summary(entered: list[str]) -> str:
-    runs = [m for i, m in enumerate(entered) if i == 0 or entered[i - 1] != m]  # consecutive calls in one module: one visit
-    visits = Counter(runs)
+def _visits(entered: list[str]) -> tuple[list[str], int]:
+    """Consecutive calls in one place are one visit; a climb is a visit to a place left before."""
+    runs = [m for i, m in enumerate(entered) if i == 0 or entered[i - 1] != m]
     left: set[str] = set()
     climbs = 0
     for previous, module in zip(runs, runs[1:]):
         left.add(previous)
         climbs += module in left
+    return runs, climbs
+
+
+def _stage(module: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from tests.test_architecture import PARTS
+
+    best = max(((p, part) for part, prefixes in PARTS.items() for p in prefixes
+                if module == p or module.startswith(p + ".")), key=lambda pp: len(pp[0]), default=("", "?"))
+    return best[1]
+
+
+def summary(entered: list[str]) -> str:
+    runs, climbs = _visits(entered)
+    stages, stage_climbs = _visits([_stage(m) for m in entered])
     lines = [" -> ".join(runs), "", "visits per module:"]
-    lines += [f"  {module}: {count}" for module, count in visits.most_common()]
-    lines.append(f"modules entered: {len(visits)}; visits: {len(runs)}; climbs back into a module left before: {climbs}")
+    lines += [f"  {module}: {count}" for module, count in Counter(runs).most_common()]
+    lines.append(f"modules entered: {len(set(runs))}; visits: {len(runs)}; climbs back into a module left before: {climbs}")
+    lines.append(f"stages: {' -> '.join(stages)}; climbs back into a stage left before: {stage_climbs}")
     return "\n".join(lines)
 
 

@@ -170,3 +170,24 @@ def test_each_component_package_registers_in_its_registered_module():
     assert all(m.endswith(".registered") for m in registering), sorted(registering)
     assert packages == {f"dlrecipes.{p}" for p in ("models", "data", "optim", "algorithms", "losses", "metrics",
                                                    "callbacks", "loggers")}
+
+
+def test_the_cli_is_thin():
+    """Each command calls one dlrecipes.api function (and formats what it returns with tools/); the
+    recipe arguments are declared once (recipe_command)."""
+    source = (PACKAGE / "cli.py").read_text()
+    tree = ast.parse(source)
+    commands = [node for node in tree.body if isinstance(node, ast.FunctionDef) and any(
+        "command" in ast.unparse(d) for d in node.decorator_list)]
+    assert len(commands) >= 12
+    for command in commands:
+        called = {n.attr for n in ast.walk(command) if isinstance(n, ast.Attribute)
+                  and isinstance(n.value, ast.Name) and n.value.id == "api"}
+        assert len(called) == 1, f"{command.name} calls {sorted(called)} of dlrecipes.api"
+    assert source.count('"recipe YAML file"') == 1 and source.count("key.path=value overrides") == 1
+    parts = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("dlrecipes"):
+            names = [a.name for a in node.names] if node.module == "dlrecipes" else [node.module.split(".")[1]]
+            parts.update(names)
+    assert parts <= {"api", "tools", "errors", "recipe", "data"}, parts

@@ -124,7 +124,7 @@ def test_plot_and_compare_commands(logged_run, tiny_recipe, tmp_path):
 def test_missing_optional_logger_names_the_extra(monkeypatch):
     import importlib.util
 
-    from dlrecipes import loggers
+    from dlrecipes.loggers import registered as loggers
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))

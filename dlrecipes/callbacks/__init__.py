@@ -9,6 +9,7 @@ from dlrecipes.callbacks import registered  # noqa: F401  (registers the built-i
 ELSEWHERE = {
     "RunHistory": "dlrecipes.records.history",  # history.csv, summary.json and the plots: records of the run
     "ClassReport": "dlrecipes.metrics.report",  # the confusion matrix and per-class accuracy: a metric's table
+    "make_saver": "dlrecipes.records.checkpoints",  # the periodic saver (atomic writes): checkpoints' own rules
 }
 
 

@@ -38,3 +38,18 @@ def convert_dataset(
         echo(f"  {report.samples} samples written, {len(report.skipped)} skipped, {report.seconds:.1f}s")
         reports.append(report)
     return reports
+
+
+def format_beton(info: dict[str, Any]) -> str:
+    """``data inspect``'s view of a .beton file (the dict of :func:`dlrecipes.data.ffcv_files.inspect_beton`)."""
+    res = info["resolution"]
+    lines = [f"{info['path']}: {info['samples']} samples",
+             f"fields: {', '.join(f'{k} ({v})' for k, v in info['fields'].items())}"]
+    for side in ("height", "width"):
+        r = res[side]
+        lines.append(f"{side}: min {r['min']}, median {r['median']:g}, max {r['max']}")
+    lines.append(f"stored as: {info['stored_as']['jpg']} JPEG, {info['stored_as']['raw']} raw")
+    names = info.get("class_names")
+    counts = ", ".join(f"{names[k] if names else k}: {v}" for k, v in info["classes"].items())
+    lines.append(f"classes ({len(info['classes'])}): {counts}")
+    return "\n".join(lines)

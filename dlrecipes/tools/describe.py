@@ -1,4 +1,5 @@
-"""Human-readable views: a resolved recipe with the source of every value, and registry listings."""
+"""Human-readable views of what the commands return: a resolved recipe with the source of every value,
+registry listings, the closing lines of validate and train, the comparison of runs."""
 
 from __future__ import annotations
 
@@ -82,8 +83,20 @@ def model_card(entry: Entry) -> dict[str, str]:
     return {"input": size, "param count": params, "pretrained": entry.metadata.get("pretrained", "no")}
 
 
-def print_registry(reg: Registry) -> None:
+def _rendered(renderable: Any) -> str:
+    """A rich table as plain text, as wide as the terminal (at least 120 columns)."""
+    import io
+    import shutil
+
     from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=max(120, shutil.get_terminal_size().columns)).print(renderable)
+    return out.getvalue().rstrip("\n")
+
+
+def format_registry(reg: Registry) -> str:
+    """What a registry holds: name, description, (model card,) parameters and defaults."""
     from rich.table import Table
     from rich.text import Text
 
@@ -100,4 +113,30 @@ def print_registry(reg: Registry) -> None:
         card = list(model_card(entry).values()) if cards else []
         # plain text: a default such as [torchscript, onnx] would otherwise read as rich markup
         table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card, params)))
-    Console(width=max(120, Console().width)).print(table)
+    return _rendered(table)
+
+
+def validated(recipe: Any, config: Any) -> str:
+    """``validate``'s line: the recipe is valid, and what it trains."""
+    return f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})"
+
+
+def trained(result: Any) -> str:
+    """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory."""
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
+    return (f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "
+            f"eval {metrics}; run directory {result.run_dir}")
+
+
+def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
+    """``compare``'s table (one row per run) and where the plot went."""
+    from rich.table import Table
+
+    from dlrecipes.records.plots import COMPARE_COLUMNS, format_cell
+
+    table = Table(title="runs", title_justify="left")
+    for _, header in COMPARE_COLUMNS:
+        table.add_column(header)
+    for summary in summaries:
+        table.add_row(*(format_cell(summary.get(key)) for key, _ in COMPARE_COLUMNS))
+    return f"{_rendered(table)}\naccuracy vs wall-clock time: {plot_path}"

@@ -192,3 +192,11 @@ def build_wheelhouse(out: Path, python_version: Optional[str] = None, extras: It
     requirements_file = out / "requirements.txt"
     requirements_file.write_text("\n".join(lines) + "\n")
     return requirements_file
+
+
+def format_wheelhouse(requirements_file: Path) -> str:
+    """What ``wheelhouse`` made and how to install it on the target machine."""
+    out = requirements_file.parent
+    wheels = len(list(out.glob("*.whl")))
+    return (f"{wheels} wheels in {out} ({requirements_file.name} lists them). On the target machine, beside its torch:\n"
+            f"  {INSTALL_COMMAND.format(out=out)}")
