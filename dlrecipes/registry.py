@@ -108,6 +108,31 @@ class Registry:
             )
         self._entries[name] = Entry(name, factory, source, dict(metadata))
 
+    def add_variant(self, name: str, of: str, description: str, **defaults: Any) -> None:
+        """Register ``name``: entry ``of`` with other defaults (a named variant, as timm names ``resnet50``).
+
+        The variant's recipe keys are ``of``'s, with ``defaults`` shown and used as theirs; its
+        metadata is ``of``'s.  One factory, one signature, however many named variants.
+        """
+        base = self.get(of)
+        signature = inspect.signature(base.factory)
+        unknown = [key for key in defaults if key not in signature.parameters]
+        if unknown:
+            raise PluginError(f"{self.what} '{name}': '{of}' has no parameter {', '.join(unknown)}")
+
+        def variant(*args: Any, **params: Any) -> Any:
+            return base.factory(*args, **{**defaults, **params})
+
+        variant.__signature__ = signature.replace(parameters=[
+            p.replace(default=defaults[p.name]) if p.name in defaults else p for p in signature.parameters.values()
+        ])
+        variant.__wrapped__ = base.factory  # its annotations, read in its module (typing.get_type_hints)
+        variant.__annotations__ = dict(base.factory.__annotations__)
+        variant.__name__ = variant.__qualname__ = name
+        variant.__module__ = base.factory.__module__
+        variant.__doc__ = description
+        self.add(name, variant, source=f"{base.source}, as a variant of '{of}'", **base.metadata)
+
     def get(self, name: str, key_path: str = "name") -> Entry:
         try:
             return self._entries[name]

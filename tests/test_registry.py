@@ -99,3 +99,22 @@ def test_registering_with_metadata_the_registry_does_not_read_names_the_keys_it_
         reg.add("x", lambda: 1, source="my_plugin.py", in_memroy=True)
     reg.add("y", lambda: 1, source="my_plugin.py", in_memory=True, paths=("root",))
     assert reg.get("y").metadata == {"in_memory": True, "paths": ("root",)}
+
+
+def test_a_named_variant_is_its_base_factory_with_other_defaults(tiny_recipe):
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    reg = registry.Registry("things", "thing", "a list", metadata=("in_memory",))
+    reg.add("base", lambda size=2, fill=0: [fill] * size, source="my_plugin.py", in_memory=True)
+    reg.add_variant("ones", of="base", description="Ones.", fill=1)
+    entry = reg.get("ones")
+    assert entry.parameters["fill"].default == 1 and entry.parameters["size"].default == 2
+    assert entry.description == "Ones." and entry.metadata == {"in_memory": True}
+    assert reg.build("ones") == [1, 1] and reg.build("ones", fill=3, size=1) == [3]
+    # the built-in imagenet100 is imagenet's variant: the same keys, checked with imagenet's types
+    variant = registry.datasets.get("imagenet100")
+    assert list(variant.parameters) == list(registry.datasets.get("imagenet").parameters)
+    assert variant.parameters["subset"].default == "imagenet100"
+    with pytest.raises(RecipeError, match=r"dataset.subset: expected one of 'all', 'imagenet100'"):
+        resolve(tiny_recipe, ["dataset={name: imagenet100, subset: most}"])

@@ -99,7 +99,7 @@ def image_folder(
 
 
 @datasets.register(
-    "imagenet", pil_images=True, paths=("root",), image_side=_crop_side, validator=_check_eval_sizes,
+    "imagenet", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
 )
 def imagenet(
     root: str = "data/imagenet",
@@ -108,39 +108,19 @@ def imagenet(
     eval_crop_size: Optional[int] = None,
     min_scale: float = 0.08,
     hflip: bool = True,
-    bad_images: Literal["fail", "skip"] = "fail",
-):
-    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder)."""
-    from dlrecipes.data.image_folder import build_image_folders
-
-    return build_image_folders(
-        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
-        bad_images=bad_images, eval_crop_size=eval_crop_size,
-    )
-
-
-@datasets.register(
-    "imagenet100", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
-)
-def imagenet100(
-    root: str = "data/imagenet",
-    crop_size: int = 224,
-    resize_size: int = 256,
-    eval_crop_size: Optional[int] = None,
-    min_scale: float = 0.08,
-    hflip: bool = True,
+    subset: Literal["all", "imagenet100"] = "all",
     class_list: Optional[str] = None,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
-    """ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file)."""
+    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder); subset
+    imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own."""
     from pathlib import Path
 
     from dlrecipes.data.image_folder import build_image_folders, imagenet100_classes
     from dlrecipes.errors import DataError
 
-    if class_list is None:
-        classes = imagenet100_classes()
-    else:
+    classes = imagenet100_classes() if subset == "imagenet100" else None
+    if class_list is not None:
         try:
             classes = [c.strip() for c in Path(class_list).read_text().splitlines() if c.strip()]
         except OSError as exc:
@@ -149,6 +129,12 @@ def imagenet100(
         f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
         only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size,
     )
+
+
+datasets.add_variant(
+    "imagenet100", of="imagenet", subset="imagenet100",
+    description="ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file).",
+)
 
 
 @datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side)
