@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
-from dlrecipes.errors import RecipeError
+from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe
 
@@ -23,16 +23,18 @@ def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[st
     loaded = load_recipe(recipe, overrides)
     imports = loaded.data.get("imports", [])
     if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
-        raise RecipeError(f"imports: expected a list of module names or .py paths, got {imports!r}")
+        raise RecipeError(f"imports: expected a list of module names or .py paths, got {shown(imports)}")
     load_all(imports=imports, plugins=plugins, recipe_dir=loaded.path.resolve().parent)
     return loaded
 
 
 def resolve(
-    recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), check_device: bool = True
+    recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), check_device: bool = True,
+    check_data: bool = True,
 ) -> RecipeConfig:
-    """Load and validate: the recipe as the trainer will see it (nothing is built)."""
-    return validate(load(recipe, overrides, plugins), check_device=check_device)
+    """Load and validate: the recipe as the trainer will see it (nothing is built).  ``check_device``:
+    whether this machine can run it; ``check_data``: whether its input paths exist."""
+    return validate(load(recipe, overrides, plugins), check_device=check_device, check_data=check_data)
 
 
 def show(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
@@ -44,7 +46,7 @@ def show(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[st
     from dlrecipes.tools.describe import render_with_sources
 
     loaded = load(recipe, overrides, plugins)
-    config = validate(loaded, check_device=check_device)
+    config = validate(loaded, check_device=check_device, check_data=False)
     return render_with_sources(config.to_dict(), {"name": "the recipe's file name", **loaded.sources})
 
 

@@ -141,12 +141,16 @@ def validate(
     device_check: bool = typer.Option(
         True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
     ),
+    data_check: bool = typer.Option(
+        True, "--data-check/--no-data-check", help="check that the recipe's input paths exist (train always does)"
+    ),
 ) -> None:
     """Check a recipe against the schema and the registries, building nothing."""
     from dlrecipes import api
     from dlrecipes.tools.describe import validated
 
-    config = _guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check))
+    config = _guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check,
+                                          check_data=data_check))
     typer.echo(validated(args.recipe, config))
 
 

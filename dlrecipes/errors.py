@@ -33,3 +33,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, shortened to ``limit`` characters: an error line names a value, it does not print it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from dlrecipes.errors import RecipeError
+from dlrecipes.errors import RecipeError, shown
 
 MAX_BASE_DEPTH = 16
 
@@ -119,7 +119,7 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[st
     elif isinstance(bases, str):
         bases = [bases]
     elif not (isinstance(bases, list) and all(isinstance(b, str) for b in bases)):
-        raise RecipeError(f"{path}: base: must be a file name or a list of file names, got {bases!r}")
+        raise RecipeError(f"{path}: base: must be a file name or a list of file names, got {shown(bases)}")
 
     merged: dict = {}
     sources: dict[str, str] = {}

@@ -27,11 +27,13 @@ Keyword metadata after the name: each registry declares the keys it reads (below
 - datasets: ``image_side=fn(params)`` (the side of the images a model sees, checked against its
   ``min_input_size``); ``in_memory=True`` (``trainer.loader: device`` can hold it on the device);
   ``pil_images=True`` (yields PIL images: the tensor cache, RandAugment and AugMix need it);
-  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``).
+  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
+  ``classes=fn(params)`` (its class count when known without reading the data, else None).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)`` and
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch).
 - losses: ``targets="class"`` or ``"regression"`` (what the loss trains; checked per task output).
-- metrics: ``report=True`` (a table written at the end of the run, see :mod:`dlrecipes.metrics`).
+- metrics: ``report=True`` (a table written at the end of the run, see :mod:`dlrecipes.metrics`);
+  ``top_k=fn(params)`` (the k of a top-k metric, checked against the data's classes).
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ COMMON_METADATA = ("validator", "paths")
 models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
                   ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
 datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
-                    ("image_side", "in_memory", "pil_images", "io"))
+                    ("image_side", "in_memory", "pil_images", "io", "classes"))
 optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
@@ -218,7 +220,7 @@ loggers = Registry("loggers", "logger", "a composer LoggerDestination", "compose
 losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",
                   "collections.abc.Callable", ("targets",))
 metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric",
-                   ("report",))
+                   ("report", "top_k"))
 
 REGISTRIES: dict[str, Registry] = {
     r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers, losses, metrics)

@@ -225,8 +225,8 @@ def test_train_metrics_can_be_switched_off(tiny_recipe, tmp_path):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("trainer.log_interval", 0, "trainer.log_interval: must be at least 1"),
-    ("trainer.train_metrics_interval", -1, "trainer.train_metrics_interval: must be 0 (off) or more"),
+    ("trainer.log_interval", 0, "trainer.log_interval: expected int >= 1, got 0"),
+    ("trainer.train_metrics_interval", -1, "trainer.train_metrics_interval: expected int >= 0, got -1"),
 ])
 def test_intervals_are_validated(tiny_recipe, key, value, message):
     from dlrecipes.errors import RecipeError

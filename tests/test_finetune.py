@@ -66,8 +66,8 @@ def test_named_heads_and_layer_decay_shape_the_learning_rates(tiny_recipe):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("finetune.head_lr=0", "finetune.head_lr: must be above 0"),
-    ("finetune.layer_decay=1.5", r"finetune.layer_decay: must be in \(0, 1\]"),
+    ("finetune.head_lr=0", "finetune.head_lr: expected float > 0 or null, got 0"),
+    ("finetune.layer_decay=1.5", r"finetune.layer_decay: expected float in \(0, 1\] or null, got 1.5"),
     ("finetune.freeze_backbone=soon", "finetune.freeze_backbone"),
     ("finetune.heads=[fc]", "finetune.heads"),
 ])

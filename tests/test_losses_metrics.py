@@ -86,7 +86,7 @@ def test_metrics_compute_what_their_names_say():
     [
         ("loss=crossentropy", "loss: unknown loss 'crossentropy' (did you mean 'cross_entropy'?)"),
         ("loss={name: focal, gama: 2}", "loss.gama: unknown parameter of loss 'focal' (did you mean 'gamma'?)"),
-        ("loss={name: cross_entropy, label_smoothing: 1.5}", "loss.label_smoothing: must be in [0, 1), got 1.5"),
+        ("loss={name: cross_entropy, label_smoothing: 1.5}", "loss.label_smoothing: expected float in [0, 1), got 1.5"),
         ("metrics=[top1, macro_f2]", "metrics.macro_f2: unknown metric 'macro_f2' (did you mean 'macro_f1'?)"),
         ("metrics={f1: {average: median}}", "metrics.f1.average: expected one of 'macro', 'micro', 'weighted'"),
         ("train_metrics=[confusion_matrix]", "train_metrics.confusion_matrix: a table written for the best evaluation"),

@@ -117,7 +117,7 @@ def _defaults(reg: registry.Registry, name: str) -> dict:
 
 def _effective(recipe: str) -> dict:
     """The resolved recipe as a flat {key path: value}, factory defaults included."""
-    config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", check_device=False)
+    config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", check_device=False, check_data=False)
     flat = {"loss": config.loss, "algorithms": sorted(config.algorithms)}
     for name, params in config.algorithms.items():
         flat.update({f"algorithms.{name}.{k}": v for k, v in {**_defaults(registry.algorithms, name), **params}.items()})

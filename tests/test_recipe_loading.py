@@ -143,10 +143,10 @@ def test_input_paths_are_relative_to_the_file_that_sets_them(tmp_path, monkeypat
         dataset: {train_path: ../images/train}
     """)
     monkeypatch.chdir(tmp_path / "recipes")  # somewhere else than the data
-    config = resolve(recipe, check_device=False)
+    config = resolve(recipe, check_device=False, check_data=False)
     assert config.dataset.params["train_path"] == str(tmp_path / "images" / "train")  # exp.yaml's folder
     assert config.dataset.params["val_path"] == "/abs/val"
     assert config.checkpoint.load_path == str(tmp_path / "weights" / "start.pt")  # base/data.yaml's folder
-    overridden = resolve(recipe, ["dataset.val_path=mine/val"], check_device=False)
+    overridden = resolve(recipe, ["dataset.val_path=mine/val"], check_device=False, check_data=False)
     assert overridden.dataset.params["val_path"] == str(tmp_path / "recipes" / "mine" / "val")  # the working dir
     assert overridden.runs_dir == "runs"  # outputs stay relative to where you run

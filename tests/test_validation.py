@@ -55,7 +55,7 @@ def test_unknown_keys_name_the_path_and_the_closest_key(recipe, override, messag
         ("trainer.max_duration=10", r"trainer.max_duration: expected duration such as '10ep'"),
         ("trainer.precision=fp16", r"trainer.precision: expected one of 'fp32', 'amp_fp16', 'amp_bf16', got 'fp16'"),
         ("model.width=[4]", r"model.width: expected int, got \[4\] \(list\)"),
-        ("trainer.device_train_microbatch_size=big", r"trainer.device_train_microbatch_size: expected int or one of 'auto' or null"),
+        ("trainer.device_train_microbatch_size=big", r"trainer.device_train_microbatch_size: expected int >= 1 or one of 'auto' or null"),
         ("checkpoint.load_ignore_keys=[1]", r"checkpoint.load_ignore_keys\[0\]: expected str, got 1"),
         ("checkpoint={load_weights_only: false, load_ignore_keys: ['module.fc.*']}",
          r"checkpoint.load_ignore_keys: applies to weights-only loads"),
@@ -124,7 +124,7 @@ def test_gpu_only_settings_are_refused_on_cpu(recipe, override, message):
     "override, message",
     [
         ("run_name=../escape", "run_name: '../escape' must be a plain name"),
-        ("trainer.batch_size=0", "trainer.batch_size: must be at least 1"),
+        ("trainer.batch_size=0", "trainer.batch_size: expected int >= 1, got 0"),
         ("checkpoint.best_only=true", "checkpoint.best_only: needs checkpoint.monitor"),
     ],
 )
@@ -218,3 +218,57 @@ def test_show_names_the_override_of_a_list_written_section(tiny_recipe):
     lines = result.stdout.splitlines()
     assert any(line.strip().startswith("macro_f1: {}") and "# override metrics=[top1,macro_f1]" in line for line in lines)
     assert any(line.strip().startswith("deterministic: false") and "# default" in line for line in lines)
+
+
+# --- ranges and relations a recipe's types do not say (issue 25): each at `validate`, one line, exit 2 ---
+
+
+@pytest.mark.parametrize("override, line", [
+    ("optimizer.lr=-0.1", "optimizer.lr: expected float > 0, got -0.1 (float)"),
+    ("model={name: mnist_cnn, dropout: 1.5}", "model.dropout: expected float in [0, 1), got 1.5 (float)"),
+    ("model={name: cnn_simple, width: 0}", "model.width: expected int in [1, 8192], got 0 (int)"),
+    ("trainer.max_duration=0ep", "trainer.max_duration: expected duration above zero such as '10ep', '200ba' or "
+                                 "'0.5dur', got '0ep' (str)"),
+    ("trainer.eval_interval=0ep", "trainer.eval_interval: expected duration above zero"),
+    ("trainer.train_subset_num_batches=0", "trainer.train_subset_num_batches: -1 (all batches) or at least 1, got 0"),
+    ("dataset.image_size=100000", "dataset.image_size: expected int in [1, 8192], got 100000 (int)"),
+    ("dataset.eval_fraction=0", "dataset.eval_fraction: expected float in (0, 1), got 0 (int)"),
+    ("scheduler={name: cosine, warmup: 5ep}", "scheduler.warmup: 5ep is not shorter than the run "
+                                               "(trainer.max_duration 2ep)"),
+    ("run_name=" + "r" * 300, "run_name: 300 characters; at most 120"),
+    ("dataset={name: synthetic, num_classes: 3}", None),  # top5 dropped from the defaults: not an error
+    ("metrics=[top1, top5]", None),
+])
+def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
+    result = run_cli("validate", str(recipe), override)
+    if line is None:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {line}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_top_k_metrics_fit_the_data(recipe):
+    config = check(recipe, "dataset={name: synthetic, num_classes: 3}")
+    assert list(config.metrics) == ["top1", "per_class_accuracy", "confusion_matrix"] and list(config.train_metrics) == ["top1"]
+    with pytest.raises(RecipeError, match=r"metrics.top5: top-5 of 3 classes is always 1"):
+        check(recipe, "dataset={name: synthetic, num_classes: 3}", "metrics=[top1, top5]")
+
+
+def test_a_dataset_needs_two_classes(recipe, tmp_path):
+    from .conftest import image_folders
+
+    root = image_folders(tmp_path / "one", ["only"])
+    with pytest.raises(RecipeError, match=r"dataset: image_folder has 1 class; a classifier needs at least 2"):
+        check(recipe, f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val}}")
+
+
+def test_input_paths_must_exist_unless_the_data_check_is_off(recipe, tmp_path):
+    missing = f"dataset={{name: image_folder, train_path: {tmp_path}/nope/train, val_path: {tmp_path}/nope/val}}"
+    result = run_cli("validate", str(recipe), missing)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"error: dataset.train_path: {tmp_path}/nope/train does not exist (and dataset.val_path); give an existing "
+        "path, or check it later (validate --no-data-check)"), result.stderr
+    assert run_cli("validate", str(recipe), missing, "--no-data-check").returncode == 0
+    loaded = run_cli("validate", str(recipe), f"checkpoint.load_path={tmp_path}/nope.pt")
+    assert loaded.returncode == 2 and f"checkpoint.load_path: {tmp_path}/nope.pt does not exist" in loaded.stderr

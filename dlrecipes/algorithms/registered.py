@@ -17,6 +17,7 @@ from typing import Literal, Optional, Union
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.errors import RecipeError
+from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
 from dlrecipes.registry import algorithms, datasets
 
 
@@ -48,7 +49,7 @@ def channels_last():
 
 
 @algorithms.register("label_smoothing", image_label_batch="smooths batch[1] as the class labels")
-def label_smoothing(smoothing: float = 0.1):
+def label_smoothing(smoothing: Probability = 0.1):
     """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016)."""
     from composer.algorithms import LabelSmoothing
 
@@ -106,7 +107,7 @@ def progressive_resizing(
     conflicts_with={"cutmix": "both replace the labels of every batch"},
     image_label_batch="mixes batch[0] as the images and batch[1] as the labels",
 )
-def mixup(alpha: float = 0.2, interpolate_loss: bool = False):
+def mixup(alpha: Positive = 0.2, interpolate_loss: bool = False):
     """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017)."""
     from composer.algorithms import MixUp
 
@@ -114,7 +115,7 @@ def mixup(alpha: float = 0.2, interpolate_loss: bool = False):
 
 
 @algorithms.register("cutmix", image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels")
-def cutmix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False):
+def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False):
     """Paste a box from another image and mix the labels by area (Yun et al. 2019)."""
     from composer.algorithms import CutMix
 
@@ -122,7 +123,7 @@ def cutmix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
 
 
 @algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
-def cutout(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = False):
+def cutout(num_holes: AtLeastOne = 1, length: Fraction = 0.5, uniform_sampling: bool = False):
     """Zero out random square patches of each image (DeVries & Taylor 2017)."""
     from composer.algorithms import CutOut
 
@@ -130,7 +131,7 @@ def cutout(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = Fal
 
 
 @algorithms.register("gradient_clipping")
-def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "norm", clipping_threshold: float = 1.0):
+def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "norm", clipping_threshold: Positive = 1.0):
     """Clip gradients by global norm, by value, or adaptively (AGC) before each step."""
     from composer.algorithms import GradientClipping
 
@@ -160,7 +161,7 @@ def augmix(
 
 
 @algorithms.register("colout", image_label_batch="drops rows and columns of batch[0] as the images")
-def colout(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_target: Union[bool, Literal["auto"]] = "auto"):
+def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = True, resize_target: Union[bool, Literal["auto"]] = "auto"):
     """Drop random rows and columns of each image: smaller, faster batches."""
     from composer.algorithms import ColOut
 
@@ -168,7 +169,7 @@ def colout(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_
 
 
 @algorithms.register("sam")
-def sam(rho: float = 0.05, epsilon: float = 1e-12, interval: int = 1):
+def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 1):
     """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020)."""
     from composer.algorithms import SAM
 
@@ -249,7 +250,7 @@ def _ghost_batch_fits(config) -> Optional[str]:
 
 
 @algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits)
-def ghost_batchnorm(ghost_batch_size: int = 32):
+def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
     """Normalise over sub-batches of ghost_batch_size instead of the whole batch."""
     from composer.algorithms import GhostBatchNorm
 
@@ -265,7 +266,7 @@ def weight_standardization(n_last_layers_ignore: int = 0):
 
 
 @algorithms.register("layerwise_lr_decay")
-def layerwise_lr_decay(decay: float = 0.75, block_depth: int = 2):
+def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
     """Smaller learning rates nearer the input: block d of D trains at lr * decay ** (D - 1 - d)."""
     from dlrecipes.algorithms.layerwise_lr_decay import LayerwiseLRDecay
 
@@ -273,7 +274,7 @@ def layerwise_lr_decay(decay: float = 0.75, block_depth: int = 2):
 
 
 @algorithms.register("gradient_checkpointing")
-def gradient_checkpointing(targets: Optional[list[str]] = None, every: int = 1):
+def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
     """Recompute the activations of residual blocks in backward instead of storing them (memory for compute)."""
     from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
 

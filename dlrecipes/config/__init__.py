@@ -13,7 +13,7 @@ from __future__ import annotations
 from dlrecipes.config import devices
 from dlrecipes.config.checks import _check_component_map, _check_metrics, check_component, check_loss, check_cross_fields
 from dlrecipes.config.tasks import check_task
-from dlrecipes.config.paths import resolve_paths
+from dlrecipes.config.paths import check_inputs_exist, resolve_paths
 from dlrecipes.config.schema import check_dataclass
 from dlrecipes.config.sections import (
     COMPONENT_MAPS, COMPONENT_SECTIONS, LR_SCALING_KEYS, CheckpointConfig, Component, FinetuneConfig, OutputConfig,
@@ -29,11 +29,12 @@ __all__ = [
 ]
 
 
-def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
+def validate(recipe: LoadedRecipe, check_device: bool = True, check_data: bool = True) -> RecipeConfig:
     """Check a loaded recipe against the schema and the registries (builds nothing).
 
     ``check_device=False`` skips asking whether this machine can run the recipe's device
-    and precision (for checking a GPU recipe on a laptop).
+    and precision (for checking a GPU recipe on a laptop); ``check_data=False``, whether its
+    input paths exist (for checking a recipe before its data is in place).
     """
     data = dict(recipe.data)
     components: dict[str, Component] = {}
@@ -66,9 +67,11 @@ def validate(recipe: LoadedRecipe, check_device: bool = True) -> RecipeConfig:
             raise RecipeError("metrics: with task:, each output's metrics follow from its kind (top1/top5 or "
                               "mse/mae); remove metrics and train_metrics")
     check_task(config, loss_given="loss" in data)
-    check_cross_fields(config)
+    check_cross_fields(config, given=set(recipe.data))
     if check_device:
         devices.check_device(config)
+    if check_data:  # last: a recipe mistake is reported before missing data
+        check_inputs_exist(config)
     return config
 
 
@@ -82,6 +85,4 @@ def _resolve_batch_size(config: RecipeConfig, given: dict) -> None:
             "trainer.batch_size_per_device: set either it or trainer.batch_size (the global batch), not both "
             "(delete one, e.g. with the override '~trainer.batch_size')"
         )
-    if per_device < 1:
-        raise RecipeError(f"trainer.batch_size_per_device: must be at least 1, got {per_device}")
     config.trainer.batch_size = per_device * distributed.world_size()

@@ -5,28 +5,30 @@ from __future__ import annotations
 
 import re
 import typing
-from typing import Any, Union
+from typing import Any, Collection, Union
 
 from dlrecipes import registry
 from dlrecipes.config.tasks import declared_io
 from dlrecipes.config.schema import check, check_params
 from dlrecipes.config.sections import FSDP_KEYS, LR_SCALING_KEYS, Component, RecipeConfig, compile_keys
 from dlrecipes.core.outputs import EVAL_LOSS, metric_names
-from dlrecipes.errors import RecipeError, did_you_mean
+from dlrecipes.core.durations import parse_duration
+from dlrecipes.errors import RecipeError, did_you_mean, shown
 
 _RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_NAME = 120  # characters of a run or recipe name (a run directory's name, then a timestamp; 255 is the limit)
 
 
 def check_component(value: Any, section: str, reg: registry.Registry) -> Component:
     if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
         value = {"name": value}
     if not isinstance(value, dict):
-        raise RecipeError(f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {value!r}")
+        raise RecipeError(f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {shown(value)}")
     if "name" not in value:
         raise RecipeError(f"{section}.name: missing required key (one of {', '.join(reg.names())})")
     name = value["name"]
     if not isinstance(name, str):
-        raise RecipeError(f"{section}.name: expected a {reg.what} name, got {name!r}")
+        raise RecipeError(f"{section}.name: expected a {reg.what} name, got {shown(name)}")
     entry = reg.get(name, key_path=f"{section}.name")
     params = {k: v for k, v in value.items() if k != "name"}
     own = {}
@@ -43,7 +45,7 @@ def _check_component_map(value: Any, section: str, reg: registry.Registry) -> di
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise RecipeError(f"{section}: expected a mapping of {reg.what} names to parameters, got {value!r}")
+        raise RecipeError(f"{section}: expected a mapping of {reg.what} names to parameters, got {shown(value)}")
     out = {}
     for name, params in value.items():
         if params is None or params is False:  # `ema: null` in a child recipe switches it off
@@ -70,7 +72,7 @@ def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
         registry.losses.get(value, key_path=path)  # a misspelled name is the key's error, not `name`'s
         value = {"name": value}
     if not isinstance(value, dict):
-        raise RecipeError(f"{path}: expected a loss name or {{name: ..., <params>}}, got {value!r}")
+        raise RecipeError(f"{path}: expected a loss name or {{name: ..., <params>}}, got {shown(value)}")
     component = check_component(value, path, registry.losses)
     defaults = _with_defaults(registry.losses.get(component.name), {})
     changed = {k: v for k, v in component.params.items() if defaults.get(k, object()) != v}
@@ -81,7 +83,7 @@ def _check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
     """``metrics``/``train_metrics``: a list of names or a mapping of names to parameters."""
     if isinstance(value, list):
         if not all(isinstance(name, str) for name in value):
-            raise RecipeError(f"{section}: expected a list of metric names, got {value!r}")
+            raise RecipeError(f"{section}: expected a list of metric names, got {shown(value)}")
         value = {name: {} for name in value}
     metrics = _check_component_map(value, section, registry.metrics)
     if section == "train_metrics":
@@ -101,7 +103,7 @@ def _run_validator(entry: registry.Entry, params: dict[str, Any], path: str) -> 
 
 def _hints(factory: Any) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(factory)
+        return typing.get_type_hints(factory, include_extras=True)
     except Exception:  # an annotation we cannot resolve: check only names, not types
         return {}
 
@@ -182,62 +184,59 @@ def _check_monitors(config: RecipeConfig) -> None:
             )
 
 
-def check_cross_fields(config: RecipeConfig) -> None:
-    """What one section implies for another, and the ranges of trainer, checkpoint and finetune keys."""
+def check_cross_fields(config: RecipeConfig, given: Collection[str] = ()) -> None:
+    """What one section implies for another (ranges of single keys are in their types: core.ranges);
+    ``given``: the top-level sections the recipe sets (defaults may be fitted to the data, given ones not)."""
     t = config.trainer
+    _check_classes(config, given)
     _check_monitors(config)
     if config.checkpoint.load_ignore_keys and not config.checkpoint.load_weights_only:
         raise RecipeError("checkpoint.load_ignore_keys: applies to weights-only loads; set "
                           "checkpoint.load_weights_only=true, or remove load_ignore_keys")
+    if config.checkpoint.best_only and not config.checkpoint.monitor:
+        raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
     _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
     if isinstance(t.compile, dict):
         _check_option_keys("trainer.compile", t.compile, compile_keys())
     _check_input_side(config)
+    _check_names(config)
+    for key in ("train_subset_num_batches", "eval_subset_num_batches"):
+        if getattr(t, key) == 0 or getattr(t, key) < -1:
+            raise RecipeError(f"trainer.{key}: -1 (all batches) or at least 1, got {getattr(t, key)}")
+    _check_warmup(config)
+    f = config.finetune
+    if f is not None and f.layer_decay is not None and "layerwise_lr_decay" in config.algorithms:
+        raise RecipeError("finetune.layer_decay: algorithms.layerwise_lr_decay is set too; keep one of them")
+    _check_loader(config)
+    _check_algorithm_prerequisites(config)
+
+
+def _check_names(config: RecipeConfig) -> None:
     if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
         raise RecipeError(
-            f"run_name: {config.run_name!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"
+            f"run_name: {shown(config.run_name)} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"
         )
-    if t.batch_size < 1:
-        raise RecipeError(f"trainer.batch_size: must be at least 1, got {t.batch_size}")
-    if t.eval_batch_size is not None and t.eval_batch_size < 1:
-        raise RecipeError(f"trainer.eval_batch_size: must be at least 1, got {t.eval_batch_size}")
-    if t.num_workers < 0:
-        raise RecipeError(f"trainer.num_workers: must be 0 or more, got {t.num_workers}")
-    if t.log_interval < 1:
-        raise RecipeError(f"trainer.log_interval: must be at least 1 (batches), got {t.log_interval}")
-    if t.train_metrics_interval < 0:
-        raise RecipeError(f"trainer.train_metrics_interval: must be 0 (off) or more, got {t.train_metrics_interval}")
-    if not t.dist_timeout > 0:
-        raise RecipeError(f"trainer.dist_timeout: must be more than 0 seconds, got {t.dist_timeout}")
-    micro = t.device_train_microbatch_size
-    if isinstance(micro, int) and micro < 1:
-        raise RecipeError(f"trainer.device_train_microbatch_size: must be at least 1, got {micro}")
-    f = config.finetune
-    if f is not None:
-        if f.head_lr is not None and f.head_lr <= 0:
-            raise RecipeError(f"finetune.head_lr: must be above 0, got {f.head_lr}")
-        if f.layer_decay is not None and not 0 < f.layer_decay <= 1:
-            raise RecipeError(f"finetune.layer_decay: must be in (0, 1], got {f.layer_decay}")
-        if f.layer_decay is not None and "layerwise_lr_decay" in config.algorithms:
-            raise RecipeError("finetune.layer_decay: algorithms.layerwise_lr_decay is set too; keep one of them")
-    c = config.checkpoint
-    if c.best_only and not c.monitor:
-        raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
-    if c.keep < -1:
-        raise RecipeError(f"checkpoint.keep: must be -1 (all) or 0 or more, got {c.keep}")
-    if t.loader == "device" and not registry.datasets.get(config.dataset.name).metadata.get("in_memory"):
+    for key, name in (("run_name", config.run_name), ("name", config.name)):
+        if name is not None and len(name) > MAX_NAME:
+            raise RecipeError(f"{key}: {len(name)} characters; at most {MAX_NAME} (run directories and the files in "
+                              "them must fit the filesystem's limits)")
+
+
+def _check_loader(config: RecipeConfig) -> None:
+    """The device loader holds in-memory datasets; the tensor cache caches image folders."""
+    loader, data = config.trainer.loader, registry.datasets.get(config.dataset.name)
+    if loader == "device" and not data.metadata.get("in_memory"):
         usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("in_memory"))
         raise RecipeError(
             f"trainer.loader: 'device' needs a dataset held in memory as tensors ({usable}); "
             f"'{config.dataset.name}' reads files: use trainer.loader=torch"
         )
-    if t.loader == "tensor_cache" and not registry.datasets.get(config.dataset.name).metadata.get("pil_images"):
+    if loader == "tensor_cache" and not data.metadata.get("pil_images"):
         usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
         raise RecipeError(
             f"trainer.loader: 'tensor_cache' caches image folders ({usable}); for '{config.dataset.name}' "
             "use trainer.loader=device (in-memory data) or torch"
         )
-    _check_algorithm_prerequisites(config)
 
 
 def _check_algorithm_prerequisites(config: RecipeConfig) -> None:
@@ -251,3 +250,46 @@ def _check_algorithm_prerequisites(config: RecipeConfig) -> None:
         problem = requires(config) if requires is not None else None
         if problem:
             raise RecipeError(f"algorithms.{name}: {problem}")
+
+
+def _check_warmup(config: RecipeConfig) -> None:
+    """A warmup must end before the run does (compared when both are in the same unit, or a fraction)."""
+    entry = registry.schedulers.get(config.scheduler.name)
+    warmup = _with_defaults(entry, config.scheduler.params).get("warmup")
+    if not isinstance(warmup, str):
+        return
+    (w, w_unit), (m, m_unit) = parse_duration(warmup), parse_duration(config.trainer.max_duration)
+    if w > 0 and ((w_unit == "dur" and w >= 1) or (w_unit == m_unit and w >= m)):
+        raise RecipeError(f"scheduler.warmup: {warmup} is not shorter than the run (trainer.max_duration "
+                          f"{config.trainer.max_duration}); use a shorter warmup, e.g. {'0.1dur'}")
+
+
+def dataset_classes(config: RecipeConfig):
+    """The dataset's class count when its registry entry can tell it without reading the data, else None."""
+    entry = registry.datasets.get(config.dataset.name)
+    count = entry.metadata.get("classes")
+    return count(_with_defaults(entry, config.dataset.params)) if count is not None else None
+
+
+def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
+    """At least 2 classes, and no top-k metric with k at or above them (always 1): a default one is left
+    out (top5 of 5 classes or fewer), one the recipe names is refused."""
+    if config.task is not None:
+        return
+    classes = dataset_classes(config)
+    if classes is None:
+        return
+    if classes < 2:
+        raise RecipeError(f"dataset: {config.dataset.name} has {classes} class{'es' if classes != 1 else ''}; a "
+                          "classifier needs at least 2 (check the folders under the training path)")
+    for section in ("metrics", "train_metrics"):
+        chosen = getattr(config, section)
+        for name, params in list(chosen.items()):
+            k_of = registry.metrics.get(name).metadata.get("top_k")
+            k = k_of(params) if k_of is not None else None
+            if k is None or k < classes:
+                continue
+            if section in given:
+                raise RecipeError(f"{section}.{name}: top-{k} of {classes} classes is always 1; remove it "
+                                  f"(or use a k below {classes})")
+            del chosen[name]  # a default metric that would say nothing for this data

@@ -1,4 +1,4 @@
-"""Paths in a recipe: input paths are relative to the file that names them."""
+"""Paths in a recipe: input paths are relative to the file that names them, and must exist."""
 
 from __future__ import annotations
 
@@ -46,3 +46,30 @@ def resolve_paths(config: RecipeConfig, recipe: LoadedRecipe) -> None:
             for key in reg.get(name).metadata.get("paths", ()):
                 if key in params:
                     params[key] = _resolved(params[key], _anchor(recipe, f"{section}.{name}.{key}"))
+
+
+def check_inputs_exist(config: RecipeConfig) -> None:
+    """Every input path a recipe names exists: the components' ``paths=`` parameters (unless the
+    factory is asked to download there) and ``checkpoint.load_path``."""
+    from dlrecipes.errors import DataError
+
+    missing = []
+    if config.checkpoint.load_path and not Path(config.checkpoint.load_path).exists():
+        missing.append(("checkpoint.load_path", config.checkpoint.load_path))
+    for section, reg in COMPONENT_SECTIONS.items():
+        component = getattr(config, section, None)
+        if not isinstance(component, Component):
+            continue
+        entry = reg.get(component.name)
+        params = {**{n: p.default for n, p in entry.parameters.items() if p.default is not p.empty}, **component.params}
+        if params.get("download") is True:
+            continue  # fetched there when missing
+        for key in entry.metadata.get("paths", ()):
+            value = params.get(key)
+            if isinstance(value, str) and value and "://" not in value and not Path(value).exists():
+                missing.append((f"{section}.{key}", value))
+    if missing:
+        key, value = missing[0]
+        more = f" (and {', '.join(k for k, _ in missing[1:])})" if len(missing) > 1 else ""
+        raise DataError(f"{key}: {value} does not exist{more}; give an existing path, or check it later "
+                        "(validate --no-data-check)")

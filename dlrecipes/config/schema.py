@@ -16,7 +16,8 @@ import typing
 from typing import Any, Literal, Union
 
 from dlrecipes.core.durations import Duration, parse_duration
-from dlrecipes.errors import RecipeError, did_you_mean
+from dlrecipes.core.ranges import range_of
+from dlrecipes.errors import RecipeError, did_you_mean, shown
 
 __all__ = ["Duration", "check", "check_dataclass", "check_params", "parse_duration", "type_name"]
 
@@ -30,6 +31,11 @@ def _is_duration(value: str) -> bool:
 
 def type_name(tp: Any) -> str:
     """How a type reads in an error message."""
+    inner, rng = range_of(tp)
+    if rng is not None and inner is Duration:
+        return "duration above zero such as '10ep', '200ba' or '0.5dur'"
+    if rng is not None:
+        return f"{type_name(inner)} {rng.describe()}"
     if tp is Duration:
         return "duration such as '10ep', '200ba' or '0.5dur'"
     if tp is Any:
@@ -52,13 +58,15 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def check(value: Any, tp: Any, path: str) -> Any:
     """Return ``value`` checked against ``tp``; raise :class:`RecipeError` naming ``path``."""
+    inner, rng = range_of(tp)
+    if inner is not tp:  # Annotated: the type, then its range (dlrecipes.core.ranges)
+        checked = check(value, inner, path)
+        number = parse_duration(checked)[0] if inner is Duration else checked
+        if rng is not None and isinstance(number, (int, float)) and not rng.contains(number):
+            raise _wrong(path, tp, value)
+        return checked
     if tp is Any or tp is typing.Any:
         return value
     if tp is type(None) or tp is None:
@@ -102,7 +110,7 @@ def _check_tuple(value: Any, tp: Any, path: str) -> tuple:
     if len(args) == 2 and args[1] is Ellipsis:
         return tuple(check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
     if args and len(args) != len(value):
-        raise RecipeError(f"{path}: expected a list of {len(args)} values, got {_show(value)}")
+        raise RecipeError(f"{path}: expected a list of {len(args)} values, got {shown(value)}")
     return tuple(check(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args or [Any] * len(value))))
 
 
@@ -114,7 +122,7 @@ def _check_dict(value: Any, tp: Any, path: str) -> dict:
     out = {}
     for k, v in value.items():
         if not isinstance(k, str):
-            raise RecipeError(f"{path}: keys must be strings, got {_show(k)}")
+            raise RecipeError(f"{path}: keys must be strings, got {shown(k)}")
         out[k] = check(v, value_tp, f"{path}.{k}")
     return out
 
@@ -167,12 +175,12 @@ def _is_container_for(option: Any, value: Any) -> bool:
 
 
 def _wrong(path: str, tp: Any, value: Any) -> RecipeError:
-    return RecipeError(f"{path}: expected {type_name(tp)}, got {_show(value)} ({type(value).__name__})")
+    return RecipeError(f"{path}: expected {type_name(tp)}, got {shown(value)} ({type(value).__name__})")
 
 
 def check_dataclass(cls: type, data: dict, path: str) -> Any:
     """Build dataclass ``cls`` from ``data``: unknown keys, missing keys and types are checked."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
     for key in data:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes import registry
 from dlrecipes.core.durations import Duration
+from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range
 from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
 
 
@@ -33,24 +34,24 @@ class Component:
 
 @dataclass
 class TrainerConfig:
-    max_duration: Duration = _help("how long to train: '10ep', '500ba', ...", default="1ep")
-    eval_interval: Duration = _help("how often to evaluate", default="1ep")
+    max_duration: PositiveDuration = _help("how long to train: '10ep', '500ba', ...", default="1ep")
+    eval_interval: PositiveDuration = _help("how often to evaluate", default="1ep")
     precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help("numeric precision; AMP needs a GPU", default="fp32")
     device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
     seed: int = _help("random seed for weights, data order and augmentation", default=17)
     deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
-    batch_size: int = _help("global training batch size, split evenly over all devices", default=128)
-    batch_size_per_device: Optional[int] = _help(
+    batch_size: AtLeastOne = _help("global training batch size, split evenly over all devices", default=128)
+    batch_size_per_device: Optional[AtLeastOne] = _help(
         "instead of batch_size: the batch each device trains on; the global batch (and the lr that "
         "optimizer.scale_lr derives from it) then grows with the number of devices",
         default=None,
     )
-    eval_batch_size: Optional[int] = _help("global evaluation batch size (default: batch_size)", default=None)
-    device_train_microbatch_size: Union[int, Literal["auto"], None] = _help(
+    eval_batch_size: Optional[AtLeastOne] = _help("global evaluation batch size (default: batch_size)", default=None)
+    device_train_microbatch_size: Union[AtLeastOne, Literal["auto"], None] = _help(
         "per-device microbatch for gradient accumulation; 'auto' (GPU only) finds the largest that fits",
         default=None,
     )
-    num_workers: int = _help("dataloader worker processes per device", default=2)
+    num_workers: Annotated[int, Range(0)] = _help("dataloader worker processes per device", default=2)
     loader: Literal["torch", "device", "tensor_cache"] = _help(
         "torch: a DataLoader with per-sample transforms; device: keep an in-memory dataset on the "
         "training device and crop/flip/normalise whole batches there (digits, MNIST, CIFAR, synthetic); "
@@ -63,18 +64,18 @@ class TrainerConfig:
         "on a terminal, a live progress line per phase (a summary row per epoch is printed either way)", default=True
     )
     console_log_interval: Duration = _help("with `train --verbose`: how often Composer prints every metric", default="1ep")
-    log_interval: int = _help(
+    log_interval: AtLeastOne = _help(
         "every how many batches the terminal and the run log read the training loss back from the device "
         "(and at each epoch's last batch); every batch's loss reaches the loggers, and the steps in between "
         "never wait for the device",
         default=50,
     )
-    train_metrics_interval: int = _help(
+    train_metrics_interval: Annotated[int, Range(0)] = _help(
         "every how many batches the step's own outputs update the train metrics, which cover the epoch and are "
         "reported at its end (1 = every batch; 0 = no train metrics)",
         default=10,
     )
-    dist_timeout: float = _help(
+    dist_timeout: Positive = _help(
         "seconds that processes wait for each other (process group setup and every collective) before "
         "the run stops with an error",
         default=300.0,
@@ -95,8 +96,8 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     save: bool = _help("write checkpoints under the run directory", default=True)
-    save_interval: Duration = _help("how often to save", default="1ep")
-    keep: int = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
+    save_interval: PositiveDuration = _help("how often to save", default="1ep")
+    keep: Annotated[int, Range(-1)] = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
     monitor: Optional[str] = _help(
         "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)", default=None
     )
@@ -132,10 +133,10 @@ class FinetuneConfig:
     """Fine-tuning a pretrained network: a frozen backbone at first, a head learning rate, layer-wise decay."""
 
     freeze_backbone: Duration = _help("train only the head for this long, then everything ('0ep': never frozen)", default="0ep")
-    head_lr: Optional[float] = _help("the head's learning rate (default: optimizer.lr, like the backbone)", default=None)
+    head_lr: Optional[Positive] = _help("the head's learning rate (default: optimizer.lr, like the backbone)", default=None)
     head: list[str] = _help("module names (globs) forming the head (default: the classifier, found from the model)",
                             default_factory=list)
-    layer_decay: Optional[float] = _help("layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)",
+    layer_decay: Optional[Annotated[float, Range(0, 1, low_open=True)]] = _help("layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)",
                                          default=None)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from dlrecipes import registry
 from dlrecipes.core.outputs import DataIO, OutputSpec
-from dlrecipes.errors import RecipeError, did_you_mean
+from dlrecipes.errors import RecipeError, did_you_mean, shown
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _RESERVED = {"total"}  # Composer logs the weighted sum as loss/train/total
@@ -85,7 +85,7 @@ def check_task(config: Any, loss_given: bool = False) -> None:
 def _check_names(given: list[str], declared: list[str], path: str, what: str, dataset: str) -> None:
     for name in given:
         if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
-            raise RecipeError(f"{path}: {name!r} is not a usable name (letters, digits, '_' or '-'; not 'total')")
+            raise RecipeError(f"{path}: {shown(name)} is not a usable name (letters, digits, '_' or '-'; not 'total')")
     if len(set(given)) != len(given):
         twice = sorted({n for n in given if given.count(n) > 1})
         raise RecipeError(f"{path}: {', '.join(twice)} named more than once")

@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
+from dlrecipes.core.ranges import Classes, Fraction, Size
 from dlrecipes.registry import datasets
 
 
@@ -23,6 +24,29 @@ _IMAGENET_STD = [0.229, 0.224, 0.225]
 def _crop_side(params: dict) -> int:
     """``image_side=`` metadata: the side of the images a model sees (validation checks models' minimum)."""
     return min(params["crop_size"], params.get("eval_crop_size") or params["crop_size"])
+
+
+def _folder_classes(path_key: str):
+    """``classes=`` metadata of an image-folder dataset: its class folders, counted when the folder exists
+    (one listing, no image read), else unknown."""
+    def count(params: dict):
+        from pathlib import Path
+
+        root = Path(params[path_key]) if isinstance(params.get(path_key), str) else None
+        if root is None or not root.is_dir():
+            return None
+        return sum(1 for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+
+    return count
+
+
+def _imagenet_classes(params: dict):
+    if params.get("class_list"):
+        from pathlib import Path
+
+        listed = Path(params["class_list"])
+        return len([c for c in listed.read_text().splitlines() if c.strip()]) if listed.is_file() else None
+    return 100 if params.get("subset") == "imagenet100" else 1000
 
 
 def _check_eval_sizes(params: dict, path: str) -> None:
@@ -37,15 +61,15 @@ def _check_eval_sizes(params: dict, path: str) -> None:
         )
 
 
-@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"])
-def digits(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
+@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10)
+def digits(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed)."""
     from dlrecipes.data.digits import build_digits
 
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28)
+@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
     from dlrecipes.data.torchvision_sets import build_mnist
@@ -53,8 +77,9 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"])
-def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True, image_size: int = 32):
+@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
+                   classes=lambda p: 10)
+def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True, image_size: Size = 32):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment; image_size resizes
     the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device."""
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
@@ -63,8 +88,9 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
     return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size)
 
 
-@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"])
-def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True, image_size: int = 32):
+@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
+                   classes=lambda p: 100)
+def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True, image_size: Size = 32):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10."""
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
@@ -74,6 +100,7 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
 
 @datasets.register(
     "image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side, validator=_check_eval_sizes,
+    classes=_folder_classes("train_path"),
 )
 def image_folder(
     train_path: str,
@@ -100,6 +127,7 @@ def image_folder(
 
 @datasets.register(
     "imagenet", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
+    classes=_imagenet_classes,
 )
 def imagenet(
     root: str = "data/imagenet",
@@ -169,9 +197,10 @@ def ffcv(
     )
 
 
-@datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]))
+@datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),
+                   classes=lambda p: p["num_classes"])
 def synthetic(
-    num_classes: int = 10,
+    num_classes: Classes = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),
     train_samples: int = 256,
     eval_samples: int = 64,
@@ -193,7 +222,7 @@ def _digits_two_view_io(params: dict):
 
 
 @datasets.register("digits_two_view", io=_digits_two_view_io)
-def digits_two_view(image_size: int = 28, augment: bool = True, eval_fraction: float = 0.2, split_seed: int = 0):
+def digits_two_view(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
     """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs)."""
     from dlrecipes.data.task_data import build_digits_two_view
 

@@ -13,36 +13,28 @@ implementations (and torch) are imported inside the factories, so validation sta
 
 from __future__ import annotations
 
-from dlrecipes.errors import RecipeError
+from dlrecipes.core.ranges import NonNegative, Probability
 from dlrecipes.registry import losses
 
 
-def _check(params: dict, path: str) -> None:
-    smoothing = params.get("label_smoothing", 0.0)
-    if not 0.0 <= smoothing < 1.0:
-        raise RecipeError(f"{path}.label_smoothing: must be in [0, 1), got {smoothing}")
-    if params.get("gamma", 0.0) < 0:
-        raise RecipeError(f"{path}.gamma: must be 0 or more, got {params['gamma']}")
-
-
-@losses.register("cross_entropy", targets="class", validator=_check)
-def cross_entropy(label_smoothing: float = 0.0):
+@losses.register("cross_entropy", targets="class")
+def cross_entropy(label_smoothing: Probability = 0.0):
     """Softmax cross-entropy (Composer's, for index or soft targets), optional label smoothing."""
     from dlrecipes.losses.functions import smoothed, soft_cross_entropy
 
     return smoothed(soft_cross_entropy, label_smoothing)
 
 
-@losses.register("binary_cross_entropy", targets="class", validator=_check)
-def binary_cross_entropy(label_smoothing: float = 0.0):
+@losses.register("binary_cross_entropy", targets="class")
+def binary_cross_entropy(label_smoothing: Probability = 0.0):
     """One sigmoid per class (MosaicML's ResNet recipes), optional label smoothing."""
     from dlrecipes.losses.functions import binary_cross_entropy, smoothed
 
     return smoothed(binary_cross_entropy, label_smoothing)
 
 
-@losses.register("focal", targets="class", validator=_check)
-def focal(gamma: float = 2.0, label_smoothing: float = 0.0):
+@losses.register("focal", targets="class")
+def focal(gamma: NonNegative = 2.0, label_smoothing: Probability = 0.0):
     """Softmax focal loss (Lin et al. 2017): cross-entropy weighted by (1 - p)^gamma; gamma 0 is cross-entropy."""
     from dlrecipes.losses.functions import focal_loss, smoothed
 

@@ -41,13 +41,13 @@ def top1(num_classes: int, /):
     return _accuracy(num_classes, 1, "micro")
 
 
-@metrics.register("top5")
+@metrics.register("top5", top_k=lambda p: 5)
 def top5(num_classes: int, /):
     """Top-5 accuracy (top-k capped at the class count)."""
     return _accuracy(num_classes, 5, "micro")
 
 
-@metrics.register("accuracy")
+@metrics.register("accuracy", top_k=lambda p: p.get("top_k", 1))
 def accuracy(num_classes: int, /, top_k: int = 1, average: Literal["micro", "macro"] = "micro"):
     """Top-k accuracy; average=macro is the mean of the per-class accuracies (balanced accuracy)."""
     return _accuracy(num_classes, top_k, average)

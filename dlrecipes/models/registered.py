@@ -13,11 +13,12 @@ from typing import Literal, Optional
 
 from dlrecipes.config.checks import refuse_small_inputs
 from dlrecipes.errors import DataError, RecipeError
+from dlrecipes.core.ranges import AtLeastOne, Classes, Probability, Size
 from dlrecipes.registry import models
 
 
 @models.register("cnn_simple", input_size=(1, 28, 28), param_count=421_642)
-def cnn_simple(num_classes: int = 10, in_chans: int = 1, width: int = 32, hidden: int = 128):
+def cnn_simple(num_classes: Classes = 10, in_chans: AtLeastOne = 1, width: Size = 32, hidden: Size = 128):
     """Small baseline CNN (2 conv + max-pool, 1 hidden layer), MNIST-sized inputs."""
     from dlrecipes.models.architectures.simple_cnn import CNNSimple
 
@@ -25,7 +26,7 @@ def cnn_simple(num_classes: int = 10, in_chans: int = 1, width: int = 32, hidden
 
 
 @models.register("mnist_cnn", input_size=(1, 28, 28), param_count=268_650)
-def mnist_cnn(num_classes: int = 10, in_chans: int = 1, width: int = 32, dropout: float = 0.4):
+def mnist_cnn(num_classes: Classes = 10, in_chans: AtLeastOne = 1, width: Size = 32, dropout: Probability = 0.4):
     """Stronger MNIST CNN (BN conv blocks, strided 5x5 downsampling, dropout), aims at >= 99.2%."""
     from dlrecipes.models.architectures.simple_cnn import MnistCNN
 
@@ -39,9 +40,9 @@ _FUSION_HEADS = {"digit": 10, "parity": 2}
 def fusion_cnn(
     input_channels: tuple[int, ...] = (1, 1),
     output_sizes: dict[str, int] = _FUSION_HEADS,
-    width: int = 16,
-    hidden: int = 128,
-    dropout: float = 0.1,
+    width: Size = 16,
+    hidden: Size = 128,
+    dropout: Probability = 0.1,
     shared_encoder: bool = False,
 ):
     """Several image inputs (one small BN conv encoder each, or one shared), fused, one linear head per output."""
@@ -51,7 +52,7 @@ def fusion_cnn(
 
 
 @models.register("cifar_resnet18", input_size=(3, 32, 32), param_count=11_173_962)
-def cifar_resnet18(num_classes: int = 10, in_chans: int = 3):
+def cifar_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
     """ResNet-18 with a 3x3 stride-1 stem for 32x32 images (11.2 M parameters)."""
     from dlrecipes.models.architectures.cifar_resnet import resnet18
 
@@ -59,7 +60,7 @@ def cifar_resnet18(num_classes: int = 10, in_chans: int = 3):
 
 
 @models.register("cifar_preact_resnet18", input_size=(3, 32, 32), param_count=11_172_170)
-def cifar_preact_resnet18(num_classes: int = 10, in_chans: int = 3):
+def cifar_preact_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
     """Pre-activation ResNet-18 with a 32x32 stem (He et al. 2016)."""
     from dlrecipes.models.architectures.cifar_resnet import preact_resnet18
 
@@ -79,13 +80,13 @@ def _check_timm_arch(params: dict, path: str) -> None:
 )
 def timm_model(
     arch: str,
-    num_classes: int = 1000,
-    in_chans: int = 3,
+    num_classes: Classes = 1000,
+    in_chans: AtLeastOne = 3,
     pretrained: bool = False,
     pretrained_path: Optional[str] = None,
-    drop_rate: float = 0.0,
+    drop_rate: Probability = 0.0,
     drop_path_rate: Optional[float] = None,
-    min_input_size: int = 64,
+    min_input_size: AtLeastOne = 64,
     input_shape: Optional[tuple[int, int, int]] = None,
 ):
     """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file)."""
@@ -132,10 +133,10 @@ def _check_torchvision_arch(params: dict, path: str) -> None:
 )
 def torchvision_model(
     arch: str,
-    num_classes: int = 1000,
-    in_chans: int = 3,
+    num_classes: Classes = 1000,
+    in_chans: AtLeastOne = 3,
     pretrained_path: Optional[str] = None,
-    min_input_size: int = 64,
+    min_input_size: AtLeastOne = 64,
     input_shape: Optional[tuple[int, int, int]] = None,
     init: Literal["torchvision", "mosaicml"] = "torchvision",
     loss: str = "cross_entropy",

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dlrecipes.core.durations import Duration, is_zero
+from dlrecipes.core.ranges import NonNegative, Positive, PositiveDuration, Probability
 from dlrecipes.registry import optimizers, schedulers
 
 
@@ -35,9 +36,9 @@ def parameter_groups(model, weight_decay: float, no_decay_norm_and_bias: bool):
 def sgd(
     model,
     /,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
+    lr: Positive = 0.1,
+    momentum: Probability = 0.9,
+    weight_decay: NonNegative = 5e-4,
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
     fused: Optional[bool] = None,
@@ -53,10 +54,10 @@ def sgd(
 def adamw(
     model,
     /,
-    lr: float = 1e-3,
+    lr: Positive = 1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
+    eps: Positive = 1e-8,
+    weight_decay: NonNegative = 0.01,
     no_decay_norm_and_bias: bool = False,
     fused: Optional[bool] = None,
 ):
@@ -71,10 +72,10 @@ def adamw(
 def decoupled_sgdw(
     model,
     /,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
-    dampening: float = 0.0,
+    lr: Positive = 0.1,
+    momentum: Probability = 0.9,
+    weight_decay: NonNegative = 5e-4,
+    dampening: Probability = 0.0,
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
 ):
@@ -91,10 +92,10 @@ def decoupled_sgdw(
 def decoupled_adamw(
     model,
     /,
-    lr: float = 1e-3,
+    lr: Positive = 1e-3,
     betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    weight_decay: float = 1e-5,
+    eps: Positive = 1e-8,
+    weight_decay: NonNegative = 1e-5,
     amsgrad: bool = False,
     no_decay_norm_and_bias: bool = False,
 ):
@@ -114,7 +115,7 @@ def constant(warmup: Duration = "0ba"):
 
 
 @schedulers.register("linear")
-def linear(warmup: Duration = "0ba", alpha_i: float = 1.0, alpha_f: float = 0.0):
+def linear(warmup: Duration = "0ba", alpha_i: NonNegative = 1.0, alpha_f: NonNegative = 0.0):
     """Linear from alpha_i to alpha_f times the base rate over training, after an optional warmup."""
     from composer.optim import LinearScheduler, LinearWithWarmupScheduler
 
@@ -124,7 +125,7 @@ def linear(warmup: Duration = "0ba", alpha_i: float = 1.0, alpha_f: float = 0.0)
 
 
 @schedulers.register("cosine")
-def cosine(warmup: Duration = "0ba", alpha_f: float = 0.0):
+def cosine(warmup: Duration = "0ba", alpha_f: NonNegative = 0.0):
     """Cosine decay to alpha_f times the base rate, after an optional linear warmup."""
     from composer.optim import CosineAnnealingScheduler, CosineAnnealingWithWarmupScheduler
 
@@ -134,7 +135,7 @@ def cosine(warmup: Duration = "0ba", alpha_f: float = 0.0):
 
 
 @schedulers.register("step")
-def step(step_size: Duration = "30ep", gamma: float = 0.1, warmup: Duration = "0ba"):
+def step(step_size: PositiveDuration = "30ep", gamma: Positive = 0.1, warmup: Duration = "0ba"):
     """Multiply the rate by gamma every step_size, after an optional linear warmup."""
     if is_zero(warmup):
         from composer.optim import StepScheduler
@@ -146,7 +147,7 @@ def step(step_size: Duration = "30ep", gamma: float = 0.1, warmup: Duration = "0
 
 
 @schedulers.register("multistep")
-def multistep(milestones: list[Duration], gamma: float = 0.1, warmup: Duration = "0ba"):
+def multistep(milestones: list[Duration], gamma: Positive = 0.1, warmup: Duration = "0ba"):
     """Multiply the rate by gamma at each milestone, after an optional linear warmup."""
     from composer.optim import MultiStepScheduler, MultiStepWithWarmupScheduler
 
@@ -156,7 +157,7 @@ def multistep(milestones: list[Duration], gamma: float = 0.1, warmup: Duration =
 
 
 @schedulers.register("onecycle")
-def onecycle(warmup: Duration = "0.3dur", div_factor: float = 25.0, final_div_factor: float = 1e4):
+def onecycle(warmup: Duration = "0.3dur", div_factor: Positive = 25.0, final_div_factor: Positive = 1e4):
     """One-cycle: rise from lr/div_factor to lr over warmup, then cosine down to nearly zero."""
     from dlrecipes.optim.lr_schedules import OneCycleScheduler
 

@@ -55,7 +55,7 @@ def describe_parameters(reg: Registry, name: str) -> list[tuple[str, str, str]]:
 
     entry = reg.get(name)
     try:
-        hints = typing.get_type_hints(entry.factory)
+        hints = typing.get_type_hints(entry.factory, include_extras=True)
     except Exception:
         hints = {}
     out = []
