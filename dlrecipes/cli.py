@@ -77,8 +77,8 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
     return decorate
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}" if code == 2 else message, err=True)
+def _fail(message: str, code: int = 2, prefix: str = "error: ") -> None:
+    typer.echo(f"{prefix}{message}", err=True)
     raise typer.Exit(code=code)
 
 
@@ -89,7 +89,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         message = str(exc)
         if message.startswith("Caught ") and "Original Traceback" in message:  # raised in a DataLoader worker
             message = message.strip().splitlines()[-1].split(": ", 1)[-1]
-        _fail(message, exc.exit_code)
+        _fail(message, exc.exit_code, exc.prefix)
 
 
 def _assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:

@@ -12,9 +12,11 @@ from typing import Iterable
 
 
 class UserError(Exception):
-    """A mistake the user can fix; the message says what and where."""
+    """A mistake the user can fix; the message says what and where.  The CLI prints ``prefix`` and
+    the message, and exits with ``exit_code``."""
 
     exit_code = 2
+    prefix = "error: "
 
 
 class RecipeError(UserError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,12 @@ from typing import Any
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import rank, resolve_device
-from dlrecipes.errors import RecipeError
+from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.resume_check import check_resume
-from dlrecipes.records.run_dir import choose_run_name, make_run_dir, prepare_run_dir
+from dlrecipes.records.run_dir import (
+    choose_run_name, has_checkpoint, make_run_dir, prepare_run_dir, set_aside_failed_run,
+)
 
 
 @dataclass
@@ -57,24 +60,48 @@ def _report_skipped_images(trainer) -> None:
             print(f"warning: {skipped} unreadable image(s) skipped in the {label} data (paths above)", file=sys.stderr)
 
 
+class TrainingFailed(UserError):
+    """An exception escaped training: one line names it and the run; the traceback went to the run's log."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, traceback_text: str = ""):
+        super().__init__(message)
+        self.traceback_text = traceback_text
+
+
+def _outcome(exc: BaseException) -> str:
+    """summary.json's status for a run that ended with ``exc``."""
+    from dlrecipes.callbacks.monitors import Diverged
+    from dlrecipes.callbacks.preemption import Preempted
+
+    if isinstance(exc, Diverged):
+        return "diverged"
+    if isinstance(exc, (Preempted, KeyboardInterrupt)):
+        return "stopped"
+    return "failed"
+
+
 def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
           verbose: bool = False) -> TrainResult:
     """Train a validated recipe; returns where the run went and its final eval metrics.
 
-    ``verbose``: Composer's own console logging too, and the warnings
-    :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise).
+    ``verbose``: Composer's own console logging too, the warnings
+    :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise), and the traceback of a
+    failure (always written to the run's log when the run directory stays).
     """
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
-    run_name = choose_run_name(config, resume, device)
-    run_dir = Path(config.runs_dir) / run_name
+    run_dir = Path(config.runs_dir) / choose_run_name(config, resume, device)  # a default name: made now
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, recipe)
         if accepted and rank() == 0:
-            print(f"resuming {run_name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
-    lock, fresh, started = None, not run_dir.exists(), []
+            print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
+    elif config.run_name:
+        set_aside_failed_run(run_dir)
+    lock, fresh = None, not resume and (not config.run_name or not run_dir.exists())
     if rank() == 0:
         make_run_dir(run_dir)
         lock = run_lock.acquire(run_dir)
@@ -84,20 +111,40 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
                 from dlrecipes.loggers.terminal import hide_harmless_warnings
 
                 hide_harmless_warnings()
-            run_dir = prepare_run_dir(config, run_name, resume, recipe)
-            return _train_in(config, run_dir, recipe, resume, trust_checkpoint, started, verbose)
-    except BaseException:
-        if fresh and not started and lock is not None:  # failed before training: leave no run directory behind
+            prepare_run_dir(config, run_dir.name, resume, recipe)
+            return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose)
+    except BaseException as exc:
+        kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
+        if not kept:  # nothing worth keeping: leave no run directory behind
             lock.release()
             shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, UserError):
+            raise _failed(exc, run_dir if kept else None, verbose) from exc
         raise
     finally:
         if lock is not None:
             lock.release()
 
 
+def _failed(exc: Exception, run_dir: Path | None, verbose: bool) -> TrainingFailed:
+    """One line for an exception that escaped training; its traceback to the run's log (and with ``verbose``,
+    to the terminal)."""
+    text = traceback.format_exc()
+    if verbose:
+        print(text, file=sys.stderr, end="")
+    where = "rerun with --verbose to see its traceback"
+    if run_dir is not None:
+        log = run_dir / f"train-rank{rank()}.log"
+        with open(log, "a") as f:
+            f.write(f"\n[error]: training failed\n{text}")
+        where = f"its traceback is in {log}"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+    place = f"run directory {run_dir}" if run_dir is not None else "no run directory was kept (no checkpoint yet)"
+    return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)
+
+
 def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
-              started: list, verbose: bool = False) -> TrainResult:
+              verbose: bool = False) -> TrainResult:
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
                             recipe=recipe)
@@ -108,8 +155,10 @@ def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resum
               file=sys.stderr)
     try:
         if not finished:
-            started.append(True)
             trainer.fit()
+    except BaseException as exc:
+        _record_outcome(trainer, _outcome(exc), exc)
+        raise
     finally:
         trainer.close()
         _report_skipped_images(trainer)
@@ -122,3 +171,13 @@ def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resum
         eval_metrics=metrics,
         seconds=time.perf_counter() - start,
     )
+
+
+def _record_outcome(trainer, status: str, exc: BaseException) -> None:
+    """Tell the run's history how the run ended (summary.json's status and reason, written at close)."""
+    from dlrecipes.records.history import RunHistory
+
+    for callback in trainer.state.callbacks:
+        if isinstance(callback, RunHistory):
+            callback.status = status
+            callback.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

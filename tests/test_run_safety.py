@@ -120,3 +120,80 @@ def test_a_run_that_fails_before_training_leaves_no_run_directory(tiny_recipe, t
     assert not (tmp_path / "runs" / "offline").exists() and not (tmp_path / "cifar").exists()
     invalid = run_cli("train", str(tiny_recipe), "run_name=invalid", "trainer.bogus=1")
     assert invalid.returncode == 2 and not (tmp_path / "runs" / "invalid").exists()
+
+
+# --- failures that are honest (issue 25) -------------------------------------------------------------
+
+FAILING_PLUGIN = '''
+from dlrecipes.registry import callbacks
+
+
+@callbacks.register("fail_at_batch")
+def fail_at_batch(batch: int = 2):
+    """Test helper: raise an unexpected exception after batch `batch`."""
+    from composer.core import Callback
+
+    class Fail(Callback):
+        def batch_end(self, state, logger):
+            if int(state.timestamp.batch) == batch:
+                raise RuntimeError("something broke inside training\\nsecond line")
+
+    return Fail()
+'''
+
+
+def test_a_diverging_run_stops_with_one_line_and_exit_3(tiny_recipe, tmp_path):
+    runs = tmp_path / "runs"
+    early = run_cli("train", str(tiny_recipe), "optimizer.lr=1e12", "trainer.log_interval=1")
+    assert early.returncode == 3 and early.stderr.strip().splitlines()[-1].startswith(
+        "error: training diverged: the loss is nan by batch 2 (epoch 1); try a lower learning rate "
+        "(optimizer.lr is 1e+12; try 1e+11)"), early.stderr[-2000:]
+    assert not runs.exists() or not list(runs.iterdir())  # no checkpoint yet: no run directory left
+    kept = run_cli("train", str(tiny_recipe), "optimizer.lr=1e12", "run_name=hot", "checkpoint.save_interval=1ba",
+                   "trainer.log_interval=2")
+    assert kept.returncode == 3 and "Traceback" not in kept.stderr
+    summary = json.loads((runs / "hot" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["reason"].startswith("training diverged")
+    assert not (runs / "hot" / "checkpoints" / "best.pt").exists()
+    again = run_cli("train", str(tiny_recipe), "run_name=hot", "trainer.max_duration=1ep")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"warning: {runs / 'hot'} held a run that diverged; it was moved to {runs}/hot.diverged-" in again.stderr
+    assert json.loads((runs / "hot" / "summary.json").read_text())["status"] == "finished"
+    assert len(list(runs.glob("hot.diverged-*"))) == 1
+
+
+def test_an_unexpected_exception_is_one_line_with_the_traceback_in_the_run_log(tiny_recipe, tmp_path):
+    (tmp_path / "fail_plugin.py").write_text(FAILING_PLUGIN)
+    args = ("train", str(tiny_recipe), "imports=[./fail_plugin.py]", "callbacks.fail_at_batch={batch: 4}",
+            "checkpoint.save_interval=1ba")
+    result = run_cli(*args, "run_name=broken")
+    log = tmp_path / "runs" / "broken" / "train-rank0.log"
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: training failed: RuntimeError: something broke inside training (run directory "
+        f"{tmp_path / 'runs' / 'broken'}; its traceback is in {log})")
+    assert "Traceback (most recent call last)" in log.read_text() and "something broke" in log.read_text()
+    assert json.loads((tmp_path / "runs" / "broken" / "summary.json").read_text())["status"] == "failed"
+    verbose = run_cli(*args, "run_name=loud", "--verbose")
+    assert verbose.returncode == 1 and "Traceback (most recent call last)" in verbose.stderr
+    before = run_cli(*args[:-1], "callbacks.fail_at_batch={batch: 1}", "run_name=soon")
+    assert before.returncode == 1 and "no run directory was kept (no checkpoint yet); rerun with --verbose" in \
+        before.stderr and not (tmp_path / "runs" / "soon").exists()
+
+
+def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path):
+    from dlrecipes.records.run_dir import choose_run_name
+
+    config = resolve(tiny_recipe)
+    names = [choose_run_name(config, resume=False, device="cpu") for _ in range(3)]
+    assert len(set(names)) == 3 and all((tmp_path / "runs" / n).is_dir() for n in names)
+    assert names[1] in (f"{names[0]}-2", names[1]) and names[1].startswith("tiny-")
+
+
+def test_keep_holds_across_resumes(tiny_recipe, tmp_path):
+    common = ["run_name=kept", "checkpoint.keep=2", "checkpoint.save_interval=1ep", "checkpoint.monitor=null"]
+    for epochs, resume in ((2, False), (3, True), (4, True)):
+        config = resolve(tiny_recipe, [*common, f"trainer.max_duration={epochs}ep"])
+        train(config, resume=resume)
+    periodic = sorted(p.name for p in (tmp_path / "runs" / "kept" / "checkpoints").glob("ep*-ba*-rank0.pt"))
+    assert periodic == ["ep3-ba9-rank0.pt", "ep4-ba12-rank0.pt"]

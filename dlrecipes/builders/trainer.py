@@ -15,7 +15,8 @@ from dlrecipes.core.distributed import rank, resolve_device, same_on_all_ranks
 from dlrecipes.core.durations import is_zero
 from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver, resume_point
-from dlrecipes.registry import algorithms as algorithm_registry, build_component
+from dlrecipes import registry
+from dlrecipes.registry import build_component
 
 
 def _finetune(config: RecipeConfig, model, optimizer) -> list:
@@ -30,7 +31,7 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
     if not is_zero(f.freeze_backbone):
         algorithms.append(FreezeBackbone(head, f.freeze_backbone))
     if f.layer_decay is not None:
-        algorithms.append(build_component(algorithm_registry, "layerwise_lr_decay", {"decay": f.layer_decay},
+        algorithms.append(build_component(registry.algorithms, "layerwise_lr_decay", {"decay": f.layer_decay},
                                           "finetune.layer_decay"))
     return algorithms
 
@@ -138,14 +139,18 @@ def _seeded_model(config: RecipeConfig):
 
 def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, periodic: bool,
                    recipe: Optional[dict[str, Any]] = None) -> list:
-    """The recipe's callbacks, then every run's: history, periodic saves, stopping on signals, best.pt, report."""
+    """The recipe's callbacks, then every run's: stopping a diverged run, history, periodic saves, stopping on
+    signals, best.pt, report."""
     from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.callbacks.monitors import StopOnDivergence
     from dlrecipes.callbacks.preemption import StopOnSignal
     from dlrecipes.metrics.report import ClassReport, report_tables
     from dlrecipes.records.history import RunHistory
 
     ckpt, checkpoint_dir = config.checkpoint, run_dir / CHECKPOINT_DIR
     callbacks = build_callbacks(config.callbacks, run_dir)
+    lr = config.optimizer.params.get("lr", registry.optimizers.get(config.optimizer.name).parameters["lr"].default)
+    callbacks.append(StopOnDivergence(config.trainer.log_interval, lr if isinstance(lr, (int, float)) else None))
     callbacks.append(RunHistory(run_dir, recipe if recipe is not None else config.to_dict(), device))
     saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None
     if saver is not None:

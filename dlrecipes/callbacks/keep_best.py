@@ -10,6 +10,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from dlrecipes.core.outputs import EVAL_LOSS
 from dlrecipes.records.checkpoints import atomic_write, save_atomically
 from dlrecipes.errors import RecipeError
 
@@ -25,7 +26,7 @@ class BestCheckpoint(Callback):
         self.saved_at_batch: int | None = None  # when best.pt was last written (this process's run)
 
     def _better(self, value: float) -> bool:
-        if math.isnan(value):
+        if not math.isfinite(value):
             return False
         if self.best is None:
             return True
@@ -36,8 +37,9 @@ class BestCheckpoint(Callback):
             known = ", ".join(sorted(state.eval_metric_values)) or "(none)"
             raise RecipeError(f"checkpoint.monitor: no eval metric named '{self.monitor}'; the model logs: {known}")
         value = float(state.eval_metric_values[self.monitor])
-        if not self._better(value):
-            return
+        loss = state.eval_metric_values.get(EVAL_LOSS)
+        if not self._better(value) or (loss is not None and not math.isfinite(float(loss))):
+            return  # nothing better, or an evaluation of a diverged model
         self.best = value
         self.saved_at_batch = int(state.timestamp.batch)
         path = self.folder / "best.pt"

@@ -1,7 +1,9 @@
-"""Callbacks of our own: stop (or skip the step) on a non-finite loss, and torch profiler traces."""
+"""Callbacks of our own: stop (or skip the step) on a non-finite loss, stop a run that diverged, and
+torch profiler traces."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -115,3 +117,41 @@ class TorchProfilerTraces(Callback):
         if self.profiler is not None:
             profiler, self.profiler = self.profiler, None
             profiler.__exit__(None, None, None)
+
+
+class Diverged(UserError):
+    """The training loss became NaN or infinite (a learning rate too high, most often)."""
+
+    exit_code = 3
+
+
+class StopOnDivergence(Callback):
+    """Stop a run whose training loss is no longer finite, at the read-backs that already happen.
+
+    Every run has it.  The engine logs the loss as a device tensor every batch; the terminal and the
+    run log read it back every ``read_every`` batches (``trainer.log_interval``) and at each epoch's
+    end, and so does this check, at those same batches: no further waits for the device.  A
+    non-finite loss raises :class:`Diverged` (exit code 3) before the epoch is evaluated, so no
+    ``best.pt`` comes from it; ``callbacks.nan_monitor`` checks every step instead.
+    """
+
+    def __init__(self, read_every: int = 50, lr: float | None = None):
+        self.read_every = max(1, int(read_every))
+        self.lr = lr
+
+    def _check(self, state: State, epoch: int) -> None:
+        loss = (state.total_loss_dict or {}).get("loss/train/total")
+        if loss is None or math.isfinite(float(loss)):
+            return
+        batch = int(state.timestamp.batch)
+        hint = f"a lower learning rate (optimizer.lr is {self.lr:g}; try {self.lr / 10:g})" if self.lr else \
+            "a lower learning rate (optimizer.lr)"
+        raise Diverged(f"training diverged: the loss is {float(loss)} by batch {batch} (epoch {epoch}); try {hint}, "
+                       "or a warmup (scheduler.warmup)")
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) % self.read_every == 0:
+            self._check(state, int(state.timestamp.epoch) + 1)
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        self._check(state, int(state.timestamp.epoch))  # the epoch counter has moved on already

@@ -28,6 +28,7 @@ class Preempted(UserError):
     """Training stopped on a signal after writing a checkpoint."""
 
     exit_code = 75
+    prefix = ""  # a clean stop, not an error
 
 
 class StopOnSignal(Callback):

@@ -96,8 +96,19 @@ def make_saver(folder: Path, save_interval: str, keep: int):
     """A Composer CheckpointSaver whose local saves are atomic (see the module docstring)."""
     from composer.callbacks import CheckpointSaver
     from composer.utils import checkpoint as composer_checkpoint
+    from composer.utils import dist
 
     class AtomicCheckpointSaver(CheckpointSaver):
+        def fit_start(self, state, logger):
+            """``keep`` counts the checkpoints a resumed run wrote before too (oldest first), so disk use
+            does not grow with every preemption."""
+            super().fit_start(state, logger)
+            rank = dist.get_global_rank()
+            earlier = sorted((p for p in Path(folder).glob(f"ep*-ba*-rank{rank}.pt") if not p.is_symlink()),
+                             key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))))
+            known = set(self.saved_checkpoints)
+            self.saved_checkpoints[:0] = [str(p) for p in earlier if str(p) not in known]
+
         def _save_checkpoint(self, state, logger):
             if state.fsdp_sharded_state_dict_enabled or self.remote_file_name is not None:
                 return super()._save_checkpoint(state, logger)  # directories / uploads: Composer's way

@@ -57,6 +57,8 @@ class RunHistory(Callback):
         self._fit_start = time.perf_counter()
         self._elapsed_before = 0.0  # from an earlier (resumed) part of the run
         self._closed = False
+        self.status = "finished"  # how the run ended (dlrecipes.train sets it when training raises)
+        self.reason = ""
 
     @property
     def path(self) -> Path:
@@ -159,6 +161,8 @@ class RunHistory(Callback):
         rates = [float(r["images_per_sec"]) for r in self.rows if not math.isnan(float(r["images_per_sec"]))]
         t = self.recipe.get("trainer", {})
         summary = {
+            "status": self.status,  # finished, stopped (a signal; --resume continues it), diverged or failed
+            **({"reason": self.reason} if self.reason else {}),
             "recipe": self.recipe.get("name"),
             "run": self.run_dir.name,
             "model": self.recipe.get("model", {}).get("name"),

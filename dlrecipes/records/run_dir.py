@@ -1,8 +1,17 @@
-"""The run directory: its name, its creation and the resolved recipe written into it (rank 0)."""
+"""The run directory: its name, its creation, the resolved recipe written into it (rank 0), and what
+becomes of it when a run fails.
+
+A default name is the recipe's name and the start time, made unique by a suffix when another run
+took it in the same second (the directory is created at once, so two processes cannot both take
+it).  A run that fails before its first checkpoint leaves no directory; one that fails later is
+marked in summary.json (``status``), and starting it again under the same name sets it aside as
+``<name>.failed-<time>`` with a warning (``--resume`` continues it instead).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +40,55 @@ def choose_run_name(config: Any, resume: bool, device: str) -> str:
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
-    return same_on_all_ranks(f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}", device, config.trainer.dist_timeout)
+    name = _claim_new_name(Path(config.runs_dir), f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") \
+        if rank() == 0 else ""
+    return same_on_all_ranks(name, device, config.trainer.dist_timeout)
+
+
+def _claim_new_name(runs: Path, stem: str) -> str:
+    """``stem``, or ``stem-2``, ``stem-3``...: the first whose directory this process creates (rank 0)."""
+    for count in range(1, 1000):
+        name = stem if count == 1 else f"{stem}-{count}"
+        try:
+            (runs / name).mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UserError(f"runs_dir: cannot create run directory {runs / name}: {exc.strerror}") from None
+        return name
+    raise UserError(f"runs_dir: {runs} already holds 999 runs named {stem}-*; choose a run_name")
+
+
+FAILED = ("failed", "diverged")  # summary.json statuses of a run that cannot be continued as it was
+
+
+def run_status(run_dir: Path) -> str | None:
+    """``status`` from a run's summary.json (finished, stopped, diverged, failed), or None."""
+    import json
+
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def set_aside_failed_run(run_dir: Path) -> Path | None:
+    """A failed run's directory, renamed ``<name>.failed-<time>`` so that a new run can take the name (rank 0)."""
+    status = run_status(run_dir)
+    if rank() != 0 or status not in FAILED:
+        return None
+    aside = run_dir.with_name(f"{run_dir.name}.{status}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(aside)
+    print(f"warning: {run_dir} held a run that {'diverged' if status == 'diverged' else 'failed'}; it was moved to "
+          f"{aside} and this run starts afresh (pass --resume to continue it from its checkpoint instead)",
+          file=sys.stderr)
+    return aside
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run wrote a complete checkpoint (periodic or best)."""
+    folder = run_dir / CHECKPOINT_DIR
+    return folder.is_dir() and any(p.suffix == ".pt" and not p.is_symlink() for p in folder.iterdir())
 
 
 def make_run_dir(run_dir: Path) -> None:
