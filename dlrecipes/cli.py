@@ -77,7 +77,12 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
     return decorate
 
 
+MAX_MESSAGE = 1000  # characters: no error line is longer than a terminal screen
+
+
 def _fail(message: str, code: int = 2, prefix: str = "error: ") -> None:
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
     typer.echo(f"{prefix}{message}", err=True)
     raise typer.Exit(code=code)
 

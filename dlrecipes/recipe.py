@@ -18,6 +18,7 @@ import yaml
 from dlrecipes.errors import RecipeError, shown
 
 MAX_BASE_DEPTH = 16
+MAX_VALUES = 100_000  # values a YAML document may expand to through its aliases (recipes hold hundreds)
 
 
 class _StrictSafeLoader(yaml.SafeLoader):
@@ -54,12 +55,29 @@ _StrictSafeLoader.add_implicit_resolver(
 def parse_yaml(text: str, origin: str) -> Any:
     """Safe-load YAML ``text``; errors name ``origin`` and the line."""
     try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{origin}, line {mark.line + 1}" if mark is not None else origin
         problem = getattr(exc, "problem", None) or str(exc)
         raise RecipeError(f"{where}: invalid YAML: {problem}") from None
+    size = _expanded_size(data, {})
+    if size > MAX_VALUES:
+        raise RecipeError(f"{origin}: its aliases expand to more than {MAX_VALUES:,} values (about {size:.3g}); "
+                          "a recipe needs a few hundred: write the values out, or use fewer nested aliases")
+    return data
+
+
+def _expanded_size(value: Any, seen: dict[int, int]) -> int:
+    """How many values ``value`` holds once every alias is expanded (shared parts counted once per use,
+    computed once each: a "billion laughs" document is measured in microseconds)."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    known = seen.get(id(value))
+    if known is None:
+        parts = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        known = seen[id(value)] = 1 + sum(_expanded_size(part, seen) for part in parts)
+    return known
 
 
 def read_yaml_file(path: Path) -> dict:

@@ -128,3 +128,23 @@ def test_an_older_library_than_the_list_is_asked(monkeypatch):
         arch_names.check_arch("timm", "made_up_net", "model")
     monkeypatch.setattr(arch_names, "shipped", lambda family: ("0.1", frozenset({"made_up_net"})))
     arch_names.check_arch("timm", "made_up_net", "model")  # a newer library: the list is trusted, timm not asked
+
+
+def test_an_offline_pretrained_fetch_fails_at_once_naming_pretrained_path(monkeypatch):
+    """Offline (HF_HUB_OFFLINE here, or a hub that does not answer) the hub's minute of retries is skipped:
+    weights in the local cache would load, missing ones fail in one line."""
+    import time
+
+    from dlrecipes.errors import DataError
+    from dlrecipes.models import fetch
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(DataError, match=r"model.pretrained: cannot download the pretrained weights of timm "
+                                        r"'resnet18' \(offline, and not in the local cache\); .* model.pretrained_path"):
+        registry.models.build("timm", arch="resnet18", num_classes=10, pretrained=True)
+    assert time.perf_counter() - start < 5
+    start = time.perf_counter()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert not fetch.reachable(("192.0.2.1", 443), timeout=0.5)  # TEST-NET: nothing answers
+    assert time.perf_counter() - start < 2

@@ -7,7 +7,7 @@ import pytest
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import load_recipe
 
-from .conftest import write
+from .conftest import run_cli, write
 
 
 @pytest.fixture
@@ -150,3 +150,22 @@ def test_input_paths_are_relative_to_the_file_that_sets_them(tmp_path, monkeypat
     overridden = resolve(recipe, ["dataset.val_path=mine/val"], check_device=False, check_data=False)
     assert overridden.dataset.params["val_path"] == str(tmp_path / "recipes" / "mine" / "val")  # the working dir
     assert overridden.runs_dir == "runs"  # outputs stay relative to where you run
+
+
+def test_a_billion_laughs_recipe_is_refused_at_once_in_one_short_line(tmp_path):
+    import time
+
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 12)]
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join([*lines, "imports: *a11", "model: {name: cnn_simple}"]) + "\n")
+    start = time.perf_counter()
+    result = run_cli("validate", str(path))
+    assert time.perf_counter() - start < 20 and result.returncode == 2  # the process; the check itself: ms
+    line = result.stderr.strip()
+    assert line.startswith(f"error: {path}: its aliases expand to more than 100,000 values") and len(line) < 300
+    small = tmp_path / "small.yaml"  # within the bound, but a value too big to print
+    small.write_text("a: &a [" + ", ".join(["xxxxxxxxxx"] * 50) + "]\nb: &b [" + ", ".join(["*a"] * 50) + "]\n"
+                     "imports: {weird: *b}\nmodel: {name: cnn_simple}\n")
+    result = run_cli("validate", str(small))
+    assert result.returncode == 2 and len(result.stderr) < 400, result.stderr[:500]

@@ -102,15 +102,12 @@ def timm_model(
         if not Path(pretrained_path).is_file():
             raise DataError(f"model.pretrained_path: weights file not found: {pretrained_path}")
         return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(pretrained_path)}, **kwargs)
-    try:
-        return timm.create_model(arch, pretrained=pretrained, **kwargs)
-    except (OSError, RuntimeError) as exc:
-        if not pretrained:
-            raise
-        raise DataError(
-            f"model.pretrained: could not fetch pretrained weights for timm '{arch}' ({type(exc).__name__}: {exc}). "
-            "Offline? Download the weights elsewhere and set model.pretrained_path to the file."
-        ) from None
+    if not pretrained:
+        return timm.create_model(arch, **kwargs)
+    from dlrecipes.models.fetch import fetching_weights
+
+    with fetching_weights(f"timm '{arch}'"):
+        return timm.create_model(arch, pretrained=True, **kwargs)
 
 
 # torchvision ResNets built from Bottleneck blocks (what Composer's stochastic depth targets)
