@@ -130,8 +130,8 @@ def plot(run_dir: str | Path) -> list[Path]:
     return plot_history(Path(run_dir))
 
 
-def compare(run_dirs: Sequence[str | Path], out: str | Path = "compare.png") -> tuple[list[dict[str, Any]], Path]:
-    """The runs' summaries and a plot of accuracy against wall-clock time (written to ``out``)."""
+def compare(run_dirs: Sequence[str | Path], out: Optional[str | Path] = None) -> tuple[list[dict[str, Any]], Optional[Path]]:
+    """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there."""
     from dlrecipes.records.plots import compare_runs
 
     return compare_runs(run_dirs, out)

@@ -77,6 +77,29 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
     return decorate
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from dlrecipes.tools.describe import version_line
+
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the versions of dlrecipes, Composer, torch and Python, and exit"),
+) -> None:
+    """Train image classifiers from YAML recipes on MosaicML Composer."""
+
+
+def _terminal_width(stream: Any) -> Optional[int]:
+    """The terminal's width when ``stream`` is one (lines are fitted to it), else ``None`` (lines stay whole)."""
+    import shutil
+
+    return shutil.get_terminal_size().columns if stream.isatty() else None
+
+
 MAX_MESSAGE = 1000  # characters: no error line is longer than a terminal screen
 
 
@@ -118,7 +141,7 @@ def train(
 
     result = _guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
                                         trust_checkpoint=trust_checkpoint, verbose=verbose))
-    typer.echo(trained(result), err=True)
+    typer.echo(trained(result, _terminal_width(sys.stderr)), err=True)
 
 
 @recipe_command()
@@ -238,7 +261,7 @@ def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_na
 @app.command()
 def compare(
     run_dirs: List[Path] = typer.Argument(..., help="run directories to compare"),
-    out: Path = typer.Option(Path("compare.png"), "--out", help="where to write the accuracy-vs-time plot"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write a plot of accuracy against time (a .png)"),
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
     """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""

@@ -61,23 +61,38 @@ def parse_yaml(text: str, origin: str) -> Any:
         where = f"{origin}, line {mark.line + 1}" if mark is not None else origin
         problem = getattr(exc, "problem", None) or str(exc)
         raise RecipeError(f"{where}: invalid YAML: {problem}") from None
-    size = _expanded_size(data, {})
-    if size > MAX_VALUES:
-        raise RecipeError(f"{origin}: its aliases expand to more than {MAX_VALUES:,} values (about {size:.3g}); "
+    try:
+        expanded, written = _sizes(data, {}, set())
+    except ValueError as exc:
+        raise RecipeError(f"{origin}: {exc}") from None
+    except RecursionError:
+        raise RecipeError(f"{origin}: nested too deeply to read; a recipe needs a few levels") from None
+    if expanded - written > MAX_VALUES:
+        raise RecipeError(f"{origin}: its aliases expand to more than {MAX_VALUES:,} values (about {expanded:.3g}); "
                           "a recipe needs a few hundred: write the values out, or use fewer nested aliases")
     return data
 
 
-def _expanded_size(value: Any, seen: dict[int, int]) -> int:
-    """How many values ``value`` holds once every alias is expanded (shared parts counted once per use,
-    computed once each: a "billion laughs" document is measured in microseconds)."""
+def _sizes(value: Any, seen: dict[int, int], open_: set[int]) -> tuple[int, int]:
+    """How many values ``value`` holds once every alias is expanded, and how many are written out (each
+    aliased part counted once). Shared parts are measured once each, so a "billion laughs" document is
+    measured in microseconds; an alias inside its own anchor (``a: &x [*x]``) is an error."""
     if not isinstance(value, (dict, list)):
-        return 1
+        return 1, 1
+    if id(value) in open_:
+        raise ValueError("an alias refers to the node that holds it (a recursive anchor); write the value out")
     known = seen.get(id(value))
-    if known is None:
-        parts = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-        known = seen[id(value)] = 1 + sum(_expanded_size(part, seen) for part in parts)
-    return known
+    if known is not None:
+        return known, 0
+    open_.add(id(value))
+    parts = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    expanded = written = 1
+    for part in parts:
+        part_expanded, part_written = _sizes(part, seen, open_)
+        expanded, written = expanded + part_expanded, written + part_written
+    open_.discard(id(value))
+    seen[id(value)] = expanded
+    return expanded, written
 
 
 def read_yaml_file(path: Path) -> dict:

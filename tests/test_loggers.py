@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+from pathlib import Path
 import math
 import os
 
@@ -117,8 +118,16 @@ def test_plot_and_compare_commands(logged_run, tiny_recipe, tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     as_json = json.loads(run_cli("compare", str(run_dir), str(other), "--json", "--out", str(out)).stdout)
     assert [s["microbatch"] for s in as_json] == [None, 16]
-    missing = run_cli("compare", str(tmp_path))
-    assert missing.returncode == 2 and "summary.json not found" in missing.stderr
+    unfinished = tmp_path / "runs" / "failed-early"
+    unfinished.mkdir(parents=True)
+    table = run_cli("compare", str(run_dir), str(unfinished))
+    assert table.returncode == 0 and "no summary" in table.stdout and "logged" in table.stdout
+    assert not Path("compare.png").exists()  # the plot is written only when asked for with --out
+    missing = run_cli("compare", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "nope: not a run directory" in missing.stderr
+    unwritable = run_cli("compare", str(run_dir), "--out", "/proc/x.png")
+    assert unwritable.returncode == 2 and "--out: cannot write /proc/x.png" in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
 
 
 def test_missing_optional_logger_names_the_extra(monkeypatch):

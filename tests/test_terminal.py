@@ -32,16 +32,28 @@ def test_the_live_line_fits_and_never_drops_a_field(width):
     assert ("━" in line) == (width >= 120)
 
 
-def _train_in_pty(args: list[str], columns: int) -> str:
+def _train_in_pty(args: list[str], columns: int, interrupt_at: str = "", expect: int = 0) -> str:
+    return _in_pty(["train", *args], columns, interrupt_at, expect)
+
+
+def _in_pty(args: list[str], columns: int, interrupt_at: str = "", expect: int = 0) -> str:
+    """``dlrecipes ARGS`` in a pseudo-terminal ``columns`` wide; with ``interrupt_at``, a SIGINT (Ctrl-C) as soon
+    as that text has been printed."""
+    import select
+    import signal
+
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["PYTHONUNBUFFERED"] = "1"
-    process = subprocess.Popen([sys.executable, "-m", "dlrecipes", "train", *args], stdin=slave, stdout=slave,
+    process = subprocess.Popen([sys.executable, "-m", "dlrecipes", *args], stdin=slave, stdout=slave,
                                stderr=slave, cwd=REPO, env=env)
     os.close(slave)
-    chunks = []
+    chunks: list[bytes] = []
+    interrupted = not interrupt_at
     while True:
+        if not select.select([master], [], [], 300)[0]:
+            break
         try:
             data = os.read(master, 65536)
         except OSError:  # EIO: the child closed the terminal
@@ -49,9 +61,17 @@ def _train_in_pty(args: list[str], columns: int) -> str:
         if not data:
             break
         chunks.append(data)
+        if not interrupted and interrupt_at.encode() in b"".join(chunks):
+            process.send_signal(signal.SIGINT)
+            interrupted = True
     os.close(master)
-    assert process.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    assert process.wait(timeout=300) == expect, b"".join(chunks).decode(errors="replace")[-3000:]
     return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+def _on_screen(out: str) -> list[str]:
+    """The lines that stay on the screen: what follows each line's last carriage return, without colours."""
+    return [ANSI.sub("", line.split("\r")[-1]) for line in out.split("\n")]
 
 
 RUN = ["trainer.max_duration=3ep", "trainer.train_subset_num_batches=6", "trainer.progress_bar=true",
@@ -73,12 +93,43 @@ def test_in_a_terminal_one_live_line_that_fits_and_a_summary_line_per_epoch(tiny
         assert "img/s" in line and re.search(r"\d+:\d\d:\d\d", line)
     if columns == 200:
         assert any("━" in line for line in live)
-    lines = [ANSI.sub("", line.split("\r")[-1]) for line in out.split("\n")]  # what stays on screen
+    lines = _on_screen(out)
+    runs_dir = str(tiny_recipe.parent / "runs")  # the test's own long path: a line holding it may wrap
+    assert all(len(line.replace(runs_dir, "runs")) <= columns - 1 for line in segments + lines), max(lines, key=len)
+    assert lines[0].startswith(f"run {runs_dir}/tty") and "digits" in "".join(lines[:4])  # the start line, first
     headers = [line for line in lines if line.startswith("epoch ")]
-    assert len(headers) == 1 and "eval loss" in headers[0] and "img/s" in headers[0]  # one table
+    assert len(headers) == 1 and "eval loss" in headers[0] and "eval top1" in headers[0]  # one table
+    assert ("train top5" in headers[0]) == ("eval top5" in headers[0]) == (columns == 200)  # given way at 80
     rows = [line.split()[0] for line in lines if re.match(r"\d/3 ", line)]
     assert rows == ["1/3", "2/3", "3/3"]  # counted from 1, like `done: 3 epochs`
     assert "done: 3 epochs" in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_message_starts_on_a_line_of_its_own(tiny_recipe):
+    out = _train_in_pty([str(tiny_recipe), "trainer.max_duration=50ep", "trainer.progress_bar=true",
+                         "trainer.train_subset_num_batches=50", "run_name=ctrlc"], 80, interrupt_at="train epoch",
+                        expect=75)
+    stopped = [line for line in _on_screen(out) if "stopped by SIGINT" in line]
+    assert len(stopped) == 1 and stopped[0].startswith("stopped by SIGINT after batch"), out[-2000:]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_list_and_version_fit_the_terminal(columns):
+    out = _in_pty(["list", "models"], columns)
+    lines = _on_screen(out)
+    assert "cnn_simple" in out and all(len(line) <= columns for line in lines), max(lines, key=len)
+    assert re.fullmatch(r"dlrecipes \S+ \(composer 0\.32\.1, torch \S+, python \S+\)\n?", _in_pty(["--version"], columns))
+
+
+@pytest.mark.parametrize("width", [40, 50, 60])
+def test_on_a_narrow_terminal_fields_give_way_by_priority(width):
+    line = fit_line(("train epoch 12/100", "ep 12/100"), "450/1000", FIELDS, 0.5, width, drop=(2, 3, 1, 4))
+    assert len(line) <= width - 1, line
+    assert line.startswith("ep 12/100 450/1000 loss 0.123")  # the epoch, the counter and the loss stay
+    gone = [short for i, (_, short) in enumerate(FIELDS) if short not in line]
+    order = [FIELDS[i][1] for i in (2, 3, 1, 4)]
+    assert gone == [] or set(gone) == set(order[:len(gone)]), gone  # lr first, then speed, top1, ETA
 
 
 @pytest.mark.slow
@@ -86,8 +137,9 @@ def test_piped_one_plain_line_per_epoch_and_no_carriage_returns(tiny_recipe):
     result = run_cli("train", str(tiny_recipe), *RUN, "run_name=piped")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "\r" not in result.stdout and "\x1b" not in result.stdout
-    lines = result.stdout.splitlines()
-    assert lines[0].split()[:2] == ["epoch", "loss"] and "eval top1" in lines[0]
+    start, *lines = result.stdout.splitlines()
+    assert start.startswith(f"run {tiny_recipe.parent}/runs/piped | digits: ") and " train, " in start and "| cpu, fp32 | 1 process" in start
+    assert lines[0].split()[:2] == ["epoch", "loss"] and "eval top1" in lines[0] and "train top5" in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"]  # and nothing else on stdout
     columns = lines[0].index("eval top1")
     assert all(re.match(r"0\.\d{4}", line[columns:]) for line in lines[1:])  # aligned under the header

@@ -11,7 +11,7 @@ from dlrecipes.builders.components import (
     build_scheduler,
 )
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core.distributed import rank, resolve_device, same_on_all_ranks
+from dlrecipes.core.distributed import local_world_size, rank, resolve_device, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
 from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver, resume_point
@@ -89,6 +89,27 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
         )
 
 
+def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: bool = False) -> str:
+    """What a run prints as it starts (piped too): where it goes, the data, the device, the precision."""
+    def size(split: Any) -> str:
+        try:
+            return f"{len(split):,}"
+        except TypeError:  # a stream without a length
+            return "?"
+
+    classes = f", {data.num_classes} classes" if data.num_classes else ""
+    where = device
+    if device == "gpu":
+        import torch
+
+        where = f"gpu ({torch.cuda.get_device_name()})"
+    processes = world_size()
+    nodes = processes // max(local_world_size(), 1)
+    spread = f"{processes} processes" + (f" on {nodes} nodes" if nodes > 1 else "") if processes > 1 else "1 process"
+    return (f"{'resuming' if resume else 'run'} {run_dir} | {config.dataset.name}: {size(data.train)} train, "
+            f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
+
+
 def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
                   verbose: bool = False, recipe: Optional[dict[str, Any]] = None):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
@@ -108,8 +129,9 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, tru
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
                                          algorithms=config.algorithms)
     callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)
-    return _trainer(config, run_dir, device, model, loaders, callbacks, _loggers(config, run_dir, terminal=True),
-                    verbose, load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+    loggers = _loggers(config, run_dir, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
+    return _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
+                    load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
 
 
 def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any):
@@ -120,7 +142,7 @@ def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any):
     data, model = _seeded_model(config)
     callbacks = _run_callbacks(config, run_dir, device, data, periodic=False)
     return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
-                    _loggers(config, run_dir, terminal=False), verbose=False, load={}, max_duration="100000000ba")
+                    _loggers(config, run_dir, terminal=None), verbose=False, load={}, max_duration="100000000ba")
 
 
 def _seeded_model(config: RecipeConfig):
@@ -165,7 +187,8 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
     return callbacks
 
 
-def _loggers(config: RecipeConfig, run_dir: Path, terminal: bool) -> list:
+def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> list:
+    """The recipe's loggers, the run's log file and, with ``terminal`` (its start line), the terminal report."""
     from dlrecipes.loggers.read_back import ReadsAtInterval
     from dlrecipes.loggers.run_log import RunLogFile
 
@@ -175,11 +198,11 @@ def _loggers(config: RecipeConfig, run_dir: Path, terminal: bool) -> list:
         if isinstance(logger, ReadsAtInterval):
             logger.read_every = read_every
     loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False, read_every=read_every))
-    if terminal:
+    if terminal is not None:
         from dlrecipes.loggers.terminal import TerminalReport
 
         loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
-                                      read_every=read_every))
+                                      read_every=read_every, start_line=terminal))
     return loggers
 
 

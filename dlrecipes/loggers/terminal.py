@@ -5,8 +5,11 @@ trains or evaluates::
 
     train epoch 3/12 ━━━━━━━━━━━━━━━━━━━━━  45/100  loss 0.1234  top1 0.9312  lr 1.20e-03  1,234 img/s  ETA 0:04:10
 
-It always fits the terminal's width: the bar shrinks or goes, then the labels shorten, but
-the epoch, loss, monitored metric, learning rate, speed and ETA stay.  Epochs count from 1,
+It always fits the terminal's width: the bar shrinks or goes, then the labels shorten, then
+the learning rate, the speed, the monitored metric and the ETA go, in that order; the epoch, the
+batch counter and the loss stay.  The epoch table, too, drops columns on a narrow terminal
+(train metrics other than top-1 first; the loss and the monitored metric stay).  A start line
+names the run directory, the data, the device and the precision as soon as training starts.  Epochs count from 1,
 as the final ``done: N epochs`` does.  When the epoch (and its evaluation) ends, the live line
 is replaced by a summary line that stays::
 
@@ -26,7 +29,7 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 from composer.core import State, TimeUnit
 from composer.loggers import Logger, LoggerDestination
@@ -80,12 +83,11 @@ def _speed(per_second: float) -> tuple[str, str]:
 
 
 def fit_line(head: tuple[str, str], counter: str, fields: list[tuple[str, str]], progress: Optional[float],
-             width: int, unicode: bool = True) -> str:
+             width: int, unicode: bool = True, drop: Sequence[int] = ()) -> str:
     """One live line no wider than ``width - 1``: the head, a bar if there is room, the counter, the fields.
 
     ``head`` and each field come as (full text, short text). The bar gives way first, then the
-    gaps, then the full texts; no field is ever dropped (below about 70 columns the terminal
-    wraps the shortest form).
+    gaps, then the full texts; then the fields at the indices ``drop`` names, in that order.
     """
     limit = max(width - 1, 20)
     plain = ""
@@ -101,14 +103,33 @@ def fit_line(head: tuple[str, str], counter: str, fields: list[tuple[str, str]],
             return f"{head[form]} {bar} {counter}{gap}{tail}"
         if len(plain) <= limit:
             return plain
-    return plain
+    kept = list(range(len(fields)))
+    for index in drop:
+        kept.remove(index)
+        plain = " ".join([f"{head[1]} {counter}", *(fields[i][1] for i in kept)])
+        if len(plain) <= limit:
+            return plain
+    return plain[:limit]
+
+
+# The epoch table's columns in the order they give way on a narrow terminal (the rest, and the monitored
+# metric, always stay): first the train metrics other than top-1, then eval metrics other than loss and the
+# monitored one, then learning rate, speed, train top-1, time and eval loss.
+def _drop_rank(column: str, monitored: str) -> int:
+    if column in ("epoch", "loss", f"eval {monitored}"):
+        return -1
+    order = ("train", "eval", "lr", "img/s", "train top1", "time", "eval loss")
+    for rank, prefix in reversed(list(enumerate(order))):
+        if column == prefix or (rank < 2 and column.startswith(prefix + " ")):
+            return len(order) - rank
+    return len(order) + 1  # anything else (a plugin's column) goes first
 
 
 class TerminalReport(LoggerDestination):
     """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
 
     def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
-                 refresh_s: float = 0.1, read_every: int = 1):
+                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live and self.tty
@@ -131,6 +152,8 @@ class TerminalReport(LoggerDestination):
         self._header: list[str] = []
         self._fit_ended = False
         self._widths: list[int] = []
+        self._shown: list[tuple[str, int]] = []  # the columns of the header printed last
+        self.start_line = start_line
 
     # --- values the engine and Composer log --------------------------------------------------
 
@@ -147,6 +170,13 @@ class TerminalReport(LoggerDestination):
 
     def _printing(self) -> bool:
         return dist.get_global_rank() == 0
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if self.start_line and self._printing():  # at once, before data loading or compilation can take a while
+            line = self.start_line
+            if self.tty and len(line) > self._width() - 1:  # one part per line on a narrow terminal
+                line = line.replace(" | ", "\n  ")
+            self._print(line)
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         self._epoch_start = time.perf_counter()
@@ -195,6 +225,9 @@ class TerminalReport(LoggerDestination):
         self._read_loss()
         self._fit_ended = True  # Composer may still evaluate once, after the last step
         self._clear()
+
+    def close(self, state: State, logger: Logger) -> None:
+        self._clear()  # a stop or an error ends the run mid-line: its message then starts on a line of its own
 
     # --- lines --------------------------------------------------------------------------------
 
@@ -247,7 +280,7 @@ class TerminalReport(LoggerDestination):
         progress = batch / total_batches if total_batches else None
         epoch = self._epoch_label(state, done=False)
         return fit_line((f"train epoch {epoch}", f"ep {epoch.strip()}"), counter, fields, progress, self._width(),
-                        self.unicode)
+                        self.unicode, drop=(2, 3, 1, 4))  # lr, speed, the monitored metric, ETA; loss stays
 
     def _eval_line(self, state: State) -> str:
         batch, total = int(state.eval_timestamp.batch), state.dataloader_len
@@ -258,7 +291,7 @@ class TerminalReport(LoggerDestination):
         counter = f"{batch:>{len(str(int(total)))}}/{int(total)}" if total else str(batch)
         epoch = self._epoch_label(state, done=self._epoch_ended)
         return fit_line((f"eval  epoch {epoch}", f"eval {epoch.strip()}"), counter, fields,
-                        batch / int(total) if total else None, self._width(), self.unicode)
+                        batch / int(total) if total else None, self._width(), self.unicode, drop=(0, 1))
 
     def _epoch_columns(self, state: State) -> dict[str, str]:
         """This epoch's summary: column header -> value."""
@@ -274,7 +307,8 @@ class TerminalReport(LoggerDestination):
         return columns
 
     def _epoch_summary(self, state: State) -> str:
-        """One aligned row per epoch, under a header printed again only when the columns change."""
+        """One aligned row per epoch, under a header printed again only when the columns change. On a
+        terminal narrower than the row, columns give way by :func:`_drop_rank`."""
         columns = self._epoch_columns(state)
         lines = []
         if not set(columns) <= set(self._header):  # a column not seen before (e.g. the first evaluation)
@@ -282,10 +316,26 @@ class TerminalReport(LoggerDestination):
             self._header.sort(key=lambda name: list(columns).index(name) if name in columns else len(columns))
             self._widths = [max(len(name), len(columns.get(name, "")), 7 if name != "epoch" else 0)
                             for name in self._header]
-            lines.append("  ".join(name.ljust(w) for name, w in zip(self._header, self._widths)).rstrip())
-        row = (columns.get(name, "-").ljust(w) for name, w in zip(self._header, self._widths))
-        lines.append("  ".join(row).rstrip())
+        shown = self._fitting_columns()
+        if shown != self._shown:
+            self._shown = shown
+            lines.append("  ".join(name.ljust(w) for name, w in shown).rstrip())
+        lines.append("  ".join(columns.get(name, "-").ljust(w) for name, w in shown).rstrip())
         return "\n".join(lines)
+
+    def _fitting_columns(self) -> list[tuple[str, int]]:
+        """The header's columns (name, width) that fit the terminal; all of them when output is not a terminal."""
+        shown = list(zip(self._header, self._widths))
+        if not self.tty:
+            return shown
+        monitored = self._monitored()[0]
+        limit = self._width() - 1
+        while sum(w for _, w in shown) + 2 * (len(shown) - 1) > limit:
+            rank, name, width = max((_drop_rank(name, monitored), name, width) for name, width in shown)
+            if rank < 0:
+                break
+            shown.remove((name, width))
+        return shown
 
     def _eval_items(self) -> list[tuple[str, Any]]:
         return sorted(self.eval_values.items(), key=lambda kv: kv[0] != "loss")

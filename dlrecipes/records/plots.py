@@ -74,37 +74,57 @@ def plot_history(run_dir: str | Path) -> list[Path]:
 
 
 COMPARE_COLUMNS = (
-    ("run", "run"), ("recipe", "recipe"), ("precision", "precision"), ("batch_size", "batch"),
+    ("run", "run"), ("status", "status"), ("recipe", "recipe"), ("precision", "precision"), ("batch_size", "batch"),
     ("microbatch", "microbatch"), ("wall_time_sec", "wall s"), ("images_per_sec", "img/s"),
     ("peak_memory_mb", "peak MiB"), ("best_top1", "best top-1"), ("epochs", "epochs"),
 )
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise UserError(f"{path} not found: is {run_dir} a finished dlrecipes run?")
-    return json.loads(path.read_text())
+    """A run's summary.json; a run without one (it failed early, or is still training) gets a row saying so."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: not a run directory (no such folder)")
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"run": run_dir.name, "status": "no summary (training, or stopped before its first epoch)"}
+    except (OSError, ValueError) as exc:
+        return {"run": run_dir.name, "status": f"unreadable summary.json ({type(exc).__name__})"}
+    summary.setdefault("status", "finished")  # summaries written before runs recorded their status
+    return summary
 
 
-def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path) -> tuple[list[dict[str, Any]], Path]:
-    """Summaries of the runs (for the table) and a plot of eval top-1 against wall-clock time."""
+def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = None
+                 ) -> tuple[list[dict[str, Any]], Path | None]:
+    """Summaries of the runs (for the table) and, with ``plot_path``, a plot of eval top-1 against
+    wall-clock time written there."""
     summaries = [load_summary(Path(d)) for d in run_dirs]
+    if plot_path is None:
+        return summaries, None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for run_dir, summary in zip(run_dirs, summaries):
+        if not (Path(run_dir) / "history.csv").is_file():
+            continue
         rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r["eval_top1"])]
         label = f"{summary['run']} ({summary.get('precision')}, batch {summary.get('batch_size')})"
         ax.plot([r["elapsed_sec"] for r in rows], [r["eval_top1"] for r in rows], marker="o", label=label)
     ax.set_xlabel("wall-clock time (s)")
     ax.set_ylabel("eval top-1 accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_lines():
+        ax.legend(fontsize=8)
     fig.tight_layout()
     plot_path = Path(plot_path)
-    plot_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot_path)
-    plt.close(fig)
+    try:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(plot_path)
+    except OSError as exc:
+        raise UserError(f"--out: cannot write {plot_path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     return summaries, plot_path
 
 

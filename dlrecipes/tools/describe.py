@@ -4,7 +4,7 @@ registry listings, the closing lines of validate and train, the comparison of ru
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -84,14 +84,17 @@ def model_card(entry: Entry) -> dict[str, str]:
 
 
 def _rendered(renderable: Any) -> str:
-    """A rich table as plain text, as wide as the terminal (at least 120 columns)."""
+    """A rich table as plain text: as wide as the terminal (rich wraps cells to fit), or unwrapped (up to
+    250 columns) when the output goes to a file or a pipe, where a wrapped row would be hard to read back."""
     import io
     import shutil
+    import sys
 
     from rich.console import Console
 
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 250
     out = io.StringIO()
-    Console(file=out, width=max(120, shutil.get_terminal_size().columns)).print(renderable)
+    Console(file=out, width=width).print(renderable)
     return out.getvalue().rstrip("\n")
 
 
@@ -121,11 +124,14 @@ def validated(recipe: Any, config: Any) -> str:
     return f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})"
 
 
-def trained(result: Any) -> str:
-    """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory."""
+def trained(result: Any, width: Optional[int] = None) -> str:
+    """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory; one part
+    per line when wider than ``width`` (a terminal's)."""
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
-    return (f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s; "
-            f"eval {metrics}; run directory {result.run_dir}")
+    parts = [f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
+             f"eval {metrics}", f"run directory {result.run_dir}"]
+    line = "; ".join(parts)
+    return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
 
 
 def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
@@ -134,9 +140,31 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
 
     from dlrecipes.records.plots import COMPARE_COLUMNS, format_cell
 
+    def shown(key: str) -> bool:  # a column nobody has a value in is left out, and status when all finished
+        values = {format_cell(s.get(key)) for s in summaries}
+        return values - {"-", "finished"} != set() or key == "run"
+
+    columns = [(key, header) for key, header in COMPARE_COLUMNS if shown(key)]
     table = Table(title="runs", title_justify="left")
-    for _, header in COMPARE_COLUMNS:
+    for _, header in columns:
         table.add_column(header)
     for summary in summaries:
-        table.add_row(*(format_cell(summary.get(key)) for key, _ in COMPARE_COLUMNS))
-    return f"{_rendered(table)}\naccuracy vs wall-clock time: {plot_path}"
+        table.add_row(*(format_cell(summary.get(key)) for key, _ in columns))
+    return _rendered(table) + (f"\naccuracy vs wall-clock time: {plot_path}" if plot_path else "")
+
+
+def version_line() -> str:
+    """``dlrecipes --version``: ours, and the Composer and torch it runs on (read without importing them)."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dlrecipes import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"dlrecipes {__version__} (composer {installed('mosaicml')}, torch {installed('torch')}, " \
+           f"python {sys.version.split()[0]})"

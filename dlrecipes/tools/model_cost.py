@@ -2,7 +2,9 @@
 
 FLOPs come from torch's own counter (``torch.utils.flop_counter.FlopCounterMode``), which
 counts matrix multiplications and convolutions (2 FLOPs per multiply-accumulate) as the
-published figures do; MACs are half the FLOPs.
+published figures do; MACs are half the FLOPs.  Fused attention is counted on every device:
+torch's counter knows the GPU kernels of ``scaled_dot_product_attention``, and
+:func:`attention_flop_formulas` adds the CPU one (its two matmuls, as the GPU kernels count).
 """
 
 from __future__ import annotations
@@ -46,10 +48,27 @@ def resolve_model(name: str, params: dict[str, Any], input_size: tuple[int, int,
     return build_component(registry.models, name, params, "--model")
 
 
+def attention_flop_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the CPU kernel of fused attention, which torch's counter (2.7) leaves out: the same
+    count as its GPU kernels (``Q @ K^T`` and ``P @ V``)."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    formulas = {}
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if forward is not None:
+        formulas[forward] = lambda query, key, value, *args, **kwargs: flop_counter.sdpa_flop_count(query, key, value)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if backward is not None:
+        formulas[backward] = lambda grad_out, query, key, value, *args, **kwargs: (
+            flop_counter.sdpa_backward_flop_count(grad_out, query, key, value))
+    return formulas
+
+
 def count_flops(model: nn.Module, example: torch.Tensor) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
     with torch.no_grad(), counter:
         model(example)
     return int(counter.get_total_flops())
