@@ -77,6 +77,47 @@ def train(
                verbose=verbose)
 
 
+def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str = "best",
+             recipe: Optional[str | Path] = None, tta: Optional[str] = None, out: Optional[str | Path] = None,
+             plugins: Sequence[str] = (), trust_checkpoint: bool = False):
+    """Evaluate a run's checkpoint (``checkpoint``: best, latest or a path) on its recipe's evaluation split with
+    ``overrides``, no training step; ``target`` is a run directory or a checkpoint file (then with ``recipe``).
+    Returns a :class:`dlrecipes.tools.evaluate.EvalResult`; the report goes to ``out`` or ``RUN_DIR/eval/<name>/``."""
+    from dlrecipes.tools.evaluate import evaluate_run, find_target
+
+    found, overrides = find_target(target, checkpoint, recipe), list(overrides)
+    return evaluate_run(found, resolve(found.recipe, overrides, plugins), overrides, tta, out, trust_checkpoint)
+
+
+def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
+           checkpoint: str = "best", recipe: Optional[str | Path] = None, out: Optional[str | Path] = None,
+           plugins: Sequence[str] = (), trust_checkpoint: bool = False) -> dict[str, Any]:
+    """Export a run's checkpoint as TorchScript and/or ONNX, checked against the network on evaluation images,
+    with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``)."""
+    from dlrecipes.tools.evaluate import find_target
+    from dlrecipes.tools.export_run import export_run
+
+    found = find_target(target, checkpoint, recipe)
+    return export_run(found, resolve(found.recipe, overrides, plugins), formats, out, trust_checkpoint)
+
+
+def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
+            checkpoint: str = "best", recipe: Optional[str | Path] = None, overrides: Iterable[str] = (),
+            plugins: Sequence[str] = (), batch_size: int = 64, trust_checkpoint: bool = False) -> list[dict[str, Any]]:
+    """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
+    per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
+    from dlrecipes.tools import predict as tool
+    from dlrecipes.tools.evaluate import find_target
+
+    tool.check_options(top_k, batch_size)  # before a network is built
+    if tool.is_export_dir(target):
+        predictor = tool.export_predictor(Path(target))
+    else:
+        found = find_target(target, checkpoint, recipe)
+        predictor = tool.run_predictor(found, resolve(found.recipe, overrides, plugins), trust_checkpoint)
+    return tool.predict_files(predictor, files, top_k, out, batch_size)
+
+
 def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
            nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
            resume: bool = False, trust_checkpoint: bool = False) -> int:
@@ -130,11 +171,22 @@ def plot(run_dir: str | Path) -> list[Path]:
     return plot_history(Path(run_dir))
 
 
-def compare(run_dirs: Sequence[str | Path], out: Optional[str | Path] = None) -> tuple[list[dict[str, Any]], Optional[Path]]:
-    """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there."""
+def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = None, last: Optional[int] = None,
+            runs_dir: str | Path = "runs") -> tuple[list[dict[str, Any]], Optional[Path]]:
+    """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there.
+    ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``."""
     from dlrecipes.records.plots import compare_runs
+    from dlrecipes.records.runs import select_runs
 
-    return compare_runs(run_dirs, out)
+    return compare_runs(select_runs(run_dirs, last, runs_dir), out)
+
+
+def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
+    """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
+    metric, wall time, device, precision and start time."""
+    from dlrecipes.records.runs import list_runs
+
+    return list_runs(runs_dir, last)
 
 
 def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path, options: Any,

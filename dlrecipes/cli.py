@@ -197,6 +197,93 @@ def show(
     typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check)))
 
 
+RunTargetArg = typer.Argument(..., help="a run directory (runs/<name>), or a checkpoint file (then with --recipe)",
+                              show_default=False)
+CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
+OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
+                              show_default=False)
+
+
+@app.command("eval")
+def evaluate(
+    target: Path = RunTargetArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    checkpoint: str = CheckpointOpt,
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    tta: Optional[str] = typer.Option(None, "--tta", help="test-time augmentation: flip (average with mirrored images)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
+    as_json: bool = JsonOpt,
+    trust_checkpoint: bool = TrustOpt,
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Evaluate a run's checkpoint on its recipe's evaluation split (overrides change what is evaluated);
+    no training step, no optimizer state."""
+    from dlrecipes import api
+    from dlrecipes.tools.evaluate import format_eval
+
+    result = _guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
+                                           trust_checkpoint))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result))
+
+
+@app.command("export")
+def export(
+    target: Path = RunTargetArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    formats: List[str] = typer.Option(["torchscript"], "--format", help="torchscript or onnx (repeatable)"),
+    checkpoint: str = CheckpointOpt,
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the export directory (default RUN_DIR/export)"),
+    trust_checkpoint: bool = TrustOpt,
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """Export a run's checkpoint for inference (TorchScript, ONNX), checked against the network, with
+    preprocess.json and classes.json."""
+    from dlrecipes import api
+
+    report = _guarded(lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin,
+                                         trust_checkpoint))
+    typer.echo(report["out_dir"])
+
+
+@app.command("predict")
+def predict(
+    target: Path = typer.Argument(..., help="a run directory, a checkpoint (with --recipe) or an export directory",
+                                  show_default=False),
+    files: List[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
+    top_k: int = typer.Option(5, "--top-k", help="how many classes to show per file"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write the predictions as CSV"),
+    checkpoint: str = CheckpointOpt,
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    batch_size: int = typer.Option(64, "--batch-size", help="images per forward pass"),
+    as_json: bool = JsonOpt,
+    trust_checkpoint: bool = TrustOpt,
+    plugin: List[str] = PluginOpt,
+) -> None:
+    """The class of each image file, by a run's checkpoint or an exported model, with its evaluation
+    preprocessing."""
+    from dlrecipes import api
+    from dlrecipes.tools.predict import format_predictions
+
+    rows = _guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
+                                        trust_checkpoint))
+    typer.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, out))
+
+
+@app.command("runs")
+def list_runs(
+    runs_dir: Path = typer.Argument(Path("runs"), help="the runs folder (default: runs)"),
+    last: Optional[int] = typer.Option(None, "--last", help="only the newest N runs"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Past runs, newest first: name, recipe, status, epochs done of planned, best metric, time, device."""
+    from dlrecipes import api
+    from dlrecipes.tools.describe import format_runs
+
+    rows = _guarded(lambda: api.runs(runs_dir, last))
+    typer.echo(json.dumps(rows, indent=2) if as_json else format_runs(rows))
+
+
 @app.command("list")
 def list_registry(
     group: Optional[str] = typer.Argument(None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"),
@@ -260,15 +347,17 @@ def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_na
 
 @app.command()
 def compare(
-    run_dirs: List[Path] = typer.Argument(..., help="run directories to compare"),
+    run_dirs: Optional[List[Path]] = typer.Argument(None, help="run directories to compare (or --last N)"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write a plot of accuracy against time (a .png)"),
+    last: Optional[int] = typer.Option(None, "--last", help="the newest N runs under --runs-dir instead"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where --last looks"),
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
     """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""
     from dlrecipes import api
     from dlrecipes.tools.describe import format_comparison
 
-    summaries, plot_path = _guarded(lambda: api.compare(run_dirs, out))
+    summaries, plot_path = _guarded(lambda: api.compare(run_dirs or [], out, last, runs_dir))
     typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 

@@ -127,6 +127,10 @@ def test_the_digits_export_recipe_trains_and_exports(tmp_path):
     report = json.loads((result.run_dir / "export" / "verify.json").read_text())
     assert report["passed"] and {r["format"] for r in report["results"]} == {"torchscript", "onnx"}
     assert report["inputs"]["shape"] == [32, 1, 28, 28]
+    export = result.run_dir / "export"  # what an image file needs to become an input, and the class names
+    spec = json.loads((export / "preprocess.json").read_text())
+    assert spec["channels"] == "L" and spec["resize"] == {"size": [28, 28]} and spec["input_shape"] == [1, 28, 28]
+    assert json.loads((export / "classes.json").read_text()) == [str(d) for d in range(10)]
 
 
 @needs_onnx

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from dlrecipes.builders.components import (
     build_algorithms, build_callbacks, build_dataloaders, build_datasets, build_loggers, build_model, build_optimizer,
@@ -163,6 +163,7 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
                    recipe: Optional[dict[str, Any]] = None) -> list:
     """The recipe's callbacks, then every run's: stopping a diverged run, history, periodic saves, stopping on
     signals, best.pt, report."""
+    from dlrecipes.callbacks.exporter import ExportForInference
     from dlrecipes.callbacks.keep_best import BestCheckpoint
     from dlrecipes.callbacks.monitors import StopOnDivergence
     from dlrecipes.callbacks.preemption import StopOnSignal
@@ -171,6 +172,10 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
 
     ckpt, checkpoint_dir = config.checkpoint, run_dir / CHECKPOINT_DIR
     callbacks = build_callbacks(config.callbacks, run_dir)
+    for callback in callbacks:
+        if isinstance(callback, ExportForInference):  # it writes the data's preprocessing beside the model
+            callback.preprocess, callback.class_names = data.preprocess, data.class_names
+            callback.num_classes = data.num_classes
     lr = config.optimizer.params.get("lr", registry.optimizers.get(config.optimizer.name).parameters["lr"].default)
     callbacks.append(StopOnDivergence(config.trainer.log_interval, lr if isinstance(lr, (int, float)) else None))
     callbacks.append(RunHistory(run_dir, recipe if recipe is not None else config.to_dict(), device))
@@ -231,3 +236,29 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
         train_metrics_interval=t.train_metrics_interval, dist_timeout=t.dist_timeout,
         **load,  # resuming, or a trusted full checkpoint; weights alone were loaded by _initial_state
     )
+
+
+# Algorithms that change the network's modules: an evaluation rebuilds the trained network with them before
+# the checkpoint's weights are loaded. (The rest act on training only.)
+NETWORK_ALGORITHMS = ("blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
+                      "qat", "gradient_checkpointing", "channels_last")
+
+
+def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, callbacks: Sequence[Any] = ()):
+    """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
+    and its evaluation split, in a Trainer for :meth:`Trainer.eval`. Returns (trainer, data)."""
+    from dlrecipes.engine import Trainer
+
+    t = config.trainer
+    device = resolve_device(t.device)
+    data, model = _seeded_model(config)
+    loaders = build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
+    network = {name: params for name, params in config.algorithms.items() if name in NETWORK_ALGORITHMS}
+    trainer = Trainer(
+        model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
+        callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
+        log_to_console=False, eval_subset_num_batches=t.eval_subset_num_batches, device=device,
+        precision=t.precision, seed=t.seed, deterministic_mode=t.deterministic, dist_timeout=t.dist_timeout,
+        load_path=str(checkpoint), load_weights_only=True, load_strict_model_weights=True,
+    )
+    return trainer, data

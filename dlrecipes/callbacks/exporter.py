@@ -4,7 +4,11 @@ The ``export`` callback (``callbacks: {export: {formats: [torchscript, onnx]}}``
 the end of training, into ``<run dir>/export/``:
 
 - ``model.torchscript.pt`` (``torch.jit.load``) and/or ``model.onnx`` (batch axis dynamic),
-- ``verify.json``: each file run on real eval images next to the trained network.
+- ``verify.json``: each file run on real eval images next to the trained network,
+- ``preprocess.json``: how an image file becomes the input (:mod:`dlrecipes.data.preprocess`),
+- ``classes.json``: the class names, in the order of the logits.
+
+``dlrecipes export RUN_DIR`` writes the same directory after training, from a checkpoint.
 
 The files hold the bare network (``ComposerClassifier.module``): images in, logits out, no
 loss or metrics.  TorchScript is written by Composer's :func:`composer.utils.export_for_inference`
@@ -163,6 +167,19 @@ def export_and_verify(
     return report
 
 
+def write_export_metadata(out_dir: Path, preprocess: Optional[dict[str, Any]], class_names: Optional[Sequence[str]],
+                          num_classes: int) -> None:
+    """``preprocess.json`` (when the data are image files) and ``classes.json`` beside the exported model."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if preprocess is not None:
+        (out_dir / "preprocess.json").write_text(json.dumps(preprocess, indent=2) + "\n")
+    names = list(class_names or [])
+    if len(names) != num_classes:
+        names = [str(i) for i in range(num_classes)]
+    (out_dir / "classes.json").write_text(json.dumps(names, indent=2) + "\n")
+
+
 def _diff(result: dict[str, Any]) -> str:
     return "n/a" if result["max_abs_diff"] is None else f"{result['max_abs_diff']:.3g}"
 
@@ -187,6 +204,10 @@ class ExportForInference(Callback):
         self.atol, self.rtol, self.onnx_opset = atol, rtol, onnx_opset
         self._inputs: dict[str, torch.Tensor] = {}  # "eval" / "train" -> images kept for the check
         self.report: Optional[dict[str, Any]] = None
+        # set by the builder from the data: written beside the model
+        self.preprocess: Optional[dict[str, Any]] = None
+        self.class_names: Optional[Sequence[str]] = None
+        self.num_classes = 0
 
     def fit_start(self, state: State, logger: Logger) -> None:
         # refuse before training, not after it
@@ -243,6 +264,7 @@ class ExportForInference(Callback):
             trained_network(state), self.out_dir, self.formats, self._inputs[source], source, self.batch_size,
             self.atol, self.rtol, self.onnx_opset,
         )
+        write_export_metadata(self.out_dir, self.preprocess, self.class_names, self.num_classes)
         logger.log_metrics({f"export/{r['format']}/max_abs_diff": r["max_abs_diff"] for r in self.report["results"]
                             if r["max_abs_diff"] is not None})
 

@@ -43,6 +43,7 @@ def build_digits(image_size: int, augment: bool, eval_fraction: float, split_see
     from torchvision.transforms import v2
 
     from dlrecipes.data.device_loader import BatchAugment
+    from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
 
     images, labels = load_digits_arrays()
@@ -72,4 +73,5 @@ def build_digits(image_size: int, augment: bool, eval_fraction: float, split_see
         num_classes=NUM_CLASSES,
         input_shape=(1, image_size, image_size),
         class_names=[str(d) for d in range(10)],
+        preprocess=preprocess_spec("L", (mean,), (std,), size=(image_size, image_size)),
     )

@@ -98,6 +98,7 @@ def build_image_folders(
 ) -> DatasetSplits:
     """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation
     the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop."""
+    from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import imagenet_transforms
 
     eval_crop_size = eval_crop_size or crop_size
@@ -119,4 +120,6 @@ def build_image_folders(
         class_names=classes,
         augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
                  "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
+                                   center_crop=(eval_crop_size, eval_crop_size)),
     )

@@ -182,6 +182,7 @@ def ffcv(
     """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra."""
     from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
     from dlrecipes.data.ffcv_loader import FFCVSource
+    from dlrecipes.data.preprocess import preprocess_spec
     
     def source(path: str, train: bool, size: int) -> FFCVSource:
         return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
@@ -194,6 +195,9 @@ def ffcv(
         num_classes=num_classes,
         input_shape=(3, crop_size, crop_size),
         class_names=beton_class_names(train_path),
+        # FFCV's centre-crop decoder: a centred square of resize_ratio of the shorter side, resized to the crop
+        preprocess=preprocess_spec("RGB", mean, std, shorter_side=round((eval_crop_size or crop_size) / resize_ratio),
+                                   center_crop=(eval_crop_size or crop_size,) * 2),
     )
 
 

@@ -22,3 +22,5 @@ class DatasetSplits:
     # For image-folder data: crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std (the tensor cache reuses them)
     augment: Optional[dict[str, Any]] = None
     io: Optional[DataIO] = None  # several inputs and/or outputs (recipes with a task: section)
+    # How an image file becomes an input as the eval split does it (dlrecipes.data.preprocess); None: no image files
+    preprocess: Optional[dict[str, Any]] = None

@@ -144,6 +144,7 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
 
     from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+    from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import small_image_transforms
 
     if image_size < 8:
@@ -168,6 +169,7 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
         num_classes=source.num_classes,
         input_shape=(3, image_size, image_size),
         class_names=read_class_names(folder, source),
+        preprocess=preprocess_spec("RGB", mean, std, size=(image_size, image_size)),
     )
 
 
@@ -176,6 +178,7 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
 
     from dlrecipes.data.device_loader import BatchAugment
     from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+    from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import MNIST_MEAN, MNIST_STD, small_image_transforms
 
     folder = Path(root) / "MNIST" / "raw"
@@ -202,4 +205,5 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
         num_classes=10,
         input_shape=(1, 28, 28),
         class_names=[str(d) for d in range(10)],
+        preprocess=preprocess_spec("L", MNIST_MEAN, MNIST_STD, size=(28, 28)),
     )

@@ -14,13 +14,13 @@ from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_
 def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str, Any]]] = None, train: bool = False):
     """The named metrics (the report tables excluded) as a torchmetrics MetricCollection.
 
-    Evaluation adds ``loss`` (cross-entropy over the evaluation set).  Training skips
+    Evaluation adds ``loss`` (cross-entropy per sample over the evaluation set, however it is batched).  Training skips
     torchmetrics' input checks: they read values back from the device (a host-device
     synchronisation) and cost more than the update itself; evaluation keeps them.
     """
-    from composer.metrics import CrossEntropy
     from torchmetrics import Metric, MetricCollection
 
+    from dlrecipes.metrics.eval_loss import SampleMeanCrossEntropy
 
     if names is None:
         names = {name: {} for name in (DEFAULT_TRAIN_METRICS if train else DEFAULT_METRICS)}
@@ -33,7 +33,7 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
             metric.validate_args = False
         metrics[name] = metric
     if not train:
-        metrics[EVAL_LOSS] = CrossEntropy()
+        metrics[EVAL_LOSS] = SampleMeanCrossEntropy()
     return MetricCollection(metrics)
 
 

@@ -191,4 +191,7 @@ class RunHistory(Callback):
                     best[name] = max(values) if higher_is_better(name) else min(values)
                     final[name] = values[-1]
             summary["best_metrics"], summary["final_metrics"] = best, final
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        from dlrecipes.records.checkpoints import atomic_write
+
+        text = (json.dumps(summary, indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
+        atomic_write(self.run_dir / "summary.json", lambda f: f.write(text))

@@ -122,3 +122,13 @@ def _read(path: Path) -> Optional[dict]:
 
 def _dead_writer() -> dict:
     return {"host": socket.gethostname(), "pid": -1, "started": "unknown (unreadable lock file)"}
+
+
+def read_holder(run_dir: Path) -> Optional[dict]:
+    """Who holds ``run_dir``'s lock (host, pid, start), or None when nobody does."""
+    return _read(Path(run_dir) / LOCK_FILE)
+
+
+def holder_alive(holder: dict) -> Optional[bool]:
+    """Whether ``holder`` still runs: True or False on this host, None when it ran on another one."""
+    return _alive(holder)

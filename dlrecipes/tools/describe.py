@@ -4,7 +4,7 @@ registry listings, the closing lines of validate and train, the comparison of ru
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -83,16 +83,38 @@ def model_card(entry: Entry) -> dict[str, str]:
     return {"input": size, "param count": params, "pretrained": entry.metadata.get("pretrained", "no")}
 
 
+def _output_width() -> int:
+    """The terminal's width, or 250 when standard output is a file or a pipe."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else 250
+
+
+def fitted_columns(columns: Sequence[tuple[str, str]], rows: list[list[str]], drop_order: Sequence[str],
+                   width: int, overhead: int = 2, per_column: int = 3) -> list[int]:
+    """The indices of ``columns`` (key, header) a table of ``rows`` shows in ``width`` characters: the columns
+    named in ``drop_order`` give way in that order, the others stay. ``per_column``: the border and padding
+    a column adds; ``overhead``: the table's own."""
+    natural = [max([len(header), *(len(row[i]) for row in rows)]) for i, (_, header) in enumerate(columns)]
+    shown = list(range(len(columns)))
+    keys = [key for key, _ in columns]
+    for key in drop_order:
+        if sum(natural[i] + per_column for i in shown) + overhead <= width:
+            break
+        if key in keys and keys.index(key) in shown:
+            shown.remove(keys.index(key))
+    return shown
+
+
 def _rendered(renderable: Any) -> str:
     """A rich table as plain text: as wide as the terminal (rich wraps cells to fit), or unwrapped (up to
     250 columns) when the output goes to a file or a pipe, where a wrapped row would be hard to read back."""
     import io
-    import shutil
-    import sys
 
     from rich.console import Console
 
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 250
+    width = _output_width()
     out = io.StringIO()
     Console(file=out, width=width).print(renderable)
     return out.getvalue().rstrip("\n")
@@ -145,12 +167,35 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
         return values - {"-", "finished"} != set() or key == "run"
 
     columns = [(key, header) for key, header in COMPARE_COLUMNS if shown(key)]
+    rows = [[format_cell(summary.get(key)) for key, _ in columns] for summary in summaries]
+    drop = ("microbatch", "peak_memory_mb", "recipe", "wall_time_sec", "images_per_sec", "precision",
+            "batch_size", "epochs", "status")  # on a narrow terminal, in this order; run and best top-1 stay
+    kept = fitted_columns(columns, rows, drop, _output_width())
     table = Table(title="runs", title_justify="left")
-    for _, header in columns:
-        table.add_column(header)
-    for summary in summaries:
-        table.add_row(*(format_cell(summary.get(key)) for key, _ in columns))
+    for i in kept:
+        table.add_column(columns[i][1])
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
     return _rendered(table) + (f"\naccuracy vs wall-clock time: {plot_path}" if plot_path else "")
+
+
+def format_runs(rows: list[dict[str, Any]]) -> str:
+    """``runs``' table: one line per run, as wide as the terminal."""
+    from rich.table import Table
+
+    from dlrecipes.records.runs import RUN_COLUMNS
+
+    if not rows:
+        return "no runs yet"
+    cells = [[str(row.get(key) if row.get(key) is not None else "-") for key, _ in RUN_COLUMNS] for row in rows]
+    drop = ("started", "precision", "device", "wall_time", "recipe", "epochs", "best")  # run and status stay
+    kept = fitted_columns(RUN_COLUMNS, cells, drop, _output_width(), overhead=0, per_column=1)
+    table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0))
+    for i in kept:
+        table.add_column(RUN_COLUMNS[i][1], overflow="fold")
+    for row in cells:
+        table.add_row(*(row[i] for i in kept))
+    return _rendered(table)
 
 
 def version_line() -> str:

@@ -1,0 +1,143 @@
+"""Past runs: one row per run directory under a runs folder (``dlrecipes runs``), newest first.
+
+Everything comes from files a run writes whole (each by a rename): ``recipe.yaml`` at the start,
+``history.csv`` per epoch, ``summary.json`` at the end (its status: finished, stopped, diverged,
+failed), ``checkpoints/`` and ``run.lock`` (who trains in it now).  A run whose lock names a live
+process is running; one with no summary and no live holder was killed (resumable when it has a
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from dlrecipes.errors import UserError
+
+RUN_COLUMNS = (
+    ("run", "run"), ("recipe", "recipe"), ("status", "status"), ("epochs", "epochs"), ("best", "best"),
+    ("wall_time", "time"), ("device", "device"), ("precision", "precision"), ("started", "started"),
+)
+STATUS_SHOWN = {"finished": "done", "stopped": "stopped (resumable)"}
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _planned_epochs(recipe: dict) -> Optional[int]:
+    duration = str((recipe.get("trainer") or {}).get("max_duration", ""))
+    return int(duration[:-2]) if duration.endswith("ep") and duration[:-2].isdigit() else None
+
+
+def _history_epochs(run_dir: Path) -> int:
+    try:
+        with open(run_dir / "history.csv", newline="") as f:
+            return sum(1 for _ in csv.DictReader(f))
+    except OSError:
+        return 0
+
+
+def _status(run_dir: Path, summary: Optional[dict]) -> str:
+    from dlrecipes.records import run_lock
+    from dlrecipes.records.run_dir import has_checkpoint
+
+    holder = run_lock.read_holder(run_dir)
+    if holder is not None:
+        alive = run_lock.holder_alive(holder)
+        if alive:
+            return f"running (pid {holder.get('pid')})"
+        if alive is None:
+            return f"running? (on host {holder.get('host')})"
+    if summary is not None and summary.get("status"):
+        status = str(summary["status"])
+        if status == "stopped" and not has_checkpoint(run_dir):
+            return "stopped"
+        return STATUS_SHOWN.get(status, status)
+    return "killed (resumable)" if has_checkpoint(run_dir) else "killed"
+
+
+def describe_run(run_dir: Path) -> dict[str, Any]:
+    """One run's row: name, recipe, status, epochs done and planned, best monitored metric, wall time, device,
+    precision and start time."""
+    import datetime
+
+    recipe_path = run_dir / "recipe.yaml"
+    try:
+        recipe = yaml.safe_load(recipe_path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        recipe = {}
+    summary = _read_json(run_dir / "summary.json")
+    best = _read_json(run_dir / "checkpoints" / "best.json")
+    trainer = recipe.get("trainer") or {}
+    done = summary.get("epochs") if summary else _history_epochs(run_dir)
+    planned = _planned_epochs(recipe)
+    monitor = best.get("monitor") if best else (recipe.get("checkpoint") or {}).get("monitor")
+    value = best.get("value") if best else (summary or {}).get(f"best_{monitor}")
+    started = datetime.datetime.fromtimestamp(recipe_path.stat().st_mtime) if recipe_path.exists() else None
+    return {
+        "run": run_dir.name,
+        "path": str(run_dir),
+        "recipe": recipe.get("name"),
+        "status": _status(run_dir, summary),
+        "epochs_done": done,
+        "epochs_planned": planned,
+        "epochs": f"{done}/{planned}" if planned else str(done),
+        "monitor": monitor,
+        "best_value": value,
+        "best": f"{monitor} {value:.4f}" if isinstance(value, (int, float)) else "-",
+        "wall_time_sec": (summary or {}).get("wall_time_sec"),
+        "wall_time": _duration((summary or {}).get("wall_time_sec")),
+        "device": (summary or {}).get("device") or trainer.get("device"),
+        "precision": trainer.get("precision"),
+        "started": started.strftime("%Y-%m-%d %H:%M") if started else "-",
+        "started_ts": started.timestamp() if started else 0.0,
+    }
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def find_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[Path]:
+    """The run directories under ``runs_dir`` (those holding a recipe.yaml, sweeps' nested ones too), newest
+    first; ``last``: only that many."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        raise UserError(f"{root}: no runs folder here (train first, or give the folder: dlrecipes runs PATH)")
+    found = [p.parent for p in root.rglob("recipe.yaml") if not any(part.startswith(".") for part in p.parts)]
+    found.sort(key=lambda p: (p / "recipe.yaml").stat().st_mtime, reverse=True)
+    if last is not None:
+        if last < 1:
+            raise UserError(f"--last: must be at least 1, got {last}")
+        found = found[:last]
+    return found
+
+
+def list_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
+    return [describe_run(p) for p in find_runs(runs_dir, last)]
+
+
+def select_runs(run_dirs: Sequence[str | Path], last: Optional[int], runs_dir: str | Path = "runs") -> list[Path]:
+    """``compare``'s selection: the directories given, or the ``last`` newest runs under ``runs_dir``."""
+    if run_dirs and last is not None:
+        raise UserError("give run directories or --last N, not both")
+    if run_dirs:
+        return [Path(d) for d in run_dirs]
+    if last is None:
+        raise UserError("give the run directories to compare, or --last N for the newest N runs")
+    return find_runs(runs_dir, last)
+
+
+__all__ = ["RUN_COLUMNS", "describe_run", "find_runs", "list_runs", "select_runs"]

@@ -1,0 +1,58 @@
+"""After training: export a run's checkpoint for inference (``dlrecipes export``).
+
+The same export and the same checks as the ``export`` callback (:mod:`dlrecipes.callbacks.exporter`):
+TorchScript and/or ONNX files, each run on real evaluation images next to the trained network
+(``verify.json``), with ``preprocess.json`` and ``classes.json`` beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dlrecipes.errors import RecipeError
+from dlrecipes.tools.evaluate import RunTarget, network_of, trained_model
+
+
+def first_eval_images(trainer: Any, count: int):
+    """The first ``count`` images of the evaluation split, as the network receives them (on the CPU)."""
+    spec = trainer.state.evaluators[0].dataloader  # a Composer DataSpec: its transforms finish the batch
+    for batch in spec.dataloader:
+        batch = spec.microbatch_transforms(spec.batch_transforms(trainer.state.device.batch_to_device(batch)))
+        return batch[0][:count].detach().to("cpu").float().contiguous()
+    raise RecipeError("dataset: the evaluation split is empty: there are no images to check the export on")
+
+
+def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchscript",),
+               out: Optional[str | Path] = None, trust: bool = False,
+               verify_batch_size: int = 8, atol: float = 1e-4, rtol: float = 1e-4) -> dict[str, Any]:
+    """Export ``target``'s checkpoint (``config``: its run's recipe, validated) in ``formats`` to ``out`` (default ``RUN_DIR/export``); returns the
+    verification report (``verify.json``) with ``out_dir`` added."""
+    import copy
+
+    from dlrecipes.callbacks.export_options import EXPORT_FORMATS
+    from dlrecipes.callbacks.exporter import export_and_verify, require_onnx, write_export_metadata
+
+    unknown = [f for f in formats if f not in EXPORT_FORMATS]
+    if unknown or not formats:
+        raise RecipeError(f"--format: expected {' or '.join(EXPORT_FORMATS)} (repeatable), got {', '.join(unknown) or 'none'}")
+    if "onnx" in formats:
+        require_onnx()
+    if out is not None:
+        out_dir = Path(out)
+    elif target.run_dir is not None:
+        out_dir = target.run_dir / "export"
+    else:
+        out_dir = target.checkpoint.parent / "export"
+    trainer, data = trained_model(target, config, trust)
+    try:
+        network = copy.deepcopy(network_of(trainer)).to("cpu").eval()
+        inputs = first_eval_images(trainer, verify_batch_size)
+    finally:
+        trainer.close()
+    report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol)
+    write_export_metadata(out_dir, data.preprocess, data.class_names, data.num_classes)
+    return {**report, "out_dir": str(out_dir), "checkpoint": str(target.checkpoint)}
+
+
+__all__ = ["export_run", "first_eval_images"]
