@@ -118,6 +118,31 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
+def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, parallel: int = 1,
+          name: Optional[str] = None, trials: Optional[int] = None, search: Optional[str] = None,
+          plugins: Sequence[str] = (), echo: Callable[[str], None] = print):
+    """Run a sweep (see :mod:`dlrecipes.tools.sweep`): every point validated first, then trained, ``parallel``
+    at a time, skipping finished points and resuming stopped ones. Returns (plan, summary rows, exit code)."""
+    from dlrecipes.errors import UserError
+    from dlrecipes.tools import sweep as tool
+
+    if parallel < 1:
+        raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
+    plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
+    plan.plugins = list(plugins)
+    runs_dir = None
+    for point in plan.points:  # every point is checked before the first one trains
+        try:
+            config = resolve(recipe, [*plan.fixed, *point.overrides, f"run_name={point.name}"], plugins)
+        except UserError as exc:
+            exc.args = (f"sweep point {point.name}: {exc}",)
+            raise
+        runs_dir = runs_dir or Path(config.runs_dir)
+    tool.prepare_folder(plan, runs_dir or Path("runs"))
+    rows, code = tool.run_sweep(plan, parallel, echo)
+    return plan, rows, code
+
+
 def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
            nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
            resume: bool = False, trust_checkpoint: bool = False) -> int:

@@ -164,6 +164,26 @@ def launch(
 
 
 @recipe_command()
+def sweep(
+    args: RecipeArgs,
+    seeds: int = typer.Option(0, "--seeds", help="train each grid point with N seeds (trainer.seed 1..N)"),
+    parallel: int = typer.Option(1, "--parallel", help="trainings at once (CPU threads split; one GPU each)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"),
+    trials: Optional[int] = typer.Option(None, "--trials", help="with --search random: how many points to sample"),
+    search: Optional[str] = typer.Option(None, "--search", help="random: sample key=loguniform(a,b), uniform(a,b), "
+                                                                 "randint(a,b) or choice(a,b,...)"),
+) -> None:
+    """Train a grid of overrides (key=a,b,c), resumably, and print a table of the results."""
+    from dlrecipes import api
+    from dlrecipes.tools.describe import format_sweep
+
+    plan, rows, code = _guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
+                                                  args.plugins, echo=typer.echo))
+    typer.echo(format_sweep(plan, rows))
+    raise typer.Exit(code)
+
+
+@recipe_command()
 def validate(
     args: RecipeArgs,
     device_check: bool = typer.Option(

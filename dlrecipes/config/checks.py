@@ -15,7 +15,7 @@ from dlrecipes.core.outputs import EVAL_LOSS, metric_names
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.errors import RecipeError, did_you_mean, shown
 
-_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,+-]*$")  # sweeps name runs lr=0.01,seed=1
 MAX_NAME = 120  # characters of a run or recipe name (a run directory's name, then a timestamp; 255 is the limit)
 
 
@@ -214,7 +214,7 @@ def check_cross_fields(config: RecipeConfig, given: Collection[str] = ()) -> Non
 def _check_names(config: RecipeConfig) -> None:
     if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
         raise RecipeError(
-            f"run_name: {shown(config.run_name)} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')"
+            f"run_name: {shown(config.run_name)} must be a plain name (letters, digits, '.', '_', '-', '=', ',', '+'; no '/' or '..')"
         )
     for key, name in (("run_name", config.run_name), ("name", config.name)):
         if name is not None and len(name) > MAX_NAME:

@@ -96,11 +96,34 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+IGNORED_DIFFERENCES = ("run_name", "runs_dir", "description")
+
+
+def recipe_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
+    """The resolved-recipe keys (dotted) whose values differ among the runs, with each run's value."""
+    import yaml
+
+    from dlrecipes.records.resume_check import flatten
+
+    flat = []
+    for run_dir in run_dirs:
+        try:
+            flat.append(flatten(yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text()) or {}))
+        except (OSError, yaml.YAMLError):
+            flat.append({})
+    keys = sorted({k for f in flat for k in f if k.split(".")[0] not in IGNORED_DIFFERENCES})
+    return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
+
+
 def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = None
                  ) -> tuple[list[dict[str, Any]], Path | None]:
-    """Summaries of the runs (for the table) and, with ``plot_path``, a plot of eval top-1 against
-    wall-clock time written there."""
+    """Summaries of the runs (for the table; ``settings``: the recipe values that differ among them) and,
+    with ``plot_path``, a plot of eval top-1 against wall-clock time written there."""
     summaries = [load_summary(Path(d)) for d in run_dirs]
+    if len(summaries) > 1:
+        differences = recipe_differences(run_dirs)
+        for i, summary in enumerate(summaries):
+            summary["settings"] = {k: values[i] for k, values in differences.items()}
     if plot_path is None:
         return summaries, None
     plt = _pyplot()

@@ -166,10 +166,20 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
         values = {format_cell(s.get(key)) for s in summaries}
         return values - {"-", "finished"} != set() or key == "run"
 
-    columns = [(key, header) for key, header in COMPARE_COLUMNS if shown(key)]
-    rows = [[format_cell(summary.get(key)) for key, _ in columns] for summary in summaries]
+    settings = list(summaries[0].get("settings", {})) if summaries else []  # recipe keys that differ among them
+    columns = [(key, header) for key, header in COMPARE_COLUMNS[:1]]
+    columns += [(f"settings.{k}", k) for k in settings]
+    columns += [(key, header) for key, header in COMPARE_COLUMNS[1:] if shown(key)]
+
+    def cell(summary: dict[str, Any], key: str) -> str:
+        if key.startswith("settings."):
+            return format_cell(summary.get("settings", {}).get(key.removeprefix("settings.")))
+        return format_cell(summary.get(key))
+
+    rows = [[cell(summary, key) for key, _ in columns] for summary in summaries]
     drop = ("microbatch", "peak_memory_mb", "recipe", "wall_time_sec", "images_per_sec", "precision",
-            "batch_size", "epochs", "status")  # on a narrow terminal, in this order; run and best top-1 stay
+            "batch_size", "epochs", "status", *(f"settings.{k}" for k in reversed(settings)))
+    # on a narrow terminal, in this order; run and best top-1 stay
     kept = fitted_columns(columns, rows, drop, _output_width())
     table = Table(title="runs", title_justify="left")
     for i in kept:
@@ -196,6 +206,22 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     for row in cells:
         table.add_row(*(row[i] for i in kept))
     return _rendered(table)
+
+
+def format_sweep(plan: Any, rows: list[dict[str, Any]]) -> str:
+    """A sweep's table, one row per grid point, and where its files are."""
+    from rich.table import Table
+
+    from dlrecipes.tools.sweep import table_rows
+
+    header, body = table_rows(plan, rows)
+    table = Table(title=f"sweep {plan.name}", title_justify="left")
+    for column in header:
+        table.add_column(column)
+    for cells in body:
+        table.add_row(*cells)
+    folder = plan.folder
+    return _rendered(table) + f"\n{folder}/summary.csv, summary.md, summary.png"
 
 
 def version_line() -> str:

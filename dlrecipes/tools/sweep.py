@@ -1,0 +1,545 @@
+"""Sweeps: a grid (or a random sample) of overrides, each point one training run, resumable, with a table.
+
+``dlrecipes sweep RECIPE optimizer.lr=0.01,0.03 trainer.precision=fp32,amp_bf16 [--seeds N]`` runs the
+Cartesian product of the comma-separated values (times N seeds), each point as its own
+``dlrecipes train`` process under ``runs/<sweep name>/<point name>/``, named from its values
+(``lr=0.01,precision=amp_bf16,seed=1``).  A value in brackets or braces stays one value
+(``'key=[a,b]'``), as in Hydra's multirun.  ``--trials N --search random`` instead samples N points from
+ranges: ``loguniform(1e-4,1e-1)``, ``uniform(a,b)``, ``randint(a,b)`` (both ends included),
+``choice(a,b,c)``.
+
+Every point is validated before the first one starts.  Running the same sweep again skips finished
+points, resumes stopped or killed ones from their checkpoints and reruns failed or diverged ones.
+Ctrl-C stops the running trainings as training always stops (a checkpoint, exit 75) and then the
+sweep.  At the end ``summary.csv``, ``summary.md`` and ``summary.png`` in the sweep's folder hold one
+row per grid point (seeds aggregated as mean ± std).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+
+from dlrecipes.errors import RecipeError, UserError
+
+SWEEP_FILE = "sweep.yaml"
+LOG_DIR = "logs"
+DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
+
+
+@dataclass
+class Point:
+    name: str
+    values: dict[str, Any]  # swept key -> value (the seed included, as trainer.seed)
+    overrides: list[str]  # what the point's train command adds to the fixed overrides
+
+
+@dataclass
+class SweepPlan:
+    recipe: Path
+    name: str
+    fixed: list[str]
+    swept: dict[str, list[Any]]  # key -> values (grid) or key -> [distribution text] (search)
+    seeds: int
+    points: list[Point]
+    search: Optional[str] = None
+    trials: Optional[int] = None
+    folder: Optional[Path] = None  # runs_dir/<name>, set once the recipe's runs_dir is known
+    plugins: list[str] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
+                "seeds": self.seeds, "search": self.search, "trials": self.trials,
+                "points": [{"name": p.name, "values": p.values, "overrides": p.overrides} for p in self.points]}
+
+
+def split_values(raw: str) -> list[str]:
+    """``a,b,[c,d],{e: 1, f: 2}`` -> ``['a', 'b', '[c,d]', '{e: 1, f: 2}']``: commas outside brackets,
+    braces, parentheses and quotes."""
+    parts, depth, quote, current = [], 0, "", ""
+    for char in raw:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += char
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def _value(text: str, key: str) -> Any:
+    from dlrecipes.recipe import parse_assignment
+
+    return parse_assignment(f"{key}={text}", "sweep value")[1]
+
+
+def _short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Each key's name in a run name: its last part, or the whole path where two keys share a last part."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (short if last.count(short) == 1 else k) for k, short in zip(keys, last)}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def point_name(values: dict[str, Any]) -> str:
+    """``lr=0.003,precision=amp_bf16,seed=1``, filesystem-safe and at most 120 characters."""
+    short = _short_names(list(values))
+    name = ",".join(f"{short[k]}={_text(v)}" for k, v in values.items())
+    name = re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).strip("._") or "point"
+    return name if len(name) <= 120 else f"{name[:100]}-{abs(hash(name)) % 10**8:08d}"
+
+
+def _sample(key: str, spec: str, rng: random.Random) -> Any:
+    match = DISTRIBUTION.match(spec.replace(" ", ""))
+    if match is None:
+        raise RecipeError(f"{key}: with --trials, a value is loguniform(a,b), uniform(a,b), randint(a,b) or "
+                          f"choice(a,b,...), got '{spec}'")
+    kind, args = match.group(1), split_values(match.group(2))
+    if kind == "choice":
+        return _value(rng.choice(args), key)
+    try:
+        low, high = (float(a) for a in args)
+    except ValueError:
+        raise RecipeError(f"{key}: {kind} takes two numbers, got '{spec}'") from None
+    if not low < high or (kind == "loguniform" and low <= 0):
+        raise RecipeError(f"{key}: {kind}({args[0]},{args[1]}) needs 0 {'< ' if kind == 'loguniform' else ''}"
+                          f"low < high")
+    if kind == "loguniform":
+        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.4g}")
+    if kind == "uniform":
+        return float(f"{rng.uniform(low, high):.4g}")
+    return rng.randint(int(low), int(high))
+
+
+def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, name: Optional[str] = None,
+               trials: Optional[int] = None, search: Optional[str] = None, seed: int = 0) -> SweepPlan:
+    """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times
+    ``seeds`` seeds."""
+    fixed, swept = [], {}
+    for item in assignments:
+        if "=" not in item or item.startswith("~"):
+            fixed.append(item)
+            continue
+        key, _, raw = item.partition("=")
+        parts = split_values(raw)
+        if search is not None and re.match(r"^\w+\(.*\)$", raw.strip()):
+            _sample(key, raw, random.Random(0))  # a distribution we know, with sound bounds
+            swept[key] = [raw]
+        elif len(parts) > 1:
+            if any(p == "" for p in parts):
+                raise RecipeError(f"{key}: an empty value in '{raw}' (values are separated by commas)")
+            swept[key] = [_value(p, key) for p in parts]
+        else:
+            fixed.append(item)
+    if seeds < 0:
+        raise RecipeError(f"--seeds: must be 0 or more, got {seeds}")
+    if "trainer.seed" in swept and seeds:
+        raise RecipeError("--seeds: trainer.seed is swept already; drop one of them")
+    if search is not None:
+        if search != "random":
+            raise RecipeError(f"--search: expected random, got '{search}'")
+        if not trials or trials < 1:
+            raise RecipeError("--trials: a random search needs --trials N (at least 1)")
+        if not swept:
+            raise RecipeError("nothing to search: give a key a range, e.g. optimizer.lr=loguniform(1e-4,1e-1)")
+        rng = random.Random(seed)
+        combos = []
+        for _ in range(trials):
+            combos.append({k: (_sample(k, v[0], rng) if len(v) == 1 and isinstance(v[0], str)
+                               and DISTRIBUTION.match(v[0].replace(" ", "")) else rng.choice(v))
+                           for k, v in swept.items()})
+    else:
+        if trials is not None:
+            raise RecipeError("--trials: only with --search random")
+        if not swept and not seeds:
+            raise RecipeError("nothing to sweep: give a key with several values (key=a,b) or --seeds N")
+        combos = [dict(zip(swept, values)) for values in itertools.product(*swept.values())]
+    points = []
+    for combo in combos:
+        for s in (range(1, seeds + 1) if seeds else [None]):
+            values = {**combo, **({"trainer.seed": s} if s is not None else {})}
+            overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
+            points.append(Point(point_name(values), values, overrides))
+    names = [p.name for p in points]
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise RecipeError(f"two points of the sweep get the same name '{duplicate}': give distinct values")
+    recipe = Path(recipe)
+    return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials)
+
+
+def _swept_keys(plan: SweepPlan) -> list[str]:
+    return [k for k in plan.points[0].values if k != "trainer.seed" or not plan.seeds] if plan.points else []
+
+
+def prepare_folder(plan: SweepPlan, runs_dir: Path) -> Path:
+    """``runs_dir/<name>/`` with ``sweep.yaml``. An existing folder must hold a sweep with the same fixed
+    overrides (its grid may grow or change: points already trained under their names are reused)."""
+    folder = runs_dir / plan.name
+    record = plan.record()
+    existing = folder / SWEEP_FILE
+    if existing.is_file():
+        before = yaml.safe_load(existing.read_text()) or {}
+        if before.get("fixed") != record["fixed"] or str(before.get("recipe")) != record["recipe"]:
+            raise UserError(f"--name: {folder} holds a sweep of other fixed settings ({existing}: recipe "
+                            f"{before.get('recipe')}, fixed {before.get('fixed')}); give another --name")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
+    plan.folder = folder
+    return folder
+
+
+def point_state(run_dir: Path) -> str:
+    """What to do with a point: skip (finished), resume (stopped or killed with a checkpoint) or run."""
+    from dlrecipes.records.runs import describe_run
+
+    if not (run_dir / "recipe.yaml").is_file():
+        return "run"
+    status = describe_run(run_dir)["status"]
+    if status == "done":
+        return "skip"
+    if status.endswith("(resumable)"):
+        return "resume"
+    if status.startswith("running"):
+        raise UserError(f"{run_dir}: a training run is using it now ({status}); wait for it, or stop it")
+    return "run"
+
+
+@dataclass
+class _Slot:
+    point: Point
+    process: subprocess.Popen
+    started: float
+    log: Any
+
+
+def _child_env(parallel: int, index: int) -> dict[str, str]:
+    """Threads split between the parallel runs on a CPU; one GPU each when there are GPUs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if parallel > 1:
+        threads = max(1, (os.cpu_count() or 1) // parallel)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or _gpu_ids()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    return env
+
+
+def _gpu_ids() -> list[str]:
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # no torch CUDA: a CPU machine
+        return []
+
+
+def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = print) -> tuple[list[dict], int]:
+    """Run the points not finished yet, ``parallel`` at a time; returns the summary rows and an exit code
+    (0; 75 when stopped by a signal)."""
+    if parallel < 1:
+        raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
+    assert plan.folder is not None
+    logs = plan.folder / LOG_DIR
+    logs.mkdir(exist_ok=True)
+    todo = _todo(plan, echo)
+    stop = {"signal": 0, "count": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["signal"], stop["count"] = signum, stop["count"] + 1
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
+        if _main_thread() else {}
+    running: list[_Slot] = []
+    durations: list[float] = []
+    done, total = len(plan.points) - len(todo), len(plan.points)
+    forwarded = 0
+    try:
+        queue = list(todo)
+        while queue or running:
+            while queue and len(running) < parallel and not stop["signal"]:
+                point, action = queue.pop(0)
+                running.append(_start(plan, point, action, len(running), parallel, logs))
+            if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
+                forwarded = stop["count"]
+                for slot in running:
+                    if slot.process.poll() is None:
+                        slot.process.send_signal(stop["signal"])
+            time.sleep(0.2)
+            for slot in [s for s in running if s.process.poll() is not None]:
+                running.remove(slot)
+                slot.log.close()
+                seconds = time.perf_counter() - slot.started
+                durations.append(seconds)
+                done += 1
+                echo(_finished_line(plan, slot, seconds, done, total, durations, len(queue) + len(running),
+                                    parallel))
+                if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
+                    stop["signal"], stop["count"] = signal.SIGTERM, forwarded
+            if stop["signal"] and not running:
+                break
+        code = 75 if stop["signal"] else 0
+        if code:
+            echo(f"sweep stopped by {signal.Signals(stop['signal']).name}: run the same command again to continue")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for slot in running:  # an error in the sweep itself: the trainings stop as on a signal
+            if slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGINT)
+            slot.process.wait()
+            slot.log.close()
+    rows = summarize(plan)
+    write_summary(plan, rows)
+    return rows, code
+
+
+def _todo(plan: SweepPlan, echo: Callable[[str], None]) -> list[tuple[Point, str]]:
+    """The points left to train, each with its action (run or resume); finished ones are named and skipped."""
+    assert plan.folder is not None
+    todo = []
+    for point in plan.points:
+        action = point_state(plan.folder / point.name)
+        if action == "skip":
+            echo(f"skip   {point.name} (finished)")
+        else:
+            todo.append((point, action))
+    return todo
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, logs: Path) -> _Slot:
+    assert plan.folder is not None
+    command = [sys.executable, "-m", "dlrecipes", "train", str(plan.recipe), *plan.fixed, *point.overrides,
+               f"runs_dir={plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
+               *(["--resume"] if action == "resume" else []), *(a for p in plan.plugins for a in ("--plugin", p))]
+    log = open(logs / f"{point.name}.log", "a")
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(parallel, index),
+                               start_new_session=True)
+    return _Slot(point, process, time.perf_counter(), log)
+
+
+def _finished_line(plan: SweepPlan, slot: _Slot, seconds: float, done: int, total: int, durations: list[float],
+                   left: int, parallel: int) -> str:
+    from dlrecipes.records.runs import describe_run
+
+    assert plan.folder is not None
+    row = describe_run(plan.folder / slot.point.name) if (plan.folder / slot.point.name).is_dir() else {}
+    status = row.get("status", "failed") if slot.process.returncode in (0, 75) else \
+        {3: "diverged", 2: "refused"}.get(slot.process.returncode, "failed")
+    eta = statistics.mean(durations) * left / parallel if left else 0.0
+    eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if left else ""
+    return (f"[{done}/{total}] {slot.point.name}  {status}  {row.get('best', '-')}  {seconds:.0f}s"
+            f"{eta_text}  (log: {plan.folder / LOG_DIR / (slot.point.name + '.log')})")
+
+
+def _point_row(plan: SweepPlan, point: Point) -> dict[str, Any]:
+    from dlrecipes.records.plots import load_summary
+    from dlrecipes.records.runs import describe_run
+
+    assert plan.folder is not None
+    run_dir = plan.folder / point.name
+    if not run_dir.is_dir():
+        return {"status": "not run", "monitor": None}
+    described = describe_run(run_dir)
+    summary = load_summary(run_dir)
+    history = _history(run_dir)
+    monitor = described.get("monitor") or "top1"
+    final = history[-1].get(f"eval_{monitor}") if history else None
+    return {"status": described["status"], "monitor": monitor, "best": described.get("best_value"),
+            "final": float(final) if final not in (None, "", "nan") else None,
+            "wall_time_sec": summary.get("wall_time_sec"), "images_per_sec": summary.get("images_per_sec"),
+            "peak_memory_mb": summary.get("peak_memory_mb")}
+
+
+def _history(run_dir: Path) -> list[dict[str, str]]:
+    try:
+        with open(run_dir / "history.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def summarize(plan: SweepPlan) -> list[dict[str, Any]]:
+    """One row per grid point: the swept keys, then the best and final monitored metric, wall time, images/s
+    and peak memory (mean ± std over the seeds, with their count), and the runs' statuses."""
+    keys = _swept_keys(plan)
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for point in plan.points:
+        group = tuple(_text(point.values[k]) for k in keys)
+        groups.setdefault(group, []).append(_point_row(plan, point))
+    rows = []
+    for group, runs in groups.items():
+        row: dict[str, Any] = dict(zip(keys, group))
+        for metric in ("best", "final", "wall_time_sec", "images_per_sec", "peak_memory_mb"):
+            values = [r[metric] for r in runs if isinstance(r.get(metric), (int, float))
+                      and r["status"] == "done"]
+            row[metric] = statistics.mean(values) if values else None
+            row[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        row["monitor"] = next((r["monitor"] for r in runs if r.get("monitor")), None)
+        row["runs"] = sum(r["status"] == "done" for r in runs)
+        statuses = sorted({r["status"] for r in runs})
+        row["status"] = statuses[0] if len(statuses) == 1 else ", ".join(statuses)
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, Any], metric: str, digits: str) -> str:
+    value, std = row.get(metric), row.get(f"{metric}_std")
+    if value is None:
+        return "-"
+    text = format(value, digits)
+    return f"{text} ± {format(std, digits)}" if std is not None else text
+
+
+def table_rows(plan: SweepPlan, rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    keys = _swept_keys(plan)
+    monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
+    header = [*keys, f"best {monitor}", f"final {monitor}", "wall s", "img/s", "peak MiB",
+              *(["runs"] if plan.seeds else []), "status"]
+    body = [[*(str(r[k]) for k in keys), _cell(r, "best", ".4f"), _cell(r, "final", ".4f"),
+             _cell(r, "wall_time_sec", ".1f"), _cell(r, "images_per_sec", ",.0f"), _cell(r, "peak_memory_mb", ".0f"),
+             *([f"{r['runs']}/{plan.seeds}"] if plan.seeds else []), r["status"]] for r in rows]
+    return header, body
+
+
+def write_summary(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
+    """``summary.csv`` (numbers, std in their own columns), ``summary.md`` (the table) and ``summary.png``."""
+    assert plan.folder is not None
+    fields = list(rows[0]) if rows else []
+    with open(plan.folder / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    header, body = table_rows(plan, rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    (plan.folder / "summary.md").write_text(f"# sweep {plan.name}\n\n" + "\n".join(lines) + "\n")
+    try:
+        plot_sweep(plan, rows, plan.folder / "summary.png")
+    except Exception as exc:  # a plot must not lose the table
+        print(f"warning: could not draw summary.png ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _heat_map(fig: Any, ax: Any, keys: list[str], rows: list[dict[str, Any]]) -> None:
+    """The best monitored metric for each pair of values of two swept keys."""
+    xs = list(dict.fromkeys(r[keys[0]] for r in rows))
+    ys = list(dict.fromkeys(r[keys[1]] for r in rows))
+    grid = [[math.nan] * len(xs) for _ in ys]
+    for r in rows:
+        grid[ys.index(r[keys[1]])][xs.index(r[keys[0]])] = r["best"] if r["best"] is not None else math.nan
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(range(len(xs)), xs)
+    ax.set_yticks(range(len(ys)), ys)
+    ax.set_xlabel(keys[0])
+    ax.set_ylabel(keys[1])
+    for i, row_values in enumerate(grid):
+        for j, value in enumerate(row_values):
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:.3f}", ha="center", va="center", color="white")
+
+
+def _lines(ax: Any, keys: list[str], rows: list[dict[str, Any]], monitor: str) -> None:
+    """The best monitored metric against the first swept key, one line per value of the others."""
+    x_key, others = keys[0], keys[1:]
+    lines: dict[tuple, list[tuple[Any, float]]] = {}
+    for r in rows:
+        if r["best"] is not None:
+            lines.setdefault(tuple(r[k] for k in others), []).append((r[x_key], r["best"]))
+    numeric = all(_number(x) is not None for pts in lines.values() for x, _ in pts)
+    for other, pts in lines.items():
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, other)) or None
+        xs = [_number(x) if numeric else x for x, _ in pts]
+        ax.plot(xs, [v for _, v in pts], marker="o", label=label)
+    if numeric and all((_number(x) or 0) > 0 for pts in lines.values() for x, _ in pts) and len(lines):
+        values = [_number(x) for pts in lines.values() for x, _ in pts]
+        if max(values) / min(values) >= 100:  # learning rates and the like
+            ax.set_xscale("log")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(f"best eval {monitor}")
+    if any(other for other in lines):
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def plot_sweep(plan: SweepPlan, rows: list[dict[str, Any]], path: Path) -> None:
+    """The best monitored metric against the swept key (a line per value of the other keys), or a heat map
+    for two keys; beside it the evaluation curves of every run."""
+    from dlrecipes.records.plots import _pyplot
+
+    plt = _pyplot()
+    keys = _swept_keys(plan)
+    monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    if len(keys) == 2:
+        _heat_map(fig, left, keys, rows)
+    elif keys:
+        _lines(left, keys, rows, monitor)
+    assert plan.folder is not None
+    for point in plan.points:
+        history = _history(plan.folder / point.name)
+        points = [(int(h["epoch"]), float(h[f"eval_{monitor}"])) for h in history
+                  if h.get(f"eval_{monitor}") not in (None, "", "nan")]
+        if points:
+            right.plot(*zip(*points), marker=".", label=point.name)
+    from matplotlib.ticker import MaxNLocator
+
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_xlabel("epoch")
+    right.set_ylabel(f"eval {monitor}")
+    right.grid(alpha=0.3)
+    if right.get_lines() and len(right.get_lines()) <= 12:
+        right.legend(fontsize=7)
+    fig.suptitle(f"sweep {plan.name}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+__all__ = ["Point", "SweepPlan", "plan_sweep", "point_name", "prepare_folder", "run_sweep", "split_values",
+           "summarize", "table_rows", "write_summary"]

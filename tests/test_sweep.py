@@ -1,0 +1,137 @@
+"""Sweeps: the grid and its names, resumability, failures, parallel runs, random search, the table."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrecipes.errors import RecipeError
+from dlrecipes.tools.sweep import plan_sweep, point_name, split_values
+
+from .conftest import REPO, run_cli
+
+
+def test_commas_split_values_outside_brackets_and_quotes():
+    assert split_values("a,b") == ["a", "b"]
+    assert split_values("[1,2],{x: 1, y: 2},'c,d'") == ["[1,2]", "{x: 1, y: 2}", "'c,d'"]
+    assert split_values("loguniform(1e-4,1e-1)") == ["loguniform(1e-4,1e-1)"]
+
+
+def test_the_grid_is_the_product_times_the_seeds_with_names_from_the_values(tmp_path):
+    plan = plan_sweep(tmp_path / "r.yaml", ["optimizer.lr=0.003,0.01", "trainer.precision=fp32,amp_bf16",
+                                            "trainer.max_duration=2ep", "model.layers=[1,2]"], seeds=2)
+    assert plan.fixed == ["trainer.max_duration=2ep", "model.layers=[1,2]"]  # a bracketed value stays one value
+    assert plan.swept == {"optimizer.lr": [0.003, 0.01], "trainer.precision": ["fp32", "amp_bf16"]}
+    assert len(plan.points) == 8 and plan.name == "r-sweep"
+    assert plan.points[0].name == "lr=0.003,precision=fp32,seed=1"
+    assert plan.points[0].overrides == ["optimizer.lr=0.003", "trainer.precision=fp32", "trainer.seed=1"]
+    assert len({p.name for p in plan.points}) == 8
+    assert point_name({"model.width": 4, "dataset.width": 8}) == "model.width=4,dataset.width=8"  # same last part
+    odd = point_name({"loggers": {"a": "x/y"}, "name": "a b"})
+    assert "/" not in odd and " " not in odd and odd.startswith("loggers=")  # filesystem-safe
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (["optimizer.lr=0.1,"], {}, "an empty value"),
+    (["trainer.max_duration=2ep"], {}, "nothing to sweep"),
+    (["trainer.seed=1,2"], {"seeds": 2}, "trainer.seed is swept already"),
+    (["optimizer.lr=gauss(1,2)"], {"trials": 2, "search": "random"}, "loguniform(a,b)"),
+    (["optimizer.lr=loguniform(0,1)"], {"trials": 2, "search": "random"}, "needs 0 < low < high"),
+    (["optimizer.lr=0.1,0.2"], {"trials": 2}, "--trials: only with --search random"),
+])
+def test_sweep_mistakes_name_the_key(tmp_path, args, kwargs, message):
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_sweep(tmp_path / "r.yaml", args, **kwargs)
+
+
+def test_random_search_samples_within_the_ranges_reproducibly(tmp_path):
+    args = ["optimizer.lr=loguniform(1e-4,1e-1)", "model.width=randint(2,8)", "trainer.precision=choice(fp32,amp_bf16)"]
+    plan = plan_sweep(tmp_path / "r.yaml", args, trials=5, search="random")
+    assert len(plan.points) == 5
+    for point in plan.points:
+        assert 1e-4 <= point.values["optimizer.lr"] <= 1e-1 and 2 <= point.values["model.width"] <= 8
+        assert point.values["trainer.precision"] in ("fp32", "amp_bf16")
+    again = plan_sweep(tmp_path / "r.yaml", args, trials=5, search="random")
+    assert [p.values for p in again.points] == [p.values for p in plan.points]
+
+
+def _table(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
+    runs = tiny_recipe.parent / "runs"
+    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "model.width=4,8", "--parallel", "2",
+                     timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = runs / "tiny-sweep"
+    names = sorted(p.name for p in folder.iterdir() if (p / "recipe.yaml").is_file())
+    assert names == ["lr=0.01,width=4", "lr=0.01,width=8", "lr=0.1,width=4", "lr=0.1,width=8"]
+    assert all(json.loads((folder / n / "summary.json").read_text())["status"] == "finished" for n in names)
+    assert len([line for line in result.stdout.splitlines() if line.startswith("[")]) == 4  # one line per run
+    rows = _table(folder)
+    assert [(r["optimizer.lr"], r["model.width"]) for r in rows] == [("0.01", "4"), ("0.01", "8"), ("0.1", "4"),
+                                                                    ("0.1", "8")]
+    for row, name in zip(rows, names):
+        best = json.loads((folder / name / "checkpoints" / "best.json").read_text())["value"]
+        assert float(row["best"]) == pytest.approx(best) and row["status"] == "done"
+    assert "| optimizer.lr | model.width | best top1 | final top1 |" in (folder / "summary.md").read_text()
+    assert (folder / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(json.dumps(__import__("yaml").safe_load((folder / "sweep.yaml").read_text())))["swept"] == {
+        "optimizer.lr": [0.01, 0.1], "model.width": [4, 8]}
+    again = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "model.width=4,8")
+    assert again.returncode == 0 and again.stdout.count("(finished)") == 4 and "[1/" not in again.stdout
+    assert _table(folder) == rows
+    compared = run_cli("compare", *(str(folder / n) for n in names))
+    assert "model.width" in compared.stdout and "optimizer.lr" in compared.stdout  # the settings that differ
+
+
+@pytest.mark.slow
+def test_a_failing_point_is_marked_while_the_others_complete(tiny_recipe):
+    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.05,1e12", "trainer.log_interval=1", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {r["optimizer.lr"]: r for r in _table(tiny_recipe.parent / "runs" / "tiny-sweep")}
+    assert rows["0.05"]["status"] == "done" and rows["1e+12"]["status"] in ("diverged", "not run")
+    assert "diverged" in result.stdout
+
+
+@pytest.mark.slow
+def test_random_search_of_three_trials(tiny_recipe):
+    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=loguniform(1e-3,1e-1)", "--trials", "3",
+                     "--search", "random", "--name", "search", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = _table(tiny_recipe.parent / "runs" / "search")
+    assert len(rows) == 3 and all(1e-3 <= float(r["optimizer.lr"]) <= 1e-1 and r["status"] == "done" for r in rows)
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
+    grid = ["optimizer.lr=0.02,0.05", "trainer.max_duration=6ep", "trainer.deterministic=true"]
+    whole = run_cli("sweep", str(tiny_recipe), *grid, "--name", "whole", timeout=600)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    folder = tiny_recipe.parent / "runs" / "cut"
+    sweep = subprocess.Popen([sys.executable, "-m", "dlrecipes", "sweep", str(tiny_recipe), *grid, "--name", "cut"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = folder / "logs" / "lr=0.05.log"
+    deadline = time.time() + 300
+    while not (log.is_file() and "\n2/6" in log.read_text()) and time.time() < deadline:
+        time.sleep(0.1)  # the second point has trained two epochs
+    sweep.send_signal(signal.SIGINT)
+    out, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 75, out[-3000:]
+    assert "sweep stopped by SIGINT" in out and "stopped (resumable)" in out
+    resumed = run_cli("sweep", str(tiny_recipe), *grid, "--name", "cut", timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "skip   lr=0.02 (finished)" in resumed.stdout
+    columns = ("optimizer.lr", "best", "final", "status")
+    assert [{c: r[c] for c in columns} for r in _table(folder)] == \
+        [{c: r[c] for c in columns} for r in _table(tiny_recipe.parent / "runs" / "whole")]
