@@ -48,3 +48,20 @@ def history(run_dir: Path) -> list[dict]:
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
     return rows
+
+
+def run_summary(run_dir: Path) -> dict:
+    """An offline run's config (key -> value), tags, logged artifacts (name -> file paths) and exit code."""
+    (log,) = Path(run_dir).glob("run-*.wandb")
+    out: dict = {"config": {}, "tags": [], "artifacts": {}, "exit_code": None}
+    for record in read_records(log):
+        kind = record.WhichOneof("record_type")
+        if kind == "config":
+            out["config"].update({item.key: json.loads(item.value_json) for item in record.config.update if item.key})
+        elif kind == "run":
+            out["tags"] = list(record.run.tags) or out["tags"]
+        elif kind == "artifact":
+            out["artifacts"][record.artifact.name] = [entry.path for entry in record.artifact.manifest.contents]
+        elif kind == "exit":
+            out["exit_code"] = record.exit.exit_code
+    return out

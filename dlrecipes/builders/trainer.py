@@ -130,6 +130,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, tru
                                          algorithms=config.algorithms)
     callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)
     loggers = _loggers(config, run_dir, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
+    _bind_trackers(loggers, callbacks, run_dir, recipe if recipe is not None else config.to_dict(), device)
     return _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
                     load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
 
@@ -209,6 +210,20 @@ def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> li
         loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
                                       read_every=read_every, start_line=terminal))
     return loggers
+
+
+def _bind_trackers(loggers: list, callbacks: list, run_dir: Path, recipe: dict[str, Any], device: str) -> None:
+    """Give each experiment tracker the whole run: the recipe, tags, and the history that knows how it ended."""
+    from dlrecipes.loggers.run_record import RecordsTheRun, run_tags
+    from dlrecipes.records.history import RunHistory
+
+    trackers = [logger for logger in loggers if isinstance(logger, RecordsTheRun)]
+    if not trackers:
+        return
+    history = next((c for c in callbacks if isinstance(c, RunHistory)), None)
+    tags = run_tags(recipe, device, world_size())
+    for tracker in trackers:
+        tracker.bind(run_dir, recipe, tags, history)
 
 
 def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,

@@ -9,10 +9,29 @@ device every ``trainer.log_interval`` batches (:mod:`.read_back`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.registry import loggers
+
+
+Artifacts = Literal["files", "checkpoint", "export", "all", "none"]
+PROBE_SECONDS = 3.0
+
+
+def _probe(url: str, key: str, fix: str) -> None:
+    """Reach ``url`` once, within a few seconds, before anything is trained: an unreachable tracker is one line."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
+            return
+    except urllib.error.HTTPError:  # it answers (401, 404...): reachable; the tracker itself will say more
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"{key}: nothing answers at {url} ({reason}); {fix}") from None
 
 
 def _require(module: str, extra: str, pip_spec: str) -> None:
@@ -43,8 +62,10 @@ def wandb(
     name: Optional[str] = None,
     tags: Optional[list[str]] = None,
     offline: bool = False,
+    log_artifacts: Artifacts = "files",
 ):
-    """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it)."""
+    """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it). The recipe is the run's config;
+    log_artifacts: the run's files (default), plus the best checkpoint, the export, all, or none."""
     _require("wandb", "wandb", "dlrecipes[wandb]")
     import os
 
@@ -52,8 +73,14 @@ def wandb(
 
     if offline:
         os.environ["WANDB_MODE"] = "offline"
+    if os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
+        base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        _probe(base, "loggers.wandb", "check the network or WANDB_BASE_URL, or log offline (loggers.wandb.offline=true; "
+                                      "`wandb sync` uploads it later)")
     os.environ.setdefault("WANDB_DIR", str(run_dir))  # the run's files stay in its run directory
-    return WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags)
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags)
+    logger.log_artifacts = log_artifacts
+    return logger
 
 
 @loggers.register("mlflow")
@@ -64,8 +91,10 @@ def mlflow(
     experiment_name: Optional[str] = None,
     run_name: Optional[str] = None,
     tags: Optional[dict[str, str]] = None,
+    log_artifacts: Artifacts = "files",
 ):
-    """MLflow tracking (default: a local file store in <run dir>/mlruns)."""
+    """MLflow tracking (default: a local file store in <run dir>/mlruns). The recipe is the run's parameters;
+    log_artifacts: the run's files (default), plus the best checkpoint, the export, all, or none."""
     _require("mlflow", "mlflow", "dlrecipes[mlflow]")
     import os
 
@@ -75,7 +104,16 @@ def mlflow(
         # MLflow 3 keeps its local file store only on request; a database needs a server or sqlalchemy
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         tracking_uri = (Path(run_dir) / "mlruns").resolve().as_uri()
-    return MLFlowLogger(
+    elif tracking_uri.startswith(("http://", "https://")):
+        _probe(tracking_uri.rstrip("/") + "/health", "loggers.mlflow.tracking_uri",
+               "start the server (mlflow server --host ... --port ...), fix the URI, or leave tracking_uri out "
+               "for a store in the run directory")
+        # a server that drops out mid-run costs seconds, not MLflow's minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    logger = MLFlowLogger(
         experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
         tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
     )
+    logger.log_artifacts = log_artifacts
+    return logger

@@ -105,14 +105,16 @@ def recipe_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
 
     from dlrecipes.records.resume_check import flatten
 
-    flat = []
+    flat: list[Any] = []
     for run_dir in run_dirs:
         try:
             flat.append(flatten(yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text()) or {}))
         except (OSError, yaml.YAMLError):
-            flat.append({})
-    keys = sorted({k for f in flat for k in f if k.split(".")[0] not in IGNORED_DIFFERENCES})
-    return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
+            flat.append(None)  # no recipe to compare (not a run, or an unreadable one)
+    known = [f for f in flat if f is not None]
+    keys = sorted({k for f in known for k in f if k.split(".")[0] not in IGNORED_DIFFERENCES})
+    differing = [k for k in keys if len({repr(f.get(k)) for f in known}) > 1]
+    return {k: [f.get(k) if f is not None else None for f in flat] for k in differing}
 
 
 def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = None

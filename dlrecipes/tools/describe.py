@@ -178,7 +178,7 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
 
     rows = [[cell(summary, key) for key, _ in columns] for summary in summaries]
     drop = ("microbatch", "peak_memory_mb", "recipe", "wall_time_sec", "images_per_sec", "precision",
-            "batch_size", "epochs", "status", *(f"settings.{k}" for k in reversed(settings)))
+            "batch_size", "epochs", *(f"settings.{k}" for k in reversed(settings)), "status")
     # on a narrow terminal, in this order; run and best top-1 stay
     kept = fitted_columns(columns, rows, drop, _output_width())
     table = Table(title="runs", title_justify="left")

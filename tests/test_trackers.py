@@ -1,0 +1,176 @@
+"""Experiment trackers get the whole run: the resolved recipe as parameters, the run's files, an honest
+status; an unreachable one fails fast. MLflow is tested against a real tracking server on loopback."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlrecipes.loggers.run_record import flat_parameters
+
+from . import wandb_log
+from .conftest import run_cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(folder: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
+         "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return server, uri
+        except OSError:
+            if server.poll() is not None:
+                break
+            time.sleep(0.5)
+    server.kill()
+    raise AssertionError((folder / "server.log").read_text()[-3000:])
+
+
+def _stop(server: subprocess.Popen) -> None:
+    import signal
+
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    pytest.importorskip("mlflow.server")
+    server, uri = _start_server(tmp_path_factory.mktemp("mlflow"))
+    yield uri
+    _stop(server)
+
+
+def _mlflow(uri: str, run: str) -> dict:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dlr")
+    (found,) = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == run]
+    run_id = found.info.run_id
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    artifacts |= {a.path for a in client.list_artifacts(run_id, "report")}
+    top1 = [m.value for m in sorted(client.get_metric_history(run_id, "metrics/eval/top1"), key=lambda m: m.step)]
+    return {"status": found.info.status, "params": found.data.params, "tags": found.data.tags,
+            "artifacts": artifacts, "top1": top1}
+
+
+def _loggers(uri: str) -> str:
+    return f'loggers={{mlflow: {{tracking_uri: "{uri}", experiment_name: dlr}}}}'
+
+
+@pytest.mark.slow
+def test_mlflow_server_gets_the_recipe_the_metrics_the_files_and_the_status(mlflow_server, tiny_recipe):
+    result = run_cli("train", str(tiny_recipe), _loggers(mlflow_server), "run_name=tracked")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tiny_recipe.parent / "runs" / "tracked"
+    got = _mlflow(mlflow_server, "tracked")
+    assert got["status"] == "FINISHED"
+    expected = flat_parameters(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
+    assert {k: got["params"].get(k) for k in expected} == expected  # every leaf of the resolved recipe
+    assert got["params"]["optimizer.lr"] == "0.05" and got["params"]["model.name"] == "cnn_simple"
+    assert got["tags"]["dlrecipes.device"] == "cpu" and got["tags"]["dlrecipes.world_size"] == "1"
+    assert got["tags"]["dlrecipes.git_commit"]  # the suite runs inside the project's git work tree
+    with open(run_dir / "history.csv", newline="") as f:
+        history = [float(r["eval_top1"]) for r in csv.DictReader(f)]
+    assert got["top1"] == pytest.approx(history, abs=1e-6)
+    assert {"recipe.yaml", "summary.json", "history.csv", "loss.png", "report/confusion_matrix.csv"} <= got["artifacts"]
+    assert not any(a.endswith(".pt") for a in got["artifacts"])  # checkpoints only when asked for
+
+
+@pytest.mark.slow
+def test_a_diverged_run_is_failed_in_mlflow_and_checkpoints_go_when_asked(mlflow_server, tiny_recipe):
+    hot = run_cli("train", str(tiny_recipe), _loggers(mlflow_server), "run_name=hot", "optimizer.lr=1e12",
+                  "trainer.log_interval=1", "checkpoint.save_interval=1ba")
+    assert hot.returncode == 3, hot.stderr[-3000:]
+    assert _mlflow(mlflow_server, "hot")["status"] == "FAILED"
+    kept = run_cli("train", str(tiny_recipe), _loggers(mlflow_server).replace("}}", ", log_artifacts: checkpoint}}"),
+                   "run_name=kept")
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert "checkpoints/best.pt" in {a for a in _mlflow_artifacts(mlflow_server, "kept", "checkpoints")}
+
+
+def _mlflow_artifacts(uri: str, run: str, folder: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dlr")
+    (found,) = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == run]
+    return [a.path for a in client.list_artifacts(found.info.run_id, folder)]
+
+
+@pytest.mark.slow
+def test_a_tracker_that_drops_out_mid_run_only_warns(tiny_recipe, tmp_path):
+    server, uri = _start_server(tmp_path / "dropping")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dlrecipes", "train", str(tiny_recipe), _loggers(uri), "run_name=dropped",
+         "trainer.max_duration=8ep", "trainer.log_interval=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("2/8"):
+            _stop(server)  # the server goes away after the second epoch
+    assert process.wait(timeout=300) == 0, "".join(lines)[-3000:]
+    output = "".join(lines)
+    assert "warning: loggers.mlflow:" in output and "training goes on" in output and "Traceback" not in output
+    with open(tiny_recipe.parent / "runs" / "dropped" / "history.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 8  # the run's own records are complete
+
+
+def test_an_unreachable_mlflow_server_fails_at_once(tiny_recipe):
+    port = _free_port()  # nothing listens there
+    start = time.perf_counter()
+    result = run_cli("train", str(tiny_recipe), _loggers(f"http://127.0.0.1:{port}"), "run_name=lonely")
+    assert time.perf_counter() - start < 10
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"loggers.mlflow.tracking_uri: nothing answers at http://127.0.0.1:{port}/health" in result.stderr
+    assert "start the server" in result.stderr
+    assert not (tiny_recipe.parent / "runs" / "lonely").exists()  # nothing created
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_gets_the_recipe_the_files_and_the_exit_code(tiny_recipe):
+    ok = run_cli("train", str(tiny_recipe), "loggers={wandb: {offline: true}}", "run_name=wb")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    (offline,) = (tiny_recipe.parent / "runs" / "wb" / "wandb").glob("offline-run-*")
+    got = wandb_log.run_summary(offline)
+    assert got["config"]["optimizer"]["lr"] == 0.05 and got["config"]["model"]["name"] == "cnn_simple"
+    assert {"device=cpu", "world_size=1"} <= set(got["tags"]) and got["exit_code"] == 0
+    (files,) = got["artifacts"].values()
+    assert {"recipe.yaml", "summary.json", "history.csv", "loss.png"} <= set(files)
+    hot = run_cli("train", str(tiny_recipe), "loggers={wandb: {offline: true}}", "run_name=wbhot",
+                  "optimizer.lr=1e12", "trainer.log_interval=1", "checkpoint.save_interval=1ba")
+    assert hot.returncode == 3
+    (offline,) = (tiny_recipe.parent / "runs" / "wbhot" / "wandb").glob("offline-run-*")
+    assert wandb_log.run_summary(offline)["exit_code"] == 3  # as `dlrecipes train` exits: diverged
+
+
+def test_the_recipe_flattens_to_dotted_text_parameters():
+    params = flat_parameters({"optimizer": {"name": "sgd", "lr": 0.05}, "algorithms": {}, "tags": ["a", "b"],
+                              "x": None, "flag": True, "long": "y" * 7000})
+    assert params == {"optimizer.name": "sgd", "optimizer.lr": "0.05", "algorithms": "{}", "tags": '["a", "b"]',
+                      "x": "null", "flag": "true", "long": "y" * 5997 + "..."}
