@@ -143,6 +143,11 @@ def test_piped_one_plain_line_per_epoch_and_no_carriage_returns(tiny_recipe):
     assert [line.split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"]  # and nothing else on stdout
     columns = lines[0].index("eval top1")
     assert all(re.match(r"0\.\d{4}", line[columns:]) for line in lines[1:])  # aligned under the header
+    import csv
+
+    with open(tiny_recipe.parent / "runs" / "piped" / "history.csv", newline="") as f:
+        means = [f"{float(r['train_loss']):.4f}" for r in csv.DictReader(f)]
+    assert [line.split()[1] for line in lines[1:]] == means  # the epoch's mean loss, as history.csv has it
     assert "Cannot split tensor" not in result.stderr
 
 

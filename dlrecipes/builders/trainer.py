@@ -131,6 +131,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, tru
     callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)
     loggers = _loggers(config, run_dir, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
     _bind_trackers(loggers, callbacks, run_dir, recipe if recipe is not None else config.to_dict(), device)
+    _bind_terminal(loggers, callbacks)
     return _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
                     load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
 
@@ -210,6 +211,17 @@ def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> li
         loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
                                       read_every=read_every, start_line=terminal))
     return loggers
+
+
+def _bind_terminal(loggers: list, callbacks: list) -> None:
+    """The epoch table's loss is the epoch's mean, as the run's history records it."""
+    from dlrecipes.loggers.terminal import TerminalReport
+    from dlrecipes.records.history import RunHistory
+
+    history = next((c for c in callbacks if isinstance(c, RunHistory)), None)
+    for logger in loggers:
+        if isinstance(logger, TerminalReport):
+            logger.history = history
 
 
 def _bind_trackers(loggers: list, callbacks: list, run_dir: Path, recipe: dict[str, Any], device: str) -> None:

@@ -10,8 +10,9 @@ the learning rate, the speed, the monitored metric and the ETA go, in that order
 batch counter and the loss stay.  The epoch table, too, drops columns on a narrow terminal
 (train metrics other than top-1 first; the loss and the monitored metric stay).  A start line
 names the run directory, the data, the device and the precision as soon as training starts.  Epochs count from 1,
-as the final ``done: N epochs`` does.  When the epoch (and its evaluation) ends, the live line
-is replaced by a summary line that stays::
+as the final ``done: N epochs`` does.  The live line's loss is the latest one read back (every ``log_interval`` batches); when the
+epoch (and its evaluation) ends, the live line is replaced by a summary line that stays, whose
+loss is the epoch's mean, the ``train_loss`` of history.csv::
 
     epoch  3/12  loss 0.1234  train top1 0.9312  eval loss 0.2010 top1 0.9300  lr 1.20e-03  1,234 img/s  12.3s
 
@@ -154,6 +155,7 @@ class TerminalReport(LoggerDestination):
         self._widths: list[int] = []
         self._shown: list[tuple[str, int]] = []  # the columns of the header printed last
         self.start_line = start_line
+        self.history: Any = None  # the run's RunHistory (set by the builder): the epoch table's loss is its mean
 
     # --- values the engine and Composer log --------------------------------------------------
 
@@ -295,7 +297,10 @@ class TerminalReport(LoggerDestination):
 
     def _epoch_columns(self, state: State) -> dict[str, str]:
         """This epoch's summary: column header -> value."""
-        columns = {"epoch": self._epoch_label(state, done=True), "loss": _number(self.values.get("loss"))}
+        history = self.history  # the epoch's mean loss, as history.csv has it (not the last batch's)
+        loss = history.epoch_train_loss(int(state.timestamp.batch)) if history is not None else None
+        columns = {"epoch": self._epoch_label(state, done=True),
+                   "loss": _number(loss if loss is not None else self.values.get("loss"))}
         columns.update({f"train {k}": _number(v) for k, v in self._epoch_train_metrics.items()})
         if self._eval_pending:
             columns.update({f"eval {k}": _number(v) for k, v in self._eval_items()})

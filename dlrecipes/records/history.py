@@ -57,6 +57,7 @@ class RunHistory(Callback):
         self._fit_start = time.perf_counter()
         self._elapsed_before = 0.0  # from an earlier (resumed) part of the run
         self._closed = False
+        self._evaluated = False  # an evaluation since the last row (a row never repeats an earlier one's)
         self.status = "finished"  # how the run ended (dlrecipes.train sets it when training raises)
         self.reason = ""
 
@@ -97,13 +98,24 @@ class RunHistory(Callback):
     def epoch_end(self, state: State, logger: Logger) -> None:
         self._train_seconds = time.perf_counter() - self._epoch_start
 
+    def eval_end(self, state: State, logger: Logger) -> None:
+        self._evaluated = True
+
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         self._add_row(state)
+
+    def epoch_train_loss(self, step: int) -> Optional[float]:
+        """The mean training loss of the epoch that ends at ``step`` (read once; what history.csv records)."""
+        if self.rows and int(self.rows[-1]["step"]) == step:
+            return float(self.rows[-1]["train_loss"])
+        if self._loss_batches and self._loss_sum is not None:
+            return (self._loss_sum / self._loss_batches).item()
+        return None
 
     def _add_row(self, state: State) -> None:
         if self._loss_batches == 0:
             return
-        metrics = state.eval_metric_values
+        metrics = state.eval_metric_values if self._evaluated else {}  # no evaluation since the last row: none
         lr = state.optimizers[0].param_groups[-1]["lr"] if state.optimizers else float("nan")
         samples = int(state.timestamp.sample) - self._sample_start
         row = {
@@ -124,6 +136,7 @@ class RunHistory(Callback):
                 row[f"eval_{name}"] = float(value)
         self.rows.append(row)
         self._loss_sum, self._loss_batches, self._output_loss_sums = None, 0, {}
+        self._evaluated = False
         if dist.get_global_rank() == 0:
             self.write_csv()
 
@@ -146,7 +159,9 @@ class RunHistory(Callback):
         if self._closed:
             return
         self._closed = True
-        if self._loss_batches:  # a run that ended inside an epoch (e.g. max_duration in batches)
+        if self._loss_batches and self.status == "finished":
+            # a run that ended inside an epoch (max_duration in batches). A stopped or failed one gets no row for
+            # its unfinished epoch: --resume trains that epoch again and writes its row once.
             self._train_seconds = time.perf_counter() - self._epoch_start
             self._add_row(state)
         if dist.get_global_rank() != 0 or not self.rows:
