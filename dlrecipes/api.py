@@ -149,14 +149,14 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``) through Composer's
     launcher; returns its exit code."""
     from dlrecipes.config.devices import check_launch
-    from dlrecipes.tools.launch import launcher_command, run_forwarding_signals
+    from dlrecipes.tools.launch import gloo_environment, launcher_command, run_forwarding_signals
 
     extra = (*(["--resume"] if resume else []), *(["--trust-checkpoint"] if trust_checkpoint else []),
              *(a for p in plugins for a in ("--plugin", p)))
     cmd = launcher_command(str(recipe), list(overrides), nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
     check_launch(resolve(recipe, overrides, plugins), nproc, nproc * nodes)
-    return run_forwarding_signals(cmd)
+    return run_forwarding_signals(cmd, gloo_environment(master_addr, master_port, nproc * nodes))
 
 
 def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),

@@ -18,7 +18,7 @@ from typing import Any
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core.distributed import rank, resolve_device
+from dlrecipes.core.distributed import choose_gloo_interface, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.resume_check import check_resume
@@ -90,6 +90,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise), and the traceback of a
     failure (always written to the run's log when the run directory stays).
     """
+    choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)

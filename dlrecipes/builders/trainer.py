@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -106,6 +107,8 @@ def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: b
     processes = world_size()
     nodes = processes // max(local_world_size(), 1)
     spread = f"{processes} processes" + (f" on {nodes} nodes" if nodes > 1 else "") if processes > 1 else "1 process"
+    if processes > 1 and os.environ.get("GLOO_SOCKET_IFNAME"):
+        spread += f", gloo via {os.environ['GLOO_SOCKET_IFNAME']}"
     return (f"{'resuming' if resume else 'run'} {run_dir} | {config.dataset.name}: {size(data.train)} train, "
             f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
 

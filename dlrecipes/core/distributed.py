@@ -66,6 +66,81 @@ def split_batch(global_batch: int, processes: int, key: str) -> int:
     return global_batch // processes
 
 
+SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+CHOSEN_MARK = "DLRECIPES_GLOO_IFNAME_CHOSEN"  # set beside GLOO_SOCKET_IFNAME when dlrecipes chose it
+
+
+def _local_addresses() -> dict[str, str]:
+    """This host's IPv4 address per network interface (Linux; empty elsewhere)."""
+    import socket
+
+    found: dict[str, str] = {}
+    try:
+        import fcntl
+        import struct
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on it
+                continue
+            found[name] = socket.inet_ntoa(packed[20:24])
+    return found
+
+
+def interface_towards(address: str, port: int = 29500) -> Optional[tuple[str, str]]:
+    """The network interface (and its address) this host sends through to reach ``address``: the local end of a
+    UDP socket connected towards it (nothing is sent). None when there is no route or it cannot be told."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(address), port))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    return next(((name, addr) for name, addr in _local_addresses().items() if addr == local), None)
+
+
+def choose_gloo_interface(env: Any = None) -> Optional[str]:
+    """Set ``GLOO_SOCKET_IFNAME`` in ``env`` (default: this process's environment) to the interface that routes
+    to the master address, when the run spans hosts (the master address is not one of this host's) and the user
+    has not set it; returns the interface gloo will use (the user's, ours, or None for gloo's own choice).
+
+    gloo otherwise picks the address its host name resolves to, which on many clusters (and in any container
+    whose name maps to 127.0.x.x) is not one the other hosts can reach. NCCL picks its own interface, and well;
+    it is left alone."""
+    env = os.environ if env is None else env
+    if env.get("GLOO_SOCKET_IFNAME"):
+        return env["GLOO_SOCKET_IFNAME"]
+    master = env.get("MASTER_ADDR")
+    if not master or int(env.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    found = interface_towards(master, int(env.get("MASTER_PORT", "29500") or 29500))
+    if found is None:
+        return None
+    name, addr = found
+    if addr.startswith("127.") and name == "lo" and not _is_remote(master):
+        return None  # every process on this host: loopback is right, and gloo's default finds it
+    env["GLOO_SOCKET_IFNAME"] = name
+    env[CHOSEN_MARK] = name  # so that a connection failure can say who chose it
+    return name
+
+
+def _is_remote(address: str) -> bool:
+    import socket
+
+    try:
+        resolved = socket.gethostbyname(address)
+    except OSError:
+        return True
+    return not resolved.startswith("127.") and resolved not in _local_addresses().values()
+
+
 # torch's own words for a gloo rendezvous that could not connect or find its interface
 _GLOO_FAILURES = ("connectFullMesh", "Gloo connect", "Unable to find address for", "getaddrinfo", "Connection refused",
                   "Connection reset by peer", "Timed out waiting", "No route to host")
@@ -81,11 +156,23 @@ def gloo_errors(what: str = "gloo (the host-side process group)") -> Iterator[No
         if not any(words in message for words in _GLOO_FAILURES):
             raise
         first = next((line.strip() for line in message.splitlines() if line.strip()), message)[:200]
-        chosen = os.environ.get("GLOO_SOCKET_IFNAME")
-        hint = (f"GLOO_SOCKET_IFNAME={chosen} is set: check that this interface exists and reaches the other hosts"
-                if chosen else "gloo picks its network interface from this host's name; set GLOO_SOCKET_IFNAME to "
-                               "the interface that reaches the other hosts (e.g. GLOO_SOCKET_IFNAME=eth0, see `ip addr`)")
-        raise UserError(f"{what} could not connect the processes ({first}); {hint}") from None
+        raise UserError(f"{what} could not connect the processes ({first}); {connection_setup()}") from None
+
+
+def connection_setup() -> str:
+    """Where this process tried to connect, and through which interface: for a one-line connection error."""
+    master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+    if chosen and os.environ.get(CHOSEN_MARK) == chosen:
+        how = f"gloo used {chosen}, the interface that routes to the master address (set GLOO_SOCKET_IFNAME to choose)"
+    elif chosen:
+        how = f"gloo used GLOO_SOCKET_IFNAME={chosen}, as set: check that it exists and reaches the other hosts"
+    else:
+        how = ("gloo picked its interface from this host's name; set GLOO_SOCKET_IFNAME to the interface that "
+               "reaches the other hosts (e.g. GLOO_SOCKET_IFNAME=eth0, see `ip addr`)")
+    nccl = os.environ.get("NCCL_SOCKET_IFNAME")
+    return (f"master {master} (--master-addr, --master-port: node 0's address, reachable from every host); {how}"
+            + (f"; NCCL_SOCKET_IFNAME={nccl}" if nccl else ""))
 
 
 class Pending:

@@ -41,7 +41,26 @@ def launcher_command(
     return [*cmd, "--module_mode", "dlrecipes", "train", recipe, *overrides, *extra]
 
 
-def run_forwarding_signals(cmd: list[str]) -> int:
+def gloo_environment(master_addr: Optional[str], master_port: Optional[int], world_size: int) -> dict[str, str]:
+    """The environment for the launcher: with ``GLOO_SOCKET_IFNAME`` set to the interface that reaches the master
+    address when the run spans hosts and the user has not set it (:func:`~dlrecipes.core.distributed.choose_gloo_interface`)."""
+    import os
+
+    from dlrecipes.core.distributed import CHOSEN_MARK, choose_gloo_interface
+
+    env = dict(os.environ)
+    if master_addr:
+        probe = {**env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port or 29500),
+                 "WORLD_SIZE": str(world_size)}
+        chosen = choose_gloo_interface(probe)
+        if chosen and not env.get("GLOO_SOCKET_IFNAME"):
+            env["GLOO_SOCKET_IFNAME"], env[CHOSEN_MARK] = chosen, chosen
+            print(f"launch: gloo connects through {chosen}, the interface that reaches {master_addr} "
+                  "(set GLOO_SOCKET_IFNAME to choose another)", file=sys.stderr)
+    return env
+
+
+def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None) -> int:
     """Run Composer's launcher; SIGTERM/SIGUSR1 reach the training processes, not the launcher.
 
     A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption): the
@@ -57,7 +76,7 @@ def run_forwarding_signals(cmd: list[str]) -> int:
     forwarded = (signal.SIGTERM, signal.SIGUSR1)
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}  # inherited by the launcher
     try:
-        launcher = subprocess.Popen(cmd)
+        launcher = subprocess.Popen(cmd, env=env)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
