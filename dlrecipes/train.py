@@ -18,7 +18,7 @@ from typing import Any
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core.distributed import choose_gloo_interface, rank, resolve_device
+from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.resume_check import check_resume
@@ -77,7 +77,7 @@ def _outcome(exc: BaseException) -> str:
 
     if isinstance(exc, Diverged):
         return "diverged"
-    if isinstance(exc, (Preempted, KeyboardInterrupt)):
+    if isinstance(exc, (Preempted, KeyboardInterrupt)) or lost_peer(exc):
         return "stopped"
     return "failed"
 
@@ -119,12 +119,33 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         if not kept:  # nothing worth keeping: leave no run directory behind
             lock.release()
             shutil.rmtree(run_dir, ignore_errors=True)
+        lost = lost_peer(exc)
+        if lost and kept:
+            raise _lost(exc, lost, run_dir, verbose) from exc
         if isinstance(exc, Exception) and not isinstance(exc, UserError):
             raise _failed(exc, run_dir if kept else None, verbose) from exc
         raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def _lost(exc: BaseException, who: str, run_dir: Path, verbose: bool) -> PeerLost:
+    """One line for a run that lost a process (a host went down): who, the checkpoint to continue from, how;
+    the traceback to the run's log."""
+    from dlrecipes.records.checkpoints import CHECKPOINT_DIR, resume_point
+
+    text = traceback.format_exc()
+    if verbose:
+        print(text, file=sys.stderr, end="")
+    log = run_dir / f"train-rank{rank()}.log"
+    with open(log, "a") as f:
+        f.write(f"\n[error]: lost {who}\n{text}")
+    point = resume_point(run_dir / CHECKPOINT_DIR) if (run_dir / CHECKPOINT_DIR).is_dir() else None
+    where = f"the last checkpoint is {point}" if point else "no checkpoint yet"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]
+    return PeerLost(f"training stopped: lost {who} ({first}); {where}; when every host is back, run the same command "
+                    f"with --resume on each (run directory {run_dir}, traceback in {log})")
 
 
 def _failed(exc: Exception, run_dir: Path | None, verbose: bool) -> TrainingFailed:

@@ -103,3 +103,39 @@ def test_a_wrong_master_address_is_one_line_on_both_hosts_within_the_timeout(two
         errors = [line for line in log.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
         assert "master 192.0.2.9:" in errors[0] and "the interface that routes to the master address" in errors[0]
+
+
+def _kill_host(ns: str) -> None:
+    """Every process in the namespace ``ns`` (a host going down)."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+def test_a_lost_host_is_one_line_and_resume_finishes_each_epoch_once(two_hosts, recipe, tmp_path):
+    args = ("run_name=lost", "trainer.max_duration=30ep", "trainer.dist_timeout=20", "dataset.samples=256")
+    procs = _launch_both(two_hosts, recipe, tmp_path, *args)
+    history = tmp_path / "runs" / "lost" / "history.csv"
+    deadline = time.time() + 120
+    while not (history.is_file() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
+        time.sleep(0.1)
+    lost_at = time.time()
+    _kill_host(two_hosts[1][0])
+    code = procs[0].wait(timeout=120)
+    took = time.time() - lost_at
+    log = (tmp_path / "host0.log").read_text()
+    assert code != 0 and took < 60, (code, took, log[-3000:])
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
+    assert "lost" in errors[0] and "--resume" in errors[0], errors[0]
+    summary = __import__("json").loads((tmp_path / "runs" / "lost" / "summary.json").read_text())
+    assert summary["status"] == "stopped"  # interrupted, resumable
+    procs = _launch_both(two_hosts, recipe, tmp_path, *args, "--resume")
+    assert [p.wait(timeout=240) for p in procs] == [0, 0], (tmp_path / "host0.log").read_text()[-3000:]
+    with open(history) as f:
+        epochs = [int(r["epoch"]) for r in __import__("csv").DictReader(f)]
+    assert epochs == list(range(1, 31))

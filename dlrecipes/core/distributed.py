@@ -175,6 +175,32 @@ def connection_setup() -> str:
             + (f"; NCCL_SOCKET_IFNAME={nccl}" if nccl else ""))
 
 
+class PeerLost(UserError):
+    """Another process of the run died or stopped answering: this one stops too, resumable (exit 75, as a
+    stop on a signal)."""
+
+    exit_code = 75
+
+
+# torch's words when the other end of a collective went away (gloo, NCCL)
+PEER_LOST_WORDS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+                   "NCCL error", "Socket Timeout", "Connection refused")
+
+
+def lost_peer(exc: BaseException) -> Optional[str]:
+    """Who was lost, when ``exc`` says another process of the run went away: its address where the transport
+    names it, else "another process"; None when ``exc`` is about something else."""
+    import re
+
+    if isinstance(exc, PeerLost):
+        return "another process"
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not any(words in text for words in PEER_LOST_WORDS):
+        return None
+    found = re.search(r"\[([0-9A-Fa-f:.]+)\]:\d+", text)
+    return f"the host at {found.group(1)}" if found else "another process"
+
+
 class Pending:
     """An asynchronous reduction started now and read later (:meth:`HostReducer.start`)."""
 
@@ -187,8 +213,8 @@ class Pending:
                 self._work.wait()
             except RuntimeError as exc:
                 first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]
-                raise UserError(f"another process of this run stopped or stopped answering ({first}); "
-                                "its own log or terminal says why") from None
+                raise PeerLost(f"another process of this run stopped or stopped answering ({first}); "
+                               "its own log or terminal says why") from None
             self._values = self._box.tolist()  # a CPU tensor: no device synchronisation
         return self._values
 
