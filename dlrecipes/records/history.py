@@ -164,12 +164,13 @@ class RunHistory(Callback):
             # its unfinished epoch: --resume trains that epoch again and writes its row once.
             self._train_seconds = time.perf_counter() - self._epoch_start
             self._add_row(state)
-        if dist.get_global_rank() != 0 or not self.rows:
+        if dist.get_global_rank() != 0 or (not self.rows and self.status == "finished"):
             return
-        self.write_summary(state)
+        self.write_summary(state)  # also for a run stopped or failed in its first epoch: it says how it ended
         from dlrecipes.records.plots import plot_history
 
-        plot_history(self.run_dir)
+        if self.rows:
+            plot_history(self.run_dir)
 
     def write_summary(self, state: State) -> None:
         top1 = [float(r["eval_top1"]) for r in self.rows if not math.isnan(float(r["eval_top1"]))]
@@ -189,7 +190,8 @@ class RunHistory(Callback):
             "world_size": dist.get_world_size(),
             "epochs": int(state.timestamp.epoch),
             "batches": int(state.timestamp.batch),
-            "wall_time_sec": float(self.rows[-1]["elapsed_sec"]),
+            "wall_time_sec": float(self.rows[-1]["elapsed_sec"]) if self.rows else
+            self._elapsed_before + time.perf_counter() - self._fit_start,
             "images_per_sec": sum(rates) / len(rates) if rates else None,
             "peak_memory_mb": peak_memory_mb(self.device),
             "best_top1": max(top1) if top1 else None,
