@@ -6,10 +6,12 @@ training process per device (``dlrecipes/cli.py train ...``) with the distribute
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 
@@ -76,10 +78,11 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
     forwarded = (signal.SIGTERM, signal.SIGUSR1)
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}  # inherited by the launcher
     try:
-        launcher = subprocess.Popen(cmd, env=env)
+        launcher = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    relay = _relay_stderr(launcher.stderr)
 
     def forward(signum, frame):
         for child in psutil.Process(launcher.pid).children(recursive=True):
@@ -91,6 +94,26 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
     for s in forwarded:
         signal.signal(s, forward)
     try:
-        return launcher.wait()
+        code = launcher.wait()
     except KeyboardInterrupt:  # Ctrl-C reached the ranks and the launcher too; let them finish
-        return launcher.wait()
+        code = launcher.wait()
+    relay.join(timeout=5)
+    return code
+
+
+# Composer's launcher reports every rank that exits non-zero as "crashed", also a rank that stopped cleanly on a
+# signal with a checkpoint (exit 75): those lines are left out (the rank said what happened in one line).
+_CLEAN_STOP = re.compile(r"(Rank \d+ crashed with exit code 75\.|Global rank \d+ \(PID \d+\) exited with code 75)$")
+
+
+def _relay_stderr(stream: Any) -> threading.Thread:
+    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops."""
+    def copy() -> None:
+        for line in stream:
+            if not _CLEAN_STOP.search(line.rstrip("\n")):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread

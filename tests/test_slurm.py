@@ -1,0 +1,178 @@
+"""scripts/slurm/train.sbatch against a real SLURM: a one-node cluster on loopback (Debian's slurmctld, slurmd
+and munge, our own config, spool and ports), a job whose time-limit signal stops the run with a checkpoint, the
+script requeueing its own job, and the requeued job finishing the run. Skipped with the reason where the
+daemons are missing or cannot start (`.ci/run` installs them)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, TINY_RECIPE, write
+
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
+SLOW_PLUGIN = '''
+import time
+from dlrecipes.registry import callbacks
+
+
+@callbacks.register("slow_batches")
+def slow_batches(seconds: float = 0.05):
+    """Test helper: every batch takes at least this long, so a run lasts a known time."""
+    from composer.core import Callback
+
+    class Slow(Callback):
+        def batch_end(self, state, logger):
+            time.sleep(seconds)
+
+    return Slow()
+'''
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"a real SLURM needs root and {', '.join(missing) or 'the daemons'} (apt-get install slurmctld "
+                    "slurmd slurm-client munge)")
+    root = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool", "log"):
+        (root / sub).mkdir()
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    host = socket.gethostname()
+    ctld_port, d_port = _free_ports(2)
+    conf = write(root / "slurm.conf", f"""
+        ClusterName=dlrtest
+        SlurmctldHost={host}(127.0.0.1)
+        SlurmUser=root
+        SlurmdUser=root
+        SlurmctldPort={ctld_port}
+        SlurmdPort={d_port}
+        AuthType=auth/munge
+        AuthInfo=socket={root}/munge.sock
+        CredType=cred/munge
+        StateSaveLocation={root}/state
+        SlurmdSpoolDir={root}/spool
+        SlurmctldPidFile={root}/slurmctld.pid
+        SlurmdPidFile={root}/slurmd.pid
+        SlurmctldLogFile={root}/log/slurmctld.log
+        SlurmdLogFile={root}/log/slurmd.log
+        ProctrackType=proctrack/linuxproc
+        TaskPlugin=task/none
+        MpiDefault=none
+        SchedulerType=sched/backfill
+        SelectType=select/cons_tres
+        SelectTypeParameters=CR_Core
+        ReturnToService=2
+        JobRequeue=1
+        MinJobAge=600
+        NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
+        PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+    """)
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    started = []
+    try:
+        subprocess.run(["munged", "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
+                        f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
+                        f"--seed-file={root}/munge.seed"], check=True, capture_output=True, timeout=30)
+        started.append(root / "munged.pid")
+        for daemon in ("slurmctld", "slurmd"):
+            subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True, env=env, timeout=30)
+            started.append(root / f"{daemon}.pid")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=env).stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(1)
+        else:
+            pytest.skip(f"the one-node SLURM did not become idle: {(root / 'log' / 'slurmctld.log').read_text()[-1500:]}")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        _stop(started)
+        pytest.skip(f"cannot start SLURM here: {getattr(exc, 'stderr', exc)}")
+    try:
+        yield env
+    finally:
+        _stop(started, env)
+
+
+def _stop(pid_files: list[Path], env: dict | None = None) -> None:
+    """Cancel every job (its processes end with it), then stop the daemons."""
+    if env is not None:
+        subprocess.run(["scancel", "--full", "--signal=KILL", "--user=root"], env=env, capture_output=True, timeout=30)
+        time.sleep(1)
+    for pid_file in reversed(pid_files):
+        pid = _pid(pid_file)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _job(env: dict, job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env).stdout
+    return dict(part.split("=", 1) for part in out.split() if "=" in part)
+
+
+@pytest.mark.slow
+def test_a_time_limit_requeues_the_job_which_finishes_the_run(slurm, tmp_path):
+    write(tmp_path / "slow_plugin.py", SLOW_PLUGIN)
+    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
+    recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\nimports: [./slow_plugin.py]\n"
+                      "callbacks: {slow_batches: {seconds: 0.05}}\n")
+    out = tmp_path / "slurm-%j.out"
+    # about 55 s of training (250 epochs of 3 batches of at least 50 ms, and an evaluation each): SLURM signals
+    # at most 55 s before the 1-minute limit, and checks every ~30 s, so the signal comes 5-35 s in
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--time=1", "--signal=USR1@55", f"--chdir={REPO}", f"--output={out}",
+         f"--export=ALL,DLRECIPES={REPO / '.venv' / 'bin' / 'dlrecipes'}", str(REPO / "scripts" / "slurm" / "train.sbatch"),
+         str(recipe), "trainer.max_duration=250ep", "checkpoint.save_interval=20ep", "checkpoint.keep=2"],
+        capture_output=True, text=True, env=slurm, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.time() + 220
+    requeued = False
+    while time.time() < deadline:
+        info = _job(slurm, job)
+        if info.get("Restarts") == "1" and info.get("JobState") == "PENDING":
+            requeued = True  # the requeued instance gets time to finish, and starts without SLURM's 2-minute wait
+            subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now"], env=slurm,
+                           capture_output=True, timeout=30)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        time.sleep(1)
+    log = Path(str(out).replace("%j", job)).read_text()
+    assert requeued and info.get("JobState") == "COMPLETED", (info.get("JobState"), log[-3000:])
+    assert "stopped by SIGUSR1 after batch" in log and f"requeueing job {job}" in log and "start 2" in log
+    assert "crashed" not in log and "Traceback" not in log
+    run = tmp_path / "runs" / f"tiny-slurm-{job}"
+    with open(run / "history.csv", newline="") as f:
+        assert [int(r["epoch"]) for r in csv.DictReader(f)] == list(range(1, 251))  # every epoch once
