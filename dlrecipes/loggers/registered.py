@@ -77,8 +77,11 @@ def wandb(
         base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
         _probe(base, "loggers.wandb", "check the network or WANDB_BASE_URL, or log offline (loggers.wandb.offline=true; "
                                       "`wandb sync` uploads it later)")
-    os.environ.setdefault("WANDB_DIR", str(run_dir))  # the run's files stay in its run directory
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags)
+    # the run's files stay in its run directory (this run's: not an environment variable a later run would inherit),
+    # unless WANDB_DIR says otherwise
+    where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags,
+                         init_kwargs=where)
     logger.log_artifacts = log_artifacts
     return logger
 
