@@ -11,6 +11,9 @@
 - ``fail_save: K``: the K-th checkpoint write raises ENOSPC;
 - ``signal_at_batch: N`` (with ``signal_name``, default SIGTERM, and ``signal_rank``, default
   all ranks): the process sends itself that signal after batch N, as a cluster would.
+
+``callbacks: {slow_batches: {seconds: S}}`` makes every batch take at least S seconds, so that a run
+lasts a known time (a signal or a time limit then lands inside it).
 """
 
 from __future__ import annotations
@@ -72,3 +75,17 @@ def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before
                 os.kill(os.getpid(), getattr(signal, signal_name))
 
     return FaultInjection()
+
+
+@callbacks.register("slow_batches")
+def slow_batches(seconds: float = 0.05):
+    """Every batch takes at least ``seconds`` (tests only)."""
+    import time
+
+    from composer.core import Callback
+
+    class Slow(Callback):
+        def batch_end(self, state, logger):
+            time.sleep(seconds)
+
+    return Slow()

@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from .conftest import REPO, write
-from .test_distributed import PLUGIN, RECIPE, _ranks, _same_params
+from .test_distributed import _ranks, _same_params, ddp_recipe  # noqa: F401  (a fixture)
 
 HOSTS = (("dlr-h0-%d" % os.getpid(), "dlr-v0", "192.0.2.1"), ("dlr-h1-%d" % os.getpid(), "dlr-v1", "192.0.2.2"))
 
@@ -48,15 +47,6 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-@pytest.fixture
-def recipe(tmp_path):
-    write(tmp_path / "ddp_plugin.py", PLUGIN)
-    path = write(tmp_path / "ddp.yaml", RECIPE)
-    (tmp_path / "out").mkdir()
-    path.write_text(path.read_text() + f"runs_dir: {tmp_path}/runs\ncallbacks: {{record_ranks: {{folder: {tmp_path}/out}}}}\n")
-    return path
-
-
 def _on_host(ns: str, args: list[str], cwd, log) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
     return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "dlrecipes", *args], cwd=cwd, env=env,
@@ -74,9 +64,9 @@ def _launch_both(hosts, recipe, tmp_path, *overrides: str, master: str = "192.0.
 
 
 @pytest.mark.slow
-def test_two_hosts_train_with_no_interface_set(two_hosts, recipe, tmp_path):
+def test_two_hosts_train_with_no_interface_set(two_hosts, ddp_recipe, tmp_path):
     start = time.time()
-    procs = _launch_both(two_hosts, recipe, tmp_path, "run_name=two", "trainer.max_duration=2ep",
+    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=two", "trainer.max_duration=2ep",
                          "trainer.dist_timeout=20")
     codes = [p.wait(timeout=240) for p in procs]
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
@@ -92,9 +82,9 @@ def test_two_hosts_train_with_no_interface_set(two_hosts, recipe, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_wrong_master_address_is_one_line_on_both_hosts_within_the_timeout(two_hosts, recipe, tmp_path):
+def test_a_wrong_master_address_is_one_line_on_both_hosts_within_the_timeout(two_hosts, ddp_recipe, tmp_path):
     start = time.time()
-    procs = _launch_both(two_hosts, recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=10", master="192.0.2.9")
+    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=10", master="192.0.2.9")
     codes = [p.wait(timeout=120) for p in procs]
     took = time.time() - start
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
@@ -116,9 +106,9 @@ def _kill_host(ns: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_lost_host_is_one_line_and_resume_finishes_each_epoch_once(two_hosts, recipe, tmp_path):
+def test_a_lost_host_is_one_line_and_resume_finishes_each_epoch_once(two_hosts, ddp_recipe, tmp_path):
     args = ("run_name=lost", "trainer.max_duration=30ep", "trainer.dist_timeout=20", "dataset.samples=256")
-    procs = _launch_both(two_hosts, recipe, tmp_path, *args)
+    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, *args)
     history = tmp_path / "runs" / "lost" / "history.csv"
     deadline = time.time() + 120
     while not (history.is_file() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
@@ -134,7 +124,7 @@ def test_a_lost_host_is_one_line_and_resume_finishes_each_epoch_once(two_hosts, 
     assert "lost" in errors[0] and "--resume" in errors[0], errors[0]
     summary = __import__("json").loads((tmp_path / "runs" / "lost" / "summary.json").read_text())
     assert summary["status"] == "stopped"  # interrupted, resumable
-    procs = _launch_both(two_hosts, recipe, tmp_path, *args, "--resume")
+    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, *args, "--resume")
     assert [p.wait(timeout=240) for p in procs] == [0, 0], (tmp_path / "host0.log").read_text()[-3000:]
     with open(history) as f:
         epochs = [int(r["epoch"]) for r in __import__("csv").DictReader(f)]

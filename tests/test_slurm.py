@@ -19,24 +19,6 @@ import pytest
 from .conftest import REPO, TINY_RECIPE, write
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
-SLOW_PLUGIN = '''
-import time
-from dlrecipes.registry import callbacks
-
-
-@callbacks.register("slow_batches")
-def slow_batches(seconds: float = 0.05):
-    """Test helper: every batch takes at least this long, so a run lasts a known time."""
-    from composer.core import Callback
-
-    class Slow(Callback):
-        def batch_end(self, state, logger):
-            time.sleep(seconds)
-
-    return Slow()
-'''
-
-
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -144,9 +126,8 @@ def _job(env: dict, job: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_time_limit_requeues_the_job_which_finishes_the_run(slurm, tmp_path):
-    write(tmp_path / "slow_plugin.py", SLOW_PLUGIN)
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
-    recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\nimports: [./slow_plugin.py]\n"
+    recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\nimports: [{REPO / 'tests' / 'fault_injection.py'}]\n"
                       "callbacks: {slow_batches: {seconds: 0.05}}\n")
     out = tmp_path / "slurm-%j.out"
     # about 55 s of training (250 epochs of 3 batches of at least 50 ms, and an evaluation each): SLURM signals

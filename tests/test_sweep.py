@@ -113,29 +113,10 @@ def test_random_search_of_three_trials(tiny_recipe):
     assert len(rows) == 3 and all(1e-3 <= float(r["optimizer.lr"]) <= 1e-1 and r["status"] == "done" for r in rows)
 
 
-SLOW_PLUGIN = """
-import time
-from dlrecipes.registry import callbacks
-
-
-@callbacks.register("slow_batches")
-def slow_batches(seconds: float = 0.05):
-    \"\"\"Test helper: every batch takes at least this long, so a Ctrl-C lands inside a run.\"\"\"
-    from composer.core import Callback
-
-    class Slow(Callback):
-        def batch_end(self, state, logger):
-            time.sleep(seconds)
-
-    return Slow()
-"""
-
-
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
-    (tiny_recipe.parent / "slow_plugin.py").write_text(SLOW_PLUGIN)
     grid = ["optimizer.lr=0.02,0.05", "trainer.max_duration=6ep", "trainer.deterministic=true",
-            f"imports=[{tiny_recipe.parent / 'slow_plugin.py'}]", "callbacks.slow_batches={seconds: 0.3}"]
+            f"imports=[{REPO / 'tests' / 'fault_injection.py'}]", "callbacks.slow_batches={seconds: 0.3}"]
     whole = run_cli("sweep", str(tiny_recipe), *grid, "--name", "whole", timeout=600)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     folder = tiny_recipe.parent / "runs" / "cut"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,7 @@ from dlrecipes.loggers.run_record import flat_parameters
 
 from . import wandb_log
 from .conftest import run_cli
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .test_distributed import _free_port
 
 
 def _start_server(folder: Path) -> tuple[subprocess.Popen, str]:
