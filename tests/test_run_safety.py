@@ -99,33 +99,43 @@ def test_every_model_changing_algorithm_is_registered():
     assert set(MODEL_CHANGING_ALGORITHMS) <= set(algorithms.names())
 
 
-def test_history_after_a_resume_inside_an_epoch_counts_from_the_resume(tiny_recipe, tmp_path):
-    """The first run stops inside epoch 1 (batch 2 of 3); the resumed one trains batch 3 of it."""
-    train(resolve(tiny_recipe, ["run_name=h", "trainer.max_duration=2ba", "checkpoint.save_interval=1ba"]))
+def _rows(run_dir) -> list[dict]:
+    with open(run_dir / "history.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_history_after_a_resume_inside_an_epoch_covers_the_whole_epoch(tiny_recipe, tmp_path):
+    """The first run stops inside epoch 1 (batch 2 of 3); the resumed one trains batch 3 of it. The row of epoch 1
+    is that of an uninterrupted run: the mean loss of its 3 batches (the checkpoint carries the first two)."""
+    deterministic = ["trainer.deterministic=true", "trainer.max_duration=2ep", "checkpoint.save_interval=1ba"]
+    train(resolve(tiny_recipe, ["run_name=whole", *deterministic]))
     start = time.perf_counter()
-    train(resolve(tiny_recipe, ["run_name=h", "trainer.max_duration=2ep", "checkpoint.save_interval=1ba"]), resume=True)
+    train(resolve(tiny_recipe, ["run_name=h", *deterministic, "trainer.max_duration=2ba"]))
+    train(resolve(tiny_recipe, ["run_name=h", *deterministic]), resume=True)
     wall = time.perf_counter() - start
-    with open(tmp_path / "runs" / "h" / "history.csv") as f:
-        rows = list(csv.DictReader(f))
-    resumed = [r for r in rows if int(r["step"]) == 3]
-    assert len(resumed) == 1
-    # one batch of 64 samples trained in this process: at least 64 / (this whole call's wall time) images/s
-    assert float(resumed[0]["images_per_sec"]) >= 64 / wall
+    whole, resumed = _rows(tmp_path / "runs" / "whole"), _rows(tmp_path / "runs" / "h")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole] == ["3", "6"]
+    for mine, theirs in zip(resumed, whole):
+        assert float(mine["train_loss"]) == pytest.approx(float(theirs["train_loss"]), rel=1e-6)
+        assert float(mine["eval_top1"]) == pytest.approx(float(theirs["eval_top1"]))
+    # the 3 batches of 64 samples, over the training time of both parts: at least 192 / (both calls' wall time)
+    assert float(resumed[0]["images_per_sec"]) >= 192 / wall
 
 
-def test_a_signal_stop_inside_an_epoch_leaves_each_epoch_once_after_the_resume(tiny_recipe, tmp_path):
-    """The stop writes no row for the unfinished epoch: the resume trains it again and writes it once."""
+@pytest.mark.parametrize("batch", [5, 6], ids=["inside-an-epoch", "after-its-last-batch"])
+def test_a_signal_stop_leaves_each_epoch_once_after_the_resume(tiny_recipe, tmp_path, batch):
+    """The stop writes no row for the unfinished epoch: the resume finishes it and writes it once, also when the
+    signal came after the epoch's last batch, before its evaluation (the resume then trains no batch of it)."""
     args = ["run_name=cut", "trainer.max_duration=3ep", "checkpoint.save_interval=1ep"]
     stopped = run_cli("train", str(tiny_recipe), *args, "--plugin", str(REPO / "tests" / "fault_injection.py"),
-                      "callbacks.fault_injection={signal_at_batch: 5}")  # batch 2 of epoch 2 (3 batches an epoch)
+                      f"callbacks.fault_injection={{signal_at_batch: {batch}}}")  # epoch 2 has batches 4-6
     assert stopped.returncode == 75, stopped.stderr[-2000:]
-    history = tmp_path / "runs" / "cut" / "history.csv"
-    with open(history) as f:
-        assert [r["epoch"] for r in csv.DictReader(f)] == ["1"]  # no row for the epoch cut short
+    assert [r["epoch"] for r in _rows(tmp_path / "runs" / "cut")] == ["1"]  # no row for the epoch cut short
     resumed = run_cli("train", str(tiny_recipe), *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    with open(history) as f:
-        assert [r["epoch"] for r in csv.DictReader(f)] == ["1", "2", "3"]
+    rows = _rows(tmp_path / "runs" / "cut")
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    assert all(float(r["train_loss"]) > 0 and float(r["images_per_sec"]) > 0 for r in rows)
 
 
 def test_a_run_that_fails_before_training_leaves_no_run_directory(tiny_recipe, tmp_path):

@@ -52,6 +52,9 @@ class RunHistory(Callback):
         self._output_loss_sums: dict[str, torch.Tensor] = {}  # per output, for multi-output models
         self._loss_batches = 0
         self._sample_start = 0
+        self._step = -1
+        self._samples_in_epoch = 0  # as of the last batch_end (what a checkpoint of it carries)
+        self._resumed_epoch: Optional[dict[str, Any]] = None  # the first part of an epoch a checkpoint cut
         self._train_seconds = 0.0
         self._epoch_start = 0.0
         self._fit_start = time.perf_counter()
@@ -69,10 +72,24 @@ class RunHistory(Callback):
         self._fit_start = time.perf_counter()
         # a resumed run starts inside an epoch without EPOCH_START: its first row counts from here
         self._epoch_start, self._sample_start = self._fit_start, int(state.timestamp.sample)
+        part, self._resumed_epoch = self._resumed_epoch, None
+        if part and part["step"] == int(state.timestamp.batch) and int(state.timestamp.batch_in_epoch) > 0:
+            # resumed inside an epoch: its row covers the whole epoch, the batches before the stop included
+            on_device = lambda value: state.device.tensor_to_device(torch.tensor(value))  # noqa: E731
+            self._loss_sum = on_device(part["loss_sum"]) if part["loss_sum"] is not None else None
+            self._loss_batches = part["loss_batches"]
+            self._output_loss_sums = {k: on_device(v) for k, v in part["output_loss_sums"].items()}
+            self._epoch_start -= part["seconds"]
+            self._sample_start -= part["samples"]
         if self.path.exists() and int(state.timestamp.batch) > 0:  # resumed: keep the rows already written
             with open(self.path) as f:
-                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= int(state.timestamp.batch)]
-            if self.rows:
+                # rows up to the start of the epoch it resumes in (a run that ended inside this epoch wrote a row
+                # for its part of it: the finished epoch's row replaces it)
+                epoch_began = int(state.timestamp.batch) - int(state.timestamp.batch_in_epoch)
+                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= epoch_began]
+            if part and part["step"] == int(state.timestamp.batch):
+                self._elapsed_before = part["elapsed"]  # the run's time up to its checkpoint
+            elif self.rows:
                 self._elapsed_before = float(self.rows[-1]["elapsed_sec"])
 
     def epoch_start(self, state: State, logger: Logger) -> None:
@@ -94,6 +111,24 @@ class RunHistory(Callback):
             loss = loss.detach().float()
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_batches += 1
+        self._step = int(state.timestamp.batch)
+        self._samples_in_epoch = int(state.timestamp.sample) - self._sample_start
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch so far, for a checkpoint written inside it (a signal's, or one every N batches): the resumed
+        run's row for that epoch then has the mean loss and the rate of all its batches, not only the last ones."""
+        return {
+            "step": self._step,
+            "loss_sum": None if self._loss_sum is None else float(self._loss_sum.sum()),
+            "loss_batches": self._loss_batches,
+            "output_loss_sums": {k: float(v.sum()) for k, v in self._output_loss_sums.items()},
+            "seconds": time.perf_counter() - self._epoch_start,
+            "samples": self._samples_in_epoch,
+            "elapsed": self._elapsed_before + time.perf_counter() - self._fit_start,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed_epoch = dict(state) if state.get("loss_batches") else None  # used by fit_start
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         self._train_seconds = time.perf_counter() - self._epoch_start
@@ -126,7 +161,7 @@ class RunHistory(Callback):
             "eval_loss": float(metrics.get("loss", math.nan)),
             "eval_top1": float(metrics.get("top1", math.nan)),
             "eval_top5": float(metrics.get("top5", math.nan)),
-            "images_per_sec": samples / self._train_seconds if self._train_seconds else math.nan,
+            "images_per_sec": samples / self._train_seconds if samples and self._train_seconds else math.nan,
             "elapsed_sec": self._elapsed_before + time.perf_counter() - self._fit_start,
         }
         for name, total in self._output_loss_sums.items():
