@@ -9,6 +9,7 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -131,11 +132,19 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins = list(plugins)
     runs_dir = None
-    for point in plan.points:  # every point is checked before the first one trains
+    if plan.search == "optuna":  # its points come one by one: the ends of each range are checked instead
+        base = resolve(recipe, plan.fixed, plugins)
+        plan.monitor, plan.mode = base.checkpoint.monitor or "top1", base.checkpoint.mode
+        trial = json.dumps({"storage": "optuna.journal", "study": plan.name, "trial": 0, "monitor": plan.monitor})
+        checked = [(tool.point_name(values), [*tool.overrides_of(values), f"callbacks.optuna_trial={trial}"])
+                   for values in tool.probe_points(plan)]
+    else:  # every point is checked before the first one trains
+        checked = [(point.name, point.overrides) for point in plan.points]
+    for point_name, overrides in checked:
         try:
-            config = resolve(recipe, [*plan.fixed, *point.overrides, f"run_name={point.name}"], plugins)
+            config = resolve(recipe, [*plan.fixed, *overrides, f"run_name={point_name}"], plugins)
         except UserError as exc:
-            exc.args = (f"sweep point {point.name}: {exc}",)
+            exc.args = (f"sweep point {point_name}: {exc}",)
             raise
         runs_dir = runs_dir or Path(config.runs_dir)
     tool.prepare_folder(plan, runs_dir or Path("runs"))

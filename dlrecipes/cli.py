@@ -169,9 +169,10 @@ def sweep(
     seeds: int = typer.Option(0, "--seeds", help="train each grid point with N seeds (trainer.seed 1..N)"),
     parallel: int = typer.Option(1, "--parallel", help="trainings at once (CPU threads split; one GPU each)"),
     name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"),
-    trials: Optional[int] = typer.Option(None, "--trials", help="with --search random: how many points to sample"),
-    search: Optional[str] = typer.Option(None, "--search", help="random: sample key=loguniform(a,b), uniform(a,b), "
-                                                                 "randint(a,b) or choice(a,b,...)"),
+    trials: Optional[int] = typer.Option(None, "--trials", help="with --search: how many points to train"),
+    search: Optional[str] = typer.Option(None, "--search", help="random or optuna: sample key=loguniform(a,b), "
+                                         "uniform(a,b), randint(a,b) or choice(a,b,...); optuna: TPE sampling and "
+                                         "median pruning on the monitored metric (the optuna extra)"),
 ) -> None:
     """Train a grid of overrides (key=a,b,c), resumably, and print a table of the results."""
     from dlrecipes import api

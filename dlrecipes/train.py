@@ -21,6 +21,7 @@ from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
+from dlrecipes.records.history import RunHistory
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
     choose_run_name, has_checkpoint, make_run_dir, prepare_run_dir, set_aside_failed_run,
@@ -34,6 +35,8 @@ class TrainResult:
     batches: int
     eval_metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    status: str = "finished"  # or "pruned" (a sweep's search stopped it early, see callbacks.optuna_trial)
+    reason: str = ""
 
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
@@ -186,19 +189,20 @@ def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resum
         _report_skipped_images(trainer)
     state = trainer.state
     metrics: dict[str, Any] = {k: float(v) for k, v in state.eval_metric_values.items()}
+    history = next((c for c in state.callbacks if isinstance(c, RunHistory)), None)
     return TrainResult(
         run_dir=run_dir,
         epochs=int(state.timestamp.epoch),
         batches=int(state.timestamp.batch),
         eval_metrics=metrics,
         seconds=time.perf_counter() - start,
+        status=history.status if history is not None else "finished",
+        reason=history.reason if history is not None else "",
     )
 
 
 def _record_outcome(trainer, status: str, exc: BaseException) -> None:
     """Tell the run's history how the run ended (summary.json's status and reason, written at close)."""
-    from dlrecipes.records.history import RunHistory
-
     for callback in trainer.state.callbacks:
         if isinstance(callback, RunHistory):
             callback.status = status

@@ -44,7 +44,12 @@ def test_the_grid_is_the_product_times_the_seeds_with_names_from_the_values(tmp_
     (["trainer.seed=1,2"], {"seeds": 2}, "trainer.seed is swept already"),
     (["optimizer.lr=gauss(1,2)"], {"trials": 2, "search": "random"}, "loguniform(a,b)"),
     (["optimizer.lr=loguniform(0,1)"], {"trials": 2, "search": "random"}, "needs 0 < low < high"),
-    (["optimizer.lr=0.1,0.2"], {"trials": 2}, "--trials: only with --search random"),
+    (["optimizer.lr=0.1,0.2"], {"trials": 2}, "--trials: only with --search random or --search optuna"),
+    (["optimizer.lr=0.1,0.2"], {"trials": 2, "search": "grid"}, "--search: expected random or optuna, got 'grid'"),
+    (["optimizer.lr=loguniform(1e-3,1e-1)"], {"search": "optuna"}, "--search optuna needs --trials N"),
+    (["optimizer.lr=loguniform(1e-3,1e-1)"], {"trials": 2, "search": "optuna", "seeds": 2},
+     "an Optuna search trains each trial once"),
+    (["model.layers=[1,2],[3]"], {"trials": 2, "search": "optuna"}, "choices are numbers, strings or booleans"),
 ])
 def test_sweep_mistakes_name_the_key(tmp_path, args, kwargs, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -136,3 +141,69 @@ def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
     columns = ("optimizer.lr", "best", "final", "status")
     assert [{c: r[c] for c in columns} for r in _table(folder)] == \
         [{c: r[c] for c in columns} for r in _table(tiny_recipe.parent / "runs" / "whole")]
+
+
+def test_an_optuna_search_without_optuna_says_how_to_install_it(tmp_path, monkeypatch):
+    from dlrecipes.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed
+    with pytest.raises(UserError, match=r"pip install 'dlrecipes\[optuna\]'"):
+        plan_sweep(tmp_path / "r.yaml", ["optimizer.lr=loguniform(1e-3,1e-1)"], trials=2, search="optuna")
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_below_the_median_of_finished_ones_is_pruned(tiny_recipe, tmp_path):
+    """A finished trial reported 1.0 at every evaluation; one training at a learning rate too small to learn
+    reports its top1 (about 0.1), is spared at its first evaluation (warm-up) and pruned at its second."""
+    import optuna
+
+    from dlrecipes.callbacks.optuna_trial import journal_storage
+
+    journal = tmp_path / "study.journal"
+    study = optuna.create_study(study_name="s", storage=journal_storage(str(journal)), direction="maximize")
+    lr = {"optimizer.lr": optuna.distributions.FloatDistribution(1e-6, 1.0, log=True)}
+    study.add_trial(optuna.trial.create_trial(params={"optimizer.lr": 0.05}, distributions=lr, value=1.0,
+                                              intermediate_values={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}))
+    trial = study.ask(lr)
+    callback = json.dumps({"storage": str(journal), "study": "s", "trial": trial.number, "startup_trials": 1})
+    result = run_cli("train", str(tiny_recipe), "run_name=low", "trainer.max_duration=4ep", "optimizer.lr=1e-6",
+                     f"callbacks.optuna_trial={callback}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pruned: 2 epochs" in result.stderr and "pruned by the Optuna study 's' after evaluation 2" in result.stderr
+    run = tmp_path / "runs" / "low"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "pruned" and summary["epochs"] == 2
+    with open(run / "history.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    reported = optuna.load_study(study_name="s", storage=journal_storage(str(journal))).trials[trial.number]
+    assert sorted(reported.intermediate_values) == [0, 1] and [r["epoch"] for r in rows] == ["1", "2"]
+    assert reported.intermediate_values[1] == pytest.approx(float(rows[1]["eval_top1"]))
+    assert "pruned" in run_cli("runs", str(tmp_path / "runs")).stdout
+
+
+@pytest.mark.slow
+def test_an_optuna_search_of_three_trials_then_repeated_is_skipped(tiny_recipe):
+    import optuna
+
+    from dlrecipes.callbacks.optuna_trial import journal_storage
+
+    search = ["optimizer.lr=loguniform(1e-3,0.3)", "model.width=choice(4,8)", "--trials", "3", "--search", "optuna",
+              "--name", "tpe"]
+    result = run_cli("sweep", str(tiny_recipe), *search, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tiny_recipe.parent / "runs" / "tpe"
+    rows = _table(folder)
+    assert [r["trial"] for r in rows] == ["0", "1", "2"] and all(r["status"] in ("done", "pruned") for r in rows)
+    study = optuna.load_study(study_name="tpe", storage=journal_storage(str(folder / "optuna.journal")))
+    for row, trial in zip(rows, study.trials):
+        run = folder / f"trial={trial.number},lr={trial.params['optimizer.lr']:.4g},width={trial.params['model.width']}"
+        recipe = __import__("yaml").safe_load((run / "recipe.yaml").read_text())
+        assert recipe["optimizer"]["lr"] == trial.params["optimizer.lr"] and 1e-3 <= trial.params["optimizer.lr"] <= 0.3
+        assert recipe["model"]["width"] == trial.params["model.width"] == int(row["model.width"])
+        assert trial.state.name == {"done": "COMPLETE", "pruned": "PRUNED"}[row["status"]]
+        if row["status"] == "done":  # the trial's value: the run's best monitored top1
+            assert trial.value == pytest.approx(float(row["best"]))
+    assert "| trial | optimizer.lr | model.width | best top1 |" in (folder / "summary.md").read_text()
+    again = run_cli("sweep", str(tiny_recipe), *search)
+    assert again.returncode == 0 and again.stdout.count("skip   trial=") == 3 and "[1/" not in again.stdout
+    assert _table(folder) == rows

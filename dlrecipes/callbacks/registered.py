@@ -111,6 +111,19 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
     return BestCheckpoint(f"{run_dir}/checkpoints", monitor=monitor, mode=mode)
 
 
+@callbacks.register("optuna_trial")
+def optuna_trial(storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
+                 warmup_evaluations: int = 1):
+    """Report the eval metric to an Optuna trial after each evaluation and stop when the median pruner prunes
+    it (added by `dlrecipes sweep --search optuna`; needs the optuna extra)."""
+    from dlrecipes.callbacks.optuna_trial import OptunaTrial, import_optuna
+
+    if startup_trials < 0 or warmup_evaluations < 0:
+        raise RecipeError("callbacks.optuna_trial: startup_trials and warmup_evaluations are 0 or more")
+    import_optuna()  # a missing extra is one line at build time, not a failure after the first epoch
+    return OptunaTrial(storage, study, trial, monitor, startup_trials, warmup_evaluations)
+
+
 @callbacks.register("export", validator=check_export)
 def export(
     run_dir,

@@ -13,7 +13,7 @@ from composer.loggers import TensorboardLogger as ComposerTensorboardLogger
 from dlrecipes.loggers.read_back import ReadsAtInterval
 from dlrecipes.loggers.run_record import RecordsTheRun
 
-MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "KILLED", "diverged": "FAILED", "failed": "FAILED"}
+MLFLOW_STATUS = {"finished": "FINISHED", "pruned": "FINISHED", "stopped": "KILLED", "diverged": "FAILED", "failed": "FAILED"}
 
 
 class TensorboardLogger(ReadsAtInterval, RecordsTheRun, ComposerTensorboardLogger):

@@ -20,7 +20,7 @@ from composer.loggers import WandBLogger as ComposerWandBLogger
 from dlrecipes.loggers.read_back import ReadsAtInterval
 from dlrecipes.loggers.run_record import RecordsTheRun
 
-EXIT_CODES = {"finished": 0, "stopped": 75, "diverged": 3, "failed": 1}  # as `dlrecipes train` exits
+EXIT_CODES = {"finished": 0, "pruned": 0, "stopped": 75, "diverged": 3, "failed": 1}  # as `dlrecipes train` exits
 
 
 class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):

@@ -63,7 +63,7 @@ FAILED = ("failed", "diverged")  # summary.json statuses of a run that cannot be
 
 
 def run_status(run_dir: Path) -> str | None:
-    """``status`` from a run's summary.json (finished, stopped, diverged, failed), or None."""
+    """``status`` from a run's summary.json (finished, pruned, stopped, diverged, failed), or None."""
     import json
 
     try:

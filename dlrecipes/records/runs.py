@@ -1,7 +1,7 @@
 """Past runs: one row per run directory under a runs folder (``dlrecipes runs``), newest first.
 
 Everything comes from files a run writes whole (each by a rename): ``recipe.yaml`` at the start,
-``history.csv`` per epoch, ``summary.json`` at the end (its status: finished, stopped, diverged,
+``history.csv`` per epoch, ``summary.json`` at the end (its status: finished, pruned, stopped, diverged,
 failed), ``checkpoints/`` and ``run.lock`` (who trains in it now).  A run whose lock names a live
 process is running; one with no summary and no live holder was killed (resumable when it has a
 checkpoint).

@@ -150,7 +150,9 @@ def trained(result: Any, width: Optional[int] = None) -> str:
     """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory; one part
     per line when wider than ``width`` (a terminal's)."""
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
-    parts = [f"done: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
+    ended = "done" if getattr(result, "status", "finished") == "finished" else result.status  # pruned
+    parts = [f"{ended}: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
+             *([result.reason] if getattr(result, "reason", "") and ended != "done" else []),
              f"eval {metrics}", f"run directory {result.run_dir}"]
     line = "; ".join(parts)
     return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line

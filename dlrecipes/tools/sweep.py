@@ -40,6 +40,8 @@ from dlrecipes.errors import RecipeError, UserError
 SWEEP_FILE = "sweep.yaml"
 LOG_DIR = "logs"
 DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
+SEARCHES = ("random", "optuna")
+OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Point:
     name: str
     values: dict[str, Any]  # swept key -> value (the seed included, as trainer.seed)
     overrides: list[str]  # what the point's train command adds to the fixed overrides
+    trial: Optional[int] = None  # its Optuna trial's number (--search optuna)
 
 
 @dataclass
@@ -61,11 +64,15 @@ class SweepPlan:
     trials: Optional[int] = None
     folder: Optional[Path] = None  # runs_dir/<name>, set once the recipe's runs_dir is known
     plugins: list[str] = field(default_factory=list)
+    seed: int = 0  # the random search's (and Optuna's sampler's)
+    monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
+    mode: str = "max"
 
     def record(self) -> dict[str, Any]:
         return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
                 "seeds": self.seeds, "search": self.search, "trials": self.trials,
-                "points": [{"name": p.name, "values": p.values, "overrides": p.overrides} for p in self.points]}
+                "points": [{"name": p.name, "values": p.values, "overrides": p.overrides,
+                            **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]}
 
 
 def split_values(raw: str) -> list[str]:
@@ -140,10 +147,58 @@ def _sample(key: str, spec: str, rng: random.Random) -> Any:
     return rng.randint(int(low), int(high))
 
 
-def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, name: Optional[str] = None,
-               trials: Optional[int] = None, search: Optional[str] = None, seed: int = 0) -> SweepPlan:
-    """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times
-    ``seeds`` seeds."""
+def _bounds(key: str, spec: str) -> tuple[str, list[str]]:
+    """A range's kind and its arguments (checked as the random search checks them)."""
+    _sample(key, spec, random.Random(0))
+    match = DISTRIBUTION.match(spec.replace(" ", ""))
+    assert match is not None
+    return match.group(1), split_values(match.group(2))
+
+
+def _distribution(key: str, values: list[Any]) -> Any:
+    """The Optuna distribution of a swept key: its range, or a choice among its listed values."""
+    from dlrecipes.callbacks.optuna_trial import import_optuna
+
+    distributions = import_optuna().distributions
+    if len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", "")):
+        kind, args = _bounds(key, values[0])
+        if kind == "choice":
+            values = [_value(a, key) for a in args]
+        elif kind == "randint":
+            return distributions.IntDistribution(int(float(args[0])), int(float(args[1])))
+        else:
+            return distributions.FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
+    if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
+        raise RecipeError(f"{key}: with --search optuna, choices are numbers, strings or booleans, got {values}")
+    return distributions.CategoricalDistribution(values)
+
+
+def probe_points(plan: SweepPlan) -> list[dict[str, Any]]:
+    """What a search can pick, to validate before the first run: each range's low end, then its high end, and
+    every listed choice (at least two points)."""
+    options: dict[str, list[Any]] = {}
+    for key, values in plan.swept.items():
+        if len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", "")):
+            kind, args = _bounds(key, values[0])
+            if kind == "randint":
+                options[key] = [int(float(a)) for a in args]
+            elif kind == "choice":
+                options[key] = [_value(a, key) for a in args]
+            else:
+                options[key] = [float(a) for a in args]
+        else:
+            options[key] = list(values)
+    count = max(2, *(len(v) for v in options.values()))
+    return [{k: v[i % len(v)] for k, v in options.items()} for i in range(count)]
+
+
+def overrides_of(values: dict[str, Any]) -> list[str]:
+    """``key=value`` for each swept value (JSON for anything but a plain string)."""
+    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
+
+
+def _split_assignments(assignments: Sequence[str], search: Optional[str]) -> tuple[list[str], dict[str, list[Any]]]:
+    """The fixed overrides, and each swept key's values (or, for a search, its range)."""
     fixed, swept = [], {}
     for item in assignments:
         if "=" not in item or item.startswith("~"):
@@ -160,17 +215,34 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
             swept[key] = [_value(p, key) for p in parts]
         else:
             fixed.append(item)
+    return fixed, swept
+
+
+def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, name: Optional[str] = None,
+               trials: Optional[int] = None, search: Optional[str] = None, seed: int = 0) -> SweepPlan:
+    """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times
+    ``seeds`` seeds; an Optuna search's points come later, one trial at a time."""
+    fixed, swept = _split_assignments(assignments, search)
     if seeds < 0:
         raise RecipeError(f"--seeds: must be 0 or more, got {seeds}")
     if "trainer.seed" in swept and seeds:
         raise RecipeError("--seeds: trainer.seed is swept already; drop one of them")
     if search is not None:
-        if search != "random":
-            raise RecipeError(f"--search: expected random, got '{search}'")
+        if search not in SEARCHES:
+            raise RecipeError(f"--search: expected random or optuna, got '{search}'")
         if not trials or trials < 1:
-            raise RecipeError("--trials: a random search needs --trials N (at least 1)")
+            raise RecipeError(f"--trials: --search {search} needs --trials N (at least 1)")
         if not swept:
             raise RecipeError("nothing to search: give a key a range, e.g. optimizer.lr=loguniform(1e-4,1e-1)")
+    if search == "optuna":
+        if seeds:
+            raise RecipeError("--seeds: an Optuna search trains each trial once; search trainer.seed=choice(1,2,3) "
+                              "or drop --seeds")
+        for key, values in swept.items():
+            _distribution(key, values)  # every range one Optuna can sample
+        return SweepPlan(Path(recipe), name or f"{Path(recipe).stem}-sweep", fixed, swept, 0, [], search, trials,
+                         seed=seed)
+    if search is not None:
         rng = random.Random(seed)
         combos = []
         for _ in range(trials):
@@ -179,7 +251,7 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
                            for k, v in swept.items()})
     else:
         if trials is not None:
-            raise RecipeError("--trials: only with --search random")
+            raise RecipeError("--trials: only with --search random or --search optuna")
         if not swept and not seeds:
             raise RecipeError("nothing to sweep: give a key with several values (key=a,b) or --seeds N")
         combos = [dict(zip(swept, values)) for values in itertools.product(*swept.values())]
@@ -187,14 +259,13 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
     for combo in combos:
         for s in (range(1, seeds + 1) if seeds else [None]):
             values = {**combo, **({"trainer.seed": s} if s is not None else {})}
-            overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
-            points.append(Point(point_name(values), values, overrides))
+            points.append(Point(point_name(values), values, overrides_of(values)))
     names = [p.name for p in points]
     if len(set(names)) != len(names):
         duplicate = next(n for n in names if names.count(n) > 1)
         raise RecipeError(f"two points of the sweep get the same name '{duplicate}': give distinct values")
     recipe = Path(recipe)
-    return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials)
+    return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials, seed=seed)
 
 
 def _swept_keys(plan: SweepPlan) -> list[str]:
@@ -225,7 +296,7 @@ def point_state(run_dir: Path) -> str:
     if not (run_dir / "recipe.yaml").is_file():
         return "run"
     status = describe_run(run_dir)["status"]
-    if status == "done":
+    if status in ("done", "pruned"):  # pruned: an Optuna search stopped it on purpose
         return "skip"
     if status.endswith("(resumable)"):
         return "resume"
@@ -271,7 +342,7 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
     assert plan.folder is not None
     logs = plan.folder / LOG_DIR
     logs.mkdir(exist_ok=True)
-    todo = _todo(plan, echo)
+    source: _Grid | _Search = _Search(plan, echo) if plan.search == "optuna" else _Grid(plan, echo)
     stop = {"signal": 0, "count": 0}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -281,14 +352,16 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
         if _main_thread() else {}
     running: list[_Slot] = []
     durations: list[float] = []
-    done, total = len(plan.points) - len(todo), len(plan.points)
     forwarded = 0
     try:
-        queue = list(todo)
-        while queue or running:
-            while queue and len(running) < parallel and not stop["signal"]:
-                point, action = queue.pop(0)
-                running.append(_start(plan, point, action, len(running), parallel, logs))
+        while True:
+            while len(running) < parallel and not stop["signal"]:
+                task = source.next()
+                if task is None:
+                    break
+                running.append(_start(plan, task[0], task[1], len(running), parallel, logs))
+            if not running:
+                break
             if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
                 forwarded = stop["count"]
                 for slot in running:
@@ -300,13 +373,10 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
                 slot.log.close()
                 seconds = time.perf_counter() - slot.started
                 durations.append(seconds)
-                done += 1
-                echo(_finished_line(plan, slot, seconds, done, total, durations, len(queue) + len(running),
-                                    parallel))
+                source.finished(slot)
+                echo(_finished_line(plan, slot, seconds, source, durations, len(running), parallel))
                 if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
                     stop["signal"], stop["count"] = signal.SIGTERM, forwarded
-            if stop["signal"] and not running:
-                break
         code = 75 if stop["signal"] else 0
         if code:
             echo(f"sweep stopped by {signal.Signals(stop['signal']).name}: run the same command again to continue")
@@ -318,22 +388,145 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
                 slot.process.send_signal(signal.SIGINT)
             slot.process.wait()
             slot.log.close()
+    if plan.search == "optuna":  # sweep.yaml lists the trials run so far
+        (plan.folder / SWEEP_FILE).write_text(yaml.safe_dump(plan.record(), sort_keys=False))
     rows = summarize(plan)
     write_summary(plan, rows)
     return rows, code
 
 
-def _todo(plan: SweepPlan, echo: Callable[[str], None]) -> list[tuple[Point, str]]:
-    """The points left to train, each with its action (run or resume); finished ones are named and skipped."""
-    assert plan.folder is not None
-    todo = []
-    for point in plan.points:
-        action = point_state(plan.folder / point.name)
-        if action == "skip":
-            echo(f"skip   {point.name} (finished)")
+class _Grid:
+    """The points of a grid or a random search, known up front: those not finished yet, in order."""
+
+    def __init__(self, plan: SweepPlan, echo: Callable[[str], None]):
+        assert plan.folder is not None
+        self.todo = []
+        for point in plan.points:
+            action = point_state(plan.folder / point.name)
+            if action == "skip":
+                echo(f"skip   {point.name} (finished)")
+            else:
+                self.todo.append((point, action))
+        self.done, self.total = len(plan.points) - len(self.todo), len(plan.points)
+
+    def next(self) -> Optional[tuple[Point, str]]:
+        return self.todo.pop(0) if self.todo else None
+
+    def finished(self, slot: _Slot) -> None:
+        self.done += 1
+
+    def left(self) -> int:
+        return len(self.todo)
+
+
+class _Search:
+    """An Optuna study in the sweep's folder (``optuna.journal``): each trial is one run that reports its
+    monitored metric at every evaluation (``callbacks.optuna_trial``); Optuna's TPE sampler picks the next
+    trial's values, its median pruner stops a trial below the median of earlier ones at the same evaluation
+    (never at its first evaluation, and only once a few trials have finished).  A trial's result is its best
+    monitored value.  Trials left running by an interrupted sweep are resumed first; failed ones do not count
+    towards ``--trials``."""
+
+    def __init__(self, plan: SweepPlan, echo: Callable[[str], None]):
+        from dlrecipes.callbacks.optuna_trial import import_optuna, journal_storage
+
+        assert plan.folder is not None and plan.trials
+        self.optuna, self.plan = import_optuna(), plan
+        self.storage_path = plan.folder / OPTUNA_FILE
+        storage = journal_storage(str(self.storage_path))
+        earlier = _trial_count(storage, plan.name)
+        self.study = self.optuna.create_study(
+            study_name=plan.name, storage=storage, load_if_exists=True,
+            direction="maximize" if plan.mode == "max" else "minimize",
+            # a seed of its own per call: a resumed sweep does not draw its first trials' values again
+            sampler=self.optuna.samplers.TPESampler(seed=plan.seed + earlier))
+        self.distributions = {key: _distribution(key, values) for key, values in plan.swept.items()}
+        self.pending: list[tuple[Point, str]] = []
+        self.asked = self.running = 0
+        states = self.optuna.trial.TrialState
+        plan.points = []
+        for trial in self.study.get_trials(deepcopy=False):
+            point = self._point(trial.number, trial.params)
+            plan.points.append(point)
+            if trial.state == states.RUNNING:
+                action = point_state(plan.folder / point.name)
+                if action == "skip":  # its run ended after the sweep that started it had gone
+                    self._tell(point)
+                else:
+                    self.pending.append((point, action))
+            elif trial.state in (states.COMPLETE, states.PRUNED):
+                echo(f"skip   {point.name} ({trial.state.name.lower()})")
+
+    @property
+    def done(self) -> int:
+        """Trials that count towards --trials: complete and pruned ones."""
+        states = self.optuna.trial.TrialState
+        return len(self.study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED)))
+
+    @property
+    def total(self) -> int:
+        return int(self.plan.trials or 0)
+
+    def _point(self, number: int, params: dict[str, Any]) -> Point:
+        values = {key: params[key] for key in self.plan.swept if key in params}
+        # the runs prune (callbacks.optuna_trial): not before a quarter of the trials (at most 5) have finished
+        trial = {"storage": str(self.storage_path), "study": self.plan.name, "trial": number,
+                 "monitor": self.plan.monitor, "startup_trials": min(5, max(1, self.total // 4)),
+                 "warmup_evaluations": 1}
+        return Point(f"trial={number},{point_name(values)}", values,
+                     [*overrides_of(values), f"callbacks.optuna_trial={json.dumps(trial)}"], trial=number)
+
+    def next(self) -> Optional[tuple[Point, str]]:
+        if self.pending:
+            self.running += 1
+            return self.pending.pop(0)
+        if self.done + self.running >= self.total or self.asked >= self.total:
+            return None
+        trial = self.study.ask(self.distributions)
+        self.asked += 1
+        self.running += 1
+        point = self._point(trial.number, trial.params)
+        self.plan.points.append(point)
+        return point, "run"
+
+    def finished(self, slot: _Slot) -> None:
+        self.running -= 1
+        self._tell(slot.point)
+
+    def _tell(self, point: Point) -> None:
+        """The trial's outcome from its run: its best monitored value, pruned, or failed; a stopped or killed
+        run's trial stays running (the next call resumes it)."""
+        from dlrecipes.records.runs import describe_run
+
+        assert self.plan.folder is not None and point.trial is not None
+        run_dir = self.plan.folder / point.name
+        status = describe_run(run_dir)["status"] if (run_dir / "recipe.yaml").is_file() else "failed"
+        if status.startswith(("stopped", "killed", "running")):
+            return
+        states = self.optuna.trial.TrialState
+        best = _best(_history(run_dir), self.plan.monitor, self.plan.mode)
+        if status == "pruned":
+            self.study.tell(point.trial, state=states.PRUNED)
+        elif status == "done" and best is not None:
+            self.study.tell(point.trial, best)
         else:
-            todo.append((point, action))
-    return todo
+            self.study.tell(point.trial, state=states.FAIL)
+
+    def left(self) -> int:
+        return len(self.pending) + max(0, min(self.total - self.done, self.total - self.asked) - self.running)
+
+
+def _trial_count(storage: Any, study: str) -> int:
+    try:
+        study_id = storage.get_study_id_from_name(study)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def _best(history: list[dict[str, str]], monitor: str, mode: str) -> Optional[float]:
+    values = [v for v in (_number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
+    return (max(values) if mode == "max" else min(values)) if values else None
 
 
 def _main_thread() -> bool:
@@ -356,17 +549,18 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     return _Slot(point, process, time.perf_counter(), log)
 
 
-def _finished_line(plan: SweepPlan, slot: _Slot, seconds: float, done: int, total: int, durations: list[float],
-                   left: int, parallel: int) -> str:
+def _finished_line(plan: SweepPlan, slot: _Slot, seconds: float, source: Any, durations: list[float],
+                   running: int, parallel: int) -> str:
     from dlrecipes.records.runs import describe_run
 
     assert plan.folder is not None
     row = describe_run(plan.folder / slot.point.name) if (plan.folder / slot.point.name).is_dir() else {}
     status = row.get("status", "failed") if slot.process.returncode in (0, 75) else \
         {3: "diverged", 2: "refused"}.get(slot.process.returncode, "failed")
+    left = source.left() + running
     eta = statistics.mean(durations) * left / parallel if left else 0.0
     eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if left else ""
-    return (f"[{done}/{total}] {slot.point.name}  {status}  {row.get('best', '-')}  {seconds:.0f}s"
+    return (f"[{source.done}/{source.total}] {slot.point.name}  {status}  {row.get('best', '-')}  {seconds:.0f}s"
             f"{eta_text}  (log: {plan.folder / LOG_DIR / (slot.point.name + '.log')})")
 
 
@@ -402,15 +596,16 @@ def summarize(plan: SweepPlan) -> list[dict[str, Any]]:
     and peak memory (mean ± std over the seeds, with their count), and the runs' statuses."""
     keys = _swept_keys(plan)
     groups: dict[tuple, list[dict[str, Any]]] = {}
-    for point in plan.points:
-        group = tuple(_text(point.values[k]) for k in keys)
+    for point in plan.points:  # an Optuna search's trials each have a row (two may pick the same values)
+        group = tuple(_text(point.values[k]) for k in keys) + ((point.trial,) if point.trial is not None else ())
         groups.setdefault(group, []).append(_point_row(plan, point))
     rows = []
     for group, runs in groups.items():
-        row: dict[str, Any] = dict(zip(keys, group))
+        row: dict[str, Any] = {"trial": group[-1]} if plan.search == "optuna" else {}
+        row.update(zip(keys, group))
         for metric in ("best", "final", "wall_time_sec", "images_per_sec", "peak_memory_mb"):
             values = [r[metric] for r in runs if isinstance(r.get(metric), (int, float))
-                      and r["status"] == "done"]
+                      and r["status"] in ("done", "pruned")]
             row[metric] = statistics.mean(values) if values else None
             row[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
         row["monitor"] = next((r["monitor"] for r in runs if r.get("monitor")), None)
@@ -430,7 +625,7 @@ def _cell(row: dict[str, Any], metric: str, digits: str) -> str:
 
 
 def table_rows(plan: SweepPlan, rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    keys = _swept_keys(plan)
+    keys = (["trial"] if plan.search == "optuna" else []) + _swept_keys(plan)
     monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
     header = [*keys, f"best {monitor}", f"final {monitor}", "wall s", "img/s", "peak MiB",
               *(["runs"] if plan.seeds else []), "status"]
@@ -492,6 +687,8 @@ def _lines(ax: Any, keys: list[str], rows: list[dict[str, Any]], monitor: str) -
         if r["best"] is not None:
             lines.setdefault(tuple(r[k] for k in others), []).append((r[x_key], r["best"]))
     numeric = all(_number(x) is not None for pts in lines.values() for x, _ in pts)
+    if numeric:  # a search's points come in the order they were drawn
+        lines = {other: sorted(pts, key=lambda p: _number(p[0]) or 0.0) for other, pts in lines.items()}
     for other, pts in lines.items():
         label = ", ".join(f"{k}={v}" for k, v in zip(others, other)) or None
         xs = [_number(x) if numeric else x for x, _ in pts]
