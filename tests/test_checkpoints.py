@@ -153,3 +153,24 @@ def test_a_truncated_load_path_is_named(tmp_path):
         read_checkpoint(path)
     with pytest.raises(DataError, match=r"checkpoint.load_path: cannot read .*cut.pt as a checkpoint"):
         read_checkpoint(path, trust=True)
+
+
+@pytest.mark.parametrize("cause, raised", [
+    ("[gloo/transport/tcp/pair.cc:525] Read error [192.0.2.2]:46213: Connection reset by peer", RuntimeError),
+    ("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0", "save_error"),
+])
+def test_a_save_that_loses_another_process_is_a_lost_peer_not_a_disk_error(tmp_path, monkeypatch, cause, raised):
+    """A checkpoint's collective that finds another host gone must end the run as stopped (resumable), not as a
+    failed write that asks to free disk space."""
+    from composer.utils import checkpoint as composer_checkpoint
+
+    from dlrecipes.records.checkpoints import CheckpointSaveError, save_atomically
+
+    def save(state, filename, **kwargs):
+        raise RuntimeError(cause)
+
+    monkeypatch.setattr(composer_checkpoint, "save_checkpoint", save)
+    expected = CheckpointSaveError if raised == "save_error" else raised
+    with pytest.raises(expected) as caught:
+        save_atomically(None, tmp_path / "best.pt")
+    assert type(caught.value) is expected and not list(tmp_path.iterdir())

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -129,6 +130,8 @@ def make_saver(folder: Path, save_interval: str, keep: int):
                     relink(Path(self.latest_filename.format(state)), Path(final))
             except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as RuntimeError
                 Path(partial).unlink(missing_ok=True)
+                if lost_peer(exc):  # the save's collective found another process gone: not a disk problem
+                    raise
                 raise _save_failed(final, exc, previous) from None
             self.saved_checkpoints.append(final)
             if self.num_checkpoints_to_keep >= 0:
@@ -156,6 +159,8 @@ def save_atomically(state, path: Path) -> None:
             commit(Path(written), path)
     except (OSError, RuntimeError) as exc:
         partial.unlink(missing_ok=True)
+        if lost_peer(exc):
+            raise
         raise _save_failed(str(path), exc, str(path) if path.exists() else None) from None
 
 
