@@ -44,8 +44,13 @@ class ExportMismatchError(UserError):
     """An exported file does not compute what the trained network computes."""
 
 
-def require_onnx() -> None:
-    """Import onnx and onnxruntime, or say how to install them."""
+def _leave_out(fmt: str, asked_by: str) -> str:
+    """How to do without ``fmt``: in the recipe's callback, or on ``dlrecipes export``'s command line."""
+    return f"remove '{fmt}' from {KEY}.formats" if asked_by == KEY else f"export without {asked_by} {fmt}"
+
+
+def require_onnx(asked_by: str = KEY) -> None:
+    """Import onnx and onnxruntime, or say how to install them (``asked_by``: the recipe key or the option)."""
     from dlrecipes.callbacks.export_options import ONNX_PACKAGES, missing_onnx_message
 
     missing = []
@@ -55,17 +60,21 @@ def require_onnx() -> None:
         except ImportError:
             missing.append(name)
     if missing:
+        if asked_by != KEY:
+            raise UserError(f"{asked_by} onnx: needs the {' and '.join(missing)} package(s): pip install "
+                            f"'dlrecipes[onnx]' (or {asked_by} torchscript)")
         raise UserError(missing_onnx_message(missing, KEY))
 
 
 def export_model(
-    module: nn.Module, fmt: str, path: Path, sample: torch.Tensor, onnx_opset: Optional[int] = None
+    module: nn.Module, fmt: str, path: Path, sample: torch.Tensor, onnx_opset: Optional[int] = None,
+    asked_by: str = KEY,
 ) -> Path:
     """Write ``module`` as ``fmt`` to ``path`` (tracing on ``sample`` where needed); the module is not changed."""
     from composer.utils import export_for_inference
 
     if fmt == "onnx":
-        require_onnx()
+        require_onnx(asked_by)
     try:
         if fmt == "onnx":
             # Written here rather than through Composer's export_for_inference: from torch 2.9 on,
@@ -81,8 +90,8 @@ def export_model(
     except Exception as exc:  # an operator the exporter cannot translate: the user can drop this format
         first_line = (str(exc).strip().splitlines() or [""])[0]
         raise UserError(
-            f"{KEY}: could not export this model to {fmt} ({type(exc).__name__}: {first_line}); "
-            f"remove '{fmt}' from {KEY}.formats"
+            f"{asked_by}: could not export this model to {fmt} ({type(exc).__name__}: {first_line}); "
+            f"{_leave_out(fmt, asked_by)}"
         ) from exc
     return path
 
@@ -130,15 +139,17 @@ def export_and_verify(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     onnx_opset: Optional[int] = None,
+    asked_by: str = KEY,
 ) -> dict[str, Any]:
     """Export ``module`` in each format to ``out_dir``, verify each file on ``inputs`` and write
-    ``verify.json``; a file that disagrees raises :class:`ExportMismatchError` (the files stay)."""
+    ``verify.json``; a file that disagrees raises :class:`ExportMismatchError` (the files stay).
+    ``asked_by``: what errors name, the callback's recipe key or ``dlrecipes export``'s ``--format``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = inputs.detach().to("cpu").contiguous()
     results = []
     for fmt in formats:
-        path = export_model(module, fmt, out_dir / FILENAMES[fmt], inputs[:batch_size], onnx_opset)
+        path = export_model(module, fmt, out_dir / FILENAMES[fmt], inputs[:batch_size], onnx_opset, asked_by)
         results.append(verify_export(module, path, fmt, inputs, atol, rtol))
     report = {
         "passed": all(r["passed"] for r in results),
@@ -159,10 +170,10 @@ def export_and_verify(
     for r in results:
         if not r["passed"]:
             why = r.get("problem") or f"max |diff| {_diff(r)} on {on} exceeds atol={atol:g}, rtol={rtol:g}"
+            loosen = f"Loosen {KEY}.atol/rtol if that is acceptable, or " if asked_by == KEY else ""
             raise ExportMismatchError(
-                f"{KEY}: the {r['format']} export {out_dir / r['file']} disagrees with the trained model: {why} "
-                f"(details in {out_dir / REPORT}). Loosen {KEY}.atol/rtol if that is acceptable, "
-                f"or remove '{r['format']}' from {KEY}.formats"
+                f"{asked_by}: the {r['format']} export {out_dir / r['file']} disagrees with the trained model: {why} "
+                f"(details in {out_dir / REPORT}). {loosen}{_leave_out(r['format'], asked_by)}"
             )
     return report
 

@@ -37,7 +37,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
     if unknown or not formats:
         raise RecipeError(f"--format: expected {' or '.join(EXPORT_FORMATS)} (repeatable), got {', '.join(unknown) or 'none'}")
     if "onnx" in formats:
-        require_onnx()
+        require_onnx("--format")
     if out is not None:
         out_dir = Path(out)
     elif target.run_dir is not None:
@@ -50,7 +50,8 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
         inputs = first_eval_images(trainer, verify_batch_size)
     finally:
         trainer.close()
-    report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol)
+    report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol,
+                               asked_by="--format")
     write_export_metadata(out_dir, data.preprocess, data.class_names, data.num_classes)
     return {**report, "out_dir": str(out_dir), "checkpoint": str(target.checkpoint)}
 
