@@ -104,13 +104,17 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
 # Composer's launcher reports every rank that exits non-zero as "crashed", also a rank that stopped cleanly on a
 # signal with a checkpoint (exit 75): those lines are left out (the rank said what happened in one line).
 _CLEAN_STOP = re.compile(r"(Rank \d+ crashed with exit code 75\.|Global rank \d+ \(PID \d+\) exited with code 75)$")
+# torch's rendezvous store warns, once per connection, when the connecting host's address has no name (no reverse
+# DNS for it: common on cluster networks, and harmless: the connection is made); it is left out too.
+_NAMELESS_PEER = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved\. err=-?\d+$")
 
 
 def _relay_stderr(stream: Any) -> threading.Thread:
-    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops."""
+    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops and torch's
+    warnings about peers' addresses without a host name."""
     def copy() -> None:
         for line in stream:
-            if not _CLEAN_STOP.search(line.rstrip("\n")):
+            if not (_CLEAN_STOP.search(line.rstrip("\n")) or _NAMELESS_PEER.search(line.rstrip("\n"))):
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
