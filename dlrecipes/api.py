@@ -121,16 +121,20 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
 
 def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, parallel: int = 1,
           name: Optional[str] = None, trials: Optional[int] = None, search: Optional[str] = None,
-          plugins: Sequence[str] = (), echo: Callable[[str], None] = print):
+          plugins: Sequence[str] = (), echo: Callable[[str], None] = print, nproc: int = 1):
     """Run a sweep (see :mod:`dlrecipes.tools.sweep`): every point validated first, then trained, ``parallel``
-    at a time, skipping finished points and resuming stopped ones. Returns (plan, summary rows, exit code)."""
+    at a time (each on ``nproc`` processes through ``launch``), skipping finished points and resuming stopped
+    ones. Returns (plan, summary rows, exit code)."""
+    from dlrecipes.config.devices import check_launch
     from dlrecipes.errors import UserError
     from dlrecipes.tools import sweep as tool
 
     if parallel < 1:
         raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
+    if nproc < 1:
+        raise RecipeError(f"--nproc: at least 1 process per training, got {nproc}")
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
-    plan.plugins = list(plugins)
+    plan.plugins, plan.nproc = list(plugins), nproc
     runs_dir = None
     if plan.search == "optuna":  # its points come one by one: the ends of each range are checked instead
         base = resolve(recipe, plan.fixed, plugins)
@@ -143,6 +147,8 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     for point_name, overrides in checked:
         try:
             config = resolve(recipe, [*plan.fixed, *overrides, f"run_name={point_name}"], plugins)
+            if nproc > 1:
+                check_launch(config, nproc, nproc)  # its batches divide over the processes, which fit the GPUs
         except UserError as exc:
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise

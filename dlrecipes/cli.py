@@ -168,6 +168,7 @@ def sweep(
     args: RecipeArgs,
     seeds: int = typer.Option(0, "--seeds", help="train each grid point with N seeds (trainer.seed 1..N)"),
     parallel: int = typer.Option(1, "--parallel", help="trainings at once (CPU threads split; one GPU each)"),
+    nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) per training, through launch"),
     name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"),
     trials: Optional[int] = typer.Option(None, "--trials", help="with --search: how many points to train"),
     search: Optional[str] = typer.Option(None, "--search", help="random or optuna: sample key=loguniform(a,b), "
@@ -179,7 +180,7 @@ def sweep(
     from dlrecipes.tools.describe import format_sweep
 
     plan, rows, code = _guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
-                                                  args.plugins, echo=typer.echo))
+                                                  args.plugins, echo=typer.echo, nproc=nproc))
     typer.echo(format_sweep(plan, rows))
     raise typer.Exit(code)
 

@@ -152,9 +152,11 @@ def test_an_optuna_search_without_optuna_says_how_to_install_it(tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_an_optuna_trial_below_the_median_of_finished_ones_is_pruned(tiny_recipe, tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_an_optuna_trial_below_the_median_of_finished_ones_is_pruned(tiny_recipe, tmp_path, nproc):
     """A finished trial reported 1.0 at every evaluation; one training at a learning rate too small to learn
-    reports its top1 (about 0.1), is spared at its first evaluation (warm-up) and pruned at its second."""
+    reports its top1 (about 0.1), is spared at its first evaluation (warm-up) and pruned at its second (with two
+    processes, rank 0 reports and both stop)."""
     import optuna
 
     from dlrecipes.callbacks.optuna_trial import journal_storage
@@ -166,13 +168,14 @@ def test_an_optuna_trial_below_the_median_of_finished_ones_is_pruned(tiny_recipe
                                               intermediate_values={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}))
     trial = study.ask(lr)
     callback = json.dumps({"storage": str(journal), "study": "s", "trial": trial.number, "startup_trials": 1})
-    result = run_cli("train", str(tiny_recipe), "run_name=low", "trainer.max_duration=4ep", "optimizer.lr=1e-6",
+    how = ["train"] if nproc == 1 else ["launch", "-n", str(nproc)]
+    result = run_cli(*how, str(tiny_recipe), "run_name=low", "trainer.max_duration=4ep", "optimizer.lr=1e-6",
                      f"callbacks.optuna_trial={callback}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pruned: 2 epochs" in result.stderr and "pruned by the Optuna study 's' after evaluation 2" in result.stderr
     run = tmp_path / "runs" / "low"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "pruned" and summary["epochs"] == 2
+    assert summary["status"] == "pruned" and summary["epochs"] == 2 and summary["world_size"] == nproc
     with open(run / "history.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     reported = optuna.load_study(study_name="s", storage=journal_storage(str(journal))).trials[trial.number]
@@ -207,3 +210,46 @@ def test_an_optuna_search_of_three_trials_then_repeated_is_skipped(tiny_recipe):
     again = run_cli("sweep", str(tiny_recipe), *search)
     assert again.returncode == 0 and again.stdout.count("skip   trial=") == 3 and "[1/" not in again.stdout
     assert _table(folder) == rows
+
+
+@pytest.mark.slow
+def test_each_point_on_two_processes_through_launch(tiny_recipe):
+    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.02,0.05", "--nproc", "2", "--name", "ddp", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tiny_recipe.parent / "runs" / "ddp"
+    assert [r["status"] for r in _table(folder)] == ["done", "done"]
+    for name in ("lr=0.02", "lr=0.05"):
+        assert json.loads((folder / name / "summary.json").read_text())["world_size"] == 2
+        assert "launch -n 2" in (folder / "logs" / f"{name}.log").read_text().splitlines()[0]
+
+
+def test_processes_per_point_are_checked_up_front(tiny_recipe):
+    none = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.02,0.05", "--nproc", "0")
+    assert none.returncode == 2 and "--nproc: at least 1 process per training, got 0" in none.stderr
+    uneven = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.02,0.05", "--nproc", "3")
+    assert uneven.returncode == 2 and "sweep point lr=0.02: trainer.batch_size" in uneven.stderr, uneven.stderr
+    assert not (tiny_recipe.parent / "runs").exists()
+
+
+def test_parallel_launched_points_get_groups_of_gpus(monkeypatch):
+    from dlrecipes.tools.sweep import _child_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
+    assert [_child_env(3, i, 2)["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["0,1", "2,3", "0,1"]
+    assert [_child_env(2, i, 1)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0", "1"]
+    assert _child_env(2, 0, 2)["OMP_NUM_THREADS"] == str(max(1, (__import__("os").cpu_count() or 1) // 4))
+
+
+def test_an_optuna_study_drawn_from_other_ranges_is_one_line(tmp_path):
+    from dlrecipes.errors import UserError
+    from dlrecipes.tools.sweep import _Search, prepare_folder
+
+    plan = plan_sweep(tmp_path / "r.yaml", ["model.width=choice(4,8)"], trials=2, search="optuna", name="s")
+    prepare_folder(plan, tmp_path / "runs")
+    assert _Search(plan, print).next()[0].values["model.width"] in (4, 8)  # trial 0 asked, not trained
+    other = plan_sweep(tmp_path / "r.yaml", ["model.width=choice(4,16)"], trials=2, search="optuna", name="s")
+    prepare_folder(other, tmp_path / "runs")
+    search = _Search(other, print)
+    assert search.next()[0].name.startswith("trial=0,")  # the trial left running comes first
+    with pytest.raises(UserError, match="drew its trials from other ranges"):
+        search.next()

@@ -65,12 +65,13 @@ class SweepPlan:
     folder: Optional[Path] = None  # runs_dir/<name>, set once the recipe's runs_dir is known
     plugins: list[str] = field(default_factory=list)
     seed: int = 0  # the random search's (and Optuna's sampler's)
+    nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
     monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
     mode: str = "max"
 
     def record(self) -> dict[str, Any]:
         return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
-                "seeds": self.seeds, "search": self.search, "trials": self.trials,
+                "seeds": self.seeds, "search": self.search, "trials": self.trials, "nproc": self.nproc,
                 "points": [{"name": p.name, "values": p.values, "overrides": p.overrides,
                             **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]}
 
@@ -313,16 +314,23 @@ class _Slot:
     log: Any
 
 
-def _child_env(parallel: int, index: int) -> dict[str, str]:
-    """Threads split between the parallel runs on a CPU; one GPU each when there are GPUs."""
+def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
+    """Threads split between the parallel runs' processes on a CPU; ``nproc`` GPUs each when there are GPUs."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MASTER_PORT", None)  # each launched run's processes meet on a free port of their own
     if parallel > 1:
-        threads = max(1, (os.cpu_count() or 1) // parallel)
+        threads = max(1, (os.cpu_count() or 1) // (parallel * nproc))
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or _gpu_ids()
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+        gpus = visible_gpus()
+        if len(gpus) >= nproc:  # groups of nproc GPUs, shared when more runs than groups go at once
+            group = index % (len(gpus) // nproc)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[group * nproc:(group + 1) * nproc])
     return env
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else all of them); none on a CPU machine."""
+    return [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or _gpu_ids()
 
 
 def _gpu_ids() -> list[str]:
@@ -364,9 +372,7 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
                 break
             if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
                 forwarded = stop["count"]
-                for slot in running:
-                    if slot.process.poll() is None:
-                        slot.process.send_signal(stop["signal"])
+                _pass_on(running, stop["signal"], plan.nproc)
             time.sleep(0.2)
             for slot in [s for s in running if s.process.poll() is not None]:
                 running.remove(slot)
@@ -383,9 +389,8 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for slot in running:  # an error in the sweep itself: the trainings stop as on a signal
-            if slot.process.poll() is None:
-                slot.process.send_signal(signal.SIGINT)
+        _pass_on(running, signal.SIGINT, plan.nproc)  # an error in the sweep itself: the trainings stop as on a signal
+        for slot in running:
             slot.process.wait()
             slot.log.close()
     if plan.search == "optuna":  # sweep.yaml lists the trials run so far
@@ -393,6 +398,14 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
     rows = summarize(plan)
     write_summary(plan, rows)
     return rows, code
+
+
+def _pass_on(running: list[_Slot], signum: int, nproc: int) -> None:
+    """A signal to the running trainings; `launch` passes SIGTERM on to its processes (a Ctrl-C reaches them
+    only from a terminal), so launched runs get that."""
+    for slot in running:
+        if slot.process.poll() is None:
+            slot.process.send_signal(signal.SIGTERM if nproc > 1 else signum)
 
 
 class _Grid:
@@ -482,7 +495,11 @@ class _Search:
             return self.pending.pop(0)
         if self.done + self.running >= self.total or self.asked >= self.total:
             return None
-        trial = self.study.ask(self.distributions)
+        try:
+            trial = self.study.ask(self.distributions)
+        except ValueError as exc:  # Optuna refuses a parameter whose kind or choices changed within a study
+            raise UserError(f"--search optuna: the study in {self.storage_path} drew its trials from other ranges "
+                            f"({exc}); keep them, or give another --name") from None
         self.asked += 1
         self.running += 1
         point = self._point(trial.number, trial.params)
@@ -537,15 +554,16 @@ def _main_thread() -> bool:
 
 def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, logs: Path) -> _Slot:
     assert plan.folder is not None
-    command = [sys.executable, "-m", "dlrecipes", "train", str(plan.recipe), *plan.fixed, *point.overrides,
+    how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
+    command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
                f"runs_dir={plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
                *(["--resume"] if action == "resume" else []), *(a for p in plan.plugins for a in ("--plugin", p))]
     log = open(logs / f"{point.name}.log", "a")
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(parallel, index),
-                               start_new_session=True)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                               env=_child_env(parallel, index, plan.nproc), start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log)
 
 
