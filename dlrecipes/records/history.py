@@ -52,8 +52,7 @@ class RunHistory(Callback):
         self._output_loss_sums: dict[str, torch.Tensor] = {}  # per output, for multi-output models
         self._loss_batches = 0
         self._sample_start = 0
-        self._step = -1
-        self._samples_in_epoch = 0  # as of the last batch_end (what a checkpoint of it carries)
+        self._state: Optional[State] = None  # the run's, read when a checkpoint asks for state_dict()
         self._resumed_epoch: Optional[dict[str, Any]] = None  # the first part of an epoch a checkpoint cut
         self._train_seconds = 0.0
         self._epoch_start = 0.0
@@ -69,7 +68,7 @@ class RunHistory(Callback):
         return self.run_dir / "history.csv"
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        self._fit_start = time.perf_counter()
+        self._fit_start, self._state = time.perf_counter(), state
         # a resumed run starts inside an epoch without EPOCH_START: its first row counts from here
         self._epoch_start, self._sample_start = self._fit_start, int(state.timestamp.sample)
         part, self._resumed_epoch = self._resumed_epoch, None
@@ -111,19 +110,18 @@ class RunHistory(Callback):
             loss = loss.detach().float()
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_batches += 1
-        self._step = int(state.timestamp.batch)
-        self._samples_in_epoch = int(state.timestamp.sample) - self._sample_start
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch so far, for a checkpoint written inside it (a signal's, or one every N batches): the resumed
         run's row for that epoch then has the mean loss and the rate of all its batches, not only the last ones."""
+        timestamp = self._state.timestamp if self._state is not None else None
         return {
-            "step": self._step,
+            "step": int(timestamp.batch) if timestamp is not None else -1,
             "loss_sum": None if self._loss_sum is None else float(self._loss_sum.sum()),
             "loss_batches": self._loss_batches,
             "output_loss_sums": {k: float(v.sum()) for k, v in self._output_loss_sums.items()},
             "seconds": time.perf_counter() - self._epoch_start,
-            "samples": self._samples_in_epoch,
+            "samples": int(timestamp.sample) - self._sample_start if timestamp is not None else 0,
             "elapsed": self._elapsed_before + time.perf_counter() - self._fit_start,
         }
 
