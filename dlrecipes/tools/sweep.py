@@ -148,12 +148,18 @@ def _sample(key: str, spec: str, rng: random.Random) -> Any:
     return rng.randint(int(low), int(high))
 
 
-def _bounds(key: str, spec: str) -> tuple[str, list[str]]:
-    """A range's kind and its arguments (checked as the random search checks them)."""
-    _sample(key, spec, random.Random(0))
-    match = DISTRIBUTION.match(spec.replace(" ", ""))
+def _range_spec(key: str, values: list[Any]) -> Optional[tuple[str, list[Any]]]:
+    """A swept key's range (``loguniform(a,b)`` ...) as its kind and parsed arguments (a choice's values, a range's
+    two ends), checked as the random search checks them; None for a list of values."""
+    if not (len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", ""))):
+        return None
+    _sample(key, values[0], random.Random(0))  # sound bounds
+    match = DISTRIBUTION.match(values[0].replace(" ", ""))
     assert match is not None
-    return match.group(1), split_values(match.group(2))
+    kind, args = match.group(1), split_values(match.group(2))
+    if kind == "choice":
+        return kind, [_value(a, key) for a in args]
+    return kind, [int(float(a)) for a in args] if kind == "randint" else [float(a) for a in args]
 
 
 def _distribution(key: str, values: list[Any]) -> Any:
@@ -161,14 +167,13 @@ def _distribution(key: str, values: list[Any]) -> Any:
     from dlrecipes.callbacks.optuna_trial import import_optuna
 
     distributions = import_optuna().distributions
-    if len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", "")):
-        kind, args = _bounds(key, values[0])
-        if kind == "choice":
-            values = [_value(a, key) for a in args]
-        elif kind == "randint":
-            return distributions.IntDistribution(int(float(args[0])), int(float(args[1])))
-        else:
-            return distributions.FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
+    spec = _range_spec(key, values)
+    if spec is not None and spec[0] == "randint":
+        return distributions.IntDistribution(*spec[1])
+    if spec is not None and spec[0] != "choice":
+        return distributions.FloatDistribution(*spec[1], log=spec[0] == "loguniform")
+    if spec is not None:
+        values = spec[1]
     if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
         raise RecipeError(f"{key}: with --search optuna, choices are numbers, strings or booleans, got {values}")
     return distributions.CategoricalDistribution(values)
@@ -177,18 +182,8 @@ def _distribution(key: str, values: list[Any]) -> Any:
 def probe_points(plan: SweepPlan) -> list[dict[str, Any]]:
     """What a search can pick, to validate before the first run: each range's low end, then its high end, and
     every listed choice (at least two points)."""
-    options: dict[str, list[Any]] = {}
-    for key, values in plan.swept.items():
-        if len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", "")):
-            kind, args = _bounds(key, values[0])
-            if kind == "randint":
-                options[key] = [int(float(a)) for a in args]
-            elif kind == "choice":
-                options[key] = [_value(a, key) for a in args]
-            else:
-                options[key] = [float(a) for a in args]
-        else:
-            options[key] = list(values)
+    options = {key: (spec[1] if (spec := _range_spec(key, values)) else list(values))
+               for key, values in plan.swept.items()}
     count = max(2, *(len(v) for v in options.values()))
     return [{k: v[i % len(v)] for k, v in options.items()} for i in range(count)]
 
@@ -247,8 +242,7 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
         rng = random.Random(seed)
         combos = []
         for _ in range(trials):
-            combos.append({k: (_sample(k, v[0], rng) if len(v) == 1 and isinstance(v[0], str)
-                               and DISTRIBUTION.match(v[0].replace(" ", "")) else rng.choice(v))
+            combos.append({k: (_sample(k, v[0], rng) if _range_spec(k, v) else rng.choice(v))
                            for k, v in swept.items()})
     else:
         if trials is not None:
@@ -312,6 +306,7 @@ class _Slot:
     process: subprocess.Popen
     started: float
     log: Any
+    index: int = 0  # which of the --parallel places it holds (its GPUs)
 
 
 def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
@@ -367,7 +362,8 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
                 task = source.next()
                 if task is None:
                     break
-                running.append(_start(plan, task[0], task[1], len(running), parallel, logs))
+                free = min(set(range(parallel)) - {slot.index for slot in running})  # a finished run's place
+                running.append(_start(plan, task[0], task[1], free, parallel, logs))
             if not running:
                 break
             if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
@@ -564,7 +560,7 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                env=_child_env(parallel, index, plan.nproc), start_new_session=True)
-    return _Slot(point, process, time.perf_counter(), log)
+    return _Slot(point, process, time.perf_counter(), log, index)
 
 
 def _finished_line(plan: SweepPlan, slot: _Slot, seconds: float, source: Any, durations: list[float],
