@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -102,11 +103,77 @@ def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
 
 @pytest.mark.slow
 def test_a_failing_point_is_marked_while_the_others_complete(tiny_recipe):
+    """The diverged point leaves no run directory (no checkpoint yet): its outcome and reason come from the
+    sweep's record of how its training ended, and the sweep exits 1, counting it in its last line."""
     result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.05,1e12", "trainer.log_interval=1", timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = {r["optimizer.lr"]: r for r in _table(tiny_recipe.parent / "runs" / "tiny-sweep")}
-    assert rows["0.05"]["status"] == "done" and rows["1e+12"]["status"] in ("diverged", "not run")
-    assert "diverged" in result.stdout
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tiny_recipe.parent / "runs" / "tiny-sweep"
+    rows = {r["optimizer.lr"]: r for r in _table(folder)}
+    assert rows["0.05"]["status"] == "done" and rows["0.05"]["reason"] == ""
+    assert rows["1e+12"]["status"] == "diverged" and rows["1e+12"]["reason"].startswith("training diverged: the loss")
+    assert f"| diverged | {rows['1e+12']['reason']} |" in (folder / "summary.md").read_text()
+    assert "lr=1e+12: diverged: training diverged: the loss" in result.stdout
+    assert result.stdout.splitlines()[-1] == (f"1 of 2 points did not finish: 1 diverged; see {folder}/summary.md and "
+                                              f"the logs in {folder}/logs")
+
+
+TROUBLE = """
+from dlrecipes.registry import callbacks
+
+
+@callbacks.register("trouble")
+def trouble(refuse: bool = False):
+    \"\"\"Refuse to be built (a recipe the trainer refuses, exit 2), or fail at the first batch.\"\"\"
+    from composer.core import Callback
+
+    from dlrecipes.errors import DataError
+
+    if refuse:
+        raise DataError("trouble: refused on purpose")
+
+    class Trouble(Callback):
+        def batch_end(self, state, logger):
+            raise RuntimeError("boom at the first batch")
+
+    return Trouble()
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_and_a_refused_point_each_say_why_and_the_sweep_exits_1(tiny_recipe):
+    """Neither leaves a run directory: the reason is the last line of the point's log."""
+    plugin = tiny_recipe.parent / "trouble.py"
+    plugin.write_text(TROUBLE)
+    result = run_cli("sweep", str(tiny_recipe), "callbacks.trouble.refuse=false,true", f"imports=[{plugin}]",
+                     timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tiny_recipe.parent / "runs" / "tiny-sweep"
+    failed, refused = _table(folder)
+    assert (failed["status"], refused["status"]) == ("failed", "refused")
+    assert failed["reason"].startswith("training failed: RuntimeError: boom at the first batch (")
+    assert refused["reason"] == "trouble: refused on purpose"
+    markdown = (folder / "summary.md").read_text()
+    assert "| failed | training failed: RuntimeError: boom" in markdown
+    assert "| refused | trouble: refused on purpose |" in markdown
+    table = result.stdout[result.stdout.index("sweep tiny-sweep: refuse = callbacks.trouble.refuse"):]
+    assert re.search(r"│ False +│.*│ failed +│", table) and re.search(r"│ True +│.*│ refused +│", table), table
+    assert "refuse=True: refused: trouble: refused on purpose" in table
+    assert table.splitlines()[-1].startswith("2 of 2 points did not finish: 1 failed, 1 refused; see ")
+
+
+@pytest.mark.slow
+def test_a_failed_trial_keeps_its_outcome_when_the_search_goes_on(tiny_recipe):
+    """An Optuna search does not train a failed trial again: the next run of the sweep still shows how it ended
+    (it left no run directory), recorded in the sweep's folder."""
+    search = ["optimizer.lr=choice(1e12)", "trainer.log_interval=1", "--trials", "1", "--search", "optuna"]
+    first = run_cli("sweep", str(tiny_recipe), *search, timeout=600)
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    again = run_cli("sweep", str(tiny_recipe), *search, timeout=600)
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    rows = _table(tiny_recipe.parent / "runs" / "tiny-sweep")
+    assert [(r["trial"], r["status"]) for r in rows] == [("0", "diverged"), ("1", "diverged")]
+    assert rows[0]["reason"].startswith("training diverged: ")
+    assert again.stdout.splitlines()[-1].startswith("2 of 2 trials did not finish: 2 diverged; see ")
 
 
 @pytest.mark.slow

@@ -211,19 +211,33 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
 
 
 def format_sweep(plan: Any, rows: list[dict[str, Any]]) -> str:
-    """A sweep's table, one row per grid point, and where its files are."""
+    """A sweep's table, one row per grid point, fitted to the terminal: each swept key headed by its last part
+    (the line above names it in full), a mean ± std on one line, and on a narrow terminal peak memory, images/s,
+    wall time and the final metric give way, in that order (summary.csv and summary.md keep them).  Below: why
+    each point that did not finish stopped, where the files are and, when any did not finish, how many."""
+    import textwrap
+
     from rich.table import Table
 
-    from dlrecipes.tools.sweep import table_rows
+    from dlrecipes.tools.sweep_report import closing_line, key_legend, table_rows, unfinished
 
-    header, body = table_rows(plan, rows)
-    table = Table(title=f"sweep {plan.name}", title_justify="left")
-    for column in header:
-        table.add_column(column)
+    header, body = table_rows(plan, rows, short=True)
+    width = _output_width()
+    first = next(i for i, column in enumerate(header) if column.startswith("best "))  # after the keys
+    drop = ("peak MiB", "img/s", "wall s", header[first + 1], "runs")
+    kept = fitted_columns([(column, column) for column in header], body, drop, width)
+    table = Table()
+    for i in kept:
+        table.add_column(header[i], no_wrap=i >= first, overflow="fold")  # a key's long value may fold, no number
     for cells in body:
-        table.add_row(*cells)
-    folder = plan.folder
-    return _rendered(table) + f"\n{folder}/summary.csv, summary.md, summary.png"
+        table.add_row(*(cells[i] for i in kept))
+    legend = key_legend(plan)
+    lines = [textwrap.fill(f"sweep {plan.name}" + (f": {legend}" if legend else ""), width), _rendered(table)]
+    left = unfinished(plan)
+    lines += [textwrap.fill(f"{name}: {outcome['status']}: {outcome['reason']}", width, subsequent_indent="    ",
+                            break_on_hyphens=False) for name, outcome in left.items() if outcome["reason"]]
+    lines.append(f"{plan.folder}/summary.csv, summary.md, summary.png")
+    return "\n".join(lines + ([closing_line(plan, left)] if left else []))
 
 
 def version_line() -> str:

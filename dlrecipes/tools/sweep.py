@@ -10,14 +10,15 @@ ranges: ``loguniform(1e-4,1e-1)``, ``uniform(a,b)``, ``randint(a,b)`` (both ends
 
 Every point is validated before the first one starts.  Running the same sweep again skips finished
 points, resumes stopped or killed ones from their checkpoints and reruns failed or diverged ones.
-Ctrl-C stops the running trainings as training always stops (a checkpoint, exit 75) and then the
-sweep.  At the end ``summary.csv``, ``summary.md`` and ``summary.png`` in the sweep's folder hold one
-row per grid point (seeds aggregated as mean ± std).
+Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops the running trainings as training always stops (a
+checkpoint, exit 75) and then the sweep (exit 75).  At the end ``summary.csv``, ``summary.md`` and
+``summary.png`` in the sweep's folder hold one row per grid point (seeds aggregated as mean ± std) with each
+point's outcome and its reason (:mod:`dlrecipes.tools.sweep_report`); the sweep exits 0 when every point
+finished or was pruned, else 1.
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -36,9 +37,11 @@ from typing import Any, Callable, Optional, Sequence
 import yaml
 
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.tools.sweep_report import (FINISHED, LOG_DIR, forget_outcome, history_rows, log_path, number,
+                                          record_outcome, short_names, summarize, unfinished, value_text,
+                                          write_summary)
 
 SWEEP_FILE = "sweep.yaml"
-LOG_DIR = "logs"
 DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
 SEARCHES = ("random", "optuna")
 OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
@@ -104,24 +107,10 @@ def _value(text: str, key: str) -> Any:
     return parse_assignment(f"{key}={text}", "sweep value")[1]
 
 
-def _short_names(keys: Sequence[str]) -> dict[str, str]:
-    """Each key's name in a run name: its last part, or the whole path where two keys share a last part."""
-    last = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (short if last.count(short) == 1 else k) for k, short in zip(keys, last)}
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
 def point_name(values: dict[str, Any]) -> str:
     """``lr=0.003,precision=amp_bf16,seed=1``, filesystem-safe and at most 120 characters."""
-    short = _short_names(list(values))
-    name = ",".join(f"{short[k]}={_text(v)}" for k, v in values.items())
+    short = short_names(list(values))
+    name = ",".join(f"{short[k]}={value_text(v)}" for k, v in values.items())
     name = re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).strip("._") or "point"
     return name if len(name) <= 120 else f"{name[:100]}-{abs(hash(name)) % 10**8:08d}"
 
@@ -263,10 +252,6 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
     return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials, seed=seed)
 
 
-def _swept_keys(plan: SweepPlan) -> list[str]:
-    return [k for k in plan.points[0].values if k != "trainer.seed" or not plan.seeds] if plan.points else []
-
-
 def prepare_folder(plan: SweepPlan, runs_dir: Path) -> Path:
     """``runs_dir/<name>/`` with ``sweep.yaml``. An existing folder must hold a sweep with the same fixed
     overrides (its grid may grow or change: points already trained under their names are reused)."""
@@ -338,49 +323,20 @@ def _gpu_ids() -> list[str]:
 
 
 def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = print) -> tuple[list[dict], int]:
-    """Run the points not finished yet, ``parallel`` at a time; returns the summary rows and an exit code
-    (0; 75 when stopped by a signal)."""
+    """Run the points not finished yet, ``parallel`` at a time; returns the summary rows and an exit code: 0 when
+    every point finished (or was pruned), 75 when a signal stopped the sweep, else 1 (``closing_line`` says
+    how many did not finish, and how)."""
     if parallel < 1:
         raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
     assert plan.folder is not None
-    logs = plan.folder / LOG_DIR
-    logs.mkdir(exist_ok=True)
+    (plan.folder / LOG_DIR).mkdir(exist_ok=True)
     source: _Grid | _Search = _Search(plan, echo) if plan.search == "optuna" else _Grid(plan, echo)
     stop = {"signal": 0, "count": 0}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop["signal"], stop["count"] = signum, stop["count"] + 1
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
-        if _main_thread() else {}
+    previous = _catch_signals(stop) if _main_thread() else {}
     running: list[_Slot] = []
-    durations: list[float] = []
-    forwarded = 0
     try:
-        while True:
-            while len(running) < parallel and not stop["signal"]:
-                task = source.next()
-                if task is None:
-                    break
-                free = min(set(range(parallel)) - {slot.index for slot in running})  # a finished run's place
-                running.append(_start(plan, task[0], task[1], free, parallel, logs))
-            if not running:
-                break
-            if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
-                forwarded = stop["count"]
-                _pass_on(running, stop["signal"], plan.nproc)
-            time.sleep(0.2)
-            for slot in [s for s in running if s.process.poll() is not None]:
-                running.remove(slot)
-                slot.log.close()
-                seconds = time.perf_counter() - slot.started
-                durations.append(seconds)
-                source.finished(slot)
-                echo(_finished_line(plan, slot, seconds, source, durations, len(running), parallel))
-                if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
-                    stop["signal"], stop["count"] = signal.SIGTERM, forwarded
-        code = 75 if stop["signal"] else 0
-        if code:
+        _train(plan, source, running, parallel, stop, echo)
+        if stop["signal"]:
             echo(f"sweep stopped by {signal.Signals(stop['signal']).name}: run the same command again to continue")
     finally:
         for signum, handler in previous.items():
@@ -393,15 +349,71 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
         (plan.folder / SWEEP_FILE).write_text(yaml.safe_dump(plan.record(), sort_keys=False))
     rows = summarize(plan)
     write_summary(plan, rows)
-    return rows, code
+    return rows, 75 if stop["signal"] else 1 if unfinished(plan) else 0
+
+
+def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], parallel: int, stop: dict[str, int],
+           echo: Callable[[str], None]) -> None:
+    """Start the points as places free up, pass each signal on to the running trainings once, and record and
+    report each training's outcome as it ends."""
+    assert plan.folder is not None
+    durations: list[float] = []
+    forwarded = 0
+    while True:
+        while len(running) < parallel and not stop["signal"]:
+            task = source.next()
+            if task is None:
+                break
+            free = min(set(range(parallel)) - {slot.index for slot in running})  # a finished run's place
+            running.append(_start(plan, task[0], task[1], free, parallel))
+        if not running:
+            break
+        if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
+            forwarded = stop["count"]
+            _pass_on(running, stop["signal"], plan.nproc)
+        time.sleep(0.2)
+        for slot in [s for s in running if s.process.poll() is not None]:
+            running.remove(slot)
+            slot.log.close()
+            seconds = time.perf_counter() - slot.started
+            durations.append(seconds)
+            outcome = record_outcome(plan.folder, slot.point.name, slot.process.returncode)
+            source.finished(slot)
+            echo(_finished_line(plan, slot, outcome, seconds, source, durations, len(running), parallel))
+            if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
+                stop["signal"], stop["count"] = signal.SIGTERM, forwarded
+
+
+def _catch_signals(stop: dict[str, int]) -> dict[int, Any]:
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal or ssh session closed) stop the sweep, which passes
+    each on to the running trainings once; returns the handlers they had."""
+    terminal = [fd for fd in (1, 2) if os.isatty(fd)]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["signal"], stop["count"] = signum, stop["count"] + 1
+        if signum == signal.SIGHUP:
+            _leave_closed_terminal(terminal)
+
+    return {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def _leave_closed_terminal(fds: list[int]) -> None:
+    """Output to a terminal that hung up fails (EIO): it goes to /dev/null instead, so that the sweep still
+    stops its trainings and writes its summary (a SIGHUP sent by hand, the terminal still open, changes nothing)."""
+    for fd in fds:
+        if not os.isatty(fd):  # a terminal no longer: it hung up
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
 
 
 def _pass_on(running: list[_Slot], signum: int, nproc: int) -> None:
     """A signal to the running trainings; `launch` passes SIGTERM on to its processes (a Ctrl-C reaches them
-    only from a terminal), so launched runs get that."""
+    only from a terminal), so launched runs get that, and so does a training when the sweep's terminal hung up
+    (SIGHUP): training stops on SIGTERM with a checkpoint."""
     for slot in running:
         if slot.process.poll() is None:
-            slot.process.send_signal(signal.SIGTERM if nproc > 1 else signum)
+            slot.process.send_signal(signal.SIGTERM if nproc > 1 or signum == signal.SIGHUP else signum)
 
 
 class _Grid:
@@ -517,7 +529,7 @@ class _Search:
         if status.startswith(("stopped", "killed", "running")):
             return
         states = self.optuna.trial.TrialState
-        best = _best(_history(run_dir), self.plan.monitor, self.plan.mode)
+        best = _best(history_rows(run_dir), self.plan.monitor, self.plan.mode)
         if status == "pruned":
             self.study.tell(point.trial, state=states.PRUNED)
         elif status == "done" and best is not None:
@@ -538,7 +550,7 @@ def _trial_count(storage: Any, study: str) -> int:
 
 
 def _best(history: list[dict[str, str]], monitor: str, mode: str) -> Optional[float]:
-    values = [v for v in (_number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
+    values = [v for v in (number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
     return (max(values) if mode == "max" else min(values)) if values else None
 
 
@@ -548,13 +560,14 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, logs: Path) -> _Slot:
+def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int) -> _Slot:
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
                f"runs_dir={plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
                *(["--resume"] if action == "resume" else []), *(a for p in plan.plugins for a in ("--plugin", p))]
-    log = open(logs / f"{point.name}.log", "a")
+    forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
+    log = open(log_path(plan.folder, point.name), "a")
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
@@ -563,194 +576,22 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     return _Slot(point, process, time.perf_counter(), log, index)
 
 
-def _finished_line(plan: SweepPlan, slot: _Slot, seconds: float, source: Any, durations: list[float],
-                   running: int, parallel: int) -> str:
+def _finished_line(plan: SweepPlan, slot: _Slot, outcome: dict[str, Any], seconds: float, source: Any,
+                   durations: list[float], running: int, parallel: int) -> str:
+    """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
+    training that did not finish."""
     from dlrecipes.records.runs import describe_run
 
     assert plan.folder is not None
-    row = describe_run(plan.folder / slot.point.name) if (plan.folder / slot.point.name).is_dir() else {}
-    status = row.get("status", "failed") if slot.process.returncode in (0, 75) else \
-        {3: "diverged", 2: "refused"}.get(slot.process.returncode, "failed")
+    run_dir = plan.folder / slot.point.name
+    kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
+    best = describe_run(run_dir)["best"] if kept and (run_dir / "recipe.yaml").is_file() else "-"
     left = source.left() + running
     eta = statistics.mean(durations) * left / parallel if left else 0.0
     eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if left else ""
-    return (f"[{source.done}/{source.total}] {slot.point.name}  {status}  {row.get('best', '-')}  {seconds:.0f}s"
-            f"{eta_text}  (log: {plan.folder / LOG_DIR / (slot.point.name + '.log')})")
+    line = (f"[{source.done}/{source.total}] {slot.point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
+            f"{eta_text}  (log: {log_path(plan.folder, slot.point.name)})")
+    return line + (f"\n    {outcome['reason']}" if outcome["reason"] else "")
 
 
-def _point_row(plan: SweepPlan, point: Point) -> dict[str, Any]:
-    from dlrecipes.records.plots import load_summary
-    from dlrecipes.records.runs import describe_run
-
-    assert plan.folder is not None
-    run_dir = plan.folder / point.name
-    if not run_dir.is_dir():
-        return {"status": "not run", "monitor": None}
-    described = describe_run(run_dir)
-    summary = load_summary(run_dir)
-    history = _history(run_dir)
-    monitor = described.get("monitor") or "top1"
-    final = history[-1].get(f"eval_{monitor}") if history else None
-    return {"status": described["status"], "monitor": monitor, "best": described.get("best_value"),
-            "final": float(final) if final not in (None, "", "nan") else None,
-            "wall_time_sec": summary.get("wall_time_sec"), "images_per_sec": summary.get("images_per_sec"),
-            "peak_memory_mb": summary.get("peak_memory_mb")}
-
-
-def _history(run_dir: Path) -> list[dict[str, str]]:
-    try:
-        with open(run_dir / "history.csv", newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
-
-
-def summarize(plan: SweepPlan) -> list[dict[str, Any]]:
-    """One row per grid point: the swept keys, then the best and final monitored metric, wall time, images/s
-    and peak memory (mean ± std over the seeds, with their count), and the runs' statuses."""
-    keys = _swept_keys(plan)
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for point in plan.points:  # an Optuna search's trials each have a row (two may pick the same values)
-        group = tuple(_text(point.values[k]) for k in keys) + ((point.trial,) if point.trial is not None else ())
-        groups.setdefault(group, []).append(_point_row(plan, point))
-    rows = []
-    for group, runs in groups.items():
-        row: dict[str, Any] = {"trial": group[-1]} if plan.search == "optuna" else {}
-        row.update(zip(keys, group))
-        for metric in ("best", "final", "wall_time_sec", "images_per_sec", "peak_memory_mb"):
-            values = [r[metric] for r in runs if isinstance(r.get(metric), (int, float))
-                      and r["status"] in ("done", "pruned")]
-            row[metric] = statistics.mean(values) if values else None
-            row[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
-        row["monitor"] = next((r["monitor"] for r in runs if r.get("monitor")), None)
-        row["runs"] = sum(r["status"] == "done" for r in runs)
-        statuses = sorted({r["status"] for r in runs})
-        row["status"] = statuses[0] if len(statuses) == 1 else ", ".join(statuses)
-        rows.append(row)
-    return rows
-
-
-def _cell(row: dict[str, Any], metric: str, digits: str) -> str:
-    value, std = row.get(metric), row.get(f"{metric}_std")
-    if value is None:
-        return "-"
-    text = format(value, digits)
-    return f"{text} ± {format(std, digits)}" if std is not None else text
-
-
-def table_rows(plan: SweepPlan, rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    keys = (["trial"] if plan.search == "optuna" else []) + _swept_keys(plan)
-    monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
-    header = [*keys, f"best {monitor}", f"final {monitor}", "wall s", "img/s", "peak MiB",
-              *(["runs"] if plan.seeds else []), "status"]
-    body = [[*(str(r[k]) for k in keys), _cell(r, "best", ".4f"), _cell(r, "final", ".4f"),
-             _cell(r, "wall_time_sec", ".1f"), _cell(r, "images_per_sec", ",.0f"), _cell(r, "peak_memory_mb", ".0f"),
-             *([f"{r['runs']}/{plan.seeds}"] if plan.seeds else []), r["status"]] for r in rows]
-    return header, body
-
-
-def write_summary(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
-    """``summary.csv`` (numbers, std in their own columns), ``summary.md`` (the table) and ``summary.png``."""
-    assert plan.folder is not None
-    fields = list(rows[0]) if rows else []
-    with open(plan.folder / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    header, body = table_rows(plan, rows)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    (plan.folder / "summary.md").write_text(f"# sweep {plan.name}\n\n" + "\n".join(lines) + "\n")
-    try:
-        plot_sweep(plan, rows, plan.folder / "summary.png")
-    except Exception as exc:  # a plot must not lose the table
-        print(f"warning: could not draw summary.png ({type(exc).__name__}: {exc})", file=sys.stderr)
-
-
-def _number(text: str) -> Optional[float]:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
-
-
-def _heat_map(fig: Any, ax: Any, keys: list[str], rows: list[dict[str, Any]]) -> None:
-    """The best monitored metric for each pair of values of two swept keys."""
-    xs = list(dict.fromkeys(r[keys[0]] for r in rows))
-    ys = list(dict.fromkeys(r[keys[1]] for r in rows))
-    grid = [[math.nan] * len(xs) for _ in ys]
-    for r in rows:
-        grid[ys.index(r[keys[1]])][xs.index(r[keys[0]])] = r["best"] if r["best"] is not None else math.nan
-    image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xticks(range(len(xs)), xs)
-    ax.set_yticks(range(len(ys)), ys)
-    ax.set_xlabel(keys[0])
-    ax.set_ylabel(keys[1])
-    for i, row_values in enumerate(grid):
-        for j, value in enumerate(row_values):
-            if not math.isnan(value):
-                ax.text(j, i, f"{value:.3f}", ha="center", va="center", color="white")
-
-
-def _lines(ax: Any, keys: list[str], rows: list[dict[str, Any]], monitor: str) -> None:
-    """The best monitored metric against the first swept key, one line per value of the others."""
-    x_key, others = keys[0], keys[1:]
-    lines: dict[tuple, list[tuple[Any, float]]] = {}
-    for r in rows:
-        if r["best"] is not None:
-            lines.setdefault(tuple(r[k] for k in others), []).append((r[x_key], r["best"]))
-    numeric = all(_number(x) is not None for pts in lines.values() for x, _ in pts)
-    if numeric:  # a search's points come in the order they were drawn
-        lines = {other: sorted(pts, key=lambda p: _number(p[0]) or 0.0) for other, pts in lines.items()}
-    for other, pts in lines.items():
-        label = ", ".join(f"{k}={v}" for k, v in zip(others, other)) or None
-        xs = [_number(x) if numeric else x for x, _ in pts]
-        ax.plot(xs, [v for _, v in pts], marker="o", label=label)
-    if numeric and all((_number(x) or 0) > 0 for pts in lines.values() for x, _ in pts) and len(lines):
-        values = [_number(x) for pts in lines.values() for x, _ in pts]
-        if max(values) / min(values) >= 100:  # learning rates and the like
-            ax.set_xscale("log")
-    ax.set_xlabel(x_key)
-    ax.set_ylabel(f"best eval {monitor}")
-    if any(other for other in lines):
-        ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-
-
-def plot_sweep(plan: SweepPlan, rows: list[dict[str, Any]], path: Path) -> None:
-    """The best monitored metric against the swept key (a line per value of the other keys), or a heat map
-    for two keys; beside it the evaluation curves of every run."""
-    from dlrecipes.records.plots import _pyplot
-
-    plt = _pyplot()
-    keys = _swept_keys(plan)
-    monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
-    if len(keys) == 2:
-        _heat_map(fig, left, keys, rows)
-    elif keys:
-        _lines(left, keys, rows, monitor)
-    assert plan.folder is not None
-    for point in plan.points:
-        history = _history(plan.folder / point.name)
-        points = [(int(h["epoch"]), float(h[f"eval_{monitor}"])) for h in history
-                  if h.get(f"eval_{monitor}") not in (None, "", "nan")]
-        if points:
-            right.plot(*zip(*points), marker=".", label=point.name)
-    from matplotlib.ticker import MaxNLocator
-
-    right.xaxis.set_major_locator(MaxNLocator(integer=True))
-    right.set_xlabel("epoch")
-    right.set_ylabel(f"eval {monitor}")
-    right.grid(alpha=0.3)
-    if right.get_lines() and len(right.get_lines()) <= 12:
-        right.legend(fontsize=7)
-    fig.suptitle(f"sweep {plan.name}")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-__all__ = ["Point", "SweepPlan", "plan_sweep", "point_name", "prepare_folder", "run_sweep", "split_values",
-           "summarize", "table_rows", "write_summary"]
+__all__ = ["Point", "SweepPlan", "plan_sweep", "point_name", "prepare_folder", "run_sweep", "split_values"]
