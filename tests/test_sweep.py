@@ -113,8 +113,7 @@ def test_a_failing_point_is_marked_while_the_others_complete(tiny_recipe):
     assert rows["1e+12"]["status"] == "diverged" and rows["1e+12"]["reason"].startswith("training diverged: the loss")
     assert f"| diverged | {rows['1e+12']['reason']} |" in (folder / "summary.md").read_text()
     assert "lr=1e+12: diverged: training diverged: the loss" in result.stdout
-    assert result.stdout.splitlines()[-1] == (f"1 of 2 points did not finish: 1 diverged; see {folder}/summary.md and "
-                                              f"the logs in {folder}/logs")
+    assert result.stdout.splitlines()[-1] == f"1 of 2 points did not finish: 1 diverged; see {folder}/summary.md"
 
 
 TROUBLE = """
@@ -320,3 +319,23 @@ def test_an_optuna_study_drawn_from_other_ranges_is_one_line(tmp_path):
     assert search.next()[0].name.startswith("trial=0,")  # the trial left running comes first
     with pytest.raises(UserError, match="drew its trials from other ranges"):
         search.next()
+
+
+@pytest.mark.slow
+def test_at_80_columns_the_table_keeps_key_names_whole_and_values_on_one_line(tiny_recipe):
+    """In a terminal 80 columns wide: the swept key is headed by its last part, named in full above the table;
+    mean ± std stays on one line; the diverged points' reasons and the closing line follow."""
+    from .test_terminal import _in_pty, _on_screen
+
+    out = _in_pty(["sweep", str(tiny_recipe), "optimizer.lr=0.05,1e12", "--seeds", "2", "--parallel", "2",
+                   "trainer.max_duration=1ep", "trainer.log_interval=1"], 80, expect=1)
+    lines = _on_screen(out)
+    table = lines[lines.index("sweep tiny-sweep: lr = optimizer.lr"):]  # the report, after a line per training
+    runs_dir = str(tiny_recipe.parent / "runs")  # the test's own long path: a line holding it may wrap
+    assert all(len(line.replace(runs_dir, "runs")) <= 80 for line in table), max(table, key=len)
+    assert re.match(r"┃ lr +┃ best top1 +┃", table[2]) and "…" not in out, "\n".join(table)
+    done = next(line for line in table if line.startswith("│ 0.05 "))
+    assert re.match(r"│ 0\.05 +│ 0\.\d{4} ± 0\.\d{4} │", done) and "│ 2/2  │ done " in done, done
+    assert any(line.startswith("│ 1e+12 ") and "│ 0/2  │ diverged " in line for line in table), "\n".join(table)
+    assert any(line.startswith("lr=1e+12,seed=2: diverged: training diverged: the loss is") for line in table)
+    assert out.rstrip().splitlines()[-1].startswith("2 of 4 points did not finish: 2 diverged; see ")

@@ -149,7 +149,7 @@ def closing_line(plan: Any, left: dict[str, dict[str, Any]]) -> str:
                     key=lambda kc: _ORDER.index(kc[0]) if kc[0] in _ORDER else len(_ORDER))
     what = "trials" if plan.search == "optuna" else "points"
     return (f"{len(left)} of {len(plan.points)} {what} did not finish: {', '.join(f'{n} {k}' for k, n in counts)}; "
-            f"see {plan.folder / 'summary.md'} and the logs in {plan.folder / LOG_DIR}")
+            f"see {plan.folder / 'summary.md'}")
 
 
 def _point_row(folder: Path, name: str) -> dict[str, Any]:
