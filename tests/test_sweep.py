@@ -339,3 +339,39 @@ def test_at_80_columns_the_table_keeps_key_names_whole_and_values_on_one_line(ti
     assert any(line.startswith("│ 1e+12 ") and "│ 0/2  │ diverged " in line for line in table), "\n".join(table)
     assert any(line.startswith("lr=1e+12,seed=2: diverged: training diverged: the loss is") for line in table)
     assert out.rstrip().splitlines()[-1].startswith("2 of 4 points did not finish: 2 diverged; see ")
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_stops_the_sweep_like_sigterm_and_a_rerun_resumes(tiny_recipe):
+    """The sweep's terminal closes (its pseudo-terminal's other end), as when an ssh session drops: the kernel
+    sends SIGHUP; the training gets SIGTERM passed on and stops with a checkpoint, the sweep writes its summary
+    to its folder (not to the dead terminal) and exits 75; running it again resumes the point."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import termios
+
+    grid = ["--seeds", "1", "trainer.max_duration=3ep", f"imports=[{REPO / 'tests' / 'fault_injection.py'}]",
+            "callbacks.slow_batches={seconds: 0.3}"]
+    master, slave = pty.openpty()
+    sweep = subprocess.Popen([sys.executable, "-m", "dlrecipes", "sweep", str(tiny_recipe), *grid], cwd=REPO,
+                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    os.close(slave)
+    folder = tiny_recipe.parent / "runs" / "tiny-sweep"
+    log = folder / "logs" / "seed=1.log"
+    deadline = time.time() + 300
+    while not (log.is_file() and "\n1/3" in log.read_text()) and time.time() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            os.read(master, 65536)  # the terminal reads what the sweep prints
+    os.close(master)  # the terminal goes away
+    assert sweep.wait(timeout=300) == 75
+    assert [r["status"] for r in _table(folder)] == ["stopped (resumable)"]
+    summary = json.loads((folder / "seed=1" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and "SIGTERM" in summary["reason"], summary
+    resumed = run_cli("sweep", str(tiny_recipe), *grid, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    commands = [line.split() for line in log.read_text().splitlines() if line.startswith("$ ")]
+    assert len(commands) == 2 and "--resume" not in commands[0] and "--resume" in commands[1]
+    assert json.loads((folder / "seed=1" / "summary.json").read_text())["status"] == "finished"
