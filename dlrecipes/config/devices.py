@@ -10,6 +10,11 @@ from typing import Any
 from dlrecipes.core.distributed import local_world_size, resolve_device, split_batch
 from dlrecipes.errors import RecipeError, UserError
 
+# Ends every "this machine has no GPU" error: a GPU recipe is often checked on a laptop before it is sent to a cluster.
+ON_A_MACHINE_WITHOUT_GPU = (
+    "(dlrecipes validate --skip-device-check checks the rest of a GPU recipe on a machine without one)"
+)
+
 
 def check_device(config: Any) -> None:
     """Whether this machine can run the recipe's device, precision, FSDP and microbatching."""
@@ -24,7 +29,8 @@ def check_device(config: Any) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise RecipeError("trainer.device: 'gpu' requested but no CUDA GPU is available (use 'cpu' or 'auto')")
+            raise RecipeError("trainer.device: 'gpu' requested but no CUDA GPU is available: use 'cpu' or 'auto' "
+                              + ON_A_MACHINE_WITHOUT_GPU)
         if t.precision == "amp_bf16" and not torch.cuda.is_bf16_supported():
             raise RecipeError("trainer.precision: amp_bf16 is not supported by this GPU (use amp_fp16 or fp32)")
         if local_world_size() > torch.cuda.device_count():  # started by a launcher with too many processes
@@ -32,15 +38,17 @@ def check_device(config: Any) -> None:
                             f"{torch.cuda.device_count()} GPU(s)")
         return
     if t.fsdp is not None:
-        raise RecipeError("trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp.")
+        raise RecipeError(f"trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp "
+                          f"{ON_A_MACHINE_WITHOUT_GPU}.")
     if t.precision != "fp32":
         raise RecipeError(
             f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "
-            "(Composer supports only fp32 there). Use trainer.precision=fp32."
+            f"(Composer supports only fp32 there). Use trainer.precision=fp32 {ON_A_MACHINE_WITHOUT_GPU}."
         )
     if t.device_train_microbatch_size == "auto":
         raise RecipeError(
-            "trainer.device_train_microbatch_size: 'auto' needs a GPU; on the CPU give a number or null"
+            f"trainer.device_train_microbatch_size: 'auto' needs a GPU; on the CPU give a number or null "
+            f"{ON_A_MACHINE_WITHOUT_GPU}"
         )
 
 
