@@ -289,7 +289,11 @@ def predict(
 
     rows = _guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
                                         trust_checkpoint))
-    typer.echo(json.dumps(rows, indent=2) if as_json else format_predictions(rows, out))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(rows.counted(), err=True)
+    else:
+        typer.echo(format_predictions(rows, out, _terminal_width(sys.stdout)))
 
 
 @app.command("runs")

@@ -4,8 +4,12 @@ From a run directory (or a checkpoint), the recipe's network with the checkpoint
 the device the recipe would train on; from an export directory (``model.torchscript.pt`` or
 ``model.onnx`` with ``preprocess.json`` and ``classes.json``) no recipe code is needed, and ONNX
 runs with onnxruntime (the ``onnx`` extra).  Either way each file goes through the evaluation
-preprocessing (:mod:`dlrecipes.data.preprocess`), in batches.  Unreadable files are named and
-skipped.
+preprocessing (:mod:`dlrecipes.data.preprocess`), in batches.  A file that cannot be read (missing,
+not an image, truncated, too large to decode safely) is named with the reason and skipped; the rows
+come back as :class:`Predictions`, which also hold the skipped files, and when none could be read
+that is a :class:`~dlrecipes.errors.UserError`.  A damaged export directory (a model file that does
+not load, ``preprocess.json`` or ``classes.json`` that is not valid JSON or not of the expected
+shape) is one error naming the file.
 """
 
 from __future__ import annotations
@@ -20,42 +24,109 @@ from dlrecipes.errors import RecipeError, UserError
 
 
 Predictor = tuple[Callable[[Any], Any], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
+EXPORT_FILES = ("preprocess.json", "classes.json", "model.torchscript.pt", "model.onnx")
+AGAIN = "export again with dlrecipes export RUN_DIR"
+
+
+class Predictions(list):
+    """The rows of the files predicted (a list: JSON prints it as one) and ``skipped``: (path, reason) of each
+    file that could not be read."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]] = (), skipped: Sequence[tuple[Path, str]] = ()):
+        super().__init__(rows)
+        self.skipped = list(skipped)
+
+    def counted(self) -> str:
+        return f"{len(self)} predicted, {len(self.skipped)} skipped"
 
 
 def is_export_dir(path: str | Path) -> bool:
-    return Path(path).is_dir() and (Path(path) / "preprocess.json").is_file()
+    """A folder with an export's files and no run's ``recipe.yaml``."""
+    folder = Path(path)
+    return folder.is_dir() and not (folder / "recipe.yaml").is_file() and any(
+        (folder / name).exists() for name in EXPORT_FILES)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path.parent}: an export directory needs preprocess.json and classes.json; {path.name} is "
+                        f"missing ({AGAIN})") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {AGAIN}"
+                        ) from None
+    except (OSError, ValueError) as exc:  # unreadable, or not text
+        raise UserError(f"{path}: cannot be read as JSON text ({_first_line(exc)}); {AGAIN}") from None
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def export_predictor(folder: Path) -> Predictor:
     """(logits of a float32 NCHW array batch, preprocess spec, class names) of an export directory."""
     import numpy as np
 
-    try:
-        spec = json.loads((folder / "preprocess.json").read_text())
-        classes = json.loads((folder / "classes.json").read_text())
-    except FileNotFoundError as exc:
-        raise UserError(f"{folder}: an export directory needs preprocess.json and classes.json; {exc.filename} is "
-                        "missing (export again with dlrecipes export RUN_DIR)") from None
+    from dlrecipes.data.preprocess import spec_problem
+    from dlrecipes.errors import shown
+
+    spec = _read_json(folder / "preprocess.json")
+    problem = spec_problem(spec)
+    if problem:
+        raise UserError(f"{folder / 'preprocess.json'}: {problem}; {AGAIN}")
+    classes = _read_json(folder / "classes.json")
+    if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise UserError(f"{folder / 'classes.json'}: expected a list of class names (strings) in logit order, got "
+                        f"{shown(classes)}; {AGAIN}")
     if (folder / "model.torchscript.pt").is_file():
         import torch
 
-        module = torch.jit.load(str(folder / "model.torchscript.pt"), map_location="cpu").eval()
+        path = folder / "model.torchscript.pt"
+        try:
+            module = torch.jit.load(str(path), map_location="cpu").eval()
+        except Exception as exc:  # truncated, not a TorchScript archive, not a file torch can read
+            raise UserError(f"{path}: not a TorchScript model torch can load ({_first_line(exc)}); {AGAIN}") from None
 
         def run(batch: np.ndarray) -> np.ndarray:
             with torch.no_grad():
                 return module(torch.from_numpy(batch)).numpy()
 
-        return run, spec, classes
+        return _checked(run, path, classes), spec, classes
     if (folder / "model.onnx").is_file():
         try:
             import onnxruntime
         except ImportError:
             raise UserError(f"{folder / 'model.onnx'}: running ONNX needs onnxruntime: pip install 'dlrecipes[onnx]'"
                             ) from None
-        session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        path = folder / "model.onnx"
+        try:
+            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own errors (invalid protobuf, a graph it cannot run)
+            raise UserError(f"{path}: not an ONNX model onnxruntime can load ({_first_line(exc)}); {AGAIN}") from None
         name = session.get_inputs()[0].name
-        return (lambda batch: session.run(None, {name: batch})[0]), spec, classes
-    raise UserError(f"{folder}: no model.torchscript.pt or model.onnx in this export directory")
+        return _checked(lambda batch: session.run(None, {name: batch})[0], path, classes), spec, classes
+    raise UserError(f"{folder}: no model.torchscript.pt or model.onnx in this export directory ({AGAIN})")
+
+
+def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Callable[[Any], Any]:
+    """``run``, failing with one line naming the model file when the model does not take the batch
+    ``preprocess.json`` makes, or gives another number of classes than ``classes.json`` names."""
+    import numpy as np
+
+    def checked(batch: Any) -> Any:
+        try:
+            logits = np.asarray(run(batch))
+        except Exception as exc:  # the model's own error, from torch or onnxruntime
+            raise UserError(f"{path}: failed on a batch of shape {list(batch.shape)} made as preprocess.json says "
+                            f"({_first_line(exc)}); {AGAIN}") from None
+        if logits.ndim != 2 or logits.shape[1] != len(classes):
+            raise UserError(f"{path}: gives logits of shape {list(logits.shape)} for {len(batch)} image(s), but "
+                            f"classes.json names {len(classes)} classes; {AGAIN}")
+        return logits
+
+    return checked
 
 
 def run_predictor(target: Any, config: Any, trust: bool = False) -> Predictor:
@@ -92,31 +163,34 @@ def check_options(top_k: int, batch_size: int) -> None:
 
 
 def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
-                  batch_size: int = 64) -> list[dict[str, Any]]:
+                  batch_size: int = 64) -> Predictions:
     """One row per readable file: ``path``, ``class``, ``probability`` and the ``top`` k (class, probability)
-    pairs; written to ``out`` as CSV when given."""
+    pairs; written to ``out`` as CSV when given.  Each file that cannot be read is named on standard error with
+    the reason, and skipped; none readable is a :class:`UserError`."""
     import numpy as np
 
     from dlrecipes.data.preprocess import image_files, load_image
 
     check_options(top_k, batch_size)
+    if out is not None:
+        check_out(Path(out))
     run, spec, classes = predictor
     paths = image_files(files)
     if not paths:
         raise UserError(f"FILES: no image files in {', '.join(map(str, files))} (looked for "
                         ".jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm)")
     k = min(top_k, len(classes))
-    rows: list[dict[str, Any]] = []
-    skipped = 0
+    read_errors = _read_errors()
+    result = Predictions()
     for start in range(0, len(paths), batch_size):
         arrays, kept = [], []
         for path in paths[start:start + batch_size]:
             try:
                 arrays.append(load_image(path, spec))
                 kept.append(path)
-            except (OSError, ValueError) as exc:  # missing, unidentified, truncated
-                skipped += 1
-                print(f"warning: skipping {path}: {str(exc).split(' (')[0] or type(exc).__name__}", file=sys.stderr)
+            except read_errors as exc:
+                result.skipped.append((path, unreadable(path, exc)))
+                print(f"warning: skipping {path}: {result.skipped[-1][1]}", file=sys.stderr)
         if not arrays:
             continue
         logits = np.asarray(run(np.stack(arrays)), dtype=np.float64)
@@ -126,12 +200,57 @@ def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int 
         for path, p in zip(kept, probabilities):
             order = np.argsort(-p, kind="stable")[:k]
             top = [(classes[i], float(p[i])) for i in order]
-            rows.append({"path": str(path), "class": top[0][0], "probability": top[0][1], "top": top})
-    if skipped:
-        print(f"warning: {skipped} of {len(paths)} file(s) could not be read (named above)", file=sys.stderr)
+            result.append({"path": str(path), "class": top[0][0], "probability": top[0][1], "top": top})
+    if not result:
+        raise UserError(f"{result.counted()}: no file could be read (each is named above)")
     if out is not None:
-        write_csv(rows, Path(out), k)
-    return rows
+        write_csv(result, Path(out), k)
+    return result
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    import struct
+
+    from PIL import Image
+
+    # OSError: missing, unreadable, not an image, truncated; the others: what Pillow's decoders raise on a
+    # damaged file; the decompression-bomb pair: an image too large to decode safely
+    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError,
+            Image.DecompressionBombWarning)
+
+
+def unreadable(path: Path, exc: BaseException) -> str:
+    """Why ``path`` could not be read, in a few words (the path itself is said by the caller)."""
+    from PIL import Image, UnidentifiedImageError
+
+    from dlrecipes.errors import did_you_mean
+
+    if isinstance(exc, FileNotFoundError):
+        folder = path.parent
+        if not folder.is_dir():
+            return f"no such file (and no folder {folder})"
+        return "no such file" + did_you_mean(path.name, [p.name for p in folder.iterdir()])
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, UnidentifiedImageError):
+        return "not an image file Pillow can read"
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        size = str(exc).split(", could be")[0]
+        return (f"too large to decode safely ({size[:1].lower() + size[1:]}: Pillow's decompression-bomb limit, "
+                "PIL.Image.MAX_IMAGE_PIXELS)")
+    text = _first_line(exc).replace(f"'{path}'", "").replace(str(path), "").strip(" :")
+    return text.split(" (")[0] if isinstance(exc, OSError) and text else text or type(exc).__name__
+
+
+def check_out(path: Path) -> None:
+    """``--out`` can be written (checked before any image is read)."""
+    if path.is_dir():
+        raise UserError(f"--out: {path} is a folder; give a file name such as {path / 'predictions.csv'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"--out: cannot write {path}: {parent} is a file, not a folder")
+            break
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path, k: int) -> None:
@@ -152,15 +271,35 @@ def write_csv(rows: list[dict[str, Any]], path: Path, k: int) -> None:
         raise UserError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 
 
-def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = None) -> str:
+def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
+                       ) -> str:
+    """One line per file (path, class, probability, the other top classes), then the count line; in a terminal
+    ``width`` wide, a longer line puts the path on a line of its own and the classes on the next ones."""
+    skipped = len(getattr(rows, "skipped", ()))
+    fits = (lambda line: True) if width is None else (lambda line: len(line) <= width - 1)
     lines = []
     for row in rows:
-        others = "  ".join(f"{name} {p:.3f}" for name, p in row["top"][1:])
-        lines.append(f"{row['path']}  {row['class']} {row['probability']:.3f}" + (f"  ({others})" if others else ""))
-    if out is not None:
-        lines.append(f"{len(rows)} prediction(s) written to {out}")
+        pieces = [f"{row['class']} {row['probability']:.3f}", *(f"{name} {p:.3f}" for name, p in row["top"][1:])]
+        line = f"{row['path']}  {pieces[0]}" + (f"  ({'  '.join(pieces[1:])})" if pieces[1:] else "")
+        if fits(line):
+            lines.append(line)
+            continue
+        lines.append(str(row["path"]))
+        current = " "
+        for piece in pieces:  # each class and its probability stay together
+            if current.strip() and not fits(f"{current} {piece}"):
+                lines.append(current)
+                current = " "
+            current += f" {piece}"
+        lines.append(current)
+    count = f"{len(rows)} predicted, {skipped} skipped"
+    written = f"written to {out}" if out is not None else ""
+    if written and fits(f"{count}; {written}"):
+        lines.append(f"{count}; {written}")
+    else:
+        lines += [count, written] if written else [count]
     return "\n".join(lines)
 
 
-__all__ = ["Predictor", "check_options", "export_predictor", "format_predictions", "is_export_dir", "predict_files",
-           "run_predictor", "write_csv"]
+__all__ = ["EXPORT_FILES", "Predictions", "Predictor", "check_options", "check_out", "export_predictor",
+           "format_predictions", "is_export_dir", "predict_files", "run_predictor", "unreadable", "write_csv"]
