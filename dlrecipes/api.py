@@ -70,12 +70,33 @@ def train(
     config: Optional[RecipeConfig] = None,
     trust_checkpoint: bool = False,
     verbose: bool = False,
+    restart: bool = False,
 ):
-    """Resolve and train; returns a :class:`dlrecipes.train.TrainResult`."""
+    """Resolve and train; returns a :class:`dlrecipes.train.TrainResult`.  ``resume``: continue the run;
+    ``restart``: train ``run_name`` again from the beginning, keeping the old run under another name."""
     from dlrecipes.train import train as fit
 
     return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
-               verbose=verbose)
+               verbose=verbose, restart=restart)
+
+
+def _resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
+    """The recipe of a run (or a checkpoint's ``--recipe``) with ``overrides``, validated; an error of the file
+    itself (not of an override) names the file."""
+    try:
+        return resolve(found.recipe, overrides, plugins)
+    except RecipeError as exc:
+        if str(found.recipe) in str(exc):
+            raise
+        if overrides:
+            try:
+                resolve(found.recipe, (), plugins)
+            except RecipeError:
+                pass
+            else:
+                raise  # the recipe is fine: the override is what is wrong
+        exc.args = (f"{found.recipe}: {exc}",)
+        raise
 
 
 def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str = "best",
@@ -87,7 +108,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
     found, overrides = find_target(target, checkpoint, recipe), list(overrides)
-    return evaluate_run(found, resolve(found.recipe, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    return evaluate_run(found, _resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
 
 
 def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
@@ -99,7 +120,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.tools.export_run import export_run
 
     found = find_target(target, checkpoint, recipe)
-    return export_run(found, resolve(found.recipe, overrides, plugins), formats, out, trust_checkpoint)
+    return export_run(found, _resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
 
 
 def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
@@ -115,7 +136,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
         predictor = tool.export_predictor(Path(target))
     else:
         found = find_target(target, checkpoint, recipe)
-        predictor = tool.run_predictor(found, resolve(found.recipe, overrides, plugins), trust_checkpoint)
+        predictor = tool.run_predictor(found, _resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
@@ -160,17 +181,23 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
 
 def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
            nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
-           resume: bool = False, trust_checkpoint: bool = False) -> int:
+           resume: bool = False, trust_checkpoint: bool = False, restart: bool = False) -> int:
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``) through Composer's
     launcher; returns its exit code."""
     from dlrecipes.config.devices import check_launch
+    from dlrecipes.records.run_dir import check_run_exists
     from dlrecipes.tools.launch import gloo_environment, launcher_command, run_forwarding_signals
 
-    extra = (*(["--resume"] if resume else []), *(["--trust-checkpoint"] if trust_checkpoint else []),
-             *(a for p in plugins for a in ("--plugin", p)))
+    if resume and restart:
+        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+    extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
+             *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
     cmd = launcher_command(str(recipe), list(overrides), nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
-    check_launch(resolve(recipe, overrides, plugins), nproc, nproc * nodes)
+    config = resolve(recipe, overrides, plugins)
+    check_launch(config, nproc, nproc * nodes)
+    if resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
+        check_run_exists(Path(config.runs_dir), config.run_name)
     return run_forwarding_signals(cmd, gloo_environment(master_addr, master_port, nproc * nodes))
 
 

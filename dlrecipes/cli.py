@@ -32,6 +32,8 @@ TrustOpt = typer.Option(
     False, "--trust-checkpoint", help="allow a full unpickle of checkpoint.load_path outside the run directory"
 )
 ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
+RestartOpt = typer.Option(False, "--restart", help="train run_name again from the beginning; the old run is kept "
+                          "as <run_name>.restarted-<time>")
 JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 
@@ -110,7 +112,14 @@ def _fail(message: str, code: int = 2, prefix: str = "error: ") -> None:
     raise typer.Exit(code=code)
 
 
+TRACEBACK_SWITCH = "DLRECIPES_TRACEBACK"  # =1: an unexpected error keeps its traceback
+
+
 def _guarded(fn: Callable[[], Any]) -> Any:
+    """``fn()``; a user error becomes its one line and exit code, and so does any other exception (a bug, or a
+    case not foreseen), which names itself and how to see its traceback."""
+    import os
+
     try:
         return fn()
     except UserError as exc:
@@ -118,6 +127,14 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         if message.startswith("Caught ") and "Original Traceback" in message:  # raised in a DataLoader worker
             message = message.strip().splitlines()[-1].split(": ", 1)[-1]
         _fail(message, exc.exit_code, exc.prefix)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get(TRACEBACK_SWITCH) == "1":
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+        _fail(f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
+              f"{TRACEBACK_SWITCH}=1 shows the traceback)", code=1)
 
 
 def _assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
@@ -130,6 +147,7 @@ def _assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
 def train(
     args: RecipeArgs,
     resume: bool = ResumeOpt,
+    restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="also Composer's console logging (config banner, metrics) and its warnings"
@@ -140,7 +158,7 @@ def train(
     from dlrecipes.tools.describe import trained
 
     result = _guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
-                                        trust_checkpoint=trust_checkpoint, verbose=verbose))
+                                        trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart))
     typer.echo(trained(result, _terminal_width(sys.stderr)), err=True)
 
 
@@ -153,13 +171,14 @@ def launch(
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="a free port on node 0"),
     resume: bool = ResumeOpt,
+    restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
 ) -> None:
     """Train on several devices/nodes through Composer's launcher, after checking the setup."""
     from dlrecipes import api
 
     code = _guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,
-                                       master_addr, master_port, resume, trust_checkpoint))
+                                       master_addr, master_port, resume, trust_checkpoint, restart))
     raise typer.Exit(code)
 
 
@@ -308,6 +327,11 @@ def list_runs(
 
     rows = _guarded(lambda: api.runs(runs_dir, last))
     typer.echo(json.dumps(rows, indent=2) if as_json else format_runs(rows))
+    damaged = [message for row in rows for message in row["damaged"]]
+    for message in damaged:
+        typer.echo(f"error: {message}", err=True)
+    if damaged:
+        raise typer.Exit(code=2)
 
 
 @app.command("list")

@@ -24,7 +24,8 @@ from dlrecipes.records import run_lock
 from dlrecipes.records.history import RunHistory
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
-    choose_run_name, has_checkpoint, make_run_dir, prepare_run_dir, set_aside_failed_run,
+    choose_run_name, find_resume_point, has_checkpoint, make_run_dir, prepare_run_dir, set_aside_failed_run,
+    set_aside_for_restart,
 )
 
 
@@ -86,23 +87,34 @@ def _outcome(exc: BaseException) -> str:
 
 
 def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
-          verbose: bool = False) -> TrainResult:
+          verbose: bool = False, restart: bool = False) -> TrainResult:
     """Train a validated recipe; returns where the run went and its final eval metrics.
 
     ``verbose``: Composer's own console logging too, the warnings
     :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise), and the traceback of a
-    failure (always written to the run's log when the run directory stays).
+    failure (always written to the run's log when the run directory stays).  ``restart``: the run named
+    ``run_name`` is kept under another name and this one starts from the beginning.
     """
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
+    if resume and restart:
+        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+    if restart and not config.run_name:
+        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
+                          "new every time)")
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
     run_dir = Path(config.runs_dir) / choose_run_name(config, resume, device)  # a default name: made now
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
+    point = None
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, recipe)
+        if rank() == 0:
+            point = find_resume_point(run_dir, config.trainer.max_duration)
         if accepted and rank() == 0:
             print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
+    elif restart:
+        set_aside_for_restart(run_dir)
     elif config.run_name:
         set_aside_failed_run(run_dir)
     lock, fresh = None, not resume and (not config.run_name or not run_dir.exists())
@@ -116,9 +128,10 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
 
                 hide_harmless_warnings()
             prepare_run_dir(config, run_dir.name, resume, recipe)
-            return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose)
+            return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
-        kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
+        # a stopped run keeps its directory (--resume continues it); a failure before any checkpoint leaves none
+        kept = not (fresh and lock is not None and not has_checkpoint(run_dir)) or _outcome(exc) == "stopped"
         if not kept:  # nothing worth keeping: leave no run directory behind
             lock.release()
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -169,10 +182,10 @@ def _failed(exc: Exception, run_dir: Path | None, verbose: bool) -> TrainingFail
 
 
 def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
-              verbose: bool = False) -> TrainResult:
+              verbose: bool = False, point: Path | None = None) -> TrainResult:
     start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
-                            recipe=recipe)
+                            recipe=recipe, resume_from=point)
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train

@@ -15,7 +15,8 @@ from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import local_world_size, rank, resolve_device, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
 from dlrecipes.errors import UserError
-from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver, resume_point
+from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver
+from dlrecipes.records.run_dir import find_resume_point
 from dlrecipes import registry
 from dlrecipes.registry import build_component
 
@@ -37,20 +38,24 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
     return algorithms
 
 
-def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool):
+def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool,
+                   resume_from: Optional[Path] = None):
     """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
-    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time,
-    RNG).  Otherwise ``checkpoint.load_path`` gives initial weights, read tensors-only where
-    the file allows it (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole
+    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG):
+    ``resume_from`` when the caller found it already, else rank 0 looks (and refuses what
+    :func:`dlrecipes.records.run_dir.find_resume_point` refuses).  Otherwise ``checkpoint.load_path``
+    gives initial weights, read tensors-only where the file allows it (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole
     file to Composer, which from outside the run directory needs ``trust``.
     """
     from dlrecipes.records.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
 
     ckpt = config.checkpoint
     if resume:
-        point = resume_point(run_dir / CHECKPOINT_DIR) if rank() == 0 else None
-        point = same_on_all_ranks(str(point) if point else "", device, config.trainer.dist_timeout)
+        if resume_from is None and rank() == 0:
+            resume_from = find_resume_point(run_dir, config.trainer.max_duration)
+        point = same_on_all_ranks(str(resume_from) if resume_from and rank() == 0 else "", device,
+                                  config.trainer.dist_timeout)
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
@@ -114,7 +119,7 @@ def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: b
 
 
 def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
-                  verbose: bool = False, recipe: Optional[dict[str, Any]] = None):
+                  verbose: bool = False, recipe: Optional[dict[str, Any]] = None, resume_from: Optional[Path] = None):
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``trust_checkpoint`` allows a full unpickle of a ``checkpoint.load_path`` outside the run
@@ -128,7 +133,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, tru
     if ckpt.save:
         check_free_space(run_dir, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
-    load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint)
+    load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint, resume_from)
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
                                          algorithms=config.algorithms)
     callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)

@@ -84,6 +84,12 @@ def checkpoint_batch(path: Path) -> int:
     return int(match.group(2)) if match else -1
 
 
+def periodic_progress(path: Path) -> tuple[int, int]:
+    """(epochs, batches) trained when the periodic checkpoint ``path`` was written (from its name)."""
+    match = _PERIODIC.match(path.name)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
 def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> CheckpointSaveError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
@@ -167,50 +173,125 @@ def save_atomically(state, path: Path) -> None:
 # --- resuming ---------------------------------------------------------------------------
 
 
+def describe_damage(path: Path) -> Optional[str]:
+    """What is wrong with ``path`` as a checkpoint file before unpickling it (None: nothing seen): missing,
+    empty, another kind of file, a truncated archive."""
+    import zipfile
+
+    if not path.exists():
+        return "is missing"
+    if path.is_dir():
+        return "is a folder, not a checkpoint file"
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"PK"):  # torch.save's zip format
+        try:
+            with zipfile.ZipFile(path) as archive:
+                broken = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            return f"is truncated or damaged (an incomplete zip archive of {size:,} bytes)"
+        return f"is damaged (its entry {broken} fails its checksum)" if broken else None
+    if head[:1] == b"\x80":  # the legacy pickle format
+        return None
+    return f"is not a checkpoint ({_kind_of(head)}, {size:,} bytes)"
+
+
+def _kind_of(head: bytes) -> str:
+    known = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
+             b"%PDF": "a PDF document", b"\x1f\x8b": "a gzip file", b"\x08": "an ONNX or protobuf file"}
+    for magic, kind in known.items():
+        if head.startswith(magic):
+            return kind
+    try:
+        head.decode("utf-8")
+        return "text"
+    except UnicodeDecodeError:
+        return "unknown binary data"
+
+
 def loadable(path: Path) -> Optional[str]:
     """None if ``path`` loads as a Composer checkpoint, else why not (a full load: the only honest test)."""
     import torch
 
+    problem = describe_damage(path)
+    if problem is not None:
+        return problem
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # only called on our own run directory
+        state = torch.load(path, map_location="cpu", weights_only=False)  # only called on trusted files
     except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
-    return None if isinstance(state, dict) and "state" in state else "not a Composer checkpoint"
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        return f"does not load ({type(exc).__name__}{': ' + first if first else ''})"
+    if not (isinstance(state, dict) and isinstance(state.get("state"), dict) and "model" in state["state"]):
+        return "is not a Composer checkpoint (no state/model in it)"
+    return None
 
 
-def resume_point(checkpoint_dir: Path) -> Optional[Path]:
+def check_checkpoint(path: Path, key: str = "--checkpoint") -> None:
+    """Refuse, in one line naming the file, a checkpoint that is missing, empty, truncated or not a Composer
+    checkpoint (a full load: call it on trusted files only, after :func:`check_trusted`)."""
+    problem = loadable(path)
+    if problem is not None:
+        raise DataError(f"{key}: {path} {problem}; nothing was changed. Use another checkpoint of the run "
+                        "(--checkpoint best, latest or a file in its checkpoints/ folder)")
+
+
+def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Checkpoints set aside as damaged (``*.damaged``) in ``checkpoint_dir``."""
+    return sorted(checkpoint_dir.glob("*.damaged")) if checkpoint_dir.is_dir() else []
+
+
+def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
     """The newest complete checkpoint in ``checkpoint_dir`` (``latest`` relinked to it), or None.
 
-    Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints
-    are renamed ``*.damaged`` (kept for inspection) with a warning.
+    Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints newer than the
+    one that loads are renamed ``*.damaged`` (kept for inspection) with a warning.  When none loads,
+    nothing is renamed and the error names every damaged file and the two ways on.  ``repair=False``
+    (reading a run, not continuing it): the same answer, and nothing in the folder changes.
     """
     if not checkpoint_dir.is_dir():
         return None
+    if not repair:
+        candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
+        return next((c for c in candidates if loadable(c) is None), None)
     for leftover in checkpoint_dir.glob(f"*{PARTIAL_SUFFIX}"):
         print(f"note: removing {leftover}, left by a save that was interrupted", file=sys.stderr)
         leftover.unlink()
     (checkpoint_dir / (LATEST_CHECKPOINT + ".new-link")).unlink(missing_ok=True)
     candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
     latest = checkpoint_dir / LATEST_CHECKPOINT
-    damaged: list[str] = []
+    damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
         problem = loadable(candidate)
-        if problem is None:
-            if damaged:
-                print(f"warning: resuming from {candidate}, the newest checkpoint that loads", file=sys.stderr)
-            if not (latest.is_symlink() and latest.resolve() == candidate.resolve()):
-                relink(latest, candidate)
-            return candidate
-        kept = candidate.with_name(candidate.name + ".damaged")
-        print(f"warning: checkpoint {candidate} is damaged ({problem}); it is now {kept.name}, "
-              "trying the one before it", file=sys.stderr)
-        candidate.rename(kept)
-        damaged.append(str(candidate))
+        if problem is not None:
+            damaged.append((candidate, problem))
+            continue
+        for path, why in damaged:  # set aside only once a checkpoint to continue from is found
+            kept = path.with_name(path.name + ".damaged")
+            print(f"warning: checkpoint {path} {why}; it is now {kept.name}", file=sys.stderr)
+            path.rename(kept)
+        if damaged:
+            print(f"warning: resuming from {candidate}, the newest checkpoint that loads", file=sys.stderr)
+        if not (latest.is_symlink() and latest.resolve() == candidate.resolve()):
+            relink(latest, candidate)
+        return candidate
     if damaged:
-        latest.unlink(missing_ok=True)
-        raise DataError(f"checkpoint {damaged[0]} is damaged and no earlier checkpoint in {checkpoint_dir} loads "
-                        f"(damaged: {', '.join(damaged)}); rerun without --resume to start over")
+        named = "; ".join(f"{path.name} {why}" for path, why in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
+        raise NoCheckpointToResume(checkpoint_dir.parent, f"no checkpoint in {checkpoint_dir} loads ({named})")
     return None
+
+
+class NoCheckpointToResume(DataError):
+    """``--resume`` found nothing to continue from in a run that has results: it refuses, changing nothing."""
+
+    def __init__(self, run_dir: Path, why: str):
+        super().__init__(f"--resume: {why}; nothing was changed. To train this run again from the start, pass "
+                         f"--restart run_name={run_dir.name} instead of --resume (the old run is kept, renamed "
+                         f"{run_dir.name}.restarted-<time>); "
+                         "or keep it as it is and train under another run_name")
+        self.run_dir = run_dir
 
 
 # --- loading weights from a file (fine-tuning) --------------------------------------------

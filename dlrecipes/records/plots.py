@@ -6,22 +6,21 @@ matplotlib runs headless (Agg).  ``dlrecipes plot RUN_DIR`` redraws a run's plot
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from dlrecipes.errors import UserError
+from dlrecipes.records import run_files
+from dlrecipes.records.run_files import HISTORY_FILE
 
 
 def read_history(run_dir: Path) -> list[dict[str, float]]:
     """The rows of a run's ``history.csv`` (written by :class:`dlrecipes.records.history.RunHistory`)."""
-    path = Path(run_dir) / "history.csv"
-    if not path.is_file():
+    path = Path(run_dir) / HISTORY_FILE
+    if not path.exists():
         raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
-    with open(path) as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+    return run_files.read_history(Path(run_dir))
 
 
 def _pyplot():
@@ -34,7 +33,7 @@ def _pyplot():
 
 
 def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
-    points = [(r["epoch"], r[key]) for r in rows if not math.isnan(r[key])]
+    points = [(r["epoch"], r[key]) for r in rows if not math.isnan(r.get(key, math.nan))]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -85,13 +84,9 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a run directory (no such folder)")
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except FileNotFoundError:
+    summary = run_files.read_summary(run_dir)
+    if summary is None:
         return {"run": run_dir.name, "status": "no summary (training, or stopped before its first epoch)"}
-    except (OSError, ValueError) as exc:
-        return {"run": run_dir.name, "status": f"unreadable summary.json ({type(exc).__name__})"}
     summary.setdefault("status", "finished")  # summaries written before runs recorded their status
     return summary
 
@@ -101,16 +96,12 @@ IGNORED_DIFFERENCES = ("run_name", "runs_dir", "description")
 
 def recipe_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
     """The resolved-recipe keys (dotted) whose values differ among the runs, with each run's value."""
-    import yaml
-
     from dlrecipes.records.resume_check import flatten
 
     flat: list[Any] = []
     for run_dir in run_dirs:
-        try:
-            flat.append(flatten(yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text()) or {}))
-        except (OSError, yaml.YAMLError):
-            flat.append(None)  # no recipe to compare (not a run, or an unreadable one)
+        recipe = run_files.read_recipe(Path(run_dir))
+        flat.append(flatten(recipe) if recipe is not None else None)  # None: no recipe to compare
     known = [f for f in flat if f is not None]
     keys = sorted({k for f in known for k in f if k.split(".")[0] not in IGNORED_DIFFERENCES})
     differing = [k for k in keys if len({repr(f.get(k)) for f in known}) > 1]
@@ -131,9 +122,10 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for run_dir, summary in zip(run_dirs, summaries):
-        if not (Path(run_dir) / "history.csv").is_file():
+        if not (Path(run_dir) / HISTORY_FILE).is_file():
             continue
-        rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r["eval_top1"])]
+        rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r.get("eval_top1", math.nan))
+                and not math.isnan(r.get("elapsed_sec", math.nan))]
         label = f"{summary['run']} ({summary.get('precision')}, batch {summary.get('batch_size')})"
         ax.plot([r["elapsed_sec"] for r in rows], [r["eval_top1"] for r in rows], marker="o", label=label)
     ax.set_xlabel("wall-clock time (s)")

@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dlrecipes.errors import RecipeError
+from dlrecipes.records.run_files import RECIPE_FILE, read_recipe
 
 # Key paths (and everything under them) that a checkpoint was made for.
 CANNOT_CHANGE = (
@@ -60,16 +59,16 @@ def _show(key: str, before: Any, after: Any) -> str:
 
 def check_resume(run_dir: Path, new: dict) -> list[str]:
     """Refuse changes the run cannot continue with; return the accepted ones, described."""
-    recorded_file = Path(run_dir) / "recipe.yaml"
-    if not recorded_file.is_file():
+    recorded = read_recipe(Path(run_dir))  # a damaged one: one line naming it
+    if recorded is None:
         return []
-    recorded = yaml.safe_load(recorded_file.read_text()) or {}
     ignored = {"run_name", "description"}
     found = [c for c in changes(recorded, new) if c[0].split(".")[0] not in ignored]
     refused = [_show(*c) for c in found if _cannot_continue(c[0])]
     if refused:
         raise RecipeError(
-            f"--resume: {run_dir} was trained with another recipe; these changes cannot continue it: "
+            f"--resume: {run_dir} was trained with another recipe ({Path(run_dir) / RECIPE_FILE}); these changes "
+            "cannot continue it: "
             f"{'; '.join(refused)}. Undo them, or start a new run (another run_name, without --resume)"
         )
     return [_show(*c) for c in found]

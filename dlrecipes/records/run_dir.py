@@ -10,6 +10,7 @@ marked in summary.json (``status``), and starting it again under the same name s
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import time
@@ -19,13 +20,20 @@ from typing import Any
 import yaml
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
-from dlrecipes.errors import UserError
-from dlrecipes.records.checkpoints import CHECKPOINT_DIR, LATEST_CHECKPOINT
+from dlrecipes.core.durations import parse_duration
+from dlrecipes.errors import RecipeError, UserError, did_you_mean
+from dlrecipes.records.checkpoints import (
+    CHECKPOINT_DIR, LATEST_CHECKPOINT, NoCheckpointToResume, damaged_checkpoints, periodic_progress, resume_point,
+)
+from dlrecipes.records.run_files import RECIPE_FILE
 
 
 def choose_run_name(config: Any, resume: bool, device: str) -> str:
-    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp."""
+    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp.
+    ``resume`` with a run_name that names no run is refused (rank 0), with the closest names there are."""
     if config.run_name:
+        if resume and rank() == 0:
+            check_run_exists(Path(config.runs_dir), config.run_name)
         return config.run_name
     runs = Path(config.runs_dir)
     if resume:
@@ -43,6 +51,18 @@ def choose_run_name(config: Any, resume: bool, device: str) -> str:
     name = _claim_new_name(Path(config.runs_dir), f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") \
         if rank() == 0 else ""
     return same_on_all_ranks(name, device, config.trainer.dist_timeout)
+
+
+def check_run_exists(runs: Path, name: str) -> None:
+    """Refuse to continue a run that is not there (a typo would otherwise start a new run quietly)."""
+    if (runs / name).is_dir():
+        return
+    names = sorted(p.parent.name for p in runs.glob(f"*/{RECIPE_FILE}")) if runs.is_dir() else []
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f"; the closest: {', '.join(close)}" if close else (
+        f"; it holds {len(names)} run(s) (dlrecipes runs {runs} lists them)" if names else "")
+    raise RecipeError(f"run_name: --resume found no run {name!r} in {runs}{hint}. Without --resume a new run "
+                      "starts under that name")
 
 
 def _claim_new_name(runs: Path, stem: str) -> str:
@@ -85,6 +105,43 @@ def set_aside_failed_run(run_dir: Path) -> Path | None:
     return aside
 
 
+def set_aside_for_restart(run_dir: Path) -> Path | None:
+    """``--restart``: the run's directory renamed ``<name>.restarted-<time>`` (kept, with a warning) so that a
+    new run starts under the name (rank 0); refused while another process trains in it."""
+    from dlrecipes.records import run_lock
+
+    if rank() != 0 or not run_dir.exists():
+        return None
+    run_lock.acquire(run_dir).release()  # refuses, naming the holder, while a live process trains in it
+    aside = run_dir.with_name(f"{run_dir.name}.restarted-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(aside)
+    print(f"warning: --restart: the run that was in {run_dir} is kept as {aside}; this run starts from the "
+          "beginning", file=sys.stderr)
+    return aside
+
+
+def find_resume_point(run_dir: Path, max_duration: str) -> Path | None:
+    """Where ``--resume`` continues (rank 0): the newest checkpoint that loads, or None for a run that has
+    nothing yet.  Refused, before anything is written, when the run has results but no checkpoint that loads
+    (starting over would overwrite them) and when ``max_duration`` is shorter than what the run has trained."""
+    folder = run_dir / CHECKPOINT_DIR
+    point = resume_point(folder)
+    if point is None:
+        results = [p.name for p in damaged_checkpoints(folder)] + [p.name for p in folder.glob("best.pt")]
+        if results:
+            raise NoCheckpointToResume(run_dir, f"{folder} holds no periodic checkpoint that loads, only "
+                                                f"{', '.join(results[:4])}")
+        return None
+    epochs, batches = periodic_progress(point)
+    amount, unit = parse_duration(max_duration)
+    done = {"ep": epochs, "ba": batches}.get(unit)
+    if done is not None and amount < done:
+        raise RecipeError(f"trainer.max_duration: {max_duration} is shorter than what {run_dir.name} has trained "
+                          f"({epochs} epochs, {batches} batches: {point.name}); give a longer max_duration to "
+                          f"continue it, or evaluate it as it is: dlrecipes eval {run_dir}")
+    return point
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether the run wrote a complete checkpoint (periodic or best)."""
     folder = run_dir / CHECKPOINT_DIR
@@ -92,12 +149,18 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def make_run_dir(run_dir: Path) -> None:
+    make_writable_dir(run_dir, "runs_dir", "run directory ")
+
+
+def make_writable_dir(folder: Path, key: str = "--out", what: str = "") -> Path:
+    """``folder``, created if needed, or one line naming ``key`` and why it cannot be written."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"runs_dir: cannot create run directory {run_dir}: {exc.strerror}") from None
-    if not os.access(run_dir, os.W_OK):
-        raise UserError(f"runs_dir: run directory {run_dir} is not writable")
+        raise UserError(f"{key}: cannot create {what}{folder}: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{key}: {what}{folder} is not writable")
+    return folder
 
 
 def prepare_run_dir(config: Any, run_name: str, resume: bool, recipe: dict[str, Any] | None = None) -> Path:
@@ -105,12 +168,13 @@ def prepare_run_dir(config: Any, run_name: str, resume: bool, recipe: dict[str, 
     config as plain data, when the caller has it already."""
     run_dir = Path(config.runs_dir) / run_name
     resolved = yaml.safe_dump(recipe if recipe is not None else config.to_dict(), sort_keys=False)
-    recipe_file = run_dir / "recipe.yaml"
+    recipe_file = run_dir / RECIPE_FILE
     if rank() == 0:
         make_run_dir(run_dir)
         if recipe_file.exists() and not resume and (run_dir / CHECKPOINT_DIR).exists():
             raise UserError(
-                f"run_name: {run_dir} already holds a run; pass --resume to continue it or choose another run_name"
+                f"run_name: {run_dir} already holds a run; pass --resume to continue it, --restart to train it again "
+                "from the beginning (the old run is kept under another name), or choose another run_name"
             )
         if not recipe_file.exists() or recipe_file.read_text() != resolved:
             if recipe_file.exists():

@@ -9,14 +9,12 @@ checkpoint).
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
-from typing import Any, Optional, Sequence
-
-import yaml
+from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.errors import UserError
+from dlrecipes.records import run_files
+from dlrecipes.records.run_files import RECIPE_FILE, DamagedRunFile
 
 RUN_COLUMNS = (
     ("run", "run"), ("recipe", "recipe"), ("status", "status"), ("epochs", "epochs"), ("best", "best"),
@@ -26,6 +24,8 @@ STATUS_SHOWN = {"finished": "done", "stopped": "stopped (resumable)"}
 
 
 def _read_json(path: Path) -> Optional[dict]:
+    import json
+
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -33,17 +33,23 @@ def _read_json(path: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def _planned_epochs(recipe: dict) -> Optional[int]:
-    duration = str((recipe.get("trainer") or {}).get("max_duration", ""))
+def _read(reader: Callable[[Path], Any], run_dir: Path, damaged: list[DamagedRunFile]) -> Any:
+    """``reader(run_dir)``; a damaged file is noted in ``damaged`` (the row says so) and read as missing."""
+    try:
+        return reader(run_dir)
+    except DamagedRunFile as exc:
+        damaged.append(exc)
+        return None
+
+
+def _planned_epochs(trainer: dict) -> Optional[int]:
+    duration = str(trainer.get("max_duration", ""))
     return int(duration[:-2]) if duration.endswith("ep") and duration[:-2].isdigit() else None
 
 
-def _history_epochs(run_dir: Path) -> int:
-    try:
-        with open(run_dir / "history.csv", newline="") as f:
-            return sum(1 for _ in csv.DictReader(f))
-    except OSError:
-        return 0
+def _history_epochs(run_dir: Path, damaged: list[DamagedRunFile]) -> int:
+    rows = _read(run_files.read_history, run_dir, damaged)
+    return len(rows) if rows else 0
 
 
 def _status(run_dir: Path, summary: Optional[dict]) -> str:
@@ -70,24 +76,24 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
     precision and start time."""
     import datetime
 
-    recipe_path = run_dir / "recipe.yaml"
-    try:
-        recipe = yaml.safe_load(recipe_path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        recipe = {}
-    summary = _read_json(run_dir / "summary.json")
+    recipe_path = run_dir / RECIPE_FILE
+    damaged: list[DamagedRunFile] = []  # what could not be read: the row says so, the command warns and exits non-zero
+    recipe = _read(run_files.read_recipe, run_dir, damaged) or {}
+    summary = _read(run_files.read_summary, run_dir, damaged)
     best = _read_json(run_dir / "checkpoints" / "best.json")
-    trainer = recipe.get("trainer") or {}
-    done = summary.get("epochs") if summary else _history_epochs(run_dir)
-    planned = _planned_epochs(recipe)
-    monitor = best.get("monitor") if best else (recipe.get("checkpoint") or {}).get("monitor")
+    trainer = recipe.get("trainer") if isinstance(recipe.get("trainer"), dict) else {}
+    done = summary.get("epochs") if summary else _history_epochs(run_dir, damaged)
+    planned = _planned_epochs(trainer)
+    checkpoint = recipe.get("checkpoint") if isinstance(recipe.get("checkpoint"), dict) else {}
+    monitor = best.get("monitor") if best else checkpoint.get("monitor")
     value = best.get("value") if best else (summary or {}).get(f"best_{monitor}")
     started = datetime.datetime.fromtimestamp(recipe_path.stat().st_mtime) if recipe_path.exists() else None
     return {
         "run": run_dir.name,
         "path": str(run_dir),
         "recipe": recipe.get("name"),
-        "status": _status(run_dir, summary),
+        "status": f"damaged ({', '.join(d.path.name for d in damaged)})" if damaged else _status(run_dir, summary),
+        "damaged": [str(d) for d in damaged],
         "epochs_done": done,
         "epochs_planned": planned,
         "epochs": f"{done}/{planned}" if planned else str(done),
@@ -116,8 +122,8 @@ def find_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list
     root = Path(runs_dir)
     if not root.is_dir():
         raise UserError(f"{root}: no runs folder here (train first, or give the folder: dlrecipes runs PATH)")
-    found = [p.parent for p in root.rglob("recipe.yaml") if not any(part.startswith(".") for part in p.parts)]
-    found.sort(key=lambda p: (p / "recipe.yaml").stat().st_mtime, reverse=True)
+    found = [p.parent for p in root.rglob(RECIPE_FILE) if not any(part.startswith(".") for part in p.parts)]
+    found.sort(key=lambda p: (p / RECIPE_FILE).stat().st_mtime, reverse=True)
     if last is not None:
         if last < 1:
             raise UserError(f"--last: must be at least 1, got {last}")

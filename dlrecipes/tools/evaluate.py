@@ -72,7 +72,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
                 raise UserError(f"--checkpoint: {run_dir} has no best.pt (its recipe monitors no metric, or it never "
                                 "evaluated); use --checkpoint latest, or a checkpoint file")
         elif checkpoint == "latest":
-            path = resume_point(folder) if folder.is_dir() else None
+            path = resume_point(folder, repair=False) if folder.is_dir() else None
             if path is None:
                 raise UserError(f"--checkpoint: {run_dir} has no complete periodic checkpoint; use --checkpoint best")
         else:
@@ -124,17 +124,33 @@ def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: 
     (trainer, data). ``config``: the run's recipe (with any overrides), validated."""
     from dlrecipes.builders.trainer import build_eval_trainer
     from dlrecipes.loggers.terminal import hide_harmless_warnings
-    from dlrecipes.records.checkpoints import check_trusted
+    from dlrecipes.records.checkpoints import check_checkpoint, check_trusted
 
     if config.task is not None:
         raise RecipeError("task: this command works on classifiers with one image input and one label; this "
                           "recipe has a task: section (several inputs/outputs)")
     check_trusted(target.checkpoint, [target.run_dir] if target.run_dir else [], trust, key="--checkpoint")
+    check_checkpoint(target.checkpoint)
     with warnings.catch_warnings():
         hide_harmless_warnings()
         warnings.filterwarnings("ignore", message="No optimizer was specified")  # none is needed: no step is taken
-        trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent)
+        try:
+            trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent)
+        except RuntimeError as exc:
+            if "state_dict" not in str(exc):
+                raise
+            raise RecipeError(f"--checkpoint: {target.checkpoint} does not fit {target.recipe}'s model "
+                              f"({_first_mismatch(str(exc))}); give the recipe it was trained with, or undo the "
+                              "model overrides") from None
     return trainer, data
+
+
+def _first_mismatch(message: str) -> str:
+    """The first useful line of torch's ``load_state_dict`` error (which names every mismatching key)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    detail = next((line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+                  lines[0] if lines else "")
+    return detail[:300]
 
 
 def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), tta: Optional[str] = None,
@@ -145,6 +161,7 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
 
     from dlrecipes.loggers.terminal import hide_harmless_warnings
     from dlrecipes.metrics.report import ClassReport, report_tables, write_report
+    from dlrecipes.records.run_dir import make_writable_dir
 
     if tta is not None and tta not in TTA_CHOICES:
         raise RecipeError(f"--tta: expected one of {', '.join(TTA_CHOICES)}, got '{tta}'")
@@ -154,6 +171,8 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
         out_dir = target.run_dir / "eval" / _name(target, overrides, tta)
     else:
         out_dir = target.checkpoint.parent / "eval" / _name(target, overrides, tta)
+    if out is not None and dist.get_global_rank() == 0:
+        make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     trainer, data = trained_model(target, config, trust, out_dir)
     with_network = trainer.state.model.module if trainer.state.is_model_ddp else trainer.state.model
     tables = report_tables(config.metrics)

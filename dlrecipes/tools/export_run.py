@@ -32,6 +32,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
 
     from dlrecipes.callbacks.export_options import EXPORT_FORMATS
     from dlrecipes.callbacks.exporter import export_and_verify, require_onnx, write_export_metadata
+    from dlrecipes.records.run_dir import make_writable_dir
 
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown or not formats:
@@ -44,6 +45,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
         out_dir = target.run_dir / "export"
     else:
         out_dir = target.checkpoint.parent / "export"
+    make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     trainer, data = trained_model(target, config, trust)
     try:
         network = copy.deepcopy(network_of(trainer)).to("cpu").eval()

@@ -1,0 +1,118 @@
+"""Reading a run's records back, strictly: ``summary.json``, ``history.csv`` and the recorded ``recipe.yaml``.
+
+A run writes each of them whole (by a rename), so a file that does not parse was damaged afterwards
+(a disk, a copy, an editor).  Each reader names the file and what is wrong in a
+:class:`DamagedRunFile`, one line, instead of passing a half-read record on; a missing file is
+``None`` (or no rows), since a run that is still training or stopped early has not written it yet.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.errors import DataError
+
+SUMMARY_FILE = "summary.json"
+HISTORY_FILE = "history.csv"
+RECIPE_FILE = "recipe.yaml"
+
+
+class DamagedRunFile(DataError):
+    """A record in a run directory does not read back as what the run wrote."""
+
+    def __init__(self, path: Path, what: str):
+        super().__init__(f"{path}: {what}; nothing was changed (the run wrote it whole, so it was damaged "
+                         "since: restore it from a copy)")
+        self.path = path
+
+
+def _text(path: Path) -> Optional[str]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise DamagedRunFile(path, "is a folder, not a file") from None
+    except OSError as exc:
+        raise DamagedRunFile(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DamagedRunFile(path, f"is not UTF-8 text (bad byte at offset {exc.start}; {len(data):,} bytes)") from None
+
+
+def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The run's summary.json as a dict, or None when it has none (yet)."""
+    path = Path(run_dir) / SUMMARY_FILE
+    text = _text(path)
+    if text is None:
+        return None
+    if not text.strip():
+        raise DamagedRunFile(path, "is empty")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DamagedRunFile(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise DamagedRunFile(path, f"holds a JSON {type(data).__name__}, not the run's summary (an object)")
+    return data
+
+
+def read_history(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of the run's history.csv, each value a float (an empty cell: NaN); [] when it has none (yet)."""
+    path = Path(run_dir) / HISTORY_FILE
+    text = _text(path)
+    if text is None or not text.strip():
+        return []
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader)
+    if "epoch" not in header:
+        raise DamagedRunFile(path, f"has no epoch column (its first line is {','.join(header)[:80]!r})")
+    rows = []
+    for line, cells in enumerate(reader, start=2):
+        if len(cells) != len(header):
+            raise DamagedRunFile(path, f"line {line} has {len(cells)} values for {len(header)} columns (cut short?)")
+        try:
+            rows.append({k: float(v) if v != "" else math.nan for k, v in zip(header, cells)})
+        except ValueError:
+            bad = next(v for v in cells if v != "" and not _is_number(v))
+            raise DamagedRunFile(path, f"line {line} holds {bad[:40]!r} where a number belongs") from None
+    return rows
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The resolved recipe the run recorded, or None when it has none."""
+    import yaml
+
+    path = Path(run_dir) / RECIPE_FILE
+    text = _text(path)
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise DamagedRunFile(path, f"is not valid YAML{where}") from None
+    if data is None:
+        raise DamagedRunFile(path, "is empty")
+    if not isinstance(data, dict):
+        raise DamagedRunFile(path, f"holds a {type(data).__name__}, not the run's recipe (a mapping of sections)")
+    return data
+
+
+__all__ = ["DamagedRunFile", "HISTORY_FILE", "RECIPE_FILE", "SUMMARY_FILE", "read_history", "read_recipe",
+           "read_summary"]
