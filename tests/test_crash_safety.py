@@ -135,19 +135,45 @@ def test_resuming_a_finished_run_trains_nothing_and_says_so(crash_recipe):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1", "SIGINT"])
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP"])
 def test_a_signal_saves_at_the_next_batch_and_resume_ends_identically(crash_recipe, reference, name):
-    """Batch 5 is not a save point (every 2 batches): the signal writes its own checkpoint."""
+    """Batch 5 is not a save point (every 2 batches): the signal writes its own checkpoint, the run is recorded
+    as stopped and its lock released.  SIGHUP (a closed terminal or ssh session) is one of them."""
+    import json
+
     run = f"signalled-{name}"
     stopped = _train(crash_recipe, run, "callbacks.fault_injection.signal_at_batch=5",
                      f"callbacks.fault_injection.signal_name={name}")
-    checkpoint = crash_recipe.parent / "runs" / run / "checkpoints" / "ep1-ba5-rank0.pt"
+    run_dir = crash_recipe.parent / "runs" / run
+    checkpoint = run_dir / "checkpoints" / "ep1-ba5-rank0.pt"
     assert stopped.returncode == 75, stopped.stderr[-2000:]
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"stopped by {name} after batch 5 (epoch 2): checkpoint {checkpoint}; continue with --resume")
     assert _batch(checkpoint.parent / "latest-rank0.pt") == 5 and "Traceback" not in stopped.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["reason"].startswith(f"stopped by {name}")
+    assert not (run_dir / "run.lock").exists()
     resumed = _train(crash_recipe, run, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     weights = _final_weights(crash_recipe, run)
     for key in reference:
         assert torch.equal(weights[key], reference[key]), key
+
+
+def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
+    """Under nohup (SIGHUP ignored) a closed terminal must not stop the run; under launch, which starts the ranks
+    with SIGHUP ignored so that Composer's launcher survives it, the ranks are told to stop on it all the same."""
+    from dlrecipes.callbacks.preemption import _handled
+    from dlrecipes.core.hangup import HANGUP_STOPS
+
+    monkeypatch.delenv(HANGUP_STOPS, raising=False)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert signal.SIGHUP not in _handled() and signal.SIGTERM in _handled()
+        monkeypatch.setenv(HANGUP_STOPS, "1")
+        assert signal.SIGHUP in _handled()
+        monkeypatch.delenv(HANGUP_STOPS)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert signal.SIGHUP in _handled()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -199,6 +199,26 @@ def test_launch_builds_composers_command_and_checks_the_batch(tiny_recipe):
     assert bad.returncode == 2 and "does not divide evenly over 3 processes" in bad.stderr
 
 
+def test_launch_reports_a_clean_stop_as_75_when_the_launcher_ended_a_rank_that_was_exiting(capsys):
+    """One rank stops cleanly (75) first; the launcher then SIGTERMs the other, which has written its part and is
+    exiting (Python's default handlers are back): -15, which the launcher returns as exit status 241."""
+    import io
+
+    from dlrecipes.tools.launch import _job_exit_code, _relay_stderr
+
+    lines = ["stopped by SIGHUP after batch 10 (epoch 3): checkpoint written by rank 0\n",
+             "ERROR:composer.cli.launcher:Rank 1 crashed with exit code 75.\n",
+             "ERROR:composer.cli.launcher:Global rank 0 (PID 13333) exited with code -15\n"]
+    relay, clean_stop = _relay_stderr(io.StringIO("".join(lines)))
+    relay.join(timeout=5)
+    assert capsys.readouterr().err == lines[0] and clean_stop.is_set()
+    assert _job_exit_code(241, clean_stop.is_set()) == 75 and _job_exit_code(75, True) == 75
+    assert _job_exit_code(241, False) == 241 and _job_exit_code(1, True) == 1  # no clean stop, or another failure
+    relay, clean_stop = _relay_stderr(io.StringIO(lines[2]))  # without a clean stop first: said
+    relay.join(timeout=5)
+    assert "exited with code -15" in capsys.readouterr().err and not clean_stop.is_set()
+
+
 def test_slurm_template_starts_one_launcher_per_node_with_its_rank(tmp_path):
     """Run the sbatch script with stand-ins for srun/scontrol/dlrecipes that record what they get."""
     import os
@@ -291,9 +311,12 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_ident
 
 
 @pytest.mark.slow
-def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, tmp_path):
-    """What SLURM's --signal=USR1@120 does: SIGUSR1 to every process of the job. The launchers
-    must survive it so that the ranks can finish their checkpoint."""
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGHUP"])
+def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, tmp_path, name):
+    """What SLURM's --signal=USR1@120 does, and a closed terminal or ssh session (SIGHUP): the signal to every
+    process of the job. The launchers must survive it so that the ranks can finish their checkpoint; the run is
+    recorded as stopped, its lock released, launch ends with 75 and --resume continues it."""
+    import json
     import os
     import signal
     import time
@@ -306,12 +329,23 @@ def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, 
     deadline = time.time() + 240
     while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
         time.sleep(0.2)  # two epochs trained: the ranks' handlers are in place
-    os.killpg(job.pid, signal.SIGUSR1)
+    os.killpg(job.pid, getattr(signal, name))
     out, _ = job.communicate(timeout=240)
-    assert job.returncode != 0 and "stopped by SIGUSR1 after batch" in out, out[-3000:]
-    batch = int(out.split("stopped by SIGUSR1 after batch ")[1].split()[0])
+    assert job.returncode == 75 and f"stopped by {name} after batch" in out, out[-3000:]
+    batch = int(out.split(f"stopped by {name} after batch ")[1].split()[0])
     latest = tmp_path / "runs" / "slurm" / "checkpoints" / "latest-rank0.pt"
     assert latest.resolve().name == f"ep{(batch - 1) // 4}-ba{batch}-rank0.pt"
+    summary = json.loads((tmp_path / "runs" / "slurm" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and not (tmp_path / "runs" / "slurm" / "run.lock").exists()
+    epochs = (batch + 3) // 4  # the epoch it stopped in, finished by the resumed run
+    resumed = subprocess.run([*cmd[:-2], f"trainer.max_duration={epochs}ep", "checkpoint.save_interval=50ep",
+                              "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert _batch_of(latest) == epochs * 4
+
+
+def _batch_of(path: Path) -> int:
+    return int(path.resolve().name.split("-ba")[1].split("-")[0])
 
 
 @pytest.mark.slow

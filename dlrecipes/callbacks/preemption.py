@@ -1,5 +1,6 @@
 """Stop on a signal with a checkpoint: SIGTERM (preemption, ``scancel``, the end of a time
-slot), SIGUSR1 (SLURM's early warning, ``--signal=USR1@120``) and SIGINT (Ctrl-C).
+slot), SIGUSR1 (SLURM's early warning, ``--signal=USR1@120``), SIGINT (Ctrl-C) and SIGHUP (the
+terminal or ssh session closed).
 
 The handler only records the signal.  Every rank learns that some rank was signalled through a
 host-side reduction that runs in the background: started at one batch's end and read at the
@@ -8,6 +9,11 @@ same batch (with one process, at the batch the signal arrives in).  Then the run
 complete checkpoint through the run's atomic saver (unless it has just written one for that
 batch), and :class:`Preempted` ends it with one line and exit code 75 (``EX_TEMPFAIL``: try again
 later); ``--resume`` continues from that checkpoint.  A second Ctrl-C interrupts at once.
+
+SIGHUP is left alone when it was ignored when training started (``nohup``), unless ``dlrecipes
+launch`` passes it on (:mod:`dlrecipes.core.hangup`).  A hangup also points standard output and
+error that are a terminal at ``/dev/null``: a closed terminal answers every write with an error,
+and the run still has a checkpoint to write.
 """
 
 from __future__ import annotations
@@ -19,9 +25,15 @@ from typing import Any, Optional
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from dlrecipes.core.hangup import detach_from_terminal, hangup_stops
 from dlrecipes.errors import UserError
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+
+
+def _handled() -> tuple[int, ...]:
+    """The signals that stop the run: :data:`SIGNALS`, SIGHUP only where it should (:func:`hangup_stops`)."""
+    return tuple(s for s in SIGNALS if s != signal.SIGHUP or hangup_stops())
 
 
 class Preempted(UserError):
@@ -41,6 +53,8 @@ class StopOnSignal(Callback):
 
     def _record(self, signum: int, frame: Any) -> None:
         self.received = signum
+        if signum == signal.SIGHUP:
+            detach_from_terminal()
         if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -49,7 +63,7 @@ class StopOnSignal(Callback):
 
         self._host, self._pending = HostReducer(), None
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
+            self._previous = {s: signal.signal(s, self._record) for s in _handled()}
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

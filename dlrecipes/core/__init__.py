@@ -3,7 +3,8 @@
 - :mod:`.durations`: the recipe's time strings (``10ep``, ``200ba``, ``0.5dur``) and their parser;
 - :mod:`.distributed`: this process among the launcher's processes (rank, world size, device),
   the one batch-divisibility check, and agreement among the ranks (host-side reductions);
-- :mod:`.outputs`: what a model's outputs are and how their metrics are named.
+- :mod:`.outputs`: what a model's outputs are and how their metrics are named;
+- :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal.
 
 Besides :mod:`dlrecipes.errors` these modules import nothing of dlrecipes, and torch only inside
 functions that need it, so validation (which uses all three) stays fast.

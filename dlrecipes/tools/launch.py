@@ -63,28 +63,38 @@ def gloo_environment(master_addr: Optional[str], master_port: Optional[int], wor
 
 
 def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None) -> int:
-    """Run Composer's launcher; SIGTERM/SIGUSR1 reach the training processes, not the launcher.
+    """Run Composer's launcher; SIGTERM/SIGUSR1/SIGHUP reach the training processes, not the launcher.
 
-    A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption): the
-    launcher would die at once and the job step end before the ranks finished their checkpoint.
-    So the launcher starts with both ignored (each rank installs its own handlers when training
-    starts) and a signal that reaches this process is passed on to every training process.
+    A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption), a closed
+    terminal or ssh session sends SIGHUP to all it started: the launcher would die at once and the
+    job step end before the ranks finished their checkpoint.  So the launcher starts with them
+    ignored (each rank installs its own handlers when training starts; SIGHUP's, because
+    :data:`~dlrecipes.core.hangup.HANGUP_STOPS` says so) and a signal that reaches this
+    process is passed on to every training process.  Under ``nohup`` SIGHUP stays ignored everywhere.
     """
+    import os
     import signal
     import subprocess
 
     import psutil
 
+    from dlrecipes.core.hangup import HANGUP_STOPS, detach_from_terminal, hangup_stops
+
     forwarded = (signal.SIGTERM, signal.SIGUSR1)
+    if hangup_stops():  # not under nohup
+        forwarded += (signal.SIGHUP,)
+        env = {**(os.environ if env is None else env), HANGUP_STOPS: "1"}
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}  # inherited by the launcher
     try:
         launcher = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    relay = _relay_stderr(launcher.stderr)
+    relay, clean_stop = _relay_stderr(launcher.stderr)
 
     def forward(signum, frame):
+        if signum == signal.SIGHUP:
+            detach_from_terminal()  # the ranks' stop lines still reach the relay, which must not fail writing them
         for child in psutil.Process(launcher.pid).children(recursive=True):
             try:
                 child.send_signal(signum)
@@ -98,7 +108,13 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
     except KeyboardInterrupt:  # Ctrl-C reached the ranks and the launcher too; let them finish
         code = launcher.wait()
     relay.join(timeout=5)
-    return code
+    return _job_exit_code(code, clean_stop.is_set())
+
+
+def _job_exit_code(code: int, clean_stop: bool) -> int:
+    """The launcher's exit code, but 75 (stopped with a checkpoint) where a rank stopped cleanly and the launcher
+    reports that or a rank it ended with SIGTERM (``sys.exit(-15)``: 241)."""
+    return 75 if clean_stop and code in (75, 256 - 15) else code
 
 
 # Composer's launcher reports every rank that exits non-zero as "crashed", also a rank that stopped cleanly on a
@@ -107,17 +123,26 @@ _CLEAN_STOP = re.compile(r"(Rank \d+ crashed with exit code 75\.|Global rank \d+
 # torch's rendezvous store warns, once per connection, when the connecting host's address has no name (no reverse
 # DNS for it: common on cluster networks, and harmless: the connection is made); it is left out too.
 _NAMELESS_PEER = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved\. err=-?\d+$")
+# After one rank's clean stop the launcher ends the others with SIGTERM; a rank that has written its part and is
+# exiting then ends as killed by it (Python restores the default handlers as it exits): left out after a clean stop.
+_ENDED_BY_LAUNCHER = re.compile(r"(Rank \d+ crashed with exit code -15\.|Global rank \d+ \(PID \d+\) exited with code -15)$")
 
 
-def _relay_stderr(stream: Any) -> threading.Thread:
-    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops and torch's
-    warnings about peers' addresses without a host name."""
+def _relay_stderr(stream: Any) -> tuple[threading.Thread, threading.Event]:
+    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops (and of the
+    ranks it then ended) and torch's warnings about peers' addresses without a host name; the event says whether
+    a rank stopped cleanly."""
+    clean_stop = threading.Event()
+
     def copy() -> None:
         for line in stream:
-            if not (_CLEAN_STOP.search(line.rstrip("\n")) or _NAMELESS_PEER.search(line.rstrip("\n"))):
+            text = line.rstrip("\n")
+            if _CLEAN_STOP.search(text):
+                clean_stop.set()
+            elif not (_NAMELESS_PEER.search(text) or (clean_stop.is_set() and _ENDED_BY_LAUNCHER.search(text))):
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
-    return thread
+    return thread, clean_stop
