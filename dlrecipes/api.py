@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
-from dlrecipes.recipe import LoadedRecipe, load_recipe
+from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
 
 
 def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> LoadedRecipe:
@@ -107,7 +107,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     Returns a :class:`dlrecipes.tools.evaluate.EvalResult`; the report goes to ``out`` or ``RUN_DIR/eval/<name>/``."""
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
-    found, overrides = find_target(target, checkpoint, recipe), list(overrides)
+    found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
     return evaluate_run(found, _resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
 
 
@@ -192,7 +192,8 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
         raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
              *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
-    cmd = launcher_command(str(recipe), list(overrides), nproc, nodes, node_rank, master_addr, master_port,
+    overrides = override_strings(overrides)
+    cmd = launcher_command(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
     config = resolve(recipe, overrides, plugins)
     check_launch(config, nproc, nproc * nodes)

@@ -11,7 +11,7 @@ import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -129,14 +129,31 @@ class LoadedRecipe:
         return self.path.stem
 
 
-def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> LoadedRecipe:
-    """Read ``path``, merge its ``base:`` files in order (the recipe last), then ``overrides``."""
+def load_recipe(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] = ()) -> LoadedRecipe:
+    """Read ``path``, merge its ``base:`` files in order (the recipe last), then ``overrides``: ``key=value``
+    strings, or a mapping of key paths to values (``{"optimizer.lr": 0.1}``)."""
     path = Path(path)
     data, sources = _load_with_bases(path.resolve(), chain=())
     recipe = LoadedRecipe(path=path, data=data, sources=sources)
-    for override in overrides:
+    for override in override_strings(overrides):
         apply_override(recipe, override)
     return recipe
+
+
+def override_strings(overrides: Iterable[str] | Mapping[str, Any]) -> list[str]:
+    """Overrides as ``key=value`` strings; a mapping's values are written as YAML.  A bare string is refused: it
+    would be read character by character."""
+    if isinstance(overrides, str):
+        raise RecipeError(f"overrides: expected a list of key=value strings or a dict, got the string "
+                          f"{overrides[:60]!r} (write [{overrides[:60]!r}])")
+    if isinstance(overrides, Mapping):
+        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+                for key, value in overrides.items()]
+    items = list(overrides)
+    wrong = next((item for item in items if not isinstance(item, str)), None)
+    if wrong is not None:
+        raise RecipeError(f"overrides: each one is a key=value string, got {type(wrong).__name__} {wrong!r}"[:300])
+    return items
 
 
 def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[str, str]]:

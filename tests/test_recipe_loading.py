@@ -7,7 +7,7 @@ import pytest
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import load_recipe
 
-from .conftest import run_cli, write
+from .conftest import RECIPES, run_cli, write
 
 
 @pytest.fixture
@@ -169,3 +169,19 @@ def test_a_billion_laughs_recipe_is_refused_at_once_in_one_short_line(tmp_path):
                      "imports: {weird: *b}\nmodel: {name: cnn_simple}\n")
     result = run_cli("validate", str(small))
     assert result.returncode == 2 and len(result.stderr) < 400, result.stderr[:500]
+
+
+def test_overrides_are_key_value_strings_or_a_dict_and_a_bare_string_is_refused():
+    from dlrecipes import api
+    from dlrecipes.errors import RecipeError
+
+    recipe = RECIPES / "quickstart.yaml"
+    as_dict = api.resolve(recipe, {"optimizer.lr": 0.125, "trainer.max_duration": "3ep", "dataset.augment": False})
+    as_list = api.resolve(recipe, ["optimizer.lr=0.125", "trainer.max_duration=3ep", "dataset.augment=false"])
+    assert as_dict.to_dict() == as_list.to_dict()
+    assert as_dict.optimizer.params["lr"] == 0.125 and as_dict.trainer.max_duration == "3ep"
+    with pytest.raises(RecipeError, match=r"overrides: expected a list of key=value strings or a dict, got the string "
+                                          r"'optimizer.lr=0.1' \(write \['optimizer.lr=0.1'\]\)"):
+        api.resolve(recipe, "optimizer.lr=0.1")
+    with pytest.raises(RecipeError, match="overrides: each one is a key=value string, got float 0.1"):
+        api.resolve(recipe, ["optimizer.lr=0.1", 0.1])
