@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -183,7 +182,6 @@ def _failed(exc: Exception, run_dir: Path | None, verbose: bool) -> TrainingFail
 
 def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
               verbose: bool = False, point: Path | None = None) -> TrainResult:
-    start = time.perf_counter()
     trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
                             recipe=recipe, resume_from=point)
     _log_lr_scaling(config, trainer)
@@ -208,7 +206,7 @@ def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resum
         epochs=int(state.timestamp.epoch),
         batches=int(state.timestamp.batch),
         eval_metrics=metrics,
-        seconds=time.perf_counter() - start,
+        seconds=(history.wall_time_sec or 0.0) if history is not None else 0.0,  # summary.json's wall_time_sec
         status=history.status if history is not None else "finished",
         reason=history.reason if history is not None else "",
     )

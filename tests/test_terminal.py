@@ -85,12 +85,13 @@ def test_in_a_terminal_one_live_line_that_fits_and_a_summary_line_per_epoch(tiny
     assert "Config:" not in out and "*****" not in out  # Composer's banner
     assert "Cannot split tensor" not in out  # a known harmless warning
     segments = [ANSI.sub("", s) for s in re.split(r"\r|\n", out)]
-    live = [s for s in segments if s.startswith("train epoch")]
+    live = [s for s in segments if re.match(r"(train epoch|ep) [123]/3 ", s)]
     assert live, out[-2000:]
-    for line in live:
+    for line in live:  # at 80 columns with the labels shortened ("ep 1/3", "539/s"): the full line is 85 wide
         assert len(line) <= columns - 1, line
-        assert re.match(r"train epoch [123]/3 ", line) and "loss " in line and "top1 " in line and " lr " in line
-        assert "img/s" in line and re.search(r"\d+:\d\d:\d\d", line)
+        assert re.search(r" loss \d\.\d{3}", line) and " eval top1 " in line and " lr " in line
+        assert "/s " in line and re.search(r"\d+:\d\d:\d\d", line)  # the speed (img/s, or 539/s, 3.5k/s)
+        assert line.startswith("train epoch") == (columns == 200)
     if columns == 200:
         assert any("━" in line for line in live)
     lines = _on_screen(out)
@@ -108,7 +109,7 @@ def test_in_a_terminal_one_live_line_that_fits_and_a_summary_line_per_epoch(tiny
 @pytest.mark.slow
 def test_ctrl_c_message_starts_on_a_line_of_its_own(tiny_recipe):
     out = _train_in_pty([str(tiny_recipe), "trainer.max_duration=50ep", "trainer.progress_bar=true",
-                         "trainer.train_subset_num_batches=50", "run_name=ctrlc"], 80, interrupt_at="train epoch",
+                         "trainer.train_subset_num_batches=50", "run_name=ctrlc"], 80, interrupt_at="/22 loss",
                         expect=75)
     stopped = [line for line in _on_screen(out) if "stopped by SIGINT" in line]
     assert len(stopped) == 1 and stopped[0].startswith("stopped by SIGINT after batch"), out[-2000:]
@@ -156,3 +157,54 @@ def test_verbose_shows_composer_s_console_logging(tiny_recipe):
     result = run_cli("train", str(tiny_recipe), *RUN, "run_name=verbose", "trainer.max_duration=1ep", "--verbose")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Config:" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_after_a_resume_the_table_the_done_line_and_the_records_agree(tiny_recipe):
+    """Stopped inside epoch 2, then resumed: the resumed epoch's images/s in the table is history.csv's (counted over
+    the whole epoch), and the done line's time is summary.json's (the earlier part included)."""
+    import csv
+    import json
+
+    run = ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=4", "run_name=agree",
+           "--plugin", str(REPO / "tests" / "fault_injection.py"), "callbacks.fault_injection={signal_at_batch: 6}"]
+    stopped = run_cli("train", str(tiny_recipe), *run)
+    assert stopped.returncode == 75, stopped.stderr[-2000:]
+    resumed = run_cli("train", str(tiny_recipe), *run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run_dir = tiny_recipe.parent / "runs" / "agree"
+    header, *rows = resumed.stdout.splitlines()[1:]
+    column = header.index("img/s")  # the table is aligned: a value starts under its header
+    with open(run_dir / "history.csv", newline="") as f:
+        recorded = [f"{float(r['images_per_sec']):,.0f}" for r in csv.DictReader(f)]
+    assert [row.split()[0] for row in rows] == ["2/2"] and len(recorded) == 2
+    assert rows[0][column:].split()[0] == recorded[-1], (header, rows, recorded)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    done = re.search(r"done: 2 epochs, 8 batches in (\d+\.\d)s", resumed.stderr)
+    assert done and done.group(1) == f"{summary['wall_time_sec']:.1f}", (resumed.stderr[-500:], summary)
+
+
+@pytest.mark.slow
+def test_the_live_line_shows_this_epoch_s_loss_and_labels_evaluation_and_the_log_is_plain(tiny_recipe):
+    """One batch an epoch, the loss read back only at an epoch's first batch (log_interval 1000): every live line of
+    epoch N shows epoch N's mean loss (history.csv's), never '-' or the epoch before's; the monitored metric is
+    labelled as the evaluation's.  The run's log holds the lines piped output has: no redraws, no escape codes."""
+    import csv
+
+    out = _train_in_pty([str(tiny_recipe), "trainer.max_duration=3ep", "trainer.train_subset_num_batches=1",
+                         "trainer.progress_bar=true", "trainer.log_interval=1000", "checkpoint.save=false",
+                         "run_name=live"], 200)
+    run_dir = tiny_recipe.parent / "runs" / "live"
+    with open(run_dir / "history.csv", newline="") as f:
+        means = [f"{float(r['train_loss']):.4f}" for r in csv.DictReader(f)]
+    live = [ANSI.sub("", s) for s in re.split(r"\r|\n", out) if ANSI.sub("", s).startswith("train epoch")]
+    for epoch, mean in enumerate(means, 1):
+        shown = [line for line in live if line.startswith(f"train epoch {epoch}/3")]
+        assert shown and all(f" loss {mean} " in line for line in shown), (epoch, mean, shown)
+    assert all(re.search(r"  eval top1 (-|\d\.\d{4})  ", line) for line in live), live
+    log = (run_dir / "train-rank0.log").read_text()
+    assert "\r" not in log and "\x1b" not in log and "train epoch" not in log
+    assert max(len(line) for line in log.splitlines()) < 300
+    printed = [line.removeprefix("[stdout]: ") for line in log.splitlines() if line.startswith("[stdout]: ")]
+    on_screen = [line for line in _on_screen(out) if line.startswith(("epoch ", "1/3 ", "2/3 ", "3/3 "))]
+    assert [line for line in printed if line.startswith(("epoch ", "1/3 ", "2/3 ", "3/3 "))] == on_screen

@@ -3,24 +3,27 @@
 On a terminal (``trainer.progress_bar: true``) one line is redrawn in place while an epoch
 trains or evaluates::
 
-    train epoch 3/12 ━━━━━━━━━━━━━━━━━━━━━  45/100  loss 0.1234  top1 0.9312  lr 1.20e-03  1,234 img/s  ETA 0:04:10
+    train epoch 3/12 ━━━━━━━━━━━━━━━━━━━━━  45/100  loss 0.1234  eval top1 0.9312  lr 1.20e-03  1,234 img/s  ETA 0:04:10
 
 It always fits the terminal's width: the bar shrinks or goes, then the labels shorten, then
 the learning rate, the speed, the monitored metric and the ETA go, in that order; the epoch, the
 batch counter and the loss stay.  The epoch table, too, drops columns on a narrow terminal
 (train metrics other than top-1 first; the loss and the monitored metric stay).  A start line
 names the run directory, the data, the device and the precision as soon as training starts.  Epochs count from 1,
-as the final ``done: N epochs`` does.  The live line's loss is the latest one read back (every ``log_interval`` batches); when the
+as the final ``done: N epochs`` does.  The live line's loss is the running mean of the epoch so far,
+read back at the epoch's first batch and then every ``log_interval`` batches (never an earlier
+epoch's); beside it the monitored metric of the last evaluation, labelled ``eval``.  When the
 epoch (and its evaluation) ends, the live line is replaced by a summary line that stays, whose
-loss is the epoch's mean, the ``train_loss`` of history.csv::
+loss (the epoch's mean), images/s and time are the run's history's, as history.csv has them
+(after a resume inside the epoch, they cover the whole epoch)::
 
     epoch  3/12  loss 0.1234  train top1 0.9312  eval loss 0.2010 top1 0.9300  lr 1.20e-03  1,234 img/s  12.3s
 
 When standard output is not a terminal (CI, ``| tee``, SLURM logs) only the summary lines
 are written, plainly, with no carriage returns.  Only the process of global rank 0 prints.
-The engine logs every batch's loss as a device tensor; it is read back only every
-``read_every`` batches (``trainer.log_interval``) and at each epoch's end, so the live line
-never makes a step wait for the device.
+The engine logs every batch's loss as a device tensor; it is read back only at each epoch's
+first batch, every ``read_every`` batches (``trainer.log_interval``) and at each epoch's end, so
+the live line makes no other step wait for the device.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class TerminalReport(LoggerDestination):
         self.refresh_s = refresh_s
         self.read_every = max(1, int(read_every))
         self._unread_loss: Any = None  # the latest loss as logged (a device tensor), read every read_every batches
+        self._loss_due = True  # read the loss at the next batch: the first of an epoch (or of a resumed run)
         encoding = (getattr(self.stream, "encoding", None) or "").lower()
         self.unicode = encoding.replace("-", "") == "utf8"
         self.values: dict[str, Any] = {}
@@ -183,23 +187,31 @@ class TerminalReport(LoggerDestination):
     def epoch_start(self, state: State, logger: Logger) -> None:
         self._epoch_start = time.perf_counter()
         self._epoch_ended = False
+        self.values.pop("loss", None)  # never the previous epoch's
+        self._loss_due = True
         self._eval_pending = False
         self._epoch_train_metrics = {}
         self._epoch_samples = 0
 
-    def _read_loss(self) -> None:
-        if self._unread_loss is not None:
+    def _read_loss(self, state: State) -> None:
+        """The epoch's running mean loss, as the run's history keeps it (it has seen this batch: callbacks run
+        before loggers); without a history, the latest loss logged."""
+        running = self.history.epoch_train_loss(int(state.timestamp.batch)) if self.history is not None else None
+        if running is not None:
+            self.values["loss"], self._unread_loss = running, None
+        elif self._unread_loss is not None:
             self.values["loss"], self._unread_loss = float(self._unread_loss), None
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self._epoch_samples = int(state.timestamp.sample_in_epoch)  # host numbers: no device read-back
-        if int(state.timestamp.batch) % self.read_every == 0:
-            self._read_loss()
+        if self._loss_due or int(state.timestamp.batch) % self.read_every == 0:
+            self._read_loss(state)
+            self._loss_due = False
         if self.live and self._printing() and time.perf_counter() - self._last_draw >= self.refresh_s:
             self._draw(self._train_line(state))
 
     def epoch_end(self, state: State, logger: Logger) -> None:
-        self._read_loss()
+        self._read_loss(state)
         self._epoch_seconds = time.perf_counter() - self._epoch_start
         self._epoch_ended = True
 
@@ -224,7 +236,7 @@ class TerminalReport(LoggerDestination):
         self._epoch_ended = False
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self._read_loss()
+        self._read_loss(state)
         self._fit_ended = True  # Composer may still evaluate once, after the last step
         self._clear()
 
@@ -274,7 +286,8 @@ class TerminalReport(LoggerDestination):
         name, value = self._monitored()
         loss, lr = self.values.get("loss"), self._lr(state)
         fields = [
-            (f"loss {_number(loss)}", f"loss {_short_number(loss)}"), (f"{name} {_number(value)}", f"{name} {_short_number(value)}"),
+            (f"loss {_number(loss)}", f"loss {_short_number(loss)}"),
+            (f"eval {name} {_number(value)}", f"eval {name} {_short_number(value)}"),  # the last evaluation's
             (f"lr {lr:.2e}" if lr is not None else "lr -", f"lr {lr:.1e}" if lr is not None else "lr -"),
             _speed(speed), (f"ETA {_duration(eta)}", _duration(eta)),
         ]
@@ -304,10 +317,14 @@ class TerminalReport(LoggerDestination):
         columns.update({f"train {k}": _number(v) for k, v in self._epoch_train_metrics.items()})
         if self._eval_pending:
             columns.update({f"eval {k}": _number(v) for k, v in self._eval_items()})
-        speed = self._epoch_samples / self._epoch_seconds if self._epoch_seconds > 0 else 0.0
+        if history is not None:  # history.csv's rate: over the whole epoch, also after a resume inside it
+            seconds, speed = history.epoch_train_seconds(), history.epoch_images_per_sec(state)
+        else:
+            seconds = self._epoch_seconds
+            speed = self._epoch_samples / seconds if seconds > 0 else 0.0
         lr = self._lr(state)
-        columns.update({"lr": f"{lr:.2e}" if lr is not None else "-", "img/s": f"{speed:,.0f}",
-                        "time": f"{self._epoch_seconds:.1f}s"})
+        columns.update({"lr": f"{lr:.2e}" if lr is not None else "-",
+                        "img/s": f"{speed:,.0f}" if math.isfinite(speed) else "-", "time": f"{seconds:.1f}s"})
         self._eval_pending = False
         return columns
 

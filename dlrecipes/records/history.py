@@ -62,6 +62,7 @@ class RunHistory(Callback):
         self._evaluated = False  # an evaluation since the last row (a row never repeats an earlier one's)
         self.status = "finished"  # how the run ended (dlrecipes.train sets it when training raises)
         self.reason = ""
+        self.wall_time_sec: Optional[float] = None  # the run's time, set at close: summary.json's and the done line's
 
     @property
     def path(self) -> Path:
@@ -137,6 +138,16 @@ class RunHistory(Callback):
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         self._add_row(state)
 
+    def epoch_images_per_sec(self, state: State) -> float:
+        """The training rate of the epoch that just ended, as history.csv records it: over the whole epoch, also
+        when the run resumed inside it (the part before the checkpoint counted from its own time)."""
+        samples = int(state.timestamp.sample) - self._sample_start
+        return samples / self._train_seconds if samples and self._train_seconds else math.nan
+
+    def epoch_train_seconds(self) -> float:
+        """The training time of the epoch that just ended (its part before a resume included)."""
+        return self._train_seconds
+
     def epoch_train_loss(self, step: int) -> Optional[float]:
         """The mean training loss of the epoch that ends at ``step`` (read once; what history.csv records)."""
         if self.rows and int(self.rows[-1]["step"]) == step:
@@ -150,7 +161,6 @@ class RunHistory(Callback):
             return
         metrics = state.eval_metric_values if self._evaluated else {}  # no evaluation since the last row: none
         lr = state.optimizers[0].param_groups[-1]["lr"] if state.optimizers else float("nan")
-        samples = int(state.timestamp.sample) - self._sample_start
         row = {
             "epoch": int(state.timestamp.epoch),
             "step": int(state.timestamp.batch),
@@ -159,7 +169,7 @@ class RunHistory(Callback):
             "eval_loss": float(metrics.get("loss", math.nan)),
             "eval_top1": float(metrics.get("top1", math.nan)),
             "eval_top5": float(metrics.get("top5", math.nan)),
-            "images_per_sec": samples / self._train_seconds if samples and self._train_seconds else math.nan,
+            "images_per_sec": self.epoch_images_per_sec(state),
             "elapsed_sec": self._elapsed_before + time.perf_counter() - self._fit_start,
         }
         for name, total in self._output_loss_sums.items():
@@ -197,6 +207,7 @@ class RunHistory(Callback):
             # its unfinished epoch: --resume trains that epoch again and writes its row once.
             self._train_seconds = time.perf_counter() - self._epoch_start
             self._add_row(state)
+        self.wall_time_sec = self._wall_time()
         if dist.get_global_rank() != 0 or (not self.rows and self.status == "finished"):
             return
         self.write_summary(state)  # also for a run stopped or failed in its first epoch: it says how it ended
@@ -204,6 +215,18 @@ class RunHistory(Callback):
 
         if self.rows:
             plot_history(self.run_dir)
+
+    def _wall_time(self) -> float:
+        """The run's time, its earlier (resumed) parts included: at its last row, or now without a row. A resume
+        of a finished run trains nothing: its time is the one history.csv already has."""
+        if self._state is None and self.path.exists():  # never started: nothing was left to train
+            with open(self.path) as f:
+                rows = list(csv.DictReader(f))
+            if rows:
+                return float(rows[-1]["elapsed_sec"])
+        if self.rows:
+            return float(self.rows[-1]["elapsed_sec"])
+        return self._elapsed_before + time.perf_counter() - self._fit_start
 
     def write_summary(self, state: State) -> None:
         top1 = [float(r["eval_top1"]) for r in self.rows if not math.isnan(float(r["eval_top1"]))]
@@ -223,8 +246,7 @@ class RunHistory(Callback):
             "world_size": dist.get_world_size(),
             "epochs": int(state.timestamp.epoch),
             "batches": int(state.timestamp.batch),
-            "wall_time_sec": float(self.rows[-1]["elapsed_sec"]) if self.rows else
-            self._elapsed_before + time.perf_counter() - self._fit_start,
+            "wall_time_sec": self.wall_time_sec if self.wall_time_sec is not None else self._wall_time(),
             "images_per_sec": sum(rates) / len(rates) if rates else None,
             "peak_memory_mb": peak_memory_mb(self.device),
             "best_top1": max(top1) if top1 else None,
