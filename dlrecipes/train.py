@@ -129,8 +129,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
             prepare_run_dir(config, run_dir.name, resume, recipe)
             return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
-        # a stopped run keeps its directory (--resume continues it); a failure before any checkpoint leaves none
-        kept = not (fresh and lock is not None and not has_checkpoint(run_dir)) or _outcome(exc) == "stopped"
+        kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
             lock.release()
             shutil.rmtree(run_dir, ignore_errors=True)

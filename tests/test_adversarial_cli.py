@@ -213,3 +213,4 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(run):
     assert result.stderr.strip().splitlines() == [
         f"error: --checkpoint: {best} is truncated or damaged (an incomplete zip archive of 5,000 bytes); nothing was "
         "changed. Use another checkpoint of the run (--checkpoint best, latest or a file in its checkpoints/ folder)"]
+
