@@ -264,7 +264,8 @@ def evaluate(
 
     result = _guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
                                            trust_checkpoint))
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json
+               else format_eval(result, _terminal_width(sys.stdout)))
 
 
 @app.command("export")

@@ -107,38 +107,85 @@ def fitted_columns(columns: Sequence[tuple[str, str]], rows: list[list[str]], dr
     return shown
 
 
-def _rendered(renderable: Any) -> str:
+def column_groups(columns: Sequence[tuple[str, str]], rows: list[list[str]], order: Sequence[int], width: int,
+                  overhead: int = 1, per_column: int = 3) -> list[list[int]]:
+    """The columns of a table too wide for ``width``, as several tables stacked, each repeating column 0 (what
+    names a row) and each fitting ``width``: the columns taken in ``order`` (most wanted first), each table
+    filled before the next begins; no column is left out.  ``per_column``/``overhead``: as for
+    :func:`fitted_columns`."""
+    natural = [max([len(header), *(len(line) for row in rows for line in row[i].splitlines())])
+               for i, (_, header) in enumerate(columns)]
+    groups, current = [], [0]
+    for i in (i for i in order if i != 0):
+        if len(current) > 1 and sum(natural[j] + per_column for j in (*current, i)) + overhead > width:
+            groups.append(current)
+            current = [0]
+        current.append(i)
+    return groups + [current]
+
+
+def _rendered(renderable: Any, width: Optional[int] = None) -> str:
     """A rich table as plain text: as wide as the terminal (rich wraps cells to fit), or unwrapped (up to
     250 columns) when the output goes to a file or a pipe, where a wrapped row would be hard to read back."""
     import io
 
     from rich.console import Console
 
-    width = _output_width()
+    width = width or _output_width()
     out = io.StringIO()
     Console(file=out, width=width).print(renderable)
     return out.getvalue().rstrip("\n")
 
 
-def format_registry(reg: Registry) -> str:
-    """What a registry holds: name, description, (model card,) parameters and defaults."""
+def format_registry(reg: Registry, width: Optional[int] = None) -> str:
+    """What a registry holds: name, description, (model card,) parameters and defaults; a table, or one block
+    per entry where the table's columns could not show their words whole in ``width`` (default: the
+    terminal's)."""
     from rich.table import Table
     from rich.text import Text
 
+    width = width or _output_width()
     cards = reg.group == "models"
+    entries = [(entry, model_card(entry) if cards else {},
+                [f"{p}: {t} = {d}" for p, t, d in describe_parameters(reg, entry.name)]) for entry in reg]
     table = Table(title=f"{reg.group} ({len(reg)})", title_justify="left", show_lines=False)
     table.add_column("name", style="bold", no_wrap=True)
-    table.add_column("description", min_width=24 if cards else None)
+    table.add_column("description", min_width=24 if cards else None, overflow="fold")
     if cards:
-        for column, width in zip(MODEL_CARD_COLUMNS, (10, 10, 12)):
-            table.add_column(column, max_width=width)
-    table.add_column("parameters (default)")
-    for entry in reg:
-        params = "\n".join(f"{p}: {t} = {d}" for p, t, d in describe_parameters(reg, entry.name)) or "-"
-        card = list(model_card(entry).values()) if cards else []
+        for column, most in zip(MODEL_CARD_COLUMNS, (10, 10, 12)):
+            table.add_column(column, max_width=most, overflow="fold")
+    table.add_column("parameters (default)", overflow="fold")
+    for entry, card, params in entries:
         # plain text: a default such as [torchscript, onnx] would otherwise read as rich markup
-        table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card, params)))
-    return _rendered(table)
+        table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card.values(),
+                                                "\n".join(params) or "-")))
+    if _narrowest(table) <= width:
+        return _rendered(table, width)
+    return "\n".join([f"{reg.group} ({len(reg)})", *(_entry_block(entry.name, entry.description, card, params, width)
+                                                      for entry, card, params in entries)])
+
+
+def _narrowest(table: Any) -> int:
+    """How narrow ``table`` can be with every word whole (rich's minimum measure, unclamped)."""
+    from rich.console import Console
+
+    return Console(width=100_000).measure(table).minimum
+
+
+def _entry_block(name: str, description: str, card: dict[str, str], params: list[str], width: int) -> str:
+    """A registry entry as lines of at most ``width - 1`` characters: the name, then indented its description,
+    its model card and one parameter per line (a long one wrapped, further indented)."""
+    import textwrap
+
+    def fill(text: str) -> str:
+        return textwrap.fill(text, width - 1, initial_indent="  ", subsequent_indent="      ",
+                             break_long_words=False, break_on_hyphens=False)
+
+    lines = [name, fill(description)]
+    if card:
+        lines.append(fill(", ".join(f"{key}: {value}".replace("\n", " ") for key, value in card.items())))
+    lines += [fill(param) for param in params] or [fill("(no parameters)")]
+    return "\n".join(lines)
 
 
 def validated(recipe: Any, config: Any) -> str:
@@ -158,8 +205,10 @@ def trained(result: Any, width: Optional[int] = None) -> str:
     return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
 
 
-def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
-    """``compare``'s table (one row per run) and where the plot went."""
+def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Optional[int] = None) -> str:
+    """``compare``'s table (one row per run) and where the plot went.  The recipe keys that differ among the
+    runs come first after the run; wider than ``width`` (default: the terminal's), the table goes on in a
+    second one below (the run repeated), and so on: no column is left out."""
     from rich.table import Table
 
     from dlrecipes.records.plots import COMPARE_COLUMNS, format_cell
@@ -179,20 +228,25 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any) -> str:
         return format_cell(summary.get(key))
 
     rows = [[cell(summary, key) for key, _ in columns] for summary in summaries]
-    drop = ("microbatch", "peak_memory_mb", "recipe", "wall_time_sec", "images_per_sec", "precision",
-            "batch_size", "epochs", *(f"settings.{k}" for k in reversed(settings)), "status")
-    # on a narrow terminal, in this order; run and best top-1 stay
-    kept = fitted_columns(columns, rows, drop, _output_width())
-    table = Table(title="runs", title_justify="left")
-    for i in kept:
-        table.add_column(columns[i][1])
-    for row in rows:
-        table.add_row(*(row[i] for i in kept))
-    return _rendered(table) + (f"\naccuracy vs wall-clock time: {plot_path}" if plot_path else "")
+    wanted = ("run", *(f"settings.{k}" for k in settings), "best_top1", "status", "epochs", "batch_size",
+              "precision", "images_per_sec", "wall_time_sec", "recipe", "peak_memory_mb", "microbatch")
+    keys = [key for key, _ in columns]
+    order = [keys.index(key) for key in wanted if key in keys] + [i for i, key in enumerate(keys) if key not in wanted]
+    width = width or _output_width()
+    tables = []
+    for n, group in enumerate(column_groups(columns, rows, order, width)):
+        table = Table(title="runs" if n == 0 else None, title_justify="left")
+        for i in sorted(group):
+            table.add_column(columns[i][1], overflow="fold")
+        for row in rows:
+            table.add_row(*(row[i] for i in sorted(group)))
+        tables.append(_rendered(table, width))
+    return "\n".join(tables) + (f"\naccuracy vs wall-clock time: {plot_path}" if plot_path else "")
 
 
-def format_runs(rows: list[dict[str, Any]]) -> str:
-    """``runs``' table: one line per run, as wide as the terminal."""
+def format_runs(rows: list[dict[str, Any]], width: Optional[int] = None) -> str:
+    """``runs``' table: one line per run, as wide as ``width`` (default: the terminal's); wider, the columns
+    that do not fit go on in a second table below (the run repeated), none left out."""
     from rich.table import Table
 
     from dlrecipes.records.runs import RUN_COLUMNS
@@ -200,14 +254,19 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs yet"
     cells = [[str(row.get(key) if row.get(key) is not None else "-") for key, _ in RUN_COLUMNS] for row in rows]
-    drop = ("started", "precision", "device", "wall_time", "recipe", "epochs", "best")  # run and status stay
-    kept = fitted_columns(RUN_COLUMNS, cells, drop, _output_width(), overhead=0, per_column=1)
-    table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0))
-    for i in kept:
-        table.add_column(RUN_COLUMNS[i][1], overflow="fold")
-    for row in cells:
-        table.add_row(*(row[i] for i in kept))
-    return _rendered(table)
+    wanted = ("run", "status", "epochs", "best", "recipe", "wall_time", "device", "precision", "started")
+    keys = [key for key, _ in RUN_COLUMNS]
+    order = [keys.index(key) for key in wanted if key in keys] + [i for i, key in enumerate(keys) if key not in wanted]
+    width = width or _output_width()
+    tables = []
+    for group in column_groups(RUN_COLUMNS, cells, order, width - 1, overhead=0, per_column=1):
+        table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        for i in sorted(group):
+            table.add_column(RUN_COLUMNS[i][1], overflow="fold")
+        for row in cells:
+            table.add_row(*(row[i] for i in sorted(group)))
+        tables.append(_rendered(table, width))
+    return "\n\n".join(tables)
 
 
 def format_sweep(plan: Any, rows: list[dict[str, Any]]) -> str:

@@ -211,13 +211,22 @@ def _eval_size(split: Any, subset_batches: Optional[int], trainer_cfg: Any) -> i
     return size
 
 
-def format_eval(result: EvalResult) -> str:
-    """``eval``'s closing line, in train's form: the metrics, images/s and where the report went."""
+def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
+    """``eval``'s closing line, in train's form: the metrics, images/s and where the report went; in a
+    terminal ``width`` wide, a longer line becomes the checkpoint's line and one indented line per part."""
+    import textwrap
+
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items()))
     tta = f" (tta {result.tta})" if result.tta else ""
-    where = f"; report {result.out_dir}" if result.out_dir else ""
-    return (f"eval {result.checkpoint}{tta}: {metrics}; {result.images:,} images in {result.seconds:.1f}s "
-            f"({result.images_per_sec:,.0f} img/s){where}")
+    speed = f"{result.images:,} images in {result.seconds:.1f}s ({result.images_per_sec:,.0f} img/s)"
+    where = f"report {result.out_dir}" if result.out_dir else ""
+    line = f"eval {result.checkpoint}{tta}: {metrics}; {speed}" + (f"; {where}" if where else "")
+    if width is None or len(line) <= width - 1:
+        return line
+    parts = [metrics, speed, *([where] if where else [])]
+    return "\n".join([f"eval {result.checkpoint}{tta}:", *(textwrap.fill(
+        part, width - 1, initial_indent="  ", subsequent_indent="    ", break_long_words=False,
+        break_on_hyphens=False) for part in parts)])
 
 
 def network_of(trainer: Any) -> Any:
