@@ -195,11 +195,50 @@ def test_qat_switches_at_start_keeps_training_freezes_and_exports(qat_recipe):
     assert (run_dir / "export" / EXPORT_FILE).stat().st_size == report["bytes"]["int8_torchscript"]
 
 
+def _observer_ranges(net):
+    """Every observer's range (activations: per tensor; weights: per channel), by state-dict key."""
+    return {k: v.clone() for k, v in net.state_dict().items() if k.endswith(("min_val", "max_val"))}
+
+
+def _all_or_none(flags):
+    return None if not flags else "all" if all(flags) else "none" if not any(flags) else "some"
+
+
 def test_freezing_at_start_waits_for_one_observed_batch(qat_recipe):
     """Observers that never saw a batch have no range to convert with; a freeze at start comes one batch later."""
-    result = train(resolve(qat_recipe, ["trainer.max_duration=2ep",
-                                        "algorithms.qat={start: 1ep, freeze_bn: 1ep, freeze_observers: 1ep}"]))
-    assert (result.run_dir / "export" / EXPORT_FILE).exists()
+    from composer import Callback
+    from composer.core import Event
+
+    config = resolve(qat_recipe, ["trainer.max_duration=2ep",
+                                  "algorithms.qat={start: 1ep, freeze_bn: 1ep, freeze_observers: 1ep}"])
+    run_dir = prepare_run_dir(config, "qat", resume=False)
+    trainer = build_trainer(config, run_dir)
+    observing, bn_frozen, ranges = [], [], []  # after every batch; None before the switch
+
+    def run_event(self, event, state, logger):
+        if event != Event.BATCH_END:
+            return
+        net = state.model.module
+        quantizers = [m for m in net.modules() if hasattr(m, "observer_enabled")]
+        fused = [m for m in net.modules() if hasattr(m, "freeze_bn")]
+        observing.append(_all_or_none([bool(m.observer_enabled) for m in quantizers]))
+        bn_frozen.append(_all_or_none([bool(m.freeze_bn) for m in fused]))
+        ranges.append(_observer_ranges(net) if quantizers else None)
+
+    trainer.state.callbacks.append(type("Watch", (Callback,), {"run_event": run_event})())
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    # 3 batches an epoch, QAT from batch 3: that batch trains with every observer on, the freezes come at batch 4
+    assert observing == [None] * 3 + ["all", "none", "none"]
+    assert bn_frozen == [None] * 3 + ["none", "all", "all"]
+    first = ranges[3]
+    assert first and all(torch.isfinite(v).all() and v.numel() for v in first.values()), \
+        "every observer has a range from the one batch it saw before the freeze"
+    assert all(torch.equal(later[k], v) for later in ranges[4:] for k, v in first.items()), \
+        "frozen after that one batch: the ranges never move again"
+    assert (run_dir / "export" / EXPORT_FILE).exists()
 
 
 @pytest.mark.slow
