@@ -206,13 +206,14 @@ def test_an_unexpected_exception_is_one_line_with_the_traceback_in_the_run_log(t
         before.stderr and not (tmp_path / "runs" / "soon").exists()
 
 
-def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path):
+def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path, monkeypatch):
     from dlrecipes.records.run_dir import choose_run_name
 
     config = resolve(tiny_recipe)
+    monkeypatch.setattr(time, "strftime", lambda fmt, *t: "20260102-030405")  # all three start in the same second
     names = [choose_run_name(config, resume=False, device="cpu") for _ in range(3)]
-    assert len(set(names)) == 3 and all((tmp_path / "runs" / n).is_dir() for n in names)
-    assert names[1] in (f"{names[0]}-2", names[1]) and names[1].startswith("tiny-")
+    assert names == ["tiny-20260102-030405", "tiny-20260102-030405-2", "tiny-20260102-030405-3"]
+    assert all((tmp_path / "runs" / n).is_dir() for n in names)
 
 
 def test_keep_holds_across_resumes(tiny_recipe, tmp_path):
