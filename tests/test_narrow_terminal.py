@@ -1,4 +1,4 @@
-"""80 columns for `list`, `compare`, `runs` and the lines of `eval` and `predict` (issue 34): in a pseudo-terminal
+"""80 columns for `list`, `compare`, `runs` and the lines of `eval`, `predict` and `export` (issue 34): in a pseudo-terminal
 80 columns wide nothing runs past the edge and nothing is cut (no "…", every value still shown), the recipe keys
 that differ first in `compare`; piped, the lines stay whole."""
 
@@ -71,7 +71,7 @@ def test_runs_shows_every_column_of_a_long_run_name(runs, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_eval_and_predict_lines_fit(runs, tmp_path, tmp_path_factory):
+def test_eval_predict_and_export_lines_fit(runs, tmp_path, tmp_path_factory):
     from PIL import Image
 
     base = tmp_path_factory.getbasetemp()
@@ -90,6 +90,12 @@ def test_eval_and_predict_lines_fit(runs, tmp_path, tmp_path_factory):
     assert sorted(classes[::2]) == [str(d) for d in range(10)] and all(re.fullmatch(r"0\.\d{3}", p)
                                                                         for p in classes[1::2])
     assert predicted[-1] == "1 predicted, 0 skipped"
+
+    exported = _screen(["export", str(runs / LONG_RUN), "--out", str(tmp_path / "export")], base)
+    assert exported[0] == "export: passed vs the trained model on 8 eval images"
+    assert exported[1] == "  (atol 0.0001, rtol 0.0001)" and re.fullmatch(r"  model.torchscript.pt max \|diff\| \S+",
+                                                                           exported[2])
+    assert exported[3:] == [f"  {tmp_path / 'export'}", str(tmp_path / "export")]
 
 
 @pytest.mark.parametrize("columns", [COLUMNS, 200])

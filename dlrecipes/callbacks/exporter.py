@@ -129,6 +129,20 @@ def verify_export(
     return {"format": fmt, "file": path.name, "max_abs_diff": float(diff.max()), "passed": passed}
 
 
+def _verified(results: list[dict[str, Any]], on: str, tolerance: str, passed: bool, out_dir: Path) -> str:
+    """The verification line; in a terminal too narrow for it, a line per part (file results, then the folder)."""
+    import shutil
+
+    per_file = [f"{r['file']} max |diff| {_diff(r)}" for r in results]
+    outcome = "passed" if passed else "FAILED"
+    line = f"export: {', '.join(per_file)} vs the trained model on {on} {tolerance}: {outcome}; {out_dir}"
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    if width is None or len(line) < width:
+        return line
+    return "\n".join([f"export: {outcome} vs the trained model on {on}", f"  {tolerance}",
+                      *(f"  {part}" for part in per_file), f"  {out_dir}"])
+
+
 def export_and_verify(
     module: nn.Module,
     out_dir: Path,
@@ -161,12 +175,7 @@ def export_and_verify(
     }
     (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     on = f"{len(inputs)} {source} images"
-    per_file = ", ".join(f"{r['file']} max |diff| {_diff(r)}" for r in results)
-    print(
-        f"export: {per_file} vs the trained model on {on} "
-        f"(atol {atol:g}, rtol {rtol:g}): {'passed' if report['passed'] else 'FAILED'}; {out_dir}",
-        file=sys.stderr,
-    )
+    print(_verified(results, on, f"(atol {atol:g}, rtol {rtol:g})", report["passed"], out_dir), file=sys.stderr)
     for r in results:
         if not r["passed"]:
             why = r.get("problem") or f"max |diff| {_diff(r)} on {on} exceeds atol={atol:g}, rtol={rtol:g}"
