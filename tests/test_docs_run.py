@@ -194,6 +194,10 @@ def _forks():
     return _FORKS
 
 
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else "(nothing: the process ended before writing)"
+
+
 def _run(command: Command, workspace: Path, timeout: int = 300) -> tuple[int, str, str]:
     words = list(command.words)
     key = (words[0], words[1]) if len(words) > 1 else (words[0], "")
@@ -206,8 +210,8 @@ def _run(command: Command, workspace: Path, timeout: int = 300) -> tuple[int, st
         if child.exitcode is None:
             child.kill()
             child.join()
-            return 124, out.read_text(), err.read_text() + f"\n(killed after {timeout} s)"
-        return child.exitcode, out.read_text(), err.read_text()
+            return 124, _read(out), _read(err) + f"\n(killed after {timeout} s)"
+        return child.exitcode, _read(out), _read(err)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(["bash", "-c", shlex.join(words)], cwd=workspace, capture_output=True, text=True,
                             timeout=timeout, env=env)
