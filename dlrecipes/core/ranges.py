@@ -10,6 +10,7 @@ message (``optimizer.lr: expected float > 0, got -0.1``).  Plugins use them the 
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
@@ -27,6 +28,8 @@ class Range:
     high_open: bool = False
 
     def contains(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False  # NaN compares false with both bounds, so would pass them; infinity is no setting either
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
