@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dlrecipes.api import resolve
@@ -56,24 +57,88 @@ def _apply(recipe: dict, mutation) -> dict:
     return recipe
 
 
-def _check(path: Path) -> None:
+MISSING = object()
+
+
+def _leaves(node, prefix=()):
+    """(path, value) of every value that is not a mapping (an empty mapping has none)."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
+def _at(node, path):
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return MISSING
+        node = node[key]
+    return node
+
+
+def _numbers(node):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _numbers(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _numbers(value)
+    elif isinstance(node, float):
+        yield node
+
+
+def _holds(resolved: dict, path: tuple, value) -> bool:
+    """Whether the resolved recipe holds ``value`` at ``path``, as the recipe gave it."""
+    got = _at(resolved, path)
+    if path[0] == "algorithms" and len(path) <= 2 and (value is None or value is False):
+        return got in (MISSING, {})  # null/false: switched off (the whole section: none)
+    if path[0] == "algorithms" and len(path) == 2 and value is True:
+        return got == {}  # true: on, with its defaults
+    if isinstance(value, int) and not isinstance(value, bool) and type(got) is float:
+        return got == value  # an int where a float is expected
+    if isinstance(value, str) and type(got) is float:
+        return got == float(value)  # a number YAML 1.1 reads as a string, such as 1e-3
+    if isinstance(value, str) and isinstance(got, str):
+        return got == value.strip()  # durations are stripped
+    return type(got) is type(value) and got == value
+
+
+def _check(path: Path, recipe: dict | None = None) -> None:
     try:
-        resolve(path)
+        config = resolve(path)
     except UserError as exc:
         message = str(exc)
         assert message and ":" in message, message  # "key.path: what is wrong" or "file: what is wrong"
         assert "Traceback" not in message
+        return
+    # Accepted: it must be a recipe that means what it says, not garbage let through.
+    resolved = config.to_dict()
+    assert all(math.isfinite(x) for x in _numbers(resolved)), resolved  # no NaN or infinite lr, smoothing...
+    for key, value in _leaves(recipe or {}):
+        assert _holds(resolved, key, value), (key, value, _at(resolved, key))
+    again = path.with_name(f"resolved-{path.name}")  # what a run saves, and --resume reads back
+    again.write_text(yaml.safe_dump(resolved, allow_unicode=True))
+    assert resolve(again).to_dict() == resolved
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(MUTATION, min_size=1, max_size=3))
+# Always, whatever hypothesis draws: recipes that are accepted (each value kept as given) and garbage that is not.
+@example([("replace", ("trainer", "device"), "auto", ""), ("replace", ("model", "hidden"), 363, ""),
+          ("replace", ("algorithms", "ema"), True, ""), ("replace", ("checkpoint", "monitor"), None, "")])
+@example([("rename", ("trainer", "num_workers"), None, "X")])  # unknown keys are refused, not dropped
+@example([("rename", ("model", "width"), None, "X")])
+@example([("replace", ("optimizer", "lr"), float("nan"), "")])
+@example([("replace", ("optimizer", "lr"), "1e999", "")])
+@example([("replace", ("algorithms", "label_smoothing", "smoothing"), float("inf"), "")])
 def test_mutated_recipes_fail_with_a_named_error_or_validate(tmp_path, mutations):
     recipe = VALID
     for mutation in mutations:
         recipe = _apply(recipe, mutation)
     path = tmp_path / "fuzz.yaml"
     path.write_text(yaml.safe_dump(recipe, allow_unicode=True))
-    _check(path)
+    _check(path, recipe)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
