@@ -132,6 +132,9 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     except Exception as exc:
         if os.environ.get(TRACEBACK_SWITCH) == "1":
             raise
+        if isinstance(exc, OSError) and exc.strerror:  # the machine said no (disk full, permissions): not a bug
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror}{where} ({TRACEBACK_SWITCH}=1 shows where)", code=1)
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
         _fail(f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
               f"{TRACEBACK_SWITCH}=1 shows the traceback)", code=1)

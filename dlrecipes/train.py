@@ -105,13 +105,9 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     device = resolve_device(config.trainer.device)
     run_dir = Path(config.runs_dir) / choose_run_name(config, resume, device)  # a default name: made now
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
-    point = None
+    accepted: list[str] = []
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, recipe)
-        if rank() == 0:
-            point = find_resume_point(run_dir, config.trainer.max_duration)
-        if accepted and rank() == 0:
-            print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
     elif restart:
         set_aside_for_restart(run_dir)
     elif config.run_name:
@@ -126,6 +122,11 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
                 from dlrecipes.loggers.terminal import hide_harmless_warnings
 
                 hide_harmless_warnings()
+            # under the lock (a live run's files are not touched) and before anything is written: refused here,
+            # a resume changes nothing
+            point = find_resume_point(run_dir, config.trainer.max_duration) if resume and rank() == 0 else None
+            if accepted and rank() == 0:
+                print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             prepare_run_dir(config, run_dir.name, resume, recipe)
             return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
@@ -155,8 +156,9 @@ def _lost(exc: BaseException, who: str, run_dir: Path, verbose: bool) -> PeerLos
     log = run_dir / f"train-rank{rank()}.log"
     with open(log, "a") as f:
         f.write(f"\n[error]: lost {who}\n{text}")
-    point = resume_point(run_dir / CHECKPOINT_DIR) if (run_dir / CHECKPOINT_DIR).is_dir() else None
-    where = f"the last checkpoint is {point}" if point else "no checkpoint yet"
+    point = resume_point(run_dir / CHECKPOINT_DIR, repair=False) if rank() == 0 else None  # only names it
+    where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
+        "rank 0 names the checkpoint"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]
     return PeerLost(f"training stopped: lost {who} ({first}); {where}; when every host is back, run the same command "
                     f"with --resume on each (run directory {run_dir}, traceback in {log})")

@@ -161,6 +161,7 @@ def test_resume_with_no_checkpoint_left_refuses_twice_and_its_advice_works(run, 
     tiny(tmp_path / "tiny.yaml", run.parent)
     for periodic in (run / "checkpoints").glob("ep*-rank0.pt"):
         periodic.write_bytes(periodic.read_bytes()[:1000])
+    (run / "checkpoints" / "ep3-ba9-rank0.pt-partial").write_bytes(b"an interrupted save")  # kept by a refusal too
     before = checksums(run)
     first = assert_refused(invoke(["train", str(tmp_path / "tiny.yaml"), "--resume"]), "ep2-ba6-rank0.pt")
     second = assert_refused(invoke(["train", str(tmp_path / "tiny.yaml"), "--resume"]), "ep2-ba6-rank0.pt")
@@ -201,6 +202,11 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(monkeyp
     assert result.exit_code == 1 and result.stderr.strip() == (
         "error: ValueError: something nobody foresaw (unexpected: please report it; DLRECIPES_TRACEBACK=1 shows the "
         "traceback)")
+    monkeypatch.setattr(api, "runs", lambda *a, **k: open("/no/such/folder/file"))
+    result = invoke(["runs"])  # the machine said no: not a bug to report
+    assert result.exit_code == 1 and result.stderr.strip() == (
+        "error: No such file or directory: /no/such/folder/file (DLRECIPES_TRACEBACK=1 shows where)")
+    monkeypatch.setattr(api, "runs", broken)
     monkeypatch.setenv("DLRECIPES_TRACEBACK", "1")
     assert isinstance(invoke(["runs"]).exception, ValueError)
 
@@ -214,3 +220,33 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(run):
         f"error: --checkpoint: {best} is truncated or damaged (an incomplete zip archive of 5,000 bytes); nothing was "
         "changed. Use another checkpoint of the run (--checkpoint best, latest or a file in its checkpoints/ folder)"]
 
+
+
+def test_resume_leaves_a_live_runs_files_alone(run, tmp_path):
+    """While another process trains in the run, --resume is refused by its lock before it looks at (and would
+    clean up) the checkpoints: the live run's in-flight save and its latest link stay as they are."""
+    from dlrecipes.records import run_lock
+
+    tiny(tmp_path / "tiny.yaml", run.parent)
+    (run / "checkpoints" / "ep3-ba9-rank0.pt-partial").write_bytes(b"a save in flight")
+    (run / "checkpoints" / "latest-rank0.pt").unlink()
+    before = checksums(run.parent)
+    lock = run_lock.acquire(run)  # this process holds it: a live holder
+    try:
+        assert "is in use by another training run" in assert_refused(
+            invoke(["train", str(tmp_path / "tiny.yaml"), "--resume"]), "run_name")
+        assert checksums(run.parent) == {**before, "base/run.lock": checksums(run.parent)["base/run.lock"]}
+    finally:
+        lock.release()
+
+
+def test_restart_sets_the_old_run_aside_under_a_free_name(run, monkeypatch):
+    import time
+
+    from dlrecipes.records.run_dir import set_aside_for_restart
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260102-030405")
+    (run.parent / "base.restarted-20260102-030405").mkdir()  # a restart in the same second
+    aside = set_aside_for_restart(run)
+    assert aside == run.parent / "base.restarted-20260102-030405-2" and not run.exists()
+    assert not (aside / "run.lock").exists() and (aside / "checkpoints" / "best.pt").is_file()

@@ -177,3 +177,25 @@ def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
         assert signal.SIGHUP in _handled()
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_output_to_a_terminal_that_hung_up_goes_to_dev_null_and_an_open_one_is_left_alone():
+    """After a hangup the terminal answers no ioctl (isatty is False) and every write fails with EIO: the fds that
+    were a terminal when the run started are pointed at /dev/null; a SIGHUP sent by hand changes nothing."""
+    import os
+
+    from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
+
+    assert set(terminal_fds()) <= {1, 2}
+    master, slave = os.openpty()
+    try:
+        leave_closed_terminal([slave])  # still open: left alone
+        assert os.isatty(slave)
+        os.close(master)
+        with pytest.raises(OSError):
+            os.write(slave, b"lost")
+        leave_closed_terminal([slave])
+        assert os.write(slave, b"kept going") == len(b"kept going")
+        assert os.path.realpath(f"/proc/self/fd/{slave}") == os.devnull
+    finally:
+        os.close(slave)

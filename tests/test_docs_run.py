@@ -60,7 +60,6 @@ TINY = {  # appended to a documented command whose real run takes minutes
 NOT_RUN_HERE = {  # pages whose commands this test leaves alone, and why
     "docs/benchmarks.md": "generated from BENCHMARKS.md: a record of measurements (each command took minutes or "
                           "a GPU); tests/test_benchmarks.py runs the scripts at tiny sizes",
-    "docs/sweeps.md": "its grids train 12 to 20 runs each (and one needs a GPU): not yet marked or made small",
 }
 CHECKOUT = ["recipes", "examples", "benchmarks", "scripts", "tests", "requirements", "cli.py", "pyproject.toml"]
 

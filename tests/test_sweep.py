@@ -375,3 +375,15 @@ def test_a_closed_terminal_stops_the_sweep_like_sigterm_and_a_rerun_resumes(tiny
     commands = [line.split() for line in log.read_text().splitlines() if line.startswith("$ ")]
     assert len(commands) == 2 and "--resume" not in commands[0] and "--resume" in commands[1]
     assert json.loads((folder / "seed=1" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path):
+    """Exit 75 before a run directory existed, or death by the signal the sweep passed on, is a stop (resumed on
+    the next run of the sweep), not a failure counted against it; a signal nobody sent is a failure."""
+    from dlrecipes.tools.sweep_report import LOG_DIR, record_outcome
+
+    (tmp_path / LOG_DIR).mkdir()
+    assert record_outcome(tmp_path, "lr=0.1", 75)["status"] == "stopped"
+    assert record_outcome(tmp_path, "lr=0.1", -signal.SIGTERM, signalled=True)["status"] == "stopped"
+    killed = record_outcome(tmp_path, "lr=0.1", -signal.SIGKILL)
+    assert killed == {"status": "failed", "reason": "killed by SIGKILL", "exit_code": -signal.SIGKILL}

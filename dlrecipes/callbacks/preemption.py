@@ -25,7 +25,7 @@ from typing import Any, Optional
 from composer.core import Callback, State
 from composer.loggers import Logger
 
-from dlrecipes.core.hangup import detach_from_terminal, hangup_stops
+from dlrecipes.core.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 from dlrecipes.errors import UserError
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
@@ -48,13 +48,14 @@ class StopOnSignal(Callback):
         self.saver = saver
         self.received: Optional[int] = None
         self._previous: dict[int, Any] = {}
+        self._terminal: list[int] = []  # stdout/stderr that were a terminal when the handlers went in
         self._host: Any = None
         self._pending: Any = None  # the reduction started at the previous batch's end
 
     def _record(self, signum: int, frame: Any) -> None:
         self.received = signum
         if signum == signal.SIGHUP:
-            detach_from_terminal()
+            leave_closed_terminal(self._terminal)
         if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -63,6 +64,7 @@ class StopOnSignal(Callback):
 
         self._host, self._pending = HostReducer(), None
         if threading.current_thread() is threading.main_thread():
+            self._terminal = terminal_fds()
             self._previous = {s: signal.signal(s, self._record) for s in _handled()}
 
     def _restore(self) -> None:

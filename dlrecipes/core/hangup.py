@@ -18,13 +18,20 @@ def hangup_stops() -> bool:
     return signal.getsignal(signal.SIGHUP) != signal.SIG_IGN or os.environ.get(HANGUP_STOPS) == "1"
 
 
-def detach_from_terminal() -> None:
-    """Standard output and error to ``/dev/null`` where they are a terminal: after a hangup it answers every
-    write with an error, and the run still has a checkpoint to write and a line to leave in its log."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            if os.isatty(fd):
-                os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+def terminal_fds() -> list[int]:
+    """Standard output and error where they are a terminal: taken when handlers are installed, since after a
+    hangup the terminal no longer answers as one."""
+    return [fd for fd in (1, 2) if os.isatty(fd)]
+
+
+def leave_closed_terminal(fds: list[int]) -> None:
+    """Those of ``fds`` (:func:`terminal_fds`) that are no terminal any more, the terminal having hung up (every
+    write would fail with EIO), now go to ``/dev/null``: the run still has a checkpoint to write, a line to leave
+    in its log and an exit code to give.  A SIGHUP sent by hand, the terminal still open, changes nothing."""
+    for fd in fds:
+        if not os.isatty(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)

@@ -253,14 +253,9 @@ def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
     """
     if not checkpoint_dir.is_dir():
         return None
-    if not repair:
-        candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
-        return next((c for c in candidates if loadable(c) is None), None)
-    for leftover in checkpoint_dir.glob(f"*{PARTIAL_SUFFIX}"):
-        print(f"note: removing {leftover}, left by a save that was interrupted", file=sys.stderr)
-        leftover.unlink()
-    (checkpoint_dir / (LATEST_CHECKPOINT + ".new-link")).unlink(missing_ok=True)
     candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
+    if not repair:
+        return next((c for c in candidates if loadable(c) is None), None)
     latest = checkpoint_dir / LATEST_CHECKPOINT
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
@@ -268,7 +263,12 @@ def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
         if problem is not None:
             damaged.append((candidate, problem))
             continue
-        for path, why in damaged:  # set aside only once a checkpoint to continue from is found
+        # a checkpoint to continue from: now (not before) the leftovers go and the damaged ones are set aside
+        for leftover in checkpoint_dir.glob(f"*{PARTIAL_SUFFIX}"):
+            print(f"note: removing {leftover}, left by a save that was interrupted", file=sys.stderr)
+            leftover.unlink()
+        (checkpoint_dir / (LATEST_CHECKPOINT + ".new-link")).unlink(missing_ok=True)
+        for path, why in damaged:
             kept = path.with_name(path.name + ".damaged")
             print(f"warning: checkpoint {path} {why}; it is now {kept.name}", file=sys.stderr)
             path.rename(kept)

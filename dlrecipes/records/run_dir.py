@@ -21,7 +21,7 @@ import yaml
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
-from dlrecipes.errors import RecipeError, UserError, did_you_mean
+from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.checkpoints import (
     CHECKPOINT_DIR, LATEST_CHECKPOINT, NoCheckpointToResume, damaged_checkpoints, periodic_progress, resume_point,
 )
@@ -112,9 +112,13 @@ def set_aside_for_restart(run_dir: Path) -> Path | None:
 
     if rank() != 0 or not run_dir.exists():
         return None
-    run_lock.acquire(run_dir).release()  # refuses, naming the holder, while a live process trains in it
-    aside = run_dir.with_name(f"{run_dir.name}.restarted-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(aside)
+    lock = run_lock.acquire(run_dir)  # refuses, naming the holder, while a live process trains in it
+    stem = f"{run_dir.name}.restarted-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = next(p for p in (run_dir.with_name(stem if n == 1 else f"{stem}-{n}") for n in range(1, 1000))
+                 if not p.exists())
+    run_dir.rename(aside)  # the lock goes with it, so no run can start in it meanwhile
+    lock.path = aside / lock.path.name
+    lock.release()
     print(f"warning: --restart: the run that was in {run_dir} is kept as {aside}; this run starts from the "
           "beginning", file=sys.stderr)
     return aside

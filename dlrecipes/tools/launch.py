@@ -78,23 +78,27 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
 
     import psutil
 
-    from dlrecipes.core.hangup import HANGUP_STOPS, detach_from_terminal, hangup_stops
+    from dlrecipes.core.hangup import HANGUP_STOPS, hangup_stops, leave_closed_terminal, terminal_fds
 
     forwarded = (signal.SIGTERM, signal.SIGUSR1)
     if hangup_stops():  # not under nohup
         forwarded += (signal.SIGHUP,)
         env = {**(os.environ if env is None else env), HANGUP_STOPS: "1"}
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}  # inherited by the launcher
+    # ignored while the launcher starts (it inherits that) and until forward() takes over: never the default action,
+    # which would end this process and leave the launcher behind
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}
     try:
         launcher = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-    finally:
+    except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        raise
     relay, clean_stop = _relay_stderr(launcher.stderr)
+    terminal = terminal_fds()
 
     def forward(signum, frame):
         if signum == signal.SIGHUP:
-            detach_from_terminal()  # the ranks' stop lines still reach the relay, which must not fail writing them
+            leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
         for child in psutil.Process(launcher.pid).children(recursive=True):
             try:
                 child.send_signal(signum)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.tools.sweep_report import (FINISHED, LOG_DIR, forget_outcome, history_rows, log_path, number,
                                           record_outcome, short_names, summarize, unfinished, value_text,
@@ -377,7 +378,7 @@ def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], paral
             slot.log.close()
             seconds = time.perf_counter() - slot.started
             durations.append(seconds)
-            outcome = record_outcome(plan.folder, slot.point.name, slot.process.returncode)
+            outcome = record_outcome(plan.folder, slot.point.name, slot.process.returncode, bool(stop["signal"]))
             source.finished(slot)
             echo(_finished_line(plan, slot, outcome, seconds, source, durations, len(running), parallel))
             if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
@@ -387,24 +388,14 @@ def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], paral
 def _catch_signals(stop: dict[str, int]) -> dict[int, Any]:
     """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal or ssh session closed) stop the sweep, which passes
     each on to the running trainings once; returns the handlers they had."""
-    terminal = [fd for fd in (1, 2) if os.isatty(fd)]
+    terminal = terminal_fds()
 
     def on_signal(signum: int, frame: Any) -> None:
         stop["signal"], stop["count"] = signum, stop["count"] + 1
         if signum == signal.SIGHUP:
-            _leave_closed_terminal(terminal)
+            leave_closed_terminal(terminal)
 
     return {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-
-
-def _leave_closed_terminal(fds: list[int]) -> None:
-    """Output to a terminal that hung up fails (EIO): it goes to /dev/null instead, so that the sweep still
-    stops its trainings and writes its summary (a SIGHUP sent by hand, the terminal still open, changes nothing)."""
-    for fd in fds:
-        if not os.isatty(fd):  # a terminal no longer: it hung up
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, fd)
-            os.close(null)
 
 
 def _pass_on(running: list[_Slot], signum: int, nproc: int) -> None:

@@ -86,15 +86,18 @@ def _last_line(log: Path) -> str:
     return ""
 
 
-def record_outcome(folder: Path, name: str, returncode: int) -> dict[str, str]:
+def record_outcome(folder: Path, name: str, returncode: int, signalled: bool = False) -> dict[str, str]:
     """How a point's training ended, from its exit code, its run's ``summary.json`` and its log, written to
-    ``logs/<point>.outcome.json``."""
+    ``logs/<point>.outcome.json``.  ``signalled``: the sweep was stopped by a signal, which it passed on (a
+    training that then ended by a signal, or before it had a run directory, was stopped, not failed)."""
     from dlrecipes.records.runs import describe_run
 
     run_dir = folder / name
     ran = (run_dir / "recipe.yaml").is_file()
     if returncode in (0, 75) and ran:
         status = describe_run(run_dir)["status"]  # done, pruned, stopped (resumable)
+    elif returncode == 75 or (signalled and returncode < 0):
+        status = "stopped"
     else:
         status = {2: "refused", 3: "diverged"}.get(returncode, "failed")
     summary = _summary(run_dir) if ran and status != "refused" else {}  # a refusal leaves an earlier run as it was
@@ -153,7 +156,6 @@ def closing_line(plan: Any, left: dict[str, dict[str, Any]]) -> str:
 
 
 def _point_row(folder: Path, name: str) -> dict[str, Any]:
-    from dlrecipes.records.plots import load_summary
     from dlrecipes.records.runs import describe_run
 
     row: dict[str, Any] = {**point_outcome(folder, name), "monitor": None}
@@ -161,7 +163,7 @@ def _point_row(folder: Path, name: str) -> dict[str, Any]:
     if not run_dir.is_dir():
         return row
     described = describe_run(run_dir)
-    summary = load_summary(run_dir)
+    summary = _summary(run_dir)  # a damaged one: the row says so (its status), the table is still written
     history = history_rows(run_dir)
     monitor = described.get("monitor") or "top1"
     final = history[-1].get(f"eval_{monitor}") if history else None
