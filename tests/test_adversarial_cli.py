@@ -181,6 +181,13 @@ def test_resume_refusals_name_the_way_on(run, tmp_path):
     before = checksums(run.parent)
     typo = assert_refused(invoke(["train", str(recipe), "--resume", "run_name=bsae"]), "run_name")
     assert "no run 'bsae'" in typo and "the closest: base" in typo
+    from dlrecipes.records.run_dir import check_run_exists
+
+    os.environ["DLRECIPES_RESUME_MISSING"] = "start"  # a requeue script's choice: a run that is not there starts
+    try:
+        check_run_exists(run.parent, "bsae")
+    finally:
+        del os.environ["DLRECIPES_RESUME_MISSING"]
     shorter = assert_refused(invoke(["train", str(recipe), "--resume", "run_name=base", "trainer.max_duration=1ep"]),
                              "trainer.max_duration")
     assert "shorter than what base has trained (2 epochs, 6 batches" in shorter

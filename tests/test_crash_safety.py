@@ -99,14 +99,17 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_says_why(crash_recipe):
 
 
 @pytest.mark.slow
-def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe, reference):
-    """SIGKILL after random delays (import, build, training or saving: wherever it lands), then resume."""
+def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe, reference, monkeypatch):
+    """SIGKILL after random delays (import, build, training or saving: wherever it lands), then resume, as a
+    requeued job does: --resume after the first start, which a kill may stop before it made the run's directory
+    (--resume would then refuse a run that is not there, unless told to start it)."""
     import os
     import random
     import subprocess
     import sys
     import time
 
+    monkeypatch.setenv("DLRECIPES_RESUME_MISSING", "start")
     rng = random.Random(7)
     cmd = [sys.executable, "-m", "dlrecipes", "train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN]
     for attempt in range(3):

@@ -53,9 +53,17 @@ def choose_run_name(config: Any, resume: bool, device: str) -> str:
     return same_on_all_ranks(name, device, config.trainer.dist_timeout)
 
 
+RESUME_MISSING = "DLRECIPES_RESUME_MISSING"  # =start: --resume of a run that is not there starts it (for scripts)
+
+
 def check_run_exists(runs: Path, name: str) -> None:
-    """Refuse to continue a run that is not there (a typo would otherwise start a new run quietly)."""
+    """Refuse to continue a run that is not there (a typo would otherwise start a new run quietly).  A script
+    that resumes whatever a kill left (a requeued SLURM job, whose first start may have been stopped before it
+    made its run directory) sets ``DLRECIPES_RESUME_MISSING=start``: such a run then starts, saying so."""
     if (runs / name).is_dir():
+        return
+    if os.environ.get(RESUME_MISSING) == "start":
+        print(f"note: no run {name!r} in {runs} yet ({RESUME_MISSING}=start): starting it", file=sys.stderr)
         return
     names = sorted(p.parent.name for p in runs.glob(f"*/{RECIPE_FILE}")) if runs.is_dir() else []
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
