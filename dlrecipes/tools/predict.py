@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -85,7 +86,9 @@ def export_predictor(folder: Path) -> Predictor:
 
         path = folder / "model.torchscript.pt"
         try:
-            module = torch.jit.load(str(path), map_location="cpu").eval()
+            with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript loudly; the export is TorchScript
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated", category=FutureWarning)
+                module = torch.jit.load(str(path), map_location="cpu").eval()
         except Exception as exc:  # truncated, not a TorchScript archive, not a file torch can read
             raise UserError(f"{path}: not a TorchScript model torch can load ({_first_line(exc)}); {AGAIN}") from None
 
