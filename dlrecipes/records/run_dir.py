@@ -25,7 +25,7 @@ from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.checkpoints import (
     CHECKPOINT_DIR, LATEST_CHECKPOINT, NoCheckpointToResume, damaged_checkpoints, periodic_progress, resume_point,
 )
-from dlrecipes.records.run_files import RECIPE_FILE
+from dlrecipes.records.run_files import RECIPE_FILE, DamagedRunFile, read_summary
 
 
 def choose_run_name(config: Any, resume: bool, device: str) -> str:
@@ -91,13 +91,13 @@ FAILED = ("failed", "diverged")  # summary.json statuses of a run that cannot be
 
 
 def run_status(run_dir: Path) -> str | None:
-    """``status`` from a run's summary.json (finished, pruned, stopped, diverged, failed), or None."""
-    import json
-
+    """``status`` from a run's summary.json (finished, pruned, stopped, diverged, failed), or None (none, or
+    damaged: such a run is not set aside, and starting over it is then refused as for any run)."""
     try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        summary = read_summary(run_dir)
+    except DamagedRunFile:
         return None
+    return summary.get("status") if summary else None
 
 
 def set_aside_failed_run(run_dir: Path) -> Path | None:
