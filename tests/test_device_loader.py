@@ -54,9 +54,25 @@ def test_ranks_split_train_and_eval_without_overlap():
     assert sorted(evals[0] + evals[1]) == list(range(51))
 
 
-def test_training_with_the_device_loader(tiny_recipe):
+def test_training_with_the_device_loader(tiny_recipe, monkeypatch):
+    """The run's batches, training and evaluation, come from the device loader: a spy on it sees each one."""
+    passes: list[tuple[bool, list[int]]] = []  # per pass over a device loader: (train, each batch's samples)
+    original = DeviceTensorLoader.__iter__
+
+    def spy(self):
+        passes.append((self.train, []))
+        for x, y in original(self):
+            passes[-1][1].append(len(y))
+            yield x, y
+
+    monkeypatch.setattr(DeviceTensorLoader, "__iter__", spy)
     result = train(resolve(tiny_recipe, ["trainer.loader=device", "run_name=dev", "trainer.max_duration=1ep"]))
-    assert result.batches == 3 and 0.0 <= result.eval_metrics["top1"] <= 1.0
+    assert result.batches == 3
+    assert [sizes for is_train, sizes in passes if is_train] == [[64, 64, 64]]  # the epoch's 3 batches of 64
+    # Composer takes one eval batch at the start (it spins its loaders to the epoch), then the evaluation's 2
+    assert [sizes for is_train, sizes in passes if not is_train][-1] == [64, 64], passes
+    correct = result.eval_metrics["top1"] * 128  # top-1 over exactly the 128 samples the loader gave
+    assert abs(correct - round(correct)) < 1e-3, result.eval_metrics
 
 
 def test_device_loader_needs_in_memory_data(tiny_recipe):
