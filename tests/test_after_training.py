@@ -94,9 +94,13 @@ def test_eval_gives_the_run_s_own_evaluation(trained, tmp_path):
     assert f"top1={best['metrics']['top1']:.4f}" in lone.stdout and "img/s" in lone.stdout
     assert (tmp_path / "report" / "per_class_accuracy.csv").is_file()
     # FixRes-style: evaluated at another size (the network is size-agnostic), and with flip TTA
+    # (the recipe's own size given as overrides gives the run's numbers; another size, other images, other numbers)
+    same = _eval_json(str(run_dir), "dataset.eval_crop_size=12", "dataset.resize_size=14")
+    assert same["metrics"]["loss"] == pytest.approx(best["metrics"]["loss"])
     bigger = _eval_json(str(run_dir), "dataset.eval_crop_size=14", "dataset.resize_size=16")
-    assert 0 <= bigger["metrics"]["top1"] <= 1 and bigger["overrides"] == ["dataset.eval_crop_size=14",
-                                                                          "dataset.resize_size=16"]
+    assert bigger["overrides"] == ["dataset.eval_crop_size=14", "dataset.resize_size=16"]
+    assert bigger["images"] == 48 and bigger["metrics"]["loss"] != pytest.approx(best["metrics"]["loss"])
+    assert bigger["out_dir"].endswith("eval/best_dataset.eval_crop_size=14_dataset.resize_size=16")
     flipped = _eval_json(str(run_dir), "--tta", "flip")
     assert flipped["tta"] == "flip" and flipped["out_dir"].endswith("best_tta-flip")
     assert flipped["metrics"]["loss"] != pytest.approx(best["metrics"]["loss"])  # digits are not symmetric
