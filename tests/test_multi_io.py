@@ -118,15 +118,23 @@ def test_eval_metrics_are_named_per_output_and_the_total_is_the_weighted_sum(tas
         "label/top1", "label/loss", "parity/top1", "parity/loss", "value/mse", "value/mae", "value/loss", "loss",
     ]
     assert list(model.get_metrics(is_train=True)) == ["label/top1", "parity/top1", "value/mse", "value/mae"]
+    seen = []  # (batch, outputs) for the independent counts below
     with torch.no_grad():
         for half in (batch[:], [t[:16] for t in batch]):  # two batches of different sizes
             outputs = model.eval_forward(half)
+            seen.append((half, outputs))
             for metric in metrics.values():
                 model.update_metric(half, outputs, metric)
     values = {name: float(m.compute()) for name, m in metrics.items()}
     assert values["loss"] == pytest.approx(values["label/loss"] + 0.5 * values["parity/loss"] + 2.0 * values["value/loss"])
     assert values["value/mse"] == pytest.approx(values["value/loss"], rel=1e-5)  # mse loss, mse metric
-    assert 0 <= values["label/top1"] <= 1
+    # each metric over the 48 samples of both batches, counted here from the outputs
+    joined = {name: torch.cat([out[name] for _, out in seen]) for name in ("label", "parity", "value")}
+    label, parity, value = (torch.cat([half[i] for half, _ in seen]) for i in (2, 3, 4))
+    assert values["label/top1"] == pytest.approx((joined["label"].argmax(1) == label).float().mean().item())
+    assert values["parity/top1"] == pytest.approx((joined["parity"].argmax(1) == parity).float().mean().item())
+    assert values["value/mae"] == pytest.approx((joined["value"].squeeze(1) - value).abs().mean().item(), rel=1e-5)
+    assert values["value/mse"] == pytest.approx(((joined["value"].squeeze(1) - value) ** 2).mean().item(), rel=1e-5)
     names = metric_names(model.specs)
     assert set(names) == set(values)  # what validation accepts as a monitor is what the model logs
 
