@@ -41,14 +41,22 @@ def logged_run(tmp_path_factory):
     return result.run_dir, _history_csv(result.run_dir)
 
 
-def test_history_csv_has_a_row_per_epoch_with_every_column(logged_run):
+def test_history_csv_has_a_row_per_epoch_with_every_column(logged_run, tmp_path):
+    from dlrecipes.api import evaluate
+
     run_dir, rows = logged_run
     assert list(rows[0]) == ["epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5",
                              "images_per_sec", "elapsed_sec"]
     assert [int(r["epoch"]) for r in rows] == [1, 2] and [int(r["step"]) for r in rows] == [3, 6]
     for r in rows:
         assert all(math.isfinite(float(v)) for v in r.values())
-        assert float(r["images_per_sec"]) > 0 and 0 <= float(r["eval_top1"]) <= float(r["eval_top5"]) <= 1
+        assert float(r["images_per_sec"]) > 0
+        # each epoch's evaluation columns are that epoch's checkpoint evaluated again, apart from the run
+        again = evaluate(run_dir, checkpoint=str(run_dir / "checkpoints" / f"ep{r['epoch']}-ba{r['step']}-rank0.pt"),
+                         out=tmp_path / f"ep{r['epoch']}")
+        assert again.images == 128  # eval_subset_num_batches: 2 of 64
+        for column, metric in (("eval_loss", "loss"), ("eval_top1", "top1"), ("eval_top5", "top5")):
+            assert float(r[column]) == pytest.approx(again.metrics[metric], abs=1e-5), (r, again.metrics)
     assert float(rows[1]["elapsed_sec"]) > float(rows[0]["elapsed_sec"])
 
 
