@@ -196,24 +196,42 @@ def test_every_batch_loss_is_logged_and_read_back_at_the_interval(tiny_recipe, t
     assert not any(line.split(": ")[1].startswith("time/batch") for line in log if "[metric]" in line)
 
 
+class _TrainMetricInputs(Callback):
+    """Records what each train metric's update is given: ``updates[name]`` lists (batch, preds, target)."""
+
+    def __init__(self):
+        self.updates: dict[str, list] = {}
+
+    def fit_start(self, state, logger):
+        for name, metric in state.train_metrics.items():
+            seen = self.updates.setdefault(name, [])
+
+            def update(preds, target, __original=metric.update, __seen=seen):
+                __seen.append((int(state.timestamp.batch), preds.detach().clone(), target.clone()))
+                return __original(preds, target)
+
+            metric.update = update
+
+
+def _top1_over(inputs, batches) -> float:
+    """Top-1 over the samples of the updates at ``batches``, counted here from their logits and labels."""
+    picked = [(preds, target) for batch, preds, target in inputs if batch in batches]
+    return sum(int((p.argmax(1) == t).sum()) for p, t in picked) / sum(len(t) for _, t in picked)
+
+
 def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, tmp_path):
-    updates = []
-
-    class CountUpdates(Callback):
-        def fit_start(self, state, logger):
-            for metric in state.train_metrics.values():
-                original = metric.update
-                metric.update = lambda *a, __o=original, **k: (updates.append(int(state.timestamp.batch)), __o(*a, **k))
-
+    inputs = _TrainMetricInputs()
     config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
                                         "trainer.train_metrics_interval=4", "checkpoint.save=false"])
     trainer = build_trainer(config, tmp_path / "run")
-    trainer.state.callbacks.append(CountUpdates())
+    trainer.state.callbacks.append(inputs)
     trainer.fit()
     trainer.close()
     assert set(trainer.state.train_metrics) == {"top1", "top5"}  # Composer's train metrics, kept in the state
-    assert sorted(set(updates)) == [0, 4, 6, 10]  # every 4th of each epoch's 6 batches, each epoch's first
-    assert 0.0 <= float(trainer.state.train_metric_values["top1"]) <= 1.0
+    for name in ("top1", "top5"):  # every 4th of each epoch's 6 batches, each epoch's first
+        assert [batch for batch, _, _ in inputs.updates[name]] == [0, 4, 6, 10]
+    # the value kept is the second epoch's: its two sampled batches (2 x 64 samples) together
+    assert float(trainer.state.train_metric_values["top1"]) == pytest.approx(_top1_over(inputs.updates["top1"], {6, 10}))
     log = (tmp_path / "run" / "train-rank0.log").read_text()
     assert log.count("metrics/train/top1") == 4 + 2  # after each sampled batch, and each epoch's value
 
@@ -327,15 +345,18 @@ def test_a_train_split_monitor_needs_train_metrics(tiny_recipe):
 
 
 def test_a_run_ending_inside_an_epoch_logs_its_losses_and_train_metrics(tiny_recipe, tmp_path):
+    inputs = _TrainMetricInputs()
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=5ba", "checkpoint.save=false",
-                                                    "trainer.train_metrics_interval=1"])
+                                                    "trainer.train_metrics_interval=1"], callbacks=[inputs])
     assert int(trainer.state.timestamp.batch) == 5 and int(trainer.state.timestamp.epoch) == 1
     log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
     assert [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line] == [0, 1, 2, 3, 4]
     # the second epoch's two batches: logged after each, then their value at the end of training
     steps = [int(line.split("batch=")[1].split("]")[0]) for line in log if "metrics/train/top1" in line]
     assert steps[-3:] == [3, 4, 5]
-    assert 0.0 <= float(trainer.state.train_metric_values["top1"]) <= 1.0
+    # the value at the end covers the part of the second epoch trained: its batches 4 and 5 (steps 3 and 4)
+    assert [batch for batch, _, _ in inputs.updates["top1"]] == [0, 1, 2, 3, 4]
+    assert float(trainer.state.train_metric_values["top1"]) == pytest.approx(_top1_over(inputs.updates["top1"], {3, 4}))
 
 
 def test_a_loader_without_a_length_gets_every_loss_and_the_epoch_metrics():
