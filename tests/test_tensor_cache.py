@@ -112,7 +112,28 @@ def test_device_side_crops_stay_on_the_device_and_match_the_boxes_they_draw():
     ramp = torch.arange(16, dtype=torch.float32).repeat(16, 1).expand(2, 3, 16, 16).contiguous()
     whole = random_resized_crop_on_device(ramp, 16, (1.0, 1.0), torch.Generator().manual_seed(0), ratio=(1.0, 1.0))
     assert torch.allclose(whole, ramp, atol=1e-4)  # the whole image, same size: unchanged
-    flipped = random_resized_crop_on_device(ramp, 16, (1.0, 1.0), torch.Generator().manual_seed(1), ratio=(1.0, 1.0),
-                                            hflip=True)
-    for image in flipped:
-        assert torch.allclose(image, ramp[0], atol=1e-4) or torch.allclose(image, ramp[0].flip(-1), atol=1e-4)
+    # flips: the same seed draws the same boxes, so each crop is the unflipped one or its mirror image, and
+    # about half are mirrored (random images: no crop is its own mirror image)
+    images = torch.randint(0, 256, (32, 3, 24, 20), generator=torch.Generator().manual_seed(2)).float()
+    plain = random_resized_crop_on_device(images, 12, (0.3, 1.0), torch.Generator().manual_seed(1))
+    flipped = random_resized_crop_on_device(images, 12, (0.3, 1.0), torch.Generator().manual_seed(1), hflip=True)
+    _assert_about_half_mirrored(plain, flipped)
+
+
+def _assert_about_half_mirrored(plain: torch.Tensor, flipped: torch.Tensor) -> None:
+    mirrored = [torch.allclose(f, p.flip(-1), atol=1e-3) for p, f in zip(plain, flipped)]
+    kept = [torch.allclose(f, p, atol=1e-3) for p, f in zip(plain, flipped)]
+    assert all(m != k for m, k in zip(mirrored, kept)), (mirrored, kept)  # each one or the other, never both
+    assert 8 <= sum(mirrored) <= 24, mirrored  # of 32
+
+
+def test_host_side_crops_flip_about_half_of_the_crops():
+    """The CPU path of the tensor cache (crop_batch): with hflip, each crop is the same crop as without, or its
+    mirror image."""
+    from dlrecipes.data.tensor_cache import crop_batch
+
+    images = torch.randint(0, 256, (32, 3, 24, 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    plain = crop_batch(images, torch.Generator().manual_seed(1), True, 12, 0.3, 0.875, hflip=False)
+    flipped = crop_batch(images, torch.Generator().manual_seed(1), True, 12, 0.3, 0.875, hflip=True)
+    assert plain.shape == flipped.shape == (32, 3, 12, 12)
+    _assert_about_half_mirrored(plain.float(), flipped.float())
