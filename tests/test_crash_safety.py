@@ -7,6 +7,7 @@ then reruns the same command with ``--resume`` until it finishes.
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from pathlib import Path
@@ -98,11 +99,22 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_says_why(crash_recipe):
     assert _batch(checkpoints / "latest-rank0.pt") == 2
 
 
+def _saved_batch(checkpoints: Path) -> int:
+    """The batch of the run's latest checkpoint; 0 before there is one."""
+    try:
+        return _batch(checkpoints / "latest-rank0.pt")
+    except (OSError, AttributeError):  # no link yet, or one being replaced
+        return 0
+
+
 @pytest.mark.slow
 def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe, reference, monkeypatch):
-    """SIGKILL after random delays (import, build, training or saving: wherever it lands), then resume, as a
-    requeued job does: --resume after the first start, which a kill may stop before it made the run's directory
-    (--resume would then refuse a run that is not there, unless told to start it)."""
+    """SIGKILL at random moments, then resume, as a requeued job does: --resume after the first start, which a
+    kill may stop before it made the run's directory (--resume would then refuse a run that is not there, unless
+    told to start it).  The first start is killed after a random delay (import, build, training or saving:
+    wherever it lands); each restart once it has trained and saved (a checkpoint past the one it resumed from),
+    then after a random delay shorter than two batches (every batch takes 0.4 s at least), so that it is killed
+    while training or saving and the run still has batches left for the next."""
     import os
     import random
     import subprocess
@@ -111,13 +123,30 @@ def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe,
 
     monkeypatch.setenv("DLRECIPES_RESUME_MISSING", "start")
     rng = random.Random(7)
-    cmd = [sys.executable, "-m", "dlrecipes", "train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN]
+    checkpoints = crash_recipe.parent / "runs" / "random-kills" / "checkpoints"
+    cmd = [sys.executable, "-m", "dlrecipes", "train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN,
+           "callbacks.slow_batches={seconds: 0.4}"]
+    kills = []  # per start: (the batch it resumed from, whether it had trained and saved when killed)
     for attempt in range(3):
+        resumed_from = _saved_batch(checkpoints)
         process = subprocess.Popen([*cmd, *(["--resume"] if attempt else [])], cwd=REPO, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        time.sleep(rng.uniform(2.0, 7.0))
+        launched = time.monotonic()
+        deadline = launched + rng.uniform(0.5, 6.0) if attempt == 0 else math.inf
+        trained = False
+        while time.monotonic() < deadline:
+            assert process.poll() is None, f"start {attempt} ended (exit {process.returncode}) before its kill"
+            assert time.monotonic() - launched < 300, f"start {attempt} saved no checkpoint in 300 s"
+            if _saved_batch(checkpoints) > resumed_from:
+                trained = True
+                time.sleep(rng.uniform(0.0, 0.6))
+                break
+            time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
-        process.wait()
+        assert process.wait() == -signal.SIGKILL, f"start {attempt} had ended (exit {process.returncode})"
+        kills.append((resumed_from, trained))
+    assert sum(trained for _, trained in kills) >= 2, kills  # the restarts were killed while training
+    assert 0 < _saved_batch(checkpoints) < 12, kills  # some of the run saved, some of it left to do
     resumed = _train(crash_recipe, "random-kills", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     weights = _final_weights(crash_recipe, "random-kills")
