@@ -1,8 +1,10 @@
-"""Shared test helpers: tiny recipes and a way to run the real CLI in a subprocess."""
+"""Shared test helpers: tiny recipes, a tiny run trained once per test process, and the CLI run in this process
+(or a real one)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,21 @@ RECIPES = REPO / "recipes"
 from dlrecipes.plugins import load_builtins
 
 load_builtins()  # at collection time: tests parametrize over the registries
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker (and the processes its tests start) gets its share of the cores: N
+    workers each running torch on every core would spend their time fighting over them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
 
 
 def write(path: Path, text: str) -> Path:
@@ -64,8 +81,103 @@ def tiny_recipe(tmp_path: Path) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -m dlrecipes ARGS`` (or any command) and capture its output."""
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory) -> Path:
+    """The tiny recipe trained once per test process (2 epochs of 3 batches, a checkpoint each epoch, the best
+    by top-1): the run directory ``runs/tiny``, which tests read and never change (``tiny_run`` is a copy)."""
+    from dlrecipes import api
+
+    root = tmp_path_factory.mktemp("trained_tiny")
+    recipe = write(root / "tiny.yaml", TINY_RECIPE)
+    result = api.train(recipe, [f"runs_dir={root / 'runs'}", "run_name=tiny"])
+    assert result.run_dir == root / "runs" / "tiny"
+    return result.run_dir
+
+
+@pytest.fixture
+def tiny_run(trained_tiny: Path, tmp_path: Path) -> Path:
+    """A copy of ``trained_tiny`` in this test's ``tmp_path/runs/tiny``, to resume, damage or add to."""
+    import shutil
+
+    return Path(shutil.copytree(trained_tiny, tmp_path / "runs" / "tiny", symlinks=True))
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: bool = True,
+            subprocess_: bool = False) -> subprocess.CompletedProcess:
+    """Run ``dlrecipes ARGS`` and capture its output, exit code and all.
+
+    In this process by default: the same ``main`` the console script runs, with stdout and stderr captured,
+    the working directory and signal handlers restored afterwards, and whatever escapes ``main`` written as a
+    traceback with exit code 1, as Python would. ``subprocess_=True`` (one test per command keeps the real
+    process contract under test) or ``module=False`` (any command) starts a real process; so does every call
+    when DLRECIPES_TEST_SUBPROCESS=1.
+    """
+    in_process = module and not subprocess_ and os.environ.get("DLRECIPES_TEST_SUBPROCESS") != "1"
+    if in_process and not any("fault_injection" in arg for arg in args):  # it SIGKILLs its process
+        return _run_in_process(list(args), cwd or REPO)
     cmd = [sys.executable, "-m", "dlrecipes", *args] if module else list(args)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+_SIGNALS = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)]
+
+
+def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    import contextlib
+    import io
+    import traceback
+    import warnings
+
+    from dlrecipes.cli import main
+
+    from dlrecipes import plugins
+
+    plugins.load_builtins()
+    plugins.load_entry_points()
+    modules = set(sys.modules)
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    before = os.getcwd()
+    code = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.resetwarnings()  # a fresh process's filters: shown once per place, deprecations hidden
+            warnings.simplefilter("default")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+            try:
+                main(args)
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
+            except Exception:  # noqa: BLE001 - what a real process would print before exiting 1
+                traceback.print_exc(file=sys.stderr)
+                code = 1
+    finally:
+        os.chdir(before)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        _forget_plugins(set(sys.modules) - modules)
+    return subprocess.CompletedProcess(["dlrecipes", *args], code, out.getvalue(), err.getvalue())
+
+
+def _forget_plugins(new_modules: set[str]) -> None:
+    """Unload what a call's ``--plugin`` files and recipe ``imports:`` brought in (modules from outside the
+    installed packages and dlrecipes/), and their registry entries: the next call imports them afresh, as a
+    new process would, and another test's plugin may use the same names."""
+    from dlrecipes.registry import REGISTRIES
+
+    installed = (sys.prefix, sys.base_prefix, str(REPO / "dlrecipes"))
+    dropped = {name for name in new_modules
+               if not str(getattr(sys.modules.get(name), "__file__", None) or sys.prefix).startswith(installed)}
+    for registry in REGISTRIES.values():
+        for name, entry in list(registry._entries.items()):
+            if getattr(entry.factory, "__module__", None) in dropped:
+                del registry._entries[name]
+    for name in dropped:
+        sys.modules.pop(name, None)

@@ -32,6 +32,7 @@ def isolated_registries(monkeypatch):
     monkeypatch.setattr(plugins, "_loaded_entry_points", False)
 
 
+@pytest.mark.slow
 def test_recipe_imports_a_local_file_relative_to_the_recipe_and_trains_with_it(tmp_path):
     write(tmp_path / "plugins" / "my_models.py", PLUGIN_MODEL)
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
@@ -48,9 +49,9 @@ def test_cli_plugin_option_imports_a_module(tmp_path):
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
     # `python -m` puts the working directory on sys.path, as an installed package would be
     result = run_cli("validate", str(recipe), "model.name=plugin_mlp", "~model.width", "~model.hidden",
-                     "--plugin", "my_plugin_pkg", cwd=tmp_path)
+                     "--plugin", "my_plugin_pkg", cwd=tmp_path, subprocess_=True)
     assert result.returncode == 0, result.stderr
-    listing = run_cli("list", "models", "--plugin", "my_plugin_pkg", cwd=tmp_path).stdout
+    listing = run_cli("list", "models", "--plugin", "my_plugin_pkg", cwd=tmp_path, subprocess_=True).stdout
     assert "plugin_mlp" in listing and "A two-layer perceptron" in listing
     without = run_cli("validate", str(recipe), "model.name=plugin_mlp", cwd=tmp_path)
     assert without.returncode == 2 and "unknown model 'plugin_mlp'" in without.stderr

@@ -12,17 +12,13 @@ import pytest
 
 from dlrecipes.errors import UserError
 
-from .conftest import TINY_RECIPE, run_cli, write
+from .conftest import run_cli
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """The tiny digits CNN (8x8 grey inputs) trained for 3 batches: a run directory."""
-    root = tmp_path_factory.mktemp("predict_run")
-    recipe = write(root / "tiny.yaml", TINY_RECIPE)
-    result = run_cli("train", str(recipe), "trainer.max_duration=1ep", f"runs_dir={root / 'runs'}", "run_name=tiny")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "runs" / "tiny"
+@pytest.fixture
+def run_dir(trained_tiny) -> Path:
+    """The tiny digits CNN (8x8 grey inputs) trained for 2 epochs of 3 batches: the shared run directory."""
+    return trained_tiny
 
 
 @pytest.fixture(scope="module")
