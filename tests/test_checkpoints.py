@@ -68,6 +68,7 @@ def test_relink_replaces_the_latest_link_in_place(tmp_path):
     assert os.readlink(link) == "b.pt" and link.read_bytes() == b"b"
 
 
+@pytest.mark.slow
 def test_resume_point_prefers_the_newest_complete_checkpoint_over_a_stale_link(tiny_recipe):
     first = train(resolve(tiny_recipe, ["run_name=stale", "checkpoint.save_interval=1ba"]))
     checkpoints = first.run_dir / "checkpoints"
@@ -79,6 +80,7 @@ def test_resume_point_prefers_the_newest_complete_checkpoint_over_a_stale_link(t
     assert not list(checkpoints.glob("*-partial"))
 
 
+@pytest.mark.slow
 def test_composer_checkpoints_load_tensors_only(tiny_recipe):
     first = train(resolve(tiny_recipe, ["run_name=source"]))
     best = first.run_dir / "checkpoints" / "best.pt"
@@ -125,6 +127,7 @@ def test_strict_loading_names_missing_and_unexpected_keys(tmp_path):
     assert "module.fc.weight" in report["missing"]
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_untrusted_full_state_and_accepts_it_with_the_flag(tiny_recipe, tmp_path):
     source = train(resolve(tiny_recipe, ["run_name=origin", "trainer.max_duration=1ep"]))
     foreign = tmp_path / "foreign.pt"

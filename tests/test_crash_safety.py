@@ -87,6 +87,7 @@ def test_killed_runs_resume_to_the_weights_of_an_uninterrupted_run(crash_recipe,
     assert not different, f"weights differ from the uninterrupted run: {different}"
 
 
+@pytest.mark.slow
 def test_a_failed_save_keeps_the_previous_checkpoint_and_says_why(crash_recipe):
     result = _train(crash_recipe, "disk-full", "callbacks.fault_injection.fail_save=2")
     assert result.returncode == 2
@@ -157,6 +158,7 @@ def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe,
     assert all(torch.equal(weights[k], reference[k]) for k in reference)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_trains_nothing_and_says_so(crash_recipe):
     done = _train(crash_recipe, "finished", "checkpoint.save_interval=1ep")
     assert done.returncode == 0, done.stderr[-2000:]

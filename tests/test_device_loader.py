@@ -54,6 +54,7 @@ def test_ranks_split_train_and_eval_without_overlap():
     assert sorted(evals[0] + evals[1]) == list(range(51))
 
 
+@pytest.mark.slow
 def test_training_with_the_device_loader(tiny_recipe, monkeypatch):
     """The run's batches, training and evaluation, come from the device loader: a spy on it sees each one."""
     passes: list[tuple[bool, list[int]]] = []  # per pass over a device loader: (train, each batch's samples)

@@ -165,6 +165,7 @@ def test_learning_rate_scaling_rules():
     assert math.isclose(scaled_lr(1.0, "linear", 96, 64), 1.5)
 
 
+@pytest.mark.slow
 def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
     from dlrecipes.api import resolve
     from dlrecipes.builders import build_optimizer

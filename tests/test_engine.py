@@ -72,6 +72,7 @@ def _reference_fit(recipe: Path, run_dir: Path, overrides: list[str]):
     ],
     ids=["plain", "accumulation", "label_smoothing", "sam"],
 )
+@pytest.mark.slow
 def test_training_is_bit_identical_to_composers_trainer(tiny_recipe, tmp_path, case):
     overrides = DETERMINISTIC + case
     ours = _fit(tiny_recipe, tmp_path / "ours", overrides)
@@ -136,6 +137,7 @@ class CountReadBacks(Callback):
         self.uninstall()
 
 
+@pytest.mark.slow
 def test_steady_state_steps_never_read_back_from_the_device(tiny_recipe, tmp_path):
     """Nineteen steps between loss read-backs (log_interval 25; the epoch's 22nd batch logs) with a
     train-metric update every step: no read-back and no switch to eval mode and back.  The batches
@@ -153,6 +155,7 @@ def test_steady_state_steps_never_read_back_from_the_device(tiny_recipe, tmp_pat
     assert counter.counts == {} and counter.module_train_calls == 0
 
 
+@pytest.mark.slow
 def test_composers_own_step_reads_back_every_batch(tiny_recipe, tmp_path):
     """The same count through Composer's Trainer, so the test above would notice a regression."""
     counter = CountReadBacks(start=2, stop=12)
@@ -174,6 +177,7 @@ def test_composers_own_step_reads_back_every_batch(tiny_recipe, tmp_path):
     assert counter.module_train_calls >= 10  # eval mode and back for the train metrics
 
 
+@pytest.mark.slow
 def test_every_batch_loss_is_logged_and_read_back_at_the_interval(tiny_recipe, tmp_path, monkeypatch):
     import dlrecipes.loggers.read_back as read_back_module
 
@@ -219,6 +223,7 @@ def _top1_over(inputs, batches) -> float:
     return sum(int((p.argmax(1) == t).sum()) for p, t in picked) / sum(len(t) for _, t in picked)
 
 
+@pytest.mark.slow
 def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, tmp_path):
     inputs = _TrainMetricInputs()
     config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
@@ -236,6 +241,7 @@ def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, 
     assert log.count("metrics/train/top1") == 4 + 2  # after each sampled batch, and each epoch's value
 
 
+@pytest.mark.slow
 def test_train_metrics_can_be_switched_off(tiny_recipe, tmp_path):
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.train_metrics_interval=0", "checkpoint.save=false"])
     assert trainer.state.train_metrics == {} and trainer.state.train_metric_values == {}
@@ -330,6 +336,7 @@ def _direct(loader, callbacks=(), **kwargs):
     ("threshold_stopper={threshold: -1.0, monitor: top1, split: train}", 1),  # reached at the first epoch's end
     ("early_stopping={monitor: top1, split: train, patience: 1, min_delta: 10.0}", 2),  # never improves by 10
 ])
+@pytest.mark.slow
 def test_stoppers_watch_train_metrics(tiny_recipe, tmp_path, stopper, epochs):
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=4ep", f"callbacks.{stopper}",
                                                     "checkpoint.save=false", "trainer.train_metrics_interval=2"])
@@ -344,6 +351,7 @@ def test_a_train_split_monitor_needs_train_metrics(tiny_recipe):
         api.resolve(tiny_recipe, ["callbacks.early_stopping={split: train}", "trainer.train_metrics_interval=0"])
 
 
+@pytest.mark.slow
 def test_a_run_ending_inside_an_epoch_logs_its_losses_and_train_metrics(tiny_recipe, tmp_path):
     inputs = _TrainMetricInputs()
     trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=5ba", "checkpoint.save=false",

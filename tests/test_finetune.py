@@ -23,6 +23,7 @@ def _net(trainer):
     return trainer.state.model.module
 
 
+@pytest.mark.slow
 def test_the_backbone_stays_frozen_for_its_epochs_then_trains(tiny_recipe):
     config = resolve(tiny_recipe, [*FINETUNE, "trainer.max_duration=1ep"])
     trainer = build_trainer(config, prepare_run_dir(config, "frozen", resume=False))

@@ -173,6 +173,7 @@ def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
                                                                                         "label_smoothing": 0.1}
 
 
+@pytest.mark.slow
 def test_the_report_counts_every_eval_microbatch_once(tiny_recipe):
     """With evaluation in microbatches, each one's outputs are counted (not only a batch's last)."""
     from dlrecipes.metrics.report import ClassReport

@@ -281,6 +281,7 @@ def test_cli_task_mistakes_exit_2_naming_the_key(task_recipe):
 # --- training --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_training_logs_per_output_metrics_in_history_summary_and_best_checkpoint(task_recipe, tmp_path):
     result = run_cli("train", str(task_recipe), "run_name=mio")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -171,6 +171,7 @@ class _Watch:
             self.frozen.append(bool(fused) and all(m.freeze_bn for m in fused))
 
 
+@pytest.mark.slow
 def test_qat_switches_at_start_keeps_training_freezes_and_exports(qat_recipe):
     from composer import Callback
 
@@ -204,6 +205,7 @@ def _all_or_none(flags):
     return None if not flags else "all" if all(flags) else "none" if not any(flags) else "some"
 
 
+@pytest.mark.slow
 def test_freezing_at_start_waits_for_one_observed_batch(qat_recipe):
     """Observers that never saw a batch have no range to convert with; a freeze at start comes one batch later."""
     from composer import Callback
@@ -263,6 +265,7 @@ def test_int8_export_matches_the_fp32_accuracy_on_the_digits(qat_recipe):
     assert model(torch.randn(3, 1, 8, 8)).shape == (3, 10)
 
 
+@pytest.mark.slow
 def test_checkpoint_written_after_the_switch_resumes_into_the_prepared_network(qat_recipe, tmp_path):
     common = ["checkpoint={save: true, save_interval: 1ep, keep: -1}", "run_name=resumable",
               "~algorithms.qat.freeze_bn", "~algorithms.qat.freeze_observers"]

@@ -71,6 +71,7 @@ def test_two_runs_started_together_one_is_refused_at_once(tiny_recipe, tmp_path)
     assert not (tmp_path / "runs" / "twin" / LOCK_FILE).exists()  # released by the run that finished
 
 
+@pytest.mark.slow
 def test_resume_refuses_changes_the_run_cannot_continue_with(tiny_recipe, tmp_path):
     train(resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=1ep"]))
     run_dir = tmp_path / "runs" / "r"
@@ -83,6 +84,7 @@ def test_resume_refuses_changes_the_run_cannot_continue_with(tiny_recipe, tmp_pa
     assert accepted == ["trainer.max_duration ('1ep' -> '3ep')", "trainer.num_workers (0 -> 1)"]
 
 
+@pytest.mark.slow
 def test_resume_with_a_changed_model_is_one_line_and_exit_2(tiny_recipe, tmp_path):
     first = run_cli("train", str(tiny_recipe), "run_name=m", "trainer.max_duration=1ep")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -104,6 +106,7 @@ def _rows(run_dir) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_history_after_a_resume_inside_an_epoch_covers_the_whole_epoch(tiny_recipe, tmp_path):
     """The first run stops inside epoch 1 (batch 2 of 3); the resumed one trains batch 3 of it. The row of epoch 1
     is that of an uninterrupted run: the mean loss of its 3 batches (the checkpoint carries the first two)."""
@@ -122,6 +125,7 @@ def test_history_after_a_resume_inside_an_epoch_covers_the_whole_epoch(tiny_reci
     assert float(resumed[0]["images_per_sec"]) >= 192 / wall
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [5, 6], ids=["inside-an-epoch", "after-its-last-batch"])
 def test_a_signal_stop_leaves_each_epoch_once_after_the_resume(tiny_recipe, tmp_path, batch):
     """The stop writes no row for the unfinished epoch: the resume finishes it and writes it once, also when the
@@ -167,6 +171,7 @@ def fail_at_batch(batch: int = 2):
 '''
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line_and_exit_3(tiny_recipe, tmp_path):
     runs = tmp_path / "runs"
     early = run_cli("train", str(tiny_recipe), "optimizer.lr=1e12", "trainer.log_interval=1")
@@ -187,6 +192,7 @@ def test_a_diverging_run_stops_with_one_line_and_exit_3(tiny_recipe, tmp_path):
     assert len(list(runs.glob("hot.diverged-*"))) == 1
 
 
+@pytest.mark.slow
 def test_an_unexpected_exception_is_one_line_with_the_traceback_in_the_run_log(tiny_recipe, tmp_path):
     (tmp_path / "fail_plugin.py").write_text(FAILING_PLUGIN)
     args = ("train", str(tiny_recipe), "imports=[./fail_plugin.py]", "callbacks.fail_at_batch={batch: 4}",
@@ -216,6 +222,7 @@ def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path, mon
     assert all((tmp_path / "runs" / n).is_dir() for n in names)
 
 
+@pytest.mark.slow
 def test_keep_holds_across_resumes(tiny_recipe, tmp_path):
     common = ["run_name=kept", "checkpoint.keep=2", "checkpoint.save_interval=1ep", "checkpoint.monitor=null"]
     for epochs, resume in ((2, False), (3, True), (4, True)):

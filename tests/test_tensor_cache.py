@@ -59,6 +59,7 @@ def test_crops_have_the_requested_size_and_keep_constant_images_constant():
     assert center_crop(images, 16, 0.8).shape == (4, 3, 16, 16)
 
 
+@pytest.mark.slow
 def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
     _folder(tmp_path / "imgs" / "train", per_class=8)
     _folder(tmp_path / "imgs" / "val", per_class=2)
