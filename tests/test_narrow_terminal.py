@@ -78,7 +78,11 @@ def test_eval_predict_and_export_lines_fit(runs, tmp_path, tmp_path_factory):
     evaluated = _screen(["eval", str(runs / LONG_RUN), "--out", str(tmp_path / "report")], base)
     assert evaluated[0] == f"eval {runs / LONG_RUN / 'checkpoints' / 'best.pt'}:"
     assert re.fullmatch(r"  loss=\S+, top1=\S+, top5=\S+", evaluated[1]) and "img/s" in evaluated[2]
-    assert evaluated[3] == f"  report {tmp_path / 'report'}"
+    report = f"  report {tmp_path / 'report'}"
+    if len(report) > COLUMNS:  # the tests' temporary path is too long for the line: it goes on the next
+        assert evaluated[3] == "  report" and evaluated[4].strip() == str(tmp_path / "report"), evaluated
+    else:
+        assert evaluated[3] == report, evaluated
     piped = run_cli("eval", str(runs / LONG_RUN), "--out", str(tmp_path / "report"))
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1 and "top1=" in piped.stdout
 

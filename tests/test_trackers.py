@@ -44,10 +44,21 @@ def _start_server(folder: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _stop(server: subprocess.Popen) -> None:
+    """Stop the server and everything it started: its job runner's consumers start sessions of their own, so
+    the process group's SIGTERM alone leaves them running after the test."""
     import signal
 
+    import psutil
+
+    family = psutil.Process(server.pid).children(recursive=True)
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(timeout=30)
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
 
 
 @pytest.fixture(scope="module")

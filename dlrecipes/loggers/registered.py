@@ -16,7 +16,7 @@ from dlrecipes.registry import loggers
 
 
 Artifacts = Literal["files", "checkpoint", "export", "all", "none"]
-PROBE_SECONDS = 3.0
+PROBE_SECONDS = 10.0  # a busy server answers late; nothing listening is refused at once
 
 
 def _probe(url: str, key: str, fix: str) -> None:
