@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -136,6 +136,7 @@ def test_a_damaged_file_is_one_line_and_changes_nothing(run, tmp_path, relative,
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 0.999), flips=st.lists(st.tuples(st.floats(0, 0.999), st.integers(1, 255)), max_size=3))
+@example(cut=0.0, flips=[(0.994140625, 1)])  # a member name made invalid UTF-8: was an unexpected UnicodeDecodeError
 def test_any_cut_or_flipped_bytes_in_a_checkpoint_refuse_eval_in_one_line(trained, tmp_path_factory, cut, flips):
     folder = tmp_path_factory.mktemp("flip")
     run = folder / "base"

@@ -77,7 +77,7 @@ def test_commands_that_read_a_finished_run(trained_tiny, digit_png, tmp_path):
 def test_commands_that_read_a_recipe(tiny_recipe):
     _same(*_both("validate", str(tiny_recipe)))
     _same(*_both("show", str(tiny_recipe)))
-    _same(*_both("list", "algorithms"))
+    _same(*_both("list", "losses"))
     _same(*_both("profile", str(tiny_recipe), "--repeats", "1", "--warmup", "0", "--json"), as_json=True)
 
 

@@ -191,7 +191,9 @@ def describe_damage(path: Path) -> Optional[str]:
         try:
             with zipfile.ZipFile(path) as archive:
                 broken = archive.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError):
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+            # ValueError: a flipped byte in the central directory can make a member's name invalid UTF-8;
+            # NotImplementedError: or its compression method one zipfile does not know
             return f"is truncated or damaged (an incomplete zip archive of {size:,} bytes)"
         return f"is damaged (its entry {broken} fails its checksum)" if broken else None
     if head[:1] == b"\x80":  # the legacy pickle format
