@@ -120,7 +120,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: boo
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-_SIGNALS = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)]
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
