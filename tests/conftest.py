@@ -108,15 +108,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: boo
 
     In this process by default: the same ``main`` the console script runs, with stdout and stderr captured,
     the working directory and signal handlers restored afterwards, and whatever escapes ``main`` written as a
-    traceback with exit code 1, as Python would. ``subprocess_=True`` (one test per command keeps the real
+    traceback with exit code 1, as Python would. A call with the fault-injection plugin (it kills or signals its
+process) gets a process of its own, forked from a server that has imported everything once (tests/forked.py).
+``subprocess_=True`` (one test per command keeps the real
     process contract under test) or ``module=False`` (any command) starts a real process; so does every call
     when DLRECIPES_TEST_SUBPROCESS=1.
     """
     in_process = module and not subprocess_ and os.environ.get("DLRECIPES_TEST_SUBPROCESS") != "1"
-    if in_process and not any("fault_injection" in arg for arg in args):  # it SIGKILLs its process
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if in_process and any("fault_injection" in arg for arg in args):  # it kills or signals its process
+        from tests import forked
+
+        return forked.run(list(args), cwd or REPO, timeout, env)
+    if in_process:
         return _run_in_process(list(args), cwd or REPO)
     cmd = [sys.executable, "-m", "dlrecipes", *args] if module else list(args)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 

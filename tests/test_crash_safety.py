@@ -116,35 +116,36 @@ def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe,
     wherever it lands); each restart once it has trained and saved (a checkpoint past the one it resumed from),
     then after a random delay shorter than two batches (every batch takes 0.4 s at least), so that it is killed
     while training or saving and the run still has batches left for the next."""
-    import os
     import random
-    import subprocess
-    import sys
     import time
+
+    from tests import forked
 
     monkeypatch.setenv("DLRECIPES_RESUME_MISSING", "start")
     rng = random.Random(7)
     checkpoints = crash_recipe.parent / "runs" / "random-kills" / "checkpoints"
-    cmd = [sys.executable, "-m", "dlrecipes", "train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN,
-           "callbacks.slow_batches={seconds: 0.4}"]
+    args = ["train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN, "callbacks.slow_batches={seconds: 0.4}"]
     kills = []  # per start: (the batch it resumed from, whether it had trained and saved when killed)
     for attempt in range(3):
         resumed_from = _saved_batch(checkpoints)
-        process = subprocess.Popen([*cmd, *(["--resume"] if attempt else [])], cwd=REPO, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # a process of its own (forked from one that imported everything: the random delay falls in the build or
+        # training, not in 5-10 s of imports)
+        process = forked.start([*args, *(["--resume"] if attempt else [])], REPO, crash_recipe.parent / "out.txt",
+                               crash_recipe.parent / "err.txt")
         launched = time.monotonic()
         deadline = launched + rng.uniform(0.5, 6.0) if attempt == 0 else math.inf
         trained = False
         while time.monotonic() < deadline:
-            assert process.poll() is None, f"start {attempt} ended (exit {process.returncode}) before its kill"
+            assert process.is_alive(), f"start {attempt} ended (exit {process.exitcode}) before its kill"
             assert time.monotonic() - launched < 300, f"start {attempt} saved no checkpoint in 300 s"
             if _saved_batch(checkpoints) > resumed_from:
                 trained = True
                 time.sleep(rng.uniform(0.0, 0.6))
                 break
             time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-        assert process.wait() == -signal.SIGKILL, f"start {attempt} had ended (exit {process.returncode})"
+        process.kill()
+        process.join()
+        assert process.exitcode == -signal.SIGKILL, f"start {attempt} had ended (exit {process.exitcode})"
         kills.append((resumed_from, trained))
     assert sum(trained for _, trained in kills) >= 2, kills  # the restarts were killed while training
     assert 0 < _saved_batch(checkpoints) < 12, kills  # some of the run saved, some of it left to do

@@ -31,7 +31,6 @@ at tiny sizes)`; that test must name the script), or that it is `a measurement o
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import shlex
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import pytest
 
+from . import forked
 from .conftest import REPO, image_folders
 
 NEEDS = re.compile(r"\bneeds\b.*?\b(GPUs?|network|cluster)\b")
@@ -153,46 +153,6 @@ def test_every_command_in_the_docs_is_run_or_marked():
 # ---- running them -------------------------------------------------------------------------------------------
 
 
-def _dlrecipes_in_child(args: list[str], cwd: str, out: str, err: str) -> None:
-    """In a process forked from the server: what the `dlrecipes` console script does, in ``cwd``."""
-    os.chdir(cwd)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    sys.argv = ["dlrecipes", *args]
-    multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process (not forkserver)
-    code = 0
-    try:
-        from dlrecipes.cli import main
-
-        main(args)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if isinstance(stop.code, str):
-            print(stop.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - a traceback, as the console script would print it
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    raise SystemExit(code)  # through multiprocessing's own exit, which releases the command's semaphores
-
-
-_FORKS = None
-
-
-def _forks():
-    global _FORKS
-    if _FORKS is None:
-        _FORKS = multiprocessing.get_context("forkserver")
-        from dlrecipes.plugins import BUILTIN_MODULES
-
-        _FORKS.set_forkserver_preload(["torch", "composer", "timm", "torchvision", "matplotlib", "dlrecipes.cli",
-                                       "dlrecipes.api", "dlrecipes.train", *BUILTIN_MODULES])
-    return _FORKS
-
-
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else "(nothing: the process ended before writing)"
 
@@ -203,8 +163,7 @@ def _run(command: Command, workspace: Path, timeout: int = 300) -> tuple[int, st
     words += TINY.get(key, [])
     out, err = workspace / ".docs-test.out", workspace / ".docs-test.err"
     if words[0] == "dlrecipes":
-        child = _forks().Process(target=_dlrecipes_in_child, args=(words[1:], str(workspace), str(out), str(err)))
-        child.start()
+        child = forked.start(words[1:], workspace, out, err)
         child.join(timeout)
         if child.exitcode is None:
             child.kill()

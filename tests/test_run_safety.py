@@ -61,9 +61,14 @@ def test_a_holder_on_another_host_is_named_with_the_file_to_delete(tmp_path):
 @pytest.mark.slow
 def test_two_runs_started_together_one_is_refused_at_once(tiny_recipe, tmp_path):
     """The start-up window: both launched at the same moment into one run directory."""
-    cmd = [sys.executable, "-m", "dlrecipes", "train", str(tiny_recipe), "run_name=twin", "trainer.max_duration=3ep"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    from tests import forked
+
+    args = ["train", str(tiny_recipe), "run_name=twin", "trainer.max_duration=3ep"]
+    errs = [tmp_path / f"err{i}.txt" for i in range(2)]
+    procs = [forked.start(args, REPO, tmp_path / f"out{i}.txt", err) for i, err in enumerate(errs)]  # two processes
+    for p in procs:
+        p.join(300)
+    results = [(p.exitcode, err.read_text()) for p, err in zip(procs, errs)]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     refused = next(err for code, err in results if code == 2)

@@ -7,14 +7,13 @@ import os
 import pty
 import re
 import struct
-import subprocess
-import sys
 import termios
 
 import pytest
 
 from dlrecipes.loggers.terminal import fit_line
 
+from . import forked
 from .conftest import REPO, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -70,8 +69,7 @@ def _in_pty(args: list[str], columns: int, interrupt_at: str = "", expect: int =
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["PYTHONUNBUFFERED"] = "1"
-    process = subprocess.Popen([sys.executable, "-m", "dlrecipes", *args], stdin=slave, stdout=slave,
-                               stderr=slave, cwd=REPO, env=env)
+    process = forked.start(args, REPO, env=env, terminal=slave)
     os.close(slave)
     chunks: list[bytes] = []
     interrupted = not interrupt_at
@@ -86,10 +84,11 @@ def _in_pty(args: list[str], columns: int, interrupt_at: str = "", expect: int =
             break
         chunks.append(data)
         if not interrupted and interrupt_at.encode() in b"".join(chunks):
-            process.send_signal(signal.SIGINT)
+            os.kill(process.pid, signal.SIGINT)
             interrupted = True
     os.close(master)
-    assert process.wait(timeout=300) == expect, b"".join(chunks).decode(errors="replace")[-3000:]
+    process.join(300)
+    assert process.exitcode == expect, b"".join(chunks).decode(errors="replace")[-3000:]
     return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
