@@ -5,7 +5,7 @@ imports a new Python pays on a 2-core machine.
 
 Where the process is not the point, ``run_cli`` runs the CLI in the test's own process; where the way Python
 starts is (``python -m`` putting the working directory on sys.path, the console script), a test runs the real
-executable. ``DLRECIPES_TEST_SUBPROCESS=1`` makes every call a real executable, forked ones included.
+executable. ``DLRECIPES_TEST_SUBPROCESS=1`` makes each of ``run_cli``'s calls a real executable.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def server():
     return _SERVER
 
 
-def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str, terminal) -> None:
-    """In the forked process: what ``python -m dlrecipes ARGS`` does in ``cwd`` with ``env``, unbuffered."""
+def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str, terminal) -> None:
+    """In the forked process: what ``python -m MODULE ARGS`` does in ``cwd`` with ``env``, unbuffered."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -49,7 +49,7 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str, t
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
                                                encoding="utf-8", errors="backslashreplace") for fd in (1, 2))
-    sys.argv = [str(Path(sys.prefix) / "bin" / "dlrecipes"), *args]
+    sys.argv = [str(Path(sys.prefix) / "bin" / "dlrecipes") if module == "dlrecipes" else module, *args]
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
     if threads:  # read by OpenMP when torch was imported (in the server): say it again
@@ -58,9 +58,14 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str, t
         torch.set_num_threads(int(threads))
     code = 0
     try:
-        from dlrecipes.cli import main
+        if module == "dlrecipes":
+            from dlrecipes.cli import main
 
-        main(args)
+            main(args)
+        else:
+            import runpy
+
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if isinstance(stop.code, str):
@@ -74,15 +79,15 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str, t
 
 
 def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[Path] = None,
-          env: Optional[dict[str, str]] = None, terminal: Optional[int] = None):
-    """Start ``dlrecipes ARGS`` forked from the server; a ``multiprocessing`` Process (``pid``, ``exitcode``,
-    ``kill()``, ``join()``), its output going to the files ``out`` and ``err``, or its stdin, stdout and stderr
-    to the file descriptor ``terminal`` (a pseudo-terminal's), handed over to it."""
+          env: Optional[dict[str, str]] = None, terminal: Optional[int] = None, module: str = "dlrecipes"):
+    """Start ``dlrecipes ARGS`` (or ``python -m MODULE ARGS``) forked from the server; a ``multiprocessing``
+    Process (``pid``, ``exitcode``, ``kill()``, ``join()``), its output going to the files ``out`` and ``err``,
+    or its stdin, stdout and stderr to the file descriptor ``terminal`` (a pseudo-terminal's), handed over."""
     from multiprocessing.reduction import DupFd
 
     handed = DupFd(terminal) if terminal is not None else None  # sent to the server with the process
-    child = server().Process(target=_child, args=(list(args), str(cwd), dict(env or os.environ), str(out), str(err),
-                                                  handed))
+    child = server().Process(target=_child, args=(module, list(args), str(cwd), dict(env or os.environ), str(out),
+                                                  str(err), handed))
     child.start()
     return child
 

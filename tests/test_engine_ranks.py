@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -15,6 +14,7 @@ from typing import Optional
 import pytest
 import torch
 
+from . import forked
 from .conftest import REPO
 
 
@@ -34,16 +34,19 @@ def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, en
         rank_env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world), "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(env or {})}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=REPO,
-                                      env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        # a process of its own, forked from one that has imported torch and Composer (tests/forked.py)
+        procs.append(forked.start([scenario, str(out)], REPO, out / f".out{rank}", out / f".err{rank}", rank_env,
+                                  module="tests.engine_ranks"))
     results, ended = [], []
     try:
-        for proc in procs:
+        for rank, proc in enumerate(procs):
             remaining = max(1.0, timeout - (time.monotonic() - start))
-            _, err = proc.communicate(timeout=remaining)
-            results.append((proc.returncode, err))
+            proc.join(remaining)
+            if proc.exitcode is None:
+                raise subprocess.TimeoutExpired(f"rank {rank} of {scenario}", remaining)
+            results.append((proc.exitcode, (out / f".err{rank}").read_text(errors="replace")))
             ended.append(time.monotonic() - start)
-            if proc.returncode and stop_on_error:  # the others would only wait for their own timeouts
+            if proc.exitcode and stop_on_error:  # the others would only wait for their own timeouts
                 for other in procs:
                     other.kill()
     finally:
