@@ -1,5 +1,11 @@
-"""Distributed training on CPU (gloo) through Composer's launcher: 2 processes, 2 nodes x 2
-processes on loopback, resume under DDP, learning-rate scaling and the launch checks."""
+"""Distributed training on CPU (gloo): 2 processes, 2 nodes x 2 processes on loopback, resume under DDP, a
+signal or a kill -9 to one rank, learning-rate scaling and the launch checks.
+
+What the ranks do is tested on ranks started as Composer's launcher starts them (its environment: RANK,
+WORLD_SIZE, LOCAL_RANK, ..., MASTER_PORT), each forked from the test server (tests/forked.py) instead of a new
+Python under the launcher: the 2 x 5-10 s of imports per run are what made this module the suite's slowest.
+What the launcher does (its flags, two nodes, stopping the other rank when one dies, passing a signal on to the
+ranks, its exit codes) is tested through it: `composer -n 2 cli.py train` and `dlrecipes launch`."""
 
 from __future__ import annotations
 
@@ -74,19 +80,64 @@ RECIPE = """
 COMPOSER = str(Path(sys.executable).parent / "composer")
 
 
+def _ddp_recipe(folder: Path) -> Path:
+    write(folder / "ddp_plugin.py", PLUGIN)
+    path = write(folder / "ddp.yaml", RECIPE)
+    (folder / "out").mkdir()
+    path.write_text(path.read_text() + f"runs_dir: {folder}/runs\ncallbacks: {{record_ranks: {{folder: {folder}/out}}}}\n")
+    return path
+
+
 @pytest.fixture
 def ddp_recipe(tmp_path):
-    write(tmp_path / "ddp_plugin.py", PLUGIN)
-    path = write(tmp_path / "ddp.yaml", RECIPE)
-    (tmp_path / "out").mkdir()
-    path.write_text(path.read_text() + f"runs_dir: {tmp_path}/runs\ncallbacks: {{record_ranks: {{folder: {tmp_path}/out}}}}\n")
-    return path
+    return _ddp_recipe(tmp_path)
+
+
+# 2 epochs of 4 batches, deterministic, each batch in 2 microbatches; the fault-injection plugin imported
+UNINTERRUPTED = ["trainer.max_duration=2ep", "trainer.deterministic=true", "trainer.device_train_microbatch_size=2"]
+FAULTS = f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> list[dict]:
+    """What each of 2 ranks saw and its final weights after an uninterrupted run of UNINTERRUPTED: the weights
+    that a stopped or killed and resumed run must end with, and our Trainer's side against Composer's."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    _forked_ranks(root, str(_ddp_recipe(root)), "run_name=whole", *UNINTERRUPTED, FAULTS)
+    return _ranks(root, 2)
 
 
 def _launch(tmp_path, *args, nproc=2, extra=(), timeout=240, tag="a"):
     cmd = [COMPOSER, "-n", str(nproc), *extra, "--stdout", f"{tmp_path}/{tag}-out{{rank}}.txt",
            "--stderr", f"{tmp_path}/{tag}-err{{rank}}.txt", str(REPO / "cli.py"), "train", *args]
     return subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), timeout
+
+
+def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a"):
+    """``dlrecipes train ARGS`` on ``world`` ranks with the environment Composer's launcher gives them, each a
+    process forked from the test server; their output in ``{tag}-out{rank}.txt`` and ``{tag}-err{rank}.txt``
+    as the launcher would write it; asserts every rank ended with 0."""
+    import os
+    import time
+
+    from tests import forked
+
+    port, started = _free_port(), time.monotonic()
+    ranks = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        ranks.append(forked.start(["train", *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
+                                  tmp_path / f"{tag}-err{rank}.txt", env))
+    try:
+        for process in ranks:
+            process.join(max(1.0, timeout - (time.monotonic() - started)))
+    finally:
+        for process in ranks:
+            process.kill()
+    errors = "\n".join(p.read_text()[-2000:] for p in sorted(Path(tmp_path).glob(f"{tag}-err*.txt")))
+    assert [p.exitcode for p in ranks] == [0] * world, errors
 
 
 def _wait(proc_timeout, tmp_path):
@@ -110,7 +161,7 @@ def _same_params(records):
 
 @pytest.mark.slow
 def test_two_processes_keep_identical_weights_and_share_the_epoch(ddp_recipe, tmp_path):
-    _wait(_launch(tmp_path, str(ddp_recipe)), tmp_path)
+    _forked_ranks(tmp_path, str(ddp_recipe))
     records = _ranks(tmp_path, 2)
     assert all(r["world"] == 2 for r in records)
     _same_params(records)
@@ -125,8 +176,8 @@ def test_two_processes_keep_identical_weights_and_share_the_epoch(ddp_recipe, tm
 
 @pytest.mark.slow
 def test_resume_under_ddp_continues_from_the_saved_batch(ddp_recipe, tmp_path):
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=resumed"), tmp_path)
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=resumed", "trainer.max_duration=2ep", "--resume", tag="b"), tmp_path)
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=resumed")
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=resumed", "trainer.max_duration=2ep", "--resume", tag="b")
     records = _ranks(tmp_path, 2)
     assert [r["first_batch"] for r in records] == [4, 4]  # started where epoch 1 ended
     assert sorted(records[0]["seen"][1] + records[1]["seen"][1]) == list(range(32))
@@ -271,17 +322,13 @@ def test_a_direct_launch_is_checked_like_dlrecipes_launch(tiny_recipe, monkeypat
 
 
 @pytest.mark.slow
-def test_two_processes_train_bit_identically_to_composers_trainer(ddp_recipe, tmp_path):
+def test_two_processes_train_bit_identically_to_composers_trainer(ddp_recipe, tmp_path, uninterrupted):
     """Our Trainer (host-side reductions over gloo) against Composer's own, 2 ranks, 2 microbatches each."""
-    common = ["trainer.max_duration=2ep", "trainer.device_train_microbatch_size=2", "trainer.deterministic=true"]
-    (tmp_path / "ref").mkdir()
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=ours", *common), tmp_path)
-    ours = _ranks(tmp_path, 2)
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=reference", *common, f"callbacks.record_ranks.folder={tmp_path}/ref",
-                  f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'reference_engine.py'}]", tag="b"), tmp_path)
-    reference = [torch.load(tmp_path / "ref" / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    _same_params(ours + reference)  # all four: each rank, both trainers
-    assert [r["seen"] for r in ours] == [r["seen"] for r in reference]
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=reference", *UNINTERRUPTED,
+                  f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'reference_engine.py'}]")
+    reference = _ranks(tmp_path, 2)
+    _same_params(uninterrupted + reference)  # all four: each rank, both trainers
+    assert [r["seen"] for r in uninterrupted] == [r["seen"] for r in reference]
 
 
 def _finish(proc_timeout):
@@ -291,24 +338,22 @@ def _finish(proc_timeout):
 
 
 @pytest.mark.slow
-def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(ddp_recipe, tmp_path):
+def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(ddp_recipe, tmp_path,
+                                                                                           uninterrupted):
     """Rank 1 alone gets SIGTERM after batch 3 of 8 (2 epochs of 4).  The ranks learn of it through a
     reduction started at batch 3's end and read at batch 4's (no step waits for it), so both stop
     after batch 4, rank 0 writes the checkpoint, and --resume ends with the uninterrupted run's weights."""
-    common = ["trainer.max_duration=2ep", "trainer.deterministic=true", "checkpoint.save_interval=1ep"]
-    faults = [f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]",
-              "callbacks.fault_injection={signal_at_batch: 3, signal_rank: 1}"]
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=whole", *common, *faults[:1]), tmp_path)
-    whole = _ranks(tmp_path, 2)
+    common = [*UNINTERRUPTED, "checkpoint.save_interval=1ep"]
+    faults = [FAULTS, "callbacks.fault_injection={signal_at_batch: 3, signal_rank: 1}"]
     code, rank0 = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, tag="b"))
     assert code != 0  # the launcher reports the ranks' exit code 75 as a failure
     checkpoint = tmp_path / "runs" / "cut" / "checkpoints" / "ep0-ba4-rank0.pt"
     assert f"stopped by SIGTERM after batch 4 (epoch 1): checkpoint {checkpoint}" in rank0, rank0[-2000:]
     assert "stopped by SIGTERM after batch 4" in (tmp_path / "b-err1.txt").read_text()
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, "--resume", tag="c"), tmp_path)
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=cut", *common, *faults, "--resume", tag="c")
     resumed = _ranks(tmp_path, 2)
     assert [r["first_batch"] for r in resumed] == [4, 4]
-    _same_params(whole + resumed)
+    _same_params(uninterrupted + resumed)
 
 
 @pytest.mark.slow
@@ -339,9 +384,12 @@ def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, 
     summary = json.loads((tmp_path / "runs" / "slurm" / "summary.json").read_text())
     assert summary["status"] == "stopped" and not (tmp_path / "runs" / "slurm" / "run.lock").exists()
     epochs = (batch + 3) // 4  # the epoch it stopped in, finished by the resumed run
-    resumed = subprocess.run([*cmd[:-2], f"trainer.max_duration={epochs}ep", "checkpoint.save_interval=50ep",
-                              "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    resume = [f"trainer.max_duration={epochs}ep", "checkpoint.save_interval=50ep", "--resume"]
+    if name == "SIGUSR1":  # through launch once; what the ranks do on --resume is the same either way
+        resumed = subprocess.run([*cmd[:-2], *resume], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    else:
+        _forked_ranks(tmp_path, str(ddp_recipe), "run_name=slurm", *resume, tag="resumed")
     assert _batch_of(latest) == epochs * 4
 
 
@@ -350,33 +398,29 @@ def _batch_of(path: Path) -> int:
 
 
 @pytest.mark.slow
-def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_recipe, tmp_path):
+def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_recipe, tmp_path, uninterrupted):
     """Rank 1 is SIGKILLed after batch 6 of 8 (a checkpoint every 2 batches); the launcher stops
     rank 0; --resume continues from batch 4 and ends where an uninterrupted run ends."""
-    common = ["trainer.max_duration=2ep", "trainer.deterministic=true", "checkpoint.save_interval=2ba",
-              f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}]"]
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=whole", *common), tmp_path)
-    whole = _ranks(tmp_path, 2)
+    common = [*UNINTERRUPTED, "checkpoint.save_interval=2ba", FAULTS]
     code, out = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=killed", *common,
                                 "callbacks.fault_injection={kill_at_batch: 6, kill_rank: 1}", tag="b"))
     assert code != 0 and "exited with code" in out, out[-2000:]  # rank 1 killed; rank 0 lost its peer
     latest = tmp_path / "runs" / "killed" / "checkpoints" / "latest-rank0.pt"
     assert "-ba4-" in latest.resolve().name or "-ba6-" in latest.resolve().name  # batch 6's save may not have run
-    _wait(_launch(tmp_path, str(ddp_recipe), "run_name=killed", *common, "--resume", tag="c"), tmp_path)
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=killed", *common, "--resume", tag="c")
     resumed = _ranks(tmp_path, 2)
     assert resumed[0]["first_batch"] in (4, 6)
-    _same_params(whole + resumed)
+    _same_params(uninterrupted + resumed)
 
 
 @pytest.mark.slow
 def test_batch_size_per_device_scales_the_global_batch_and_the_lr_with_the_processes(ddp_recipe, tmp_path):
     """The scaling tutorial's rule as one switch: 2 per device on 2 processes is a global batch of 4,
     and scale_lr (linear, tuned at batch 2) doubles the learning rate."""
-    code, out = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=perdev", "~trainer.batch_size",
-                                "trainer.batch_size_per_device=2",
-                                "optimizer={name: sgd, lr: 0.05, scale_lr: linear, reference_batch_size: 2}"))
-    assert code == 0, out[-3000:]
-    assert "optimizer.lr scaled (linear) from the reference batch 2 to the global batch 4: 0.1" in out
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=perdev", "~trainer.batch_size", "trainer.batch_size_per_device=2",
+                  "optimizer={name: sgd, lr: 0.05, scale_lr: linear, reference_batch_size: 2}")
+    said = (tmp_path / "a-out0.txt").read_text() + (tmp_path / "a-err0.txt").read_text()
+    assert "optimizer.lr scaled (linear) from the reference batch 2 to the global batch 4: 0.1" in said
     records = _ranks(tmp_path, 2)
     assert [len(r["seen"][0]) for r in records] == [16, 16]  # 32 samples, 8 steps of 2 per rank
     with open(tmp_path / "runs" / "perdev" / "history.csv") as f:
