@@ -154,6 +154,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
     if nproc < 1:
         raise RecipeError(f"--nproc: at least 1 process per training, got {nproc}")
+    tool.get_ready(nproc)  # the trainings' server imports torch and Composer while the points are validated
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins, plan.nproc = list(plugins), nproc
     runs_dir = None

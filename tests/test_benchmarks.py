@@ -51,6 +51,12 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     assert set(results.values()) == {"pass", "skip"} and len(rows) == 13
 
 
+def test_sweep_start_script_gives_the_same_results_forked_and_in_new_pythons(tmp_path):
+    data = _script("sweep_start.py", "--points", "2", "--batches", "1", tmp_path=tmp_path)
+    assert [r["mode"] for r in data["rows"]] == ["forked", "new Python"] and data["same_results"]
+    assert len(data["rows"][0]["results"]) == 2 and all(r["seconds"] > 0 for r in data["rows"])
+
+
 def test_trainer_overhead_script(tmp_path, tiny_recipe):
     rows = _script("trainer_overhead.py", "--case", str(tiny_recipe), "--steps", "2", "--rounds", "1", "--warmup", "1",
                    tmp_path=tmp_path)

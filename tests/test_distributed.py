@@ -132,12 +132,12 @@ def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a"):
                                   tmp_path / f"{tag}-err{rank}.txt", env))
     try:
         for process in ranks:
-            process.join(max(1.0, timeout - (time.monotonic() - started)))
+            process.wait(max(1.0, timeout - (time.monotonic() - started)))
     finally:
         for process in ranks:
             process.kill()
     errors = "\n".join(p.read_text()[-2000:] for p in sorted(Path(tmp_path).glob(f"{tag}-err*.txt")))
-    assert [p.exitcode for p in ranks] == [0] * world, errors
+    assert [p.returncode for p in ranks] == [0] * world, errors
 
 
 def _wait(proc_timeout, tmp_path):

@@ -164,12 +164,11 @@ def _run(command: Command, workspace: Path, timeout: int = 300) -> tuple[int, st
     out, err = workspace / ".docs-test.out", workspace / ".docs-test.err"
     if words[0] == "dlrecipes":
         child = forked.start(words[1:], workspace, out, err)
-        child.join(timeout)
-        if child.exitcode is None:
+        if child.wait(timeout) is None:
             child.kill()
-            child.join()
+            child.wait()
             return 124, _read(out), _read(err) + f"\n(killed after {timeout} s)"
-        return child.exitcode, _read(out), _read(err)
+        return child.returncode, _read(out), _read(err)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(["bash", "-c", shlex.join(words)], cwd=workspace, capture_output=True, text=True,
                             timeout=timeout, env=env)

@@ -41,12 +41,11 @@ def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, en
     try:
         for rank, proc in enumerate(procs):
             remaining = max(1.0, timeout - (time.monotonic() - start))
-            proc.join(remaining)
-            if proc.exitcode is None:
+            if proc.wait(remaining) is None:
                 raise subprocess.TimeoutExpired(f"rank {rank} of {scenario}", remaining)
-            results.append((proc.exitcode, (out / f".err{rank}").read_text(errors="replace")))
+            results.append((proc.returncode, (out / f".err{rank}").read_text(errors="replace")))
             ended.append(time.monotonic() - start)
-            if proc.exitcode and stop_on_error:  # the others would only wait for their own timeouts
+            if proc.returncode and stop_on_error:  # the others would only wait for their own timeouts
                 for other in procs:
                     other.kill()
     finally:

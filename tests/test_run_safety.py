@@ -67,8 +67,8 @@ def test_two_runs_started_together_one_is_refused_at_once(tiny_recipe, tmp_path)
     errs = [tmp_path / f"err{i}.txt" for i in range(2)]
     procs = [forked.start(args, REPO, tmp_path / f"out{i}.txt", err) for i, err in enumerate(errs)]  # two processes
     for p in procs:
-        p.join(300)
-    results = [(p.exitcode, err.read_text()) for p, err in zip(procs, errs)]
+        p.wait(300)
+    results = [(p.returncode, err.read_text()) for p, err in zip(procs, errs)]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     refused = next(err for code, err in results if code == 2)

@@ -387,3 +387,42 @@ def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path)
     assert record_outcome(tmp_path, "lr=0.1", -signal.SIGTERM, signalled=True)["status"] == "stopped"
     killed = record_outcome(tmp_path, "lr=0.1", -signal.SIGKILL)
     assert killed == {"status": "failed", "reason": "killed by SIGKILL", "exit_code": -signal.SIGKILL}
+
+
+
+def test_a_forked_training_is_a_process_of_its_own(tmp_path):
+    """What a sweep's trainings get on a CPU (dlrecipes/tools/preloaded.py): the sweep's working directory (a
+    relative recipe path), its output appended to the log, the command's exit code and one-line error, a session
+    of its own, and a kill of its own."""
+    import os
+
+    from dlrecipes.tools import preloaded
+
+    log = tmp_path / "point.log"
+    log.write_text("$ the command\n")
+    (tmp_path / "r.yaml").write_text("model: {name: cnn_simple}\ndataset: {name: digits}\noptimizer: {name: nope}\n")
+    refused = preloaded.start(["validate", "r.yaml"], cwd=tmp_path, out=log, append=True, new_session=True)
+    assert refused.wait(120) == 2
+    lines = log.read_text().splitlines()
+    assert lines[0] == "$ the command" and len(lines) == 2 and lines[1].startswith("error: optimizer.name"), lines
+    training = preloaded.start(["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
+                               cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
+    deadline = time.monotonic() + 60
+    while os.getsid(training.pid) != training.pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.getsid(training.pid) == training.pid != os.getsid(0) and training.poll() is None
+    training.kill()
+    assert training.wait(60) == -signal.SIGKILL and training.returncode == -signal.SIGKILL
+
+
+def test_trainings_are_forked_only_on_a_cpu_one_process_each(monkeypatch):
+    from dlrecipes.tools import sweep
+
+    monkeypatch.delenv("DLRECIPES_SWEEP_FRESH_PYTHON", raising=False)
+    monkeypatch.setattr(sweep, "visible_gpus", lambda: [])
+    assert sweep.forks_trainings(1) and not sweep.forks_trainings(2)  # launch starts its own processes
+    monkeypatch.setenv("DLRECIPES_SWEEP_FRESH_PYTHON", "1")
+    assert not sweep.forks_trainings(1)
+    monkeypatch.delenv("DLRECIPES_SWEEP_FRESH_PYTHON")
+    monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0"])
+    assert not sweep.forks_trainings(1)  # CUDA does not survive a fork

@@ -87,8 +87,7 @@ def _in_pty(args: list[str], columns: int, interrupt_at: str = "", expect: int =
             os.kill(process.pid, signal.SIGINT)
             interrupted = True
     os.close(master)
-    process.join(300)
-    assert process.exitcode == expect, b"".join(chunks).decode(errors="replace")[-3000:]
+    assert process.wait(300) == expect, b"".join(chunks).decode(errors="replace")[-3000:]
     return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 

@@ -289,7 +289,7 @@ def point_state(run_dir: Path) -> str:
 @dataclass
 class _Slot:
     point: Point
-    process: subprocess.Popen
+    process: Any  # a subprocess.Popen, or a preloaded.Started (its interface)
     started: float
     log: Any
     index: int = 0  # which of the --parallel places it holds (its GPUs)
@@ -551,6 +551,25 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+FRESH_PYTHON = "DLRECIPES_SWEEP_FRESH_PYTHON"  # =1: each training a new Python, on a CPU too
+
+
+def forks_trainings(nproc: int) -> bool:
+    """Whether the trainings start forked from a process that imported torch and Composer once: on a machine
+    without GPUs (CUDA does not survive a fork), one process each (``launch`` starts its own), unless
+    DLRECIPES_SWEEP_FRESH_PYTHON=1."""
+    return nproc == 1 and not visible_gpus() and os.environ.get(FRESH_PYTHON) != "1"
+
+
+def get_ready(nproc: int) -> None:
+    """Start the process the trainings are forked from now, so that its imports go on while the points are
+    validated."""
+    if forks_trainings(nproc):
+        from dlrecipes.tools import preloaded
+
+        preloaded.start_server()
+
+
 def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int) -> _Slot:
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
@@ -562,8 +581,14 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               env=_child_env(parallel, index, plan.nproc), start_new_session=True)
+    env = _child_env(parallel, index, plan.nproc)
+    if forks_trainings(plan.nproc):
+        from dlrecipes.tools import preloaded
+
+        process: Any = preloaded.start(command[3:], env=env, out=log_path(plan.folder, point.name), append=True,
+                                       new_session=True)
+    else:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log, index)
 
 
