@@ -3,14 +3,18 @@ says where each thing is.
 
 ```
 runs/<run name>/
-  recipe.yaml             the resolved recipe (recipe.before-<time>.yaml: the one a resume with other settings replaced)
-  history.csv             one row per epoch                 summary.json  how the run went (records.history)
-  loss.png  accuracy.png  lr.png                            train-rank<N>.log  each process's text log
-  run.lock                who trains in it now (records.run_lock)
-  checkpoints/            ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
-                          best.pt and best.json (the best evaluation's, callbacks.keep_best)
-  report/                 the class report (metrics.report)  export/   models for inference
-  eval/<name>/            an evaluation's report (eval.json)  profiler/  tensorboard/
+  recipe.yaml         the resolved recipe (recipe.before-<time>.yaml: one a resume with other settings replaced)
+  history.csv         a row per epoch (records.history)
+  summary.json        how the run went (records.history)
+  loss.png accuracy.png lr.png   the plots (records.plots)
+  train-rank<N>.log   each process's text log
+  run.lock            who trains in it now (records.run_lock)
+  checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
+                      best.pt and best.json (the best evaluation's: callbacks.keep_best)
+  report/             the class report (metrics.report)
+  export/             the models exported for inference
+  eval/<name>/        an evaluation's report (eval.json)
+  profiler/ tensorboard/
 ```
 
 Every other module asks a :class:`RunDir` (or these constants) for a path; none spells a name
@@ -202,5 +206,5 @@ def beside(checkpoint: Path, folder: str) -> Path:
 
 __all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "EVAL_DIR", "EVAL_FILE", "EXPORT_DIR", "HISTORY_FILE",
            "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PROFILER_DIR",
-           "RECIPE_FILE", "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic",
-           "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]
+           "RECIPE_FILE", "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside",
+           "is_periodic", "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlrecipes.errors import UserError
-from dlrecipes.records.layout import LOCK_FILE, RunDir
+from dlrecipes.records.layout import RunDir
 
 
 class RunLockedError(UserError):
