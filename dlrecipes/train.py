@@ -2,7 +2,7 @@
 
 The run directory and its lock, resuming, and what is reported around ``fit()``; everything the
 recipe names is built by :mod:`dlrecipes.builders`, the run directory's helpers are
-:mod:`dlrecipes.records.run_dir`.
+:mod:`dlrecipes.records.run_dir`, and where each file goes in it, :class:`dlrecipes.records.layout.RunDir`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_pee
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.history import RunHistory
+from dlrecipes.records.layout import RunDir
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
-    choose_run_name, find_resume_point, has_checkpoint, make_run_dir, prepare_run_dir, set_aside_failed_run,
+    choose_run_name, find_resume_point, has_checkpoint, make_run_dir, record_recipe, set_aside_failed_run,
     set_aside_for_restart,
 )
 
@@ -103,7 +104,8 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
     device = resolve_device(config.trainer.device)
-    run_dir = Path(config.runs_dir) / choose_run_name(config, resume, device)  # a default name: made now
+    run = RunDir(Path(config.runs_dir) / choose_run_name(config, resume, device))  # a new default name: made now
+    run_dir = run.path
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
     accepted: list[str] = []
     if resume:  # before anything is built or written
@@ -114,7 +116,8 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
         set_aside_failed_run(run_dir)
     lock, fresh = None, not resume and (not config.run_name or not run_dir.exists())
     if rank() == 0:
-        make_run_dir(run_dir)
+        if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
+            make_run_dir(run)
         lock = run_lock.acquire(run_dir)
     try:
         with warnings.catch_warnings():
@@ -127,7 +130,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
             point = find_resume_point(run_dir, config.trainer.max_duration) if resume and rank() == 0 else None
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
-            prepare_run_dir(config, run_dir.name, resume, recipe)
+            record_recipe(run, recipe, resume)
             return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
@@ -136,48 +139,48 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
             shutil.rmtree(run_dir, ignore_errors=True)
         lost = lost_peer(exc)
         if lost and kept:
-            raise _lost(exc, lost, run_dir, verbose) from exc
+            raise _lost(exc, lost, run, verbose) from exc
         if isinstance(exc, Exception) and not isinstance(exc, UserError):
-            raise _failed(exc, run_dir if kept else None, verbose) from exc
+            raise _failed(exc, run if kept else None, verbose) from exc
         raise
     finally:
         if lock is not None:
             lock.release()
 
 
-def _lost(exc: BaseException, who: str, run_dir: Path, verbose: bool) -> PeerLost:
+def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
     """One line for a run that lost a process (a host went down): who, the checkpoint to continue from, how;
     the traceback to the run's log."""
-    from dlrecipes.records.checkpoints import CHECKPOINT_DIR, resume_point
+    from dlrecipes.records.checkpoints import resume_point
 
     text = traceback.format_exc()
     if verbose:
         print(text, file=sys.stderr, end="")
-    log = run_dir / f"train-rank{rank()}.log"
+    log = run.log(rank())
     with open(log, "a") as f:
         f.write(f"\n[error]: lost {who}\n{text}")
-    point = resume_point(run_dir / CHECKPOINT_DIR, repair=False) if rank() == 0 else None  # only names it
+    point = resume_point(run.checkpoints, repair=False) if rank() == 0 else None  # only names it
     where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
         "rank 0 names the checkpoint"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]
     return PeerLost(f"training stopped: lost {who} ({first}); {where}; when every host is back, run the same command "
-                    f"with --resume on each (run directory {run_dir}, traceback in {log})")
+                    f"with --resume on each (run directory {run}, traceback in {log})")
 
 
-def _failed(exc: Exception, run_dir: Path | None, verbose: bool) -> TrainingFailed:
+def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed:
     """One line for an exception that escaped training; its traceback to the run's log (and with ``verbose``,
     to the terminal)."""
     text = traceback.format_exc()
     if verbose:
         print(text, file=sys.stderr, end="")
     where = "rerun with --verbose to see its traceback"
-    if run_dir is not None:
-        log = run_dir / f"train-rank{rank()}.log"
+    if run is not None:
+        log = run.log(rank())
         with open(log, "a") as f:
             f.write(f"\n[error]: training failed\n{text}")
         where = f"its traceback is in {log}"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
-    place = f"run directory {run_dir}" if run_dir is not None else "no run directory was kept (no checkpoint yet)"
+    place = f"run directory {run}" if run is not None else "no run directory was kept (no checkpoint yet)"
     return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)
 
 

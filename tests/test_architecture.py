@@ -7,6 +7,7 @@ hidden behind an import inside a function counts too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dlrecipes"
@@ -191,3 +192,61 @@ def test_the_cli_is_thin():
             names = [a.name for a in node.names] if node.module == "dlrecipes" else [node.module.split(".")[1]]
             parts.update(names)
     assert parts <= {"api", "tools", "errors", "recipe", "data"}, parts
+
+
+# --- the run directory's names have one owner ----------------------------------------------------------------
+
+LAYOUT = "dlrecipes.records.layout"
+# The run directory's file names (dlrecipes.records.layout owns them), spelled anywhere in a string ...
+RUN_FILE_NAMES = re.compile(r"recipe\.yaml|recipe\.before-|summary\.json|history\.csv|run\.lock|train-rank|"
+                            r"latest-rank|best\.pt|best\.json|eval\.json|\b(loss|accuracy|lr)\.png|\*\.png|-ba[*{\d]")
+# ... and its folders' names, spelled as a path: `run_dir / "export"`, f"{run_dir}/tensorboard", "checkpoints/"
+RUN_FOLDERS = ("checkpoints", "report", "export", "eval", "profiler", "tensorboard")
+_FOLDER_IN_PATH = re.compile(rf"(^/|/$|^)({'|'.join(RUN_FOLDERS)})(/|$)")
+
+
+def _run_file_spellings(source: str) -> list[str]:
+    """The string literals in ``source`` that spell a name of the run directory; docstrings and help texts
+    (``help=...``, ``_help(...)``: documentation, like docstrings) left out."""
+    tree = ast.parse(source)
+    prose = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            helps = [k.value for k in node.keywords if k.arg == "help"]
+            if isinstance(node.func, ast.Name) and node.func.id == "_help":
+                helps += node.args[:1]
+            prose |= {id(n) for h in helps for n in ast.walk(h)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            text = node.value
+            as_path = any(text == f"/{folder}" or text.startswith(f"/{folder}/") or f" {folder}/" in text
+                          for folder in RUN_FOLDERS)
+            if RUN_FILE_NAMES.search(text) or as_path:
+                found.append(f"line {node.lineno}: {text!r}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
+                and str(node.right.value).strip("/") in RUN_FOLDERS:
+            found.append(f"line {node.lineno}: / {node.right.value!r}")
+    return found
+
+
+def test_only_the_layout_spells_the_run_directorys_names():
+    """Every module asks dlrecipes.records.layout (a RunDir, or its constants) where a run's files are."""
+    spelled = [f"{module} {where}" for module, path in sorted(MODULES.items()) if module != LAYOUT
+               for where in _run_file_spellings(path.read_text())]
+    assert not spelled, "\n".join(spelled)
+
+
+def test_the_names_check_sees_every_name_the_layout_owns():
+    from dlrecipes.records import layout
+
+    names = [value for key, value in vars(layout).items() if key.isupper() and isinstance(value, str)]
+    names += list(layout.PLOT_FILES.values())
+    for name in names:
+        spelled = name.format(rank=0, epoch=1, batch=2, stamp="20250101") if "{" in name else name
+        assert RUN_FILE_NAMES.search(spelled) or spelled in RUN_FOLDERS, f"{name}: add it to the check"
+    assert _run_file_spellings('"""in summary.json"""\nx = _help("keep best.pt")\ny = f(help="its export/")\n'
+                               'z = "metrics/eval/top1"') == []
+    assert len(_run_file_spellings('p = run / "best.pt"\nq = run / "export"\nr = f"{run}/checkpoints"\n'
+                                   's = f"train-rank{r}.log"\nt = "in its checkpoints/ folder"')) == 5

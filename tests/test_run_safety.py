@@ -16,7 +16,8 @@ import pytest
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.records.resume_check import MODEL_CHANGING_ALGORITHMS, check_resume
-from dlrecipes.records.run_lock import LOCK_FILE, RunLockedError, acquire
+from dlrecipes.records.layout import LOCK_FILE
+from dlrecipes.records.run_lock import RunLockedError, acquire
 from dlrecipes.train import train
 
 from .conftest import REPO, run_cli

@@ -350,9 +350,8 @@ def qat(
     export: bool = True,
 ):
     """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript."""
-    from pathlib import Path
-
     from dlrecipes.algorithms.qat import QAT
+    from dlrecipes.records.layout import RunDir
 
-    export_dir = Path(run_dir) / "export" if export and run_dir is not None else None
+    export_dir = RunDir(run_dir).exports if export and run_dir is not None else None
     return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)

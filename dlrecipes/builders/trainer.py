@@ -15,7 +15,8 @@ from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import local_world_size, rank, resolve_device, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
 from dlrecipes.errors import UserError
-from dlrecipes.records.checkpoints import CHECKPOINT_DIR, make_saver
+from dlrecipes.records.checkpoints import make_saver
+from dlrecipes.records.layout import RunDir
 from dlrecipes.records.run_dir import find_resume_point
 from dlrecipes import registry
 from dlrecipes.registry import build_component
@@ -60,7 +61,7 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
             return point
-        print(f"note: no complete checkpoint in {run_dir / CHECKPOINT_DIR} yet; starting from the beginning",
+        print(f"note: no complete checkpoint in {RunDir(run_dir).checkpoints} yet; starting from the beginning",
               file=sys.stderr)
     if not ckpt.load_path:
         return None
@@ -180,7 +181,7 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
     from dlrecipes.metrics.report import ClassReport, report_tables
     from dlrecipes.records.history import RunHistory
 
-    ckpt, checkpoint_dir = config.checkpoint, run_dir / CHECKPOINT_DIR
+    ckpt, checkpoint_dir = config.checkpoint, RunDir(run_dir).checkpoints
     callbacks = build_callbacks(config.callbacks, run_dir)
     for callback in callbacks:
         if isinstance(callback, ExportForInference):  # it writes the data's preprocessing beside the model
@@ -212,7 +213,7 @@ def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> li
     for logger in loggers:
         if isinstance(logger, ReadsAtInterval):
             logger.read_every = read_every
-    loggers.append(RunLogFile(filename=str(run_dir / "train-rank{rank}.log"), log_traces=False, read_every=read_every))
+    loggers.append(RunLogFile(filename=str(RunDir(run_dir).log("{rank}")), log_traces=False, read_every=read_every))
     if terminal is not None:
         from dlrecipes.loggers.terminal import TerminalReport
 

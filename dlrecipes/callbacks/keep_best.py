@@ -12,6 +12,7 @@ from composer.utils import dist
 
 from dlrecipes.core.outputs import EVAL_LOSS
 from dlrecipes.records.checkpoints import atomic_write, save_atomically
+from dlrecipes.records.layout import BEST_CHECKPOINT, BEST_INFO
 from dlrecipes.errors import RecipeError
 
 
@@ -42,7 +43,7 @@ class BestCheckpoint(Callback):
             return  # nothing better, or an evaluation of a diverged model
         self.best = value
         self.saved_at_batch = int(state.timestamp.batch)
-        path = self.folder / "best.pt"
+        path = self.folder / BEST_CHECKPOINT
         save_atomically(state, path)
         if dist.get_global_rank() == 0:
             info = {
@@ -52,7 +53,7 @@ class BestCheckpoint(Callback):
                 "batch": int(state.timestamp.batch),
             }
             text = (json.dumps(info, indent=2) + "\n").encode()
-            atomic_write(self.folder / "best.json", lambda f: f.write(text))
+            atomic_write(self.folder / BEST_INFO, lambda f: f.write(text))
         logger.log_metrics({f"checkpoint/best_{self.monitor}": value})
 
     def state_dict(self) -> dict:

@@ -13,6 +13,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from dlrecipes.errors import UserError
+from dlrecipes.records.layout import latest_checkpoint_name
 
 
 class NonFiniteLossError(UserError):
@@ -72,7 +73,7 @@ class NaNMonitor(Callback):
                 p.grad = None  # the optimizer skips parameters without gradients
             logger.log_metrics({"nan_monitor/skipped_steps": self.skipped})
             return
-        latest = self.checkpoint_dir / f"latest-rank{dist.get_global_rank()}.pt"
+        latest = self.checkpoint_dir / latest_checkpoint_name(dist.get_global_rank())
         kept = f"the last good checkpoint is {latest}" if latest.exists() else "no checkpoint had been written yet"
         why = f" after skipping {self.skipped} steps (max_skips)" if self.action == "skip" else ""
         raise NonFiniteLossError(f"nan_monitor: the loss is not finite at batch {batch} (epoch {epoch}){why}; "

@@ -78,8 +78,9 @@ def threshold_stopper(
 def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
     """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update."""
     from dlrecipes.callbacks.monitors import NaNMonitor
+    from dlrecipes.records.layout import RunDir
 
-    return NaNMonitor(f"{run_dir}/checkpoints", action=action, max_skips=max_skips)
+    return NaNMonitor(RunDir(run_dir).checkpoints, action=action, max_skips=max_skips)
 
 
 @callbacks.register("torch_profiler")
@@ -96,9 +97,10 @@ def torch_profiler(
 ):
     """torch.profiler traces for a window of batches, written to <run dir>/profiler."""
     from dlrecipes.callbacks.monitors import TorchProfilerTraces
+    from dlrecipes.records.layout import RunDir
 
     return TorchProfilerTraces(
-        f"{run_dir}/profiler", wait=wait, warmup=warmup, active=active, repeat=repeat,
+        RunDir(run_dir).profiler, wait=wait, warmup=warmup, active=active, repeat=repeat,
         record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
     )
 
@@ -107,8 +109,9 @@ def torch_profiler(
 def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
     """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor)."""
     from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.records.layout import RunDir
 
-    return BestCheckpoint(f"{run_dir}/checkpoints", monitor=monitor, mode=mode)
+    return BestCheckpoint(RunDir(run_dir).checkpoints, monitor=monitor, mode=mode)
 
 
 @callbacks.register("optuna_trial")
@@ -138,8 +141,9 @@ def export(
 ):
     """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images."""
     from dlrecipes.callbacks.exporter import ExportForInference
+    from dlrecipes.records.layout import RunDir
 
     return ExportForInference(
-        f"{run_dir}/export", formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
+        RunDir(run_dir).exports, formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
         atol=atol, rtol=rtol, onnx_opset=onnx_opset, trial=trial,
     )

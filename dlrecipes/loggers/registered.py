@@ -49,7 +49,9 @@ def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int =
     _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
     from dlrecipes.loggers.trackers import TensorboardLogger
 
-    return TensorboardLogger(log_dir=log_dir or f"{run_dir}/tensorboard", flush_interval=flush_interval)
+    from dlrecipes.records.layout import RunDir
+
+    return TensorboardLogger(log_dir=log_dir or str(RunDir(run_dir).tensorboard), flush_interval=flush_interval)
 
 
 @loggers.register("wandb")

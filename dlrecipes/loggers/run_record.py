@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from dlrecipes.records.layout import RunDir
+
 ARTIFACT_CHOICES = ("files", "checkpoint", "export", "all", "none")
-RUN_FILES = ("recipe.yaml", "summary.json", "history.csv")
 MAX_VALUE = 6000  # characters: MLflow's limit on a parameter's value, also plenty for the others
 
 
@@ -69,14 +70,15 @@ def artifact_paths(run_dir: Path, which: str) -> list[Path]:
     """The run's files a tracker uploads for ``which`` (see :data:`ARTIFACT_CHOICES`)."""
     if which == "none":
         return []
-    paths = [run_dir / name for name in RUN_FILES if (run_dir / name).is_file()]
-    paths += sorted(run_dir.glob("*.png"))
-    if (run_dir / "report").is_dir():
-        paths.append(run_dir / "report")
-    if which in ("checkpoint", "all") and (run_dir / "checkpoints" / "best.pt").is_file():
-        paths.append(run_dir / "checkpoints" / "best.pt")
-    if which in ("export", "all") and (run_dir / "export").is_dir():
-        paths.append(run_dir / "export")
+    run = RunDir(run_dir)
+    paths = [path for path in run.records if path.is_file()]
+    paths += run.plots()
+    if run.report.is_dir():
+        paths.append(run.report)
+    if which in ("checkpoint", "all") and run.best.is_file():
+        paths.append(run.best)
+    if which in ("export", "all") and run.exports.is_dir():
+        paths.append(run.exports)
     return paths
 
 

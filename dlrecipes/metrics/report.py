@@ -28,8 +28,7 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dlrecipes.records.checkpoints import atomic_write
-
-REPORT_DIR = "report"
+from dlrecipes.records.layout import RunDir
 
 
 class ClassReport(Callback):
@@ -37,7 +36,7 @@ class ClassReport(Callback):
                  best=None):
         from torchmetrics.classification import MulticlassConfusionMatrix
 
-        self.folder = Path(run_dir) / REPORT_DIR
+        self.folder = RunDir(run_dir).report
         names = list(class_names or [])
         self.class_names = names if len(names) == num_classes else [str(i) for i in range(num_classes)]
         self.tables = list(tables)
@@ -182,4 +181,4 @@ def report_tables(metrics: dict) -> list[str]:
     return [name for name in metrics if registry.metrics.get(name).metadata.get("report")]
 
 
-__all__ = ["ClassReport", "write_report", "report_tables", "REPORT_DIR"]
+__all__ = ["ClassReport", "write_report", "report_tables"]

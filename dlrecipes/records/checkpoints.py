@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError
+from dlrecipes.records.layout import (
+    CHECKPOINT_DIR, PERIODIC_CHECKPOINT, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob,
+    periodic_progress,
+)
 
-CHECKPOINT_DIR = "checkpoints"
-LATEST_CHECKPOINT = "latest-rank0.pt"
 PARTIAL_SUFFIX = "-partial"  # not ".partial": Composer reads "x.pt.<ext>" as a compressed file
-_PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
 
 
 class CheckpointSaveError(UserError):
@@ -80,14 +80,7 @@ def relink(link: Path, target: Path) -> None:
 
 
 def checkpoint_batch(path: Path) -> int:
-    match = _PERIODIC.match(path.name)
-    return int(match.group(2)) if match else -1
-
-
-def periodic_progress(path: Path) -> tuple[int, int]:
-    """(epochs, batches) trained when the periodic checkpoint ``path`` was written (from its name)."""
-    match = _PERIODIC.match(path.name)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    return periodic_progress(path)[1] if is_periodic(path) else -1
 
 
 def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> CheckpointSaveError:
@@ -111,7 +104,7 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             does not grow with every preemption."""
             super().fit_start(state, logger)
             rank = dist.get_global_rank()
-            earlier = sorted((p for p in Path(folder).glob(f"ep*-ba*-rank{rank}.pt") if not p.is_symlink()),
+            earlier = sorted((p for p in Path(folder).glob(periodic_checkpoints_glob(rank)) if not p.is_symlink()),
                              key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))))
             known = set(self.saved_checkpoints)
             self.saved_checkpoints[:0] = [str(p) for p in earlier if str(p) not in known]
@@ -145,9 +138,9 @@ def make_saver(folder: Path, save_interval: str, keep: int):
 
     return AtomicCheckpointSaver(
         folder=str(folder),
-        filename="ep{epoch}-ba{batch}-rank{rank}.pt",
+        filename=PERIODIC_CHECKPOINT,
         remote_file_name=None,
-        latest_filename=LATEST_CHECKPOINT.replace("rank0", "rank{rank}"),
+        latest_filename=latest_checkpoint_name("{rank}"),
         latest_remote_file_name=None,
         save_interval=save_interval,
         num_checkpoints_to_keep=keep,
@@ -237,7 +230,7 @@ def check_checkpoint(path: Path, key: str = "--checkpoint") -> None:
     problem = loadable(path)
     if problem is not None:
         raise DataError(f"{key}: {path} {problem}; nothing was changed. Use another checkpoint of the run "
-                        "(--checkpoint best, latest or a file in its checkpoints/ folder)")
+                        f"(--checkpoint best, latest or a file in its {CHECKPOINT_DIR}/ folder)")
 
 
 def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
@@ -255,10 +248,10 @@ def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
     """
     if not checkpoint_dir.is_dir():
         return None
-    candidates = sorted(checkpoint_dir.glob("ep*-ba*-rank0.pt"), key=checkpoint_batch, reverse=True)
+    candidates = sorted(checkpoint_dir.glob(periodic_checkpoints_glob(0)), key=checkpoint_batch, reverse=True)
     if not repair:
         return next((c for c in candidates if loadable(c) is None), None)
-    latest = checkpoint_dir / LATEST_CHECKPOINT
+    latest = checkpoint_dir / latest_checkpoint_name(0)
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
         problem = loadable(candidate)
@@ -269,7 +262,7 @@ def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
         for leftover in checkpoint_dir.glob(f"*{PARTIAL_SUFFIX}"):
             print(f"note: removing {leftover}, left by a save that was interrupted", file=sys.stderr)
             leftover.unlink()
-        (checkpoint_dir / (LATEST_CHECKPOINT + ".new-link")).unlink(missing_ok=True)
+        (latest.with_name(latest.name + ".new-link")).unlink(missing_ok=True)
         for path, why in damaged:
             kept = path.with_name(path.name + ".damaged")
             print(f"warning: checkpoint {path} {why}; it is now {kept.name}", file=sys.stderr)

@@ -20,6 +20,8 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from dlrecipes.records.layout import RunDir
+
 HISTORY_COLUMNS = (
     "epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5", "images_per_sec", "elapsed_sec",
 )
@@ -66,7 +68,7 @@ class RunHistory(Callback):
 
     @property
     def path(self) -> Path:
-        return self.run_dir / "history.csv"
+        return RunDir(self.run_dir).history
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._fit_start, self._state = time.perf_counter(), state
@@ -266,4 +268,4 @@ class RunHistory(Callback):
         from dlrecipes.records.checkpoints import atomic_write
 
         text = (json.dumps(summary, indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
-        atomic_write(self.run_dir / "summary.json", lambda f: f.write(text))
+        atomic_write(RunDir(self.run_dir).summary, lambda f: f.write(text))

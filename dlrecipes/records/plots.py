@@ -12,12 +12,12 @@ from typing import Any, Sequence
 
 from dlrecipes.errors import UserError
 from dlrecipes.records import run_files
-from dlrecipes.records.run_files import HISTORY_FILE
+from dlrecipes.records.layout import HISTORY_FILE, RunDir
 
 
 def read_history(run_dir: Path) -> list[dict[str, float]]:
     """The rows of a run's ``history.csv`` (written by :class:`dlrecipes.records.history.RunHistory`)."""
-    path = Path(run_dir) / HISTORY_FILE
+    path = RunDir(run_dir).history
     if not path.exists():
         raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
     return run_files.read_history(Path(run_dir))
@@ -40,20 +40,21 @@ def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[f
 def plot_history(run_dir: str | Path) -> list[Path]:
     """Write loss.png, accuracy.png and lr.png into ``run_dir`` from its history.csv."""
     run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     rows = read_history(run_dir)
     if not rows:
-        raise UserError(f"{run_dir}/history.csv has no rows yet")
+        raise UserError(f"{run_dir}/{HISTORY_FILE} has no rows yet")
     plt = _pyplot()
     figures = {
-        "loss.png": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
-        "accuracy.png": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
-        "lr.png": ("learning rate", [("lr", "lr (end of epoch)")]),
+        "loss": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
+        "accuracy": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
+        "lr": ("learning rate", [("lr", "lr (end of epoch)")]),
     }
     # multi-output models: eval_<output>/top1 (and top5) beside the single-output columns
     per_output = [k for k in rows[0] if k.startswith("eval_") and k.endswith(("/top1", "/top5"))]
-    figures["accuracy.png"][1].extend((k, "eval " + k.removeprefix("eval_")) for k in per_output)
+    figures["accuracy"][1].extend((k, "eval " + k.removeprefix("eval_")) for k in per_output)
     written = []
-    for filename, (ylabel, series) in figures.items():
+    for figure, (ylabel, series) in figures.items():
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         for key, label in series:
             x, y = _series(rows, key)
@@ -66,9 +67,10 @@ def plot_history(run_dir: str | Path) -> list[Path]:
         if ax.get_lines():
             ax.legend()
         fig.tight_layout()
-        fig.savefig(run_dir / filename)
+        path = run.plot(figure)
+        fig.savefig(path)
         plt.close(fig)
-        written.append(run_dir / filename)
+        written.append(path)
     return written
 
 
@@ -122,7 +124,7 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for run_dir, summary in zip(run_dirs, summaries):
-        if not (Path(run_dir) / HISTORY_FILE).is_file():
+        if not RunDir(run_dir).history.is_file():
             continue
         rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r.get("eval_top1", math.nan))
                 and not math.isnan(r.get("elapsed_sec", math.nan))]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrecipes.errors import RecipeError
-from dlrecipes.records.run_files import RECIPE_FILE, read_recipe
+from dlrecipes.records.layout import RunDir
+from dlrecipes.records.run_files import read_recipe
 
 # Key paths (and everything under them) that a checkpoint was made for.
 CANNOT_CHANGE = (
@@ -67,7 +68,7 @@ def check_resume(run_dir: Path, new: dict) -> list[str]:
     refused = [_show(*c) for c in found if _cannot_continue(c[0])]
     if refused:
         raise RecipeError(
-            f"--resume: {run_dir} was trained with another recipe ({Path(run_dir) / RECIPE_FILE}); these changes "
+            f"--resume: {run_dir} was trained with another recipe ({RunDir(run_dir).recipe}); these changes "
             "cannot continue it: "
             f"{'; '.join(refused)}. Undo them, or start a new run (another run_name, without --resume)"
         )

@@ -1,5 +1,5 @@
 """The run directory: its name, its creation, the resolved recipe written into it (rank 0), and what
-becomes of it when a run fails.
+becomes of it when a run fails.  Where each file is inside it: :class:`dlrecipes.records.layout.RunDir`.
 
 A default name is the recipe's name and the start time, made unique by a suffix when another run
 took it in the same second (the directory is created at once, so two processes cannot both take
@@ -22,10 +22,9 @@ import yaml
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.records.checkpoints import (
-    CHECKPOINT_DIR, LATEST_CHECKPOINT, NoCheckpointToResume, damaged_checkpoints, periodic_progress, resume_point,
-)
-from dlrecipes.records.run_files import RECIPE_FILE, DamagedRunFile, read_summary
+from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoints, resume_point
+from dlrecipes.records.layout import CHECKPOINT_DIR, RECIPE_FILE, RunDir, latest_checkpoint_name, periodic_progress
+from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 
 def choose_run_name(config: Any, resume: bool, device: str) -> str:
@@ -38,13 +37,13 @@ def choose_run_name(config: Any, resume: bool, device: str) -> str:
     runs = Path(config.runs_dir)
     if resume:
         candidates = sorted(
-            (p for p in runs.glob(f"{config.name}-*") if (p / CHECKPOINT_DIR / LATEST_CHECKPOINT).exists()),
+            (p for p in runs.glob(f"{config.name}-*") if RunDir(p).latest.exists()),
             key=lambda p: p.stat().st_mtime,
         )
         if not candidates:
             raise UserError(
                 f"--resume: no run of recipe '{config.name}' with a checkpoint under {runs}/ "
-                f"(looked for {runs}/{config.name}-*/{CHECKPOINT_DIR}/{LATEST_CHECKPOINT}); "
+                f"(looked for {runs}/{config.name}-*/{CHECKPOINT_DIR}/{latest_checkpoint_name(0)}); "
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
@@ -78,11 +77,9 @@ def _claim_new_name(runs: Path, stem: str) -> str:
     for count in range(1, 1000):
         name = stem if count == 1 else f"{stem}-{count}"
         try:
-            (runs / name).mkdir(parents=True, exist_ok=False)
+            make_run_dir(runs / name, claim=True)
         except FileExistsError:
             continue
-        except OSError as exc:
-            raise UserError(f"runs_dir: cannot create run directory {runs / name}: {exc.strerror}") from None
         return name
     raise UserError(f"runs_dir: {runs} already holds 999 runs named {stem}-*; choose a run_name")
 
@@ -136,10 +133,11 @@ def find_resume_point(run_dir: Path, max_duration: str) -> Path | None:
     """Where ``--resume`` continues (rank 0): the newest checkpoint that loads, or None for a run that has
     nothing yet.  Refused, before anything is written, when the run has results but no checkpoint that loads
     (starting over would overwrite them) and when ``max_duration`` is shorter than what the run has trained."""
-    folder = run_dir / CHECKPOINT_DIR
+    run = RunDir(run_dir)
+    folder = run.checkpoints
     point = resume_point(folder)
     if point is None:
-        results = [p.name for p in damaged_checkpoints(folder)] + [p.name for p in folder.glob("best.pt")]
+        results = [p.name for p in damaged_checkpoints(folder)] + ([run.best.name] if run.best.exists() else [])
         if results:
             raise NoCheckpointToResume(run_dir, f"{folder} holds no periodic checkpoint that loads, only "
                                                 f"{', '.join(results[:4])}")
@@ -156,40 +154,58 @@ def find_resume_point(run_dir: Path, max_duration: str) -> Path | None:
 
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether the run wrote a complete checkpoint (periodic or best)."""
-    folder = run_dir / CHECKPOINT_DIR
+    folder = RunDir(run_dir).checkpoints
     return folder.is_dir() and any(p.suffix == ".pt" and not p.is_symlink() for p in folder.iterdir())
 
 
-def make_run_dir(run_dir: Path) -> None:
-    make_writable_dir(run_dir, "runs_dir", "run directory ")
+def make_run_dir(run_dir: Path | RunDir, claim: bool = False) -> RunDir:
+    """Create the run directory (rank 0), or one line naming runs_dir and why it cannot be.  Once per run: by
+    the fit stage, or, for a default name, by :func:`choose_run_name`, whose creating it is what claims the
+    name (``claim``: it must not exist yet; FileExistsError when another process took it)."""
+    run = RunDir(run_dir)
+    make_writable_dir(run.path, "runs_dir", "run directory ", exist_ok=not claim)
+    return run
 
 
-def make_writable_dir(folder: Path, key: str = "--out", what: str = "") -> Path:
+def make_writable_dir(folder: Path, key: str = "--out", what: str = "", exist_ok: bool = True) -> Path:
     """``folder``, created if needed, or one line naming ``key`` and why it cannot be written."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=exist_ok)
     except OSError as exc:
+        if isinstance(exc, FileExistsError) and not exist_ok:
+            raise
         raise UserError(f"{key}: cannot create {what}{folder}: {exc.strerror or exc}") from None
     if not os.access(folder, os.W_OK):
         raise UserError(f"{key}: {what}{folder} is not writable")
     return folder
 
 
+def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) -> None:
+    """Write the resolved recipe (as plain data) into the run directory (rank 0); one an earlier part of the
+    run recorded with other settings is kept beside it.  Refused, without ``resume``, in a run that has
+    checkpoints."""
+    if rank() != 0:
+        return
+    run = RunDir(run_dir)
+    resolved = yaml.safe_dump(recipe, sort_keys=False)
+    if run.recipe.exists() and not resume and run.checkpoints.exists():
+        raise UserError(
+            f"run_name: {run} already holds a run; pass --resume to continue it, --restart to train it again "
+            "from the beginning (the old run is kept under another name), or choose another run_name"
+        )
+    if not run.recipe.exists() or run.recipe.read_text() != resolved:
+        if run.recipe.exists():
+            run.recipe.rename(run.replaced_recipe(time.strftime('%Y%m%d-%H%M%S')))
+        run.recipe.write_text(resolved)
+
+
 def prepare_run_dir(config: Any, run_name: str, resume: bool, recipe: dict[str, Any] | None = None) -> Path:
-    """Create ``runs/<run_name>/`` and write the resolved recipe there (rank 0); ``recipe``: the
-    config as plain data, when the caller has it already."""
-    run_dir = Path(config.runs_dir) / run_name
-    resolved = yaml.safe_dump(recipe if recipe is not None else config.to_dict(), sort_keys=False)
-    recipe_file = run_dir / RECIPE_FILE
+    """Create ``runs/<run_name>/`` and write the resolved recipe there (rank 0), for a caller that builds the
+    Trainer itself (``build_trainer(config, prepare_run_dir(config, name, resume=False))``; the fit stage
+    makes its run directory once and records the recipe with :func:`record_recipe`).  ``recipe``: the config
+    as plain data, when the caller has it already."""
+    run = RunDir(Path(config.runs_dir) / run_name)
     if rank() == 0:
-        make_run_dir(run_dir)
-        if recipe_file.exists() and not resume and (run_dir / CHECKPOINT_DIR).exists():
-            raise UserError(
-                f"run_name: {run_dir} already holds a run; pass --resume to continue it, --restart to train it again "
-                "from the beginning (the old run is kept under another name), or choose another run_name"
-            )
-        if not recipe_file.exists() or recipe_file.read_text() != resolved:
-            if recipe_file.exists():
-                recipe_file.rename(run_dir / f"recipe.before-{time.strftime('%Y%m%d-%H%M%S')}.yaml")
-            recipe_file.write_text(resolved)
-    return run_dir
+        make_run_dir(run)
+    record_recipe(run, recipe if recipe is not None else config.to_dict(), resume)
+    return run.path

@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.errors import DataError
-
-SUMMARY_FILE = "summary.json"
-HISTORY_FILE = "history.csv"
-RECIPE_FILE = "recipe.yaml"
+from dlrecipes.records.layout import RunDir
 
 
 class DamagedRunFile(DataError):
@@ -48,7 +45,7 @@ def _text(path: Path) -> Optional[str]:
 
 def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
     """The run's summary.json as a dict, or None when it has none (yet)."""
-    path = Path(run_dir) / SUMMARY_FILE
+    path = RunDir(run_dir).summary
     text = _text(path)
     if text is None:
         return None
@@ -65,7 +62,7 @@ def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
 
 def read_history(run_dir: Path) -> list[dict[str, float]]:
     """The rows of the run's history.csv, each value a float (an empty cell: NaN); [] when it has none (yet)."""
-    path = Path(run_dir) / HISTORY_FILE
+    path = RunDir(run_dir).history
     text = _text(path)
     if text is None or not text.strip():
         return []
@@ -97,7 +94,7 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
     """The resolved recipe the run recorded, or None when it has none."""
     import yaml
 
-    path = Path(run_dir) / RECIPE_FILE
+    path = RunDir(run_dir).recipe
     text = _text(path)
     if text is None:
         return None
@@ -114,5 +111,4 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-__all__ = ["DamagedRunFile", "HISTORY_FILE", "RECIPE_FILE", "SUMMARY_FILE", "read_history", "read_recipe",
-           "read_summary"]
+__all__ = ["DamagedRunFile", "read_history", "read_recipe", "read_summary"]

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlrecipes.errors import UserError
-
-LOCK_FILE = "run.lock"
+from dlrecipes.records.layout import RunDir
 
 
 class RunLockedError(UserError):
@@ -75,7 +74,7 @@ class RunLock:
 
 def acquire(run_dir: Path) -> RunLock:
     """Take ``run_dir``'s lock, or raise :class:`RunLockedError` naming the holder."""
-    path = Path(run_dir) / LOCK_FILE
+    path = RunDir(run_dir).lock
     me = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
           "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for _ in range(20):
@@ -126,7 +125,7 @@ def _dead_writer() -> dict:
 
 def read_holder(run_dir: Path) -> Optional[dict]:
     """Who holds ``run_dir``'s lock (host, pid, start), or None when nobody does."""
-    return _read(Path(run_dir) / LOCK_FILE)
+    return _read(RunDir(run_dir).lock)
 
 
 def holder_alive(holder: dict) -> Optional[bool]:

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.errors import UserError
 from dlrecipes.records import run_files
-from dlrecipes.records.run_files import RECIPE_FILE, DamagedRunFile
+from dlrecipes.records.layout import RECIPE_FILE, RunDir
+from dlrecipes.records.run_files import DamagedRunFile
 
 RUN_COLUMNS = (
     ("run", "run"), ("recipe", "recipe"), ("status", "status"), ("epochs", "epochs"), ("best", "best"),
@@ -76,11 +77,11 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
     precision and start time."""
     import datetime
 
-    recipe_path = run_dir / RECIPE_FILE
+    recipe_path = RunDir(run_dir).recipe
     damaged: list[DamagedRunFile] = []  # what could not be read: the row says so, the command warns and exits non-zero
     recipe = _read(run_files.read_recipe, run_dir, damaged) or {}
     summary = _read(run_files.read_summary, run_dir, damaged)
-    best = _read_json(run_dir / "checkpoints" / "best.json")
+    best = _read_json(RunDir(run_dir).best_info)
     trainer = recipe.get("trainer") if isinstance(recipe.get("trainer"), dict) else {}
     done = summary.get("epochs") if summary else _history_epochs(run_dir, damaged)
     planned = _planned_epochs(trainer)
@@ -123,7 +124,7 @@ def find_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list
     if not root.is_dir():
         raise UserError(f"{root}: no runs folder here (train first, or give the folder: dlrecipes runs PATH)")
     found = [p.parent for p in root.rglob(RECIPE_FILE) if not any(part.startswith(".") for part in p.parts)]
-    found.sort(key=lambda p: (p / RECIPE_FILE).stat().st_mtime, reverse=True)
+    found.sort(key=lambda p: RunDir(p).recipe.stat().st_mtime, reverse=True)
     if last is not None:
         if last < 1:
             raise UserError(f"--last: must be at least 1, got {last}")

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.records.layout import BEST_CHECKPOINT, EVAL_DIR, EVAL_FILE, RECIPE_FILE, RunDir, beside
 
-RECIPE_FILE = "recipe.yaml"
 CHECKPOINT_CHOICES = ("best", "latest")
 TTA_CHOICES = ("flip",)
 
@@ -57,20 +57,21 @@ class EvalResult:
 def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None) -> RunTarget:
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
     checkpoint file (inside a run directory's checkpoints/, or with ``recipe``)."""
-    from dlrecipes.records.checkpoints import CHECKPOINT_DIR, resume_point
+    from dlrecipes.records.checkpoints import resume_point
 
     target = Path(target)
+    run: Optional[RunDir]
     if target.is_dir():
-        run_dir = target
-        if not (run_dir / RECIPE_FILE).is_file():
+        run_dir, run = target, RunDir(target)
+        if not run.is_run():
             raise UserError(f"{target}: not a run directory (no {RECIPE_FILE}); give a run directory such as "
                             "runs/<name>, or a checkpoint file with --recipe")
-        folder = run_dir / CHECKPOINT_DIR
+        folder = run.checkpoints
         if checkpoint == "best":
-            path = folder / "best.pt"
+            path = run.best
             if not path.is_file():
-                raise UserError(f"--checkpoint: {run_dir} has no best.pt (its recipe monitors no metric, or it never "
-                                "evaluated); use --checkpoint latest, or a checkpoint file")
+                raise UserError(f"--checkpoint: {run_dir} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                                "or it never evaluated); use --checkpoint latest, or a checkpoint file")
         elif checkpoint == "latest":
             path = resume_point(folder, repair=False) if folder.is_dir() else None
             if path is None:
@@ -80,16 +81,14 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
             if not path.is_file():
                 raise UserError(f"--checkpoint: no checkpoint file at {path}; use best, latest or a .pt file")
     elif target.is_file():
-        path = target
-        run_dir = target.parent.parent if target.parent.name == CHECKPOINT_DIR else None
-        if run_dir is not None and not (run_dir / RECIPE_FILE).is_file():
-            run_dir = None
+        path, run = target, RunDir.holding(target)
+        run_dir = run.path if run is not None else None
     else:
         raise UserError(f"{target}: no such run directory or checkpoint file")
     if recipe is not None:
         recipe_path = Path(recipe)
-    elif run_dir is not None:
-        recipe_path = run_dir / RECIPE_FILE
+    elif run is not None:
+        recipe_path = run.recipe
     else:
         raise UserError(f"{target}: a checkpoint outside a run directory needs its recipe: add --recipe RECIPE.yaml")
     return RunTarget(recipe_path, path, run_dir)
@@ -168,9 +167,9 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
     if out is not None:
         out_dir = Path(out)
     elif target.run_dir is not None:
-        out_dir = target.run_dir / "eval" / _name(target, overrides, tta)
+        out_dir = RunDir(target.run_dir).eval_report(_name(target, overrides, tta))
     else:
-        out_dir = target.checkpoint.parent / "eval" / _name(target, overrides, tta)
+        out_dir = beside(target.checkpoint, EVAL_DIR) / _name(target, overrides, tta)
     if out is not None and dist.get_global_rank() == 0:
         make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     trainer, data = trained_model(target, config, trust, out_dir)
@@ -197,7 +196,7 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
         out_dir.mkdir(parents=True, exist_ok=True)
         if report is not None and report.kept is not None:
             write_report(out_dir, report.kept, report.class_names, tables)
-        (out_dir / "eval.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        (out_dir / EVAL_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result
 
 

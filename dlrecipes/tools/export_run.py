@@ -32,6 +32,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
 
     from dlrecipes.callbacks.export_options import EXPORT_FORMATS
     from dlrecipes.callbacks.exporter import export_and_verify, require_onnx, write_export_metadata
+    from dlrecipes.records.layout import EXPORT_DIR, RunDir, beside
     from dlrecipes.records.run_dir import make_writable_dir
 
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
@@ -42,9 +43,9 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
     if out is not None:
         out_dir = Path(out)
     elif target.run_dir is not None:
-        out_dir = target.run_dir / "export"
+        out_dir = RunDir(target.run_dir).exports
     else:
-        out_dir = target.checkpoint.parent / "export"
+        out_dir = beside(target.checkpoint, EXPORT_DIR)
     make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     trainer, data = trained_model(target, config, trust)
     try:

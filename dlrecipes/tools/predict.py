@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.records.layout import RunDir
 
 
 Predictor = tuple[Callable[[Any], Any], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
@@ -44,7 +45,7 @@ class Predictions(list):
 def is_export_dir(path: str | Path) -> bool:
     """A folder with an export's files and no run's ``recipe.yaml``."""
     folder = Path(path)
-    return folder.is_dir() and not (folder / "recipe.yaml").is_file() and any(
+    return folder.is_dir() and not RunDir(folder).is_run() and any(
         (folder / name).exists() for name in EXPORT_FILES)
 
 

@@ -38,6 +38,7 @@ import yaml
 
 from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.records.layout import RunDir
 from dlrecipes.tools.sweep_report import (FINISHED, LOG_DIR, forget_outcome, history_rows, log_path, number,
                                           record_outcome, short_names, summarize, unfinished, value_text,
                                           write_summary)
@@ -274,7 +275,7 @@ def point_state(run_dir: Path) -> str:
     """What to do with a point: skip (finished), resume (stopped or killed with a checkpoint) or run."""
     from dlrecipes.records.runs import describe_run
 
-    if not (run_dir / "recipe.yaml").is_file():
+    if not RunDir(run_dir).is_run():
         return "run"
     status = describe_run(run_dir)["status"]
     if status in ("done", "pruned"):  # pruned: an Optuna search stopped it on purpose
@@ -516,7 +517,7 @@ class _Search:
 
         assert self.plan.folder is not None and point.trial is not None
         run_dir = self.plan.folder / point.name
-        status = describe_run(run_dir)["status"] if (run_dir / "recipe.yaml").is_file() else "failed"
+        status = describe_run(run_dir)["status"] if RunDir(run_dir).is_run() else "failed"
         if status.startswith(("stopped", "killed", "running")):
             return
         states = self.optuna.trial.TrialState
@@ -601,7 +602,7 @@ def _finished_line(plan: SweepPlan, slot: _Slot, outcome: dict[str, Any], second
     assert plan.folder is not None
     run_dir = plan.folder / slot.point.name
     kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
-    best = describe_run(run_dir)["best"] if kept and (run_dir / "recipe.yaml").is_file() else "-"
+    best = describe_run(run_dir)["best"] if kept and RunDir(run_dir).is_run() else "-"
     left = source.left() + running
     eta = statistics.mean(durations) * left / parallel if left else 0.0
     eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if left else ""

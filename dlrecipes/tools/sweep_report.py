@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dlrecipes.records.layout import RunDir
+
 LOG_DIR = "logs"  # in the sweep's folder: <point>.log (each training's output) and <point>.outcome.json
 FINISHED = ("done", "pruned")  # the outcomes a sweep exits 0 with: an Optuna search prunes on purpose
 _ORDER = ("diverged", "failed", "refused", "stopped", "killed", "running", "not run")  # in the closing line
@@ -93,7 +95,7 @@ def record_outcome(folder: Path, name: str, returncode: int, signalled: bool = F
     from dlrecipes.records.runs import describe_run
 
     run_dir = folder / name
-    ran = (run_dir / "recipe.yaml").is_file()
+    ran = RunDir(run_dir).is_run()
     if returncode in (0, 75) and ran:
         status = describe_run(run_dir)["status"]  # done, pruned, stopped (resumable)
     elif returncode == 75 or (signalled and returncode < 0):
@@ -125,14 +127,14 @@ def point_outcome(folder: Path, name: str) -> dict[str, Any]:
     run_dir, recorded = folder / name, _outcome_path(folder, name)
     try:
         outcome = json.loads(recorded.read_text())
-        summary = run_dir / "summary.json"
+        summary = RunDir(run_dir).summary
         if summary.is_file() and summary.stat().st_mtime > recorded.stat().st_mtime:
             outcome = None
     except (OSError, ValueError):
         outcome = None
     if isinstance(outcome, dict) and outcome.get("status"):
         return {"status": str(outcome["status"]), "reason": str(outcome.get("reason") or "")}
-    if not (run_dir / "recipe.yaml").is_file():
+    if not RunDir(run_dir).is_run():
         return {"status": "not run", "reason": ""}
     status = describe_run(run_dir)["status"]
     return {"status": status, "reason": "" if status == "done" else str(_summary(run_dir).get("reason") or "")}
@@ -175,7 +177,7 @@ def _point_row(folder: Path, name: str) -> dict[str, Any]:
 
 def history_rows(run_dir: Path) -> list[dict[str, str]]:
     try:
-        with open(run_dir / "history.csv", newline="") as f:
+        with open(RunDir(run_dir).history, newline="") as f:
             return list(csv.DictReader(f))
     except OSError:
         return []

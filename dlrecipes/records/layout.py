@@ -1,0 +1,210 @@
+"""The run directory's layout: the one place that names what a run writes, and :class:`RunDir`, which
+says where each thing is.
+
+```
+runs/<run name>/
+  recipe.yaml         the resolved recipe (recipe.before-<time>.yaml: one a resume with other settings replaced)
+  history.csv         a row per epoch (records.history)
+  summary.json        how the run went (records.history)
+  loss.png accuracy.png lr.png   the plots (records.plots)
+  train-rank<N>.log   each process's text log
+  run.lock            who trains in it now (records.run_lock)
+  checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
+                      best.pt and best.json (the best evaluation's: callbacks.keep_best)
+  report/             the class report (metrics.report)
+  export/             the models exported for inference
+  eval/<name>/        an evaluation's report (eval.json)
+  profiler/ tensorboard/
+```
+
+Every other module asks a :class:`RunDir` (or these constants) for a path; none spells a name
+(``tests/test_architecture.py`` checks).  A ``RunDir`` is only a view of a path: making the
+directory is :func:`dlrecipes.records.run_dir.make_run_dir`'s, once per run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional, Union
+
+RECIPE_FILE = "recipe.yaml"
+REPLACED_RECIPE = "recipe.before-{stamp}.yaml"
+SUMMARY_FILE = "summary.json"
+HISTORY_FILE = "history.csv"
+LOCK_FILE = "run.lock"
+LOG_FILE = "train-rank{rank}.log"  # Composer's FileLogger fills in {rank} itself
+PLOT_FILES = {"loss": "loss.png", "accuracy": "accuracy.png", "lr": "lr.png"}
+CHECKPOINT_DIR = "checkpoints"
+PERIODIC_CHECKPOINT = "ep{epoch}-ba{batch}-rank{rank}.pt"  # Composer's CheckpointSaver fills it in
+LATEST_CHECKPOINT = "latest-rank{rank}.pt"
+BEST_CHECKPOINT = "best.pt"
+BEST_INFO = "best.json"
+REPORT_DIR = "report"
+EXPORT_DIR = "export"
+EVAL_DIR = "eval"
+EVAL_FILE = "eval.json"
+PROFILER_DIR = "profiler"
+TENSORBOARD_DIR = "tensorboard"
+
+_PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
+
+
+def latest_checkpoint_name(rank: Union[int, str] = 0) -> str:
+    """The name of the link to ``rank``'s newest periodic checkpoint (``"{rank}"``: Composer's template)."""
+    return LATEST_CHECKPOINT.format(rank=rank)
+
+
+def periodic_checkpoints_glob(rank: Union[int, str] = 0) -> str:
+    """A glob pattern matching ``rank``'s periodic checkpoints."""
+    return PERIODIC_CHECKPOINT.format(epoch="*", batch="*", rank=rank)
+
+
+def periodic_progress(path: Path) -> tuple[int, int]:
+    """(epochs, batches) trained when rank 0's periodic checkpoint ``path`` was written (from its name);
+    (0, 0) for any other file."""
+    match = _PERIODIC.match(Path(path).name)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def is_periodic(path: Path) -> bool:
+    """Whether ``path`` is named as rank 0's periodic checkpoint."""
+    return _PERIODIC.match(Path(path).name) is not None
+
+
+class RunDir:
+    """A run's directory (``runs/<run name>``) and where each of its files is.
+
+    Only a view of the path (making it is :func:`dlrecipes.records.run_dir.make_run_dir`'s); it
+    converts like a path (``os.fspath``, ``str``, ``Path(run)``), and ``RunDir(run)`` is ``run``'s view.
+    """
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"]):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # --- the records -------------------------------------------------------------------------------------
+
+    @property
+    def recipe(self) -> Path:
+        return self.path / RECIPE_FILE
+
+    def replaced_recipe(self, stamp: str) -> Path:
+        """Where the recorded recipe goes when a resume with other settings replaces it."""
+        return self.path / REPLACED_RECIPE.format(stamp=stamp)
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def history(self) -> Path:
+        return self.path / HISTORY_FILE
+
+    @property
+    def records(self) -> tuple[Path, Path, Path]:
+        """The recipe, the summary and the history (what a tracker uploads first)."""
+        return self.recipe, self.summary, self.history
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK_FILE
+
+    def log(self, rank: Union[int, str]) -> Path:
+        """The text log of the process ``rank`` (``"{rank}"``: the template Composer's FileLogger fills in)."""
+        return self.path / LOG_FILE.format(rank=rank)
+
+    def plot(self, name: str) -> Path:
+        """The plot ``name`` (one of :data:`PLOT_FILES`: loss, accuracy, lr)."""
+        return self.path / PLOT_FILES[name]
+
+    def plots(self) -> list[Path]:
+        """The images in the run directory (the plots), sorted."""
+        return sorted(self.path.glob("*.png"))
+
+    def is_run(self) -> bool:
+        """Whether the folder holds a run (a run records its recipe first)."""
+        return self.recipe.is_file()
+
+    # --- checkpoints -------------------------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def latest(self) -> Path:
+        """The link to rank 0's newest periodic checkpoint."""
+        return self.checkpoints / latest_checkpoint_name(0)
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / BEST_CHECKPOINT
+
+    @property
+    def best_info(self) -> Path:
+        """``best.json``: the monitored metric, its value and when ``best.pt`` was saved."""
+        return self.checkpoints / BEST_INFO
+
+    @classmethod
+    def holding(cls, checkpoint: Path) -> Optional["RunDir"]:
+        """The run whose checkpoints folder holds the file ``checkpoint``, or None (a file elsewhere)."""
+        folder = Path(checkpoint).parent
+        run = cls(folder.parent)
+        return run if folder.name == CHECKPOINT_DIR and run.is_run() else None
+
+    # --- what is made from a run -------------------------------------------------------------------------
+
+    @property
+    def report(self) -> Path:
+        """The class report's folder (confusion matrix, per-class accuracy)."""
+        return self.path / REPORT_DIR
+
+    @property
+    def exports(self) -> Path:
+        """The folder of the models exported for inference."""
+        return self.path / EXPORT_DIR
+
+    def eval_report(self, name: str) -> Path:
+        """The folder of the evaluation ``name`` (``dlrecipes eval``)."""
+        return self.path / EVAL_DIR / name
+
+    @property
+    def profiler(self) -> Path:
+        return self.path / PROFILER_DIR
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD_DIR
+
+
+def beside(checkpoint: Path, folder: str) -> Path:
+    """``folder`` (:data:`EVAL_DIR`, :data:`EXPORT_DIR`) next to a checkpoint file that is in no run directory."""
+    return Path(checkpoint).parent / folder
+
+
+__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "EVAL_DIR", "EVAL_FILE", "EXPORT_DIR", "HISTORY_FILE",
+           "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PROFILER_DIR",
+           "RECIPE_FILE", "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside",
+           "is_periodic", "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]
