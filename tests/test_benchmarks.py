@@ -28,7 +28,8 @@ def test_bench_command_compares_both_loops(tiny_recipe):
 
 
 def test_gpu_suite_smoke_run_on_cpu(tmp_path):
-    """The GPU suite's every section at tiny sizes on the CPU: it runs and fills its table."""
+    """The GPU suite's every section at tiny sizes on the CPU: it runs and fills its table. Its precision section
+    is precision.py at batch 8 for 2 steps on the CPU (what test_precision_script_on_cpu ran, merged here)."""
     data = _script("gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir", str(tmp_path / "images"), tmp_path=tmp_path)
     assert data["meta"]["tiny"] and data["meta"]["composer"] == "0.32.1"
     assert [r["model"] for r in data["overhead"]] == ["cifar_resnet18"] and data["overhead"][0]["ratio"] > 0
@@ -37,6 +38,7 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert len(flagship["end_to_end"]["epochs"]) == 3 and flagship["next_run_first"] > 0
     assert flagship["numba_tracebacks"] == 0
     assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
+    assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in data["precision"])
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
@@ -68,12 +70,6 @@ def test_gpu_throughput_script_on_cpu(tmp_path):
                    "--channels-last", "off,on", "--compile", "off", "--batch", "4", "--steps", "1", "--warmup", "1",
                    tmp_path=tmp_path)
     assert [r["channels_last"] for r in data["rows"]] == ["off", "on"] and all(r["img_s"] > 0 for r in data["rows"])
-
-
-def test_precision_script_on_cpu(tmp_path):
-    rows = _script("precision.py", "--device", "cpu", "--batch", "8", "--steps", "2", tmp_path=tmp_path)
-    assert [r["config"] for r in rows] == ["fp32", "fp32 + accumulation (microbatch 2)"]
-    assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in rows)
 
 
 def test_data_loading_script(tmp_path):
