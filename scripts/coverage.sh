@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Line coverage of dlrecipes/ by the main suite, the CLI subprocesses the tests start included
-# ([tool.coverage] in pyproject.toml: `patch = subprocess` follows every child Python).
+# ([tool.coverage] in pyproject.toml: `patch = subprocess` follows every child Python, `fork` and `_exit` the
+# processes forked from them, which end with os._exit).
 # Usage: scripts/coverage.sh [pytest args]   (needs `pip install coverage>=7.10`; prints the total)
 set -euo pipefail
 cd "$(dirname "$0")/.."

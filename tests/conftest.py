@@ -36,6 +36,32 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
+@pytest.fixture(autouse=True)
+def _plugins_stay_in_their_test():
+    """What a test's plugins register (a plugin file it loads, a recipe's ``imports:``, a package it installs in a
+    temporary folder) leaves with the test: the registries are as before it, and its plugin modules unloaded, so
+    that no other test in the same worker sees them (as no other process would). Installed packages' entry
+    points are loaded first: they belong to every test."""
+    from dlrecipes import plugins
+    from dlrecipes.registry import REGISTRIES
+
+    plugins.load_entry_points()
+    before = {name: dict(registry._entries) for name, registry in REGISTRIES.items()}
+    modules = set(sys.modules)
+    yield
+    for name, registry in REGISTRIES.items():
+        if registry._entries != before[name]:
+            registry._entries.clear()
+            registry._entries.update(before[name])
+    for module in set(sys.modules) - modules:
+        path = str(getattr(sys.modules.get(module), "__file__", None) or "")
+        if module.startswith("dlrecipes_plugin_") or (path and not path.startswith(_KEPT)):
+            sys.modules.pop(module, None)
+
+
+_KEPT = (sys.prefix, sys.base_prefix, str(REPO))  # installed packages, dlrecipes/ and tests/ stay imported
+
+
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text).lstrip())

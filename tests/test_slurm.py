@@ -143,8 +143,11 @@ def test_a_time_limit_requeues_the_job_which_finishes_the_run(slurm, tmp_path):
     requeued = False
     while time.time() < deadline:
         info = _job(slurm, job)
-        if info.get("Restarts") == "1" and info.get("JobState") == "PENDING":
-            requeued = True  # the requeued instance gets time to finish, and starts without SLURM's 2-minute wait
+        if info.get("Restarts") == "1" and info.get("JobState") == "PENDING" and not requeued:
+            requeued = True  # the requeued instance gets time to finish, and starts without SLURM's 2-minute wait;
+            # not in the second its first instance's credential was revoked: slurmd would refuse the launch ("Job
+            # credential revoked": a credential made no later than the revocation, to the second) and fail the job
+            time.sleep(2)
             subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now"], env=slurm,
                            capture_output=True, timeout=30)
         if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
