@@ -215,17 +215,23 @@ def _gpus_for_two(device: str) -> None:
 def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
     import torch
 
+    from dlrecipes.tools import preloaded
+
     out.mkdir(parents=True, exist_ok=True)
     port, procs = _free_port(), []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
-                                      env=env, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+        err = out / f"rank{rank}.err"
+        if device == "cpu":  # forked from a process that imported torch and Composer once (CUDA would not survive it)
+            procs.append((preloaded.start([scenario, str(out)], cwd=ROOT, env=env, out=out / f"rank{rank}.out",
+                                          err=err, module="tests.engine_ranks"), err))
+        else:
+            procs.append((subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
+                                           env=env, stderr=open(err, "w")), err))
+    for proc, err in procs:
+        assert proc.wait(timeout=300) == 0, err.read_text()[-2000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

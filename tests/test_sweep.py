@@ -405,6 +405,10 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
     assert refused.wait(120) == 2
     lines = log.read_text().splitlines()
     assert lines[0] == "$ the command" and len(lines) == 2 and lines[1].startswith("error: optimizer.name"), lines
+    (tmp_path / "cwd_plugin.py").write_text("from dlrecipes.registry import losses\n\n\n"
+                                            "@losses.register('from_the_cwd')\ndef from_the_cwd():\n    return None\n")
+    listed = preloaded.start(["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
+    assert listed.wait(120) == 0 and "from_the_cwd" in (tmp_path / "list.log").read_text()  # as python -m: cwd first
     training = preloaded.start(["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
                                cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
     deadline = time.monotonic() + 60

@@ -94,6 +94,7 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    sys.path.insert(0, os.getcwd())  # as ``python -m`` does (the server has the starting process's sys.path after it)
     _stdio(out, err, append, terminal)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
