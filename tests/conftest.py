@@ -17,6 +17,13 @@ RECIPES = REPO / "recipes"
 
 
 from dlrecipes.plugins import load_builtins
+from hypothesis import settings
+
+# The suite draws the same examples every run (a failure is a bug, not bad luck); HYPOTHESIS_PROFILE=explore draws
+# new ones, to look for more.
+settings.register_profile("suite", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 load_builtins()  # at collection time: tests parametrize over the registries
 

@@ -20,13 +20,27 @@ from dlrecipes.tools.preloaded import Started
 from dlrecipes.tools.preloaded import start as _start
 
 
+FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)
+
+
 def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[Path] = None,
-          env: Optional[dict[str, str]] = None, terminal: Optional[int] = None, module: str = "dlrecipes") -> Started:
+          env: Optional[dict[str, str]] = None, terminal: Optional[int] = None, module: str = "dlrecipes"
+          ) -> Started | subprocess.Popen:
     """``python -m MODULE ARGS`` (``dlrecipes ARGS`` by default) forked from the server: a Popen-like handle
     (``pid``, ``poll()``, ``wait()``, ``returncode``, ``send_signal()``, ``kill()``); its output to the files
-    ``out`` and ``err``, or stdin, stdout and stderr to the file descriptor ``terminal``."""
-    return _start(args, cwd=cwd, env=dict(os.environ) if env is None else env, out=out, err=err, terminal=terminal,
-                  module=module)
+    ``out`` and ``err``, or stdin, stdout and stderr to the file descriptor ``terminal``. With
+    DLRECIPES_TEST_FORK=0, the same command in a new Python (a ``subprocess.Popen``)."""
+    env = dict(os.environ) if env is None else env
+    if os.environ.get(FORK) == "0":
+        import sys
+
+        if terminal is not None:
+            streams = {"stdin": terminal, "stdout": terminal, "stderr": terminal}
+        else:
+            streams = {"stdout": open(out, "w") if out else None, "stderr": open(err, "w") if err else None}
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},
+                                **streams)
+    return _start(args, cwd=cwd, env=env, out=out, err=err, terminal=terminal, module=module)
 
 
 def _read(path: Path) -> str:
@@ -39,7 +53,11 @@ def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, 
     with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
         child = start(args, cwd, out, err, env)
-        if child.wait(timeout) is None:
+        try:
+            ended = child.wait(timeout)
+        except subprocess.TimeoutExpired:  # a Popen's way of saying it
+            ended = None
+        if ended is None:
             child.kill()
             child.wait()
             raise subprocess.TimeoutExpired(["dlrecipes", *args], timeout, _read(out), _read(err))

@@ -99,6 +99,8 @@ def _holds(resolved: dict, path: tuple, value) -> bool:
         return got == value  # an int where a float is expected
     if isinstance(value, str) and type(got) is float:
         return got == float(value)  # a number YAML 1.1 reads as a string, such as 1e-3
+    if len(path) == 1 and isinstance(value, str) and isinstance(got, dict):
+        return got.get("name") == value.strip()  # `model: cnn_simple` is short for {name: cnn_simple}
     if isinstance(value, str) and isinstance(got, str):
         return got == value.strip()  # durations are stripped
     return type(got) is type(value) and got == value
@@ -127,6 +129,7 @@ def _check(path: Path, recipe: dict | None = None) -> None:
 # Always, whatever hypothesis draws: recipes that are accepted (each value kept as given) and garbage that is not.
 @example([("replace", ("trainer", "device"), "auto", ""), ("replace", ("model", "hidden"), 363, ""),
           ("replace", ("algorithms", "ema"), True, ""), ("replace", ("checkpoint", "monitor"), None, "")])
+@example([("replace", ("model",), "cnn_simple", "")])  # a section given by its name alone (found by hypothesis)
 @example([("rename", ("trainer", "num_workers"), None, "X")])  # unknown keys are refused, not dropped
 @example([("rename", ("model", "width"), None, "X")])
 @example([("replace", ("optimizer", "lr"), float("nan"), "")])
