@@ -55,7 +55,7 @@ def main() -> None:
         size = (folder / "plain-0.pt").stat().st_size
     plain, atomic = statistics.median(times["plain"]), statistics.median(times["atomic"])
     print(f"{args.model}: checkpoint {size / 2**20:.0f} MiB, medians of {args.rounds} alternating rounds")
-    print(f"| write | median s | MiB/s |\n|---|---|---|")
+    print("| write | median s | MiB/s |\n|---|---|---|")
     print(f"| plain (torch.save in place) | {plain:.3f} | {size / 2**20 / plain:.0f} |")
     print(f"| atomic (partial + fsync + rename + relink) | {atomic:.3f} | {size / 2**20 / atomic:.0f} |")
     print(f"atomic / plain: {atomic / plain:.2f}x")

@@ -55,7 +55,6 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
            record_losses: bool = True) -> dict:
     """Train in this process (ours, or Composer's Trainer); the weights and every batch's loss
     (read back after each batch, so not while a synchronisation gate is open)."""
-    import torch
     from composer import Trainer as ComposerTrainer
     from composer.core import Callback
 

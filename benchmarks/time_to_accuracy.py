@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dlrecipes.api import resolve
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as runs:
-        result = train(resolve(ROOT / "recipes" / "quickstart.yaml", [
+        result = fit(resolve(ROOT / "recipes" / "quickstart.yaml", [
             f"runs_dir={runs}", "run_name=tta", "trainer.progress_bar=false", "trainer.console_log_interval=1000ep",
             f"trainer.max_duration={args.epochs}ep", "checkpoint.save=false", "checkpoint.monitor=null",
         ]))

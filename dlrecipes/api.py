@@ -72,9 +72,9 @@ def train(
     verbose: bool = False,
     restart: bool = False,
 ):
-    """Resolve and train; returns a :class:`dlrecipes.train.TrainResult`.  ``resume``: continue the run;
+    """Resolve and train; returns a :class:`dlrecipes.fit.TrainResult`.  ``resume``: continue the run;
     ``restart``: train ``run_name`` again from the beginning, keeping the old run under another name."""
-    from dlrecipes.train import train as fit
+    from dlrecipes.fit import fit
 
     return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
                verbose=verbose, restart=restart)

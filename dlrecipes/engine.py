@@ -57,7 +57,7 @@ from composer.models import ComposerModel
 from composer.trainer.trainer import OOM_FOUND_ON_OTHER_RANK, TrainerMode
 from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from dlrecipes.core.distributed import HostReducer, gloo_errors
 from dlrecipes.loggers.run_log import MICROBATCH_KEY

@@ -2,7 +2,7 @@
 
     python scripts/config_walk.py [RECIPE] [key=value ...]
 
-Runs ``dlrecipes.train.train`` on the recipe (default: recipes/quickstart.yaml) with the Trainer's
+Runs ``dlrecipes.fit.fit`` on the recipe (default: recipes/quickstart.yaml) with the Trainer's
 ``fit`` left out, and records every call of a dlrecipes function that receives the config or one
 of its sections as an argument.  Prints the modules in the order the config enters them, how many
 times it enters each, how many times it climbs back into a module it had left for another, and
@@ -51,12 +51,12 @@ def walk(recipe: Path, overrides: list[str]) -> list[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         config.runs_dir, config.checkpoint.save = tmp, False
-        from dlrecipes import train
+        from dlrecipes.fit import fit as fit_stage
 
         fit, composer.Trainer.fit = composer.Trainer.fit, lambda self, *a, **k: None
         sys.setprofile(profile)
         try:
-            train.train(config)
+            fit_stage(config)
         finally:
             sys.setprofile(None)
             composer.Trainer.fit = fit

@@ -17,7 +17,7 @@ from dlrecipes.algorithms.gradient_checkpointing import apply_gradient_checkpoin
 from dlrecipes.algorithms.layerwise_lr_decay import apply_layerwise_lr_decay, block_index
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import image_folders, write
 
@@ -64,7 +64,7 @@ def test_each_algorithm_trains_two_batches(name, small_recipe, tmp_path):
     overrides = [f"algorithms.{name}=true"]
     for extra in SETUP.get(name, []):
         overrides += _image_folder(tmp_path / "images") if extra == "PIL_DATA" else [extra]
-    result = train(resolve(small_recipe, overrides))
+    result = fit(resolve(small_recipe, overrides))
     assert result.batches == 2
     assert all(np.isfinite(v) for v in result.eval_metrics.values())
 

@@ -21,7 +21,7 @@ PARTS = {
                    "dlrecipes.metrics", "dlrecipes.callbacks", "dlrecipes.loggers", "dlrecipes.engine"],
     "records": ["dlrecipes.records"],
     "build": ["dlrecipes.builders"],
-    "fit": ["dlrecipes.train"],
+    "fit": ["dlrecipes.fit"],
     "tools": ["dlrecipes.tools"],
     "interface": ["dlrecipes.api", "dlrecipes.cli", "dlrecipes.__main__"],
 }
@@ -151,9 +151,20 @@ def test_functions_stay_short():
     assert not long, "\n".join(long)
 
 
+def test_no_private_name_is_imported_across_modules():
+    """A name with a leading underscore is its module's own: another module of the package asks for a public one."""
+    private = []
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("dlrecipes")):
+                private += [f"{module} imports {a.name} from {node.module}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not private, "\n".join(private)
+
+
 def test_the_top_level_shows_the_stages_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "recipe", "registry", "train"]
+    assert top == ["__main__", "api", "cli", "engine", "errors", "fit", "plugins", "recipe", "registry"]
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == ["algorithms", "builders", "callbacks", "config", "core", "data", "loggers", "losses", "metrics",
                         "models", "optim", "records", "tools"]

@@ -9,7 +9,7 @@ import torch
 from torchmetrics import Metric
 
 from dlrecipes.api import resolve
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import run_cli, write
 
@@ -55,7 +55,7 @@ def test_nan_monitor_stops_naming_the_batch_and_keeps_the_last_good_checkpoint(n
 
 
 def test_nan_monitor_skip_drops_the_bad_step_and_finishes(nan_recipe, tmp_path):
-    result = train(resolve(nan_recipe, [
+    result = fit(resolve(nan_recipe, [
         "imports=[./nan_plugin.py]", "algorithms.nan_at_batch={batch: 2}", "callbacks.nan_monitor={action: skip}",
         "run_name=skip", "trainer.max_duration=1ep", "trainer.console_log_interval=1ba",
     ]))
@@ -67,7 +67,7 @@ def test_nan_monitor_skip_drops_the_bad_step_and_finishes(nan_recipe, tmp_path):
 
 
 def test_torch_profiler_writes_a_trace_for_the_window(tiny_recipe):
-    result = train(resolve(tiny_recipe, ["callbacks.torch_profiler={wait: 0, warmup: 1, active: 1}", "run_name=prof",
+    result = fit(resolve(tiny_recipe, ["callbacks.torch_profiler={wait: 0, warmup: 1, active: 1}", "run_name=prof",
                                          "trainer.max_duration=1ep"]))
     (trace,) = (result.run_dir / "profiler").glob("*.pt.trace.json")
     events = json.loads(trace.read_text())["traceEvents"]
@@ -117,7 +117,7 @@ def scripted_top1(monkeypatch):
 def test_early_stopping_stops_at_the_expected_epoch(tiny_recipe, scripted_top1):
     # best at epoch 2; epochs 3 and 4 do not improve by more than min_delta 0.01 -> patience 2 ends the run at epoch 4
     scripted_top1([0.50, 0.60, 0.605, 0.59, 0.70, 0.80, 0.90])
-    result = train(resolve(tiny_recipe, [
+    result = fit(resolve(tiny_recipe, [
         "callbacks.early_stopping={monitor: top1, patience: 2, min_delta: 0.01}", "run_name=early",
         "trainer.max_duration=7ep", "checkpoint.monitor=null",
     ]))
@@ -126,7 +126,7 @@ def test_early_stopping_stops_at_the_expected_epoch(tiny_recipe, scripted_top1):
 
 def test_threshold_stopper_stops_when_the_metric_gets_there(tiny_recipe, scripted_top1):
     scripted_top1([0.2, 0.4, 0.95, 0.96, 0.97])
-    result = train(resolve(tiny_recipe, [
+    result = fit(resolve(tiny_recipe, [
         "callbacks.threshold_stopper={threshold: 0.9}", "run_name=threshold", "trainer.max_duration=5ep",
         "checkpoint.monitor=null",
     ]))

@@ -21,7 +21,7 @@ from dlrecipes.records.checkpoints import (
 from dlrecipes.errors import DataError, UserError
 from dlrecipes.builders import build_trainer
 from dlrecipes.records.run_dir import prepare_run_dir
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 from tests.conftest import run_cli
 
 
@@ -70,7 +70,7 @@ def test_relink_replaces_the_latest_link_in_place(tmp_path):
 
 @pytest.mark.slow
 def test_resume_point_prefers_the_newest_complete_checkpoint_over_a_stale_link(tiny_recipe):
-    first = train(resolve(tiny_recipe, ["run_name=stale", "checkpoint.save_interval=1ba"]))
+    first = fit(resolve(tiny_recipe, ["run_name=stale", "checkpoint.save_interval=1ba"]))
     checkpoints = first.run_dir / "checkpoints"
     relink(checkpoints / "latest-rank0.pt", checkpoints / "ep0-ba2-rank0.pt")  # as if killed before relinking
     (checkpoints / "ep1-ba7-rank0.pt-partial").write_bytes(b"half a checkpoint")
@@ -82,7 +82,7 @@ def test_resume_point_prefers_the_newest_complete_checkpoint_over_a_stale_link(t
 
 @pytest.mark.slow
 def test_composer_checkpoints_load_tensors_only(tiny_recipe):
-    first = train(resolve(tiny_recipe, ["run_name=source"]))
+    first = fit(resolve(tiny_recipe, ["run_name=source"]))
     best = first.run_dir / "checkpoints" / "best.pt"
     loaded = read_checkpoint(best)  # outside any trusted folder, yet no full unpickle is needed
     weights = model_weights(loaded, best)
@@ -129,7 +129,7 @@ def test_strict_loading_names_missing_and_unexpected_keys(tmp_path):
 
 @pytest.mark.slow
 def test_cli_refuses_an_untrusted_full_state_and_accepts_it_with_the_flag(tiny_recipe, tmp_path):
-    source = train(resolve(tiny_recipe, ["run_name=origin", "trainer.max_duration=1ep"]))
+    source = fit(resolve(tiny_recipe, ["run_name=origin", "trainer.max_duration=1ep"]))
     foreign = tmp_path / "foreign.pt"
     state = torch.load(source.run_dir / "checkpoints" / "best.pt", weights_only=False)
     state["smuggled"] = Smuggled(2)

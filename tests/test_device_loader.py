@@ -8,7 +8,7 @@ import torch
 from dlrecipes.api import resolve
 from dlrecipes.data.device_loader import BatchAugment, DeviceTensorLoader, random_crop, random_hflip
 from dlrecipes.errors import RecipeError
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 
 def test_random_crop_takes_each_image_at_its_own_offset():
@@ -67,7 +67,7 @@ def test_training_with_the_device_loader(tiny_recipe, monkeypatch):
             yield x, y
 
     monkeypatch.setattr(DeviceTensorLoader, "__iter__", spy)
-    result = train(resolve(tiny_recipe, ["trainer.loader=device", "run_name=dev", "trainer.max_duration=1ep"]))
+    result = fit(resolve(tiny_recipe, ["trainer.loader=device", "run_name=dev", "trainer.max_duration=1ep"]))
     assert result.batches == 3
     assert [sizes for is_train, sizes in passes if is_train] == [[64, 64, 64]]  # the epoch's 3 batches of 64
     # Composer takes one eval batch at the start (it spins its loaders to the epoch), then the evaluation's 2

@@ -10,7 +10,7 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.algorithms.finetune import default_head, head_parameter_names
 from dlrecipes.builders import build_trainer
 from dlrecipes.records.run_dir import prepare_run_dir
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 from tests.conftest import run_cli, write
 
 FINETUNE = [
@@ -95,7 +95,7 @@ def test_timm_heads_are_found_from_the_model():
 
 @pytest.mark.slow
 def test_finetuning_our_checkpoint_onto_a_new_class_count(tiny_recipe, tmp_path):
-    source = train(resolve(tiny_recipe, ["run_name=source"]))
+    source = fit(resolve(tiny_recipe, ["run_name=source"]))
     best = source.run_dir / "checkpoints" / "best.pt"
     recipe = write(tmp_path / "new_head.yaml", f"""
         model: {{name: cnn_simple, width: 4, hidden: 16}}

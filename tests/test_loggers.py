@@ -13,7 +13,7 @@ import pytest
 
 from dlrecipes.api import resolve
 from dlrecipes.errors import UserError
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from . import wandb_log
 from .conftest import run_cli
@@ -34,7 +34,7 @@ def logged_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loggers")
     recipe = write(tmp / "tiny.yaml", TINY_RECIPE)
     os.environ["WANDB_SILENT"] = "true"
-    result = train(resolve(recipe, [
+    result = fit(resolve(recipe, [
         f"runs_dir={tmp}/runs", "run_name=logged", "trainer.console_log_interval=1ep", "trainer.log_interval=2",
         "loggers={tensorboard: {}, wandb: {offline: true, project: dlrecipes-test, tags: [ci]}, mlflow: {}}",
     ]))
@@ -118,7 +118,7 @@ def test_plot_and_compare_commands(logged_run, tiny_recipe, tmp_path):
     (run_dir / "loss.png").unlink()
     redraw = run_cli("plot", str(run_dir))
     assert redraw.returncode == 0 and (run_dir / "loss.png").exists()
-    other = train(resolve(tiny_recipe, ["run_name=other", "trainer.device_train_microbatch_size=16"])).run_dir
+    other = fit(resolve(tiny_recipe, ["run_name=other", "trainer.device_train_microbatch_size=16"])).run_dir
     out = tmp_path / "cmp.png"
     result = run_cli("compare", str(run_dir), str(other), "--out", str(out))
     assert result.returncode == 0, result.stderr

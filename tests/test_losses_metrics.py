@@ -14,7 +14,7 @@ from dlrecipes import registry
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import run_cli
 
@@ -109,7 +109,7 @@ def test_a_monitored_metric_must_be_one_the_run_computes(tiny_recipe):
 
 @pytest.mark.slow
 def test_a_run_logs_the_named_metrics_and_writes_the_best_evaluation_s_tables(tiny_recipe, tmp_path):
-    result = train(resolve(tiny_recipe, [
+    result = fit(resolve(tiny_recipe, [
         "loss={name: focal, gamma: 1.5, label_smoothing: 0.05}", "metrics=[top1, macro_f1, confusion_matrix, per_class_accuracy]",
         "train_metrics=[top1, recall]", "checkpoint.monitor=macro_f1", "trainer.max_duration=3ep", "run_name=named",
     ]))

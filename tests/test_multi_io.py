@@ -335,7 +335,7 @@ REFUSED_FOR_THIS_TASK = {
 )
 def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
     """Algorithms not refused for reading (images, labels) batches work on (inputs..., targets...) ones."""
-    from dlrecipes.train import train
+    from dlrecipes.fit import fit
 
     overrides = [f"algorithms.{name}=true", "trainer.max_duration=2ba", "checkpoint.save=false",
                  "checkpoint.monitor=null", "trainer.console_log_interval=100ep", *ALGORITHM_SETUP.get(name, [])]
@@ -343,18 +343,18 @@ def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
         with pytest.raises(RecipeError, match=REFUSED_FOR_THIS_TASK[name]):
             resolve(task_recipe, overrides)
         return
-    result = train(resolve(task_recipe, overrides))
+    result = fit(resolve(task_recipe, overrides))
     assert result.batches == 2
     assert all(torch.isfinite(torch.tensor(v)) for v in result.eval_metrics.values())
 
 
 @pytest.mark.slow
 def test_the_digits_recipe_learns_both_outputs(tmp_path):
-    from dlrecipes.train import train
+    from dlrecipes.fit import fit
 
     config = resolve(RECIPES / "digits_multi_io.yaml", [
         "trainer.max_duration=4ep", "trainer.progress_bar=false", "trainer.device=cpu", "checkpoint.save=false",
         "checkpoint.monitor=null", f"runs_dir={tmp_path}", "run_name=digits",
     ])
-    result = train(config)
+    result = fit(config)
     assert result.eval_metrics["digit/top1"] > 0.85 and result.eval_metrics["parity/top1"] > 0.85

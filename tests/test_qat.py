@@ -28,7 +28,7 @@ from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.builders import build_trainer
 from dlrecipes.records.run_dir import prepare_run_dir
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import write
 
@@ -251,7 +251,7 @@ def test_int8_export_matches_the_fp32_accuracy_on_the_digits(qat_recipe):
         "model.width=8", "optimizer={name: adamw, lr: 0.003}", "scheduler={name: onecycle, warmup: 0.25dur}",
         "algorithms.qat={start: 4ep, freeze_bn: 6ep, freeze_observers: 7ep}",
     ])
-    result = train(config)
+    result = fit(config)
     report = json.loads((result.run_dir / "export" / REPORT_FILE).read_text())
     top1 = report["top1"]
     assert top1["fake_quant"] == pytest.approx(result.eval_metrics["top1"], abs=1e-6)
@@ -269,7 +269,7 @@ def test_int8_export_matches_the_fp32_accuracy_on_the_digits(qat_recipe):
 def test_checkpoint_written_after_the_switch_resumes_into_the_prepared_network(qat_recipe, tmp_path):
     common = ["checkpoint={save: true, save_interval: 1ep, keep: -1}", "run_name=resumable",
               "~algorithms.qat.freeze_bn", "~algorithms.qat.freeze_observers"]
-    first = train(resolve(qat_recipe, [*common, "trainer.max_duration=2ep"]))
+    first = fit(resolve(qat_recipe, [*common, "trainer.max_duration=2ep"]))
     saved = torch.load(first.run_dir / "checkpoints" / "latest-rank0.pt", weights_only=False)["state"]["model"]
     assert any("weight_fake_quant" in k for k in saved)
     (first.run_dir / "export" / REPORT_FILE).unlink()  # the resumed run writes its own

@@ -49,7 +49,7 @@ def test_gpu_recipes_give_a_clear_error_on_this_machine():
 @pytest.mark.parametrize("recipe", ["resnet50_mild", "resnet50_medium", "resnet50_hot"])
 def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(recipe, tmp_path):
     """All the recipe's algorithms together, on CPU-sized settings (the hot one has ten)."""
-    from dlrecipes.train import train
+    from dlrecipes.fit import fit
 
     image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
     config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", [
@@ -59,7 +59,7 @@ def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(rec
         "trainer.console_log_interval=100ep", "model.min_input_size=32", "checkpoint.save=false",
         f"runs_dir={tmp_path}/runs", "~callbacks.memory_monitor",
     ])
-    result = train(config)
+    result = fit(config)
     assert result.batches == 2
 
 

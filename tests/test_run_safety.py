@@ -18,7 +18,7 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.records.resume_check import MODEL_CHANGING_ALGORITHMS, check_resume
 from dlrecipes.records.layout import LOCK_FILE
 from dlrecipes.records.run_lock import RunLockedError, acquire
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import REPO, run_cli
 
@@ -79,7 +79,7 @@ def test_two_runs_started_together_one_is_refused_at_once(tiny_recipe, tmp_path)
 
 @pytest.mark.slow
 def test_resume_refuses_changes_the_run_cannot_continue_with(tiny_recipe, tmp_path):
-    train(resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=1ep"]))
+    fit(resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=1ep"]))
     run_dir = tmp_path / "runs" / "r"
     changed = resolve(tiny_recipe, ["run_name=r", "model={name: mnist_cnn}", "optimizer={name: adamw, lr: 0.001}"])
     with pytest.raises(RecipeError, match=r"--resume: .* cannot continue it: model.hidden \(16 -> \(none\)\); "
@@ -117,10 +117,10 @@ def test_history_after_a_resume_inside_an_epoch_covers_the_whole_epoch(tiny_reci
     """The first run stops inside epoch 1 (batch 2 of 3); the resumed one trains batch 3 of it. The row of epoch 1
     is that of an uninterrupted run: the mean loss of its 3 batches (the checkpoint carries the first two)."""
     deterministic = ["trainer.deterministic=true", "trainer.max_duration=2ep", "checkpoint.save_interval=1ba"]
-    train(resolve(tiny_recipe, ["run_name=whole", *deterministic]))
+    fit(resolve(tiny_recipe, ["run_name=whole", *deterministic]))
     start = time.perf_counter()
-    train(resolve(tiny_recipe, ["run_name=h", *deterministic, "trainer.max_duration=2ba"]))
-    train(resolve(tiny_recipe, ["run_name=h", *deterministic]), resume=True)
+    fit(resolve(tiny_recipe, ["run_name=h", *deterministic, "trainer.max_duration=2ba"]))
+    fit(resolve(tiny_recipe, ["run_name=h", *deterministic]), resume=True)
     wall = time.perf_counter() - start
     whole, resumed = _rows(tmp_path / "runs" / "whole"), _rows(tmp_path / "runs" / "h")
     assert [r["step"] for r in resumed] == [r["step"] for r in whole] == ["3", "6"]
@@ -233,6 +233,6 @@ def test_keep_holds_across_resumes(tiny_recipe, tmp_path):
     common = ["run_name=kept", "checkpoint.keep=2", "checkpoint.save_interval=1ep", "checkpoint.monitor=null"]
     for epochs, resume in ((2, False), (3, True), (4, True)):
         config = resolve(tiny_recipe, [*common, f"trainer.max_duration={epochs}ep"])
-        train(config, resume=resume)
+        fit(config, resume=resume)
     periodic = sorted(p.name for p in (tmp_path / "runs" / "kept" / "checkpoints").glob("ep*-ba*-rank0.pt"))
     assert periodic == ["ep3-ba9-rank0.pt", "ep4-ba12-rank0.pt"]

@@ -10,7 +10,7 @@ from PIL import Image
 from dlrecipes.api import resolve
 from dlrecipes.data.tensor_cache import CachedBatches, build_cache, center_crop, random_resized_crop
 from dlrecipes.errors import RecipeError
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 
 def _folder(root, per_class=5):
@@ -63,7 +63,7 @@ def test_crops_have_the_requested_size_and_keep_constant_images_constant():
 def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
     _folder(tmp_path / "imgs" / "train", per_class=8)
     _folder(tmp_path / "imgs" / "val", per_class=2)
-    result = train(resolve(tiny_recipe, [
+    result = fit(resolve(tiny_recipe, [
         f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, crop_size: 16, resize_size: 20}}",
         "model={name: cifar_resnet18}", "trainer.loader=tensor_cache", "trainer.batch_size=8", "run_name=tc",
         "trainer.num_workers=1", "trainer.max_duration=1ep",

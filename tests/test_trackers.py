@@ -4,7 +4,6 @@ status; an unreachable one fails fast. MLflow is tested against a real tracking 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys

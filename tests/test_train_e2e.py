@@ -11,7 +11,7 @@ import torch
 from dlrecipes.api import resolve
 from dlrecipes.builders import build_trainer
 from dlrecipes.records.run_dir import prepare_run_dir
-from dlrecipes.train import train
+from dlrecipes.fit import fit
 
 from .conftest import REPO, run_cli
 
@@ -42,7 +42,7 @@ def _model_weights(trainer):
 
 
 def test_resume_continues_from_the_saved_batch_with_the_saved_weights(tiny_recipe):
-    first = train(resolve(tiny_recipe, ["run_name=resumable"]))
+    first = fit(resolve(tiny_recipe, ["run_name=resumable"]))
     assert (first.epochs, first.batches) == (2, 6)
     saved = torch.load(first.run_dir / "checkpoints" / "latest-rank0.pt", weights_only=False)["state"]["model"]
 
@@ -85,12 +85,12 @@ def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
 
 
 def test_quickstart_learns_the_embedded_digits(tmp_path):
-    result = train(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false"]))
+    result = fit(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false"]))
     assert result.eval_metrics["top1"] >= 0.95
 
 
 def test_load_path_starts_a_new_run_from_saved_weights(tiny_recipe):
-    first = train(resolve(tiny_recipe, ["run_name=source"]))
+    first = fit(resolve(tiny_recipe, ["run_name=source"]))
     best = first.run_dir / "checkpoints" / "best.pt"
     saved = torch.load(best, weights_only=False)["state"]["model"]
     config = resolve(tiny_recipe, ["run_name=finetune", f"checkpoint.load_path={best}"])
@@ -105,7 +105,7 @@ def test_load_path_starts_a_new_run_from_saved_weights(tiny_recipe):
 
 
 def test_gradient_accumulation_and_best_only_checkpoints(tiny_recipe):
-    result = train(resolve(tiny_recipe, [
+    result = fit(resolve(tiny_recipe, [
         "run_name=accum", "trainer.device_train_microbatch_size=16", "checkpoint.best_only=true",
         "trainer.max_duration=1ep",
     ]))
@@ -115,7 +115,7 @@ def test_gradient_accumulation_and_best_only_checkpoints(tiny_recipe):
 
 
 def test_resume_falls_back_from_a_truncated_checkpoint_with_a_warning(tiny_recipe, capsys):
-    first = train(resolve(tiny_recipe, ["run_name=damaged"]))
+    first = fit(resolve(tiny_recipe, ["run_name=damaged"]))
     checkpoints = first.run_dir / "checkpoints"
     newest = checkpoints / "ep2-ba6-rank0.pt"
     assert (checkpoints / "latest-rank0.pt").resolve() == newest.resolve()
@@ -135,7 +135,7 @@ def test_resume_falls_back_from_a_truncated_checkpoint_with_a_warning(tiny_recip
 def test_no_good_checkpoint_left_is_a_named_error(tiny_recipe):
     from dlrecipes.errors import DataError
 
-    first = train(resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=1ep"]))
+    first = fit(resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=1ep"]))
     only = first.run_dir / "checkpoints" / "ep1-ba3-rank0.pt"
     only.write_bytes(b"not a checkpoint")
     config = resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=2ep"])

@@ -4,7 +4,7 @@
   scheduler, algorithms, callbacks, loggers), each through :func:`dlrecipes.registry.build_component`;
 - :mod:`.trainer`: a run's Trainer around them (and the benchmarks' variant of it).
 
-The fit stage (:mod:`dlrecipes.train`) and the tools build through these, never by hand.
+The fit stage (:mod:`dlrecipes.fit`) and the tools build through these, never by hand.
 """
 
 from dlrecipes.builders.components import (

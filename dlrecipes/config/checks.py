@@ -41,7 +41,7 @@ def check_component(value: Any, section: str, reg: registry.Registry) -> Compone
     return Component(name, {**checked, **own})
 
 
-def _check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
+def check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -79,13 +79,13 @@ def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
     return {"name": component.name, **changed} if changed else component.name
 
 
-def _check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
+def check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
     """``metrics``/``train_metrics``: a list of names or a mapping of names to parameters."""
     if isinstance(value, list):
         if not all(isinstance(name, str) for name in value):
             raise RecipeError(f"{section}: expected a list of metric names, got {shown(value)}")
         value = {name: {} for name in value}
-    metrics = _check_component_map(value, section, registry.metrics)
+    metrics = check_component_map(value, section, registry.metrics)
     if section == "train_metrics":
         for name in metrics:
             if registry.metrics.get(name).metadata.get("report"):

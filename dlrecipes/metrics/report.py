@@ -130,9 +130,9 @@ def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[st
 
 
 def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
-    from dlrecipes.records.plots import _pyplot
+    from dlrecipes.records.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     n = len(names)
     side = min(4 + 0.35 * n, 16)
     fig, ax = plt.subplots(figsize=(side, side), dpi=100)
@@ -155,9 +155,9 @@ def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
 
 
 def _plot_accuracy(path: Path, per_class: list[tuple[str, int, int]]) -> None:
-    from dlrecipes.records.plots import _pyplot
+    from dlrecipes.records.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     n = len(per_class)
     fig, ax = plt.subplots(figsize=(6, min(2 + 0.25 * n, 24)), dpi=100)
     accuracy = [correct / total if total else 0.0 for _, correct, total in per_class]

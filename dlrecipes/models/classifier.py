@@ -18,7 +18,7 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
     torchmetrics' input checks: they read values back from the device (a host-device
     synchronisation) and cost more than the update itself; evaluation keeps them.
     """
-    from torchmetrics import Metric, MetricCollection
+    from torchmetrics import MetricCollection
 
     from dlrecipes.metrics.eval_loss import SampleMeanCrossEntropy
 

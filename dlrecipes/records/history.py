@@ -62,7 +62,7 @@ class RunHistory(Callback):
         self._elapsed_before = 0.0  # from an earlier (resumed) part of the run
         self._closed = False
         self._evaluated = False  # an evaluation since the last row (a row never repeats an earlier one's)
-        self.status = "finished"  # how the run ended (dlrecipes.train sets it when training raises)
+        self.status = "finished"  # how the run ended (dlrecipes.fit sets it when training raises)
         self.reason = ""
         self.wall_time_sec: Optional[float] = None  # the run's time, set at close: summary.json's and the done line's
 

@@ -23,7 +23,7 @@ def read_history(run_dir: Path) -> list[dict[str, float]]:
     return run_files.read_history(Path(run_dir))
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,7 +44,7 @@ def plot_history(run_dir: str | Path) -> list[Path]:
     rows = read_history(run_dir)
     if not rows:
         raise UserError(f"{run_dir}/{HISTORY_FILE} has no rows yet")
-    plt = _pyplot()
+    plt = pyplot()
     figures = {
         "loss": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
         "accuracy": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
@@ -121,7 +121,7 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
             summary["settings"] = {k: values[i] for k, values in differences.items()}
     if plot_path is None:
         return summaries, None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for run_dir, summary in zip(run_dirs, summaries):
         if not RunDir(run_dir).history.is_file():

@@ -16,7 +16,7 @@ import io
 MODULES = (
     "torch", "torchvision", "torchvision.transforms.v2", "composer", "composer.algorithms", "timm", "timm.optim",
     "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg", "PIL.Image", "PIL.JpegImagePlugin",
-    "PIL.PngImagePlugin", "dlrecipes.cli", "dlrecipes.api", "dlrecipes.train", "dlrecipes.engine",
+    "PIL.PngImagePlugin", "dlrecipes.cli", "dlrecipes.api", "dlrecipes.fit", "dlrecipes.engine",
     "dlrecipes.plugins", "dlrecipes.callbacks.exporter", "dlrecipes.callbacks.keep_best",
     "dlrecipes.callbacks.monitors", "dlrecipes.callbacks.preemption", "dlrecipes.data.device_loader",
     "dlrecipes.data.digits", "dlrecipes.data.preprocess", "dlrecipes.data.tensor_dataset",

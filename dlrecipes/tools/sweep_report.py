@@ -309,9 +309,9 @@ def _lines(ax: Any, keys: list[str], rows: list[dict[str, Any]], monitor: str) -
 def plot_sweep(plan: Any, rows: list[dict[str, Any]], path: Path) -> None:
     """The best monitored metric against the swept key (a line per value of the other keys), or a heat map
     for two keys; beside it the evaluation curves of every run."""
-    from dlrecipes.records.plots import _pyplot
+    from dlrecipes.records.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     keys = swept_keys(plan)
     monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)

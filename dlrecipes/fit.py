@@ -86,7 +86,7 @@ def _outcome(exc: BaseException) -> str:
     return "failed"
 
 
-def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
+def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
           verbose: bool = False, restart: bool = False) -> TrainResult:
     """Train a validated recipe; returns where the run went and its final eval metrics.
 
@@ -131,7 +131,7 @@ def train(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = F
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
-            return _train_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
+            return _fit_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
@@ -184,7 +184,7 @@ def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed
     return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)
 
 
-def _train_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
+def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
               verbose: bool = False, point: Path | None = None) -> TrainResult:
     trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
                             recipe=recipe, resume_from=point)
