@@ -39,6 +39,41 @@ class TrainResult:
     status: str = "finished"  # or "pruned" (a sweep's search stopped it early, see callbacks.optuna_trial)
     reason: str = ""
 
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The final evaluation's metrics (``eval_metrics``)."""
+        return dict(self.eval_metrics)
+
+    @property
+    def best_checkpoint(self) -> Path | None:
+        """``checkpoints/best.pt`` when the run kept one (``checkpoint.monitor``), else None."""
+        best = RunDir(self.run_dir).best
+        return best if best.is_file() else None
+
+    @property
+    def history(self):
+        """history.csv as a pandas DataFrame, one row per epoch (pandas: the ``notebook`` extra)."""
+        from dlrecipes.records.frames import history_frame
+
+        return history_frame(self.run_dir)
+
+    def plot(self):
+        """Loss, accuracy and learning rate per epoch in one matplotlib Figure (shown inline in a notebook)."""
+        from dlrecipes.records.plots import history_figure
+
+        return history_figure(self.run_dir)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = [("run", self.run_dir), ("status", self.status + (f" ({self.reason})" if self.reason else "")),
+                ("trained", f"{self.epochs} epochs, {self.batches} batches in {self.seconds:.1f} s"),
+                *((f"eval {k}", f"{v:.4f}") for k, v in self.eval_metrics.items()),
+                ("best checkpoint", self.best_checkpoint or "none")]
+        body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
+                       f"{escape(str(v))}</td></tr>" for k, v in rows)
+        return f"<table><caption style='text-align:left'>TrainResult</caption>{body}</table>"
+
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
     params = config.optimizer.params

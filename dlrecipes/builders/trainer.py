@@ -215,9 +215,9 @@ def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> li
             logger.read_every = read_every
     loggers.append(RunLogFile(filename=str(RunDir(run_dir).log("{rank}")), log_traces=False, read_every=read_every))
     if terminal is not None:
-        from dlrecipes.loggers.terminal import TerminalReport
+        from dlrecipes.loggers.notebook import make_report
 
-        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
+        loggers.append(make_report(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
                                       read_every=read_every, start_line=terminal))
     return loggers
 
