@@ -222,7 +222,8 @@ def test_the_cli_is_thin():
 LAYOUT = "dlrecipes.records.layout"
 # The run directory's file names (dlrecipes.records.layout owns them), spelled anywhere in a string ...
 RUN_FILE_NAMES = re.compile(r"recipe\.yaml|recipe\.before-|summary\.json|history\.csv|run\.lock|train-rank|"
-                            r"latest-rank|best\.pt|best\.json|eval\.json|\b(loss|accuracy|lr)\.png|\*\.png|-ba[*{\d]")
+                            r"latest-rank|best\.pt|best\.json|eval\.json|\b(loss|accuracy|lr)\.png|\*\.png|-ba[*{\d]|"
+                            r"model\.torchscript\.pt|model\.onnx|verify\.json|preprocess\.json|classes\.json")
 # ... and its folders' names, spelled as a path: `run_dir / "export"`, f"{run_dir}/tensorboard", "checkpoints/"
 RUN_FOLDERS = ("checkpoints", "report", "export", "eval", "profiler", "tensorboard")
 _FOLDER_IN_PATH = re.compile(rf"(^/|/$|^)({'|'.join(RUN_FOLDERS)})(/|$)")
@@ -265,7 +266,7 @@ def test_the_names_check_sees_every_name_the_layout_owns():
     from dlrecipes.records import layout
 
     names = [value for key, value in vars(layout).items() if key.isupper() and isinstance(value, str)]
-    names += list(layout.PLOT_FILES.values())
+    names += [*layout.PLOT_FILES.values(), *layout.EXPORTED_MODELS.values()]
     for name in names:
         spelled = name.format(rank=0, epoch=1, batch=2, stamp="20250101") if "{" in name else name
         assert RUN_FILE_NAMES.search(spelled) or spelled in RUN_FOLDERS, f"{name}: add it to the check"
