@@ -79,13 +79,10 @@ def test_shipped_notebooks_carry_no_outputs():
 def test_quickstart_notebook_trains_shows_and_reads_back(tmp_path):
     """The quickstart notebook in a real kernel: a progress widget that ends full, an epoch table that grew to 3
     rows, the result's HTML summary, history, figure, evaluation equal to the best epoch, a prediction, an export;
-    a second identical training in the same kernel gives the same numbers; the kernel's state is as before."""
-    again = """import json
-again = dlrecipes.train(recipes / "quickstart.yaml", {"trainer.max_duration": "3ep", "run_name": "nb-again"}, quiet=True)
-timing = ["images_per_sec", "elapsed_sec"]
-print(json.dumps({"same": again.history.drop(columns=timing).equals(result.history.drop(columns=timing)),
-                  "best_epoch_top1": float(result.history["eval_top1"].max()), "evaluated": evaluation.metrics["top1"]}))"""
-    nb = _execute("quickstart", tmp_path, after=(AFTER, again))
+    the kernel's state is as before."""
+    check = """import json
+print(json.dumps({"best_epoch_top1": float(result.history["eval_top1"].max()), "evaluated": evaluation.metrics["top1"]}))"""
+    nb = _execute("quickstart", tmp_path, after=(AFTER, check))
     _no_escape_codes(nb)
     train = _tagged(nb, "train")
     kinds = [o.output_type for o in train.outputs]
@@ -108,10 +105,8 @@ print(json.dumps({"same": again.history.drop(columns=timing).equals(result.histo
     assert "nb-quickstart" in _outputs_text(_tagged(nb, "runs"))
     kept = json.loads(_outputs_text(_tagged(nb, "test-after-0")))
     assert kept["state_kept"], kept
-    repeat = _tagged(nb, "test-after-1")
-    checked = json.loads(_outputs_text(repeat).strip().splitlines()[-1])
-    assert checked["same"] and checked["evaluated"] == checked["best_epoch_top1"] > 0.5, checked
-    assert not [o for o in repeat.outputs if o.output_type == "display_data"]  # quiet: no widget, no table
+    checked = json.loads(_outputs_text(_tagged(nb, "test-after-1")))
+    assert checked["evaluated"] == checked["best_epoch_top1"] > 0.5, checked  # best.pt is the best epoch's
 
 
 INTERRUPT = """import os
@@ -137,6 +132,14 @@ try:
     dlrecipes.train(recipes / "quickstart.yaml", "optimizer.lr=0.1")
 except UserError as exc:
     print("error:", exc._render_traceback_())"""
+# The same recipe trained twice in one kernel: the same numbers (dlrecipes seeds before it builds), shown nowhere.
+TWICE = """import json
+short = {"trainer.max_duration": "1ep", "trainer.train_subset_num_batches": 3, "trainer.eval_subset_num_batches": 2}
+once = dlrecipes.train(recipes / "quickstart.yaml", {**short, "run_name": "twice-1"}, quiet=True)
+again = dlrecipes.train(recipes / "quickstart.yaml", {**short, "run_name": "twice-2"}, quiet=True)
+timing = ["images_per_sec", "elapsed_sec"]
+print(json.dumps({"same": once.history.drop(columns=timing).equals(again.history.drop(columns=timing)),
+                  "loss": float(once.history["train_loss"][0])}))"""
 
 
 @pytest.mark.slow
@@ -144,8 +147,9 @@ def test_own_model_notebook_trains_resumes_compares_and_stops_on_interrupt(tmp_p
     """The your-own-model notebook in a real kernel: a notebook's nn.Module and Dataset trained with a recipe,
     resumed to 4 epochs (each epoch once), a second run compared; then, in the same kernel, SIGINT (the stop
     button) during training stops it with a checkpoint and a KeyboardInterrupt naming it, resume=True finishes it,
-    a mistake is one line, and the kernel's signal handlers are as before."""
-    nb = _execute("own_model", tmp_path, after=(INTERRUPT, AFTER))
+    a mistake is one line, the same recipe trained twice gives the same numbers (quiet: no output), and the
+    kernel's signal handlers are as before."""
+    nb = _execute("own_model", tmp_path, after=(INTERRUPT, TWICE, AFTER))
     _no_escape_codes(nb)
     assert _tagged(nb, "data").outputs[0].data["text/plain"] == "(1437, 360)"
     train = _tagged(nb, "train")
@@ -162,7 +166,9 @@ def test_own_model_notebook_trains_resumes_compares_and_stops_on_interrupt(tmp_p
     assert re.search(r"interrupted: stopped by SIGINT after batch 3 .*checkpoint .*continue with resume=True", stopped)
     assert "resumed batches 22 epochs [1]" in stopped  # 1,437 training images, 64 a batch: 22 batches, once each
     assert 'error: ["RecipeError: overrides: expected a list of key=value strings or a dict, got the string' in stopped
-    kept = json.loads(_outputs_text(_tagged(nb, "test-after-1")))
+    twice = _tagged(nb, "test-after-1")
+    assert json.loads(_outputs_text(twice))["same"] and not [o for o in twice.outputs if o.output_type != "stream"]
+    kept = json.loads(_outputs_text(_tagged(nb, "test-after-2")))
     assert kept["state_kept"], kept
 
 
@@ -210,3 +216,52 @@ def test_training_restores_the_signal_handlers_it_found():
     with pytest.raises(UserError, match="overrides: expected a list of key=value strings or a dict, got the string"):
         dlrecipes.train(REPO / "recipes" / "quickstart.yaml", "trainer.max_duration=1ep")
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.slow
+def test_a_script_prints_what_the_piped_cli_prints(tiny_recipe, tmp_path):
+    """``dlrecipes.train`` in a plain script, piped, prints the report `dlrecipes train` prints into a pipe: the
+    same start line and epoch table (the run's name, and the measured speed and time, aside)."""
+    from .forked import run
+
+    script = tmp_path / "train_script.py"
+    script.write_text(f"import dlrecipes\ndlrecipes.train({str(tiny_recipe)!r}, ['run_name=by-script'])\n")
+    by_script = _report_of(run([], tmp_path, env=None, module="train_script"))
+    by_cli = _report_of(run(["train", str(tiny_recipe), "run_name=by-cli"], tmp_path))
+    assert len(by_cli) == 4 and by_cli[1].startswith("epoch  loss")  # start line, header, two epochs
+    assert [line.replace("by-cli", "RUN") for line in by_cli] == [line.replace("by-script", "RUN") for line in by_script]
+
+
+def _report_of(completed) -> list[str]:
+    """The report's lines in a process's output (start line and epoch table), speed and time columns blanked."""
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = [line for line in completed.stdout.splitlines() if line.startswith(("run ", "epoch", " ", "1/", "2/"))]
+    return [re.sub(r"\s+[\d,]+\s+[\d.]+s$", "  SPEED TIME", line) for line in lines]
+
+
+@pytest.mark.slow
+def test_a_dataloader_and_a_composer_model_are_used_as_they_are(capsys, tmp_path):
+    """A DataLoader passed as train_data keeps its batch size (the recipe's is not used), a ComposerModel keeps
+    its own loss and metrics, quiet=True prints nothing, and no process group is left behind."""
+    import torch
+    from composer.models import ComposerClassifier
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dlrecipes
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(96, 1, 4, 4, generator=generator)
+    labels = (images.mean(dim=(1, 2, 3)) > 0).long()
+    data = TensorDataset(images, labels)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    model = ComposerClassifier(net, num_classes=2)
+    result = dlrecipes.train(None, {"trainer.max_duration": "2ep", "trainer.batch_size": 64, "trainer.num_workers": 0,
+                                    "runs_dir": str(tmp_path / "runs"), "run_name": "loader"},
+                             model=model, train_data=DataLoader(data, batch_size=12, shuffle=True), eval_data=data,
+                             quiet=True)
+    assert result.batches == 2 * 96 // 12 and result.epochs == 2  # the loader's 8 batches an epoch, not 96 // 64
+    assert set(result.metrics) >= {"MulticlassAccuracy"}  # the ComposerClassifier's own metric, not top1/top5
+    assert list(result.history["epoch"]) == [1, 2] and capsys.readouterr() == ("", "")
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(Exception, match=r"model=: expected a torch.nn.Module"):
+        dlrecipes.train(None, model="resnet18", train_data=data, eval_data=data)
