@@ -12,12 +12,12 @@ of ``finetune:``, :mod:`.progressive_resizing` Composer's progressive resizing f
 from __future__ import annotations
 
 import inspect
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.errors import RecipeError
-from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
+from dlrecipes.core.ranges import AtLeastOne, Fraction, NonNegative, Positive, Probability, Range
 from dlrecipes.registry import algorithms, datasets
 
 
@@ -355,3 +355,138 @@ def qat(
 
     export_dir = RunDir(run_dir).exports if export and run_dir is not None else None
     return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)
+
+
+# --- strong augmentation of whole batches on the training device (dlrecipes/algorithms/batch_augment.py) ---
+
+_BATCH_POLICIES = ("batch_randaugment", "batch_trivialaugment", "batch_augmix")
+_ON_DEVICE = "augments batch[0] as the images, on the device"
+
+
+def _one_policy(name: str) -> dict[str, str]:
+    others = {other: "each is a whole augmentation policy; keep one" for other in _BATCH_POLICIES if other != name}
+    return {**others, "randaugment": "both augment each image with a policy (randaugment on PIL images)",
+            "augmix": "both augment each image with a policy (augmix on PIL images)"}
+
+
+def _policy_or_keys(kind: str):
+    """A validator: a timm policy string of this kind, or the explicit keys, not both."""
+
+    def check(params: dict, path: str) -> None:
+        from dlrecipes.algorithms.augment_policy import parse_timm
+
+        policy = params.get("policy")
+        if policy is None:
+            return
+        parsed = parse_timm(policy, f"{path}.policy")
+        if parsed["kind"] != kind:
+            raise RecipeError(f"{path}.policy: {policy!r} is a timm {parsed['kind']} string; this is {kind}")
+        both = sorted(k for k in params if k not in ("policy", "fill"))
+        if both:
+            raise RecipeError(f"{path}: give the timm policy string or the keys ({', '.join(both)}), not both")
+
+    return check
+
+
+def _fill(fill: Optional[list[float]], ops: str) -> tuple[float, ...]:
+    from dlrecipes.algorithms.augment_policy import IMAGENET_FILL
+
+    return tuple(fill) if fill is not None else (IMAGENET_FILL if ops == "timm" else (0.0,))
+
+
+@algorithms.register("batch_randaugment", conflicts_with=_one_policy("batch_randaugment"),
+                     image_label_batch=_ON_DEVICE, validator=_policy_or_keys("randaugment"))
+def batch_randaugment(
+    policy: Optional[str] = None,
+    num_ops: AtLeastOne = 2,
+    magnitude: NonNegative = 9,
+    num_magnitude_bins: AtLeastOne = 31,
+    magnitude_std: NonNegative = 0.0,
+    p: Annotated[float, Range(0, 1)] = 1.0,
+    ops: Literal["torchvision", "timm"] = "torchvision",
+    fill: Optional[list[float]] = None,
+):
+    """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1."""
+    from dlrecipes.algorithms import augment_policy
+    from dlrecipes.algorithms.batch_augment import BatchAugmentation
+
+    if policy is not None:
+        keys = augment_policy.parse_timm(policy)
+        num_ops, magnitude, num_magnitude_bins = keys["num_ops"], keys["magnitude"], keys["num_magnitude_bins"]
+        magnitude_std, p, ops = keys["magnitude_std"], keys["p"], keys["ops"]
+    return BatchAugmentation("batch_randaugment", augment_policy.randaugment_policy(
+        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, _fill(fill, ops)))
+
+
+@algorithms.register("batch_trivialaugment", conflicts_with=_one_policy("batch_trivialaugment"),
+                     image_label_batch=_ON_DEVICE)
+def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
+    """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude."""
+    from dlrecipes.algorithms import augment_policy
+    from dlrecipes.algorithms.batch_augment import BatchAugmentation
+
+    return BatchAugmentation("batch_trivialaugment", augment_policy.trivialaugment_policy(
+        num_magnitude_bins, _fill(fill, "torchvision")))
+
+
+@algorithms.register("batch_augmix", conflicts_with=_one_policy("batch_augmix"), image_label_batch=_ON_DEVICE,
+                     validator=_policy_or_keys("augmix"))
+def batch_augmix(
+    policy: Optional[str] = None,
+    severity: Annotated[int, Range(1, 10)] = 3,
+    width: AtLeastOne = 3,
+    depth: int = -1,
+    alpha: Positive = 1.0,
+    all_ops: bool = True,
+    fill: Optional[list[float]] = None,
+):
+    """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2."""
+    from dlrecipes.algorithms import augment_policy
+    from dlrecipes.algorithms.batch_augment import BatchAugmentation
+
+    ops = "torchvision"
+    if policy is not None:
+        keys = augment_policy.parse_timm(policy)
+        severity, width, depth, alpha, ops = keys["severity"], keys["width"], keys["depth"], keys["alpha"], keys["ops"]
+    return BatchAugmentation("batch_augmix", augment_policy.augmix_policy(
+        severity, width, depth, alpha, all_ops, ops, _fill(fill, ops)))
+
+
+@algorithms.register("batch_color_jitter", image_label_batch=_ON_DEVICE)
+def batch_color_jitter(
+    brightness: NonNegative = 0.4,
+    contrast: NonNegative = 0.4,
+    saturation: NonNegative = 0.4,
+    hue: Annotated[float, Range(0, 0.5)] = 0.0,
+    p: Annotated[float, Range(0, 1)] = 1.0,
+):
+    """Color jitter on whole batches on the device: per image, brightness, contrast, saturation, hue in random order."""
+    from dlrecipes.algorithms.batch_augment import BatchAugmentation
+
+    def around_one(x: float):
+        return (max(0.0, 1.0 - x), 1.0 + x) if x > 0 else None
+
+    ranges = {"brightness": around_one(brightness), "contrast": around_one(contrast),
+              "saturation": around_one(saturation), "hue": (-hue, hue) if hue > 0 else None}
+    return BatchAugmentation("batch_color_jitter", jitter={"ranges": ranges, "p": p})
+
+
+def _check_erasing(params: dict, path: str) -> None:
+    for key in ("scale", "ratio"):
+        pair = params.get(key)
+        if pair is not None and (len(pair) != 2 or not 0 < pair[0] <= pair[1]):
+            raise RecipeError(f"{path}.{key}: expected [low, high] with 0 < low <= high, got {pair}")
+
+
+@algorithms.register("batch_random_erasing", image_label_batch=_ON_DEVICE, validator=_check_erasing)
+def batch_random_erasing(
+    p: Annotated[float, Range(0, 1)] = 0.25,
+    scale: list[float] = [0.02, 0.33],  # noqa: B006 (read only)
+    ratio: list[float] = [0.3, 3.3],  # noqa: B006
+    value: Union[float, Literal["random"]] = 0.0,
+):
+    """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise."""
+    from dlrecipes.algorithms.batch_augment import BatchAugmentation
+
+    return BatchAugmentation("batch_random_erasing",
+                             erasing={"p": p, "scale": tuple(scale), "ratio": tuple(ratio), "value": value})
