@@ -171,8 +171,24 @@ def draw_levels(policy: Policy, rng: np.random.Generator, n: int) -> np.ndarray:
     return m / top
 
 
-def op_values(name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """The values (float64) of op ``name`` at ``levels``, negated where ``signs`` and the op is signed."""
+def _binned(end: float, levels: np.ndarray, bins: Optional[int], start: float = 0.0) -> np.ndarray:
+    """``end * levels``; at a level that is a bin, the value of torchvision's float32 ``linspace(0, end, bins)``
+    there (what its policies pass: ``int()`` of 15.999999 is 15, and a shear's last bit moves a nearest pixel)."""
+    exact = start + (end - start) * levels
+    if not bins or bins < 2:
+        return exact
+    import torch
+
+    index = np.round(levels * (bins - 1))
+    table = torch.linspace(start, end, bins).double().numpy()
+    on_bin = np.abs(index - levels * (bins - 1)) < 1e-9
+    return np.where(on_bin, table[np.clip(index, 0, bins - 1).astype(np.int64)], exact)
+
+
+def op_values(name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int],
+              bins: Optional[int] = None) -> np.ndarray:
+    """The values (float64) of op ``name`` at ``levels``, negated where ``signs`` and the op is signed
+    (``bins``: torchvision's policies' bin count, whose float32 magnitudes are used on the bins)."""
     kind, scale, signed = table[name]
     side = size[1] if name == "TranslateX" else size[0]
     if kind == "none":
@@ -180,15 +196,14 @@ def op_values(name: str, table: dict, levels: np.ndarray, signs: np.ndarray, siz
     if kind == "bits":
         return np.round(scale[0] - scale[1] * levels)  # torch.round: half to even, as numpy
     if kind == "threshold":
-        return 255.0 * (1.0 - levels)
-    if kind == "timm_bits":
-        return scale - np.floor(scale * levels)
-    if kind == "timm_threshold":
+        return 255.0 * _binned(0.0, levels, bins, start=1.0)
+    if kind in ("timm_bits", "timm_threshold"):
         return scale - np.floor(scale * levels)
     if kind == "timm_add":
         return np.floor(scale * levels)
-    value = {"linear": scale * levels, "factor": scale * levels, "size": np.trunc(scale * side * levels),
-             "pixels": np.trunc(scale * levels), "rel": scale * side * levels}[kind]
+    value = {"linear": lambda: _binned(scale, levels, bins), "factor": lambda: _binned(scale, levels, bins),
+             "size": lambda: np.trunc(_binned(scale * side, levels, bins)),
+             "pixels": lambda: np.trunc(_binned(scale, levels, bins)), "rel": lambda: scale * side * levels}[kind]()
     value = np.where(signs & signed, -value, value)
     return 1.0 + value if kind == "factor" else value
 
@@ -202,10 +217,11 @@ def draw_layer(policy: Policy, rng: np.random.Generator, n: int, size: tuple[int
         ids = np.where(rng.random(n) < policy.p, ids, -1)
     values = np.zeros(n)
     table = TABLES[policy.table]
+    bins = None if policy.table == "timm" else policy.num_magnitude_bins
     for k, name in enumerate(policy.ops):
         chosen = ids == k
         if chosen.any():
-            values[chosen] = op_values(name, table, levels[chosen], signs[chosen], size)
+            values[chosen] = op_values(name, table, levels[chosen], signs[chosen], size, bins)
     return ids, values
 
 

@@ -108,6 +108,12 @@ def jitter_uint8(images: torch.Tensor, ranges: dict, p: float, rng: np.random.Ge
     return apply_layers(images, P.draw_jitter(rng, images.shape[0], ranges, p), P.JITTER_OPS)
 
 
+def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` in ``like``'s dtype and memory format (channels-last batches from FFCV stay so)."""
+    last = like.is_contiguous(memory_format=torch.channels_last) and not like.is_contiguous()
+    return out.to(like.dtype).contiguous(memory_format=torch.channels_last if last else torch.contiguous_format)
+
+
 # --- the batch's normalisation --------------------------------------------------------------------
 
 
@@ -169,17 +175,14 @@ class BatchAugmentation(Algorithm):
             raise RecipeError(f"algorithms.{self.name}: augments (N, 1 or 3, H, W) image batches, "
                               f"got a batch of shape {tuple(images.shape)}")
         if self.erasing is not None:
-            return self._erase(images, rng)
+            return _same_layout(self._erase(images, rng), images)
         mean, std = self._normalization(images, loader)
         pixels = (images.float() * std + mean).mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
         if self.policy is not None:
             pixels = augment_uint8(pixels, self.policy, rng)
         else:
             pixels = jitter_uint8(pixels, self.jitter["ranges"], self.jitter["p"], rng)
-        out = (pixels.float() / 255.0 - mean) / std
-        fmt = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) and \
-            not images.is_contiguous() else torch.contiguous_format
-        return out.to(images.dtype).contiguous(memory_format=fmt)
+        return _same_layout((pixels.float() / 255.0 - mean) / std, images)
 
     def _normalization(self, images: torch.Tensor, loader) -> tuple[torch.Tensor, torch.Tensor]:
         if self._norm is None or self._norm[0].device != images.device:
