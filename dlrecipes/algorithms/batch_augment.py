@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from composer.core import Algorithm, Event, State
 
-from dlrecipes.algorithms import augment_policy as P
+import dlrecipes.algorithms.augment_policy as P
 from dlrecipes.algorithms.batch_ops import GEOMETRIC, OPS, erase, geometry, warp
 from dlrecipes.errors import RecipeError
 

@@ -407,7 +407,7 @@ def batch_randaugment(
     fill: Optional[list[float]] = None,
 ):
     """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1."""
-    from dlrecipes.algorithms import augment_policy
+    import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     if policy is not None:
@@ -422,7 +422,7 @@ def batch_randaugment(
                      image_label_batch=_ON_DEVICE)
 def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
     """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude."""
-    from dlrecipes.algorithms import augment_policy
+    import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     return BatchAugmentation("batch_trivialaugment", augment_policy.trivialaugment_policy(
@@ -441,7 +441,7 @@ def batch_augmix(
     fill: Optional[list[float]] = None,
 ):
     """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2."""
-    from dlrecipes.algorithms import augment_policy
+    import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     ops = "torchvision"
