@@ -10,6 +10,13 @@ pipeline, which normalises on the device.
 The first epoch is reported apart from the steady state (mean of the second half of the
 epochs): FFCV compiles its pipeline in the first epoch and warms the page cache over the next
 ones; the tensor cache decodes the folder before its first epoch (setup).
+
+``--augment none,rand-m9-mstd0.5-inc1`` (the default) times each loader without and with strong
+augmentation: a timm policy string (``rand-...``, ``augmix-...``) or ``trivialaugment``, applied to
+each loaded batch by the batch algorithm (``batch_randaugment``, ``batch_augmix``,
+``batch_trivialaugment``) on the CPU in the main process, where a CPU run applies it; and, for
+comparison, the PIL path: the torchvision loader with timm's PIL transform of the same policy
+(torchvision's TrivialAugmentWide) in the workers, before ToTensor (``torchvision_pil``).
 """
 
 from __future__ import annotations
@@ -44,14 +51,59 @@ def make_images(root: Path, count: int, classes: int, seed: int = 0, noise: int 
         Image.fromarray(img).save(folder / f"{i}.jpg", quality=90)
 
 
-def time_epochs(loader, epochs: int) -> list[float]:
-    rates = []
+def time_epochs(loader, epochs: int, augment=None) -> list[float]:
+    rates, batch = [], 0
     for _ in range(epochs):
         start, seen = time.perf_counter(), 0
         for images, _ in loader:
+            if augment is not None:
+                images = augment(images, batch)
+                batch += 1
             seen += images.shape[0]
         rates.append(seen / (time.perf_counter() - start))
     return rates
+
+
+def batch_augmentation(policy: str, loader):
+    """``policy``'s batch algorithm as a function of (batch, index), normalised as ``loader`` normalises."""
+    from dlrecipes import registry
+    from dlrecipes.algorithms.augment_policy import batch_rng
+    from dlrecipes.algorithms.batch_augment import augment_uint8
+
+    if policy == "trivialaugment":
+        algorithm = registry.algorithms.get("batch_trivialaugment").factory()
+    else:
+        name = "batch_augmix" if policy.startswith("augmix") else "batch_randaugment"
+        algorithm = registry.algorithms.get(name).factory(policy=policy)
+
+    def augment(images, index: int):
+        rng = batch_rng(0, 0, index, algorithm.name)
+        if images.dtype == torch.uint8:  # FFCV's uint8 pipeline: pixels already
+            return augment_uint8(images, algorithm.policy, rng)
+        return algorithm.augment(images, rng, lambda: loader)
+
+    return augment
+
+
+def pil_policy(policy: str):
+    """The PIL transform of ``policy``: timm's for its strings, torchvision's TrivialAugmentWide."""
+    from timm.data.auto_augment import augment_and_mix_transform, rand_augment_transform
+    from torchvision import transforms
+
+    hparams = {"translate_const": 100, "img_mean": (124, 116, 104)}
+    if policy == "trivialaugment":
+        return transforms.TrivialAugmentWide()
+    if policy.startswith("augmix"):
+        return augment_and_mix_transform(policy, hparams)
+    return rand_augment_transform(policy, hparams)
+
+
+def torchvision_pil_loader(root: Path, batch: int, workers: int, crop: int, policy: str):
+    """The torchvision loader with ``policy`` on PIL images in the workers, just before ToTensor."""
+    loader = torchvision_loader(root, batch, workers, crop)
+    steps = loader.dataset.transform.transforms
+    steps.insert(len(steps) - 2, pil_policy(policy))
+    return loader
 
 
 def torchvision_loader(root: Path, batch: int, workers: int, crop: int):
@@ -108,6 +160,18 @@ def tensor_cache_loader(root: Path, batch: int, workers: int, crop: int, cache_s
     )
 
 
+def measure(build, epochs: int, policy: str, key: str) -> dict:
+    """Setup time and images per second of the loader ``build`` makes, with ``policy`` applied to its batches."""
+    t = time.perf_counter()
+    loader = build()
+    setup = time.perf_counter() - t
+    rates = time_epochs(loader, epochs, None if policy == "none" else batch_augmentation(policy, loader))
+    # steady state: the second half of the epochs (FFCV's page cache and pipeline warm up over the first)
+    steady = float(np.mean(rates[len(rates) // 2 :])) if len(rates) > 1 else rates[0]
+    print(f"{key:<40} setup {setup:6.1f}s  first epoch {rates[0]:7.0f} img/s  steady {steady:7.0f} img/s", flush=True)
+    return {"setup_s": setup, "first_epoch": rates[0], "steady": steady, "epochs": rates}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -121,6 +185,8 @@ def main() -> None:
     parser.add_argument("--noise", type=int, default=80, help="pixel noise amplitude of the generated JPEGs")
     parser.add_argument("--data-dir", type=Path, help="reuse/keep the generated images here")
     parser.add_argument("--loaders", default="torchvision,ffcv,ffcv_uint8,tensor_cache")
+    parser.add_argument("--augment", default="none,rand-m9-mstd0.5-inc1",
+                        help="none and/or policies: timm strings (rand-..., augmix-...) or trivialaugment")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -137,19 +203,21 @@ def main() -> None:
             "tensor_cache": lambda: tensor_cache_loader(root, args.batch, args.workers, args.crop, args.cache_size),
         }
         results = {}
+        policies = args.augment.split(",")
         for name in args.loaders.split(","):
-            t = time.perf_counter()
-            loader = builders[name]()
-            setup = time.perf_counter() - t
-            rates = time_epochs(loader, args.epochs)
-            # steady state: the second half of the epochs (FFCV's page cache and pipeline warm up over the first)
-            steady = float(np.mean(rates[len(rates) // 2 :])) if len(rates) > 1 else rates[0]
-            results[name] = {"setup_s": setup, "first_epoch": rates[0], "steady": steady, "epochs": rates}
-            print(f"{name:<13} setup {setup:6.1f}s  first epoch {rates[0]:7.0f} img/s  steady {steady:7.0f} img/s", flush=True)
+            for policy in policies:
+                key = name if policy == "none" else f"{name}+{policy}"
+                results[key] = measure(builders[name], args.epochs, policy, key)
+            if name == "torchvision":
+                for policy in (p for p in policies if p != "none"):
+                    key = f"torchvision_pil+{policy}"
+                    results[key] = measure(
+                        lambda: torchvision_pil_loader(root, args.batch, args.workers, args.crop, policy),
+                        args.epochs, "none", key)
         if "torchvision" in results:
             base = results["torchvision"]
             for name, r in results.items():
-                print(f"{name:<13} first epoch {r['first_epoch'] / base['first_epoch']:.2f}x  "
+                print(f"{name:<40} first epoch {r['first_epoch'] / base['first_epoch']:.2f}x  "
                       f"steady {r['steady'] / base['steady']:.2f}x torchvision")
         meta = {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
                 "cores": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()}}

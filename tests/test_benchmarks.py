@@ -75,8 +75,11 @@ def test_gpu_throughput_script_on_cpu(tmp_path):
 def test_data_loading_script(tmp_path):
     data = _script("data_loading.py", "--images", "24", "--classes", "3", "--batch", "4", "--workers", "1",
                    "--epochs", "2", "--crop", "32", "--max-resolution", "48", "--cache-size", "40",
-                   "--data-dir", str(tmp_path / "imgs"), "--loaders", "torchvision,tensor_cache", tmp_path=tmp_path)
-    assert set(data["results"]) == {"torchvision", "tensor_cache"}
+                   "--data-dir", str(tmp_path / "imgs"), "--loaders", "torchvision,tensor_cache",
+                   "--augment", "none,rand-m9-mstd0.5-inc1", tmp_path=tmp_path)
+    strong = "+rand-m9-mstd0.5-inc1"  # each loader with the batch RandAugment, and the PIL path with timm's
+    assert set(data["results"]) == {"torchvision", "tensor_cache", "torchvision" + strong, "tensor_cache" + strong,
+                                    "torchvision_pil" + strong}
     assert all(r["steady"] > 0 for r in data["results"].values())
 
 

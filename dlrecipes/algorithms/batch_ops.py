@@ -88,7 +88,12 @@ def geometry(name: str, v: np.ndarray, height: int, width: int) -> np.ndarray:
 
 def warp(images: torch.Tensor, theta: torch.Tensor, fill: Optional[Sequence[float]] = None) -> torch.Tensor:
     """``images`` resampled (nearest) through per-sample inverse matrices ``theta`` (N, 2, 3) on
-    torchvision's grid (pixel centres, normalised by half the size), outside pixels ``fill``."""
+    torchvision's grid (pixel centres, normalised by half the size), outside pixels ``fill``.
+
+    ``grid_sample``'s nearest sampling as a gather: each output pixel's source index is the grid point
+    unnormalised as ``grid_sample`` does it (``((g + 1) * size - 1) / 2``, rounded half to even), so the
+    uint8 pixels are copied, never converted to float and back.
+    """
     n, c, h, w = images.shape
     device = images.device
     base = torch.empty(1, h, w, 3, device=device)
@@ -96,13 +101,15 @@ def warp(images: torch.Tensor, theta: torch.Tensor, fill: Optional[Sequence[floa
     base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
     scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=device)
-    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
-    x = torch.cat([images.float(), torch.ones(n, 1, h, w, device=device)], 1)
-    x = F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    x, mask = x[:, :c], x[:, c:]
-    fills = torch.tensor(list(fill) if fill is not None else [0.0], dtype=torch.float32, device=device)
-    x = torch.where(mask < 0.5, fills.view(1, -1, 1, 1).expand_as(x), x)
-    return x.round_().to(torch.uint8)
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled)  # (n, h*w, 2), normalised to [-1, 1]
+    x = torch.round(((grid[..., 0] + 1) * w - 1) / 2)
+    y = torch.round(((grid[..., 1] + 1) * h - 1) / 2)
+    inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+    index = (y.clamp(0, h - 1) * w + x.clamp(0, w - 1)).long()
+    out = images.reshape(n, c, h * w).gather(2, index.unsqueeze(1).expand(n, c, h * w))
+    fills = torch.tensor(list(fill) if fill is not None else [0.0], device=device).round().clamp(0, 255)
+    out = torch.where(inside.unsqueeze(1), out, fills.to(torch.uint8).view(1, -1, 1).expand(n, c, 1))
+    return out.view(n, c, h, w)
 
 
 def _geometric(name: str) -> Callable:
