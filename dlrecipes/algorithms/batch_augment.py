@@ -26,7 +26,7 @@ import torch
 from composer.core import Algorithm, Event, State
 
 import dlrecipes.algorithms.augment_policy as P
-from dlrecipes.algorithms.batch_ops import GEOMETRIC, OPS, erase, geometry, warp
+from dlrecipes.algorithms.batch_ops import GEOMETRIC, OPS, constant, erase, geometry, warp
 from dlrecipes.errors import RecipeError
 
 
@@ -192,8 +192,7 @@ class BatchAugmentation(Algorithm):
                     f"algorithms.{self.name}: cannot tell how the training loader normalises its images (no mean "
                     f"and std on {type(loader()).__name__} or its dataset); it needs them to work on pixels")
             c = images.shape[1]
-            mean, std = (torch.tensor(v if len(v) == c else v[:1] * c).view(1, c, 1, 1).to(images.device)
-                         for v in found)
+            mean, std = (constant(v if len(v) == c else v[:1] * c, images.device).view(1, c, 1, 1) for v in found)
             self._norm = (mean, std)
         return self._norm
 
@@ -207,5 +206,5 @@ class BatchAugmentation(Algorithm):
             self._noise.manual_seed(int(rng.integers(0, 2**62)))
             value = torch.empty(images.shape, device=images.device).normal_(generator=self._noise)
         elif e["value"]:
-            value = torch.tensor(float(e["value"]), device=images.device)
+            value = torch.full((), float(e["value"]), device=images.device)
         return erase(images, _Shipped(images.device, boxes=boxes)["boxes"], value)

@@ -12,8 +12,9 @@ value, in the same arithmetic, so a sample's result equals torchvision's within 
   pixels from outside the image take ``fill``;
 - color ops blend with per-sample factors broadcast over the batch (brightness, saturation,
   contrast, sharpness, hue), with torchvision's grayscale weights and uint8 truncation;
-- autocontrast, equalize and invert have no parameter and are torchvision's own functions,
-  which work on batches already.
+- equalize and invert have no parameter and are torchvision's own functions, which work on
+  batches already (autocontrast too, rewritten without torchvision's boolean-mask assignment, a
+  host sync on a GPU).
 
 ``solarize_add`` (timm's SolarizeAdd: add ``v`` to pixels below 128) has no torchvision op; it
 is checked against timm's definition instead.
@@ -28,6 +29,12 @@ import torch
 import torch.nn.functional as F
 
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+
+
+def constant(values, device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """A small constant on ``device``, copied without waiting (``torch.tensor(..., device=cuda)`` copies
+    and synchronises, which the sync-debug gate refuses)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _per_sample(v: torch.Tensor) -> torch.Tensor:
@@ -100,15 +107,15 @@ def warp(images: torch.Tensor, theta: torch.Tensor, fill: Optional[Sequence[floa
     base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
     base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=device)
+    scaled = theta.transpose(1, 2) / constant([0.5 * w, 0.5 * h], device)
     grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled)  # (n, h*w, 2), normalised to [-1, 1]
     x = torch.round(((grid[..., 0] + 1) * w - 1) / 2)
     y = torch.round(((grid[..., 1] + 1) * h - 1) / 2)
     inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
     index = (y.clamp(0, h - 1) * w + x.clamp(0, w - 1)).long()
     out = images.reshape(n, c, h * w).gather(2, index.unsqueeze(1).expand(n, c, h * w))
-    fills = torch.tensor(list(fill) if fill is not None else [0.0], device=device).round().clamp(0, 255)
-    out = torch.where(inside.unsqueeze(1), out, fills.to(torch.uint8).view(1, -1, 1).expand(n, c, 1))
+    fills = constant([min(max(round(f), 0), 255) for f in (fill if fill is not None else [0])], device, torch.uint8)
+    out = torch.where(inside.unsqueeze(1), out, fills.view(1, -1, 1).expand(n, c, 1))
     return out.view(n, c, h, w)
 
 
@@ -194,7 +201,7 @@ def hue(images: torch.Tensor, v: torch.Tensor, fill=None) -> torch.Tensor:
     t = ((1.0 - s + s * f) * maxc).clamp(0.0, 1.0)
     p = ((1.0 - s) * maxc).clamp(0.0, 1.0)
     vpqt = torch.stack((maxc, p, q, t), 1)
-    select = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]], device=images.device)
+    select = constant([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]], images.device, torch.int64)
     rgb = vpqt.gather(1, select[:, i].movedim(0, 1))
     return rgb.mul_(255.0 + 1.0 - 1e-3).to(torch.uint8)  # torchvision's to_dtype(uint8, scale=True)
 
@@ -226,6 +233,17 @@ def _no_parameter(name: str) -> Callable:
     return op
 
 
+def autocontrast(images: torch.Tensor, v: torch.Tensor, fill=None) -> torch.Tensor:
+    """torchvision's ``autocontrast`` (each channel stretched to 0-255), with ``torch.where`` where torchvision
+    assigns through a boolean mask (a host sync on a GPU)."""
+    x = images.float()
+    low, high = x.amin(dim=(-2, -1), keepdim=True), x.amax(dim=(-2, -1), keepdim=True)
+    flat = high == low
+    inv_scale = torch.where(flat, torch.ones_like(high), (high - low).mul_(1.0 / 255))
+    low = torch.where(flat, torch.zeros_like(low), low)
+    return x.sub_(low).div_(inv_scale).clamp_(0, 255).to(torch.uint8)
+
+
 def identity(images: torch.Tensor, v: torch.Tensor, fill=None) -> torch.Tensor:
     return images
 
@@ -234,7 +252,7 @@ OPS: dict[str, Callable] = {
     "Identity": identity, **{name: _geometric(name) for name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")},
     "Brightness": brightness, "Color": saturation,
     "Contrast": contrast, "Sharpness": sharpness, "Posterize": posterize, "Solarize": solarize,
-    "SolarizeAdd": solarize_add, "AutoContrast": _no_parameter("autocontrast"),
+    "SolarizeAdd": solarize_add, "AutoContrast": autocontrast,
     "Equalize": _no_parameter("equalize"), "Invert": _no_parameter("invert"), "Hue": hue,
 }
 GEOMETRIC = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
@@ -250,5 +268,6 @@ def erase(images: torch.Tensor, boxes: torch.Tensor, value: Optional[torch.Tenso
     top, left, bh, bw = (boxes[:, k].view(n, 1, 1) for k in range(4))
     inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
     fill = torch.zeros((), dtype=images.dtype, device=images.device) if value is None else value.to(images.dtype)
+    # (a 0-d tensor, made on the device: no copy)
     return torch.where(inside.unsqueeze(1), fill, images)
 
