@@ -4,7 +4,8 @@
 
 (a) torchvision ImageFolder + PIL transforms in a DataLoader, (b) the FFCV loader (after
 `data convert`), (c) the tensor cache; all with random-resized-crop to --crop, flip and
-normalisation to float32, the same batch size and worker count.  Only loading is timed (no
+normalisation to float32, the same batch size and worker count. ``--loaders device`` adds the
+in-memory loader (the folder decoded once at --crop px; pad-and-crop, flip, normalisation).  Only loading is timed (no
 model).  ``ffcv_uint8`` is FFCV without the normalisation: the CPU's share of the GPU
 pipeline, which normalises on the device.
 The first epoch is reported apart from the steady state (mean of the second half of the
@@ -172,6 +173,23 @@ def measure(build, epochs: int, policy: str, key: str) -> dict:
     return {"setup_s": setup, "first_epoch": rates[0], "steady": steady, "epochs": rates}
 
 
+def device_loader(root: Path, batch: int, crop: int):
+    """The in-memory loader (``trainer.loader: device``, as for CIFAR) over the folder decoded once at ``crop`` px:
+    pad-and-crop, flip and normalisation of whole batches (here on the CPU)."""
+    from torchvision.datasets import ImageFolder
+
+    from dlrecipes.data.device_loader import BatchAugment, DeviceTensorLoader
+    from dlrecipes.data.tensor_cache import build_cache
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    samples = ImageFolder(str(root / "train")).samples
+    path = build_cache(samples, root / "cache", "device", crop)
+    images = torch.from_numpy(np.load(path)).permute(0, 3, 1, 2).contiguous()
+    labels = torch.tensor([label for _, label in samples])
+    augment = BatchAugment(IMAGENET_MEAN, IMAGENET_STD, crop_padding=crop // 8, hflip=True)
+    return DeviceTensorLoader(images, labels, batch, augment, train=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -201,6 +219,7 @@ def main() -> None:
             "ffcv": lambda: ffcv_loader(root, args.batch, args.workers, args.crop, args.max_resolution),
             "ffcv_uint8": lambda: ffcv_uint8_loader(root, args.batch, args.workers, args.crop, args.max_resolution),
             "tensor_cache": lambda: tensor_cache_loader(root, args.batch, args.workers, args.crop, args.cache_size),
+            "device": lambda: device_loader(root, args.batch, args.crop),
         }
         results = {}
         policies = args.augment.split(",")

@@ -18,7 +18,12 @@
    and CIFAR ResNet-18, each in its own process (benchmarks/precision.py): time, peak memory and
    the loss after a fixed number of steps.
 
-Sections can be skipped (``--skip flagship,precision``); ``--json`` keeps every number.
+4. Strong augmentation on the device: images/s of each batch algorithm (``batch_randaugment`` with
+   timm's rand-m9-mstd0.5-inc1, ``batch_trivialaugment``, ``batch_augmix`` with augmix-m5-w4-d2,
+   ``batch_color_jitter``, ``batch_random_erasing``) on the flagship's batch at its crop size, under
+   ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
+
+Sections can be skipped (``--skip flagship,precision,augment``); ``--json`` keeps every number.
 """
 
 from __future__ import annotations
@@ -208,6 +213,47 @@ def precision(scale: Scale) -> list[dict]:
         return json.loads(out.read_text())
 
 
+AUGMENT_CASES = [("batch_randaugment", {"policy": "rand-m9-mstd0.5-inc1"}), ("batch_trivialaugment", {}),
+                 ("batch_augmix", {"policy": "augmix-m5-w4-d2"}), ("batch_color_jitter", {"hue": 0.1}),
+                 ("batch_random_erasing", {"value": "random"})]
+
+
+def augmentation(scale: Scale) -> list[dict]:
+    """Images/s of each batch augmentation on a normalised channels-last batch on the device, timed with one
+    device wait, its batches run under the sync-debug gate (an error at any host sync)."""
+    from torchvision.transforms import v2
+
+    from dlrecipes import registry
+    from dlrecipes.algorithms.augment_policy import batch_rng
+    from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    device = torch.device("cuda" if scale.device == "gpu" else "cpu")
+    normalise = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)  # what the algorithms read the normalisation from
+    images = torch.randn(scale.flagship_batch, 3, scale.crop, scale.crop, device=device)
+    images = images.contiguous(memory_format=torch.channels_last)
+    rows = []
+    for name, params in AUGMENT_CASES:
+        algorithm = registry.algorithms.get(name).factory(**params)
+        for i in range(scale.warmup):
+            algorithm.augment(images, batch_rng(0, 0, i, name), lambda: normalise)
+        _sync()
+        start = time.perf_counter()
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            for i in range(scale.steps):
+                algorithm.augment(images, batch_rng(0, 0, scale.warmup + i, name), lambda: normalise)
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        _sync()
+        img_s = scale.steps * scale.flagship_batch / (time.perf_counter() - start)
+        rows.append({"algorithm": name, "params": params, "batch": scale.flagship_batch, "crop": scale.crop,
+                     "img_s": img_s, "sync_gate": device.type == "cuda"})
+        print(f"augment   {name:<22} {params!s:<40} {img_s:9.0f} img/s", flush=True)
+    return rows
+
+
 def table(results: dict) -> str:
     lines = [f"device: {results['meta']['device']}; torch {results['meta']['torch']}, "
              f"Composer {results['meta']['composer']}, Python {results['meta']['python']}", ""]
@@ -230,6 +276,11 @@ def table(results: dict) -> str:
                   f"| first epoch / steady: first run, next run | {f['first_vs_steady']:.2f}, "
                   f"{f['next_run_first_vs_steady']:.2f} |",
                   f"| numba tracebacks on stderr (both runs) | {f['numba_tracebacks']} |", ""]
+    if "augment" in results:
+        lines += ["| augmentation on the device (batch, crop) | img/s | under the sync gate |", "|---|---|---|"]
+        lines += [f"| {r['algorithm']} {r['params'] or ''} ({r['batch']}, {r['crop']} px) | {r['img_s']:,.0f} | "
+                  f"{'yes' if r['sync_gate'] else 'no (CPU)'} |" for r in results["augment"]]
+        lines.append("")
     if "precision" in results:
         lines += ["| precision | model | train s | img/s | peak MiB | loss after the steps |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
@@ -241,7 +292,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--skip", default="", help="comma-separated sections to leave out: overhead,flagship,precision")
+    parser.add_argument("--skip", default="", help="comma-separated sections to leave out: overhead,flagship,precision,augment")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--check", action="store_true",
@@ -269,6 +320,8 @@ def main() -> None:
         results["flagship"] = flagship(scale, args.data_dir)
     if "precision" not in skip:
         results["precision"] = precision(scale)
+    if "augment" not in skip:
+        results["augment"] = augmentation(scale)
     results["meta"]["seconds"] = time.perf_counter() - start
     print("\n" + table(results) + f"\n\n({results['meta']['seconds']:.0f} s)")
     if args.json:

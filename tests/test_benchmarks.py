@@ -39,6 +39,9 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert flagship["numba_tracebacks"] == 0
     assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
     assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in data["precision"])
+    assert [r["algorithm"] for r in data["augment"]] == ["batch_randaugment", "batch_trivialaugment", "batch_augmix",
+                                                          "batch_color_jitter", "batch_random_erasing"]
+    assert all(r["img_s"] > 0 for r in data["augment"])
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
