@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from dlrecipes import registry
 from dlrecipes.algorithms import augment_policy as P
+from dlrecipes.algorithms.augment_keys import parse_timm
 from dlrecipes.algorithms import batch_ops
 from dlrecipes.algorithms.batch_augment import BatchAugmentation, apply_layers, normalization_of
 from dlrecipes.errors import RecipeError
@@ -151,7 +152,7 @@ def test_randaugment_draws_each_op_uniformly_with_random_signs():
 
 
 def test_timm_string_draws_half_the_ops_and_noisy_magnitudes():
-    keys = P.parse_timm("rand-m9-mstd0.5-inc1")
+    keys = parse_timm("rand-m9-mstd0.5-inc1")
     assert keys == {"kind": "randaugment", "num_ops": 2, "magnitude": 9.0, "num_magnitude_bins": 11,
                     "magnitude_std": 0.5, "p": 0.5, "ops": "timm"}
     policy = P.randaugment_policy(2, 9.0, 11, 0.5, 0.5, "timm", P.IMAGENET_FILL)
@@ -171,7 +172,7 @@ def test_timm_string_draws_half_the_ops_and_noisy_magnitudes():
 @pytest.mark.parametrize("bad", ["rand-m9-mstd0.5", "rand-m9-inc1-x3", "auto-m9", "augmix-m5-b1", "rand-m9-mmax20-inc1"])
 def test_unsupported_timm_strings_are_refused_by_name(bad):
     with pytest.raises(RecipeError, match="policy"):
-        P.parse_timm(bad)
+        parse_timm(bad)
 
 
 def test_trivialaugment_draws_ops_and_bins_uniformly():

@@ -10,7 +10,7 @@ op once to the samples that drew it (:mod:`.batch_ops`).
 
 Magnitudes follow torchvision's policies (``transforms.v2.RandAugment``, ``TrivialAugmentWide``,
 ``AugMix``) for the explicit keys, and timm's for timm's policy strings (``rand-m9-mstd0.5-inc1``,
-``augmix-m5-w4-d2``; :func:`parse_timm`): timm's op set (with Invert and SolarizeAdd), its
+``augmix-m5-w4-d2``; parsed by :mod:`.augment_keys`): timm's op set (with Invert and SolarizeAdd), its
 "increasing" magnitudes, each op applied with probability 0.5 in RandAugment, its magnitude noise.
 Differences from timm, by design: nearest interpolation for the geometric ops (timm picks
 bilinear or bicubic at random) and the fill given to the algorithm (timm fills with the ImageNet
@@ -19,14 +19,13 @@ mean, which is the default fill of timm's policies here too).
 
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from dlrecipes.errors import RecipeError
+from dlrecipes.algorithms.augment_keys import IMAGENET_FILL  # noqa: F401 (timm's fill: part of this module's vocabulary)
 
 # Each op's value at a level in [0, 1]: (kind, scale, signed). Kinds: "linear" value = scale * level;
 # "size" = scale * level * the image side (truncated for torchvision's policies); "factor" = 1 + scale * level;
@@ -61,7 +60,6 @@ _TIMM = {
 _TIMM_AUGMIX = ("AutoContrast", "Color", "Contrast", "Brightness", "Sharpness", "Equalize", "Rotate", "Posterize",
                 "Solarize", "ShearX", "ShearY", "TranslateX", "TranslateY")
 TABLES = {"randaugment": _TV_RA, "trivialaugment": _TV_WIDE, "augmix": _TV_AUGMIX, "timm": _TIMM}
-IMAGENET_FILL = (124, 116, 104)  # timm's fill: the ImageNet mean in 0-255
 
 
 @dataclass(frozen=True)
@@ -105,46 +103,6 @@ def augmix_policy(severity: float, width: int, depth: int, alpha: float, all_ops
     names = tuple(_TV_AUGMIX) if all_ops else _TV_AUGMIX_PARTIAL
     return Policy("augmix", names, "augmix", "bins", severity, 10, width=width, depth=depth, alpha=alpha,
                   fill=tuple(fill))
-
-
-# --- timm's policy strings ----------------------------------------------------------------------
-
-_TIMM_KEYS = {"rand": {"m", "n", "mstd", "mmax", "inc", "p"}, "augmix": {"m", "w", "d", "a", "mstd", "b"}}
-
-
-def parse_timm(policy: str, key_path: str = "policy") -> dict:
-    """A timm policy string as this package's keys: ``rand-m9-n2-mstd0.5-inc1`` (RandAugment) or
-    ``augmix-m5-w4-d2-a1`` (AugMix); unknown or unsupported parts are refused."""
-    parts = str(policy).split("-")
-    kind = parts[0]
-    if kind not in _TIMM_KEYS:
-        raise RecipeError(f"{key_path}: {policy!r} is not a timm RandAugment ('rand-...') or AugMix ('augmix-...') string")
-    values = {}
-    for part in parts[1:]:
-        match = re.fullmatch(r"([a-z]+)(-?[0-9.]+|inf)", part)
-        if not match or match.group(1) not in _TIMM_KEYS[kind]:
-            raise RecipeError(f"{key_path}: {policy!r}: unknown part {part!r} (timm's {kind} keys: "
-                              f"{', '.join(sorted(_TIMM_KEYS[kind]))})")
-        values[match.group(1)] = float(match.group(2))
-    if kind == "rand":
-        return _timm_rand(values, policy, key_path)
-    if values.get("b"):
-        raise RecipeError(f"{key_path}: {policy!r}: the blended AugMix (b1) is not supported; leave b out")
-    if values.get("mstd", float("inf")) != float("inf"):
-        raise RecipeError(f"{key_path}: {policy!r}: AugMix draws magnitudes uniformly (mstd inf); leave mstd out")
-    return {"kind": "augmix", "severity": values.get("m", 3), "width": int(values.get("w", 3)),
-            "depth": int(values.get("d", -1)), "alpha": values.get("a", 1.0), "ops": "timm"}
-
-
-def _timm_rand(values: dict, policy: str, key_path: str) -> dict:
-    if values.get("inc", 0) != 1:
-        raise RecipeError(f"{key_path}: {policy!r}: only timm's increasing ops are implemented (add -inc1, as "
-                          "DeiT's rand-m9-mstd0.5-inc1); or give the explicit keys")
-    if values.get("mmax", 10) != 10:
-        raise RecipeError(f"{key_path}: {policy!r}: mmax other than 10 is not supported")
-    return {"kind": "randaugment", "num_ops": int(values.get("n", 2)), "magnitude": values.get("m", 10),
-            "num_magnitude_bins": 11, "magnitude_std": values.get("mstd", 0.0), "p": values.get("p", 0.5),
-            "ops": "timm"}
 
 
 # --- drawing a batch's plan ----------------------------------------------------------------------

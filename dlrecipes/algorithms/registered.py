@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Literal, Optional, Union
 
+from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, default_fill, one_policy, policy_or_keys
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.errors import RecipeError
@@ -359,43 +360,8 @@ def qat(
 
 # --- strong augmentation of whole batches on the training device (dlrecipes/algorithms/batch_augment.py) ---
 
-_BATCH_POLICIES = ("batch_randaugment", "batch_trivialaugment", "batch_augmix")
-_ON_DEVICE = "augments batch[0] as the images, on the device"
-
-
-def _one_policy(name: str) -> dict[str, str]:
-    others = {other: "each is a whole augmentation policy; keep one" for other in _BATCH_POLICIES if other != name}
-    return {**others, "randaugment": "both augment each image with a policy (randaugment on PIL images)",
-            "augmix": "both augment each image with a policy (augmix on PIL images)"}
-
-
-def _policy_or_keys(kind: str):
-    """A validator: a timm policy string of this kind, or the explicit keys, not both."""
-
-    def check(params: dict, path: str) -> None:
-        from dlrecipes.algorithms.augment_policy import parse_timm
-
-        policy = params.get("policy")
-        if policy is None:
-            return
-        parsed = parse_timm(policy, f"{path}.policy")
-        if parsed["kind"] != kind:
-            raise RecipeError(f"{path}.policy: {policy!r} is a timm {parsed['kind']} string; this is {kind}")
-        both = sorted(k for k in params if k not in ("policy", "fill"))
-        if both:
-            raise RecipeError(f"{path}: give the timm policy string or the keys ({', '.join(both)}), not both")
-
-    return check
-
-
-def _fill(fill: Optional[list[float]], ops: str) -> tuple[float, ...]:
-    from dlrecipes.algorithms.augment_policy import IMAGENET_FILL
-
-    return tuple(fill) if fill is not None else (IMAGENET_FILL if ops == "timm" else (0.0,))
-
-
-@algorithms.register("batch_randaugment", conflicts_with=_one_policy("batch_randaugment"),
-                     image_label_batch=_ON_DEVICE, validator=_policy_or_keys("randaugment"))
+@algorithms.register("batch_randaugment", conflicts_with=one_policy("batch_randaugment"),
+                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"))
 def batch_randaugment(
     policy: Optional[str] = None,
     num_ops: AtLeastOne = 2,
@@ -408,29 +374,30 @@ def batch_randaugment(
 ):
     """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1."""
     import dlrecipes.algorithms.augment_policy as augment_policy
+    from dlrecipes.algorithms.augment_keys import parse_timm
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     if policy is not None:
-        keys = augment_policy.parse_timm(policy)
+        keys = parse_timm(policy)
         num_ops, magnitude, num_magnitude_bins = keys["num_ops"], keys["magnitude"], keys["num_magnitude_bins"]
         magnitude_std, p, ops = keys["magnitude_std"], keys["p"], keys["ops"]
     return BatchAugmentation("batch_randaugment", augment_policy.randaugment_policy(
-        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, _fill(fill, ops)))
+        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, default_fill(fill, ops)))
 
 
-@algorithms.register("batch_trivialaugment", conflicts_with=_one_policy("batch_trivialaugment"),
-                     image_label_batch=_ON_DEVICE)
+@algorithms.register("batch_trivialaugment", conflicts_with=one_policy("batch_trivialaugment"),
+                     image_label_batch=ON_DEVICE)
 def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
     """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude."""
     import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     return BatchAugmentation("batch_trivialaugment", augment_policy.trivialaugment_policy(
-        num_magnitude_bins, _fill(fill, "torchvision")))
+        num_magnitude_bins, default_fill(fill, "torchvision")))
 
 
-@algorithms.register("batch_augmix", conflicts_with=_one_policy("batch_augmix"), image_label_batch=_ON_DEVICE,
-                     validator=_policy_or_keys("augmix"))
+@algorithms.register("batch_augmix", conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
+                     validator=policy_or_keys("augmix"))
 def batch_augmix(
     policy: Optional[str] = None,
     severity: Annotated[int, Range(1, 10)] = 3,
@@ -446,13 +413,15 @@ def batch_augmix(
 
     ops = "torchvision"
     if policy is not None:
-        keys = augment_policy.parse_timm(policy)
+        from dlrecipes.algorithms.augment_keys import parse_timm
+
+        keys = parse_timm(policy)
         severity, width, depth, alpha, ops = keys["severity"], keys["width"], keys["depth"], keys["alpha"], keys["ops"]
     return BatchAugmentation("batch_augmix", augment_policy.augmix_policy(
-        severity, width, depth, alpha, all_ops, ops, _fill(fill, ops)))
+        severity, width, depth, alpha, all_ops, ops, default_fill(fill, ops)))
 
 
-@algorithms.register("batch_color_jitter", image_label_batch=_ON_DEVICE)
+@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE)
 def batch_color_jitter(
     brightness: NonNegative = 0.4,
     contrast: NonNegative = 0.4,
@@ -471,14 +440,7 @@ def batch_color_jitter(
     return BatchAugmentation("batch_color_jitter", jitter={"ranges": ranges, "p": p})
 
 
-def _check_erasing(params: dict, path: str) -> None:
-    for key in ("scale", "ratio"):
-        pair = params.get(key)
-        if pair is not None and (len(pair) != 2 or not 0 < pair[0] <= pair[1]):
-            raise RecipeError(f"{path}.{key}: expected [low, high] with 0 < low <= high, got {pair}")
-
-
-@algorithms.register("batch_random_erasing", image_label_batch=_ON_DEVICE, validator=_check_erasing)
+@algorithms.register("batch_random_erasing", image_label_batch=ON_DEVICE, validator=check_erasing)
 def batch_random_erasing(
     p: Annotated[float, Range(0, 1)] = 0.25,
     scale: list[float] = [0.02, 0.33],  # noqa: B006 (read only)
