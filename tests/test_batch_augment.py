@@ -336,14 +336,15 @@ STRONG = ["algorithms.batch_randaugment={policy: rand-m9-mstd0.5-inc1}", "algori
 
 @pytest.fixture
 def augmented(monkeypatch):
-    """How many batches each batch augmentation changed (the runs train in this process; a subprocess
-    run under DLRECIPES_TEST_SUBPROCESS=1 is not counted)."""
+    """How many batches each batch augmentation saw, and changed (the runs train in this process; a
+    subprocess run under DLRECIPES_TEST_SUBPROCESS=1 is not counted)."""
     counts = Counter()
     real = BatchAugmentation.augment
 
     def counting(self, images, rng, loader=lambda: None):
         out = real(self, images, rng, loader)
-        counts[self.name] += int(not torch.equal(out, images))
+        counts[self.name] += 1
+        counts[self.name, "changed"] += int(not torch.equal(out, images))
         return out
 
     monkeypatch.setattr(BatchAugmentation, "augment", counting)
@@ -354,6 +355,7 @@ def _check_augmented(counts: Counter, names: list[str], batches: int) -> None:
     if os.environ.get("DLRECIPES_TEST_SUBPROCESS"):
         return
     assert {name: counts[name] for name in names} == {name: batches for name in names}
+    assert all(counts[name, "changed"] for name in names)
 
 
 @pytest.mark.slow
@@ -405,3 +407,25 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     weights = [torch.load(tmp_path / "runs" / run / "checkpoints" / "latest-rank0.pt", map_location="cpu",
                           weights_only=False)["state"]["model"] for run in ("whole", "killed")]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.slow
+def test_trains_with_ffcv(tmp_path, augmented):
+    pytest.importorskip("ffcv")
+    from tests.conftest import image_folders
+
+    data = image_folders(tmp_path / "data", ["a", "b"], per_class=8)
+    out = tmp_path / "ffcv"
+    converted = run_cli("data", "convert", "image_folder", f"train_path={data / 'train'}",
+                        f"val_path={data / 'val'}", "--out", str(out), "--workers", "1")
+    assert converted.returncode == 0, converted.stderr[-2000:]
+    recipe = write(tmp_path / "r.yaml", f"""
+        model: {{name: cnn_simple, width: 4, hidden: 16}}
+        dataset: {{name: ffcv, train_path: {out / 'train.beton'}, val_path: {out / 'val.beton'}, crop_size: 16}}
+        trainer: {{max_duration: 1ep, batch_size: 4, num_workers: 1, progress_bar: false, device: cpu}}
+        optimizer: {{name: sgd, lr: 0.05}}
+        checkpoint: {{save: false}}
+        """)
+    result = run_cli("train", str(recipe), f"runs_dir={tmp_path / 'runs'}", *STRONG)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _check_augmented(augmented, ["batch_randaugment", "batch_color_jitter", "batch_random_erasing"], 4)
