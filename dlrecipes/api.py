@@ -17,6 +17,7 @@ from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
+from dlrecipes.records.remote import is_remote
 
 
 def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> LoadedRecipe:
@@ -74,10 +75,13 @@ def train(
 ):
     """Resolve and train; returns a :class:`dlrecipes.fit.TrainResult`.  ``resume``: continue the run;
     ``restart``: train ``run_name`` again from the beginning, keeping the old run under another name."""
+    from dlrecipes.records.remote import check_runs_dir
+
+    config = config or resolve(recipe, overrides, plugins)
+    check_runs_dir(config.runs_dir)  # a bucket that cannot be used: one line before training is even imported
     from dlrecipes.fit import fit
 
-    return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
-               verbose=verbose, restart=restart)
+    return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
 
 
 def _resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
@@ -174,6 +178,9 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         except UserError as exc:
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise
+        if is_remote(config.runs_dir):
+            raise RecipeError(f"runs_dir: {config.runs_dir}: sweeps keep their runs in a local or shared folder for "
+                              "now (train and resume single runs in object storage)")
         runs_dir = runs_dir or Path(config.runs_dir)
     tool.prepare_folder(plan, runs_dir or Path("runs"))
     rows, code = tool.run_sweep(plan, parallel, echo)
@@ -197,6 +204,9 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     cmd = launcher_command(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
     config = resolve(recipe, overrides, plugins)
+    if is_remote(config.runs_dir) and nproc * nodes > 1:
+        raise RecipeError(f"runs_dir: {config.runs_dir}: a run in object storage trains in one process for now; use "
+                          "a shared folder as runs_dir with launch")
     check_launch(config, nproc, nproc * nodes)
     if resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
         check_run_exists(Path(config.runs_dir), config.run_name)

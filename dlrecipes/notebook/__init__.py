@@ -91,11 +91,13 @@ def train(recipe: Optional[str | Path] = None, overrides: Overrides = (), *, mod
     from dlrecipes.callbacks.preemption import Preempted
     from dlrecipes.config import validate
     from dlrecipes.fit import fit
+    from dlrecipes.records.remote import check_runs_dir
 
     with _quiet(quiet):
         loaded = _loaded(recipe, overrides, plugins, model)
         use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names))
         config = validate(loaded)
+        check_runs_dir(config.runs_dir)
         try:
             return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
         except Preempted as exc:
