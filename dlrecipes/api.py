@@ -84,7 +84,7 @@ def train(
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
 
 
-def _resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
+def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
     """The recipe of a run (or a checkpoint's ``--recipe``) with ``overrides``, validated; an error of the file
     itself (not of an override) names the file."""
     try:
@@ -112,7 +112,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
     found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
-    return evaluate_run(found, _resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    return evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
 
 
 def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
@@ -124,7 +124,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.tools.export_run import export_run
 
     found = find_target(target, checkpoint, recipe)
-    return export_run(found, _resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
+    return export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
 
 
 def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
@@ -140,7 +140,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
         predictor = tool.export_predictor(Path(target))
     else:
         found = find_target(target, checkpoint, recipe)
-        predictor = tool.run_predictor(found, _resolve_recorded(found, overrides, plugins), trust_checkpoint)
+        predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
