@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 
 import pytest
@@ -19,10 +21,14 @@ def net():
 
 @pytest.mark.parametrize("name", registry.optimizers.names())
 def test_every_optimizer_builds_and_steps(name, net):
+    """Every entry, timm's included, with its default settings but lr.  Two steps: ADOPT's first only sets its
+    second moment; a squared output: the sum of a BatchNorm's outputs gives the layers below it no gradient."""
     opt = build_optimizer(Component(name, {"lr": 0.01}), net)
     before = net[0].weight.detach().clone()
-    net(torch.randn(2, 1, 3, 3)).sum().backward()
-    opt.step()
+    for _ in range(2):
+        opt.zero_grad()
+        net(torch.randn(4, 1, 3, 3)).square().sum().backward()
+        opt.step()
     assert not torch.equal(before, net[0].weight)
 
 
@@ -116,3 +122,102 @@ def test_onecycle_rises_peaks_and_anneals(state):
     assert sched(state(100)) == pytest.approx(0.001)
     values = [sched(state(b)) for b in range(30, 101)]
     assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+# --- timm's optimizers ------------------------------------------------------------------------------------------
+
+TIMM_ASKED_FOR = ("lamb", "lars", "lion", "rmsproptf", "rmsprop_tf", "adabelief", "adopt")
+
+
+def test_timms_optimizers_are_registered_by_name_beside_ours():
+    names = set(registry.optimizers.names())
+    assert set(TIMM_ASKED_FOR) <= names and {"sgd", "adamw", "decoupled_sgdw", "decoupled_adamw"} <= names
+    assert registry.optimizers.get("sgd").factory.__module__ == "dlrecipes.optim.registered"  # ours, not timm's
+    assert not names & {"momentum", "nesterov", "adahessian", "kron", "bnbadam", "fusedlamb"}
+    lamb = registry.optimizers.get("lamb").parameters
+    assert list(lamb)[:6] == ["lr", "bias_correction", "betas", "eps", "weight_decay", "grad_averaging"]
+    assert lamb["betas"].default == (0.9, 0.999) and lamb["weight_decay"].default == 0.01
+    assert "no_decay_norm_and_bias" in lamb and "foreach" not in lamb
+    assert registry.optimizers.get("lars").parameters["momentum"].default == 0.9  # as timm's factory gives it
+    assert registry.optimizers.get("lambw").parameters["decoupled_decay"].default is True  # timm's setting for it
+    assert registry.optimizers.get("sgdp").parameters["lr"].default is inspect.Parameter.empty  # required
+
+
+def test_the_shipped_timm_table_is_the_installed_timm():
+    """validate reads this table; rewrite it with `python -m dlrecipes.optim.timm_optim`."""
+    from dlrecipes.optim import timm_optim
+
+    installed = timm_optim.installed()
+    if installed["timm"] != timm_optim.shipped()["timm"]:
+        pytest.skip(f"timm {installed['timm']} is installed, the table is from {timm_optim.shipped()['timm']}")
+    assert json.loads(json.dumps(installed)) == timm_optim.shipped()
+
+
+def test_a_timm_optimizer_is_timms_class_with_the_recipes_settings(net):
+    from timm.optim import Lamb, Lion, RMSpropTF
+
+    lamb = build_optimizer(Component("lamb", {"lr": 8e-3, "weight_decay": 0.02, "betas": [0.9, 0.98]}), net)
+    assert type(lamb) is Lamb
+    assert (lamb.defaults["lr"], lamb.defaults["weight_decay"], lamb.defaults["betas"]) == (8e-3, 0.02, (0.9, 0.98))
+    assert lamb.defaults["eps"] == 1e-6 and lamb.defaults["trust_clip"] is False  # the table's defaults, as timm's
+    assert type(build_optimizer(Component("rmsprop_tf", {"lr": 0.01}), net)) is RMSpropTF
+    assert type(build_optimizer(Component("lion", {}), net)).__name__ == Lion.__name__
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer={name: lamb, momentum: 0.9}",
+     r"optimizer.momentum: unknown parameter of optimizer 'lamb'\. Valid parameters: lr, bias_correction, betas, eps, "
+     r"weight_decay, .*trust_clip.*, no_decay_norm_and_bias"),
+    ("optimizer={name: lars, trust_cof: 0.01}",
+     r"optimizer.trust_cof: unknown parameter of optimizer 'lars' \(did you mean 'trust_coeff'\?\)"),
+    ("optimizer={name: lion, betas: [0.9]}", r"optimizer.betas: expected a list of 2 values, got \[0.9\]"),
+    ("optimizer={name: adopt, betas: [0.9, 1.5]}", r"optimizer.betas\[1\]: expected float in \[0, 1\), got 1.5"),
+    ("optimizer={name: rmsproptf, weight_decay: -1}", r"optimizer.weight_decay: expected float >= 0, got -1"),
+    ("optimizer={name: sgdp}", r"optimizer.lr: missing required parameter of optimizer 'sgdp' \(float > 0\)"),
+    ("optimizer={name: lamp}", r"optimizer.name: unknown optimizer 'lamp' \(did you mean 'lamb'"),
+])
+def test_timm_optimizer_keys_are_validated_like_any_entry(tiny_recipe, override, message):
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=message):
+        resolve(tiny_recipe, [override])
+
+
+def test_layerwise_decay_splits_a_timm_optimizers_groups_and_keeps_no_decay(net):
+    """finetune.layer_decay (the layerwise_lr_decay algorithm) regroups whatever optimizer it is given."""
+    from dlrecipes.algorithms.layerwise_lr_decay import apply_layerwise_lr_decay
+
+    opt = build_optimizer(Component("lamb", {"lr": 0.1, "weight_decay": 0.05, "no_decay_norm_and_bias": True}), net)
+    scales = apply_layerwise_lr_decay(net, opt, decay=0.5, block_depth=1)
+    names = {id(p): n for n, p in net.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            assert group["weight_decay"] == (0.0 if p.ndim <= 1 else 0.05), names[id(p)]
+            assert group["lr"] == pytest.approx(0.1 * scales[group["layerwise_block"]])
+    assert sorted({round(g["lr"], 6) for g in opt.param_groups}) == [0.025, 0.05, 0.1]
+    net(torch.randn(4, 1, 3, 3)).square().sum().backward()
+    opt.step()  # Lamb steps over the split groups
+
+
+def test_finetune_layer_decay_and_head_lr_with_a_timm_optimizer(tiny_recipe):
+    """The Trainer as dlrecipes builds it: finetune's head group and layer-wise decay split LAMB's groups, norms
+    and biases stay undecayed."""
+    from dlrecipes.api import resolve
+    from dlrecipes.builders import build_trainer
+    from dlrecipes.records.run_dir import prepare_run_dir
+
+    config = resolve(tiny_recipe, [
+        "model={name: mnist_cnn, width: 4}", "dataset.image_size=28", "checkpoint.save=false", "~checkpoint.monitor",
+        "finetune={head_lr: 0.5, layer_decay: 0.5}",
+        "optimizer={name: lamb, lr: 0.1, weight_decay: 0.05, no_decay_norm_and_bias: true}"])
+    trainer = build_trainer(config, prepare_run_dir(config, "decay", resume=False))
+    try:
+        groups = trainer.state.optimizers[0].param_groups
+        net = trainer.state.model.module
+        assert type(trainer.state.optimizers[0]).__name__ == "Lamb"
+        assert max(g["lr"] for g in groups) == 0.5 and len({g["lr"] for g in groups}) >= 3
+        ndim = {id(p): p.ndim for p in net.parameters()}
+        assert all(g["weight_decay"] == (0.0 if ndim[id(p)] <= 1 else 0.05) for g in groups for p in g["params"])
+    finally:
+        trainer.close()

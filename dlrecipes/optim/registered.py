@@ -9,6 +9,9 @@ turns it on for ``amp_fp16`` on a GPU, where it matters most: a fused optimizer 
 gradient scaler's inf/NaN flag on the device, while any other optimizer makes
 ``GradScaler.step`` read that flag back (a wait for the GPU) every step.
 
+timm's optimizers are registered by name from a shipped table of their signatures (``lamb``,
+``lars``, ``lion``, ``rmsproptf``, ``adabelief``, ``adopt``, ...; :mod:`dlrecipes.optim.timm_optim`).
+
 Schedules take their warmup as a duration ('5ep', '200ba', '0.1dur').  They are Composer's
 schedulers where Composer has them (its warmup variants when the warmup is not zero);
 step-with-warmup and one-cycle live in :mod:`dlrecipes.optim.lr_schedules`.
@@ -20,16 +23,9 @@ from typing import Optional
 
 from dlrecipes.core.durations import Duration, is_zero
 from dlrecipes.core.ranges import NonNegative, Positive, PositiveDuration, Probability
+from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
+from dlrecipes.optim.groups import parameter_groups
 from dlrecipes.registry import optimizers, schedulers
-
-
-def parameter_groups(model, weight_decay: float, no_decay_norm_and_bias: bool):
-    """All parameters, or two groups (decayed / not decayed) when excluding norms and biases."""
-    if not no_decay_norm_and_bias:
-        return [p for p in model.parameters() if p.requires_grad]
-    from timm.optim import param_groups_weight_decay
-
-    return param_groups_weight_decay(model, weight_decay)
 
 
 @optimizers.register("sgd")
@@ -106,6 +102,11 @@ def decoupled_adamw(
     return DecoupledAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
 
 
+# timm's optimizers by name (lamb, lars, lion, rmsproptf, adabelief, adopt, ...): signatures from the shipped
+# table, timm imported only to build one (dlrecipes.optim.timm_optim)
+register_timm_optimizers(optimizers)
+
+
 @schedulers.register("constant")
 def constant(warmup: Duration = "0ba"):
     """Constant learning rate, after an optional linear warmup."""
@@ -162,3 +163,4 @@ def onecycle(warmup: Duration = "0.3dur", div_factor: Positive = 25.0, final_div
     from dlrecipes.optim.lr_schedules import OneCycleScheduler
 
     return OneCycleScheduler(t_warmup=warmup, div_factor=div_factor, final_div_factor=final_div_factor)
+
