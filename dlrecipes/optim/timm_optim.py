@@ -32,9 +32,9 @@ from __future__ import annotations
 import inspect
 import json
 import typing
-from functools import lru_cache
-from importlib import resources
-from typing import Any, Callable, Optional
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Optional
 
 from dlrecipes.core.ranges import NonNegative, Positive, Probability
 
@@ -59,7 +59,7 @@ BY_NAME = {"lr": "Positive", "weight_decay": "NonNegative", "eps": "Positive", "
 @lru_cache(maxsize=None)
 def shipped() -> dict[str, Any]:
     """The table: ``{"timm": version, "optimizers": {name: {"description", "parameters": [[name, type(, default)]]}}}``."""
-    return json.loads(resources.files("dlrecipes.optim").joinpath(TABLE).read_text())
+    return json.loads(Path(__file__).with_name(TABLE).read_text())  # not importlib.resources: tens of ms to import
 
 
 def register_all(registry: Any) -> None:
@@ -67,10 +67,10 @@ def register_all(registry: Any) -> None:
     optimizers = shipped()["optimizers"]
     source = f"{__name__} ({TABLE}, timm {shipped()['timm']})"
     for name, spec in optimizers.items():
-        registry.add(name, make_factory(name, spec), source=source)
+        registry.add(name, TimmOptimizer(name, spec), source=source)
     for alias, name in ALIASES.items():
         if name in optimizers:
-            registry.add(alias, make_factory(name, optimizers[name], alias=alias), source=source)
+            registry.add(alias, TimmOptimizer(name, optimizers[name], alias=alias), source=source)
 
 
 @lru_cache(maxsize=None)
@@ -79,34 +79,47 @@ def _type(text: str) -> Any:
     return eval(text, {"__builtins__": {}}, TYPES)  # noqa: S307 (the shipped table's names, nothing else)
 
 
-def make_factory(timm_name: str, spec: dict[str, Any], alias: Optional[str] = None) -> Callable[..., Any]:
-    """A factory ``(model, /, **recipe keys)`` whose signature is the optimizer's, from the table."""
-    parameters = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_ONLY)]
-    annotations: dict[str, Any] = {}
-    for name, type_text, *default in spec["parameters"]:
-        annotation = _type(type_text)
-        value = default[0] if default else inspect.Parameter.empty
-        if isinstance(value, list):
-            value = tuple(value)
-        annotations[name] = annotation
-        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=annotation))
-    parameters.append(inspect.Parameter("no_decay_norm_and_bias", inspect.Parameter.KEYWORD_ONLY, default=False,
-                                        annotation=bool))
-    annotations["no_decay_norm_and_bias"] = bool
-    signature = inspect.Signature(parameters)
+class TimmOptimizer:
+    """The registry's factory for one of timm's optimizers: ``(model, /, **recipe keys)``, its signature the
+    optimizer's, from the table.  The signature is made when first asked for (validating a recipe asks for one
+    entry's; making all of them at import would cost every command tens of milliseconds)."""
 
-    def factory(model: Any, /, **params: Any) -> Any:
-        bound = signature.bind(model, **params)
+    def __init__(self, timm_name: str, spec: dict[str, Any], alias: Optional[str] = None):
+        self.timm_name = timm_name
+        self.spec = spec
+        self.__name__ = self.__qualname__ = alias or timm_name
+        self.__module__ = __name__
+        same = f" (timm's '{timm_name}')" if alias else ""
+        self.__doc__ = f"timm: {spec['description']}{same}."
+
+    @cached_property
+    def __signature__(self) -> inspect.Signature:
+        parameters = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_ONLY)]
+        for name, annotation in self.__annotations__.items():
+            default = self._defaults.get(name, inspect.Parameter.empty)
+            parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                                annotation=annotation))
+        return inspect.Signature(parameters)
+
+    @cached_property
+    def __annotations__(self) -> dict[str, Any]:  # what typing.get_type_hints reads
+        annotations = {name: _type(type_text) for name, type_text, *_ in self.spec["parameters"]}
+        return {**annotations, "no_decay_norm_and_bias": bool}
+
+    @cached_property
+    def _defaults(self) -> dict[str, Any]:
+        defaults = {name: tuple(default[0]) if isinstance(default[0], list) else default[0]
+                    for name, _, *default in self.spec["parameters"] if default}
+        return {**defaults, "no_decay_norm_and_bias": False}
+
+    def __call__(self, model: Any, /, **params: Any) -> Any:
+        bound = self.__signature__.bind(model, **params)
         bound.apply_defaults()
         arguments = {k: tuple(v) if isinstance(v, list) else v for k, v in bound.arguments.items()}  # betas
-        return build(timm_name, model, arguments)
+        return build(self.timm_name, model, arguments)
 
-    factory.__signature__ = signature  # type: ignore[attr-defined]
-    factory.__annotations__ = annotations
-    factory.__name__ = factory.__qualname__ = alias or timm_name
-    same = f" (timm's '{timm_name}')" if alias else ""
-    factory.__doc__ = f"timm: {spec['description']}{same}."
-    return factory
+    def __repr__(self) -> str:
+        return f"<timm optimizer {self.__name__}>"
 
 
 def build(timm_name: str, model: Any, arguments: dict[str, Any]) -> Any:
@@ -204,9 +217,9 @@ def _type_text(name: str, hint: Any, default: Any) -> Optional[str]:
 def write_table() -> None:
     """Rewrite the shipped table from the installed timm."""
     table = installed()
-    with resources.as_file(resources.files("dlrecipes.optim").joinpath(TABLE)) as path:
-        path.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"{path}: {len(table['optimizers'])} optimizers from timm {table['timm']}")
+    path = Path(__file__).with_name(TABLE)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"{path}: {len(table['optimizers'])} optimizers from timm {table['timm']}")
 
 
 if __name__ == "__main__":
