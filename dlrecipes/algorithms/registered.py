@@ -12,13 +12,13 @@ of ``finetune:``, :mod:`.progressive_resizing` Composer's progressive resizing f
 from __future__ import annotations
 
 import inspect
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.errors import RecipeError
-from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
+from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability, Range
 from dlrecipes.registry import algorithms, datasets
 
 
@@ -292,7 +292,7 @@ def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOn
 def distillation(
     teacher: Union[str, dict[str, Any]],
     temperature: Positive = 4.0,
-    alpha: Probability = 0.5,
+    alpha: Annotated[float, Range(0, 1)] = 0.5,
     kind: Literal["soft", "hard"] = "soft",
     teacher_sha256: Optional[str] = None,
 ):
