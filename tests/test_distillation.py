@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from composer.core import Event
 
 from dlrecipes.algorithms.distillation import Distillation
 from dlrecipes.api import resolve
@@ -131,7 +132,7 @@ def test_the_loss_is_the_blend_computed_by_hand_and_trains_only_the_student(tmp_
     student = torch.randn(6, 10, requires_grad=True)
     label_loss = F.cross_entropy(student, labels)
     state = _state(images, student, label_loss)
-    algorithm.apply(None, state, None)
+    algorithm.apply(Event.BEFORE_BACKWARD, state, None)
     teacher = _network().eval()(images).detach()  # the same weights, by hand
     if kind == "soft":
         distill = _hand_kl(student, teacher, 3.0)
@@ -151,7 +152,7 @@ def test_the_teacher_follows_the_runs_memory_format(tmp_path):
 
     algorithm = Distillation(str(_teacher_run(tmp_path).path))
     images = torch.randn(2, 1, 8, 8)
-    algorithm.apply(None, _state(images, torch.randn(2, 10), torch.tensor(1.0), [ChannelsLast()]), None)
+    algorithm.apply(Event.BEFORE_BACKWARD, _state(images, torch.randn(2, 10), torch.tensor(1.0), [ChannelsLast()]), None)
     weight = algorithm.teacher.features[3].weight  # (8, 4, 3, 3)
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
     assert algorithm.state_dict() == {}
@@ -162,7 +163,7 @@ def test_a_teacher_for_other_classes_is_named_when_its_weights_do_not_fit(tmp_pa
     state = _state(torch.randn(2, 1, 8, 8), torch.randn(2, 4), torch.tensor(1.0))
     with pytest.raises(UserError, match=f"{KEY}: the weights of .*best.pt do not fit run .*'s network for this data "
                                         r"\(4 classes, 1 channels\)"):
-        algorithm.apply(None, state, None)
+        algorithm.apply(Event.BEFORE_BACKWARD, state, None)
 
 
 def _tensor_elements(value) -> int:
@@ -201,3 +202,17 @@ def test_a_distilled_run_holds_no_teacher_and_evaluates_exports_and_predicts_wit
     for target in (run.path, run.exports):
         rows = api.predict(target, [tmp_path / "white.png"])
         assert len(rows) == 1 and rows[0]["class"] is not None
+
+
+@pytest.mark.slow
+def test_mixups_interpolated_loss_is_the_label_term_whatever_the_order(tiny_recipe, tmp_path):
+    """Mixup's interpolate_loss replaces the loss at BEFORE_BACKWARD and refuses a dict: distillation moves itself
+    to the end of the algorithms at INIT and blends there, after it, whichever the recipe lists first."""
+    from dlrecipes.fit import fit
+
+    run = _teacher_run(tmp_path)
+    for algorithms in (f"{{distillation: {{teacher: {run.path}}}, mixup: {{interpolate_loss: true}}}}",
+                       f"{{cutmix: {{interpolate_loss: true}}, distillation: {{teacher: {run.path}}}}}"):
+        result = fit(resolve(tiny_recipe, ["trainer.max_duration=2ba", "checkpoint.save=false",
+                                           "checkpoint.monitor=null", f"algorithms={algorithms}"]))
+        assert result.batches == 2

@@ -6,8 +6,8 @@ is in no checkpoint, no EMA/SWA copy, no DDP wrapper (every process runs its own
 evaluation, export and predict never see it.  It is built at the first training batch (its class count and
 input channels are the student's logits' and images'), frozen, in eval mode, on the run's device, in the
 student's memory format (channels-last with the ``channels_last`` algorithm), and run under ``torch.no_grad``
-in the run's precision context after the student's loss (``Event.AFTER_LOSS``) on the same (possibly mixed or
-resized) images. The loss becomes ``(1 - alpha) * label_loss + alpha * distillation_loss`` with
+in the run's precision context once the student's loss is final (``Event.BEFORE_BACKWARD``, after every other
+algorithm: mixup's and cutmix's ``interpolate_loss`` act there), on the same (possibly mixed or resized) images. The loss becomes ``(1 - alpha) * label_loss + alpha * distillation_loss`` with
 
 - ``soft``: ``KL(softmax(teacher / T) || softmax(student / T)) * T**2`` (batch mean);
 - ``hard``: cross-entropy against the teacher's top class (DeiT's hard distillation).
@@ -107,9 +107,14 @@ class Distillation(Algorithm):
         self.teacher: Optional[nn.Module] = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_LOSS
+        return event in (Event.INIT, Event.BEFORE_BACKWARD)
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
+        if event == Event.INIT:
+            # last in the list, so last at BEFORE_BACKWARD: the label term is the loss every other algorithm made
+            # (mixup's and cutmix's interpolate_loss replace it there, and refuse a dict)
+            state.algorithms = [*(a for a in state.algorithms if a is not self), self]
+            return
         images, student = state.batch[0], state.outputs
         if self.teacher is None:
             self.teacher = self._built(state, images, student)
