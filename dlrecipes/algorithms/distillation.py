@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from composer.core import Algorithm, Event, State
+from composer.core.precision import get_precision_context
 from torch import nn
 
 from dlrecipes import registry
@@ -65,6 +66,7 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
         raise UserError(f"{KEY}: {source.weights} holds Python objects beyond tensors ({', '.join(risky[:3])}); a "
                         "teacher is read tensors-only: save its state_dict() instead")
     weights = model_weights(read_checkpoint(source.weights, key=KEY), source.weights, key=KEY)
+    weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from a torch.compile'd network
     if weights and all(k.startswith("module.") for k in weights):  # a Composer classifier's: module.<layer>
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
     return weights
@@ -118,8 +120,6 @@ class Distillation(Algorithm):
         images, student = state.batch[0], state.outputs
         if self.teacher is None:
             self.teacher = self._built(state, images, student)
-        from composer.core.precision import get_precision_context
-
         with torch.no_grad(), get_precision_context(state.precision, state.precision_config):
             teacher = self.teacher(images)
         if teacher.shape != student.shape:
