@@ -22,6 +22,8 @@ from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.history import RunHistory
 from dlrecipes.records.layout import RunDir
+from dlrecipes.records.remote import RemoteRun, staged_run, uploader
+from dlrecipes.records.remote import prepare as prepare_remote
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
     choose_run_name, find_resume_point, has_checkpoint, make_run_dir, record_recipe, set_aside_failed_run,
@@ -131,17 +133,12 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     ``run_name`` is kept under another name and this one starts from the beginning.
     """
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
-    if resume and restart:
-        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
-    if restart and not config.run_name:
-        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
-                          "new every time)")
-    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
-        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+    _check_options(config, resume, restart)
+    recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
+    remote = prepare_remote(config, resume)  # runs_dir: s3://...: checked, staged locally (a resume: brought here)
     device = resolve_device(config.trainer.device)
     run = RunDir(Path(config.runs_dir) / choose_run_name(config, resume, device))  # a new default name: made now
     run_dir = run.path
-    recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
     accepted: list[str] = []
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, recipe)
@@ -166,7 +163,9 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
-            return _fit_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
+            mirror = staged_run(remote, run_dir.name) if remote is not None else None
+            return _all_uploaded(_fit_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point, mirror),
+                                 mirror)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
@@ -181,6 +180,26 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     finally:
         if lock is not None:
             lock.release()
+
+
+def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
+    if resume and restart:
+        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+    if restart and not config.run_name:
+        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
+                          "new every time)")
+    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
+        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+
+
+def _all_uploaded(result: TrainResult, mirror: RemoteRun | None) -> TrainResult:
+    """A run in object storage that ends with files not uploaded: one line naming them, exit code 1."""
+    if mirror is None or not mirror.incomplete():
+        return result
+    missing = mirror.incomplete()
+    raise TrainingFailed(f"training {result.status}, but {len(missing)} file(s) of the run are not in "
+                         f"{mirror.root}/{mirror.name}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                         f"(they are in {mirror.local}, as its summary says; run the same command with --resume to upload them)")
 
 
 def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
@@ -220,9 +239,11 @@ def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed
 
 
 def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
-              verbose: bool = False, point: Path | None = None) -> TrainResult:
+            verbose: bool = False, point: Path | None = None, mirror: RemoteRun | None = None) -> TrainResult:
     trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
                             recipe=recipe, resume_from=point)
+    if mirror is not None:  # after every other callback: it uploads what they wrote
+        trainer.state.callbacks.append(uploader(mirror))
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train

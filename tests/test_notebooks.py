@@ -157,6 +157,9 @@ def test_own_model_notebook_trains_resumes_compares_and_stops_on_interrupt(tmp_p
     assert "object:data" in _outputs_text(train) and "2 epochs" in train.outputs[-1].data["text/html"]
     resumed = _tagged(nb, "resume").outputs[-1].data["text/html"]
     assert _history_rows(resumed) == 4 and "resuming" in _outputs_text(_tagged(nb, "resume"))
+    predicted = re.search(r"best checkpoint: (\d+) of 360 evaluation digits right \((0\.\d+); best eval top-1 in the "
+                          r"history: (0\.\d+)\)", _outputs_text(_tagged(nb, "predict")))
+    assert predicted and predicted.group(2) == predicted.group(3), _outputs_text(_tagged(nb, "predict"))
     compare = _tagged(nb, "compare")
     assert not [o for o in compare.outputs if o.output_type in ("stream", "display_data")]  # quiet=True
     table = compare.outputs[-1].data["text/html"]

@@ -91,11 +91,13 @@ def train(recipe: Optional[str | Path] = None, overrides: Overrides = (), *, mod
     from dlrecipes.callbacks.preemption import Preempted
     from dlrecipes.config import validate
     from dlrecipes.fit import fit
+    from dlrecipes.records.remote import check_runs_dir
 
     with _quiet(quiet):
         loaded = _loaded(recipe, overrides, plugins, model)
         use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names))
         config = validate(loaded)
+        check_runs_dir(config.runs_dir)
         try:
             return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
         except Preempted as exc:
@@ -118,7 +120,30 @@ def _with_objects(function: Callable) -> Callable:
 
 
 evaluate = _kept(_with_objects(api.evaluate))
-predict = _kept(_with_objects(api.predict))
+
+
+@_kept
+@_with_objects
+def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5, *, inputs: Any = None,
+            checkpoint: str = "best", recipe: Optional[str | Path] = None, overrides: Overrides = (),
+            plugins: Sequence[str] = (), batch_size: int = 64, out: Optional[str | Path] = None,
+            trust_checkpoint: bool = False):
+    """The classes of image ``files`` (as :func:`dlrecipes.api.predict`), or of ``inputs``: a batch tensor
+    (N, C, H, W) or a Dataset, given to the network as they are (a run trained on your own data has no image-file
+    preprocessing to apply). One row per file or input."""
+    if inputs is None:
+        return api.predict(target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size,
+                           trust_checkpoint)
+    from dlrecipes.recipe import override_strings
+    from dlrecipes.tools import predict as tool
+    from dlrecipes.tools.evaluate import find_target
+
+    found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
+    predictor = tool.run_predictor(found, api.resolve_recorded(found, overrides, plugins), trust_checkpoint,
+                                   files=False)
+    return tool.predict_inputs(predictor, inputs, top_k, batch_size)
+
+
 export = _kept(_with_objects(api.export))
 sweep = _kept(api.sweep)
 resolve = api.resolve

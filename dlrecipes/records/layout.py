@@ -10,7 +10,8 @@ runs/<run name>/
   train-rank<N>.log   each process's text log
   run.lock            who trains in it now (records.run_lock)
   checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
-                      best.pt and best.json (the best evaluation's: callbacks.keep_best)
+                      best.pt and best.json (the best evaluation's: callbacks.keep_best); in a bucket
+                      (runs_dir: s3://...), latest.txt: the newest checkpoint whose upload is confirmed
   report/             the class report (metrics.report)
   export/             the models exported for inference (ExportDir): model.torchscript.pt and/or model.onnx,
                       verify.json (each checked against the trained network), preprocess.json, classes.json
@@ -42,6 +43,7 @@ PERIODIC_CHECKPOINT = "ep{epoch}-ba{batch}-rank{rank}.pt"  # Composer's Checkpoi
 LATEST_CHECKPOINT = "latest-rank{rank}.pt"
 BEST_CHECKPOINT = "best.pt"
 BEST_INFO = "best.json"
+REMOTE_LATEST = "latest.txt"  # in a bucket's run (runs_dir: s3://...): the newest checkpoint whose upload is confirmed
 REPORT_DIR = "report"
 EXPORT_DIR = "export"
 EXPORTED_MODELS = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}  # by format, in predict's order

@@ -131,9 +131,9 @@ def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Calla
     return checked
 
 
-def run_predictor(target: Any, config: Any, trust: bool = False) -> Predictor:
+def run_predictor(target: Any, config: Any, trust: bool = False, files: bool = True) -> Predictor:
     """The same for a run's checkpoint (``config``: its recipe, validated): the recipe's network on the
-    recipe's device."""
+    recipe's device.  ``files=False``: for tensors given as they are (no image file to prepare)."""
     import numpy as np
     import torch
 
@@ -142,9 +142,10 @@ def run_predictor(target: Any, config: Any, trust: bool = False) -> Predictor:
     trainer, data = trained_model(target, config, trust)
     network = network_of(trainer).eval()
     trainer.close()
-    if data.preprocess is None:
+    if data.preprocess is None and files:
         raise RecipeError(f"dataset.name: {target.recipe}'s dataset has no image files to mirror (its inputs are not "
-                          "images read from files), so predict cannot prepare image files for it")
+                          "images read from files), so predict cannot prepare image files for it (from Python, "
+                          "predict tensors with inputs=)")
     device = next(network.parameters()).device
     names = list(data.class_names or [])
     if len(names) != data.num_classes:
@@ -196,17 +197,50 @@ def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int 
         if not arrays:
             continue
         logits = np.asarray(run(np.stack(arrays)), dtype=np.float64)
-        logits -= logits.max(axis=1, keepdims=True)
-        probabilities = np.exp(logits)
-        probabilities /= probabilities.sum(axis=1, keepdims=True)
-        for path, p in zip(kept, probabilities):
-            order = np.argsort(-p, kind="stable")[:k]
-            top = [(classes[i], float(p[i])) for i in order]
-            result.append({"path": str(path), "class": top[0][0], "probability": top[0][1], "top": top})
+        result.extend(_ranked(logits, classes, k, path=[str(p) for p in kept]))
     if not result:
         raise UserError(f"{result.counted()}: no file could be read (each is named above)")
     if out is not None:
         write_csv(result, Path(out), k)
+    return result
+
+
+def _ranked(logits: Any, classes: list[str], k: int, **columns: list[Any]) -> list[dict[str, Any]]:
+    """One row per logit vector: ``columns``' values, the class, its probability and the ``top`` k."""
+    import numpy as np
+
+    logits = logits - logits.max(axis=1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    rows = []
+    for i, p in enumerate(probabilities):
+        top = [(classes[j], float(p[j])) for j in np.argsort(-p, kind="stable")[:k]]
+        rows.append({**{name: values[i] for name, values in columns.items()}, "class": top[0][0],
+                     "probability": top[0][1], "top": top})
+    return rows
+
+
+def predict_inputs(predictor: Predictor, inputs: Any, top_k: int = 5, batch_size: int = 64) -> Predictions:
+    """One row per input (``index``, ``class``, ``probability``, ``top``): ``inputs`` a batch tensor (N, C, H, W)
+    or a Dataset of ``(input, label)`` samples, as the network takes them (no preprocessing)."""
+    import numpy as np
+    import torch
+
+    check_options(top_k, batch_size)
+    run, _, classes = predictor
+    if isinstance(inputs, torch.Tensor):
+        samples = list(inputs)
+    else:
+        samples = [item[0] if isinstance(item, (tuple, list)) else item for item in
+                   (inputs[i] for i in range(len(inputs)))]
+    if not samples:
+        raise UserError("inputs: nothing to predict (an empty batch or dataset)")
+    result = Predictions()
+    k = min(top_k, len(classes))
+    for start in range(0, len(samples), batch_size):
+        batch = torch.stack([torch.as_tensor(s) for s in samples[start:start + batch_size]]).float().numpy()
+        logits = np.asarray(run(batch), dtype=np.float64)
+        result.extend(_ranked(logits, classes, k, index=list(range(start, start + len(batch)))))
     return result
 
 
