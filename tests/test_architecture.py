@@ -261,3 +261,37 @@ def test_the_names_check_sees_every_name_the_layout_owns():
                                'z = "metrics/eval/top1"') == []
     assert len(_run_file_spellings('p = run / "best.pt"\nq = run / "export"\nr = f"{run}/checkpoints"\n'
                                    's = f"train-rank{r}.log"\nt = "in its checkpoints/ folder"')) == 5
+
+
+# --- one home per fact -------------------------------------------------------------------------------------------
+
+PRECISION = "dlrecipes.core.precision"
+
+
+def _precision_spellings(source: str) -> list[str]:
+    """String literals equal to a ``trainer.precision`` value ("amp_fp16", ...): code that decodes the precision
+    itself (prose that names one, an error message say, is a longer string and not counted)."""
+    from dlrecipes.core.precision import PRECISIONS
+
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PRECISIONS]
+
+
+def test_only_the_precision_module_decodes_a_precision():
+    """What fp32 / amp_fp16 / amp_bf16 mean (autocast dtype, GradScaler, half data, fused optimizer) is
+    dlrecipes.core.precision's; the schema (config/sections.py) lists the values, and every other module asks."""
+    spelled = [f"{module} {where}" for module, path in sorted(MODULES.items())
+               if module not in (PRECISION, "dlrecipes.config.sections")
+               for where in _precision_spellings(path.read_text())]
+    assert not spelled, "\n".join(spelled)
+    assert len(_precision_spellings('if p == "amp_fp16":\n    raise E("amp_fp16 needs a GPU")\n')) == 1
+
+
+def test_the_schema_and_the_precision_module_name_the_same_precisions():
+    import typing
+
+    from dlrecipes.config import TrainerConfig
+    from dlrecipes.core.precision import PRECISIONS
+
+    hint = typing.get_type_hints(TrainerConfig)["precision"]
+    assert set(typing.get_args(hint)) == set(PRECISIONS)

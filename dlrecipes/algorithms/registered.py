@@ -16,6 +16,7 @@ from typing import Literal, Optional, Union
 
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
 from dlrecipes.registry import algorithms, datasets
@@ -308,7 +309,7 @@ def _check_qat_times(params: dict, path: str) -> None:
 def _qat_fits_the_run(config) -> Optional[str]:
     """QAT runs in fp32, in one process, uncompiled, and its times fall inside training."""
     t = config.trainer
-    if t.precision != "fp32":
+    if precision_of(t.precision).mixed:
         return f"fake quantization needs fp32 activations; trainer.precision is {t.precision} (use fp32)"
     if t.compile is not False:
         return (

@@ -14,6 +14,7 @@ from dlrecipes.builders.components import (
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import local_world_size, rank, resolve_device, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoints import make_saver
 from dlrecipes.records.layout import RunDir
@@ -253,7 +254,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
 
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
-                                         fused=t.precision == "amp_fp16" and device == "gpu")
+                                         fused=precision_of(t.precision).fused_optimizer and device == "gpu")
     algorithms = build_algorithms(config.algorithms, run_dir)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)

@@ -28,6 +28,7 @@ import torch
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import resolve_device, torch_device
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 
 
@@ -70,9 +71,10 @@ class PlainLoop:
         self.module, self.optimizer, self.loss_fn = module.train(), optimizer, loss_fn
         self.microbatch = microbatch
         self.channels_last = channels_last
-        dtype = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
+        facts = precision_of(precision)
+        dtype = getattr(torch, facts.autocast_dtype) if facts.autocast_dtype else None
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
+        self.scaler = torch.amp.GradScaler(device.type) if facts.grad_scaler else None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.channels_last:
