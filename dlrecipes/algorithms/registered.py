@@ -41,7 +41,7 @@ def _needs_bottleneck_resnet(config) -> Optional[str]:
     )
 
 
-@algorithms.register("channels_last")
+@algorithms.register("channels_last", changes_network=True)
 def channels_last():
     """Store activations in NHWC memory order (faster convolutions on tensor-core GPUs)."""
     from composer.algorithms import ChannelsLast
@@ -57,7 +57,7 @@ def label_smoothing(smoothing: Probability = 0.1):
     return LabelSmoothing(smoothing=smoothing)
 
 
-@algorithms.register("blurpool")
+@algorithms.register("blurpool", changes_network=True)
 def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True, min_channels: int = 16):
     """Anti-aliased downsampling: blur before strided convolutions and max-pools (Zhang 2019)."""
     from composer.algorithms import BlurPool
@@ -196,7 +196,7 @@ def swa(
     )
 
 
-@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet)
+@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True)
 def stochastic_depth(
     target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
     stochastic_method: Literal["block", "sample"] = "block",
@@ -213,7 +213,7 @@ def stochastic_depth(
     )
 
 
-@algorithms.register("squeeze_excite")
+@algorithms.register("squeeze_excite", changes_network=True)
 def squeeze_excite(latent_channels: float = 64, min_channels: int = 128):
     """Add squeeze-and-excitation blocks after convolutions with enough channels (Hu et al. 2018)."""
     from composer.algorithms import SqueezeExcite
@@ -250,7 +250,7 @@ def _ghost_batch_fits(config) -> Optional[str]:
     return f"ghost_batch_size={ghost} is larger than the batch each device sees ({batch}); lower it"
 
 
-@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits)
+@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits, changes_network=True)
 def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
     """Normalise over sub-batches of ghost_batch_size instead of the whole batch."""
     from composer.algorithms import GhostBatchNorm
@@ -258,7 +258,7 @@ def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
     return GhostBatchNorm(ghost_batch_size=ghost_batch_size)
 
 
-@algorithms.register("weight_standardization")
+@algorithms.register("weight_standardization", changes_network=True)
 def weight_standardization(n_last_layers_ignore: int = 0):
     """Standardise convolution weights to zero mean and unit variance (Qiao et al. 2019)."""
     from composer.algorithms import WeightStandardization
@@ -274,7 +274,7 @@ def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
     return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
 
 
-@algorithms.register("gradient_checkpointing")
+@algorithms.register("gradient_checkpointing", changes_network=True)
 def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
     """Recompute the activations of residual blocks in backward instead of storing them (memory for compute)."""
     from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
@@ -340,6 +340,7 @@ def _qat_fits_the_run(config) -> Optional[str]:
     },
     requires=_qat_fits_the_run,
     validator=_check_qat_times,
+    changes_network=True,
 )
 def qat(
     run_dir=None,

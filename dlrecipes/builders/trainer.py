@@ -275,10 +275,12 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
     )
 
 
-# Algorithms that change the network's modules: an evaluation rebuilds the trained network with them before
-# the checkpoint's weights are loaded. (The rest act on training only.)
-NETWORK_ALGORITHMS = ("blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
-                      "qat", "gradient_checkpointing", "channels_last")
+def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The recipe's algorithms that change the network's modules (registered with ``changes_network=True``):
+    an evaluation rebuilds the trained network with them before the checkpoint's weights are loaded. (The rest
+    act on training only.)"""
+    return {name: params for name, params in algorithms.items()
+            if registry.algorithms.get(name, f"algorithms.{name}").metadata.get("changes_network")}
 
 
 def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, callbacks: Sequence[Any] = ()):
@@ -290,7 +292,7 @@ def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, ca
     device = resolve_device(t.device)
     data, model = _seeded_model(config)
     loaders = build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
-    network = {name: params for name, params in config.algorithms.items() if name in NETWORK_ALGORITHMS}
+    network = network_algorithms(config.algorithms)
     trainer = Trainer(
         model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
         callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
