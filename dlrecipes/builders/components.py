@@ -182,8 +182,7 @@ def build_optimizer(cfg: Component, model, global_batch_size: int | None = None,
         params["fused"] = True
     rule = cfg.params.get("scale_lr", "none")
     if rule != "none" and global_batch_size:
-        lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)
-        params["lr"] = scaled_lr(lr, rule, global_batch_size, cfg.params["reference_batch_size"])
+        params["lr"] = scaled_lr(params["lr"], rule, global_batch_size, cfg.params["reference_batch_size"])
     return build_component(registry.optimizers, cfg.name, params, "optimizer.name", model=model)
 
 

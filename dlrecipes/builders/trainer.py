@@ -188,7 +188,7 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
         if isinstance(callback, ExportForInference):  # it writes the data's preprocessing beside the model
             callback.preprocess, callback.class_names = data.preprocess, data.class_names
             callback.num_classes = data.num_classes
-    lr = config.optimizer.params.get("lr", registry.optimizers.get(config.optimizer.name).parameters["lr"].default)
+    lr = config.optimizer.params.get("lr")  # validation filled the optimizer's default in
     callbacks.append(StopOnDivergence(config.trainer.log_interval, lr if isinstance(lr, (int, float)) else None))
     callbacks.append(RunHistory(run_dir, recipe if recipe is not None else config.to_dict(), device))
     saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None

@@ -38,7 +38,20 @@ def check_component(value: Any, section: str, reg: registry.Registry) -> Compone
             raise RecipeError("optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was tuned for)")
     checked = check_params(params, entry.parameters, _hints(entry.factory), section, f"{reg.what} '{name}'")
     _run_validator(entry, checked, section)
+    if section == "optimizer":
+        checked = _with_default_lr(checked, entry, own)
     return Component(name, {**checked, **own})
+
+
+def _with_default_lr(params: dict[str, Any], entry: registry.Entry, own: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer's learning rate is always in the resolved recipe: its factory's default when the recipe
+    leaves it out (filled here once: the builders, the divergence check and ``show`` read ``optimizer.lr``)."""
+    accepted = entry.parameters.get("lr")
+    if "lr" not in params and accepted is not None and accepted.default is not accepted.empty:
+        params = {"lr": accepted.default, **params}
+    if "lr" not in params and own.get("scale_lr", "none") != "none":
+        raise RecipeError(f"optimizer.scale_lr: optimizer '{entry.name}' has no lr parameter to scale")
+    return params
 
 
 def check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:
