@@ -17,6 +17,7 @@ from typing import Any
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
+from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
@@ -41,17 +42,15 @@ class TrainResult:
 
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
-    params = config.optimizer.params
-    if params.get("scale_lr", "none") == "none":
-        return
+    """With ``optimizer.scale_lr``: the lr the optimizer got, logged and said once."""
     lr = trainer.state.optimizers[0].param_groups[0]["lr"]
-    trainer.logger.log_hyperparameters({"optimizer/scaled_lr": lr, "optimizer/scale_lr": params["scale_lr"]})
+    report = lr_scaling.scaling_report(config.optimizer.params, config.trainer.batch_size, lr)
+    if report is None:
+        return
+    line, hyperparameters = report
+    trainer.logger.log_hyperparameters(hyperparameters)
     if rank() == 0:
-        print(
-            f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
-            f"to the global batch {config.trainer.batch_size}: {lr:.6g}",
-            file=sys.stderr,
-        )
+        print(line, file=sys.stderr)
 
 
 def _report_skipped_images(trainer) -> None:

@@ -295,3 +295,13 @@ def test_the_schema_and_the_precision_module_name_the_same_precisions():
 
     hint = typing.get_type_hints(TrainerConfig)["precision"]
     assert set(typing.get_args(hint)) == set(PRECISIONS)
+
+
+def test_lr_scaling_has_one_home():
+    """optimizer.scale_lr (its keys, check, rule and report) is dlrecipes.core.lr_scaling's: no other module
+    reads its keys."""
+    keys = {"scale_lr", "reference_batch_size"}
+    spelled = [f"{module} line {node.lineno}: {node.value!r}" for module, path in sorted(MODULES.items())
+               if module != "dlrecipes.core.lr_scaling" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value in keys]
+    assert not spelled, "\n".join(spelled)
