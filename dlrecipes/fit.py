@@ -21,7 +21,6 @@ from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
-from dlrecipes.records.history import RunHistory
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
@@ -130,7 +129,7 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
-            return _fit_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point)
+            return _fit_in(config, run_dir, recipe, device, resume, trust_checkpoint, verbose, point)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
@@ -183,10 +182,13 @@ def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed
     return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)
 
 
-def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
-              verbose: bool = False, point: Path | None = None) -> TrainResult:
-    trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
-                            recipe=recipe, resume_from=point)
+def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, resume: bool,
+            trust_checkpoint: bool, verbose: bool, point: Path | None) -> TrainResult:
+    """Build the run's Trainer and ``fit()`` it; how it ended goes to the run's history (summary.json, kept as
+    built), and into the result."""
+    built = build_trainer(config, run_dir, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
+                          verbose=verbose, resume_from=point)
+    trainer, history = built.trainer, built.history
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train
@@ -195,29 +197,21 @@ def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume:
     try:
         if not finished:
             trainer.fit()
-    except BaseException as exc:
-        _record_outcome(trainer, _outcome(exc), exc)
+    except BaseException as exc:  # summary.json's status and reason, written at close
+        history.status = _outcome(exc)
+        history.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise
     finally:
         trainer.close()
         _report_skipped_images(trainer)
     state = trainer.state
     metrics: dict[str, Any] = {k: float(v) for k, v in state.eval_metric_values.items()}
-    history = next((c for c in state.callbacks if isinstance(c, RunHistory)), None)
     return TrainResult(
         run_dir=run_dir,
         epochs=int(state.timestamp.epoch),
         batches=int(state.timestamp.batch),
         eval_metrics=metrics,
-        seconds=(history.wall_time_sec or 0.0) if history is not None else 0.0,  # summary.json's wall_time_sec
-        status=history.status if history is not None else "finished",
-        reason=history.reason if history is not None else "",
+        seconds=history.wall_time_sec or 0.0,  # summary.json's wall_time_sec
+        status=history.status,
+        reason=history.reason,
     )
-
-
-def _record_outcome(trainer, status: str, exc: BaseException) -> None:
-    """Tell the run's history how the run ended (summary.json's status and reason, written at close)."""
-    for callback in trainer.state.callbacks:
-        if isinstance(callback, RunHistory):
-            callback.status = status
-            callback.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

@@ -305,3 +305,57 @@ def test_lr_scaling_has_one_home():
                if module != "dlrecipes.core.lr_scaling" for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Constant) and node.value in keys]
     assert not spelled, "\n".join(spelled)
+
+
+# --- what is built is kept, not searched for ---------------------------------------------------------------------
+
+def _run_components() -> set[str]:
+    """The package's callback and logger classes (and their mixins): what a builder makes for a run."""
+    roots = re.compile(r"(Callback|Logger|LoggerDestination)$")
+    bases: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if part_of(module) in ("components", "records"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases[node.name] = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+    found = {name for name, of in bases.items() if any(roots.search(b) for b in of)}
+    found |= {base for name in found for base in bases[name] if base in bases}  # their mixins
+    return found
+
+
+def _type_scans(source: str, classes: set[str]) -> list[str]:
+    """``isinstance(x, C)`` with C one of ``classes``: looking for an object by its type."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            names = {ast.unparse(n).rpartition(".")[2] for n in ast.walk(node.args[1])}
+            if names & classes:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_nothing_the_builder_made_is_searched_for_by_its_type():
+    """The run's history, terminal report, trackers and exporter are given what they need as they are built
+    (a RunContext, dlrecipes.core.run_context) and the fit stage keeps what build_trainer returns (BuiltRun):
+    no module finds one of the run's callbacks or loggers again with isinstance."""
+    classes = _run_components()
+    assert {"RunHistory", "TerminalReport", "RecordsTheRun", "ReadsAtInterval", "ExportForInference"} <= classes
+    scans = [f"{module} {where}" for module, path in sorted(MODULES.items())
+             for where in _type_scans(path.read_text(), classes)]
+    assert not scans, "\n".join(scans)
+    assert _type_scans("h = next(c for c in cs if isinstance(c, RunHistory))\nisinstance(e, Diverged)", classes) \
+        == ["line 1: isinstance(c, RunHistory)"]
+
+
+def test_the_builders_are_given_the_device_and_the_recipe():
+    """The device is resolved and the recipe turned into plain data once, by the caller (the fit stage): no builder
+    resolves the device again, and nothing falls back to ``config.to_dict()`` when the recipe was not passed."""
+    found = []
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if part_of(module) == "build" and isinstance(node, ast.Call) and ast.unparse(node.func) == "resolve_device":
+                found.append(f"{module} line {node.lineno}: resolves the device")
+            if isinstance(node, ast.IfExp) and "to_dict()" in ast.unparse(node.orelse):
+                found.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)

@@ -1,8 +1,9 @@
 """Builders: a validated section in, an object out.  One small function per section.
 
 Each goes through :func:`dlrecipes.registry.build_component`, which supplies a factory's
-positional-only parameters (the model for an optimizer, the run directory for a logger) from
-the context and checks the type of what it returns.
+positional-only parameters (the model for an optimizer, the run directory for a logger, the
+run's :class:`~dlrecipes.core.run_context.RunContext` for a callback or logger that needs it)
+from the context and checks the type of what it returns.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
 from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import split_batch, torch_device, world_size
+from dlrecipes.core.run_context import RunContext
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import build_component
@@ -184,11 +186,13 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], run_dir: Path | None = Non
             for name, params in cfgs.items()]
 
 
-def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir)
+def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
+    """The recipe's callbacks; ``run_dir`` and ``run`` go to factories that take them positional-only."""
+    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir, run=run)
             for name, params in cfgs.items()]
 
 
-def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir)
+def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
+    """The recipe's loggers; ``run_dir`` and ``run`` go to factories that take them positional-only."""
+    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir, run=run)
             for name, params in cfgs.items()]

@@ -180,7 +180,8 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
     batches = in_memory_batches(config, max(steps, 8), device)
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1))
+        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1),
+                                      config.to_dict(), device_name)
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
         module = copy.deepcopy(trainer.state.model.module)  # same initial weights (and channels-last if applied)
@@ -240,7 +241,8 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     batches = in_memory_batches(config, 4, device)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_bench_trainer(
-            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches))
+            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)),
+            config.to_dict(), device_name,
         )
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
