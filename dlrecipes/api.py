@@ -17,6 +17,7 @@ from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
+from dlrecipes.records.remote import is_remote
 
 
 def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> LoadedRecipe:
@@ -74,13 +75,16 @@ def train(
 ):
     """Resolve and train; returns a :class:`dlrecipes.fit.TrainResult`.  ``resume``: continue the run;
     ``restart``: train ``run_name`` again from the beginning, keeping the old run under another name."""
+    from dlrecipes.records.remote import check_runs_dir
+
+    config = config or resolve(recipe, overrides, plugins)
+    check_runs_dir(config.runs_dir)  # a bucket that cannot be used: one line before training is even imported
     from dlrecipes.fit import fit
 
-    return fit(config or resolve(recipe, overrides, plugins), resume=resume, trust_checkpoint=trust_checkpoint,
-               verbose=verbose, restart=restart)
+    return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
 
 
-def _resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
+def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
     """The recipe of a run (or a checkpoint's ``--recipe``) with ``overrides``, validated; an error of the file
     itself (not of an override) names the file."""
     try:
@@ -108,7 +112,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
     found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
-    return evaluate_run(found, _resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    return evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
 
 
 def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
@@ -120,7 +124,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.tools.export_run import export_run
 
     found = find_target(target, checkpoint, recipe)
-    return export_run(found, _resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
+    return export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
 
 
 def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
@@ -136,7 +140,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
         predictor = tool.export_predictor(Path(target))
     else:
         found = find_target(target, checkpoint, recipe)
-        predictor = tool.run_predictor(found, _resolve_recorded(found, overrides, plugins), trust_checkpoint)
+        predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
@@ -174,6 +178,9 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         except UserError as exc:
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise
+        if is_remote(config.runs_dir):
+            raise RecipeError(f"runs_dir: {config.runs_dir}: sweeps keep their runs in a local or shared folder for "
+                              "now (train and resume single runs in object storage)")
         runs_dir = runs_dir or Path(config.runs_dir)
     tool.prepare_folder(plan, runs_dir or Path("runs"))
     rows, code = tool.run_sweep(plan, parallel, echo)
@@ -197,6 +204,9 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     cmd = launcher_command(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
     config = resolve(recipe, overrides, plugins)
+    if is_remote(config.runs_dir) and nproc * nodes > 1:
+        raise RecipeError(f"runs_dir: {config.runs_dir}: a run in object storage trains in one process for now; use "
+                          "a shared folder as runs_dir with launch")
     check_launch(config, nproc, nproc * nodes)
     if resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
         check_run_exists(Path(config.runs_dir), config.run_name)

@@ -18,6 +18,10 @@ class UserError(Exception):
     exit_code = 2
     prefix = "error: "
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython (a notebook) shows it: the one line the CLI prints, not a traceback into dlrecipes."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class RecipeError(UserError):
     """The recipe (a file, a key, a value or an override) is not valid."""

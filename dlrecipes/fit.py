@@ -22,6 +22,8 @@ from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_pee
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.layout import RunDir
+from dlrecipes.records.remote import RemoteRun, staged_run, uploader
+from dlrecipes.records.remote import prepare as prepare_remote
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
     choose_run_name, find_resume_point, has_checkpoint, make_run_dir, record_recipe, set_aside_failed_run,
@@ -38,6 +40,41 @@ class TrainResult:
     seconds: float = 0.0
     status: str = "finished"  # or "pruned" (a sweep's search stopped it early, see callbacks.optuna_trial)
     reason: str = ""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The final evaluation's metrics (``eval_metrics``)."""
+        return dict(self.eval_metrics)
+
+    @property
+    def best_checkpoint(self) -> Path | None:
+        """``checkpoints/best.pt`` when the run kept one (``checkpoint.monitor``), else None."""
+        best = RunDir(self.run_dir).best
+        return best if best.is_file() else None
+
+    @property
+    def history(self):
+        """history.csv as a pandas DataFrame, one row per epoch (pandas: the ``notebook`` extra)."""
+        from dlrecipes.records.frames import history_frame
+
+        return history_frame(self.run_dir)
+
+    def plot(self):
+        """Loss, accuracy and learning rate per epoch in one matplotlib Figure (shown inline in a notebook)."""
+        from dlrecipes.records.plots import history_figure
+
+        return history_figure(self.run_dir)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = [("run", self.run_dir), ("status", self.status + (f" ({self.reason})" if self.reason else "")),
+                ("trained", f"{self.epochs} epochs, {self.batches} batches in {self.seconds:.1f} s"),
+                *((f"eval {k}", f"{v:.4f}") for k, v in self.eval_metrics.items()),
+                ("best checkpoint", self.best_checkpoint or "none")]
+        body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
+                       f"{escape(str(v))}</td></tr>" for k, v in rows)
+        return f"<table><caption style='text-align:left'>TrainResult</caption>{body}</table>"
 
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
@@ -94,17 +131,12 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     ``run_name`` is kept under another name and this one starts from the beginning.
     """
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
-    if resume and restart:
-        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
-    if restart and not config.run_name:
-        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
-                          "new every time)")
-    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
-        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+    _check_options(config, resume, restart)
+    recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
+    remote = prepare_remote(config, resume)  # runs_dir: s3://...: checked, staged locally (a resume: brought here)
     device = resolve_device(config.trainer.device)
     run = RunDir(Path(config.runs_dir) / choose_run_name(config, resume, device))  # a new default name: made now
     run_dir = run.path
-    recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
     accepted: list[str] = []
     if resume:  # before anything is built or written
         accepted = check_resume(run_dir, recipe)
@@ -129,7 +161,9 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
-            return _fit_in(config, run_dir, recipe, device, resume, trust_checkpoint, verbose, point)
+            mirror = staged_run(remote, run_dir.name) if remote is not None else None
+            return _all_uploaded(_fit_in(config, run_dir, recipe, device, resume, trust_checkpoint, verbose, point,
+                                         mirror), mirror)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
@@ -144,6 +178,26 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     finally:
         if lock is not None:
             lock.release()
+
+
+def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
+    if resume and restart:
+        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+    if restart and not config.run_name:
+        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
+                          "new every time)")
+    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
+        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+
+
+def _all_uploaded(result: TrainResult, mirror: RemoteRun | None) -> TrainResult:
+    """A run in object storage that ends with files not uploaded: one line naming them, exit code 1."""
+    if mirror is None or not mirror.incomplete():
+        return result
+    missing = mirror.incomplete()
+    raise TrainingFailed(f"training {result.status}, but {len(missing)} file(s) of the run are not in "
+                         f"{mirror.root}/{mirror.name}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                         f"(they are in {mirror.local}, as its summary says; run the same command with --resume to upload them)")
 
 
 def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
@@ -183,12 +237,14 @@ def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed
 
 
 def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, resume: bool,
-            trust_checkpoint: bool, verbose: bool, point: Path | None) -> TrainResult:
+            trust_checkpoint: bool, verbose: bool, point: Path | None, mirror: RemoteRun | None) -> TrainResult:
     """Build the run's Trainer and ``fit()`` it; how it ended goes to the run's history (summary.json, kept as
     built), and into the result."""
     built = build_trainer(config, run_dir, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
                           verbose=verbose, resume_from=point)
     trainer, history = built.trainer, built.history
+    if mirror is not None:  # after every other callback: it uploads what they wrote
+        trainer.state.callbacks.append(uploader(mirror))
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train

@@ -46,6 +46,13 @@ from typing import Any, Callable, Iterator
 
 from dlrecipes.errors import PluginError, RecipeError, did_you_mean
 
+# Names of objects passed to ``dlrecipes.train(model=..., train_data=...)`` from a notebook or script (see
+# :mod:`dlrecipes.notebook.objects`): registered for that process only, so a run's recipe.yaml names them and
+# another process (or a fresh kernel) says to pass them again.
+OBJECT_PREFIX = "object:"
+# which keyword of dlrecipes.train gives each registry's objects
+OBJECT_KEYWORDS = {"models": "model=", "datasets": "train_data=/eval_data="}
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -112,6 +119,10 @@ class Registry:
             )
         self._entries[name] = Entry(name, factory, source, dict(metadata))
 
+    def put_object(self, name: str, factory: Callable, source: str) -> None:
+        """Register (or replace) ``OBJECT_PREFIX + name``: an object passed in from Python, this process only."""
+        self._entries[OBJECT_PREFIX + name] = Entry(OBJECT_PREFIX + name, factory, source, {})
+
     def add_variant(self, name: str, of: str, description: str, **defaults: Any) -> None:
         """Register ``name``: entry ``of`` with other defaults (a named variant, as timm names ``resnet50``).
 
@@ -141,7 +152,14 @@ class Registry:
         try:
             return self._entries[name]
         except KeyError:
-            valid = ", ".join(sorted(self._entries)) or "(none registered)"
+            if str(name).startswith(OBJECT_PREFIX):
+                keyword = OBJECT_KEYWORDS.get(self.group, "the object")
+                raise RecipeError(
+                    f"{key_path}: '{name}' is a {self.what} that was passed to dlrecipes.train as a Python object, "
+                    f"not a registered name: pass it again ({keyword} of dlrecipes.train, evaluate or predict) in "
+                    f"this process"
+                ) from None
+            valid = ", ".join(sorted(n for n in self._entries if not n.startswith(OBJECT_PREFIX))) or "(none registered)"
             raise RecipeError(
                 f"{key_path}: unknown {self.what} '{name}'{did_you_mean(str(name), self._entries)}. "
                 f"Valid {self.group}: {valid}"
@@ -161,7 +179,8 @@ class Registry:
         return getattr(importlib.import_module(module), name)
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        """The registered names (objects passed in from Python are not listed)."""
+        return sorted(n for n in self._entries if not n.startswith(OBJECT_PREFIX))
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -9,7 +9,8 @@
 - ``docs/reference/components.md``: every built-in model, dataset, algorithm, callback, logger, loss,
   metric, optimizer and scheduler with its parameters, from the registries ``dlrecipes list`` prints;
 - ``docs/reference/cli.md``: every command and option, from the Typer app;
-- ``docs/benchmarks.md``: BENCHMARKS.md, so the site carries the measurements.
+- ``docs/benchmarks.md``: BENCHMARKS.md, so the site carries the measurements;
+- ``docs/notebooks/<name>.md``: each shipped notebook (notebooks/*.ipynb), its cells as the page's text and code.
 """
 
 from __future__ import annotations
@@ -153,9 +154,23 @@ def benchmarks_page() -> str:
     return (REPO / "BENCHMARKS.md").read_text()
 
 
+def notebook_page(path: Path) -> str:
+    """A shipped notebook as a page: its Markdown cells as text, its code cells as Python blocks."""
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    lines = [GENERATED, "", f"*This page is the repository's `notebooks/{path.name}` as text: open the notebook "
+             f"itself in Jupyter or Colab to run it (see [Notebooks](../notebooks.md)).*", ""]
+    for cell in cells:
+        source = "".join(cell["source"]).rstrip()
+        lines.extend([source, ""] if cell["cell_type"] == "markdown" else ["```python", source, "```", ""])
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def pages() -> dict[Path, str]:
+    notebooks = {DOCS / "notebooks" / f"{p.stem}.md": notebook_page(p) for p in sorted((REPO / "notebooks").glob("*.ipynb"))}
     return {DOCS / "reference" / "recipe.md": recipe_page(), DOCS / "reference" / "components.md": components_page(),
-            DOCS / "reference" / "cli.md": cli_page(), DOCS / "benchmarks.md": benchmarks_page()}
+            DOCS / "reference" / "cli.md": cli_page(), DOCS / "benchmarks.md": benchmarks_page(), **notebooks}
 
 
 def main(argv: list[str]) -> int:

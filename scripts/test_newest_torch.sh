@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite (without the slow end-to-end runs) against the newest torch and torchvision pip
+# The test suite (without the slow end-to-end runs, but with the quickstart notebook) against the newest torch and torchvision pip
 # offers, with Composer 0.32.1 installed beside them despite its torch<2.7.1 declaration: the
 # "bring your own torch" install of README, in a second venv. CI runs it after the main suite, so
 # the day a torch release breaks Composer or dlrecipes, CI says so.
@@ -12,3 +12,5 @@ python3 -m venv "$VENV"
     --override requirements/torch-override.txt
 "$VENV/bin/python" -c "import torch, torchvision, composer, numpy; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}, composer {composer.__version__}, numpy {numpy.__version__}')"
 "$VENV/bin/python" -m pytest -m "not slow" -p no:cacheprovider "$@"
+# and the quickstart notebook in a Jupyter kernel of that venv (a notebook user's torch is often the newest)
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n 0 tests/test_notebooks.py -k quickstart_notebook "$@"

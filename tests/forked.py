@@ -47,12 +47,13 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None
-        ) -> subprocess.CompletedProcess:
-    """``dlrecipes ARGS`` in a forked process, to its end: like ``subprocess.run(capture_output=True)``."""
+def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None,
+        module: str = "dlrecipes") -> subprocess.CompletedProcess:
+    """``dlrecipes ARGS`` (``python -m MODULE ARGS``) in a forked process, to its end: like
+    ``subprocess.run(capture_output=True)``."""
     with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
-        child = start(args, cwd, out, err, env)
+        child = start(args, cwd, out, err, env, module=module)
         try:
             ended = child.wait(timeout)
         except subprocess.TimeoutExpired:  # a Popen's way of saying it

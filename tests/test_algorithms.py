@@ -41,6 +41,7 @@ SETUP = {
     "randaugment": ["PIL_DATA"],
     "augmix": ["PIL_DATA"],
     "ghost_batchnorm": ["algorithms.ghost_batchnorm={ghost_batch_size: 4}"],
+    "distillation": ["TEACHER"],
     "swa": ["trainer.max_duration=2ep", "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
             "trainer.train_subset_num_batches=1"],
 }
@@ -58,12 +59,30 @@ def _image_folder(root):
     return [f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, crop_size: 32, resize_size: 36}}"]
 
 
+def _teacher(root) -> str:
+    """A teacher for the small recipe's data (4 classes, 3 channels): a model spec with a state-dict file."""
+    from dlrecipes.models.architectures.simple_cnn import CNNSimple
+
+    root.mkdir(parents=True, exist_ok=True)
+    torch.save(CNNSimple(4, 3, width=4, hidden=8).state_dict(), root / "teacher.pt")
+    return f"{{name: cnn_simple, width: 4, hidden: 8, checkpoint: {root / 'teacher.pt'}}}"
+
+
+def _setup(name, tmp_path) -> list[str]:
+    overrides = []
+    for extra in SETUP.get(name, []):
+        if extra == "PIL_DATA":
+            overrides += _image_folder(tmp_path / "images")
+        else:
+            teacher = f"algorithms.distillation={{teacher: {_teacher(tmp_path / 'teacher')}}}"
+            overrides += [teacher] if extra == "TEACHER" else [extra]
+    return overrides
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", registry.algorithms.names())
 def test_each_algorithm_trains_two_batches(name, small_recipe, tmp_path):
-    overrides = [f"algorithms.{name}=true"]
-    for extra in SETUP.get(name, []):
-        overrides += _image_folder(tmp_path / "images") if extra == "PIL_DATA" else [extra]
+    overrides = [f"algorithms.{name}=true", *_setup(name, tmp_path)]
     result = fit(resolve(small_recipe, overrides))
     assert result.batches == 2
     assert all(np.isfinite(v) for v in result.eval_metrics.values())
@@ -79,10 +98,16 @@ def test_parameters_round_trip_through_validation(name, small_recipe, tmp_path):
             overrides.append(extra)
         elif extra == "PIL_DATA":
             overrides.append("dataset={name: image_folder, train_path: x, val_path: y}")
+        elif extra == "TEACHER":  # required: no default; validation records its file's checksum
+            overrides.append(f"algorithms.distillation.teacher={_teacher(tmp_path / 'teacher')}")
     if name == "ghost_batchnorm":
         overrides.append("trainer.batch_size=32")  # the default ghost batch must fit in a batch
     config = resolve(small_recipe, overrides, check_data=False)
-    assert config.algorithms[name] == defaults
+    got = dict(config.algorithms[name])
+    if name == "distillation":  # the teacher's file made absolute, and its checksum recorded
+        assert got.pop("teacher")["checkpoint"] == str(tmp_path / "teacher" / "teacher.pt")
+        assert len(got.pop("teacher_sha256")) == 64 and defaults.pop("teacher_sha256") is None
+    assert got == defaults
     assert registry.algorithms.build(name, **config.algorithms[name]) is not None
 
 

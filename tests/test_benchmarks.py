@@ -97,3 +97,10 @@ def test_framework_overhead_script_compares_composers_step_with_ours(tmp_path):
                    "--repeats", "1", tmp_path=tmp_path)
     assert [r["trainer"] for r in rows] == ["Composer's step", "dlrecipes (this checkout)"]
     assert all(len(r["ratios"]) == 1 and r["ratios"][0] > 0 for r in rows)
+
+
+def test_distillation_script(tmp_path):
+    data = _script("distillation.py", "--seeds", "0", "--epochs", "1", "--teacher-epochs", "1", "--kinds", "hard",
+                   tmp_path=tmp_path)
+    assert set(data["top1"]) == {"teacher (cnn_simple width 32)", "student alone", "student distilled (hard)"}
+    assert all(0 <= accs[0] <= 1 for accs in data["top1"].values())

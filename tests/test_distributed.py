@@ -175,6 +175,25 @@ def test_two_processes_keep_identical_weights_and_share_the_epoch(ddp_recipe, tm
 
 
 @pytest.mark.slow
+def test_distillation_under_ddp_keeps_the_ranks_identical_and_the_teacher_out_of_the_checkpoint(ddp_recipe, tmp_path):
+    """Each rank runs its own frozen teacher beside the DDP-wrapped student (no collective of its own): both ranks
+    end with the same weights, the distillation loss is recorded, and the checkpoint holds the student alone."""
+    from dlrecipes.models.architectures.simple_cnn import CNNSimple
+    from dlrecipes.records.layout import RunDir
+
+    torch.manual_seed(0)
+    torch.save(CNNSimple(10, 1, width=8, hidden=8).state_dict(), tmp_path / "teacher.pt")
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=distilled", "algorithms.distillation="
+                  f"{{teacher: {{name: cnn_simple, width: 8, hidden: 8, checkpoint: {tmp_path / 'teacher.pt'}}}}}")
+    _same_params(_ranks(tmp_path, 2))
+    run = RunDir(tmp_path / "runs" / "distilled")
+    with open(run.history) as f:
+        assert "train_distillation/loss" in next(csv.reader(f))
+    saved = torch.load(run.checkpoints / "ep1-ba4-rank0.pt", map_location="cpu", weights_only=False)
+    assert len(saved["state"]["model"]) == 8  # the student's 4 layers' weights and biases; the teacher has 8 more
+
+
+@pytest.mark.slow
 def test_resume_under_ddp_continues_from_the_saved_batch(ddp_recipe, tmp_path):
     _forked_ranks(tmp_path, str(ddp_recipe), "run_name=resumed")
     _forked_ranks(tmp_path, str(ddp_recipe), "run_name=resumed", "trainer.max_duration=2ep", "--resume", tag="b")

@@ -10,7 +10,7 @@ import yaml
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    RunDir, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob, periodic_progress,
+    ExportDir, RunDir, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob, periodic_progress,
 )
 from dlrecipes.records.run_dir import make_run_dir, record_recipe
 
@@ -33,6 +33,16 @@ def test_a_run_dir_is_a_view_of_its_path(tmp_path):
     assert os.fspath(run) == str(run) == str(tmp_path / "r") and Path(run) == run.path and run.name == "r"
     assert RunDir(run) == run and len({run, RunDir(str(run))}) == 1
     assert not run.path.exists() and not run.is_run()  # asking makes nothing
+
+
+def test_an_export_dir_names_every_file_an_export_writes(tmp_path):
+    export = ExportDir(RunDir(tmp_path / "r").exports)
+    assert [p.relative_to(tmp_path / "r").as_posix() for p in (
+        export.model("torchscript"), export.model("onnx"), export.report, export.preprocess, export.classes)] == [
+        "export/model.torchscript.pt", "export/model.onnx", "export/verify.json", "export/preprocess.json",
+        "export/classes.json"]
+    assert export.files == (export.preprocess, export.classes, export.model("torchscript"), export.model("onnx"))
+    assert os.fspath(export) == str(export) == str(tmp_path / "r" / "export") and not export.path.exists()
 
 
 def test_the_run_holding_a_checkpoint(tmp_path):

@@ -298,7 +298,7 @@ def test_processes_per_point_are_checked_up_front(tiny_recipe):
 
 
 def test_parallel_launched_points_get_groups_of_gpus(monkeypatch):
-    from dlrecipes.tools.sweep import _child_env
+    from dlrecipes.tools.sweep.run import _child_env
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
     assert [_child_env(3, i, 2)["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["0,1", "2,3", "0,1"]
@@ -308,7 +308,8 @@ def test_parallel_launched_points_get_groups_of_gpus(monkeypatch):
 
 def test_an_optuna_study_drawn_from_other_ranges_is_one_line(tmp_path):
     from dlrecipes.errors import UserError
-    from dlrecipes.tools.sweep import _Search, prepare_folder
+    from dlrecipes.tools.sweep import prepare_folder
+    from dlrecipes.tools.sweep.run import _Search
 
     plan = plan_sweep(tmp_path / "r.yaml", ["model.width=choice(4,8)"], trials=2, search="optuna", name="s")
     prepare_folder(plan, tmp_path / "runs")
@@ -380,7 +381,7 @@ def test_a_closed_terminal_stops_the_sweep_like_sigterm_and_a_rerun_resumes(tiny
 def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path):
     """Exit 75 before a run directory existed, or death by the signal the sweep passed on, is a stop (resumed on
     the next run of the sweep), not a failure counted against it; a signal nobody sent is a failure."""
-    from dlrecipes.tools.sweep_report import LOG_DIR, record_outcome
+    from dlrecipes.tools.sweep.report import LOG_DIR, record_outcome
 
     (tmp_path / LOG_DIR).mkdir()
     assert record_outcome(tmp_path, "lr=0.1", 75)["status"] == "stopped"
@@ -420,7 +421,7 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
 
 
 def test_trainings_are_forked_only_on_a_cpu_one_process_each(monkeypatch):
-    from dlrecipes.tools import sweep
+    from dlrecipes.tools.sweep import run as sweep
 
     monkeypatch.delenv("DLRECIPES_SWEEP_FRESH_PYTHON", raising=False)
     monkeypatch.setattr(sweep, "visible_gpus", lambda: [])

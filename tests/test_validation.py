@@ -88,7 +88,7 @@ def test_missing_required_keys_are_named(recipe):
     [
         ("model.name=resnet9000", r"model.name: unknown model 'resnet9000'\. Valid models: .*cifar_resnet18.*mnist_cnn"),
         ("dataset.name=mnits", r"dataset.name: unknown dataset 'mnits' \(did you mean 'mnist'\?\)\. Valid datasets: "),
-        ("optimizer.name=adam", r"optimizer.name: unknown optimizer 'adam' \(did you mean 'adamw'\?\)"),
+        ("optimizer.name=adamww", r"optimizer.name: unknown optimizer 'adamww' \(did you mean 'adamw'\?\)"),
         ("scheduler.name=cosin", r"scheduler.name: unknown scheduler 'cosin' \(did you mean 'cosine'\?\)"),
         ("algorithms.blur_pool={}", r"algorithms.blur_pool: unknown algorithm 'blur_pool' \(did you mean 'blurpool'\?\)"),
         ("callbacks.lr_monitr={}", r"callbacks.lr_monitr: unknown callback 'lr_monitr'"),

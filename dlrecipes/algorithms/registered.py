@@ -12,13 +12,14 @@ of ``finetune:``, :mod:`.progressive_resizing` Composer's progressive resizing f
 from __future__ import annotations
 
 import inspect
-from typing import Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
+from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
 from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
-from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
+from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability, Range
 from dlrecipes.registry import algorithms, datasets
 
 
@@ -280,6 +281,26 @@ def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOn
     from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
 
     return GradientCheckpointing(targets=targets, every=every)
+
+
+@algorithms.register(
+    "distillation",
+    image_label_batch="runs the teacher on batch[0] as the images and blends its loss with the labels' loss",
+    validator=check_distillation_params,
+    requires=teacher_fits_the_run,
+    paths=("teacher",),
+)
+def distillation(
+    teacher: Union[str, dict[str, Any]],
+    temperature: Positive = 4.0,
+    alpha: Annotated[float, Range(0, 1)] = 0.5,
+    kind: Literal["soft", "hard"] = "soft",
+    teacher_sha256: Optional[str] = None,
+):
+    """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015)."""
+    from dlrecipes.algorithms.distillation import Distillation
+
+    return Distillation(teacher, temperature=temperature, alpha=alpha, kind=kind, teacher_sha256=teacher_sha256)
 
 
 # --- quantization-aware training -------------------------------------------------------------

@@ -77,13 +77,16 @@ def build_dataloaders(
 
     ``algorithms`` tells an FFCV pipeline whether to emit channels-last images.
     """
-    from composer.utils import dist
-    from torch.utils.data import DataLoader
-
     from dlrecipes.data.ffcv_loader import FFCVSource, build_ffcv_loaders, ffcv_dataspec
 
     train_batch = split_batch(cfg.batch_size, world_size(), "trainer.batch_size")
     eval_batch = split_batch(cfg.eval_batch_size or cfg.batch_size, world_size(), "trainer.eval_batch_size")
+    if data.loaders is not None:  # passed in from Python: used as they are
+        if world_size() > 1:
+            raise RecipeError("train_data/eval_data: a DataLoader passed in is used as it is and cannot be split over "
+                              f"{world_size()} processes; pass its Dataset instead")
+        built = (None, None) if all(data.loaders) else _torch_loaders(data, cfg, device, train_batch, eval_batch)
+        return data.loaders[0] or built[0], data.loaders[1] or built[1]
     if isinstance(data.train, FFCVSource):
         algorithms = algorithms or {}
         train, evaluation = build_ffcv_loaders(
@@ -101,6 +104,14 @@ def build_dataloaders(
             tensor_cache_loader(data, data.train, train_batch, True, cfg, device, seed),
             tensor_cache_loader(data, data.eval, eval_batch, False, cfg, device, seed),
         )
+    return _torch_loaders(data, cfg, device, train_batch, eval_batch)
+
+
+def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_batch: int, eval_batch: int):
+    """torch DataLoaders over the splits, each rank reading its share."""
+    from composer.utils import dist
+    from torch.utils.data import DataLoader
+
     common = {
         "num_workers": cfg.num_workers,
         "pin_memory": device == "gpu",

@@ -226,10 +226,10 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     loggers.append(RunLogFile(filename=str(RunDir(run.path).log("{rank}")), log_traces=False,
                               read_every=run.read_every))
     if terminal is not None:
-        from dlrecipes.loggers.terminal import TerminalReport
+        from dlrecipes.loggers.notebook import make_report
 
-        loggers.append(TerminalReport(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
-                                      read_every=run.read_every, start_line=terminal, history=run.history))
+        loggers.append(make_report(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
+                                   read_every=run.read_every, start_line=terminal, history=run.history))
     return loggers
 
 

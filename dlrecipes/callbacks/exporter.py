@@ -34,10 +34,9 @@ from composer.utils import dist
 from torch import nn
 
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.records.layout import ExportDir
 
-KEY = "callbacks.export"
-FILENAMES = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}
-REPORT = "verify.json"
+KEY = "callbacks.export"  # the files' names: dlrecipes.records.layout (ExportDir)
 
 
 class ExportMismatchError(UserError):
@@ -160,10 +159,11 @@ def export_and_verify(
     ``asked_by``: what errors name, the callback's recipe key or ``dlrecipes export``'s ``--format``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    export = ExportDir(out_dir)
     inputs = inputs.detach().to("cpu").contiguous()
     results = []
     for fmt in formats:
-        path = export_model(module, fmt, out_dir / FILENAMES[fmt], inputs[:batch_size], onnx_opset, asked_by)
+        path = export_model(module, fmt, export.model(fmt), inputs[:batch_size], onnx_opset, asked_by)
         results.append(verify_export(module, path, fmt, inputs, atol, rtol))
     report = {
         "passed": all(r["passed"] for r in results),
@@ -173,7 +173,7 @@ def export_and_verify(
         "rtol": rtol,
         "results": results,
     }
-    (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    export.report.write_text(json.dumps(report, indent=2) + "\n")
     on = f"{len(inputs)} {source} images"
     print(_verified(results, on, f"(atol {atol:g}, rtol {rtol:g})", report["passed"], out_dir), file=sys.stderr)
     for r in results:
@@ -182,7 +182,7 @@ def export_and_verify(
             loosen = f"Loosen {KEY}.atol/rtol if that is acceptable, or " if asked_by == KEY else ""
             raise ExportMismatchError(
                 f"{asked_by}: the {r['format']} export {out_dir / r['file']} disagrees with the trained model: {why} "
-                f"(details in {out_dir / REPORT}). {loosen}{_leave_out(r['format'], asked_by)}"
+                f"(details in {export.report}). {loosen}{_leave_out(r['format'], asked_by)}"
             )
     return report
 
@@ -190,14 +190,14 @@ def export_and_verify(
 def write_export_metadata(out_dir: Path, preprocess: Optional[dict[str, Any]], class_names: Optional[Sequence[str]],
                           num_classes: int) -> None:
     """``preprocess.json`` (when the data are image files) and ``classes.json`` beside the exported model."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    export = ExportDir(out_dir)
+    export.path.mkdir(parents=True, exist_ok=True)
     if preprocess is not None:
-        (out_dir / "preprocess.json").write_text(json.dumps(preprocess, indent=2) + "\n")
+        export.preprocess.write_text(json.dumps(preprocess, indent=2) + "\n")
     names = list(class_names or [])
     if len(names) != num_classes:
         names = [str(i) for i in range(num_classes)]
-    (out_dir / "classes.json").write_text(json.dumps(names, indent=2) + "\n")
+    export.classes.write_text(json.dumps(names, indent=2) + "\n")
 
 
 def _diff(result: dict[str, Any]) -> str:
@@ -261,7 +261,7 @@ class ExportForInference(Callback):
         network = copy.deepcopy(self._network).to("cpu").eval()
         with tempfile.TemporaryDirectory(prefix="dlrecipes-export-trial-") as tmp:
             for fmt in self.formats:
-                export_model(network, fmt, Path(tmp) / FILENAMES[fmt], self._inputs["train"][: self.batch_size],
+                export_model(network, fmt, ExportDir(tmp).model(fmt), self._inputs["train"][: self.batch_size],
                              self.onnx_opset)
 
     def eval_before_forward(self, state: State, logger: Logger) -> None:

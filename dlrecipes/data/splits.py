@@ -24,3 +24,6 @@ class DatasetSplits:
     io: Optional[DataIO] = None  # several inputs and/or outputs (recipes with a task: section)
     # How an image file becomes an input as the eval split does it (dlrecipes.data.preprocess); None: no image files
     preprocess: Optional[dict[str, Any]] = None
+    # DataLoaders passed in from Python (dlrecipes.train(train_data=DataLoader(...))): (train, eval), each used as it
+    # is or None (that split's loader is built from its dataset as usual)
+    loaders: Optional[tuple[Any, Any]] = None

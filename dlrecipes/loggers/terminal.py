@@ -28,6 +28,8 @@ the live line makes no other step wait for the device.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import re
 import shutil
@@ -40,6 +42,18 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 CLEAR_LINE = "\r\x1b[K"
+SILENCED = contextvars.ContextVar("dlrecipes_report_silenced", default=False)  # see silenced()
+
+
+@contextlib.contextmanager
+def silenced():
+    """No run report inside the block (``dlrecipes.train(..., quiet=True)``)."""
+    token = SILENCED.set(True)
+    try:
+        yield
+    finally:
+        SILENCED.reset(token)
+
 
 # Warnings every run of a correct recipe can print, hidden unless `dlrecipes train --verbose`:
 # (message start, why it is harmless)
@@ -175,7 +189,7 @@ class TerminalReport(LoggerDestination):
     # --- events -------------------------------------------------------------------------------
 
     def _printing(self) -> bool:
-        return dist.get_global_rank() == 0
+        return dist.get_global_rank() == 0 and not SILENCED.get()
 
     def fit_start(self, state: State, logger: Logger) -> None:
         if self.start_line and self._printing():  # at once, before data loading or compilation can take a while

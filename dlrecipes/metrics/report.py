@@ -130,12 +130,12 @@ def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[st
 
 
 def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
-    from dlrecipes.records.plots import pyplot
+    from dlrecipes.records.plots import new_figure
 
-    plt = pyplot()
     n = len(names)
     side = min(4 + 0.35 * n, 16)
-    fig, ax = plt.subplots(figsize=(side, side), dpi=100)
+    fig = new_figure(figsize=(side, side), dpi=100)
+    ax = fig.subplots()
     image = ax.imshow(matrix, cmap="Blues")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if n <= 40:
@@ -151,15 +151,14 @@ def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
     ax.set_title("confusion matrix")
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def _plot_accuracy(path: Path, per_class: list[tuple[str, int, int]]) -> None:
-    from dlrecipes.records.plots import pyplot
+    from dlrecipes.records.plots import new_figure
 
-    plt = pyplot()
     n = len(per_class)
-    fig, ax = plt.subplots(figsize=(6, min(2 + 0.25 * n, 24)), dpi=100)
+    fig = new_figure(figsize=(6, min(2 + 0.25 * n, 24)), dpi=100)
+    ax = fig.subplots()
     accuracy = [correct / total if total else 0.0 for _, correct, total in per_class]
     ax.barh(range(n), accuracy, color="tab:blue")
     if n <= 100:
@@ -171,7 +170,6 @@ def _plot_accuracy(path: Path, per_class: list[tuple[str, int, int]]) -> None:
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def report_tables(metrics: dict) -> list[str]:

@@ -50,10 +50,12 @@ def wrap_classifier(
     :mod:`dlrecipes.losses`); ``metrics`` and ``train_metrics`` map metric names to parameters
     (default: top-1 and top-5 accuracy).
     """
-    from composer.models import ComposerClassifier
+    from composer.models import ComposerClassifier, ComposerModel
 
     from dlrecipes.losses import build_loss
 
+    if isinstance(module, ComposerModel):  # passed in from Python already wrapped: its own loss and metrics
+        return module
     return ComposerClassifier(
         module,
         num_classes=num_classes,

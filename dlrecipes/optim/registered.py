@@ -10,9 +10,13 @@ matters most: a fused optimizer takes the
 gradient scaler's inf/NaN flag on the device, while any other optimizer makes
 ``GradScaler.step`` read that flag back (a wait for the GPU) every step.
 
+timm's optimizers are registered by name from a shipped table of their signatures (``lamb``,
+``lars``, ``lion``, ``rmsproptf``, ``adabelief``, ``adopt``, ...; :mod:`dlrecipes.optim.timm_optim`).
+
 Schedules take their warmup as a duration ('5ep', '200ba', '0.1dur').  They are Composer's
 schedulers where Composer has them (its warmup variants when the warmup is not zero);
-step-with-warmup and one-cycle live in :mod:`dlrecipes.optim.lr_schedules`.
+step-with-warmup, one-cycle and timm's cosine and step (``timm_cosine``, ``timm_step``: what
+Composer's lack) live in :mod:`dlrecipes.optim.lr_schedules`.
 """
 
 from __future__ import annotations
@@ -20,17 +24,10 @@ from __future__ import annotations
 from typing import Optional
 
 from dlrecipes.core.durations import Duration, is_zero
-from dlrecipes.core.ranges import NonNegative, Positive, PositiveDuration, Probability
+from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, PositiveDuration, Probability
+from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
+from dlrecipes.optim.groups import parameter_groups
 from dlrecipes.registry import optimizers, schedulers
-
-
-def parameter_groups(model, weight_decay: float, no_decay_norm_and_bias: bool):
-    """All parameters, or two groups (decayed / not decayed) when excluding norms and biases."""
-    if not no_decay_norm_and_bias:
-        return [p for p in model.parameters() if p.requires_grad]
-    from timm.optim import param_groups_weight_decay
-
-    return param_groups_weight_decay(model, weight_decay)
 
 
 @optimizers.register("sgd")
@@ -107,6 +104,11 @@ def decoupled_adamw(
     return DecoupledAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
 
 
+# timm's optimizers by name (lamb, lars, lion, rmsproptf, adabelief, adopt, ...): signatures from the shipped
+# table, timm imported only to build one (dlrecipes.optim.timm_optim)
+register_timm_optimizers(optimizers)
+
+
 @schedulers.register("constant")
 def constant(warmup: Duration = "0ba"):
     """Constant learning rate, after an optional linear warmup."""
@@ -163,3 +165,40 @@ def onecycle(warmup: Duration = "0.3dur", div_factor: Positive = 25.0, final_div
     from dlrecipes.optim.lr_schedules import OneCycleScheduler
 
     return OneCycleScheduler(t_warmup=warmup, div_factor=div_factor, final_div_factor=final_div_factor)
+
+
+@schedulers.register("timm_cosine")
+def timm_cosine(
+    warmup: Duration = "0ba",
+    warmup_lr_init: NonNegative = 0.0,
+    lr_min: NonNegative = 0.0,
+    cycle: PositiveDuration = "1dur",
+    cycle_mul: Positive = 1.0,
+    cycle_decay: Positive = 1.0,
+    cycle_limit: AtLeastOne = 1,
+    k_decay: Positive = 1.0,
+    warmup_prefix: bool = False,
+    per_epoch: bool = False,
+):
+    """timm's cosine: warmup from warmup_lr_init, absolute lr_min, restarts with decay, k-decay (else use cosine)."""
+    from dlrecipes.optim.lr_schedules import TimmScheduler
+
+    return TimmScheduler("cosine", {"warmup_t": warmup, "t_initial": cycle}, per_epoch=per_epoch,
+                         warmup_lr_init=warmup_lr_init, lr_min=lr_min, cycle_mul=cycle_mul, cycle_decay=cycle_decay,
+                         cycle_limit=cycle_limit, k_decay=k_decay, warmup_prefix=warmup_prefix)
+
+
+@schedulers.register("timm_step")
+def timm_step(
+    decay: PositiveDuration = "30ep",
+    decay_rate: Positive = 0.1,
+    warmup: Duration = "0ba",
+    warmup_lr_init: NonNegative = 0.0,
+    warmup_prefix: bool = True,
+    per_epoch: bool = False,
+):
+    """timm's step: times decay_rate every decay, warmup from warmup_lr_init (else use step)."""
+    from dlrecipes.optim.lr_schedules import TimmScheduler
+
+    return TimmScheduler("step", {"warmup_t": warmup, "decay_t": decay}, per_epoch=per_epoch,
+                         decay_rate=decay_rate, warmup_lr_init=warmup_lr_init, warmup_prefix=warmup_prefix)

@@ -10,16 +10,18 @@ runs/<run name>/
   train-rank<N>.log   each process's text log
   run.lock            who trains in it now (records.run_lock)
   checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
-                      best.pt and best.json (the best evaluation's: callbacks.keep_best)
+                      best.pt and best.json (the best evaluation's: callbacks.keep_best); in a bucket
+                      (runs_dir: s3://...), latest.txt: the newest checkpoint whose upload is confirmed
   report/             the class report (metrics.report)
-  export/             the models exported for inference
+  export/             the models exported for inference (ExportDir): model.torchscript.pt and/or model.onnx,
+                      verify.json (each checked against the trained network), preprocess.json, classes.json
   eval/<name>/        an evaluation's report (eval.json)
   profiler/ tensorboard/
 ```
 
-Every other module asks a :class:`RunDir` (or these constants) for a path; none spells a name
-(``tests/test_architecture.py`` checks).  A ``RunDir`` is only a view of a path: making the
-directory is :func:`dlrecipes.records.run_dir.make_run_dir`'s, once per run.
+Every other module asks a :class:`RunDir` (an export folder, in a run or not: an :class:`ExportDir`), or these
+constants, for a path; none spells a name (``tests/test_architecture.py`` checks).  A ``RunDir`` is only a view
+of a path: making the directory is :func:`dlrecipes.records.run_dir.make_run_dir`'s, once per run.
 """
 
 from __future__ import annotations
@@ -41,8 +43,13 @@ PERIODIC_CHECKPOINT = "ep{epoch}-ba{batch}-rank{rank}.pt"  # Composer's Checkpoi
 LATEST_CHECKPOINT = "latest-rank{rank}.pt"
 BEST_CHECKPOINT = "best.pt"
 BEST_INFO = "best.json"
+REMOTE_LATEST = "latest.txt"  # in a bucket's run (runs_dir: s3://...): the newest checkpoint whose upload is confirmed
 REPORT_DIR = "report"
 EXPORT_DIR = "export"
+EXPORTED_MODELS = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}  # by format, in predict's order
+EXPORT_REPORT = "verify.json"
+PREPROCESS_FILE = "preprocess.json"
+CLASSES_FILE = "classes.json"
 EVAL_DIR = "eval"
 EVAL_FILE = "eval.json"
 PROFILER_DIR = "profiler"
@@ -199,12 +206,56 @@ class RunDir:
         return self.path / TENSORBOARD_DIR
 
 
+class ExportDir:
+    """A folder of models exported for inference (a run's ``export/``, or wherever ``dlrecipes export --out``
+    writes) and where each of its files is; only a view of the path, as :class:`RunDir` is."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"]):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"ExportDir({str(self.path)!r})"
+
+    def model(self, fmt: str) -> Path:
+        """The model exported in ``fmt`` (one of :data:`EXPORTED_MODELS`: torchscript, onnx)."""
+        return self.path / EXPORTED_MODELS[fmt]
+
+    @property
+    def report(self) -> Path:
+        """``verify.json``: each exported file checked against the trained network."""
+        return self.path / EXPORT_REPORT
+
+    @property
+    def preprocess(self) -> Path:
+        """How an image file becomes the model's input (:mod:`dlrecipes.data.preprocess`)."""
+        return self.path / PREPROCESS_FILE
+
+    @property
+    def classes(self) -> Path:
+        """The class names, in the order of the logits."""
+        return self.path / CLASSES_FILE
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """What a model is predicted from: the preprocessing, the class names and each format's model."""
+        return (self.preprocess, self.classes, *(self.model(fmt) for fmt in EXPORTED_MODELS))
+
+
 def beside(checkpoint: Path, folder: str) -> Path:
     """``folder`` (:data:`EVAL_DIR`, :data:`EXPORT_DIR`) next to a checkpoint file that is in no run directory."""
     return Path(checkpoint).parent / folder
 
 
-__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "EVAL_DIR", "EVAL_FILE", "EXPORT_DIR", "HISTORY_FILE",
-           "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PROFILER_DIR",
-           "RECIPE_FILE", "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside",
-           "is_periodic", "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]
+__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EXPORTED_MODELS",
+           "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE",
+           "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE", "REPLACED_RECIPE",
+           "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic", "latest_checkpoint_name",
+           "periodic_checkpoints_glob", "periodic_progress"]

@@ -24,6 +24,7 @@ def read_history(run_dir: Path) -> list[dict[str, float]]:
 
 
 def pyplot():
+    """matplotlib's pyplot on the headless Agg backend (the sweep report's figures)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,46 +33,85 @@ def pyplot():
     return plt
 
 
+def new_figure(**kwargs: Any):
+    """A matplotlib Figure that is not pyplot's (no backend is chosen or changed, nothing to close): saved with
+    ``savefig``, and shown inline when it is a notebook cell's value (it renders itself as PNG)."""
+    from matplotlib.figure import Figure
+
+    class ShownFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            import io
+
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png")
+            return buffer.getvalue()
+
+    return ShownFigure(**kwargs)
+
+
 def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
     points = [(r["epoch"], r[key]) for r in rows if not math.isnan(r.get(key, math.nan))]
     return [p[0] for p in points], [p[1] for p in points]
+
+
+HISTORY_FIGURES = {  # name -> (y label, [(history.csv column, legend label)])
+    "loss": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
+    "accuracy": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
+    "lr": ("learning rate", [("lr", "lr (end of epoch)")]),
+}
+
+
+def _history_rows(run_dir: Path) -> list[dict[str, float]]:
+    rows = read_history(run_dir)
+    if not rows:
+        raise UserError(f"{run_dir}/{HISTORY_FILE} has no rows yet")
+    return rows
+
+
+def _draw_history(ax, rows: list[dict[str, float]], figure: str, title: str) -> None:
+    ylabel, series = HISTORY_FIGURES[figure]
+    series = list(series)
+    if figure == "accuracy":  # multi-output models: eval_<output>/top1 (and top5) beside the single-output columns
+        series += [(k, "eval " + k.removeprefix("eval_")) for k in rows[0]
+                   if k.startswith("eval_") and k.endswith(("/top1", "/top5"))]
+    for key, label in series:
+        x, y = _series(rows, key)
+        if y:
+            ax.plot(x, y, marker="o", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+        ax.legend()
 
 
 def plot_history(run_dir: str | Path) -> list[Path]:
     """Write loss.png, accuracy.png and lr.png into ``run_dir`` from its history.csv."""
     run_dir = Path(run_dir)
     run = RunDir(run_dir)
-    rows = read_history(run_dir)
-    if not rows:
-        raise UserError(f"{run_dir}/{HISTORY_FILE} has no rows yet")
-    plt = pyplot()
-    figures = {
-        "loss": ("loss", [("train_loss", "train"), ("eval_loss", "eval")]),
-        "accuracy": ("accuracy", [("eval_top1", "eval top-1"), ("eval_top5", "eval top-5")]),
-        "lr": ("learning rate", [("lr", "lr (end of epoch)")]),
-    }
-    # multi-output models: eval_<output>/top1 (and top5) beside the single-output columns
-    per_output = [k for k in rows[0] if k.startswith("eval_") and k.endswith(("/top1", "/top5"))]
-    figures["accuracy"][1].extend((k, "eval " + k.removeprefix("eval_")) for k in per_output)
+    rows = _history_rows(run_dir)
     written = []
-    for figure, (ylabel, series) in figures.items():
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-        for key, label in series:
-            x, y = _series(rows, key)
-            if y:
-                ax.plot(x, y, marker="o", label=label)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{run_dir.name}: {ylabel}")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend()
+    for figure, (ylabel, _) in HISTORY_FIGURES.items():
+        fig = new_figure(figsize=(6, 4), dpi=100)
+        _draw_history(fig.subplots(), rows, figure, f"{run_dir.name}: {ylabel}")
         fig.tight_layout()
         path = run.plot(figure)
         fig.savefig(path)
-        plt.close(fig)
         written.append(path)
     return written
+
+
+def history_figure(run_dir: str | Path):
+    """One Figure of a run's history: loss, accuracy and learning rate side by side (a notebook shows it inline)."""
+    run_dir = Path(run_dir)
+    rows = _history_rows(run_dir)
+    fig = new_figure(figsize=(13, 3.6), dpi=100)
+    for ax, (figure, (ylabel, _)) in zip(fig.subplots(1, len(HISTORY_FIGURES)), HISTORY_FIGURES.items()):
+        _draw_history(ax, rows, figure, ylabel)
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    return fig
 
 
 COMPARE_COLUMNS = (
@@ -121,8 +161,20 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
             summary["settings"] = {k: values[i] for k, values in differences.items()}
     if plot_path is None:
         return summaries, None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    fig = comparison_figure(run_dirs, summaries)
+    plot_path = Path(plot_path)
+    try:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(plot_path)
+    except OSError as exc:
+        raise UserError(f"--out: cannot write {plot_path}: {exc.strerror or exc}") from None
+    return summaries, plot_path
+
+
+def comparison_figure(run_dirs: Sequence[str | Path], summaries: Sequence[dict[str, Any]]):
+    """Eval top-1 against wall-clock time, one line per run (``summaries``: :func:`load_summary` of each)."""
+    fig = new_figure(figsize=(7, 4.5), dpi=100)
+    ax = fig.subplots()
     for run_dir, summary in zip(run_dirs, summaries):
         if not RunDir(run_dir).history.is_file():
             continue
@@ -136,15 +188,7 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
     if ax.get_lines():
         ax.legend(fontsize=8)
     fig.tight_layout()
-    plot_path = Path(plot_path)
-    try:
-        plot_path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(plot_path)
-    except OSError as exc:
-        raise UserError(f"--out: cannot write {plot_path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return summaries, plot_path
+    return fig
 
 
 def format_cell(value: Any) -> str:

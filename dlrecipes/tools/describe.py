@@ -278,7 +278,7 @@ def format_sweep(plan: Any, rows: list[dict[str, Any]]) -> str:
 
     from rich.table import Table
 
-    from dlrecipes.tools.sweep_report import closing_line, key_legend, table_rows, unfinished
+    from dlrecipes.tools.sweep.report import closing_line, key_legend, table_rows, unfinished
 
     header, body = table_rows(plan, rows, short=True)
     width = _output_width()

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.records.layout import RunDir
+from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir, RunDir
 
 
 Predictor = tuple[Callable[[Any], Any], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
-EXPORT_FILES = ("preprocess.json", "classes.json", "model.torchscript.pt", "model.onnx")
 AGAIN = "export again with dlrecipes export RUN_DIR"
 
 
@@ -45,16 +44,15 @@ class Predictions(list):
 def is_export_dir(path: str | Path) -> bool:
     """A folder with an export's files and no run's ``recipe.yaml``."""
     folder = Path(path)
-    return folder.is_dir() and not RunDir(folder).is_run() and any(
-        (folder / name).exists() for name in EXPORT_FILES)
+    return folder.is_dir() and not RunDir(folder).is_run() and any(path.exists() for path in ExportDir(folder).files)
 
 
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path.parent}: an export directory needs preprocess.json and classes.json; {path.name} is "
-                        f"missing ({AGAIN})") from None
+        raise UserError(f"{path.parent}: an export directory needs {PREPROCESS_FILE} and {CLASSES_FILE}; {path.name} "
+                        f"is missing ({AGAIN})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {AGAIN}"
                         ) from None
@@ -74,18 +72,19 @@ def export_predictor(folder: Path) -> Predictor:
     from dlrecipes.data.preprocess import spec_problem
     from dlrecipes.errors import shown
 
-    spec = _read_json(folder / "preprocess.json")
+    export = ExportDir(folder)
+    spec = _read_json(export.preprocess)
     problem = spec_problem(spec)
     if problem:
-        raise UserError(f"{folder / 'preprocess.json'}: {problem}; {AGAIN}")
-    classes = _read_json(folder / "classes.json")
+        raise UserError(f"{export.preprocess}: {problem}; {AGAIN}")
+    classes = _read_json(export.classes)
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
-        raise UserError(f"{folder / 'classes.json'}: expected a list of class names (strings) in logit order, got "
+        raise UserError(f"{export.classes}: expected a list of class names (strings) in logit order, got "
                         f"{shown(classes)}; {AGAIN}")
-    if (folder / "model.torchscript.pt").is_file():
+    if export.model("torchscript").is_file():
         import torch
 
-        path = folder / "model.torchscript.pt"
+        path = export.model("torchscript")
         try:
             with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript loudly; the export is TorchScript
                 warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated", category=FutureWarning)
@@ -98,20 +97,19 @@ def export_predictor(folder: Path) -> Predictor:
                 return module(torch.from_numpy(batch)).numpy()
 
         return _checked(run, path, classes), spec, classes
-    if (folder / "model.onnx").is_file():
+    if export.model("onnx").is_file():
+        path = export.model("onnx")
         try:
             import onnxruntime
         except ImportError:
-            raise UserError(f"{folder / 'model.onnx'}: running ONNX needs onnxruntime: pip install 'dlrecipes[onnx]'"
-                            ) from None
-        path = folder / "model.onnx"
+            raise UserError(f"{path}: running ONNX needs onnxruntime: pip install 'dlrecipes[onnx]'") from None
         try:
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime's own errors (invalid protobuf, a graph it cannot run)
             raise UserError(f"{path}: not an ONNX model onnxruntime can load ({_first_line(exc)}); {AGAIN}") from None
         name = session.get_inputs()[0].name
         return _checked(lambda batch: session.run(None, {name: batch})[0], path, classes), spec, classes
-    raise UserError(f"{folder}: no model.torchscript.pt or model.onnx in this export directory ({AGAIN})")
+    raise UserError(f"{folder}: no {' or '.join(EXPORTED_MODELS.values())} in this export directory ({AGAIN})")
 
 
 def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Callable[[Any], Any]:
@@ -123,19 +121,19 @@ def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Calla
         try:
             logits = np.asarray(run(batch))
         except Exception as exc:  # the model's own error, from torch or onnxruntime
-            raise UserError(f"{path}: failed on a batch of shape {list(batch.shape)} made as preprocess.json says "
-                            f"({_first_line(exc)}); {AGAIN}") from None
+            raise UserError(f"{path}: failed on a batch of shape {list(batch.shape)} made as {PREPROCESS_FILE} "
+                            f"says ({_first_line(exc)}); {AGAIN}") from None
         if logits.ndim != 2 or logits.shape[1] != len(classes):
             raise UserError(f"{path}: gives logits of shape {list(logits.shape)} for {len(batch)} image(s), but "
-                            f"classes.json names {len(classes)} classes; {AGAIN}")
+                            f"{CLASSES_FILE} names {len(classes)} classes; {AGAIN}")
         return logits
 
     return checked
 
 
-def run_predictor(target: Any, config: Any, trust: bool = False) -> Predictor:
+def run_predictor(target: Any, config: Any, trust: bool = False, files: bool = True) -> Predictor:
     """The same for a run's checkpoint (``config``: its recipe, validated): the recipe's network on the
-    recipe's device."""
+    recipe's device.  ``files=False``: for tensors given as they are (no image file to prepare)."""
     import numpy as np
     import torch
 
@@ -144,9 +142,10 @@ def run_predictor(target: Any, config: Any, trust: bool = False) -> Predictor:
     trainer, data = trained_model(target, config, trust)
     network = network_of(trainer).eval()
     trainer.close()
-    if data.preprocess is None:
+    if data.preprocess is None and files:
         raise RecipeError(f"dataset.name: {target.recipe}'s dataset has no image files to mirror (its inputs are not "
-                          "images read from files), so predict cannot prepare image files for it")
+                          "images read from files), so predict cannot prepare image files for it (from Python, "
+                          "predict tensors with inputs=)")
     device = next(network.parameters()).device
     names = list(data.class_names or [])
     if len(names) != data.num_classes:
@@ -198,17 +197,50 @@ def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int 
         if not arrays:
             continue
         logits = np.asarray(run(np.stack(arrays)), dtype=np.float64)
-        logits -= logits.max(axis=1, keepdims=True)
-        probabilities = np.exp(logits)
-        probabilities /= probabilities.sum(axis=1, keepdims=True)
-        for path, p in zip(kept, probabilities):
-            order = np.argsort(-p, kind="stable")[:k]
-            top = [(classes[i], float(p[i])) for i in order]
-            result.append({"path": str(path), "class": top[0][0], "probability": top[0][1], "top": top})
+        result.extend(_ranked(logits, classes, k, path=[str(p) for p in kept]))
     if not result:
         raise UserError(f"{result.counted()}: no file could be read (each is named above)")
     if out is not None:
         write_csv(result, Path(out), k)
+    return result
+
+
+def _ranked(logits: Any, classes: list[str], k: int, **columns: list[Any]) -> list[dict[str, Any]]:
+    """One row per logit vector: ``columns``' values, the class, its probability and the ``top`` k."""
+    import numpy as np
+
+    logits = logits - logits.max(axis=1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    rows = []
+    for i, p in enumerate(probabilities):
+        top = [(classes[j], float(p[j])) for j in np.argsort(-p, kind="stable")[:k]]
+        rows.append({**{name: values[i] for name, values in columns.items()}, "class": top[0][0],
+                     "probability": top[0][1], "top": top})
+    return rows
+
+
+def predict_inputs(predictor: Predictor, inputs: Any, top_k: int = 5, batch_size: int = 64) -> Predictions:
+    """One row per input (``index``, ``class``, ``probability``, ``top``): ``inputs`` a batch tensor (N, C, H, W)
+    or a Dataset of ``(input, label)`` samples, as the network takes them (no preprocessing)."""
+    import numpy as np
+    import torch
+
+    check_options(top_k, batch_size)
+    run, _, classes = predictor
+    if isinstance(inputs, torch.Tensor):
+        samples = list(inputs)
+    else:
+        samples = [item[0] if isinstance(item, (tuple, list)) else item for item in
+                   (inputs[i] for i in range(len(inputs)))]
+    if not samples:
+        raise UserError("inputs: nothing to predict (an empty batch or dataset)")
+    result = Predictions()
+    k = min(top_k, len(classes))
+    for start in range(0, len(samples), batch_size):
+        batch = torch.stack([torch.as_tensor(s) for s in samples[start:start + batch_size]]).float().numpy()
+        logits = np.asarray(run(batch), dtype=np.float64)
+        result.extend(_ranked(logits, classes, k, index=list(range(start, start + len(batch)))))
     return result
 
 
@@ -305,5 +337,5 @@ def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = N
     return "\n".join(lines)
 
 
-__all__ = ["EXPORT_FILES", "Predictions", "Predictor", "check_options", "check_out", "export_predictor",
+__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor",
            "format_predictions", "is_export_dir", "predict_files", "run_predictor", "unreadable", "write_csv"]

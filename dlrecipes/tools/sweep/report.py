@@ -1,5 +1,5 @@
-"""A sweep's results: how each point ended, the table (terminal, ``summary.csv``, ``summary.md``) and
-``summary.png``.
+"""A sweep's results: how each point ended, the line printed as each training ends, the table (terminal,
+``summary.csv``, ``summary.md``) and ``summary.png``.
 
 A point's outcome is how its latest training ended: ``done``, ``pruned``, ``stopped (resumable)``,
 ``diverged``, ``failed`` or ``refused`` (the trainer refused the recipe, exit 2), each but ``done`` with a
@@ -262,6 +262,28 @@ def number(text: Any) -> Optional[float]:
         return None
 
 
+def best_value(history: list[dict[str, str]], monitor: str, mode: str) -> Optional[float]:
+    """The best finite value of the evaluations' ``monitor`` in a run's history rows (``mode``: max or min)."""
+    values = [v for v in (number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
+    return (max(values) if mode == "max" else min(values)) if values else None
+
+
+def finished_line(plan: Any, point: Any, outcome: dict[str, Any], seconds: float, done: int, total: int,
+                  eta: Optional[float]) -> str:
+    """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
+    training that did not finish (``eta``: the seconds the points left will take, None when none is left)."""
+    from dlrecipes.records.runs import describe_run
+
+    assert plan.folder is not None
+    run_dir = plan.folder / point.name
+    kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
+    best = describe_run(run_dir)["best"] if kept and RunDir(run_dir).is_run() else "-"
+    eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if eta is not None else ""
+    line = (f"[{done}/{total}] {point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
+            f"{eta_text}  (log: {log_path(plan.folder, point.name)})")
+    return line + (f"\n    {outcome['reason']}" if outcome["reason"] else "")
+
+
 def _heat_map(fig: Any, ax: Any, keys: list[str], rows: list[dict[str, Any]]) -> None:
     """The best monitored metric for each pair of values of two swept keys."""
     xs = list(dict.fromkeys(r[keys[0]] for r in rows))
@@ -340,6 +362,6 @@ def plot_sweep(plan: Any, rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["FINISHED", "LOG_DIR", "closing_line", "forget_outcome", "history_rows", "key_legend", "log_path",
-           "number", "plot_sweep", "point_outcome", "record_outcome", "short_names", "summarize", "swept_keys",
-           "table_rows", "unfinished", "value_text", "write_summary"]
+__all__ = ["FINISHED", "LOG_DIR", "best_value", "closing_line", "finished_line", "forget_outcome", "history_rows",
+           "key_legend", "log_path", "number", "plot_sweep", "point_outcome", "record_outcome", "short_names",
+           "summarize", "swept_keys", "table_rows", "unfinished", "value_text", "write_summary"]

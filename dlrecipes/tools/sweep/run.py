@@ -1,274 +1,37 @@
-"""Sweeps: a grid (or a random sample) of overrides, each point one training run, resumable, with a table.
+"""Running a sweep: its trainings, ``--parallel`` at a time, and the Optuna search that picks the next point.
 
-``dlrecipes sweep RECIPE optimizer.lr=0.01,0.03 trainer.precision=fp32,amp_bf16 [--seeds N]`` runs the
-Cartesian product of the comma-separated values (times N seeds), each point as its own
-``dlrecipes train`` process under ``runs/<sweep name>/<point name>/``, named from its values
-(``lr=0.01,precision=amp_bf16,seed=1``).  A value in brackets or braces stays one value
-(``'key=[a,b]'``), as in Hydra's multirun.  ``--trials N --search random`` instead samples N points from
-ranges: ``loguniform(1e-4,1e-1)``, ``uniform(a,b)``, ``randint(a,b)`` (both ends included),
-``choice(a,b,c)``.
-
-Every point is validated before the first one starts.  Running the same sweep again skips finished
-points, resumes stopped or killed ones from their checkpoints and reruns failed or diverged ones.
-Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops the running trainings as training always stops (a
-checkpoint, exit 75) and then the sweep (exit 75).  At the end ``summary.csv``, ``summary.md`` and
-``summary.png`` in the sweep's folder hold one row per grid point (seeds aggregated as mean ± std) with each
-point's outcome and its reason (:mod:`dlrecipes.tools.sweep_report`); the sweep exits 0 when every point
-finished or was pruned, else 1.
+Each point trains as its own ``dlrecipes train`` (or, with ``--nproc``, ``dlrecipes launch``) under
+``runs/<sweep name>/<point name>/``; on a CPU the trainings are forked from a process that imported torch and
+Composer once (:mod:`dlrecipes.tools.preloaded`).  Running the same sweep again skips finished points, resumes
+stopped or killed ones from their checkpoints and reruns failed or diverged ones.  Ctrl-C, SIGTERM or SIGHUP (a
+closed terminal) stops the running trainings as training always stops (a checkpoint, exit 75) and then the
+sweep (exit 75).  Each training's outcome is recorded as it ends, and at the end the table is written
+(:mod:`dlrecipes.tools.sweep.report`); the sweep exits 0 when every point finished or was pruned, else 1.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
-import random
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import yaml
 
 from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
-from dlrecipes.tools.sweep_report import (FINISHED, LOG_DIR, forget_outcome, history_rows, log_path, number,
-                                          record_outcome, short_names, summarize, unfinished, value_text,
-                                          write_summary)
+from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
+from dlrecipes.tools.sweep.report import (LOG_DIR, best_value, finished_line, forget_outcome, history_rows, log_path,
+                                          record_outcome, summarize, unfinished, write_summary)
 
-SWEEP_FILE = "sweep.yaml"
-DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
-SEARCHES = ("random", "optuna")
 OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
-
-
-@dataclass
-class Point:
-    name: str
-    values: dict[str, Any]  # swept key -> value (the seed included, as trainer.seed)
-    overrides: list[str]  # what the point's train command adds to the fixed overrides
-    trial: Optional[int] = None  # its Optuna trial's number (--search optuna)
-
-
-@dataclass
-class SweepPlan:
-    recipe: Path
-    name: str
-    fixed: list[str]
-    swept: dict[str, list[Any]]  # key -> values (grid) or key -> [distribution text] (search)
-    seeds: int
-    points: list[Point]
-    search: Optional[str] = None
-    trials: Optional[int] = None
-    folder: Optional[Path] = None  # runs_dir/<name>, set once the recipe's runs_dir is known
-    plugins: list[str] = field(default_factory=list)
-    seed: int = 0  # the random search's (and Optuna's sampler's)
-    nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
-    monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
-    mode: str = "max"
-
-    def record(self) -> dict[str, Any]:
-        return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
-                "seeds": self.seeds, "search": self.search, "trials": self.trials, "nproc": self.nproc,
-                "points": [{"name": p.name, "values": p.values, "overrides": p.overrides,
-                            **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]}
-
-
-def split_values(raw: str) -> list[str]:
-    """``a,b,[c,d],{e: 1, f: 2}`` -> ``['a', 'b', '[c,d]', '{e: 1, f: 2}']``: commas outside brackets,
-    braces, parentheses and quotes."""
-    parts, depth, quote, current = [], 0, "", ""
-    for char in raw:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-            continue
-        current += char
-    parts.append(current)
-    return [p.strip() for p in parts]
-
-
-def _value(text: str, key: str) -> Any:
-    from dlrecipes.recipe import parse_assignment
-
-    return parse_assignment(f"{key}={text}", "sweep value")[1]
-
-
-def point_name(values: dict[str, Any]) -> str:
-    """``lr=0.003,precision=amp_bf16,seed=1``, filesystem-safe and at most 120 characters."""
-    short = short_names(list(values))
-    name = ",".join(f"{short[k]}={value_text(v)}" for k, v in values.items())
-    name = re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).strip("._") or "point"
-    return name if len(name) <= 120 else f"{name[:100]}-{abs(hash(name)) % 10**8:08d}"
-
-
-def _sample(key: str, spec: str, rng: random.Random) -> Any:
-    match = DISTRIBUTION.match(spec.replace(" ", ""))
-    if match is None:
-        raise RecipeError(f"{key}: with --trials, a value is loguniform(a,b), uniform(a,b), randint(a,b) or "
-                          f"choice(a,b,...), got '{spec}'")
-    kind, args = match.group(1), split_values(match.group(2))
-    if kind == "choice":
-        return _value(rng.choice(args), key)
-    try:
-        low, high = (float(a) for a in args)
-    except ValueError:
-        raise RecipeError(f"{key}: {kind} takes two numbers, got '{spec}'") from None
-    if not low < high or (kind == "loguniform" and low <= 0):
-        raise RecipeError(f"{key}: {kind}({args[0]},{args[1]}) needs 0 {'< ' if kind == 'loguniform' else ''}"
-                          f"low < high")
-    if kind == "loguniform":
-        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.4g}")
-    if kind == "uniform":
-        return float(f"{rng.uniform(low, high):.4g}")
-    return rng.randint(int(low), int(high))
-
-
-def _range_spec(key: str, values: list[Any]) -> Optional[tuple[str, list[Any]]]:
-    """A swept key's range (``loguniform(a,b)`` ...) as its kind and parsed arguments (a choice's values, a range's
-    two ends), checked as the random search checks them; None for a list of values."""
-    if not (len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", ""))):
-        return None
-    _sample(key, values[0], random.Random(0))  # sound bounds
-    match = DISTRIBUTION.match(values[0].replace(" ", ""))
-    assert match is not None
-    kind, args = match.group(1), split_values(match.group(2))
-    if kind == "choice":
-        return kind, [_value(a, key) for a in args]
-    return kind, [int(float(a)) for a in args] if kind == "randint" else [float(a) for a in args]
-
-
-def _distribution(key: str, values: list[Any]) -> Any:
-    """The Optuna distribution of a swept key: its range, or a choice among its listed values."""
-    from dlrecipes.callbacks.optuna_trial import import_optuna
-
-    distributions = import_optuna().distributions
-    spec = _range_spec(key, values)
-    if spec is not None and spec[0] == "randint":
-        return distributions.IntDistribution(*spec[1])
-    if spec is not None and spec[0] != "choice":
-        return distributions.FloatDistribution(*spec[1], log=spec[0] == "loguniform")
-    if spec is not None:
-        values = spec[1]
-    if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
-        raise RecipeError(f"{key}: with --search optuna, choices are numbers, strings or booleans, got {values}")
-    return distributions.CategoricalDistribution(values)
-
-
-def probe_points(plan: SweepPlan) -> list[dict[str, Any]]:
-    """What a search can pick, to validate before the first run: each range's low end, then its high end, and
-    every listed choice (at least two points)."""
-    options = {key: (spec[1] if (spec := _range_spec(key, values)) else list(values))
-               for key, values in plan.swept.items()}
-    count = max(2, *(len(v) for v in options.values()))
-    return [{k: v[i % len(v)] for k, v in options.items()} for i in range(count)]
-
-
-def overrides_of(values: dict[str, Any]) -> list[str]:
-    """``key=value`` for each swept value (JSON for anything but a plain string)."""
-    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
-
-
-def _split_assignments(assignments: Sequence[str], search: Optional[str]) -> tuple[list[str], dict[str, list[Any]]]:
-    """The fixed overrides, and each swept key's values (or, for a search, its range)."""
-    fixed, swept = [], {}
-    for item in assignments:
-        if "=" not in item or item.startswith("~"):
-            fixed.append(item)
-            continue
-        key, _, raw = item.partition("=")
-        parts = split_values(raw)
-        if search is not None and re.match(r"^\w+\(.*\)$", raw.strip()):
-            _sample(key, raw, random.Random(0))  # a distribution we know, with sound bounds
-            swept[key] = [raw]
-        elif len(parts) > 1:
-            if any(p == "" for p in parts):
-                raise RecipeError(f"{key}: an empty value in '{raw}' (values are separated by commas)")
-            swept[key] = [_value(p, key) for p in parts]
-        else:
-            fixed.append(item)
-    return fixed, swept
-
-
-def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, name: Optional[str] = None,
-               trials: Optional[int] = None, search: Optional[str] = None, seed: int = 0) -> SweepPlan:
-    """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times
-    ``seeds`` seeds; an Optuna search's points come later, one trial at a time."""
-    fixed, swept = _split_assignments(assignments, search)
-    if seeds < 0:
-        raise RecipeError(f"--seeds: must be 0 or more, got {seeds}")
-    if "trainer.seed" in swept and seeds:
-        raise RecipeError("--seeds: trainer.seed is swept already; drop one of them")
-    if search is not None:
-        if search not in SEARCHES:
-            raise RecipeError(f"--search: expected random or optuna, got '{search}'")
-        if not trials or trials < 1:
-            raise RecipeError(f"--trials: --search {search} needs --trials N (at least 1)")
-        if not swept:
-            raise RecipeError("nothing to search: give a key a range, e.g. optimizer.lr=loguniform(1e-4,1e-1)")
-    if search == "optuna":
-        if seeds:
-            raise RecipeError("--seeds: an Optuna search trains each trial once; search trainer.seed=choice(1,2,3) "
-                              "or drop --seeds")
-        for key, values in swept.items():
-            _distribution(key, values)  # every range one Optuna can sample
-        return SweepPlan(Path(recipe), name or f"{Path(recipe).stem}-sweep", fixed, swept, 0, [], search, trials,
-                         seed=seed)
-    if search is not None:
-        rng = random.Random(seed)
-        combos = []
-        for _ in range(trials):
-            combos.append({k: (_sample(k, v[0], rng) if _range_spec(k, v) else rng.choice(v))
-                           for k, v in swept.items()})
-    else:
-        if trials is not None:
-            raise RecipeError("--trials: only with --search random or --search optuna")
-        if not swept and not seeds:
-            raise RecipeError("nothing to sweep: give a key with several values (key=a,b) or --seeds N")
-        combos = [dict(zip(swept, values)) for values in itertools.product(*swept.values())]
-    points = []
-    for combo in combos:
-        for s in (range(1, seeds + 1) if seeds else [None]):
-            values = {**combo, **({"trainer.seed": s} if s is not None else {})}
-            points.append(Point(point_name(values), values, overrides_of(values)))
-    names = [p.name for p in points]
-    if len(set(names)) != len(names):
-        duplicate = next(n for n in names if names.count(n) > 1)
-        raise RecipeError(f"two points of the sweep get the same name '{duplicate}': give distinct values")
-    recipe = Path(recipe)
-    return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials, seed=seed)
-
-
-def prepare_folder(plan: SweepPlan, runs_dir: Path) -> Path:
-    """``runs_dir/<name>/`` with ``sweep.yaml``. An existing folder must hold a sweep with the same fixed
-    overrides (its grid may grow or change: points already trained under their names are reused)."""
-    folder = runs_dir / plan.name
-    record = plan.record()
-    existing = folder / SWEEP_FILE
-    if existing.is_file():
-        before = yaml.safe_load(existing.read_text()) or {}
-        if before.get("fixed") != record["fixed"] or str(before.get("recipe")) != record["recipe"]:
-            raise UserError(f"--name: {folder} holds a sweep of other fixed settings ({existing}: recipe "
-                            f"{before.get('recipe')}, fixed {before.get('fixed')}); give another --name")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
-    plan.folder = folder
-    return folder
 
 
 def point_state(run_dir: Path) -> str:
@@ -381,7 +144,9 @@ def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], paral
             durations.append(seconds)
             outcome = record_outcome(plan.folder, slot.point.name, slot.process.returncode, bool(stop["signal"]))
             source.finished(slot)
-            echo(_finished_line(plan, slot, outcome, seconds, source, durations, len(running), parallel))
+            left = source.left() + len(running)
+            eta = statistics.mean(durations) * left / parallel if left else None
+            echo(finished_line(plan, slot.point, outcome, seconds, source.done, source.total, eta))
             if slot.process.returncode == 75 and not stop["signal"]:  # stopped from outside the sweep
                 stop["signal"], stop["count"] = signal.SIGTERM, forwarded
 
@@ -453,7 +218,7 @@ class _Search:
             direction="maximize" if plan.mode == "max" else "minimize",
             # a seed of its own per call: a resumed sweep does not draw its first trials' values again
             sampler=self.optuna.samplers.TPESampler(seed=plan.seed + earlier))
-        self.distributions = {key: _distribution(key, values) for key, values in plan.swept.items()}
+        self.distributions = {key: optuna_distribution(key, values) for key, values in plan.swept.items()}
         self.pending: list[tuple[Point, str]] = []
         self.asked = self.running = 0
         states = self.optuna.trial.TrialState
@@ -521,7 +286,7 @@ class _Search:
         if status.startswith(("stopped", "killed", "running")):
             return
         states = self.optuna.trial.TrialState
-        best = _best(history_rows(run_dir), self.plan.monitor, self.plan.mode)
+        best = best_value(history_rows(run_dir), self.plan.monitor, self.plan.mode)
         if status == "pruned":
             self.study.tell(point.trial, state=states.PRUNED)
         elif status == "done" and best is not None:
@@ -539,11 +304,6 @@ def _trial_count(storage: Any, study: str) -> int:
     except KeyError:
         return 0
     return len(storage.get_all_trials(study_id, deepcopy=False))
-
-
-def _best(history: list[dict[str, str]], monitor: str, mode: str) -> Optional[float]:
-    values = [v for v in (number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
-    return (max(values) if mode == "max" else min(values)) if values else None
 
 
 def _main_thread() -> bool:
@@ -593,22 +353,4 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     return _Slot(point, process, time.perf_counter(), log, index)
 
 
-def _finished_line(plan: SweepPlan, slot: _Slot, outcome: dict[str, Any], seconds: float, source: Any,
-                   durations: list[float], running: int, parallel: int) -> str:
-    """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
-    training that did not finish."""
-    from dlrecipes.records.runs import describe_run
-
-    assert plan.folder is not None
-    run_dir = plan.folder / slot.point.name
-    kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
-    best = describe_run(run_dir)["best"] if kept and RunDir(run_dir).is_run() else "-"
-    left = source.left() + running
-    eta = statistics.mean(durations) * left / parallel if left else 0.0
-    eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if left else ""
-    line = (f"[{source.done}/{source.total}] {slot.point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
-            f"{eta_text}  (log: {log_path(plan.folder, slot.point.name)})")
-    return line + (f"\n    {outcome['reason']}" if outcome["reason"] else "")
-
-
-__all__ = ["Point", "SweepPlan", "plan_sweep", "point_name", "prepare_folder", "run_sweep", "split_values"]
+__all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep", "visible_gpus"]

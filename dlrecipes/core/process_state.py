@@ -1,0 +1,75 @@
+"""What a training call may change in the process that calls it, put back when the call returns or raises.
+
+A notebook kernel (or a script) lives on after ``dlrecipes.train``: Composer's Trainer installs its own
+SIGINT/SIGTERM handler (a later Ctrl-C would raise ``SystemExit``), deterministic mode switches torch's global
+flags, FFCV sets the thread count to 1, and libraries add logging handlers.  :func:`kept` restores all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from typing import Any, Iterator
+
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+                if hasattr(signal, name))
+LOGGERS = ("", "composer", "dlrecipes", "py.warnings")  # "": the root logger
+ENVIRONMENT = ("CUBLAS_WORKSPACE_CONFIG",)  # set by Composer's deterministic mode
+
+
+def _torch_flags() -> dict[str, Any]:
+    import torch
+
+    return {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "threads": torch.get_num_threads(),
+        "grad": torch.is_grad_enabled(),
+        "dtype": torch.get_default_dtype(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def _set_torch_flags(flags: dict[str, Any]) -> None:
+    import torch
+
+    torch.use_deterministic_algorithms(flags["deterministic"], warn_only=flags["deterministic_warn_only"])
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    if torch.get_num_threads() != flags["threads"]:
+        torch.set_num_threads(flags["threads"])
+    torch.set_grad_enabled(flags["grad"])
+    torch.set_default_dtype(flags["dtype"])
+    torch.set_float32_matmul_precision(flags["matmul_precision"])
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """Signal handlers, logging handlers and levels, torch's global flags and the variables Composer sets: as they
+    were before the block, however it ends."""
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    handlers = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
+    loggers = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level) for name in LOGGERS}
+    environment = {name: os.environ.get(name) for name in ENVIRONMENT}
+    flags = _torch_flags()
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
+        for name, (kept_handlers, level) in loggers.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:] = kept_handlers
+            logger.setLevel(level)
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _set_torch_flags(flags)

@@ -1,0 +1,300 @@
+"""Run directories in S3-compatible object storage: ``runs_dir: s3://BUCKET/PREFIX``.
+
+A run is staged in a local folder (``$DLRECIPES_STAGING_DIR``, default ``~/.cache/dlrecipes/staging``, then
+``BUCKET/PREFIX/<run name>``) and mirrored to the bucket as it goes: at each checkpoint and at the end, every file of
+the run directory that changed since it was last uploaded (checkpoints first, then the records). The remote
+pointer ``checkpoints/latest.txt`` names the newest checkpoint and is written only after that checkpoint's
+upload is confirmed, so a run killed at any moment leaves a remote run that ``--resume`` can continue: on a
+machine with nothing local, the run's records and that checkpoint are downloaded into the staging folder first.
+
+The client is Composer's object-store layer (:class:`composer.utils.object_store.S3ObjectStore`, boto3 underneath):
+the endpoint comes from ``S3_ENDPOINT_URL`` (MinIO, SeaweedFS, R2, ...), credentials from the standard AWS chain.
+Before anything is built the bucket is asked for once, with short timeouts: wrong credentials, a missing bucket or
+an unreachable endpoint are one line within seconds, and nothing is created.
+
+An upload that fails (the server went away) does not stop training: one warning, the file stays pending and is
+tried again at the next checkpoint and at the end; what is still not uploaded then is named in summary.json
+(``upload_incomplete``) and by :meth:`RemoteRun.incomplete`, which the fit stage turns into one line and a
+non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.errors import UserError
+from dlrecipes.records.layout import (
+    CHECKPOINT_DIR, LOCK_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir, is_periodic, periodic_progress,
+)
+
+SCHEME = "s3://"
+STAGING_ENV = "DLRECIPES_STAGING_DIR"
+RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
+POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+
+
+def _upload_order(relative: str) -> tuple:
+    """Periodic checkpoints first, oldest first; then the rest by name."""
+    return (not is_periodic(Path(relative)), periodic_progress(Path(relative)), relative)
+
+
+def is_remote(runs_dir: Any) -> bool:
+    return isinstance(runs_dir, str) and runs_dir.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class RemoteRoot:
+    """``s3://bucket/prefix``: where a remote ``runs_dir`` keeps its runs."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
+        bucket, _, prefix = url[len(SCHEME):].partition("/")
+        if not bucket:
+            raise UserError(f"{key_path}: {url!r} names no bucket (expected s3://BUCKET or s3://BUCKET/PREFIX)")
+        return cls(bucket, prefix.strip("/"))
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)
+
+    def staging(self) -> Path:
+        """The local folder runs of this root are staged in."""
+        base = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
+        return base / self.bucket / self.prefix
+
+
+def _store(root: RemoteRoot, attempts: int = 3, timeout: float = 5.0):
+    """Composer's S3 object store for ``root``'s bucket, with bounded retries and timeouts."""
+    try:
+        from composer.utils.object_store import S3ObjectStore
+    except ImportError as exc:  # boto3 missing
+        raise UserError(f"runs_dir: {root} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
+    config = {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": timeout,
+              "read_timeout": max(timeout, 30.0)}
+    return S3ObjectStore(bucket=root.bucket, client_config=config)
+
+
+def check_runs_dir(runs_dir: Any) -> None:
+    """A remote ``runs_dir``'s bucket, asked before training is imported (no-op for a local folder)."""
+    if is_remote(runs_dir):
+        check_access(RemoteRoot.parse(runs_dir))
+
+
+def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
+    """Ask the bucket once (a few seconds at most): one line when the credentials, the bucket or the endpoint are
+    wrong, before anything is built or written."""
+    import botocore.exceptions
+
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:
+        raise UserError(f"{key_path}: {root} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
+    endpoint = os.environ.get("S3_ENDPOINT_URL", "AWS's default endpoint")
+    try:  # boto3 alone (no Composer import): the answer comes in seconds
+        client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"), config=Config(
+            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=3, read_timeout=5))
+        client.head_bucket(Bucket=root.bucket)
+    except botocore.exceptions.NoCredentialsError:
+        raise UserError(f"{key_path}: {root}: no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                        "or AWS_PROFILE)") from None
+    except botocore.exceptions.ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket"):
+            raise UserError(f"{key_path}: {root}: bucket '{root.bucket}' does not exist at {endpoint} (create it "
+                            "first)") from None
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            raise UserError(f"{key_path}: {root}: access denied at {endpoint} with the credentials found (check "
+                            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)") from None
+        raise UserError(f"{key_path}: {root}: {exc}") from None
+    except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
+        raise UserError(f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): "
+                        f"{type(exc).__name__}") from None
+
+
+@dataclass
+class RemoteRun:
+    """One run directory staged at ``local`` and mirrored to ``root``/``name``."""
+
+    root: RemoteRoot
+    name: str
+    local: Path
+    sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (size, mtime_ns) uploaded
+    pending: list[str] = field(default_factory=list)  # relative paths whose upload failed
+    warned: bool = False
+    _store: Any = None
+
+    def store(self):
+        if self._store is None:
+            self._store = _store(self.root)
+        return self._store
+
+    def key(self, relative: str) -> str:
+        return self.root.key(self.name, relative)
+
+    # --- up -----------------------------------------------------------------------------------------------
+
+    def _changed(self) -> list[str]:
+        """Files of the run directory that changed since they were last uploaded: checkpoints first (oldest
+        first), then the rest. Links, the lock and partial files are not mirrored."""
+        files = []
+        for path in self.local.rglob("*"):
+            if path.is_symlink() or not path.is_file() or path.name == LOCK_FILE or ".partial" in path.name:
+                continue
+            relative = path.relative_to(self.local).as_posix()
+            if relative == POINTER:  # uploaded by _point_to alone, after its checkpoint
+                continue
+            stat = path.stat()
+            if self.sent.get(relative) != (stat.st_size, stat.st_mtime_ns):
+                files.append(relative)
+        return sorted(files, key=_upload_order)
+
+    def _upload(self, relative: str) -> bool:
+        path = self.local / relative
+        stat = path.stat()
+        try:
+            self.store().upload_object(self.key(relative), str(path))
+        except Exception as exc:  # the server went away: not training's problem, said once, tried again later
+            if relative not in self.pending:
+                self.pending.append(relative)
+            if not self.warned:
+                self.warned = True
+                print(f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); training goes on, the upload is tried "
+                      "again at the next checkpoint and at the end", file=sys.stderr)
+            return False
+        self.sent[relative] = (stat.st_size, stat.st_mtime_ns)
+        if relative in self.pending:
+            self.pending.remove(relative)
+        return True
+
+    def push(self) -> None:
+        """Upload what changed; after each periodic checkpoint whose upload is confirmed, move the pointer to it."""
+        for relative in self._changed():
+            if self._upload(relative) and is_periodic(Path(relative)):
+                self._point_to(Path(relative).name)
+
+    def _point_to(self, checkpoint: str) -> None:
+        (self.local / POINTER).write_text(checkpoint + "\n")
+        self._upload(POINTER)
+
+    def incomplete(self) -> list[str]:
+        """What is not in the bucket as it is here (checkpoints first)."""
+        return sorted(self.pending, key=_upload_order)
+
+    # --- down ---------------------------------------------------------------------------------------------
+
+    def _download(self, relative: str) -> bool:
+        """``relative`` from the bucket into the staging folder; False when the bucket does not have it."""
+        target = self.local / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store().download_object(self.key(relative), str(target), overwrite=True)
+        except FileNotFoundError:
+            return False
+        stat = target.stat()
+        self.sent[relative] = (stat.st_size, stat.st_mtime_ns)  # the bucket has it as it is
+        return True
+
+    def pull_for_resume(self) -> Optional[Path]:
+        """The run's records and its newest complete checkpoint (the pointer's), downloaded into the staging
+        folder where they are missing; returns that checkpoint's local path (None: the bucket has no such run, or
+        no checkpoint of it yet)."""
+        from dlrecipes.records.layout import HISTORY_FILE
+
+        pointer = POINTER
+        if not self._download(pointer):  # no checkpoint yet (or no such run): its records, if any
+            for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE):
+                self._download(relative)
+            return None
+        name = (self.local / pointer).read_text().strip()
+        checkpoint = f"{CHECKPOINT_DIR}/{name}"
+        if not (self.local / checkpoint).is_file():
+            if not self._download(checkpoint):
+                raise UserError(f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does "
+                                "not have")
+        for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE):
+            if not (self.local / relative).is_file():
+                self._download(relative)
+        return self.local / checkpoint
+
+
+def staged_run(root: RemoteRoot, name: str) -> RemoteRun:
+    return RemoteRun(root, name, RunDir(root.staging() / name).path)
+
+
+def uploader(remote: RemoteRun):
+    """A Composer callback that mirrors the run to the bucket at each checkpoint and after the run closes (rank 0);
+    what is still not uploaded then is named in summary.json (``upload_incomplete``)."""
+    from composer.core import Callback
+    from composer.utils import dist
+
+    class MirrorToBucket(Callback):
+        def __init__(self) -> None:
+            self.checkpoints_seen = -1  # the checkpoints folder's mtime: one stat per batch says whether one was saved
+            self.closed = False
+
+        def _push(self) -> None:
+            if dist.get_global_rank() == 0:
+                remote.push()
+
+        def epoch_checkpoint(self, state, logger) -> None:
+            self._push()
+
+        def batch_checkpoint(self, state, logger) -> None:
+            folder = remote.local / CHECKPOINT_DIR
+            seen = folder.stat().st_mtime_ns if folder.is_dir() else -1
+            if seen != self.checkpoints_seen:
+                self.checkpoints_seen = seen
+                self._push()
+
+        def post_close(self) -> None:
+            if self.closed:  # Composer closes again at interpreter exit
+                return
+            self.closed = True
+            self._push()
+            if remote.pending and dist.get_global_rank() == 0:
+                mark_incomplete(remote)
+
+    return MirrorToBucket()
+
+
+def mark_incomplete(remote: RemoteRun) -> None:
+    """summary.json (local) names what is not in the bucket."""
+    import json
+
+    summary = remote.local / SUMMARY_FILE
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        data["upload_incomplete"] = sorted(remote.pending)
+        summary.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def prepare(config: Any, resume: bool) -> Optional[RemoteRoot]:
+    """For a remote ``runs_dir``: check the bucket (one line if it cannot be used), point ``config.runs_dir`` at
+    the local staging folder, and with ``resume`` bring the named run's records and newest checkpoint there.
+    Returns the remote root (None: ``runs_dir`` is a local folder)."""
+    if not is_remote(config.runs_dir):
+        return None
+    root = RemoteRoot.parse(config.runs_dir)
+    from dlrecipes.core.distributed import world_size
+
+    if world_size() > 1:
+        raise UserError(f"runs_dir: {root}: a run in object storage trains in one process for now (this is one of "
+                        f"{world_size()}); use a shared folder as runs_dir for several processes")
+    check_access(root)
+    if resume and not config.run_name:
+        raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
+    config.runs_dir = str(root.staging())
+    if resume:
+        staged_run(root, config.run_name).pull_for_resume()
+    return root

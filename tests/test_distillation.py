@@ -1,0 +1,218 @@
+"""Knowledge distillation (issue 38, item 4): the teacher resolved and recorded at validation, refused in one
+line when unusable, frozen and outside the student; the loss against a hand computation; a distilled run's
+checkpoints hold no teacher, and evaluation, export and predict work without it."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from composer.core import Event
+
+from dlrecipes.algorithms.distillation import Distillation
+from dlrecipes.api import resolve
+from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.models.architectures.simple_cnn import CNNSimple
+from dlrecipes.records.layout import RunDir
+
+KEY = "algorithms.distillation.teacher"
+
+
+def _network(seed: int = 0, num_classes: int = 10) -> CNNSimple:
+    torch.manual_seed(seed)
+    return CNNSimple(num_classes, 1, width=4, hidden=16)
+
+
+def _teacher_run(root: Path, dataset: dict | None = None, algorithms: dict | None = None) -> RunDir:
+    """A run directory as training leaves it, as far as a teacher needs: recipe.yaml and a best checkpoint."""
+    run = RunDir(root / "teacher")
+    run.checkpoints.mkdir(parents=True)
+    recipe = {"model": {"name": "cnn_simple", "width": 4, "hidden": 16},
+              "dataset": dataset or {"name": "digits", "image_size": 8, "augment": False},
+              "algorithms": algorithms or {}}
+    run.recipe.write_text(yaml.safe_dump(recipe))
+    weights = {f"module.{k}": v for k, v in _network().state_dict().items()}
+    torch.save({"state": {"model": weights}}, run.best)
+    return run
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _state(images, student, loss, algorithms=()):
+    """What the algorithm reads of Composer's State after the loss."""
+    from composer.core.precision import Precision
+    from composer.devices import DeviceCPU
+
+    return SimpleNamespace(batch=(images, torch.zeros(len(images), dtype=torch.long)), outputs=student, loss=loss,
+                           precision=Precision.FP32, precision_config=None, device=DeviceCPU(),
+                           algorithms=list(algorithms))
+
+
+def test_validation_records_the_teachers_checkpoint_and_checksum(tiny_recipe, tmp_path):
+    run = _teacher_run(tmp_path)
+    expected = {"teacher": str(run.best), "teacher_sha256": _sha(run.best)}
+    for given in (run.path, run.best):
+        assert resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {given}}}"]).algorithms["distillation"] \
+            == expected
+    # a path in the recipe file is relative to it; written into the run's recipe.yaml as the file and its sha256
+    recipe = tmp_path / "student.yaml"
+    recipe.write_text(tiny_recipe.read_text() + "algorithms: {distillation: {teacher: teacher, kind: hard}}\n")
+    assert resolve(recipe).to_dict()["algorithms"]["distillation"] == {**expected, "kind": "hard"}
+
+
+def test_a_model_spec_teacher_gets_absolute_paths_and_the_checksum_of_its_weights(tiny_recipe, tmp_path,
+                                                                                   monkeypatch):
+    torch.save(_network().state_dict(), tmp_path / "weights.pt")
+    monkeypatch.chdir(tmp_path)
+    got = resolve(tiny_recipe, ["algorithms.distillation.teacher={name: cnn_simple, width: 4, checkpoint: weights.pt}"])
+    assert got.algorithms["distillation"] == {
+        "teacher": {"name": "cnn_simple", "width": 4, "checkpoint": str(tmp_path / "weights.pt")},
+        "teacher_sha256": _sha(tmp_path / "weights.pt")}
+
+
+@pytest.mark.parametrize("teacher, message", [
+    ("missing", f"{KEY}: .*missing does not exist; give a run directory"),
+    ("not_a_run", f"{KEY}: .*not_a_run is not a run directory"),
+    ("loose.pt", f"{KEY}: .*loose.pt is not in a run directory's checkpoints/ folder, so its network is unknown"),
+    ("{name: cnn_simple, width: 4}", f"{KEY}: the teacher has no trained weights"),
+    ("{name: cnn_simpel}", f"{KEY}.name: unknown model 'cnn_simpel'"),
+    ("{name: cnn_simple, widht: 4, checkpoint: loose.pt}", f"{KEY}.widht: unknown parameter"),
+    ("3", f"{KEY}: expected str or mapping, got 3"),
+    ("''", f"{KEY}: expected a run directory, a checkpoint file or a model spec"),
+    ("four_classes", f"{KEY}: the teacher \\(run .*\\) predicts 4 classes and this dataset has 10"),
+    ("blurpooled", f"{KEY}: run .* was trained with blurpool, which change the network's modules"),
+])
+def test_an_unusable_teacher_is_refused_at_validation_in_one_line(tiny_recipe, tmp_path, monkeypatch, teacher,
+                                                                   message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not_a_run").mkdir()
+    (tmp_path / "loose.pt").write_bytes(b"x")
+    synthetic = {"name": "synthetic", "num_classes": 4, "input_shape": [1, 8, 8]}
+    (tmp_path / "four_classes").mkdir()
+    _teacher_run(tmp_path / "four_classes", dataset=synthetic)
+    (tmp_path / "blurpooled").mkdir()
+    _teacher_run(tmp_path / "blurpooled", algorithms={"blurpool": {}})
+    if teacher in ("four_classes", "blurpooled"):
+        teacher = f"{teacher}/teacher"
+    with pytest.raises(RecipeError, match=message) as raised:
+        resolve(tiny_recipe, [f"algorithms.distillation.teacher={teacher}"])
+    assert "\n" not in str(raised.value)
+
+
+def test_a_pinned_checksum_is_checked_when_training_starts_not_at_validation(tiny_recipe, tmp_path):
+    run = _teacher_run(tmp_path)
+    gone = resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {tmp_path}/gone.pt, teacher_sha256: {'a' * 64}}}"])
+    assert gone.algorithms["distillation"]["teacher_sha256"] == "a" * 64  # what a recorded recipe.yaml re-read does
+    with pytest.raises(RecipeError, match=f"{KEY}_sha256: expected 64 lowercase hex digits"):
+        resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {run.path}, teacher_sha256: abc}}"])
+    with pytest.raises(UserError, match=f"{KEY}: .*best.pt has changed since the recipe recorded it"):
+        Distillation(str(run.best), teacher_sha256="a" * 64)
+    assert Distillation(str(run.best), teacher_sha256=_sha(run.best)).weights is not None
+
+
+def _hand_kl(student, teacher, t):
+    p = torch.softmax(teacher / t, dim=-1)
+    return (p * (p.log() - torch.log_softmax(student / t, dim=-1))).sum() / len(student) * t * t
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_the_loss_is_the_blend_computed_by_hand_and_trains_only_the_student(tmp_path, kind):
+    run = _teacher_run(tmp_path)
+    algorithm = Distillation(str(run.path), temperature=3.0, alpha=0.3, kind=kind)
+    torch.manual_seed(1)
+    images, labels = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4, 5])
+    student = torch.randn(6, 10, requires_grad=True)
+    label_loss = F.cross_entropy(student, labels)
+    state = _state(images, student, label_loss)
+    algorithm.apply(Event.BEFORE_BACKWARD, state, None)
+    teacher = _network().eval()(images).detach()  # the same weights, by hand
+    if kind == "soft":
+        distill = _hand_kl(student, teacher, 3.0)
+    else:
+        distill = -torch.log_softmax(student, dim=-1)[torch.arange(6), teacher.argmax(dim=-1)].mean()
+    assert torch.allclose(state.loss["distillation"], distill, atol=1e-6)
+    assert torch.allclose(state.loss["total"], 0.7 * label_loss + 0.3 * distill, atol=1e-6)
+    assert state.loss["labels"] is label_loss
+    net = algorithm.teacher
+    assert not net.training and not any(p.requires_grad for p in net.parameters())
+    state.loss["total"].backward()
+    assert student.grad is not None and all(p.grad is None for p in net.parameters())
+
+
+def test_the_teacher_follows_the_runs_memory_format(tmp_path):
+    from composer.algorithms import ChannelsLast
+
+    algorithm = Distillation(str(_teacher_run(tmp_path).path))
+    images = torch.randn(2, 1, 8, 8)
+    algorithm.apply(Event.BEFORE_BACKWARD, _state(images, torch.randn(2, 10), torch.tensor(1.0), [ChannelsLast()]), None)
+    weight = algorithm.teacher.features[3].weight  # (8, 4, 3, 3)
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    assert algorithm.state_dict() == {}
+
+
+def test_a_teacher_for_other_classes_is_named_when_its_weights_do_not_fit(tmp_path):
+    algorithm = Distillation(str(_teacher_run(tmp_path).path))
+    state = _state(torch.randn(2, 1, 8, 8), torch.randn(2, 4), torch.tensor(1.0))
+    with pytest.raises(UserError, match=f"{KEY}: the weights of .*best.pt do not fit run .*'s network for this data "
+                                        r"\(4 classes, 1 channels\)"):
+        algorithm.apply(Event.BEFORE_BACKWARD, state, None)
+
+
+def _tensor_elements(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, dict):
+        return sum(_tensor_elements(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_elements(v) for v in value)
+    return 0
+
+
+@pytest.mark.slow
+def test_a_distilled_run_holds_no_teacher_and_evaluates_exports_and_predicts_without_it(trained_tiny, tiny_recipe,
+                                                                                        tmp_path):
+    from PIL import Image
+
+    from dlrecipes import api
+
+    teacher = Path(shutil.copytree(trained_tiny, tmp_path / "teacher", symlinks=True))
+    result = api.train(tiny_recipe, ["run_name=student", "trainer.max_duration=1ep",
+                                     "trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1",
+                                     f"algorithms.distillation={{teacher: {teacher}, temperature: 2}}"])
+    run = RunDir(result.run_dir)
+    recorded = yaml.safe_load(run.recipe.read_text())["algorithms"]["distillation"]
+    assert recorded == {"teacher": str(RunDir(teacher).best), "temperature": 2.0,
+                        "teacher_sha256": _sha(RunDir(teacher).best)}
+    ours = torch.load(run.best, map_location="cpu", weights_only=False)
+    plain = torch.load(RunDir(trained_tiny).best, map_location="cpu", weights_only=False)  # the same network
+    assert set(ours["state"]["model"]) == set(plain["state"]["model"])
+    assert _tensor_elements(ours) == _tensor_elements(plain)  # no copy of the teacher anywhere in the file
+    shutil.rmtree(teacher)
+    assert api.evaluate(run.path).metrics["top1"] == pytest.approx(result.eval_metrics["top1"])
+    api.export(run.path)
+    Image.new("L", (8, 8), 255).save(tmp_path / "white.png")
+    for target in (run.path, run.exports):
+        rows = api.predict(target, [tmp_path / "white.png"])
+        assert len(rows) == 1 and rows[0]["class"] is not None
+
+
+@pytest.mark.slow
+def test_mixups_interpolated_loss_is_the_label_term_whatever_the_order(tiny_recipe, tmp_path):
+    """Mixup's interpolate_loss replaces the loss at BEFORE_BACKWARD and refuses a dict: distillation moves itself
+    to the end of the algorithms at INIT and blends there, after it, whichever the recipe lists first."""
+    from dlrecipes.fit import fit
+
+    run = _teacher_run(tmp_path)
+    for algorithms in (f"{{distillation: {{teacher: {run.path}}}, mixup: {{interpolate_loss: true}}}}",
+                       f"{{cutmix: {{interpolate_loss: true}}, distillation: {{teacher: {run.path}}}}}"):
+        result = fit(resolve(tiny_recipe, ["trainer.max_duration=2ba", "checkpoint.save=false",
+                                           "checkpoint.monitor=null", f"algorithms={algorithms}"]))
+        assert result.batches == 2
