@@ -61,6 +61,7 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     import dlrecipes.engine
     from dlrecipes import api
     from dlrecipes.builders import build_trainer
+    from dlrecipes.core.distributed import resolve_device
 
     losses = []
 
@@ -75,7 +76,8 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     ours = dlrecipes.engine.Trainer
     dlrecipes.engine.Trainer = Composers if reference else ours
     try:
-        trainer = build_trainer(api.resolve(recipe, overrides), run_dir)
+        config = api.resolve(recipe, overrides)
+        trainer = build_trainer(config, run_dir, config.to_dict(), resolve_device(config.trainer.device)).trainer
     finally:
         dlrecipes.engine.Trainer = ours
     trainer.state.callbacks.extend([*([Losses()] if record_losses else []), *callbacks])

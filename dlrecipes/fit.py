@@ -17,10 +17,10 @@ from typing import Any
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
+from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
-from dlrecipes.records.history import RunHistory
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.remote import RemoteRun, staged_run, uploader
 from dlrecipes.records.remote import prepare as prepare_remote
@@ -78,17 +78,15 @@ class TrainResult:
 
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
-    params = config.optimizer.params
-    if params.get("scale_lr", "none") == "none":
-        return
+    """With ``optimizer.scale_lr``: the lr the optimizer got, logged and said once."""
     lr = trainer.state.optimizers[0].param_groups[0]["lr"]
-    trainer.logger.log_hyperparameters({"optimizer/scaled_lr": lr, "optimizer/scale_lr": params["scale_lr"]})
+    report = lr_scaling.scaling_report(config.optimizer.params, config.trainer.batch_size, lr)
+    if report is None:
+        return
+    line, hyperparameters = report
+    trainer.logger.log_hyperparameters(hyperparameters)
     if rank() == 0:
-        print(
-            f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
-            f"to the global batch {config.trainer.batch_size}: {lr:.6g}",
-            file=sys.stderr,
-        )
+        print(line, file=sys.stderr)
 
 
 def _report_skipped_images(trainer) -> None:
@@ -164,8 +162,8 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
             mirror = staged_run(remote, run_dir.name) if remote is not None else None
-            return _all_uploaded(_fit_in(config, run_dir, recipe, resume, trust_checkpoint, verbose, point, mirror),
-                                 mirror)
+            return _all_uploaded(_fit_in(config, run_dir, recipe, device, resume, trust_checkpoint, verbose, point,
+                                         mirror), mirror)
     except BaseException as exc:
         kept = not (fresh and lock is not None and not has_checkpoint(run_dir))
         if not kept:  # nothing worth keeping: leave no run directory behind
@@ -238,10 +236,13 @@ def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed
     return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)
 
 
-def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume: bool, trust_checkpoint: bool,
-            verbose: bool = False, point: Path | None = None, mirror: RemoteRun | None = None) -> TrainResult:
-    trainer = build_trainer(config, run_dir, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose,
-                            recipe=recipe, resume_from=point)
+def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, resume: bool,
+            trust_checkpoint: bool, verbose: bool, point: Path | None, mirror: RemoteRun | None) -> TrainResult:
+    """Build the run's Trainer and ``fit()`` it; how it ended goes to the run's history (summary.json, kept as
+    built), and into the result."""
+    built = build_trainer(config, run_dir, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
+                          verbose=verbose, resume_from=point)
+    trainer, history = built.trainer, built.history
     if mirror is not None:  # after every other callback: it uploads what they wrote
         trainer.state.callbacks.append(uploader(mirror))
     _log_lr_scaling(config, trainer)
@@ -252,29 +253,21 @@ def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], resume:
     try:
         if not finished:
             trainer.fit()
-    except BaseException as exc:
-        _record_outcome(trainer, _outcome(exc), exc)
+    except BaseException as exc:  # summary.json's status and reason, written at close
+        history.status = _outcome(exc)
+        history.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise
     finally:
         trainer.close()
         _report_skipped_images(trainer)
     state = trainer.state
     metrics: dict[str, Any] = {k: float(v) for k, v in state.eval_metric_values.items()}
-    history = next((c for c in state.callbacks if isinstance(c, RunHistory)), None)
     return TrainResult(
         run_dir=run_dir,
         epochs=int(state.timestamp.epoch),
         batches=int(state.timestamp.batch),
         eval_metrics=metrics,
-        seconds=(history.wall_time_sec or 0.0) if history is not None else 0.0,  # summary.json's wall_time_sec
-        status=history.status if history is not None else "finished",
-        reason=history.reason if history is not None else "",
+        seconds=history.wall_time_sec or 0.0,  # summary.json's wall_time_sec
+        status=history.status,
+        reason=history.reason,
     )
-
-
-def _record_outcome(trainer, status: str, exc: BaseException) -> None:
-    """Tell the run's history how the run ended (summary.json's status and reason, written at close)."""
-    for callback in trainer.state.callbacks:
-        if isinstance(callback, RunHistory):
-            callback.status = status
-            callback.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

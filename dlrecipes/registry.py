@@ -29,8 +29,10 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   ``pil_images=True`` (yields PIL images: the tensor cache, RandAugment and AugMix need it);
   ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
   ``classes=fn(params)`` (its class count when known without reading the data, else None).
-- algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)`` and
-  ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch).
+- algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)``,
+  ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch) and
+  ``changes_network=True`` (it changes the network's modules, as Composer's ``Algorithm.required_on_load()``
+  says: ``dlrecipes eval`` rebuilds the trained network with it before loading a checkpoint's weights).
 - losses: ``targets="class"`` or ``"regression"`` (what the loss trains; checked per task output).
 - metrics: ``report=True`` (a table written at the end of the run, see :mod:`dlrecipes.metrics`);
   ``top_k=fn(params)`` (the k of a top-k metric, checked against the data's classes).
@@ -195,8 +197,9 @@ def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, 
     door every build goes through (``Registry.build`` included).
 
     Factories may take positional-only parameters that are not recipe keys (the model for an
-    optimizer, the run directory for a callback, the class count for a metric); they are supplied
-    from ``context`` by name.
+    optimizer, the run directory for a callback, the class count for a metric, the run being built
+    for a callback or logger: :mod:`dlrecipes.core.run_context`); they are supplied from ``context``
+    by name.
     """
     entry = reg.get(name, key_path=key)
     supplied = []
@@ -233,7 +236,7 @@ optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
 algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm",
-                      ("conflicts_with", "requires", "image_label_batch"))
+                      ("conflicts_with", "requires", "image_label_batch", "changes_network"))
 callbacks = Registry("callbacks", "callback", "a composer Callback", "composer.core.Callback")
 loggers = Registry("loggers", "logger", "a composer LoggerDestination", "composer.loggers.LoggerDestination")
 losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",

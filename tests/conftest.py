@@ -147,6 +147,25 @@ def tiny_run(trained_tiny: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained_tiny, tmp_path / "runs" / "tiny", symlinks=True))
 
 
+def build_trainer(config, run_dir: Path, **kwargs):
+    """:func:`dlrecipes.builders.build_trainer` as the fit stage calls it (the recipe as plain data and the device,
+    each made once, here), for a test that builds a run's Trainer by hand: the Trainer it built."""
+    from dlrecipes.builders import build_trainer as build
+    from dlrecipes.core.distributed import resolve_device
+
+    return build(config, run_dir, config.to_dict(), resolve_device(config.trainer.device), **kwargs).trainer
+
+
+def prepare_run_dir(config, run_name: str, resume: bool) -> Path:
+    """``runs/<run_name>/`` made and the resolved recipe recorded in it, as the fit stage does, for a test that
+    builds the Trainer by hand."""
+    from dlrecipes.records.run_dir import make_run_dir, record_recipe
+
+    run = make_run_dir(Path(config.runs_dir) / run_name)
+    record_recipe(run, config.to_dict(), resume)
+    return run.path
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: bool = True,
             subprocess_: bool = False) -> subprocess.CompletedProcess:
     """Run ``dlrecipes ARGS`` and capture its output, exit code and all.

@@ -297,3 +297,101 @@ def test_the_names_check_sees_every_name_the_layout_owns():
                                'z = "metrics/eval/top1"') == []
     assert len(_run_file_spellings('p = run / "best.pt"\nq = run / "export"\nr = f"{run}/checkpoints"\n'
                                    's = f"train-rank{r}.log"\nt = "in its checkpoints/ folder"')) == 5
+
+
+# --- one home per fact -------------------------------------------------------------------------------------------
+
+PRECISION = "dlrecipes.core.precision"
+
+
+def _precision_spellings(source: str) -> list[str]:
+    """String literals equal to a ``trainer.precision`` value ("amp_fp16", ...): code that decodes the precision
+    itself (prose that names one, an error message say, is a longer string and not counted)."""
+    from dlrecipes.core.precision import PRECISIONS
+
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PRECISIONS]
+
+
+def test_only_the_precision_module_decodes_a_precision():
+    """What fp32 / amp_fp16 / amp_bf16 mean (autocast dtype, GradScaler, half data, fused optimizer) is
+    dlrecipes.core.precision's; the schema (config/sections.py) lists the values, and every other module asks."""
+    spelled = [f"{module} {where}" for module, path in sorted(MODULES.items())
+               if module not in (PRECISION, "dlrecipes.config.sections")
+               for where in _precision_spellings(path.read_text())]
+    assert not spelled, "\n".join(spelled)
+    assert len(_precision_spellings('if p == "amp_fp16":\n    raise E("amp_fp16 needs a GPU")\n')) == 1
+
+
+def test_the_schema_and_the_precision_module_name_the_same_precisions():
+    import typing
+
+    from dlrecipes.config import TrainerConfig
+    from dlrecipes.core.precision import PRECISIONS
+
+    hint = typing.get_type_hints(TrainerConfig)["precision"]
+    assert set(typing.get_args(hint)) == set(PRECISIONS)
+
+
+def test_lr_scaling_has_one_home():
+    """optimizer.scale_lr (its keys, check, rule and report) is dlrecipes.core.lr_scaling's: no other module
+    reads its keys."""
+    keys = {"scale_lr", "reference_batch_size"}
+    spelled = [f"{module} line {node.lineno}: {node.value!r}" for module, path in sorted(MODULES.items())
+               if module != "dlrecipes.core.lr_scaling" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value in keys]
+    assert not spelled, "\n".join(spelled)
+
+
+# --- what is built is kept, not searched for ---------------------------------------------------------------------
+
+def _run_components() -> set[str]:
+    """The package's callback and logger classes (and their mixins): what a builder makes for a run."""
+    roots = re.compile(r"(Callback|Logger|LoggerDestination)$")
+    bases: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if part_of(module) in ("components", "records"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases[node.name] = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+    found = {name for name, of in bases.items() if any(roots.search(b) for b in of)}
+    found |= {base for name in found for base in bases[name] if base in bases}  # their mixins
+    return found
+
+
+def _type_scans(source: str, classes: set[str]) -> list[str]:
+    """``isinstance(x, C)`` with C one of ``classes``: looking for an object by its type."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            names = {ast.unparse(n).rpartition(".")[2] for n in ast.walk(node.args[1])}
+            if names & classes:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_nothing_the_builder_made_is_searched_for_by_its_type():
+    """The run's history, terminal report, trackers and exporter are given what they need as they are built
+    (a RunContext, dlrecipes.core.run_context) and the fit stage keeps what build_trainer returns (BuiltRun):
+    no module finds one of the run's callbacks or loggers again with isinstance."""
+    classes = _run_components()
+    assert {"RunHistory", "TerminalReport", "RecordsTheRun", "ReadsAtInterval", "ExportForInference"} <= classes
+    scans = [f"{module} {where}" for module, path in sorted(MODULES.items())
+             for where in _type_scans(path.read_text(), classes)]
+    assert not scans, "\n".join(scans)
+    assert _type_scans("h = next(c for c in cs if isinstance(c, RunHistory))\nisinstance(e, Diverged)", classes) \
+        == ["line 1: isinstance(c, RunHistory)"]
+
+
+def test_the_builders_are_given_the_device_and_the_recipe():
+    """The device is resolved and the recipe turned into plain data once, by the caller (the fit stage): no builder
+    resolves the device again, and nothing falls back to ``config.to_dict()`` when the recipe was not passed."""
+    found = []
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if part_of(module) == "build" and isinstance(node, ast.Call) and ast.unparse(node.func) == "resolve_device":
+                found.append(f"{module} line {node.lineno}: resolves the device")
+            if isinstance(node, ast.IfExp) and "to_dict()" in ast.unparse(node.orelse):
+                found.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)

@@ -19,8 +19,8 @@ from dlrecipes.records.checkpoints import (
     resume_point,
 )
 from dlrecipes.errors import DataError, UserError
-from dlrecipes.builders import build_trainer
-from dlrecipes.records.run_dir import prepare_run_dir
+from tests.conftest import build_trainer
+from tests.conftest import prepare_run_dir
 from dlrecipes.fit import fit
 from tests.conftest import run_cli
 

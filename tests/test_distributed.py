@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrecipes.builders import scaled_lr
+from dlrecipes.core.lr_scaling import scaled_lr
 from dlrecipes.errors import UserError
 from dlrecipes.tools.launch import launcher_command
 

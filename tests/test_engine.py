@@ -15,7 +15,7 @@ from composer.core import Callback
 
 from dlrecipes import api
 from dlrecipes.engine import COMPOSER_VERSION, Trainer
-from dlrecipes.builders import build_trainer
+from .conftest import build_trainer
 
 from .conftest import REPO
 

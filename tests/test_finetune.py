@@ -8,8 +8,8 @@ import torch
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.algorithms.finetune import default_head, head_parameter_names
-from dlrecipes.builders import build_trainer
-from dlrecipes.records.run_dir import prepare_run_dir
+from tests.conftest import build_trainer
+from tests.conftest import prepare_run_dir
 from dlrecipes.fit import fit
 from tests.conftest import run_cli, write
 

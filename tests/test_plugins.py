@@ -100,3 +100,51 @@ def shout():
     assert "entry point 'loud_lr' = ep_plugin:shout" in registry.callbacks.get("loud_lr").source
     assert "package ep-plugin" in registry.callbacks.get("loud_lr").source
     sys.modules.pop("ep_plugin", None)
+
+
+PLUGIN_NETWORK_ALGORITHM = '''
+import torch
+from composer.core import Algorithm, Event
+
+from dlrecipes.registry import algorithms
+
+
+class WrapHead(Algorithm):
+    """Puts the network's last Linear layer inside a Sequential: its weights' names change (fc.weight -> fc.0.weight)."""
+
+    def match(self, event, state):
+        return event == Event.INIT
+
+    def apply(self, event, state, logger):
+        net = state.model.module
+        name = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+        parent, _, leaf = name.rpartition(".")
+        owner = net.get_submodule(parent) if parent else net
+        setattr(owner, leaf, torch.nn.Sequential(getattr(owner, leaf)))
+
+
+@algorithms.register("wrap_head", changes_network=True)
+def wrap_head():
+    """Wrap the classifier's last layer (a network-changing plugin algorithm)."""
+    return WrapHead()
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_algorithm_that_changes_the_network_is_rebuilt_for_eval(tmp_path):
+    """``changes_network=True`` on the registration is all a plugin says: eval rebuilds the trained network with it
+    (the checkpoint's weight names are the wrapped network's; loading them into the plain one would fail)."""
+    from dlrecipes.builders.trainer import network_algorithms
+
+    write(tmp_path / "wrap_head.py", PLUGIN_NETWORK_ALGORITHM)
+    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
+    recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\n")
+    trained = run_cli("train", str(recipe), f"imports=[{tmp_path / 'wrap_head.py'}]", "algorithms.wrap_head=true",
+                      "trainer.max_duration=1ep", "run_name=wrapped", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    evaluated = run_cli("eval", str(tmp_path / "runs" / "wrapped"), "--checkpoint", "latest", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "top1=" in evaluated.stdout
+    plugins.import_plugin("wrap_head.py", tmp_path, "imports")  # the registry says so (the CLI's plugins are gone)
+    assert registry.algorithms.get("wrap_head").metadata == {"changes_network": True}
+    assert network_algorithms({"wrap_head": {}, "label_smoothing": {}}) == {"wrap_head": {}}

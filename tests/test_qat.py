@@ -26,8 +26,8 @@ from dlrecipes.algorithms.qat import (
 )
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.builders import build_trainer
-from dlrecipes.records.run_dir import prepare_run_dir
+from .conftest import build_trainer
+from .conftest import prepare_run_dir
 from dlrecipes.fit import fit
 
 from .conftest import write

@@ -101,6 +101,25 @@ def test_resume_with_a_changed_model_is_one_line_and_exit_2(tiny_recipe, tmp_pat
     assert longer.returncode == 0 and "with changed settings: trainer.max_duration ('1ep' -> '2ep')" in longer.stderr
 
 
+def test_a_recipe_recorded_without_the_default_lr_resumes_unchanged(tiny_recipe, tmp_path):
+    """Validation fills the optimizer's default lr in; a run recorded before it did left it out and trained with that
+    default: resuming it is no change (another lr still is one)."""
+    import yaml
+
+    from dlrecipes.records.layout import RunDir
+
+    config = resolve(tiny_recipe, ["run_name=old", "~optimizer.lr"])
+    assert config.optimizer.params["lr"] == 0.1  # sgd's default, filled in
+    recorded = config.to_dict()
+    del recorded["optimizer"]["lr"]
+    run = RunDir(tmp_path / "runs" / "old")
+    run.path.mkdir(parents=True)
+    run.recipe.write_text(yaml.safe_dump(recorded, sort_keys=False))
+    assert check_resume(run.path, config.to_dict()) == []
+    assert check_resume(run.path, resolve(tiny_recipe, ["run_name=old", "optimizer.lr=0.2"]).to_dict()) == [
+        "optimizer.lr ((none) -> 0.2)"]
+
+
 def test_every_model_changing_algorithm_is_registered():
     from dlrecipes.registry import algorithms
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dlrecipes.api import resolve
-from dlrecipes.builders import build_trainer
-from dlrecipes.records.run_dir import prepare_run_dir
+from .conftest import build_trainer
+from .conftest import prepare_run_dir
 from dlrecipes.fit import fit
 
 from .conftest import REPO, run_cli

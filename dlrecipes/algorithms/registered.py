@@ -18,6 +18,7 @@ from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, default_
 from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
 from dlrecipes.core.distributed import world_size
 from dlrecipes.core.durations import Duration, parse_duration
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Fraction, NonNegative, Positive, Probability, Range
 from dlrecipes.registry import algorithms, datasets
@@ -42,7 +43,7 @@ def _needs_bottleneck_resnet(config) -> Optional[str]:
     )
 
 
-@algorithms.register("channels_last")
+@algorithms.register("channels_last", changes_network=True)
 def channels_last():
     """Store activations in NHWC memory order (faster convolutions on tensor-core GPUs)."""
     from composer.algorithms import ChannelsLast
@@ -58,7 +59,7 @@ def label_smoothing(smoothing: Probability = 0.1):
     return LabelSmoothing(smoothing=smoothing)
 
 
-@algorithms.register("blurpool")
+@algorithms.register("blurpool", changes_network=True)
 def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True, min_channels: int = 16):
     """Anti-aliased downsampling: blur before strided convolutions and max-pools (Zhang 2019)."""
     from composer.algorithms import BlurPool
@@ -197,7 +198,7 @@ def swa(
     )
 
 
-@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet)
+@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True)
 def stochastic_depth(
     target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
     stochastic_method: Literal["block", "sample"] = "block",
@@ -214,7 +215,7 @@ def stochastic_depth(
     )
 
 
-@algorithms.register("squeeze_excite")
+@algorithms.register("squeeze_excite", changes_network=True)
 def squeeze_excite(latent_channels: float = 64, min_channels: int = 128):
     """Add squeeze-and-excitation blocks after convolutions with enough channels (Hu et al. 2018)."""
     from composer.algorithms import SqueezeExcite
@@ -251,7 +252,7 @@ def _ghost_batch_fits(config) -> Optional[str]:
     return f"ghost_batch_size={ghost} is larger than the batch each device sees ({batch}); lower it"
 
 
-@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits)
+@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits, changes_network=True)
 def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
     """Normalise over sub-batches of ghost_batch_size instead of the whole batch."""
     from composer.algorithms import GhostBatchNorm
@@ -259,7 +260,7 @@ def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
     return GhostBatchNorm(ghost_batch_size=ghost_batch_size)
 
 
-@algorithms.register("weight_standardization")
+@algorithms.register("weight_standardization", changes_network=True)
 def weight_standardization(n_last_layers_ignore: int = 0):
     """Standardise convolution weights to zero mean and unit variance (Qiao et al. 2019)."""
     from composer.algorithms import WeightStandardization
@@ -275,7 +276,7 @@ def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
     return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
 
 
-@algorithms.register("gradient_checkpointing")
+@algorithms.register("gradient_checkpointing", changes_network=True)
 def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
     """Recompute the activations of residual blocks in backward instead of storing them (memory for compute)."""
     from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
@@ -330,7 +331,7 @@ def _check_qat_times(params: dict, path: str) -> None:
 def _qat_fits_the_run(config) -> Optional[str]:
     """QAT runs in fp32, in one process, uncompiled, and its times fall inside training."""
     t = config.trainer
-    if t.precision != "fp32":
+    if precision_of(t.precision).mixed:
         return f"fake quantization needs fp32 activations; trainer.precision is {t.precision} (use fp32)"
     if t.compile is not False:
         return (
@@ -361,6 +362,7 @@ def _qat_fits_the_run(config) -> Optional[str]:
     },
     requires=_qat_fits_the_run,
     validator=_check_qat_times,
+    changes_network=True,
 )
 def qat(
     run_dir=None,

@@ -1,8 +1,9 @@
 """Builders: a validated section in, an object out.  One small function per section.
 
 Each goes through :func:`dlrecipes.registry.build_component`, which supplies a factory's
-positional-only parameters (the model for an optimizer, the run directory for a logger) from
-the context and checks the type of what it returns.
+positional-only parameters (the model for an optimizer, the run directory for a logger, the
+run's :class:`~dlrecipes.core.run_context.RunContext` for a callback or logger that needs it)
+from the context and checks the type of what it returns.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
+from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import split_batch, torch_device, world_size
+from dlrecipes.core.run_context import RunContext
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import build_component
@@ -171,30 +174,16 @@ def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bo
     return DataSpec(loader, num_samples=loader.num_samples)
 
 
-def scaled_lr(lr: float, rule: str, batch_size: int, reference_batch_size: int | None) -> float:
-    """The learning rate for ``batch_size`` when ``lr`` was tuned at ``reference_batch_size``:
-    linear (Goyal et al. 2017: lr x k for a k-times larger batch), sqrt (lr x sqrt(k)), or none."""
-    if rule == "none" or not reference_batch_size:
-        return lr
-    ratio = batch_size / reference_batch_size
-    return lr * (ratio if rule == "linear" else ratio**0.5)
-
-
 def build_optimizer(cfg: Component, model, global_batch_size: int | None = None, fused: bool = False):
-    """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size.
+    """The optimizer; with ``scale_lr``, its lr is rescaled to the recipe's global batch size
+    (:mod:`dlrecipes.core.lr_scaling`).
 
     ``fused``: what a factory with a ``fused`` parameter gets when the recipe leaves it unset
-    (True for amp_fp16 on a GPU: see :mod:`dlrecipes.optim`).
+    (True for amp_fp16 on a GPU: see :mod:`dlrecipes.core.precision`).
     """
-    from dlrecipes.config import LR_SCALING_KEYS
-
-    params = {k: v for k, v in cfg.params.items() if k not in LR_SCALING_KEYS}
+    params = lr_scaling.optimizer_params(cfg.params, global_batch_size)
     if fused and "fused" in registry.optimizers.get(cfg.name).parameters and params.get("fused") is None:
         params["fused"] = True
-    rule = cfg.params.get("scale_lr", "none")
-    if rule != "none" and global_batch_size:
-        lr = params.get("lr", registry.optimizers.get(cfg.name).parameters["lr"].default)
-        params["lr"] = scaled_lr(lr, rule, global_batch_size, cfg.params["reference_batch_size"])
     return build_component(registry.optimizers, cfg.name, params, "optimizer.name", model=model)
 
 
@@ -208,11 +197,13 @@ def build_algorithms(cfgs: dict[str, dict[str, Any]], run_dir: Path | None = Non
             for name, params in cfgs.items()]
 
 
-def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir)
+def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
+    """The recipe's callbacks; ``run_dir`` and ``run`` go to factories that take them positional-only."""
+    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir, run=run)
             for name, params in cfgs.items()]
 
 
-def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path) -> list:
-    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir)
+def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
+    """The recipe's loggers; ``run_dir`` and ``run`` go to factories that take them positional-only."""
+    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir, run=run)
             for name, params in cfgs.items()]

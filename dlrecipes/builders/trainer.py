@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -12,8 +13,10 @@ from dlrecipes.builders.components import (
     build_scheduler,
 )
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core.distributed import local_world_size, rank, resolve_device, same_on_all_ranks, world_size
+from dlrecipes.core.distributed import local_world_size, rank, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
+from dlrecipes.core.precision import precision_of
+from dlrecipes.core.run_context import RunContext
 from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoints import make_saver
 from dlrecipes.records.layout import RunDir
@@ -119,16 +122,25 @@ def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: b
             f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
-                  verbose: bool = False, recipe: Optional[dict[str, Any]] = None, resume_from: Optional[Path] = None):
+@dataclass(frozen=True)
+class BuiltRun:
+    """What :func:`build_trainer` built that its caller uses afterwards, kept as it was built."""
+
+    trainer: Any  # the Trainer (dlrecipes.engine.Trainer), not yet fitted
+    history: Any  # the run's RunHistory, among the trainer's callbacks: how the run ended (summary.json)
+
+
+def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, *, resume: bool = False,
+                  trust_checkpoint: bool = False, verbose: bool = False,
+                  resume_from: Optional[Path] = None) -> BuiltRun:
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
+    ``recipe``: the config as plain data (what the run's history and trackers record) and ``device``
+    (``resolve_device(config.trainer.device)``), each made once by the caller (the fit stage).
     ``trust_checkpoint`` allows a full unpickle of a ``checkpoint.load_path`` outside the run
     directory (see :mod:`dlrecipes.records.checkpoints`); ``verbose`` adds Composer's own
-    console logging (its config banner and every metric at ``trainer.console_log_interval``);
-    ``recipe``: the config as plain data (what the run's history records), when the caller has it.
+    console logging (its config banner and every metric at ``trainer.console_log_interval``).
     """
-    device = resolve_device(config.trainer.device)
     data, model = _seeded_model(config)
     ckpt = config.checkpoint
     if ckpt.save:
@@ -137,23 +149,31 @@ def build_trainer(config: RecipeConfig, run_dir: Path, resume: bool = False, tru
     load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint, resume_from)
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
                                          algorithms=config.algorithms)
-    callbacks = _run_callbacks(config, run_dir, device, data, periodic, recipe)
-    loggers = _loggers(config, run_dir, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
-    _bind_trackers(loggers, callbacks, run_dir, recipe if recipe is not None else config.to_dict(), device)
-    _bind_terminal(loggers, callbacks)
-    return _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
-                    load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+    run = _run_context(config, run_dir, recipe, device, data)
+    callbacks = _run_callbacks(config, run, periodic)
+    loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
+    trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
+                       load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+    return BuiltRun(trainer, run.history)
 
 
-def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any):
+def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any, recipe: dict[str, Any], device: str):
     """The recipe's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
     model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
-    no checkpoints and no terminal output."""
-    device = resolve_device(config.trainer.device)
+    no checkpoints and no terminal output.  ``recipe`` and ``device`` as for :func:`build_trainer`."""
     data, model = _seeded_model(config)
-    callbacks = _run_callbacks(config, run_dir, device, data, periodic=False)
+    run = _run_context(config, run_dir, recipe, device, data)
+    callbacks = _run_callbacks(config, run, periodic=False)
     return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
-                    _loggers(config, run_dir, terminal=None), verbose=False, load={}, max_duration="100000000ba")
+                    _loggers(config, run, terminal=None), verbose=False, load={}, max_duration="100000000ba")
+
+
+def _run_context(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, data) -> RunContext:
+    """What the run's callbacks and loggers are given as they are built, its history made here, once."""
+    from dlrecipes.records.history import RunHistory
+
+    history = RunHistory(run_dir, recipe, device)
+    return RunContext(run_dir, recipe, device, data, history, read_every=config.trainer.log_interval)
 
 
 def _seeded_model(config: RecipeConfig):
@@ -170,26 +190,19 @@ def _seeded_model(config: RecipeConfig):
     return data, model
 
 
-def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, periodic: bool,
-                   recipe: Optional[dict[str, Any]] = None) -> list:
-    """The recipe's callbacks, then every run's: stopping a diverged run, history, periodic saves, stopping on
-    signals, best.pt, report."""
-    from dlrecipes.callbacks.exporter import ExportForInference
+def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> list:
+    """The recipe's callbacks (given ``run``: see :mod:`dlrecipes.core.run_context`), then every run's: stopping a
+    diverged run, history, periodic saves, stopping on signals, best.pt, report."""
     from dlrecipes.callbacks.keep_best import BestCheckpoint
     from dlrecipes.callbacks.monitors import StopOnDivergence
     from dlrecipes.callbacks.preemption import StopOnSignal
     from dlrecipes.metrics.report import ClassReport, report_tables
-    from dlrecipes.records.history import RunHistory
 
-    ckpt, checkpoint_dir = config.checkpoint, RunDir(run_dir).checkpoints
-    callbacks = build_callbacks(config.callbacks, run_dir)
-    for callback in callbacks:
-        if isinstance(callback, ExportForInference):  # it writes the data's preprocessing beside the model
-            callback.preprocess, callback.class_names = data.preprocess, data.class_names
-            callback.num_classes = data.num_classes
-    lr = config.optimizer.params.get("lr", registry.optimizers.get(config.optimizer.name).parameters["lr"].default)
-    callbacks.append(StopOnDivergence(config.trainer.log_interval, lr if isinstance(lr, (int, float)) else None))
-    callbacks.append(RunHistory(run_dir, recipe if recipe is not None else config.to_dict(), device))
+    ckpt, checkpoint_dir, data = config.checkpoint, RunDir(run.path).checkpoints, run.data
+    callbacks = build_callbacks(config.callbacks, run.path, run)
+    lr = config.optimizer.params.get("lr")  # validation filled the optimizer's default in
+    callbacks.append(StopOnDivergence(run.read_every, lr if isinstance(lr, (int, float)) else None))
+    callbacks.append(run.history)
     saver = make_saver(checkpoint_dir, ckpt.save_interval, ckpt.keep) if periodic else None
     if saver is not None:
         callbacks.append(saver)
@@ -199,52 +212,25 @@ def _run_callbacks(config: RecipeConfig, run_dir: Path, device: str, data, perio
         callbacks.append(best)
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
-        callbacks.append(ClassReport(run_dir, data.num_classes, data.class_names, tables, best))
+        callbacks.append(ClassReport(run.path, data.num_classes, data.class_names, tables, best))
     return callbacks
 
 
-def _loggers(config: RecipeConfig, run_dir: Path, terminal: Optional[str]) -> list:
-    """The recipe's loggers, the run's log file and, with ``terminal`` (its start line), the terminal report."""
-    from dlrecipes.loggers.read_back import ReadsAtInterval
+def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> list:
+    """The recipe's loggers (given ``run``: trackers record the recipe and how the run ended, and read values back
+    every ``run.read_every`` batches), the run's log file and, with ``terminal`` (its start line), the terminal
+    report (its epoch loss is the epoch's mean, as the run's history records it)."""
     from dlrecipes.loggers.run_log import RunLogFile
 
-    loggers = build_loggers(config.loggers, run_dir)
-    read_every = config.trainer.log_interval  # batches between loss read-backs
-    for logger in loggers:
-        if isinstance(logger, ReadsAtInterval):
-            logger.read_every = read_every
-    loggers.append(RunLogFile(filename=str(RunDir(run_dir).log("{rank}")), log_traces=False, read_every=read_every))
+    loggers = build_loggers(config.loggers, run.path, run)
+    loggers.append(RunLogFile(filename=str(RunDir(run.path).log("{rank}")), log_traces=False,
+                              read_every=run.read_every))
     if terminal is not None:
         from dlrecipes.loggers.notebook import make_report
 
         loggers.append(make_report(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
-                                      read_every=read_every, start_line=terminal))
+                                   read_every=run.read_every, start_line=terminal, history=run.history))
     return loggers
-
-
-def _bind_terminal(loggers: list, callbacks: list) -> None:
-    """The epoch table's loss is the epoch's mean, as the run's history records it."""
-    from dlrecipes.loggers.terminal import TerminalReport
-    from dlrecipes.records.history import RunHistory
-
-    history = next((c for c in callbacks if isinstance(c, RunHistory)), None)
-    for logger in loggers:
-        if isinstance(logger, TerminalReport):
-            logger.history = history
-
-
-def _bind_trackers(loggers: list, callbacks: list, run_dir: Path, recipe: dict[str, Any], device: str) -> None:
-    """Give each experiment tracker the whole run: the recipe, tags, and the history that knows how it ended."""
-    from dlrecipes.loggers.run_record import RecordsTheRun, run_tags
-    from dlrecipes.records.history import RunHistory
-
-    trackers = [logger for logger in loggers if isinstance(logger, RecordsTheRun)]
-    if not trackers:
-        return
-    history = next((c for c in callbacks if isinstance(c, RunHistory)), None)
-    tags = run_tags(recipe, device, world_size())
-    for tracker in trackers:
-        tracker.bind(run_dir, recipe, tags, history)
 
 
 def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
@@ -253,7 +239,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
 
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
-                                         fused=t.precision == "amp_fp16" and device == "gpu")
+                                         fused=precision_of(t.precision).fused_optimizer and device == "gpu")
     algorithms = build_algorithms(config.algorithms, run_dir)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)
@@ -274,22 +260,25 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
     )
 
 
-# Algorithms that change the network's modules: an evaluation rebuilds the trained network with them before
-# the checkpoint's weights are loaded. (The rest act on training only.)
-NETWORK_ALGORITHMS = ("blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
-                      "qat", "gradient_checkpointing", "channels_last")
+def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The recipe's algorithms that change the network's modules (registered with ``changes_network=True``):
+    an evaluation rebuilds the trained network with them before the checkpoint's weights are loaded. (The rest
+    act on training only.)"""
+    return {name: params for name, params in algorithms.items()
+            if registry.algorithms.get(name, f"algorithms.{name}").metadata.get("changes_network")}
 
 
-def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, callbacks: Sequence[Any] = ()):
+def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, device: str,
+                       callbacks: Sequence[Any] = ()):
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
-    and its evaluation split, in a Trainer for :meth:`Trainer.eval`. Returns (trainer, data)."""
+    and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
+    Returns (trainer, data)."""
     from dlrecipes.engine import Trainer
 
     t = config.trainer
-    device = resolve_device(t.device)
     data, model = _seeded_model(config)
     loaders = build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
-    network = {name: params for name, params in config.algorithms.items() if name in NETWORK_ALGORITHMS}
+    network = network_algorithms(config.algorithms)
     trainer = Trainer(
         model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
         callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,

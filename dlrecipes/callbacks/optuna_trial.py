@@ -43,9 +43,10 @@ def journal_storage(path: str):
 
 class OptunaTrial(Callback):
     def __init__(self, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
-                 warmup_evaluations: int = 1):
+                 warmup_evaluations: int = 1, history: Any = None):
         self.storage_path, self.study_name, self.number, self.monitor = storage, study, trial, monitor
         self.startup_trials, self.warmup_evaluations = startup_trials, warmup_evaluations
+        self.history = history  # the run's RunHistory: summary.json says a pruned run was pruned
         self.reported = 0  # evaluations so far: the step of the next report
         self._trial: Any = None
 
@@ -81,12 +82,9 @@ class OptunaTrial(Callback):
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(pruned, src=0)
         if pruned[0]:
-            from dlrecipes.records.history import RunHistory
-
-            for callback in state.callbacks:  # summary.json says how the run ended
-                if isinstance(callback, RunHistory):
-                    callback.status = "pruned"
-                    callback.reason = (f"pruned by the Optuna study '{self.study_name}' after evaluation "
+            if self.history is not None:  # summary.json says how the run ended
+                self.history.status = "pruned"
+                self.history.reason = (f"pruned by the Optuna study '{self.study_name}' after evaluation "
                                        f"{self.reported} ({self.monitor} {state.eval_metric_values[self.monitor]:.4f})"
                                        if dist.get_global_rank() == 0 else "pruned by the Optuna study")
             state.stop_training()

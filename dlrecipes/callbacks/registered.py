@@ -115,7 +115,7 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
 
 
 @callbacks.register("optuna_trial")
-def optuna_trial(storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
+def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
                  warmup_evaluations: int = 1):
     """Report the eval metric to an Optuna trial after each evaluation and stop when the median pruner prunes
     it (added by `dlrecipes sweep --search optuna`; needs the optuna extra)."""
@@ -124,12 +124,15 @@ def optuna_trial(storage: str, study: str, trial: int, monitor: str = "top1", st
     if startup_trials < 0 or warmup_evaluations < 0:
         raise RecipeError("callbacks.optuna_trial: startup_trials and warmup_evaluations are 0 or more")
     import_optuna()  # a missing extra is one line at build time, not a failure after the first epoch
-    return OptunaTrial(storage, study, trial, monitor, startup_trials, warmup_evaluations)
+    # a pruned trial's summary.json says so: its history is the run's
+    return OptunaTrial(storage, study, trial, monitor, startup_trials, warmup_evaluations,
+                       history=run.history if run is not None else None)
 
 
 @callbacks.register("export", validator=check_export)
 def export(
     run_dir,
+    run=None,
     /,
     formats: tuple[Literal["torchscript", "onnx"], ...] = EXPORT_FORMATS,
     batch_size: int = 1,
@@ -143,7 +146,11 @@ def export(
     from dlrecipes.callbacks.exporter import ExportForInference
     from dlrecipes.records.layout import RunDir
 
-    return ExportForInference(
+    exporter = ExportForInference(
         RunDir(run_dir).exports, formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
         atol=atol, rtol=rtol, onnx_opset=onnx_opset, trial=trial,
     )
+    if run is not None:  # the data's preprocessing and classes, written beside the model
+        exporter.preprocess, exporter.class_names = run.data.preprocess, run.data.class_names
+        exporter.num_classes = run.data.num_classes
+    return exporter

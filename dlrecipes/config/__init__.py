@@ -10,12 +10,12 @@ cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.d
 
 from dlrecipes.config.checks import check_component
 from dlrecipes.config.sections import (
-    COMPONENT_MAPS, COMPONENT_SECTIONS, LR_SCALING_KEYS, CheckpointConfig, Component, FinetuneConfig, OutputConfig,
+    COMPONENT_MAPS, COMPONENT_SECTIONS, CheckpointConfig, Component, FinetuneConfig, OutputConfig,
     RecipeConfig, TaskConfig, TrainerConfig,
 )
 from dlrecipes.config.validation import validate
 
 __all__ = [
-    "COMPONENT_MAPS", "COMPONENT_SECTIONS", "LR_SCALING_KEYS", "CheckpointConfig", "Component", "FinetuneConfig",
+    "COMPONENT_MAPS", "COMPONENT_SECTIONS", "CheckpointConfig", "Component", "FinetuneConfig",
     "OutputConfig", "RecipeConfig", "TaskConfig", "TrainerConfig", "check_component", "validate",
 ]

@@ -10,7 +10,8 @@ from typing import Any, Collection, Union
 from dlrecipes import registry
 from dlrecipes.config.tasks import declared_io
 from dlrecipes.config.schema import check, check_params
-from dlrecipes.config.sections import FSDP_KEYS, LR_SCALING_KEYS, Component, RecipeConfig, compile_keys
+from dlrecipes.config.sections import FSDP_KEYS, Component, RecipeConfig, compile_keys
+from dlrecipes.core import lr_scaling
 from dlrecipes.core.outputs import EVAL_LOSS, metric_names
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.errors import RecipeError, did_you_mean, shown
@@ -33,12 +34,22 @@ def check_component(value: Any, section: str, reg: registry.Registry) -> Compone
     params = {k: v for k, v in value.items() if k != "name"}
     own = {}
     if section == "optimizer":
-        own = {k: check(params.pop(k), tp, f"optimizer.{k}") for k, tp in LR_SCALING_KEYS.items() if k in params}
-        if own.get("scale_lr", "none") != "none" and not own.get("reference_batch_size"):
-            raise RecipeError("optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was tuned for)")
+        own = {k: check(params.pop(k), tp, f"optimizer.{k}") for k, tp in lr_scaling.KEYS.items() if k in params}
     checked = check_params(params, entry.parameters, _hints(entry.factory), section, f"{reg.what} '{name}'")
     _run_validator(entry, checked, section)
+    if section == "optimizer":
+        checked = _with_default_lr(checked, entry)
+        lr_scaling.check(own, checked, name)
     return Component(name, {**checked, **own})
+
+
+def _with_default_lr(params: dict[str, Any], entry: registry.Entry) -> dict[str, Any]:
+    """The optimizer's learning rate is always in the resolved recipe: its factory's default when the recipe
+    leaves it out (filled here once: the builders, the divergence check and ``show`` read ``optimizer.lr``)."""
+    accepted = entry.parameters.get("lr")
+    if "lr" not in params and accepted is not None and accepted.default is not accepted.empty:
+        params = {"lr": accepted.default, **params}
+    return params
 
 
 def check_component_map(value: Any, section: str, reg: registry.Registry) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlrecipes.core.distributed import local_world_size, resolve_device, split_batch
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError, UserError
 
 # Ends every "this machine has no GPU" error: a GPU recipe is often checked on a laptop before it is sent to a cluster.
@@ -20,7 +21,7 @@ def check_device(config: Any) -> None:
     """Whether this machine can run the recipe's device, precision, FSDP and microbatching."""
     t = config.trainer
     needs_gpu = (
-        t.precision != "fp32" or t.device_train_microbatch_size == "auto" or t.device == "gpu" or t.fsdp is not None
+        precision_of(t.precision).mixed or t.device_train_microbatch_size == "auto" or t.device == "gpu" or t.fsdp is not None
     )
     if not needs_gpu:
         return
@@ -31,7 +32,7 @@ def check_device(config: Any) -> None:
         if not torch.cuda.is_available():
             raise RecipeError("trainer.device: 'gpu' requested but no CUDA GPU is available: use 'cpu' or 'auto' "
                               + ON_A_MACHINE_WITHOUT_GPU)
-        if t.precision == "amp_bf16" and not torch.cuda.is_bf16_supported():
+        if precision_of(t.precision).needs_bf16 and not torch.cuda.is_bf16_supported():
             raise RecipeError("trainer.precision: amp_bf16 is not supported by this GPU (use amp_fp16 or fp32)")
         if local_world_size() > torch.cuda.device_count():  # started by a launcher with too many processes
             raise UserError(f"-n/--nproc: {local_world_size()} processes per node but this node has "
@@ -40,7 +41,7 @@ def check_device(config: Any) -> None:
     if t.fsdp is not None:
         raise RecipeError(f"trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp "
                           f"{ON_A_MACHINE_WITHOUT_GPU}.")
-    if t.precision != "fp32":
+    if precision_of(t.precision).mixed:
         raise RecipeError(
             f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "
             f"(Composer supports only fp32 there). Use trainer.precision=fp32 {ON_A_MACHINE_WITHOUT_GPU}."

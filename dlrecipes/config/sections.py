@@ -227,13 +227,6 @@ COMPONENT_MAPS = {
 }
 
 
-# Optimizer keys the builder handles itself (they are not the optimizer factory's parameters).
-LR_SCALING_KEYS = {
-    "scale_lr": Literal["none", "linear", "sqrt"],
-    "reference_batch_size": Optional[int],
-}
-
-
 # What Composer's FSDPConfig accepts (kept here so validation imports neither Composer nor torch;
 # tests/test_validation.py checks it against the installed Composer).
 FSDP_KEYS = (

@@ -4,7 +4,10 @@
 - :mod:`.distributed`: this process among the launcher's processes (rank, world size, device),
   the one batch-divisibility check, and agreement among the ranks (host-side reductions);
 - :mod:`.outputs`: what a model's outputs are and how their metrics are named;
-- :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal.
+- :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal;
+- :mod:`.precision`: what each ``trainer.precision`` means (autocast dtype, GradScaler, half data, fused optimizer);
+- :mod:`.lr_scaling`: ``optimizer.scale_lr``'s keys, check, rule and report;
+- :mod:`.run_context`: what a callback or logger factory is told of the run being built.
 
 Besides :mod:`dlrecipes.errors` these modules import nothing of dlrecipes, and torch only inside
 functions that need it, so validation (which uses all three) stays fast.

@@ -18,6 +18,7 @@ import torch
 from composer.core import DataSpec
 
 from dlrecipes.core.distributed import torch_device
+from dlrecipes.core.precision import precision_of
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
 
 
@@ -155,7 +156,7 @@ def build_ffcv_loaders(
     on_device = torch_device(device)
     common = {
         "num_workers": num_workers, "device": on_device, "seed": seed, "rank": dist.get_global_rank(),
-        "world_size": dist.get_world_size(), "half": precision == "amp_fp16", "channels_last": channels_last,
+        "world_size": dist.get_world_size(), "half": precision_of(precision).half_data, "channels_last": channels_last,
     }
     return (
         FFCVLoader(train, train_batch, **common),

@@ -43,20 +43,32 @@ def _require(module: str, extra: str, pip_spec: str) -> None:
         )
 
 
+def _told(tracker, run):
+    """A tracker told about its run (``run``, a RunContext, when built for one): the recipe, tags and history it
+    records (:class:`~dlrecipes.loggers.run_record.RecordsTheRun`), and how often it reads values back
+    (:class:`~dlrecipes.loggers.read_back.ReadsAtInterval`)."""
+    if run is not None:
+        tracker.read_every = run.read_every
+        tracker.bind(run)
+    return tracker
+
+
 @loggers.register("tensorboard")
-def tensorboard(run_dir, /, log_dir: Optional[str] = None, flush_interval: int = 100):
+def tensorboard(run_dir, run=None, /, log_dir: Optional[str] = None, flush_interval: int = 100):
     """TensorBoard event files (default: <run dir>/tensorboard)."""
     _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
     from dlrecipes.loggers.trackers import TensorboardLogger
 
     from dlrecipes.records.layout import RunDir
 
-    return TensorboardLogger(log_dir=log_dir or str(RunDir(run_dir).tensorboard), flush_interval=flush_interval)
+    return _told(TensorboardLogger(log_dir=log_dir or str(RunDir(run_dir).tensorboard), flush_interval=flush_interval),
+                 run)
 
 
 @loggers.register("wandb")
 def wandb(
     run_dir,
+    run=None,
     /,
     project: Optional[str] = None,
     entity: Optional[str] = None,
@@ -85,12 +97,13 @@ def wandb(
     logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags,
                          init_kwargs=where)
     logger.log_artifacts = log_artifacts
-    return logger
+    return _told(logger, run)
 
 
 @loggers.register("mlflow")
 def mlflow(
     run_dir,
+    run=None,
     /,
     tracking_uri: Optional[str] = None,
     experiment_name: Optional[str] = None,
@@ -121,4 +134,4 @@ def mlflow(
         tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
     )
     logger.log_artifacts = log_artifacts
-    return logger
+    return _told(logger, run)

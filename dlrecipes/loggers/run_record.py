@@ -83,15 +83,19 @@ def artifact_paths(run_dir: Path, which: str) -> list[Path]:
 
 
 class RecordsTheRun:
-    """Mixin for a tracker destination (see the module docstring). The builder sets ``run_dir``, ``recipe``,
-    ``tags`` and ``history`` (by :meth:`bind`; the run's :class:`~dlrecipes.records.history.RunHistory`, whose ``status`` is
-    the run's outcome); the tracker class supplies :meth:`record_parameters` and :meth:`record_end`."""
+    """Mixin for a tracker destination (see the module docstring). Its factory gives it the run (:meth:`bind`, with
+    the run's :class:`~dlrecipes.core.run_context.RunContext`: the directory, the recipe, tags from it, and the run's
+    :class:`~dlrecipes.records.history.RunHistory`, whose ``status`` is the run's outcome); the tracker class
+    supplies :meth:`record_parameters` and :meth:`record_end`."""
 
     tracker = "tracker"  # the recipe key named in warnings, e.g. loggers.mlflow
     log_artifacts = "files"
 
-    def bind(self, run_dir: Path, recipe: dict[str, Any], tags: dict[str, str], history: Any) -> None:
-        self.record_dir, self.record_recipe, self.record_tags, self.record_history = Path(run_dir), recipe, tags, history
+    def bind(self, run: Any) -> None:
+        from dlrecipes.core.distributed import world_size
+
+        self.record_dir, self.record_recipe, self.record_history = Path(run.path), run.recipe, run.history
+        self.record_tags = run_tags(run.recipe, run.device, world_size())
 
     # --- what each tracker does -----------------------------------------------------------------------------
 

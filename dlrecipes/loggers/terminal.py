@@ -147,7 +147,7 @@ class TerminalReport(LoggerDestination):
     """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
 
     def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
-                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None):
+                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None, history: Any = None):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live and self.tty
@@ -173,7 +173,7 @@ class TerminalReport(LoggerDestination):
         self._widths: list[int] = []
         self._shown: list[tuple[str, int]] = []  # the columns of the header printed last
         self.start_line = start_line
-        self.history: Any = None  # the run's RunHistory (set by the builder): the epoch table's loss is its mean
+        self.history = history  # the run's RunHistory (given by the builder): the epoch table's loss is its mean
 
     # --- values the engine and Composer log --------------------------------------------------
 

@@ -5,7 +5,8 @@ parameters by keyword.  ``no_decay_norm_and_bias`` puts 1-D parameters (biases a
 scales) in a group without weight decay, as most ImageNet recipes do.
 
 ``fused`` (torch's SGD and AdamW): one kernel for the whole update.  Left unset, the builder
-turns it on for ``amp_fp16`` on a GPU, where it matters most: a fused optimizer takes the
+turns it on where the precision says so (``amp_fp16`` on a GPU, :mod:`dlrecipes.core.precision`), where it
+matters most: a fused optimizer takes the
 gradient scaler's inf/NaN flag on the device, while any other optimizer makes
 ``GradScaler.step`` read that flag back (a wait for the GPU) every step.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dlrecipes import registry
 from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.run_files import read_recipe
@@ -53,6 +54,17 @@ def changes(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
     return [(k, old.get(k), now.get(k)) for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k)]
 
 
+def _default_lr(recorded: dict, change: tuple[str, Any, Any]) -> bool:
+    """Whether ``change`` is the optimizer's default lr that validation fills in now, absent from a recipe
+    recorded before it did: that run trained with the same default, which is no change."""
+    key, before, after = change
+    name = flatten(recorded).get("optimizer.name")
+    if key != "optimizer.lr" or before is not None or name not in registry.optimizers:
+        return False
+    lr = registry.optimizers.get(name).parameters.get("lr")
+    return lr is not None and lr.default == after
+
+
 def _show(key: str, before: Any, after: Any) -> str:
     fmt = lambda v: "(none)" if v is None else repr(v)  # noqa: E731
     return f"{key} ({fmt(before)} -> {fmt(after)})"
@@ -64,7 +76,7 @@ def check_resume(run_dir: Path, new: dict) -> list[str]:
     if recorded is None:
         return []
     ignored = {"run_name", "description"}
-    found = [c for c in changes(recorded, new) if c[0].split(".")[0] not in ignored]
+    found = [c for c in changes(recorded, new) if c[0].split(".")[0] not in ignored and not _default_lr(recorded, c)]
     refused = [_show(*c) for c in found if _cannot_continue(c[0])]
     if refused:
         raise RecipeError(

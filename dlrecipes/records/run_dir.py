@@ -197,15 +197,3 @@ def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) 
         if run.recipe.exists():
             run.recipe.rename(run.replaced_recipe(time.strftime('%Y%m%d-%H%M%S')))
         run.recipe.write_text(resolved)
-
-
-def prepare_run_dir(config: Any, run_name: str, resume: bool, recipe: dict[str, Any] | None = None) -> Path:
-    """Create ``runs/<run_name>/`` and write the resolved recipe there (rank 0), for a caller that builds the
-    Trainer itself (``build_trainer(config, prepare_run_dir(config, name, resume=False))``; the fit stage
-    makes its run directory once and records the recipe with :func:`record_recipe`).  ``recipe``: the config
-    as plain data, when the caller has it already."""
-    run = RunDir(Path(config.runs_dir) / run_name)
-    if rank() == 0:
-        make_run_dir(run)
-    record_recipe(run, recipe if recipe is not None else config.to_dict(), resume)
-    return run.path

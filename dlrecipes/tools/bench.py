@@ -28,6 +28,7 @@ import torch
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core.distributed import resolve_device, torch_device
+from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 
 
@@ -70,9 +71,10 @@ class PlainLoop:
         self.module, self.optimizer, self.loss_fn = module.train(), optimizer, loss_fn
         self.microbatch = microbatch
         self.channels_last = channels_last
-        dtype = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
+        facts = precision_of(precision)
+        dtype = getattr(torch, facts.autocast_dtype) if facts.autocast_dtype else None
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
+        self.scaler = torch.amp.GradScaler(device.type) if facts.grad_scaler else None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.channels_last:
@@ -178,7 +180,8 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
     batches = in_memory_batches(config, max(steps, 8), device)
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1))
+        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1),
+                                      config.to_dict(), device_name)
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
         module = copy.deepcopy(trainer.state.model.module)  # same initial weights (and channels-last if applied)
@@ -238,7 +241,8 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     batches = in_memory_batches(config, 4, device)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_bench_trainer(
-            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches))
+            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)),
+            config.to_dict(), device_name,
         )
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

@@ -122,6 +122,7 @@ def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: 
     """The run's network with ``target``'s checkpoint weights, in an evaluation Trainer, and the data:
     (trainer, data). ``config``: the run's recipe (with any overrides), validated."""
     from dlrecipes.builders.trainer import build_eval_trainer
+    from dlrecipes.core.distributed import resolve_device
     from dlrecipes.loggers.terminal import hide_harmless_warnings
     from dlrecipes.records.checkpoints import check_checkpoint, check_trusted
 
@@ -134,7 +135,8 @@ def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: 
         hide_harmless_warnings()
         warnings.filterwarnings("ignore", message="No optimizer was specified")  # none is needed: no step is taken
         try:
-            trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent)
+            trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent,
+                                               resolve_device(config.trainer.device))
         except RuntimeError as exc:
             if "state_dict" not in str(exc):
                 raise
