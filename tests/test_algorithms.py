@@ -40,6 +40,8 @@ SETUP = {
     "stochastic_depth": ["model={name: torchvision, arch: resnet50, min_input_size: 32}"],
     "randaugment": ["PIL_DATA"],
     "augmix": ["PIL_DATA"],
+    # the batch policies work on pixels: a dataset that says how it normalises (synthetic noise does not)
+    **{name: ["PIL_DATA"] for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")},
     "ghost_batchnorm": ["algorithms.ghost_batchnorm={ghost_batch_size: 4}"],
     "distillation": ["TEACHER"],
     "swa": ["trainer.max_duration=2ep", "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
