@@ -80,12 +80,8 @@ def is_periodic(path: Path) -> bool:
     return _PERIODIC.match(Path(path).name) is not None
 
 
-class RunDir:
-    """A run's directory (``runs/<run name>``) and where each of its files is.
-
-    Only a view of the path (making it is :func:`dlrecipes.records.run_dir.make_run_dir`'s); it
-    converts like a path (``os.fspath``, ``str``, ``Path(run)``), and ``RunDir(run)`` is ``run``'s view.
-    """
+class PathView:
+    """A view of a folder's path that converts like a path (``os.fspath``, ``str``, ``Path(view)``)."""
 
     __slots__ = ("path",)
 
@@ -99,13 +95,23 @@ class RunDir:
         return str(self.path)
 
     def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
+        return f"{type(self).__name__}({str(self.path)!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RunDir) and other.path == self.path
+        return type(other) is type(self) and other.path == self.path
 
     def __hash__(self) -> int:
         return hash(self.path)
+
+
+class RunDir(PathView):
+    """A run's directory (``runs/<run name>``) and where each of its files is.
+
+    Only a view of the path (making it is :func:`dlrecipes.records.run_dir.make_run_dir`'s); it
+    converts like a path (``os.fspath``, ``str``, ``Path(run)``), and ``RunDir(run)`` is ``run``'s view.
+    """
+
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -206,23 +212,11 @@ class RunDir:
         return self.path / TENSORBOARD_DIR
 
 
-class ExportDir:
+class ExportDir(PathView):
     """A folder of models exported for inference (a run's ``export/``, or wherever ``dlrecipes export --out``
     writes) and where each of its files is; only a view of the path, as :class:`RunDir` is."""
 
-    __slots__ = ("path",)
-
-    def __init__(self, path: Union[str, "os.PathLike[str]"]):
-        self.path = Path(path)
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-    def __repr__(self) -> str:
-        return f"ExportDir({str(self.path)!r})"
+    __slots__ = ()
 
     def model(self, fmt: str) -> Path:
         """The model exported in ``fmt`` (one of :data:`EXPORTED_MODELS`: torchscript, onnx)."""

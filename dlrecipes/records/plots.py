@@ -6,6 +6,7 @@ matplotlib runs headless (Agg).  ``dlrecipes plot RUN_DIR`` redraws a run's plot
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,6 +37,11 @@ def pyplot():
 def new_figure(**kwargs: Any):
     """A matplotlib Figure that is not pyplot's (no backend is chosen or changed, nothing to close): saved with
     ``savefig``, and shown inline when it is a notebook cell's value (it renders itself as PNG)."""
+    return _shown_figure_class()(**kwargs)
+
+
+@functools.cache
+def _shown_figure_class():
     from matplotlib.figure import Figure
 
     class ShownFigure(Figure):
@@ -46,7 +52,7 @@ def new_figure(**kwargs: Any):
             self.savefig(buffer, format="png")
             return buffer.getvalue()
 
-    return ShownFigure(**kwargs)
+    return ShownFigure
 
 
 def _series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
