@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dlrecipes import plugins, registry
-from dlrecipes.errors import PluginError
+from dlrecipes.errors import PluginError, RecipeError
 
 from .conftest import TINY_RECIPE, run_cli, write
 
@@ -148,3 +148,11 @@ def test_a_plugin_algorithm_that_changes_the_network_is_rebuilt_for_eval(tmp_pat
     plugins.import_plugin("wrap_head.py", tmp_path, "imports")  # the registry says so (the CLI's plugins are gone)
     assert registry.algorithms.get("wrap_head").metadata == {"changes_network": True}
     assert network_algorithms({"wrap_head": {}, "label_smoothing": {}}) == {"wrap_head": {}}
+    # ... and a resume cannot drop it (the checkpoint's weights are the wrapped network's)
+    from dlrecipes.records.resume_check import check_resume
+    from dlrecipes.records.run_files import read_recipe
+
+    without = read_recipe(tmp_path / "runs" / "wrapped")
+    del without["algorithms"]["wrap_head"]
+    with pytest.raises(RecipeError, match=r"cannot continue it: algorithms\.wrap_head "):
+        check_resume(tmp_path / "runs" / "wrapped", without)

@@ -43,7 +43,7 @@ def _needs_bottleneck_resnet(config) -> Optional[str]:
     )
 
 
-@algorithms.register("channels_last", changes_network=True)
+@algorithms.register("channels_last", changes_network=True, checkpoint_state=False)
 def channels_last():
     """Store activations in NHWC memory order (faster convolutions on tensor-core GPUs)."""
     from composer.algorithms import ChannelsLast
@@ -69,7 +69,8 @@ def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
     )
 
 
-@algorithms.register("ema", conflicts_with={"swa": "both replace the weights used for evaluation"})
+@algorithms.register("ema", conflicts_with={"swa": "both replace the weights used for evaluation"},
+                     checkpoint_state=True)
 def ema(
     half_life: Optional[Duration] = "1000ba",
     smoothing: Optional[float] = None,
@@ -171,7 +172,7 @@ def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = T
     return ColOut(p_row=p_row, p_col=p_col, batch=batch, resize_target=resize_target)
 
 
-@algorithms.register("sam")
+@algorithms.register("sam", checkpoint_state=True)
 def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 1):
     """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020)."""
     from composer.algorithms import SAM
@@ -179,7 +180,7 @@ def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 
     return SAM(rho=rho, epsilon=epsilon, interval=interval)
 
 
-@algorithms.register("swa")
+@algorithms.register("swa", checkpoint_state=True)
 def swa(
     swa_start: Duration = "0.7dur",
     swa_end: Duration = "0.97dur",

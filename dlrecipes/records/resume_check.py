@@ -24,13 +24,6 @@ CANNOT_CHANGE = (
     "dataset.name", "dataset.classes", "dataset.class_list", "dataset.num_classes",
     "dataset.image_size", "dataset.crop_size", "dataset.input_shape",
 )
-# Algorithms that change the network's modules or keep their own state in the checkpoint.
-MODEL_CHANGING_ALGORITHMS = (
-    "blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
-    "gradient_checkpointing", "qat", "ema", "swa", "sam",
-)
-
-
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
     if not isinstance(data, dict) or (prefix and not data):
@@ -45,7 +38,18 @@ def _cannot_continue(key: str) -> bool:
     if any(key == p or key.startswith(p + ".") for p in CANNOT_CHANGE):
         return True
     parts = key.split(".")
-    return parts[0] == "algorithms" and len(parts) > 1 and parts[1] in MODEL_CHANGING_ALGORITHMS
+    return parts[0] == "algorithms" and len(parts) > 1 and fixed_on_resume(parts[1])
+
+
+def fixed_on_resume(algorithm: str) -> bool:
+    """Whether a run cannot add, remove or retune ``algorithm`` on ``--resume``: it changes the network's
+    modules or keeps its own state in the checkpoint, as registered with it (``changes_network=True``,
+    ``checkpoint_state=True``; ``checkpoint_state=False`` overrides the first, as for ``channels_last``).
+    An algorithm no longer registered (a plugin not loaded) is held fixed: what it did cannot be known."""
+    if algorithm not in registry.algorithms:
+        return True
+    metadata = registry.algorithms.get(algorithm).metadata
+    return bool(metadata.get("checkpoint_state", metadata.get("changes_network", False)))
 
 
 def changes(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
