@@ -108,23 +108,37 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
              plugins: Sequence[str] = (), trust_checkpoint: bool = False):
     """Evaluate a run's checkpoint (``checkpoint``: best, latest or a path) on its recipe's evaluation split with
     ``overrides``, no training step; ``target`` is a run directory or a checkpoint file (then with ``recipe``).
-    Returns a :class:`dlrecipes.tools.evaluate.EvalResult`; the report goes to ``out`` or ``RUN_DIR/eval/<name>/``."""
+    Returns a :class:`dlrecipes.tools.evaluate.EvalResult`; the report goes to ``out`` or ``RUN_DIR/eval/<name>/``
+    (a run in a bucket, ``s3://...``: read through a local copy, the report uploaded beside it)."""
+    from dlrecipes.records.remote_runs import pull_target
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
+    target, checkpoint, pulled = pull_target(target, checkpoint)
     found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
-    return evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    if pulled is not None:
+        pulled.push_outputs("the evaluation report")
+    return result
 
 
 def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
            checkpoint: str = "best", recipe: Optional[str | Path] = None, out: Optional[str | Path] = None,
            plugins: Sequence[str] = (), trust_checkpoint: bool = False) -> dict[str, Any]:
     """Export a run's checkpoint as TorchScript and/or ONNX, checked against the network on evaluation images,
-    with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``)."""
+    with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``; a run in a bucket: its
+    local copy's, uploaded beside the run, ``uploaded_to`` in the report)."""
+    from dlrecipes.records.layout import EXPORT_DIR
+    from dlrecipes.records.remote_runs import pull_target
     from dlrecipes.tools.evaluate import find_target
     from dlrecipes.tools.export_run import export_run
 
+    target, checkpoint, pulled = pull_target(target, checkpoint)
     found = find_target(target, checkpoint, recipe)
-    return export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
+    report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
+    if pulled is not None and out is None:
+        pulled.push_outputs("the export")
+        report["uploaded_to"] = f"{pulled.url}/{EXPORT_DIR}"
+    return report
 
 
 def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
@@ -132,10 +146,12 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
             plugins: Sequence[str] = (), batch_size: int = 64, trust_checkpoint: bool = False) -> list[dict[str, Any]]:
     """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
+    from dlrecipes.records.remote_runs import pull_target
     from dlrecipes.tools import predict as tool
     from dlrecipes.tools.evaluate import find_target
 
     tool.check_options(top_k, batch_size)  # before a network is built
+    target, checkpoint, _ = pull_target(target, checkpoint)  # a run or an export in a bucket: a local copy
     if tool.is_export_dir(target):
         predictor = tool.export_predictor(Path(target))
     else:
@@ -204,11 +220,15 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     cmd = launcher_command(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port,
                            tuple(extra))
     config = resolve(recipe, overrides, plugins)
-    if is_remote(config.runs_dir) and nproc * nodes > 1:
-        raise RecipeError(f"runs_dir: {config.runs_dir}: a run in object storage trains in one process for now; use "
-                          "a shared folder as runs_dir with launch")
     check_launch(config, nproc, nproc * nodes)
-    if resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
+    if is_remote(config.runs_dir):  # the bucket, asked once here: one line before any process starts
+        from dlrecipes.records.remote import RemoteRoot, check_access, check_run_in_bucket
+
+        root = RemoteRoot.parse(config.runs_dir)
+        check_access(root)
+        if resume and config.run_name:
+            check_run_in_bucket(root, config.run_name)
+    elif resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
         check_run_exists(Path(config.runs_dir), config.run_name)
     return run_forwarding_signals(cmd, gloo_environment(master_addr, master_port, nproc * nodes))
 
@@ -244,28 +264,41 @@ def bench(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[s
 
 
 def plot(run_dir: str | Path) -> list[Path]:
-    """Redraw a run's plots from its history.csv; returns their paths."""
+    """Redraw a run's plots from its history.csv; returns their paths (a run in a bucket: its local copy's, the
+    plots uploaded beside the run)."""
     from dlrecipes.records.plots import plot_history
+    from dlrecipes.records.remote_runs import open_run
 
-    return plot_history(Path(run_dir))
+    if not is_remote(str(run_dir)):
+        return plot_history(Path(run_dir))
+    pulled = open_run(str(run_dir))
+    pulled.pull_records()
+    paths = plot_history(pulled.local)
+    pulled.push_outputs("the plots")
+    return paths
 
 
 def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = None, last: Optional[int] = None,
             runs_dir: str | Path = "runs") -> tuple[list[dict[str, Any]], Optional[Path]]:
     """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there.
-    ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``."""
+    ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
+    (``s3://...``)."""
     from dlrecipes.records.plots import compare_runs
-    from dlrecipes.records.runs import select_runs
+    from dlrecipes.records.remote_runs import select_runs
 
-    return compare_runs(select_runs(run_dirs, last, runs_dir), out)
+    return compare_runs(select_runs(run_dirs, last, runs_dir)[0], out)
 
 
 def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
-    metric, wall time, device, precision and start time."""
-    from dlrecipes.records.runs import list_runs
+    metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
+    from dlrecipes.records.remote_runs import pull_runs_dir, shown_paths
+    from dlrecipes.records.runs import describe_run, list_runs, newest_first
 
-    return list_runs(runs_dir, last)
+    if not is_remote(str(runs_dir)):
+        return list_runs(runs_dir, last)
+    urls = pull_runs_dir(str(runs_dir))
+    return shown_paths([describe_run(p) for p in newest_first(list(urls), last)], urls)
 
 
 def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path, options: Any,

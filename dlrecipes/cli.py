@@ -241,7 +241,8 @@ def show(
     typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check)))
 
 
-RunTargetArg = typer.Argument(..., help="a run directory (runs/<name>), or a checkpoint file (then with --recipe)",
+RunTargetArg = typer.Argument(..., help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file "
+                              "(then with --recipe)",
                               show_default=False)
 CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
 OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
@@ -250,7 +251,7 @@ OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.pa
 
 @app.command("eval")
 def evaluate(
-    target: Path = RunTargetArg,
+    target: str = RunTargetArg,
     overrides: Optional[List[str]] = OverridesArg,
     checkpoint: str = CheckpointOpt,
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
@@ -273,7 +274,7 @@ def evaluate(
 
 @app.command("export")
 def export(
-    target: Path = RunTargetArg,
+    target: str = RunTargetArg,
     overrides: Optional[List[str]] = OverridesArg,
     formats: List[str] = typer.Option(["torchscript"], "--format", help="torchscript or onnx (repeatable)"),
     checkpoint: str = CheckpointOpt,
@@ -289,11 +290,14 @@ def export(
     report = _guarded(lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin,
                                          trust_checkpoint))
     typer.echo(report["out_dir"])
+    if report.get("uploaded_to"):
+        typer.echo(f"uploaded to {report['uploaded_to']}")
 
 
 @app.command("predict")
 def predict(
-    target: Path = typer.Argument(..., help="a run directory, a checkpoint (with --recipe) or an export directory",
+    target: str = typer.Argument(..., help="a run directory, a checkpoint (with --recipe) or an export directory "
+                                 "(or s3://BUCKET/PREFIX/RUN)",
                                   show_default=False),
     files: List[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
     top_k: int = typer.Option(5, "--top-k", help="how many classes to show per file"),
@@ -321,7 +325,7 @@ def predict(
 
 @app.command("runs")
 def list_runs(
-    runs_dir: Path = typer.Argument(Path("runs"), help="the runs folder (default: runs)"),
+    runs_dir: str = typer.Argument("runs", help="the runs folder (default: runs), or s3://BUCKET/PREFIX"),
     last: Optional[int] = typer.Option(None, "--last", help="only the newest N runs"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -391,7 +395,7 @@ def bench(
 
 
 @app.command()
-def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_name>)")) -> None:
+def plot(run_dir: str = typer.Argument(..., help="a run directory (runs/<run_name>, or s3://BUCKET/PREFIX/RUN)")) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
     from dlrecipes import api
 
@@ -401,10 +405,10 @@ def plot(run_dir: Path = typer.Argument(..., help="a run directory (runs/<run_na
 
 @app.command()
 def compare(
-    run_dirs: Optional[List[Path]] = typer.Argument(None, help="run directories to compare (or --last N)"),
+    run_dirs: Optional[List[str]] = typer.Argument(None, help="run directories to compare (or --last N)"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write a plot of accuracy against time (a .png)"),
     last: Optional[int] = typer.Option(None, "--last", help="the newest N runs under --runs-dir instead"),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where --last looks"),
+    runs_dir: str = typer.Option("runs", "--runs-dir", help="where --last looks (a folder, or s3://BUCKET/PREFIX)"),
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
     """Compare runs: recipe, precision, batch, wall time, images/s, peak memory, best accuracy."""

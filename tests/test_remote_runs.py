@@ -118,3 +118,130 @@ def test_the_server_going_away_mid_run_does_not_stop_training(s3, in_bucket, tin
     assert "already finished" in again.stderr
     assert s3.read("runs", "gone/g/checkpoints/latest.txt").decode().strip() == "ep3-ba9-rank0.pt"
     assert "gone/g/checkpoints/ep2-ba6-rank0.pt" in s3.keys("runs", "gone/g/")
+
+
+def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, tiny_recipe, tmp_path):
+    """Train one epoch into the bucket and delete everything local: eval gives the run's own evaluation from the
+    bucket's checkpoint, runs and compare list it by its bucket address, export and plot upload what they write
+    beside it, predict reads the uploaded export; a checkpoint or run the bucket lacks is one line."""
+    from dlrecipes import api
+    from dlrecipes.errors import UserError
+
+    url = "s3://runs/cmds/one"
+    trained = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/cmds", "run_name=one", "trainer.max_duration=1ep",
+                      cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    shutil.rmtree(in_bucket)  # another machine: nothing local
+    history = s3.read("runs", "cmds/one/history.csv").decode().splitlines()
+    eval_top1 = float(dict(zip(history[0].split(","), history[1].split(",")))["eval_top1"])
+
+    listed = run_cli("runs", "s3://runs/cmds", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    (row,) = json.loads(listed.stdout)
+    assert (row["run"], row["path"], row["status"], row["epochs"]) == ("one", url, "done", "1/1")
+
+    result = api.evaluate(url, checkpoint="latest")
+    assert result.metrics["top1"] == eval_top1  # epoch 1's checkpoint scores as epoch 1's row
+    assert f"cmds/one/eval/{result.out_dir.name}/eval.json" in s3.keys("runs", "cmds/one/eval/")
+    assert not [k for k in s3.keys("runs", "cmds/one/checkpoints/") if "eval" in k]  # the checkpoints untouched
+    assert s3.read("runs", "cmds/one/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
+
+    exported = run_cli("export", url, "--checkpoint", "ep1-ba3-rank0.pt", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert exported.stdout.strip().splitlines()[-1] == f"uploaded to {url}/export"
+    assert {"cmds/one/export/model.torchscript.pt", "cmds/one/export/preprocess.json",
+            "cmds/one/export/classes.json"} <= set(s3.keys("runs", "cmds/one/export/"))
+
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 30, 90)).save(tmp_path / "x.png")
+    by_export = api.predict(f"{url}/export", [tmp_path / "x.png"], top_k=2)
+    by_checkpoint = api.predict(url, [tmp_path / "x.png"], top_k=2, checkpoint="latest")
+    assert [r["class"] for r in by_export] == [r["class"] for r in by_checkpoint] and len(by_export) == 1
+    assert by_export[0]["probability"] == pytest.approx(by_checkpoint[0]["probability"], abs=1e-5)
+
+    plotted = api.plot(url)
+    assert {f"cmds/one/{p.name}" for p in plotted} <= set(s3.keys("runs", "cmds/one/"))
+    rows, _ = api.compare([url, url])
+    assert [r["run"] for r in rows] == ["one", "one"] and rows[0]["best_top1"] == eval_top1
+
+    with pytest.raises(UserError, match=r"^--checkpoint: s3://runs/cmds/one has no checkpoints/ep9-ba1-rank0.pt in "
+                                        r"the bucket; use best, latest or one of: best.pt, ep1-ba3-rank0.pt$"):
+        api.evaluate(url, checkpoint="ep9-ba1-rank0.pt")
+    missing = run_cli("eval", "s3://runs/cmds/none", cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        "error: s3://runs/cmds/none: no run there (no recipe.yaml in the bucket); `dlrecipes runs s3://runs/cmds` "
+        "lists the runs it has")
+
+
+def _two_ranks(tmp_path, args: list[str], tag: str, timeout: float = 240) -> None:
+    """``dlrecipes train ARGS`` on 2 ranks as Composer's launcher starts them, each with its own staging folder
+    (two machines with no shared filesystem); asserts both ended with 0."""
+    import os
+    import socket
+
+    from tests import forked
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+               "DLRECIPES_STAGING_DIR": str(tmp_path / f"disk{rank}")}
+        ranks.append(forked.start(["train", *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
+                                  tmp_path / f"{tag}-err{rank}.txt", env))
+    started = time.monotonic()
+    try:
+        for process in ranks:
+            process.wait(max(1.0, timeout - (time.monotonic() - started)))
+    finally:
+        for process in ranks:
+            process.kill()
+    errors = "\n".join((tmp_path / f"{tag}-err{r}.txt").read_text()[-2000:] for r in range(2))
+    assert [p.returncode for p in ranks] == [0, 0], errors
+
+
+def test_two_processes_without_a_shared_disk_train_into_the_bucket_and_resume_from_it(s3, in_bucket, tiny_recipe,
+                                                                                         tmp_path):
+    """Two ranks, each its own staging folder (two nodes, no shared filesystem): rank 0 uploads the run; with
+    both disks wiped, --resume brings the checkpoint to each and the run continues, each epoch once."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/ddp", "run_name=two", "trainer.max_duration=1ep"]
+    _two_ranks(tmp_path, args, "a")
+    assert s3.read("runs", "ddp/two/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
+    assert not list((tmp_path / "disk1").rglob("*.pt"))  # rank 1 saved nothing: rank 0's node has the checkpoints
+    shutil.rmtree(tmp_path / "disk0"), shutil.rmtree(tmp_path / "disk1")
+    _two_ranks(tmp_path, [*args[:-1], "trainer.max_duration=2ep", "--resume"], "b")
+    for rank in range(2):  # each node brought the checkpoint to its own disk and loaded it
+        assert (tmp_path / f"disk{rank}" / "runs" / "ddp" / "two" / "checkpoints" / "ep1-ba3-rank0.pt").is_file()
+    assert "resuming from" in (tmp_path / "b-err0.txt").read_text()
+    history = s3.read("runs", "ddp/two/history.csv").decode().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
+    assert s3.read("runs", "ddp/two/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+
+
+def test_a_stopped_run_continues_on_another_machine_as_a_requeued_slurm_job_does(s3, in_bucket, tiny_recipe, tmp_path,
+                                                                                 monkeypatch):
+    """What scripts/slurm/train.sbatch does without a shared filesystem: the time limit's signal stops the run with a
+    checkpoint (exit 75), uploaded before the process ends; the requeued job, on another machine (an empty staging
+    folder), runs the same command with --resume and DLRECIPES_RESUME_MISSING=start and finishes the run."""
+    from .conftest import REPO
+
+    args = ["train", str(tiny_recipe), "runs_dir=s3://runs/slurm", "run_name=job", "trainer.max_duration=2ep",
+            "checkpoint.save_interval=1ep"]
+    stopped = run_cli(*args, "--plugin", str(REPO / "tests" / "fault_injection.py"),
+                      "callbacks.fault_injection={signal_at_batch: 2, signal_name: SIGUSR1}", cwd=tmp_path)
+    assert stopped.returncode == 75, stopped.stderr[-2000:]
+    assert s3.read("runs", "slurm/job/checkpoints/latest.txt").decode().strip() == "ep0-ba2-rank0.pt"
+    shutil.rmtree(in_bucket)  # the requeued job lands on another node
+    monkeypatch.setenv("DLRECIPES_RESUME_MISSING", "start")
+    resumed = run_cli(*args, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stderr and "ep0-ba2-rank0.pt" in resumed.stderr
+    history = s3.read("runs", "slurm/job/history.csv").decode().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
+    fresh = run_cli(*args[:3], "run_name=never-started", "trainer.max_duration=1ep", "--resume", cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]  # its first start uploaded nothing: it starts
+    assert fresh.stderr.startswith("note: no run 'never-started' in s3://runs/slurm yet (DLRECIPES_RESUME_MISSING=start)")
+    assert fresh.stderr.count("note: no run") == 1

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
@@ -35,6 +36,7 @@ SCHEME = "s3://"
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
 POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
 
 
 def _upload_order(relative: str) -> tuple:
@@ -286,15 +288,44 @@ def prepare(config: Any, resume: bool) -> Optional[RemoteRoot]:
     if not is_remote(config.runs_dir):
         return None
     root = RemoteRoot.parse(config.runs_dir)
-    from dlrecipes.core.distributed import world_size
-
-    if world_size() > 1:
-        raise UserError(f"runs_dir: {root}: a run in object storage trains in one process for now (this is one of "
-                        f"{world_size()}); use a shared folder as runs_dir for several processes")
     check_access(root)
     if resume and not config.run_name:
         raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
     config.runs_dir = str(root.staging())
-    if resume:
-        staged_run(root, config.run_name).pull_for_resume()
+    if resume and check_run_in_bucket(root, config.run_name):
+        with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
+            staged_run(root, config.run_name).pull_for_resume()
     return root
+
+
+def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
+    """Whether the bucket has the run; ``--resume`` of a run it does not have is refused, as for a local runs_dir
+    (unless ``DLRECIPES_RESUME_MISSING=start``: a requeued job whose first start uploaded nothing starts it)."""
+    from dlrecipes.core.distributed import rank
+    from dlrecipes.records.run_dir import RESUME_MISSING
+
+    if _store(root).list_objects(root.key(name, RECIPE_FILE)):
+        return True
+    if os.environ.get(RESUME_MISSING) == "start":
+        if rank() == 0:
+            print(f"note: no run {name!r} in {root} yet ({RESUME_MISSING}=start): starting it", file=sys.stderr)
+            (root.staging() / name).mkdir(parents=True, exist_ok=True)  # said once: the staging folder has it
+        return False
+    raise UserError(f"run_name: --resume found no run {name!r} in {root} (`dlrecipes runs {root}` lists the runs "
+                    "there). Without --resume a new run starts under that name")
+
+
+@contextmanager
+def _one_at_a_time(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder``'s pull lock file: the processes of one machine bring a run here in turn
+    (the first downloads; the others find the files and download only the pointer). Each machine has its own
+    staging folder, so nodes without a shared filesystem each bring their own copy."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / PULL_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -23,7 +23,9 @@ from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoints, resume_point
-from dlrecipes.records.layout import CHECKPOINT_DIR, RECIPE_FILE, RunDir, latest_checkpoint_name, periodic_progress
+from dlrecipes.records.layout import (
+    CHECKPOINT_DIR, RECIPE_FILE, REMOTE_LATEST, RunDir, latest_checkpoint_name, periodic_progress,
+)
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 
@@ -153,9 +155,11 @@ def find_resume_point(run_dir: Path, max_duration: str) -> Path | None:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    """Whether the run wrote a complete checkpoint (periodic or best)."""
+    """Whether the run wrote a complete checkpoint (periodic or best; a copy of a run in a bucket: the bucket's
+    pointer names one)."""
     folder = RunDir(run_dir).checkpoints
-    return folder.is_dir() and any(p.suffix == ".pt" and not p.is_symlink() for p in folder.iterdir())
+    return folder.is_dir() and any((p.suffix == ".pt" or p.name == REMOTE_LATEST) and not p.is_symlink()
+                                   for p in folder.iterdir())
 
 
 def make_run_dir(run_dir: Path | RunDir, claim: bool = False) -> RunDir:

@@ -123,8 +123,13 @@ def find_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list
     root = Path(runs_dir)
     if not root.is_dir():
         raise UserError(f"{root}: no runs folder here (train first, or give the folder: dlrecipes runs PATH)")
-    found = [p.parent for p in root.rglob(RECIPE_FILE) if not any(part.startswith(".") for part in p.parts)]
-    found.sort(key=lambda p: RunDir(p).recipe.stat().st_mtime, reverse=True)
+    return newest_first([p.parent for p in root.rglob(RECIPE_FILE)
+                         if not any(part.startswith(".") for part in p.relative_to(root).parts)], last)
+
+
+def newest_first(run_dirs: Sequence[Path], last: Optional[int] = None) -> list[Path]:
+    """Run directories by when their recipe was written, newest first; ``last``: only that many."""
+    found = sorted(run_dirs, key=lambda p: RunDir(p).recipe.stat().st_mtime, reverse=True)
     if last is not None:
         if last < 1:
             raise UserError(f"--last: must be at least 1, got {last}")
@@ -147,4 +152,4 @@ def select_runs(run_dirs: Sequence[str | Path], last: Optional[int], runs_dir: s
     return find_runs(runs_dir, last)
 
 
-__all__ = ["RUN_COLUMNS", "describe_run", "find_runs", "list_runs", "select_runs"]
+__all__ = ["RUN_COLUMNS", "describe_run", "find_runs", "list_runs", "newest_first", "select_runs"]

@@ -1,0 +1,217 @@
+"""The commands after training on runs in object storage: ``eval``, ``predict``, ``export``, ``runs``, ``compare``
+and ``plot`` accept ``s3://BUCKET/PREFIX/RUN`` (and ``runs``/``compare --last`` a ``s3://BUCKET/PREFIX``).
+
+What a command reads is downloaded into a local copy (``$DLRECIPES_STAGING_DIR/pulled/BUCKET/PREFIX/RUN``, apart
+from the staging folder training writes in): the run's records (recipe.yaml, summary.json, history.csv, best.json,
+the eval reports and plots; not its checkpoints or exports) and only the one checkpoint the command needs (``best``,
+``latest`` as the bucket's pointer names it, or a named one). A checkpoint already here with the bucket's size is not
+downloaded again. What a command writes beside the run (an eval report, an export, plots) is uploaded beside it in
+the bucket when it is done (never a checkpoint or the pointer: those are training's); an upload that fails is one
+line naming what is not there, exit code 1 (the local copy keeps it, and the next command on the run uploads it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dlrecipes.errors import UserError
+from dlrecipes.records.layout import (
+    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
+)
+from dlrecipes.records.remote import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access, is_remote
+
+PULLED_DIR = "pulled"
+KEY_PATH = "run"  # what an access error names: the run argument
+
+
+class UploadFailed(UserError):
+    """A command's output could not be uploaded beside its run in the bucket (the local copy has it)."""
+
+    exit_code = 1
+
+
+def _pulled_root(root: RemoteRoot) -> Path:
+    base = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
+    return base / PULLED_DIR / root.bucket / root.prefix
+
+
+def split_run_url(url: str) -> tuple[RemoteRoot, str]:
+    """``s3://bucket/prefix/run`` -> (the root ``s3://bucket/prefix``, ``run``)."""
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if not name or parent + "/" == SCHEME or parent == SCHEME.rstrip("/"):
+        raise UserError(f"{KEY_PATH}: {url!r} names no run (expected s3://BUCKET/PREFIX/RUN_NAME)")
+    return RemoteRoot.parse(parent, KEY_PATH), name
+
+
+class PulledRun(RemoteRun):
+    """A run in the bucket, read through a local copy of what a command needs."""
+
+    @property
+    def url(self) -> str:
+        return f"{self.root}/{self.name}"
+
+    def listing(self) -> dict[str, tuple[int, float]]:
+        """The run's files in the bucket: relative path -> (size, modified time)."""
+        return _listing(self.store(), self.key("") + "/")
+
+    def pull_records(self, listing: Optional[dict[str, tuple[int, float]]] = None) -> dict[str, tuple[int, float]]:
+        """The run's records (everything but checkpoints and exports), downloaded as they are in the bucket; an
+        export directory (preprocess.json, no recipe.yaml) whole.  One line when the bucket has neither."""
+        listing = self.listing() if listing is None else listing
+        export_only = RECIPE_FILE not in listing and PREPROCESS_FILE in listing
+        if RECIPE_FILE not in listing and not export_only:
+            raise UserError(f"{self.url}: no run there (no {RECIPE_FILE} in the bucket); `dlrecipes runs {self.root}` "
+                            "lists the runs it has")
+        for relative, (size, modified) in listing.items():
+            top = relative.split("/", 1)[0]
+            wanted = export_only or (top not in (CHECKPOINT_DIR, EXPORT_DIR) or relative == f"{CHECKPOINT_DIR}/"
+                                     f"{REMOTE_LATEST}" or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}")
+            if wanted:
+                self._fetch(relative, size, modified)
+        return listing
+
+    def _fetch(self, relative: str, size: int, modified: float, reuse: bool = False) -> None:
+        """``relative`` from the bucket, its modified time kept (``runs`` orders by it); ``reuse``: a local file
+        of the bucket's size is taken as it (a checkpoint is not rewritten)."""
+        path = self.local / relative
+        if not (reuse and path.is_file() and path.stat().st_size == size):
+            if not self._download(relative):
+                raise UserError(f"{self.url}: {relative} went away from the bucket while it was read")
+        os.utime(path, (modified, modified))
+        stat = path.stat()
+        self.sent[relative] = (stat.st_size, stat.st_mtime_ns)
+
+    def pull_checkpoint(self, checkpoint: str, listing: dict[str, tuple[int, float]]) -> str:
+        """The checkpoint ``checkpoint`` names (best, latest or a file of the run's checkpoints/), downloaded;
+        returns what to give the local command as its ``--checkpoint``."""
+        if checkpoint == "best":
+            relative = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
+            if relative not in listing:
+                raise UserError(f"--checkpoint: {self.url} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                                "or it never evaluated); use --checkpoint latest")
+        elif checkpoint == "latest":
+            pointer = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+            if pointer not in listing:
+                raise UserError(f"--checkpoint: {self.url} has no complete periodic checkpoint in the bucket; use "
+                                "--checkpoint best")
+            relative = f"{CHECKPOINT_DIR}/{(self.local / pointer).read_text().strip()}"
+            if relative not in listing:
+                raise UserError(f"--checkpoint: {self.url}: the pointer names {relative}, which the bucket does not "
+                                "have")
+        else:
+            relative = f"{CHECKPOINT_DIR}/{Path(checkpoint).name}"
+            if relative not in listing:
+                kept = sorted(Path(r).name for r in listing if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt"))
+                raise UserError(f"--checkpoint: {self.url} has no {relative} in the bucket; use best, latest or one "
+                                f"of: {', '.join(kept) or '(none)'}")
+        self._fetch(relative, *listing[relative], reuse=True)
+        return checkpoint if checkpoint in ("best", "latest") else str(self.local / relative)
+
+    def _changed(self) -> list[str]:
+        """What the command wrote: never a checkpoint or the pointer (those are training's to move)."""
+        return [r for r in super()._changed() if r.split("/", 1)[0] != CHECKPOINT_DIR]
+
+    def push_outputs(self, what: str) -> None:
+        """Upload what the command wrote beside the run; one line (exit 1) naming what could not be."""
+        self.push()
+        missing = self.incomplete()
+        if missing:
+            raise UploadFailed(f"{what} is in {self.local}, but {len(missing)} file(s) of it are not in {self.url}: "
+                               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+
+
+def _listing(store: Any, prefix: str) -> dict[str, tuple[int, float]]:
+    """Keys under ``prefix`` (relative to it) with their size and modified time, through the store's boto3 client."""
+    found: dict[str, tuple[int, float]] = {}
+    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=store.get_key(prefix))
+    for page in pages:
+        for item in page.get("Contents", ()):
+            relative = item["Key"][len(store.get_key(prefix)):]
+            modified = item["LastModified"]
+            stamp = modified.timestamp() if isinstance(modified, datetime.datetime) else float(modified)
+            found[relative] = (int(item["Size"]), stamp)
+    return found
+
+
+def open_run(url: str) -> PulledRun:
+    """The run at ``url`` (its bucket checked first: one line when it cannot be read)."""
+    root, name = split_run_url(url)
+    check_access(root, KEY_PATH)
+    return PulledRun(root, name, RunDir(_pulled_root(root) / name).path)
+
+
+def pull_target(target: Any, checkpoint: str = "best") -> tuple[Any, str, Optional[PulledRun]]:
+    """For a command on a run or checkpoint: a remote ``target`` brought here with the checkpoint it needs.
+    Returns (the local target, the local ``--checkpoint``, the pulled run or None for a local target)."""
+    if not is_remote(str(target)):
+        return target, checkpoint, None
+    run = open_run(str(target))
+    listing = run.pull_records()
+    if RECIPE_FILE not in listing:  # an export directory
+        return run.local, checkpoint, run
+    return run.local, run.pull_checkpoint(checkpoint, listing), run
+
+
+def pull_records(targets: list[Any]) -> tuple[list[Any], dict[Path, str]]:
+    """Run directories as given, each remote one replaced by a local copy of its records; returns them and,
+    for the copies, their bucket addresses."""
+    local, urls = [], {}
+    for target in targets:
+        if is_remote(str(target)):
+            run = open_run(str(target))
+            run.pull_records()
+            local.append(run.local)
+            urls[run.local] = run.url
+        else:
+            local.append(target)
+    return local, urls
+
+
+def pull_runs_dir(url: str) -> dict[Path, str]:
+    """Every run under ``s3://bucket/prefix`` (those with a recipe.yaml, a sweep's nested ones too), their records
+    copied here; returns the copies' folders with their bucket addresses."""
+    root = RemoteRoot.parse(url, KEY_PATH)
+    check_access(root, KEY_PATH)
+    local_root = _pulled_root(root)
+    holder = PulledRun(root, "", local_root)
+    everything = _listing(holder.store(), root.key("") + "/" if root.prefix else "")
+    names = sorted({key[: -len(RECIPE_FILE) - 1] for key in everything if key.endswith("/" + RECIPE_FILE)})
+    urls: dict[Path, str] = {}
+    for name in names:
+        run = PulledRun(root, name, local_root / name)
+        listing = {key[len(name) + 1:]: value for key, value in everything.items() if key.startswith(name + "/")}
+        run.pull_records(listing)
+        urls[run.local] = run.url
+    return urls
+
+
+def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "runs") -> tuple[list[Path], dict[Path, str]]:
+    """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`) where a run directory or ``runs_dir`` may be
+    in a bucket: local copies of the remote ones, and their bucket addresses."""
+    from dlrecipes.records import runs
+
+    if bool(run_dirs) == (last is not None):
+        runs.select_runs(run_dirs, last, runs_dir)  # both or neither: its one line
+    if run_dirs:
+        local, urls = pull_records(list(run_dirs))
+        return [Path(p) for p in local], urls
+    if is_remote(str(runs_dir)):
+        urls = pull_runs_dir(str(runs_dir))
+        return runs.newest_first(list(urls), last), urls
+    return runs.find_runs(runs_dir, last), {}
+
+
+def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str]) -> list[dict[str, Any]]:
+    """Rows describing local copies say where the runs are: their bucket addresses."""
+    for row in rows:
+        path = Path(row.get("path", ""))
+        if path in urls:
+            row["path"] = urls[path]
+    return rows
+
+
+__all__ = ["PulledRun", "UploadFailed", "open_run", "pull_records", "pull_runs_dir", "pull_target", "select_runs",
+           "shown_paths", "split_run_url"]
