@@ -164,8 +164,8 @@ def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bo
 
     from dlrecipes.data.tensor_cache import build_tensor_cache_loader
 
-    if data.augment is None or not hasattr(dataset, "samples"):
-        raise RecipeError("trainer.loader: 'tensor_cache' needs an image-folder dataset")
+    if data.augment is None or not (hasattr(dataset, "samples") or hasattr(dataset, "pil_image")):
+        raise RecipeError("trainer.loader: 'tensor_cache' needs an image-folder or Hugging Face dataset")
     on_device = torch_device(device)
     loader = build_tensor_cache_loader(
         dataset, batch_size, train, on_device, cfg.num_workers, seed, dist.get_global_rank(),

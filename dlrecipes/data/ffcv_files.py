@@ -54,6 +54,8 @@ class RawImages:
         self.dataset = dataset
         if hasattr(dataset, "samples") and hasattr(dataset, "loader"):  # torchvision ImageFolder
             self.kind = "files"
+        elif hasattr(dataset, "pil_image"):  # decoded one at a time (a Hugging Face dataset's ArrowImages)
+            self.kind = "decoded"
         elif hasattr(dataset, "images") and hasattr(dataset, "labels"):  # in-memory uint8 tensors
             self.kind = "tensors"
         else:
@@ -65,6 +67,8 @@ class RawImages:
         return len(self.dataset.samples) if self.kind == "files" else len(self.dataset.labels)
 
     def name(self, index: int) -> str:
+        if self.kind == "decoded":
+            return self.dataset.sample_name(index)
         return str(self.dataset.samples[index][0]) if self.kind == "files" else f"sample {index}"
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
@@ -74,6 +78,8 @@ class RawImages:
             path, label = self.dataset.samples[index]
             with Image.open(path) as img:
                 return np.asarray(img.convert("RGB")), int(label)
+        if self.kind == "decoded":
+            return np.asarray(self.dataset.pil_image(index)), int(self.dataset.labels[index])
         chw = self.dataset.images[index].numpy()
         if chw.shape[0] == 1:
             chw = np.repeat(chw, 3, axis=0)  # FFCV stores RGB; grey images become three equal channels

@@ -165,6 +165,33 @@ datasets.add_variant(
 )
 
 
+@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes)
+def hf(
+    path: str,
+    split: str = "train",
+    eval_split: Optional[str] = None,
+    image_column: str = "image",
+    label_column: str = "label",
+    config: Optional[str] = None,
+    crop_size: int = 224,
+    resize_size: int = 256,
+    eval_crop_size: Optional[int] = None,
+    min_scale: float = 0.08,
+    hflip: bool = True,
+    mean: list[float] = _IMAGENET_MEAN,
+    std: list[float] = _IMAGENET_STD,
+):
+    """A Hugging Face dataset (needs the hf extra): a hub id, or a folder from save_to_disk or of Parquet files;
+    eval_split defaults to validation, else test; class names from the label column's ClassLabel; sizes as
+    image_folder."""
+    from dlrecipes.data.hf_dataset import build_hf_dataset
+
+    return build_hf_dataset(
+        path, split, eval_split, image_column, label_column, config, crop_size, resize_size, eval_crop_size,
+        min_scale, hflip, mean, std,
+    )
+
+
 @datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side)
 def ffcv(
     train_path: str,

@@ -27,43 +27,80 @@ from dlrecipes.errors import DataError
 # --- building the cache ------------------------------------------------------------------
 
 
-def _decode(args: tuple[str, int]) -> np.ndarray:
+class FileImages:
+    """Image files as the cache reads them: ``(path, label)`` samples, an image folder's."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]]):
+        self.samples = [(str(path), int(label)) for path, label in samples]
+        self.labels = [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def pil_image(self, index: int):
+        from PIL import Image
+
+        with Image.open(self.samples[index][0]) as img:
+            return img.convert("RGB")
+
+    def cache_fingerprint(self) -> dict:
+        stats = [os.stat(p) for p, _ in self.samples]
+        return {"files": len(stats), "bytes": sum(s.st_size for s in stats), "mtime": max(s.st_mtime for s in stats)}
+
+
+def image_source(dataset):
+    """What the cache decodes: an ImageFolder's files, or a dataset that decodes its own images (``pil_image(i)``,
+    ``labels``, ``cache_fingerprint()``: a Hugging Face dataset's :class:`~dlrecipes.data.hf_dataset.ArrowImages`)."""
+    if hasattr(dataset, "pil_image"):
+        return dataset
+    return FileImages(dataset.samples if hasattr(dataset, "samples") else dataset)
+
+
+def resize_center_crop(img, size: int) -> np.ndarray:
+    """The shorter side resized to ``size``, then the centred ``size`` square, as an HWC uint8 array."""
     from PIL import Image
 
-    path, size = args
-    with Image.open(path) as img:
-        img = img.convert("RGB")
-        w, h = img.size
-        scale = size / min(w, h)
-        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
-        w, h = img.size
-        left, top = (w - size) // 2, (h - size) // 2
-        return np.asarray(img.crop((left, top, left + size, top + size)))
+    w, h = img.size
+    scale = size / min(w, h)
+    img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+    w, h = img.size
+    left, top = (w - size) // 2, (h - size) // 2
+    return np.asarray(img.crop((left, top, left + size, top + size)))
 
 
-def _fingerprint(samples: Sequence[tuple[str, int]]) -> dict:
-    stats = [os.stat(p) for p, _ in samples]
-    return {"files": len(samples), "bytes": sum(s.st_size for s in stats), "mtime": max(s.st_mtime for s in stats)}
+_SOURCE = None  # the image source of a decoding worker process (given once, at its start)
 
 
-def build_cache(samples: Sequence[tuple[str, int]], cache_dir: Path, split: str, size: int, workers: int = 2) -> Path:
-    """Decode ``samples`` (path, label) into ``cache_dir/split-size.npy`` unless an up-to-date one exists."""
+def _start_worker(source) -> None:
+    global _SOURCE
+    _SOURCE = source
+
+
+def _decode(args: tuple[int, int]) -> np.ndarray:
+    index, size = args
+    return resize_center_crop(_SOURCE.pil_image(index), size)
+
+
+def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2) -> Path:
+    """Decode ``source`` (``(path, label)`` samples, or see :func:`image_source`) into ``cache_dir/split-size.npy``
+    unless an up-to-date one exists."""
+    source = image_source(source)
     cache_dir.mkdir(parents=True, exist_ok=True)
     images_path = cache_dir / f"{split}-{size}.npy"
     meta_path = cache_dir / f"{split}-{size}.json"
-    fingerprint = _fingerprint(samples)
+    fingerprint = source.cache_fingerprint()
     if images_path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == fingerprint:
         return images_path
     tmp = cache_dir / f".{split}-{size}.tmp-{os.getpid()}.npy"
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(samples), size, size, 3))
-        jobs = [(p, size) for p, _ in samples]
-        with ProcessPoolExecutor(max(1, workers)) as pool:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(source), size, size, 3))
+        jobs = [(i, size) for i in range(len(source))]
+        with ProcessPoolExecutor(max(1, workers), initializer=_start_worker, initargs=(source,)) as pool:
             for i, image in enumerate(pool.map(_decode, jobs, chunksize=64)):
                 out[i] = image
         out.flush()
         del out
-        np.save(cache_dir / f"{split}-{size}.labels.npy", np.array([label for _, label in samples], dtype=np.int64))
+        np.save(cache_dir / f"{split}-{size}.labels.npy", np.asarray(source.labels, dtype=np.int64))
         os.replace(tmp, images_path)
         meta_path.write_text(json.dumps(fingerprint))
     except OSError as exc:
@@ -270,21 +307,30 @@ class TensorCacheLoader:
             yield x, y
 
 
+def default_cache_dir(dataset) -> Path:
+    """``.dlrecipes-cache`` beside an image folder's split folders, or in the folder of a dataset's own files."""
+    home = dataset.cache_home() if hasattr(dataset, "cache_home") else Path(dataset.root).resolve().parent
+    if home is None:
+        raise DataError("trainer.cache_dir: this dataset is held in memory, with no folder to cache beside; "
+                        "set trainer.cache_dir to a folder for the tensor cache")
+    return home / ".dlrecipes-cache"
+
+
 def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
                               seed: int, rank: int, world_size: int, cache_dir: Optional[Path],
                               cache_size: Optional[int], crop_size: int, eval_crop_size: int, resize_size: int,
                               min_scale: float, hflip: bool, mean: Sequence[float],
                               std: Sequence[float]) -> TensorCacheLoader:
-    """Cache ``dataset`` (an ImageFolder) next to its data (or in ``cache_dir``) and load from the cache.
+    """Cache ``dataset`` (an ImageFolder, or see :func:`image_source`) next to its data (or in ``cache_dir``)
+    and load from the cache.
 
     Training takes ``crop_size`` random-resized crops; evaluation an ``eval_crop_size`` centre crop
     covering ``eval_crop_size / resize_size`` of the side, as the torchvision path does.
     """
-    samples = [(str(p), int(label)) for p, label in dataset.samples]
-    cache_dir = Path(cache_dir) if cache_dir else Path(dataset.root).resolve().parent / ".dlrecipes-cache"
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(dataset)
     cache_size = cache_size or resize_size
     split = "train" if train else "val"
-    images_path = build_cache(samples, cache_dir, split, cache_size, workers=max(1, num_workers))
+    images_path = build_cache(dataset, cache_dir, split, cache_size, workers=max(1, num_workers))
     size = crop_size if train else eval_crop_size
     crop = {"size": size, "min_scale": min_scale, "resize_ratio": eval_crop_size / resize_size, "hflip": hflip}
     batches = CachedBatches(images_path, cache_dir / f"{split}-{cache_size}.labels.npy", batch_size, train, seed,

@@ -1,0 +1,198 @@
+"""Hugging Face datasets (the ``hf`` extra), read through the ``datasets`` library (memory-mapped Arrow).
+
+``dataset.path`` is a hub id (``ylecun/mnist``), a folder written by ``Dataset.save_to_disk`` or
+``DatasetDict.save_to_disk``, or a folder of data files the library reads itself (Parquet: ``train.parquet``,
+``test.parquet``, or ``data/train-*.parquet``, ...).  A hub id is asked of the hub once (see
+:mod:`dlrecipes.core.hub`): offline, a dataset in the local cache loads and any other fails in one line.
+
+Images are decoded one sample at a time, as an image folder's files are, with the same sizes and transforms
+(``image_folder``'s crop_size, resize_size, ...); the class names are the label column's ``ClassLabel``
+names.  Each split is an :class:`ArrowImages`, which the tensor cache and ``dlrecipes data convert`` read
+too (:meth:`ArrowImages.pil_image`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from torchvision.datasets import VisionDataset
+
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import DataError, RecipeError, UserError, did_you_mean, shown
+
+INSTALL_HINT = "Hugging Face datasets is not installed: pip install 'dlrecipes[hf]' (or pip install datasets)"
+EVAL_SPLITS = ("validation", "test")  # what eval_split picks when the recipe names none, in this order
+
+
+def import_datasets():
+    """``import datasets``, with the install hint when it is missing."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise UserError(f"{INSTALL_HINT} ({exc})") from None
+    return datasets
+
+
+class ArrowImages(VisionDataset):
+    """One split as ``(transformed image, label)``, decoding each image from the Arrow table when asked.
+
+    A torchvision ``VisionDataset`` with a ``transform`` attribute, so Composer's RandAugment and AugMix
+    can insert their PIL transform as they do in an image folder's.
+    """
+
+    def __init__(self, table: Any, image_column: str, labels: np.ndarray, transform, name: str):
+        super().__init__(name, transform=transform)
+        self.table = table.select_columns([image_column])  # decode only the images
+        self.image_column = image_column
+        self.labels = labels
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def pil_image(self, index: int):
+        """The sample's image as RGB PIL, before any transform."""
+        return self.table[int(index)][self.image_column].convert("RGB")
+
+    def sample_name(self, index: int) -> str:
+        return f"{self.name}[{index}]"
+
+    def cache_fingerprint(self) -> dict:
+        """What the tensor cache compares to know that its copy is this split's."""
+        return {"rows": len(self), "fingerprint": self.table._fingerprint}
+
+    def cache_home(self) -> Optional[Path]:
+        """The folder of the split's Arrow files (None when the table is held in memory)."""
+        files = self.table.cache_files
+        return Path(files[0]["filename"]).resolve().parent if files else None
+
+    def __getitem__(self, index: int):
+        image = self.pil_image(index)
+        return (self.transform(image) if self.transform is not None else image), int(self.labels[index])
+
+
+def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
+    """``{split name: datasets.Dataset}`` of a local folder or a hub id."""
+    datasets = import_datasets()
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        saved = (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
+        try:
+            loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder), config)
+        except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
+            raise DataError(
+                f"dataset.path: cannot read {folder} as a Hugging Face dataset ({type(exc).__name__}: "
+                f"{_first_line(exc)}); give a folder written by save_to_disk, or one of Parquet files"
+            ) from None
+    else:
+        from dlrecipes.core.hub import hub_offline_unless_reachable
+
+        with hub_offline_unless_reachable() as online:
+            try:
+                loaded = datasets.load_dataset(path, config)
+            except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
+                why = (f"{type(exc).__name__}: {_first_line(exc)}" if online
+                       else "offline, and not in the local cache")
+                raise DataError(
+                    f"dataset.path: cannot download the Hugging Face dataset '{path}' ({why}); download it on a "
+                    f"connected machine (datasets.load_dataset('{path}').save_to_disk(FOLDER)) and set dataset.path "
+                    "to that folder"
+                ) from None
+    if isinstance(loaded, datasets.Dataset):  # one split saved alone
+        return {str(loaded.split or "train"): loaded}
+    return dict(loaded)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str) -> tuple[str, Any]:
+    """The split ``name`` (for ``eval_split`` unset: validation, else test), or one line naming the splits there are."""
+    if name is None:
+        name = next((s for s in EVAL_SPLITS if s in splits), None)
+        if name is None:
+            raise RecipeError(f"{key}: {path} has neither a validation nor a test split; name one of its splits: "
+                              f"{', '.join(splits)}")
+    if name not in splits:
+        raise RecipeError(f"{key}: {path} has no split {name!r}{did_you_mean(name, splits)}; its splits: "
+                          f"{', '.join(splits)}")
+    return name, splits[name]
+
+
+def check_columns(table: Any, image_column: str, label_column: str, path: str) -> Optional[list[str]]:
+    """Both columns exist, hold images and integer labels; returns the ``ClassLabel`` names (None: plain integers)."""
+    datasets = import_datasets()
+    features = table.features
+    columns = list(features)
+    for which, column in (("image_column", image_column), ("label_column", label_column)):
+        if column not in features:
+            raise RecipeError(f"dataset.{which}: {path} has no column {column!r}{did_you_mean(column, columns)}; "
+                              f"its columns: {', '.join(columns)}")
+    if not isinstance(features[image_column], datasets.Image):
+        images = [c for c in columns if isinstance(features[c], datasets.Image)]
+        raise RecipeError(f"dataset.image_column: column {image_column!r} of {path} holds "
+                          f"{shown(features[image_column])}, not images; its image columns: {', '.join(images) or 'none'}")
+    label = features[label_column]
+    if isinstance(label, datasets.ClassLabel):
+        return list(label.names)
+    if isinstance(label, datasets.Value) and label.dtype.startswith(("int", "uint")):
+        return None
+    labels = [c for c in columns if isinstance(features[c], datasets.ClassLabel)]
+    raise RecipeError(f"dataset.label_column: column {label_column!r} of {path} holds {shown(label)}, not class labels "
+                      f"(a ClassLabel or integers); its ClassLabel columns: {', '.join(labels) or 'none'}")
+
+
+def read_labels(table: Any, label_column: str) -> np.ndarray:
+    return np.asarray(table.with_format("numpy")[label_column], dtype=np.int64)
+
+
+def build_hf_dataset(
+    path: str,
+    split: str,
+    eval_split: Optional[str],
+    image_column: str,
+    label_column: str,
+    config: Optional[str],
+    crop_size: int,
+    resize_size: int,
+    eval_crop_size: Optional[int],
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DatasetSplits:
+    """Train and eval :class:`ArrowImages` of a Hugging Face dataset, sized as image folders are."""
+    from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.transforms import imagenet_transforms
+
+    eval_crop_size = eval_crop_size or crop_size
+    splits = load_splits(path, config)
+    split, train_table = pick_split(splits, split, "dataset.split", path)
+    eval_split, eval_table = pick_split(splits, eval_split, "dataset.eval_split", path)
+    names = check_columns(train_table, image_column, label_column, path)
+    eval_names = check_columns(eval_table, image_column, label_column, path)
+    if eval_names != names:
+        raise DataError(f"dataset.label_column: the {split} and {eval_split} splits of {path} name their classes "
+                        f"differently ({names} and {eval_names})")
+    train_labels, eval_labels = read_labels(train_table, label_column), read_labels(eval_table, label_column)
+    num_classes = len(names) if names is not None else int(max(train_labels.max(initial=-1),
+                                                                eval_labels.max(initial=-1))) + 1
+    if len(train_labels) == 0 or len(eval_labels) == 0:
+        raise DataError(f"dataset: the {split if len(train_labels) == 0 else eval_split} split of {path} is empty")
+    train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
+    eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
+    return DatasetSplits(
+        train=ArrowImages(train_table, image_column, train_labels, train_tf, f"{path}:{split}"),
+        eval=ArrowImages(eval_table, image_column, eval_labels, eval_tf, f"{path}:{eval_split}"),
+        num_classes=num_classes,
+        input_shape=(len(mean), crop_size, crop_size),
+        class_names=names if names is not None else [str(i) for i in range(num_classes)],
+        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
+                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
+                                   center_crop=(eval_crop_size, eval_crop_size)),
+    )
