@@ -194,12 +194,32 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         except UserError as exc:
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise
-        if is_remote(config.runs_dir):
-            raise RecipeError(f"runs_dir: {config.runs_dir}: sweeps keep their runs in a local or shared folder for "
-                              "now (train and resume single runs in object storage)")
-        runs_dir = runs_dir or Path(config.runs_dir)
-    tool.prepare_folder(plan, runs_dir or Path("runs"))
+        runs_dir = runs_dir or config.runs_dir
+    if runs_dir is not None and is_remote(runs_dir):  # a sweep in a bucket: see SweepMirror
+        return _sweep_in_bucket(plan, runs_dir, parallel, echo)
+    tool.prepare_folder(plan, Path(runs_dir or "runs"))
     rows, code = tool.run_sweep(plan, parallel, echo)
+    return plan, rows, code
+
+
+def _sweep_in_bucket(plan: Any, runs_dir: str, parallel: int, echo: Callable[[str], None]) -> tuple[Any, list, int]:
+    """The sweep staged locally (what the bucket has of it brought here first), its points training into
+    ``runs_dir/<sweep>`` in the bucket, its own files uploaded after each point and at the end: a sweep that
+    ends with files not uploaded says which and exits 1."""
+    from dlrecipes.records.remote_runs import sweep_mirror
+    from dlrecipes.tools import sweep as tool
+
+    mirror = sweep_mirror(runs_dir, plan.name)
+    mirror.pull_missing()
+    tool.prepare_folder(plan, mirror.local.parent)
+    plan.trains_into, plan.after_point = mirror.url, mirror.push
+    rows, code = tool.run_sweep(plan, parallel, echo)
+    mirror.push()
+    if mirror.incomplete():
+        missing = mirror.incomplete()
+        echo(f"error: {len(missing)} file(s) of the sweep are not in {mirror.url}: {', '.join(missing[:5])}"
+             f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)")
+        code = code or 1
     return plan, rows, code
 
 

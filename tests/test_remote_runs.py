@@ -245,3 +245,24 @@ def test_a_stopped_run_continues_on_another_machine_as_a_requeued_slurm_job_does
     assert fresh.returncode == 0, fresh.stderr[-2000:]  # its first start uploaded nothing: it starts
     assert fresh.stderr.startswith("note: no run 'never-started' in s3://runs/slurm yet (DLRECIPES_RESUME_MISSING=start)")
     assert fresh.stderr.count("note: no run") == 1
+
+
+def test_a_sweep_in_the_bucket_continues_on_another_machine(s3, in_bucket, tiny_recipe, tmp_path):
+    """A 2-point sweep with runs_dir in the bucket: each point's run and the sweep's own files are uploaded; on
+    another machine (nothing local) the same command finds both points finished in the bucket and trains none."""
+    args = ["sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "runs_dir=s3://runs/sw", "trainer.max_duration=1ep",
+            "--name", "lr"]
+    first = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    keys = set(s3.keys("runs", "sw/lr/"))
+    for point in ("lr=0.01", "lr=0.1"):
+        assert {f"sw/lr/{point}/summary.json", f"sw/lr/{point}/checkpoints/ep1-ba3-rank0.pt",
+                f"sw/lr/logs/{point}.log"} <= keys, keys
+    assert {"sw/lr/sweep.yaml", "sw/lr/summary.csv", "sw/lr/summary.md"} <= keys
+    summary = s3.read("runs", "sw/lr/summary.csv").decode()
+    shutil.rmtree(in_bucket)
+    again = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("(finished)") == 2 and "[1/" not in again.stdout, (
+        again.stdout[-3000:] + again.stderr[-3000:])
+    assert s3.read("runs", "sw/lr/summary.csv").decode() == summary  # the same table, from the bucket's records
+    assert not list(in_bucket.rglob("*.pt"))  # no checkpoint was downloaded to decide

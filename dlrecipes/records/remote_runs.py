@@ -204,6 +204,37 @@ def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "r
     return runs.find_runs(runs_dir, last), {}
 
 
+class SweepMirror(PulledRun):
+    """A sweep in a bucket (``runs_dir: s3://...``): its folder is staged where its points' trainings stage their
+    runs (``root.staging()/<sweep>``), each point's training uploads its own run, and this mirrors the sweep's own
+    files (sweep.yaml, logs/, the summaries, an Optuna journal)."""
+
+    def _points(self) -> set[str]:
+        return {recipe.relative_to(self.local).parts[0] for recipe in self.local.rglob(RECIPE_FILE)}
+
+    def _changed(self) -> list[str]:
+        points = self._points()
+        return [r for r in super()._changed() if r.split("/", 1)[0] not in points]
+
+    def pull_missing(self) -> None:
+        """What the bucket has of the sweep and this machine does not (a sweep continued on another machine): its
+        own files and its points' records and checkpoint pointers, never a checkpoint itself (a point's resume
+        brings its own). A file here is kept as it is: it is as new as the bucket's, or newer."""
+        for relative, (size, modified) in self.listing().items():
+            parts = relative.split("/")
+            if CHECKPOINT_DIR in parts[:-1] and parts[-1] != REMOTE_LATEST or EXPORT_DIR in parts[:-1]:
+                continue
+            if not (self.local / relative).exists():
+                self._fetch(relative, size, modified)
+
+
+def sweep_mirror(runs_dir: str, name: str) -> SweepMirror:
+    """The sweep ``name`` under the bucket's ``runs_dir`` (checked: one line when it cannot be used)."""
+    root = RemoteRoot.parse(runs_dir)
+    check_access(root)
+    return SweepMirror(root, name, root.staging() / name)
+
+
 def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str]) -> list[dict[str, Any]]:
     """Rows describing local copies say where the runs are: their bucket addresses."""
     for row in rows:
@@ -213,5 +244,5 @@ def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str]) -> list[dict[
     return rows
 
 
-__all__ = ["PulledRun", "UploadFailed", "open_run", "pull_records", "pull_runs_dir", "pull_target", "select_runs",
-           "shown_paths", "split_run_url"]
+__all__ = ["PulledRun", "SweepMirror", "UploadFailed", "open_run", "pull_records", "pull_runs_dir", "pull_target",
+           "select_runs", "shown_paths", "split_run_url", "sweep_mirror"]

@@ -45,9 +45,10 @@ def fixed_on_resume(algorithm: str) -> bool:
     """Whether a run cannot add, remove or retune ``algorithm`` on ``--resume``: it changes the network's
     modules or keeps its own state in the checkpoint, as registered with it (``changes_network=True``,
     ``checkpoint_state=True``; ``checkpoint_state=False`` overrides the first, as for ``channels_last``).
-    An algorithm no longer registered (a plugin not loaded) is held fixed: what it did cannot be known."""
+    An algorithm not registered in this process (a plugin the resumed run does not load) is not held: what it
+    registered cannot be read, and a checkpoint it shaped fails to load by itself, naming the mismatch."""
     if algorithm not in registry.algorithms:
-        return True
+        return False
     metadata = registry.algorithms.get(algorithm).metadata
     return bool(metadata.get("checkpoint_state", metadata.get("changes_network", False)))
 

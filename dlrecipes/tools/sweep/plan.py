@@ -18,7 +18,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
@@ -54,6 +54,8 @@ class SweepPlan:
     nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
     monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
     mode: str = "max"
+    trains_into: Optional[str] = None  # the points' runs_dir when it is not ``folder`` (a bucket's s3://.../<name>)
+    after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
 
     def record(self) -> dict[str, Any]:
         return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,

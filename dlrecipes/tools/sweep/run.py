@@ -143,6 +143,8 @@ def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], paral
             seconds = time.perf_counter() - slot.started
             durations.append(seconds)
             outcome = record_outcome(plan.folder, slot.point.name, slot.process.returncode, bool(stop["signal"]))
+            if plan.after_point is not None:
+                plan.after_point()
             source.finished(slot)
             left = source.left() + len(running)
             eta = statistics.mean(durations) * left / parallel if left else None
@@ -335,7 +337,7 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
-               f"runs_dir={plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
+               f"runs_dir={plan.trains_into or plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
                *(["--resume"] if action == "resume" else []), *(a for p in plan.plugins for a in ("--plugin", p))]
     forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
     log = open(log_path(plan.folder, point.name), "a")
