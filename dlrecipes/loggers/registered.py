@@ -94,7 +94,9 @@ def wandb(
     # the run's files stay in its run directory (this run's: not an environment variable a later run would inherit),
     # unless WANDB_DIR says otherwise
     where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags,
+    from dlrecipes.core.secrets import redact
+
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=redact(tags),
                          init_kwargs=where)
     logger.log_artifacts = log_artifacts
     return _told(logger, run)
@@ -129,9 +131,11 @@ def mlflow(
         # a server that drops out mid-run costs seconds, not MLflow's minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from dlrecipes.core.secrets import redact
+
     logger = MLFlowLogger(
         experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
-        tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
+        tags=redact(tags), tracking_uri=tracking_uri, log_system_metrics=False,
     )
     logger.log_artifacts = log_artifacts
     return _told(logger, run)
