@@ -21,8 +21,10 @@ shape of the data, so a recorded recipe compares with a new one once that is red
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 MASK = "***"
 # whole words of a key's name (split at _ - . and camelCase) that make it a secret's
@@ -91,6 +93,12 @@ def redact_uri(text: str) -> str:
                       else m.group(0), text)
 
 
+def without_user_info(uri: str) -> str:
+    """The address without its user info (``http://bob:pw@host/x`` -> ``http://host/x``): for asking whether a
+    server answers at all, which needs no credentials (and urllib cannot take them from an address)."""
+    return _USERINFO.sub(lambda m: m.group(1), uri, count=1)
+
+
 def redact_text(text: str) -> str:
     """A line as it may be shown: addresses redacted (:func:`redact_uri`), and the value of a secret-named key
     written as ``name=value`` or ``'name': value`` masked (``api_key=abc`` -> ``api_key=***``); an error's
@@ -119,6 +127,44 @@ def redact(data: Any) -> Any:
     if isinstance(data, str):
         return redact_text(data)
     return data
+
+
+class _RedactingStream:
+    """A text stream whose writes are redacted line by line (:func:`redact_text`); everything else is the stream's."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """While inside, what is written to ``sys.stdout`` and ``sys.stderr`` is redacted: for a library that prints
+    the address it was given (MLflow's "View run at: http://user:password@host/...")."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _RedactingStream(out), _RedactingStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def redacted_argv() -> Iterator[None]:
+    """While inside, ``sys.argv`` is redacted: for a library that records the command line (W&B's run metadata
+    keeps its arguments, an override ``tracking_uri=http://user:password@host`` among them)."""
+    argv = sys.argv
+    sys.argv = [redact_text(arg) for arg in argv]
+    try:
+        yield
+    finally:
+        sys.argv = argv
 
 
 def secret_keys(data: Any, prefix: str = "") -> list[str]:
@@ -152,4 +198,4 @@ def refusal(path: str) -> str:
 
 
 __all__ = ["CREDENTIAL_HOMES", "MASK", "SECRET_PAIRS", "SECRET_WORDS", "credential_home", "is_secret_key",
-           "key_words", "redact", "redact_text", "redact_uri", "refusal", "secret_keys"]
+           "key_words", "redact", "redact_text", "redact_uri", "redacted_argv", "redacted_output", "refusal", "secret_keys", "without_user_info"]

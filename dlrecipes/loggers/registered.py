@@ -24,8 +24,10 @@ def _probe(url: str, key: str, fix: str) -> None:
     import urllib.error
     import urllib.request
 
+    from dlrecipes.core.secrets import without_user_info
+
     try:
-        with urllib.request.urlopen(url, timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
+        with urllib.request.urlopen(without_user_info(url), timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
             return
     except urllib.error.HTTPError:  # it answers (401, 404...): reachable; the tracker itself will say more
         return
