@@ -1,6 +1,7 @@
 """The validate stage: a loaded recipe (a nested dict) in, a :class:`RecipeConfig` out.
 
-A credential in a recipe key is refused first (:mod:`dlrecipes.core.secrets`); then unknown keys, types and required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
+A credential in a recipe key is refused first (:mod:`dlrecipes.core.secrets`); then unknown keys, types and
+required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
 component's parameters against its factory's signature (:mod:`.checks`), tasks (:mod:`.tasks`), input paths
 (:mod:`.paths`), and what this machine and the launch can run (:mod:`.devices`).
 """

@@ -198,4 +198,5 @@ def refusal(path: str) -> str:
 
 
 __all__ = ["CREDENTIAL_HOMES", "MASK", "SECRET_PAIRS", "SECRET_WORDS", "credential_home", "is_secret_key",
-           "key_words", "redact", "redact_text", "redact_uri", "redacted_argv", "redacted_output", "refusal", "secret_keys", "without_user_info"]
+           "key_words", "redact", "redact_text", "redact_uri", "redacted_argv", "redacted_output", "refusal",
+           "secret_keys", "without_user_info"]

@@ -26,8 +26,9 @@ def _probe(url: str, key: str, fix: str) -> None:
 
     from dlrecipes.core.secrets import without_user_info
 
+    address = without_user_info(url)  # whether it answers needs no credentials (and urllib takes none from an address)
     try:
-        with urllib.request.urlopen(without_user_info(url), timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
+        with urllib.request.urlopen(address, timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
             return
     except urllib.error.HTTPError:  # it answers (401, 404...): reachable; the tracker itself will say more
         return
@@ -98,7 +99,8 @@ def wandb(
     where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
     from dlrecipes.core.secrets import redact
 
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=redact(tags),
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name,
+                         tags=redact(tags),
                          init_kwargs=where)
     logger.log_artifacts = log_artifacts
     return _told(logger, run)

@@ -21,8 +21,9 @@ class RunLogFile(ReadsAtInterval, FileLogger):
     written; the values are read back from the device every ``read_every`` batches.
 
     What the run prints is captured as plain lines, as piped output has them: secrets redacted
-    (:func:`dlrecipes.core.secrets.redact_text`), without escape codes, and of a line redrawn in place (``\\r``, the terminal's live line) only what stayed on
-    the screen; a line still being redrawn when the log closes is left out."""
+    (:func:`dlrecipes.core.secrets.redact_text`), without escape codes, and of a line redrawn in
+    place (``\\r``, the terminal's live line) only what stayed on the screen; a line still being
+    redrawn when the log closes is left out."""
 
     _microbatch: Any = None
 
