@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dlrecipes.core.secrets import (
-    MASK, is_secret_key, redact, redact_text, redact_uri, refusal, secret_keys,
-)
+from dlrecipes.core.secrets import MASK, is_secret_key, redact, redact_text, redact_uri, refusal, secret_keys
 
 from .conftest import TINY_RECIPE, run_cli, write
 
@@ -45,7 +43,8 @@ def test_no_parameter_of_a_registered_component_or_section_is_named_like_a_secre
 
     load_all()
     names = {p for reg in REGISTRIES.values() for name in reg.names() for p in reg.get(name).parameters}
-    names |= {f.name for cls in vars(sections).values() if dataclasses.is_dataclass(cls) for f in dataclasses.fields(cls)}
+    names |= {f.name for cls in vars(sections).values() if dataclasses.is_dataclass(cls)
+              for f in dataclasses.fields(cls)}
     assert len(names) > 100
     assert [n for n in names if is_secret_key(n)] == []
 
@@ -137,6 +136,11 @@ def test_show_and_an_error_line_redact_an_address(tmp_path):
     assert PASSWORD not in unreachable.stdout + unreachable.stderr
     wrong = run_cli("validate", str(recipe), f'trainer.max_duration="http://bob:{PASSWORD}@h"')
     assert wrong.returncode == 2 and PASSWORD not in wrong.stderr and "http://***@h" in wrong.stderr
+    from dlrecipes import api  # a notebook shows the resolved recipe's repr, and keeps it in the .ipynb
+
+    config = api.resolve(recipe, [f'loggers={{mlflow: {{tracking_uri: "{uri}"}}}}'], check_data=False)
+    assert config.loggers["mlflow"]["tracking_uri"] == uri  # the tracker still gets the address it was given
+    assert PASSWORD not in repr(config) and "http://***@127.0.0.1:9/" in repr(config)
 
 
 def test_a_resume_compares_the_recorded_recipe_redacted_alike(tmp_path):
@@ -178,3 +182,14 @@ def test_a_model_setting_with_a_secret_address_is_not_refused_on_resume_by_redac
 
     with pytest.raises(RecipeError, match=r"model.weights \('https://\*\*\*@h/w.pt' -> 'https://\*\*\*@h/v.pt'\)"):
         check_resume(run.path, {"model": {**recipe["model"], "weights": f"https://u:{PASSWORD}@h/v.pt"}})
+
+
+def test_a_sweep_records_its_overrides_redacted_and_compares_them_alike(tmp_path):
+    from dlrecipes.tools.sweep.plan import SweepPlan, prepare_folder
+
+    uri = f'loggers={{mlflow: {{tracking_uri: "http://bob:{PASSWORD}@h:5000"}}}}'
+    plan = SweepPlan(recipe=tmp_path / "r.yaml", name="s", fixed=[uri], swept={}, seeds=1, points=[])
+    folder = prepare_folder(plan, tmp_path)
+    text = (folder / "sweep.yaml").read_text()
+    assert PASSWORD not in text and "http://***@h:5000" in text
+    assert prepare_folder(plan, tmp_path) == folder  # the same sweep again: the same fixed settings
