@@ -45,11 +45,13 @@ def show(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[st
 
     Showing a recipe does not depend on the machine unless ``check_device``: a GPU recipe shows on a laptop.
     """
+    from dlrecipes.core.secrets import redact
     from dlrecipes.tools.describe import render_with_sources
 
     loaded = load(recipe, overrides, plugins)
     config = validate(loaded, check_device=check_device, check_data=False)
-    return render_with_sources(config.to_dict(), {"name": "the recipe's file name", **loaded.sources})
+    sources = redact({"name": "the recipe's file name", **loaded.sources})  # an override, quoted as a value's source
+    return render_with_sources(redact(config.to_dict()), sources)
 
 
 def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list:

@@ -2,13 +2,16 @@
 
 A :class:`UserError` is a mistake in what the user asked for (a recipe key, a file, a
 device setting).  The CLI prints its message alone and exits with code 2; anything
-else is a bug in dlrecipes and keeps its traceback.
+else is a bug in dlrecipes and keeps its traceback.  A message never shows a secret
+(:func:`dlrecipes.core.secrets.redact_text`).
 """
 
 from __future__ import annotations
 
 import difflib
 from typing import Iterable
+
+from dlrecipes.core.secrets import redact_text
 
 
 class UserError(Exception):
@@ -17,6 +20,10 @@ class UserError(Exception):
 
     exit_code = 2
     prefix = "error: "
+
+    def __init__(self, *args: object):
+        # a value quoted in the message (an address with its password, ``api_key=...``) is shown redacted
+        super().__init__(*(redact_text(a) if isinstance(a, str) else a for a in args))
 
     def _render_traceback_(self) -> list[str]:
         """How IPython (a notebook) shows it: the one line the CLI prints, not a traceback into dlrecipes."""
@@ -43,5 +50,5 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def shown(value: object, limit: int = 80) -> str:
     """``repr(value)``, shortened to ``limit`` characters: an error line names a value, it does not print it."""
-    text = repr(value)
+    text = redact_text(repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."

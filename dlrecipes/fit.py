@@ -19,6 +19,7 @@ from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core import lr_scaling
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
+from dlrecipes.core.secrets import redact_text
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.layout import RunDir
@@ -205,7 +206,7 @@ def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
     the traceback to the run's log."""
     from dlrecipes.records.checkpoints import resume_point
 
-    text = traceback.format_exc()
+    text = redact_text(traceback.format_exc())  # a URL with its password in an exception stays in neither place
     if verbose:
         print(text, file=sys.stderr, end="")
     log = run.log(rank())
@@ -222,7 +223,7 @@ def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
 def _failed(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed:
     """One line for an exception that escaped training; its traceback to the run's log (and with ``verbose``,
     to the terminal)."""
-    text = traceback.format_exc()
+    text = redact_text(traceback.format_exc())  # a URL with its password in an exception stays in neither place
     if verbose:
         print(text, file=sys.stderr, end="")
     where = "rerun with --verbose to see its traceback"

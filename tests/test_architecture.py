@@ -343,6 +343,20 @@ def test_lr_scaling_has_one_home():
     assert not spelled, "\n".join(spelled)
 
 
+def test_secrets_are_redacted_in_one_place():
+    """What a secret is and how it is hidden is dlrecipes.core.secrets': no other module spells a mask ("***") or
+    matches an address's user info itself; every writer calls it."""
+    spelled = [f"{module} line {node.lineno}: {node.value!r}" for module, path in sorted(MODULES.items())
+               if module != "dlrecipes.core.secrets" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and ("***" in node.value or "://" in node.value and "@" in node.value)]
+    assert not spelled, "\n".join(spelled)
+    writers = {"dlrecipes.records.run_dir", "dlrecipes.records.resume_check", "dlrecipes.records.history",
+               "dlrecipes.loggers.run_record", "dlrecipes.loggers.run_log", "dlrecipes.errors", "dlrecipes.api",
+               "dlrecipes.config.validation", "dlrecipes.fit"}
+    assert {w for w in writers if "dlrecipes.core.secrets" not in GRAPH[w]} == set()
+
+
 # --- what is built is kept, not searched for ---------------------------------------------------------------------
 
 def _run_components() -> set[str]:

@@ -4,6 +4,7 @@ status; an unreachable one fails fast. MLflow is tested against a real tracking 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -178,3 +179,52 @@ def test_the_recipe_flattens_to_dotted_text_parameters():
                               "x": None, "flag": True, "long": "y" * 7000})
     assert params == {"optimizer.name": "sgd", "optimizer.lr": "0.05", "algorithms": "{}", "tags": '["a", "b"]',
                       "x": "null", "flag": "true", "long": "y" * 5997 + "..."}
+
+
+@pytest.mark.slow
+def test_a_secret_in_an_address_reaches_no_file_no_output_and_no_tracker(mlflow_server, tiny_recipe):
+    """The MLflow address with a password (the server takes it, it checks none), a presigned URL's token in the
+    description; MLflow, TensorBoard and W&B (offline) at once: the password is in no file of the run
+    directory, the output, the server's parameters, the event files or W&B's log, and the resumed run
+    (the same recipe) is told of no changed address."""
+    secret = "hunter2-Zq9"
+    uri = mlflow_server.replace("http://", f"http://bob:{secret}@")
+    loggers = (f'loggers={{mlflow: {{tracking_uri: "{uri}", experiment_name: dlr}}, tensorboard: {{}}, '
+               'wandb: {offline: true}}')
+    args = [str(tiny_recipe), loggers, "run_name=secret", f"description=data at https://h/x?token={secret}&n=1",
+            "trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1"]
+    first = run_cli("train", *args, "trainer.max_duration=1ep", subprocess_=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli("train", *args, "trainer.max_duration=2ep", "--resume", subprocess_=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "changed settings: trainer.max_duration ('1ep' -> '2ep')\n" in again.stderr  # the address: no change
+    for result in (first, again):
+        assert secret not in result.stdout + result.stderr
+    run_dir = tiny_recipe.parent / "runs" / "secret"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+    redacted = mlflow_server.replace("http://", "http://***@")
+    recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    assert recorded["loggers"]["mlflow"]["tracking_uri"] == redacted
+    assert recorded["description"] == "data at https://h/x?token=***&n=1"
+    from dlrecipes.records.resume_check import changes
+
+    (before,) = run_dir.glob("recipe.before-*")  # the resume's other max_duration, and nothing else
+    assert changes(yaml.safe_load(before.read_text()), recorded) == [("trainer.max_duration", "1ep", "2ep")]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("dlr").experiment_id
+    runs = [r for r in client.search_runs([experiment]) if r.info.run_name == "secret"]
+    assert len(runs) == 2  # the run and its resumed part, each with the recipe as parameters
+    for found in runs:
+        assert found.data.params["loggers.mlflow.tracking_uri"] == redacted
+        assert found.data.params["description"] == "data at https://h/x?token=***&n=1"
+        assert not [k for k, v in {**found.data.params, **found.data.tags}.items() if secret in v]
+    events = list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events and any(redacted.encode() in p.read_bytes() for p in events)  # the hparams are there, redacted
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2
+    for folder in offline:
+        config = wandb_log.run_summary(folder)["config"]
+        assert config["loggers"]["mlflow"]["tracking_uri"] == redacted and secret not in json.dumps(config)

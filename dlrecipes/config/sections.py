@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from dlrecipes import registry
 from dlrecipes.core.durations import Duration
 from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range
+from dlrecipes.core.secrets import redact
 from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
 
 
@@ -30,6 +31,9 @@ class Component:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **self.params}
+
+    def __repr__(self) -> str:  # a notebook cell shows it, and keeps it in the .ipynb
+        return f"Component({redact(self.to_dict())!r})"
 
 
 @dataclass
@@ -186,6 +190,9 @@ class RecipeConfig:
     algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
     callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
     loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
+
+    def __repr__(self) -> str:  # a notebook cell shows it, and keeps it in the .ipynb: secrets redacted
+        return f"RecipeConfig({redact(self.to_dict())!r})"
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and runs save)."""

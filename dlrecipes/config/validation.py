@@ -1,6 +1,7 @@
 """The validate stage: a loaded recipe (a nested dict) in, a :class:`RecipeConfig` out.
 
-Unknown keys, types and required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
+A credential in a recipe key is refused first (:mod:`dlrecipes.core.secrets`); then unknown keys, types and
+required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
 component's parameters against its factory's signature (:mod:`.checks`), tasks (:mod:`.tasks`), input paths
 (:mod:`.paths`), and what this machine and the launch can run (:mod:`.devices`).
 """
@@ -25,6 +26,7 @@ from dlrecipes.config.sections import (
 )
 from dlrecipes.config.tasks import check_task
 from dlrecipes.core import distributed
+from dlrecipes.core.secrets import refusal, secret_keys
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import LoadedRecipe
 
@@ -36,6 +38,9 @@ def validate(recipe: LoadedRecipe, check_device: bool = True, check_data: bool =
     and precision (for checking a GPU recipe on a laptop); ``check_data=False``, whether its
     input paths exist (for checking a recipe before its data is in place).
     """
+    credentials = secret_keys(recipe.data)
+    if credentials:  # first: before any other check could quote the value
+        raise RecipeError(refusal(credentials[0]))
     data = dict(recipe.data)
     components: dict[str, Component] = {}
     for section, reg in COMPONENT_SECTIONS.items():

@@ -7,7 +7,9 @@
 - :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal;
 - :mod:`.precision`: what each ``trainer.precision`` means (autocast dtype, GradScaler, half data, fused optimizer);
 - :mod:`.lr_scaling`: ``optimizer.scale_lr``'s keys, check, rule and report;
-- :mod:`.run_context`: what a callback or logger factory is told of the run being built.
+- :mod:`.run_context`: what a callback or logger factory is told of the run being built;
+- :mod:`.secrets`: what counts as a secret, the refusal of one in a recipe key, and the one redaction every
+  writer (recipe.yaml, ``show``, summary.json, logs, error lines, trackers) calls.
 
 Besides :mod:`dlrecipes.errors` these modules import nothing of dlrecipes, and torch only inside
 functions that need it, so validation (which uses all three) stays fast.

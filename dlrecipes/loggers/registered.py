@@ -24,8 +24,11 @@ def _probe(url: str, key: str, fix: str) -> None:
     import urllib.error
     import urllib.request
 
+    from dlrecipes.core.secrets import without_user_info
+
+    address = without_user_info(url)  # whether it answers needs no credentials (and urllib takes none from an address)
     try:
-        with urllib.request.urlopen(url, timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
+        with urllib.request.urlopen(address, timeout=PROBE_SECONDS):  # noqa: S310 - the recipe's own tracker address
             return
     except urllib.error.HTTPError:  # it answers (401, 404...): reachable; the tracker itself will say more
         return
@@ -94,7 +97,10 @@ def wandb(
     # the run's files stay in its run directory (this run's: not an environment variable a later run would inherit),
     # unless WANDB_DIR says otherwise
     where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name, tags=tags,
+    from dlrecipes.core.secrets import redact
+
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name,
+                         tags=redact(tags),
                          init_kwargs=where)
     logger.log_artifacts = log_artifacts
     return _told(logger, run)
@@ -129,9 +135,11 @@ def mlflow(
         # a server that drops out mid-run costs seconds, not MLflow's minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from dlrecipes.core.secrets import redact
+
     logger = MLFlowLogger(
         experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
-        tags=tags, tracking_uri=tracking_uri, log_system_metrics=False,
+        tags=redact(tags), tracking_uri=tracking_uri, log_system_metrics=False,
     )
     logger.log_artifacts = log_artifacts
     return _told(logger, run)

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from composer.loggers import FileLogger
 
+from dlrecipes.core.secrets import redact_text
 from dlrecipes.loggers.read_back import ReadsAtInterval
 
 MICROBATCH_KEY = "trainer/device_train_microbatch_size"
@@ -19,9 +20,10 @@ class RunLogFile(ReadsAtInterval, FileLogger):
     and the microbatch size unless it changed (auto microbatching).  Every batch's loss is
     written; the values are read back from the device every ``read_every`` batches.
 
-    What the run prints is captured as plain lines, as piped output has them: without escape
-    codes, and of a line redrawn in place (``\\r``, the terminal's live line) only what stayed on
-    the screen; a line still being redrawn when the log closes is left out."""
+    What the run prints is captured as plain lines, as piped output has them: secrets redacted
+    (:func:`dlrecipes.core.secrets.redact_text`), without escape codes, and of a line redrawn in
+    place (``\\r``, the terminal's live line) only what stayed on the screen; a line still being
+    redrawn when the log closes is left out."""
 
     _microbatch: Any = None
 
@@ -46,7 +48,7 @@ class RunLogFile(ReadsAtInterval, FileLogger):
             redrawn = redrawn or "\r" in line
             line = line.rsplit("\r", 1)[-1]
             if line or not redrawn:  # a line cleared for the next one's text is no line
-                super().write(prefix, line + "\n")
+                super().write(prefix, redact_text(line) + "\n")
             redrawn = False
         redrawn = redrawn or "\r" in rest
         self._partial[prefix] = (rest.rsplit("\r", 1)[-1], redrawn)  # only the last drawing is kept
@@ -54,6 +56,6 @@ class RunLogFile(ReadsAtInterval, FileLogger):
     def close(self, state: Any, logger: Any) -> None:
         for prefix, (text, redrawn) in list(self._partial.items()):
             if text and not redrawn:  # output that did not end its line: kept
-                super().write(prefix, text + "\n")
+                super().write(prefix, redact_text(text) + "\n")
         self._partial = {}
         super().close(state, logger)

@@ -3,7 +3,8 @@
 :class:`RecordsTheRun` (a mixin for Composer's MLflow, W&B and TensorBoard destinations) gives the
 tracker, on rank 0:
 
-- at the start, the resolved recipe as the run's parameters: every leaf key flattened with dotted
+- at the start, the resolved recipe as the run's parameters (as recipe.yaml records it: secrets
+  redacted, :mod:`dlrecipes.core.secrets`): every leaf key flattened with dotted
   names (``optimizer.lr``, ``model.name``), values as text within the tracker's limits; and tags
   naming the recipe, the git commit of the working directory's project (where there is one), the
   device and the world size;
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from dlrecipes.core.secrets import redact, redact_text
 from dlrecipes.records.layout import RunDir
 
 ARTIFACT_CHOICES = ("files", "checkpoint", "export", "all", "none")
@@ -94,7 +96,8 @@ class RecordsTheRun:
     def bind(self, run: Any) -> None:
         from dlrecipes.core.distributed import world_size
 
-        self.record_dir, self.record_recipe, self.record_history = Path(run.path), run.recipe, run.history
+        # what a tracker is sent, parameters and W&B's config alike, is the recipe as recipe.yaml records it
+        self.record_dir, self.record_recipe, self.record_history = Path(run.path), redact(run.recipe), run.history
         self.record_tags = run_tags(run.recipe, run.device, world_size())
 
     # --- what each tracker does -----------------------------------------------------------------------------
@@ -114,7 +117,7 @@ class RecordsTheRun:
             return call()
         except Exception as exc:  # a tracker that dropped out must not stop the training
             self._unreachable = True
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            first = redact_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:300]
             print(f"warning: {self.tracker}: {what} failed ({type(exc).__name__}: {first}); nothing more is sent to "
                   "it, and training goes on (the run directory keeps everything)", file=sys.stderr)
             return None

@@ -10,6 +10,7 @@ from pathlib import Path
 from composer.loggers import MLFlowLogger as ComposerMLFlowLogger
 from composer.loggers import TensorboardLogger as ComposerTensorboardLogger
 
+from dlrecipes.core.secrets import redacted_output
 from dlrecipes.loggers.read_back import ReadsAtInterval
 from dlrecipes.loggers.run_record import RecordsTheRun
 
@@ -55,4 +56,9 @@ class MLFlowLogger(ReadsAtInterval, RecordsTheRun, ComposerMLFlowLogger):
             else:
                 folder = path.parent.name if path.parent != self.record_dir else None
                 self._mlflow_client.log_artifact(self._run_id, str(path), artifact_path=folder)
-        mlflow.end_run(status=MLFLOW_STATUS.get(status, "FAILED"))  # Composer's post_close then finds it ended
+        with redacted_output():  # MLflow prints the run's address, user info and all
+            mlflow.end_run(status=MLFLOW_STATUS.get(status, "FAILED"))  # Composer's post_close then finds it ended
+
+    def post_close(self) -> None:
+        with redacted_output():  # a run not ended above (a rank but 0, a tracker gone) is ended here, printed alike
+            super().post_close()

@@ -5,8 +5,9 @@ Composer 0.32.1's ``WandBLogger.init`` reads ``wandb.run.get_url()``; wandb 0.31
 offline mode included.  This subclass supplies ``get_url`` (as ``url``) for the duration of
 Composer's ``init``, and reads device values back every ``read_every`` batches (:mod:`.read_back`).  Chosen over pinning ``wandb<0.19`` (Composer's
 declared range), which would hold back protobuf and conflict with current TensorBoard.
-The resolved recipe becomes the run's config (nested, as in the recipe), the tags its tags, the run
-directory's files are saved with the run, and the run's exit code says how it ended.
+The resolved recipe becomes the run's config (nested, as in the recipe; secrets redacted), the tags its tags,
+the run directory's files are saved with the run, and the run's exit code says how it ended.  W&B records the
+command line in the run's metadata: it is given the command line redacted (:mod:`dlrecipes.core.secrets`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from composer.core import State
 from composer.loggers import Logger
 from composer.loggers import WandBLogger as ComposerWandBLogger
 
+from dlrecipes.core.secrets import redacted_argv
 from dlrecipes.loggers.read_back import ReadsAtInterval
 from dlrecipes.loggers.run_record import RecordsTheRun
 
@@ -33,7 +35,8 @@ class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
         if missing:
             Run.get_url = lambda run: run.url  # the name Composer 0.32.1 calls
         try:
-            super().init(state, logger)
+            with redacted_argv():  # the run's metadata records the command line, overrides and all
+                super().init(state, logger)
         finally:
             if missing:
                 del Run.get_url

@@ -20,6 +20,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from dlrecipes.core.secrets import redact
 from dlrecipes.records.layout import RunDir
 
 HISTORY_COLUMNS = (
@@ -267,5 +268,5 @@ class RunHistory(Callback):
             summary["best_metrics"], summary["final_metrics"] = best, final
         from dlrecipes.records.checkpoints import atomic_write
 
-        text = (json.dumps(summary, indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
+        text = (json.dumps(redact(summary), indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
         atomic_write(RunDir(self.run_dir).summary, lambda f: f.write(text))

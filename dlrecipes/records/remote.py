@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR, LOCK_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir, is_periodic, periodic_progress,
@@ -58,6 +59,9 @@ class RemoteRoot:
     @classmethod
     def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
         bucket, _, prefix = url[len(SCHEME):].partition("/")
+        if "@" in bucket:  # boto3 reads no credentials from an address: it would take them for the bucket's name
+            raise UserError(f"{key_path}: {redact_uri(url)}: S3 credentials are not taken from the address; set "
+                            f"{credential_home('runs_dir')} in the environment instead, and give s3://BUCKET/PREFIX")
         if not bucket:
             raise UserError(f"{key_path}: {url!r} names no bucket (expected s3://BUCKET or s3://BUCKET/PREFIX)")
         return cls(bucket, prefix.strip("/"))

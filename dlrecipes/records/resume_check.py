@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrecipes import registry
+from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.run_files import read_recipe
@@ -76,10 +77,13 @@ def _show(key: str, before: Any, after: Any) -> str:
 
 
 def check_resume(run_dir: Path, new: dict) -> list[str]:
-    """Refuse changes the run cannot continue with; return the accepted ones, described."""
+    """Refuse changes the run cannot continue with; return the accepted ones, described.  The recipe was recorded
+    with its secrets redacted, and is compared with the new one redacted alike: another password for the same
+    address is no change, another address is."""
     recorded = read_recipe(Path(run_dir))  # a damaged one: one line naming it
     if recorded is None:
         return []
+    new = redact(new)
     ignored = {"run_name", "description"}
     found = [c for c in changes(recorded, new) if c[0].split(".")[0] not in ignored and not _default_lr(recorded, c)]
     refused = [_show(*c) for c in found if _cannot_continue(c[0])]

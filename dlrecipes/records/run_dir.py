@@ -21,6 +21,7 @@ import yaml
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
+from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoints, resume_point
 from dlrecipes.records.layout import (
@@ -185,13 +186,13 @@ def make_writable_dir(folder: Path, key: str = "--out", what: str = "", exist_ok
 
 
 def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) -> None:
-    """Write the resolved recipe (as plain data) into the run directory (rank 0); one an earlier part of the
-    run recorded with other settings is kept beside it.  Refused, without ``resume``, in a run that has
-    checkpoints."""
+    """Write the resolved recipe (as plain data, secrets redacted) into the run directory (rank 0); one an
+    earlier part of the run recorded with other settings is kept beside it.  Refused, without ``resume``, in
+    a run that has checkpoints."""
     if rank() != 0:
         return
     run = RunDir(run_dir)
-    resolved = yaml.safe_dump(recipe, sort_keys=False)
+    resolved = yaml.safe_dump(redact(recipe), sort_keys=False)
     if run.recipe.exists() and not resume and run.checkpoints.exists():
         raise UserError(
             f"run_name: {run} already holds a run; pass --resume to continue it, --restart to train it again "

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.tools.sweep.report import short_names, value_text
 
@@ -58,10 +59,11 @@ class SweepPlan:
     after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
 
     def record(self) -> dict[str, Any]:
-        return {"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
+        """What sweep.yaml records (secrets redacted, as in a run's recipe.yaml; compared redacted alike)."""
+        return redact({"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
                 "seeds": self.seeds, "search": self.search, "trials": self.trials, "nproc": self.nproc,
                 "points": [{"name": p.name, "values": p.values, "overrides": p.overrides,
-                            **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]}
+                            **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]})
 
 
 def split_values(raw: str) -> list[str]:
