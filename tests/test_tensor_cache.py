@@ -200,8 +200,8 @@ def test_data_convert_rejects_an_unknown_format_and_a_dataset_without_pil_images
     for args, expected in (
         (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv or tensor_cache, got 'tensor-cache'"),
         (["digits", "--format", "tensor_cache"],
-         "error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
-         "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)"),
+         ("error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
+          "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)")),
     ):
         result = run_cli("data", "convert", *args)
         assert (result.returncode, result.stderr.strip()) == (2, expected), result.stderr
@@ -212,13 +212,13 @@ def test_training_uses_a_converted_cache_in_its_cache_dir(tmp_path, tiny_recipe)
     from .conftest import image_folders
 
     folders = image_folders(tmp_path / "imgs", ["ant", "bee"], per_class=4)
-    reports, lines, _ = _convert_to_cache(folders, out=tmp_path / "cache", cache_size=14)
+    lines = _convert_to_cache(folders, out=tmp_path / "cache", cache_size=14)[1]
     assert lines[-1] == f"train from it with trainer.loader=tensor_cache trainer.cache_dir={tmp_path / 'cache'} " \
                         "trainer.cache_size=14"
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
     result = fit(resolve(tiny_recipe, [
-        f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
-        "resize_size: 16}", "model={name: cifar_resnet18}", "trainer.batch_size=4", "run_name=converted",
+        (f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
+         "resize_size: 16}"), "model={name: cifar_resnet18}", "trainer.batch_size=4", "run_name=converted",
         "trainer.num_workers=0", "trainer.max_duration=1ep", *lines[-1].split()[4:],
     ]))
     assert result.batches == 2

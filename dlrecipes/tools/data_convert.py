@@ -85,8 +85,9 @@ def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOpti
                        echo: Callable[[str], None] = print) -> list[CacheReport]:
     """Both splits' tensor caches, where and as training with ``trainer.loader: tensor_cache`` (``trainer.cache_dir``
     = ``out_dir``, ``trainer.cache_size`` = ``options.cache_size``) looks for them; one up to date is kept."""
-    from dlrecipes.data.tensor_cache import build_cache, cache_files, cache_is_current, cache_location, cache_split
-    from dlrecipes.data.tensor_cache import image_source
+    from dlrecipes.data.tensor_cache import (
+        build_cache, cache_files, cache_is_current, cache_location, cache_split, image_source,
+    )
 
     if not registry.datasets.get(component.name).metadata.get("pil_images"):
         usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
