@@ -323,13 +323,16 @@ def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict
     return shown_paths([describe_run(p) for p in newest_first(list(urls), last)], urls)
 
 
-def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path, options: Any,
-                    plugins: Sequence[str] = (), echo: Callable[[str], None] = print) -> list:
-    """Write a registered dataset's train and eval splits as FFCV ``.beton`` files in ``out``."""
+def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path | None, options: Any = None,
+                    plugins: Sequence[str] = (), echo: Callable[[str], None] = print, format: str = "ffcv") -> list:
+    """Write a registered dataset's train and eval splits as FFCV ``.beton`` files in ``out`` (``options``: a
+    ``ConvertOptions``), or with ``format="tensor_cache"`` as the tensor cache that ``trainer.loader: tensor_cache``
+    reads, in ``out`` (its ``trainer.cache_dir``; None: where training looks by default; ``options``: a
+    ``tools.data_convert.CacheOptions``)."""
     from dlrecipes.tools.data_convert import convert_dataset as convert
 
     load_all(plugins=plugins)
-    return convert(dataset, params, out, options, echo=echo)
+    return convert(dataset, params, out, options, echo=echo, format=format)
 
 
 def inspect_beton(path: str | Path) -> dict[str, Any]:

@@ -419,7 +419,7 @@ def compare(
     typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 
-data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV conversion and inspection.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV files or the tensor cache, and inspection.")
 app.add_typer(data_app, name="data")
 
 
@@ -427,30 +427,37 @@ app.add_typer(data_app, name="data")
 def data_convert(
     dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
     params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
-    out: Path = typer.Option(..., "--out", help="folder for train.beton and val.beton"),
-    max_resolution: Optional[int] = typer.Option(256, help="downscale images whose longer side is larger (0: keep)"),
-    write_mode: str = typer.Option("smart", help="smart, jpg, raw or proportion"),
-    jpeg_quality: int = typer.Option(90, help="JPEG quality for re-encoded images"),
-    compress_probability: float = typer.Option(0.5, help="share stored as JPEG with write-mode proportion"),
-    page_size: int = typer.Option(1 << 23, help="FFCV page size in bytes"),
-    workers: int = typer.Option(-1, help="writer processes (-1: all cores)"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace existing files"),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="skip unreadable images (each is reported) instead of stopping"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for train.beton and val.beton (ffcv: required), or "
+                                       "the cache's trainer.cache_dir (tensor_cache; default: where training looks)"),
+    format: str = typer.Option("ffcv", "--format", help="ffcv (.beton files) or tensor_cache (trainer.loader=tensor_cache)"),
+    cache_size: Optional[int] = typer.Option(None, help="tensor_cache: side of the cached images, as trainer.cache_size"),
+    max_resolution: Optional[int] = typer.Option(256, help="ffcv: downscale images whose longer side is larger (0: keep)"),
+    write_mode: str = typer.Option("smart", help="ffcv: smart, jpg, raw or proportion"),
+    jpeg_quality: int = typer.Option(90, help="ffcv: JPEG quality for re-encoded images"),
+    compress_probability: float = typer.Option(0.5, help="ffcv: share stored as JPEG with write-mode proportion"),
+    page_size: int = typer.Option(1 << 23, help="ffcv: FFCV page size in bytes"),
+    workers: int = typer.Option(-1, help="writer or decoding processes (-1: all cores)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace existing files (tensor_cache: even up to date)"),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="ffcv: skip unreadable images (each is reported) instead of stopping"),
     plugin: List[str] = PluginOpt,
 ) -> None:
-    """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra)."""
+    """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra), or as the tensor cache."""
     from dlrecipes import api
     from dlrecipes.data.ffcv_files import ConvertOptions
+    from dlrecipes.tools.data_convert import CacheOptions
 
     if write_mode not in ("smart", "jpg", "raw", "proportion"):
         _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
-    options = ConvertOptions(
+    if cache_size is not None and format == "ffcv":
+        _fail("--cache-size: only with --format tensor_cache (FFCV keeps images up to --max-resolution)")
+    options = CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
         max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
         compress_probability=compress_probability, page_size=page_size, num_workers=workers,
         overwrite=overwrite, skip_bad=skip_bad,
     )
     parsed = _assignments(params, "dataset parameter")
-    _guarded(lambda: api.convert_dataset(dataset, parsed, out, options, plugin, echo=lambda m: typer.echo(m, err=True)))
+    _guarded(lambda: api.convert_dataset(dataset, parsed, out, options, plugin, echo=lambda m: typer.echo(m, err=True),
+                                         format=format))
 
 
 @data_app.command("inspect")

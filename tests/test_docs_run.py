@@ -240,7 +240,8 @@ def test_a_docs_page_runs_as_written(page, tour, tmp_path):
     failures, _ = run_page(page, workspace)
     assert not failures, "\n\n".join(failures)
     written = {"docs/after-training.md": ["preds.csv", "runs/quickstart/export/model.onnx"],
-               "docs/seeing-the-run.md": ["compare.png"], "docs/fast-data-loading.md": ["data/pets_ffcv/train.beton"],
+               "docs/seeing-the-run.md": ["compare.png"],
+               "docs/fast-data-loading.md": ["data/pets/.dlrecipes-cache/train-256.npy", "data/pets_ffcv/train.beton"],
                "docs/recipes.md": ["runs/exp1/checkpoints/best.pt", "runs/exp2/summary.json"]}
     missing = [name for name in written.get(page, []) if not (workspace / name).exists()]
     assert not missing, f"{page}: its commands should have written {missing}"

@@ -103,6 +103,35 @@ def test_the_tensor_cache_holds_the_source_images(digits_hf, tmp_path):
     assert np.load(tmp_path / "cache" / f"train-{SIZE}.labels.npy").tolist() == source["train"][1].tolist()
 
 
+def test_data_convert_writes_the_tensor_cache_training_finds_up_to_date(digits_hf):
+    """``data convert hf --format tensor_cache``: each split's images and labels as saved, in the folder of its
+    Arrow files (where training looks by default), and the loader then builds nothing."""
+    import torch
+
+    from dlrecipes import api
+    from dlrecipes.data.tensor_cache import build_tensor_cache_loader, cache_is_current
+    from dlrecipes.tools.data_convert import CacheOptions
+
+    source, paths = digits_hf
+    params = {"path": str(paths["saved"]), "crop_size": SIZE, "resize_size": SIZE, "hflip": False}
+    lines: list[str] = []
+    reports = api.convert_dataset("hf", params, None, CacheOptions(num_workers=1), echo=lines.append,
+                                  format="tensor_cache")
+    data = _build(paths["saved"])
+    for report, (split, dataset, train) in zip(reports, (("train", data.train, True), ("test", data.eval, False))):
+        images, labels = source[split]
+        cache = report.images.parent
+        assert cache == dataset.cache_home() / ".dlrecipes-cache" and report.written
+        assert (report.samples, report.classes) == (len(labels), len(np.unique(labels)))
+        assert np.array_equal(np.load(report.images), _rgb(images))
+        assert np.load(cache / f"{report.split}-{SIZE}.labels.npy").tolist() == labels.tolist()
+        assert cache_is_current(dataset, cache, report.split, SIZE)
+        stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+        build_tensor_cache_loader(dataset, 4, train, torch.device("cpu"), 0, 0, 0, 1, None, None, **data.augment)
+        assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
+    assert f"caching train: {len(source['train'][1])} images -> {reports[0].images}" in lines
+
+
 @pytest.mark.parametrize("override, expected", [
     ("image_column=img", "error: dataset.image_column: {path} has no column 'img' (did you mean 'image'?); "
                          "its columns: image, label"),

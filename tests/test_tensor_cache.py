@@ -138,3 +138,89 @@ def test_host_side_crops_flip_about_half_of_the_crops():
     flipped = crop_batch(images, torch.Generator().manual_seed(1), True, 12, 0.3, 0.875, hflip=True)
     assert plain.shape == flipped.shape == (32, 3, 12, 12)
     _assert_about_half_mirrored(plain.float(), flipped.float())
+
+
+# --- dlrecipes data convert --format tensor_cache ---------------------------------------------------------------
+
+
+def _convert_to_cache(folders, out=None, **options):
+    from dlrecipes import api
+    from dlrecipes.tools.data_convert import CacheOptions
+
+    lines: list[str] = []
+    params = {"train_path": str(folders / "train"), "val_path": str(folders / "val"), "crop_size": 12, "resize_size": 16}
+    reports = api.convert_dataset("image_folder", params, out, CacheOptions(num_workers=1, **options),
+                                  echo=lines.append, format="tensor_cache")
+    return reports, lines, params
+
+
+def test_data_convert_writes_the_cache_the_loader_then_uses_as_it_is(tmp_path, monkeypatch):
+    """The converted cache holds each source image, resized and centre-cropped, where training looks for it;
+    building the loader afterwards rewrites nothing, and FFCV is never imported."""
+    import sys
+
+    from dlrecipes import registry
+    from dlrecipes.data.tensor_cache import build_tensor_cache_loader, resize_center_crop
+
+    from .conftest import image_folders
+
+    monkeypatch.setitem(sys.modules, "ffcv", None)  # `import ffcv` fails, as where it is not installed
+    folders = image_folders(tmp_path / "imgs", ["ant", "bee"])
+    reports, lines, params = _convert_to_cache(folders)
+    cache = tmp_path / "imgs" / ".dlrecipes-cache"  # beside the split folders: trainer.cache_dir's default
+    assert [(r.split, r.samples, r.classes, r.size, r.written) for r in reports] == [
+        ("train", 4, 2, 16, True), ("val", 4, 2, 16, True)]
+    assert lines[0] == f"caching train: 4 images -> {cache / 'train-16.npy'}"
+    assert lines[1].startswith("  4 samples, 2 classes, 16x16 RGB uint8, ")
+    assert lines[-1] == "train from it with trainer.loader=tensor_cache"
+    data = registry.datasets.build("image_folder", **params)
+    for split, dataset in (("train", data.train), ("val", data.eval)):
+        expected = [resize_center_crop(Image.open(path).convert("RGB"), 16) for path, _ in dataset.samples]
+        assert np.array_equal(np.load(cache / f"{split}-16.npy"), np.stack(expected))
+        assert np.load(cache / f"{split}-16.labels.npy").tolist() == [label for _, label in dataset.samples]
+
+    stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert sorted(stamps) == sorted(f"{s}-16{ext}" for s in ("train", "val") for ext in (".npy", ".labels.npy", ".json"))
+    for dataset, train in ((data.train, True), (data.eval, False)):
+        loader = build_tensor_cache_loader(dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None,
+                                           **data.augment)
+        assert next(iter(loader))[0].shape == (2, 3, 12, 12)
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # found up to date, not rebuilt
+
+    again, lines, _ = _convert_to_cache(folders)
+    assert [r.written for r in again] == [False, False] and lines[0].endswith("train-16.npy is up to date "
+                                                                              "(--overwrite rebuilds it)")
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
+    assert [r.written for r in _convert_to_cache(folders, overwrite=True)[0]] == [True, True]
+
+
+def test_data_convert_rejects_an_unknown_format_and_a_dataset_without_pil_images():
+    from .conftest import run_cli
+
+    for args, expected in (
+        (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv or tensor_cache, got 'tensor-cache'"),
+        (["digits", "--format", "tensor_cache"],
+         ("error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
+          "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)")),
+    ):
+        result = run_cli("data", "convert", *args)
+        assert (result.returncode, result.stderr.strip()) == (2, expected), result.stderr
+
+
+@pytest.mark.slow
+def test_training_uses_a_converted_cache_in_its_cache_dir(tmp_path, tiny_recipe):
+    from .conftest import image_folders
+
+    folders = image_folders(tmp_path / "imgs", ["ant", "bee"], per_class=4)
+    lines = _convert_to_cache(folders, out=tmp_path / "cache", cache_size=14)[1]
+    assert lines[-1] == f"train from it with trainer.loader=tensor_cache trainer.cache_dir={tmp_path / 'cache'} " \
+                        "trainer.cache_size=14"
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+    result = fit(resolve(tiny_recipe, [
+        (f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
+         "resize_size: 16}"), "model={name: cifar_resnet18}", "trainer.batch_size=4", "run_name=converted",
+        "trainer.num_workers=0", "trainer.max_duration=1ep", *lines[-1].split()[4:],
+    ]))
+    assert result.batches == 2
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == stamps
+    assert not (folders / ".dlrecipes-cache").exists()

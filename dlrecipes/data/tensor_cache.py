@@ -81,18 +81,34 @@ def _decode(args: tuple[int, int]) -> np.ndarray:
     return resize_center_crop(_SOURCE.pil_image(index), size)
 
 
-def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2) -> Path:
+def cache_files(cache_dir: Path, split: str, size: int) -> dict[str, Path]:
+    """A split's cache files: ``images`` (N x size x size x 3 uint8), ``labels`` (int64) and ``fingerprint`` (the
+    source's :meth:`cache_fingerprint` as it was decoded, what says whether the cache is up to date)."""
+    return {"images": cache_dir / f"{split}-{size}.npy", "labels": cache_dir / f"{split}-{size}.labels.npy",
+            "fingerprint": cache_dir / f"{split}-{size}.json"}
+
+
+def cache_is_current(source, cache_dir: Path, split: str, size: int) -> bool:
+    """Whether ``cache_dir`` holds ``source``'s cache at ``size``, decoded from the files (or table) as they are now."""
+    return _holds(cache_files(cache_dir, split, size), image_source(source).cache_fingerprint())
+
+
+def _holds(files: dict[str, Path], fingerprint: dict) -> bool:
+    return (files["images"].exists() and files["fingerprint"].exists()
+            and json.loads(files["fingerprint"].read_text()) == fingerprint)
+
+
+def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2, rebuild: bool = False) -> Path:
     """Decode ``source`` (``(path, label)`` samples, or see :func:`image_source`) into ``cache_dir/split-size.npy``
-    unless an up-to-date one exists."""
+    unless an up-to-date one exists (``rebuild``: even then)."""
     source = image_source(source)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    images_path = cache_dir / f"{split}-{size}.npy"
-    meta_path = cache_dir / f"{split}-{size}.json"
+    files = cache_files(cache_dir, split, size)
     fingerprint = source.cache_fingerprint()
-    if images_path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == fingerprint:
-        return images_path
+    if not rebuild and _holds(files, fingerprint):
+        return files["images"]
     tmp = cache_dir / f".{split}-{size}.tmp-{os.getpid()}.npy"
     try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(source), size, size, 3))
         jobs = [(i, size) for i in range(len(source))]
         with ProcessPoolExecutor(max(1, workers), initializer=_start_worker, initargs=(source,)) as pool:
@@ -100,15 +116,15 @@ def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2
                 out[i] = image
         out.flush()
         del out
-        np.save(cache_dir / f"{split}-{size}.labels.npy", np.asarray(source.labels, dtype=np.int64))
-        os.replace(tmp, images_path)
-        meta_path.write_text(json.dumps(fingerprint))
+        np.save(files["labels"], np.asarray(source.labels, dtype=np.int64))
+        os.replace(tmp, files["images"])
+        files["fingerprint"].write_text(json.dumps(fingerprint))
     except OSError as exc:
         raise DataError(f"trainer.loader: cannot write the tensor cache under {cache_dir}: {exc}") from None
     finally:
         if tmp.exists():
             tmp.unlink()
-    return images_path
+    return files["images"]
 
 
 # --- batched augmentation ----------------------------------------------------------------
@@ -316,6 +332,18 @@ def default_cache_dir(dataset) -> Path:
     return home / ".dlrecipes-cache"
 
 
+def cache_location(dataset, cache_dir: Optional[Path], cache_size: Optional[int], resize_size: int) -> tuple[Path, int]:
+    """Where a split's cache is (``trainer.cache_dir``, default :func:`default_cache_dir`) and the side of its
+    images (``trainer.cache_size``, default the dataset's ``resize_size``): what training and
+    ``dlrecipes data convert --format tensor_cache`` both ask, so that one finds what the other wrote."""
+    return (Path(cache_dir) if cache_dir else default_cache_dir(dataset)), cache_size or resize_size
+
+
+def cache_split(train: bool) -> str:
+    """The split's name in the cache's file names."""
+    return "train" if train else "val"
+
+
 def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
                               seed: int, rank: int, world_size: int, cache_dir: Optional[Path],
                               cache_size: Optional[int], crop_size: int, eval_crop_size: int, resize_size: int,
@@ -327,12 +355,11 @@ def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: tor
     Training takes ``crop_size`` random-resized crops; evaluation an ``eval_crop_size`` centre crop
     covering ``eval_crop_size / resize_size`` of the side, as the torchvision path does.
     """
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(dataset)
-    cache_size = cache_size or resize_size
-    split = "train" if train else "val"
+    cache_dir, cache_size = cache_location(dataset, cache_dir, cache_size, resize_size)
+    split = cache_split(train)
     images_path = build_cache(dataset, cache_dir, split, cache_size, workers=max(1, num_workers))
     size = crop_size if train else eval_crop_size
     crop = {"size": size, "min_scale": min_scale, "resize_ratio": eval_crop_size / resize_size, "hflip": hflip}
-    batches = CachedBatches(images_path, cache_dir / f"{split}-{cache_size}.labels.npy", batch_size, train, seed,
+    batches = CachedBatches(images_path, cache_files(cache_dir, split, cache_size)["labels"], batch_size, train, seed,
                             rank, world_size, crop=None if device.type == "cuda" else crop, mean=mean, std=std)
     return TensorCacheLoader(batches, num_workers, device, crop, mean, std)

@@ -1,27 +1,68 @@
-"""``dlrecipes data convert``: a registered dataset's splits written as FFCV ``.beton`` files.
+"""``dlrecipes data convert``: a registered dataset's splits written as FFCV ``.beton`` files, or as the
+tensor cache that ``trainer.loader: tensor_cache`` reads (``--format tensor_cache``).
 
 The recipe-level steps (plugins, validating the dataset's parameters, building it) are here;
-writing and reading the files is :mod:`dlrecipes.data.ffcv_files`.
+writing and reading the files is :mod:`dlrecipes.data.ffcv_files` and :mod:`dlrecipes.data.tensor_cache`
+(imported only for its format: FFCV need not be installed to write the tensor cache).
 """
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from dlrecipes import registry
 from dlrecipes.builders import build_datasets
 from dlrecipes.config import COMPONENT_SECTIONS, check_component
 from dlrecipes.data.ffcv_files import ConvertOptions, ConvertReport, RawImages, write_beton
 from dlrecipes.errors import UserError
 from dlrecipes.plugins import load_all
 
+CONVERT_FORMATS = ("ffcv", "tensor_cache")  # FFCV .beton files; the cache trainer.loader=tensor_cache reads
+
+
+@dataclass
+class CacheOptions:
+    """How ``--format tensor_cache`` writes: the cached images' side (``trainer.cache_size``; None: the dataset's
+    ``resize_size``), decoding processes (-1: all cores), and whether an up-to-date cache is rebuilt."""
+
+    cache_size: Optional[int] = None
+    num_workers: int = -1
+    overwrite: bool = False
+
+
+@dataclass
+class CacheReport:
+    """One split's tensor cache after ``data convert``: where, what it holds, and whether it was written now."""
+
+    split: str
+    images: Path
+    samples: int
+    classes: int  # distinct labels in the split
+    size: int
+    bytes: int  # the images', labels' and fingerprint's files together
+    seconds: float
+    written: bool  # False: it was up to date and left as it was
+
 
 def convert_dataset(
-    dataset: str, params: dict[str, Any], out_dir: str | Path, options: ConvertOptions, echo: Callable[[str], None] = print
-) -> list[ConvertReport]:
-    """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton``."""
+    dataset: str, params: dict[str, Any], out_dir: str | Path | None, options: ConvertOptions | CacheOptions | None,
+    echo: Callable[[str], None] = print, format: str = "ffcv",
+) -> list[ConvertReport] | list[CacheReport]:
+    """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton`` (``format="ffcv"``), or
+    as the tensor cache in ``out_dir`` (default: where ``trainer.loader: tensor_cache`` looks for it)."""
+    if format not in CONVERT_FORMATS:
+        raise UserError(f"--format: expected {' or '.join(CONVERT_FORMATS)}, got {format!r}")
     load_all()
     component = check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
+    if format == "tensor_cache":
+        return write_tensor_cache(component, out_dir, options or CacheOptions(), echo)
+    if out_dir is None:
+        raise UserError("--out: give the folder for train.beton and val.beton")
+    options = options or ConvertOptions()
     out_dir = Path(out_dir)
     targets = {"train": out_dir / "train.beton", "val": out_dir / "val.beton"}
     existing = [str(p) for p in targets.values() if p.exists()]
@@ -38,6 +79,56 @@ def convert_dataset(
         echo(f"  {report.samples} samples written, {len(report.skipped)} skipped, {report.seconds:.1f}s")
         reports.append(report)
     return reports
+
+
+def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOptions,
+                       echo: Callable[[str], None] = print) -> list[CacheReport]:
+    """Both splits' tensor caches, where and as training with ``trainer.loader: tensor_cache`` (``trainer.cache_dir``
+    = ``out_dir``, ``trainer.cache_size`` = ``options.cache_size``) looks for them; one up to date is kept."""
+    from dlrecipes.data.tensor_cache import (
+        build_cache, cache_files, cache_is_current, cache_location, cache_split, image_source,
+    )
+
+    if not registry.datasets.get(component.name).metadata.get("pil_images"):
+        usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
+        raise UserError(f"--format tensor_cache: the tensor cache decodes datasets of PIL images ({usable}); "
+                        f"'{component.name}' has none (use --format ffcv, or train it with trainer.loader=device or torch)")
+    splits = build_datasets(component)
+    out_dir = Path(out_dir).resolve() if out_dir is not None else None  # trainer.cache_dir: from the working directory
+    workers = options.num_workers if options.num_workers > 0 else os.cpu_count() or 1
+    reports = []
+    for train, dataset in ((True, splits.train), (False, splits.eval)):
+        source, split, started = image_source(dataset), cache_split(train), time.perf_counter()
+        cache_dir, size = cache_location(dataset, out_dir, options.cache_size, splits.augment["resize_size"])
+        images = cache_files(cache_dir, split, size)["images"]
+        written = options.overwrite or not cache_is_current(source, cache_dir, split, size)
+        if written:
+            echo(f"caching {split}: {len(source)} images -> {images}")
+            build_cache(source, cache_dir, split, size, workers, rebuild=True)
+        else:
+            echo(f"{split}: {images} is up to date (--overwrite rebuilds it)")
+        report = _cache_report(split, cache_dir, size, time.perf_counter() - started, written)
+        echo(f"  {report.samples} samples, {report.classes} classes, {size}x{size} RGB uint8, {_amount(report.bytes)}"
+             + (f", {report.seconds:.1f}s" if written else ""))
+        reports.append(report)
+    hint = ["trainer.loader=tensor_cache"] + [f"trainer.cache_dir={out_dir}"] * (out_dir is not None)
+    echo("train from it with " + " ".join(hint + [f"trainer.cache_size={options.cache_size}"] * bool(options.cache_size)))
+    return reports
+
+
+def _cache_report(split: str, cache_dir: Path, size: int, seconds: float, written: bool) -> CacheReport:
+    import numpy as np
+
+    from dlrecipes.data.tensor_cache import cache_files
+
+    files = cache_files(cache_dir, split, size)
+    labels = np.load(files["labels"])
+    return CacheReport(split, files["images"], len(labels), len(np.unique(labels)), size,
+                       sum(p.stat().st_size for p in files.values()), seconds, written)
+
+
+def _amount(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
 
 
 def format_beton(info: dict[str, Any]) -> str:
