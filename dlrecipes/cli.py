@@ -425,6 +425,7 @@ app.add_typer(data_app, name="data")
 
 @data_app.command("convert")
 def data_convert(
+    ctx: typer.Context,
     dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
     params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder for train.beton and val.beton (ffcv: required), or "
@@ -444,12 +445,12 @@ def data_convert(
     """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra), or as the tensor cache."""
     from dlrecipes import api
     from dlrecipes.data.ffcv_files import ConvertOptions
-    from dlrecipes.tools.data_convert import CacheOptions
+    from dlrecipes.tools.data_convert import CacheOptions, options_of_other_format
 
     if write_mode not in ("smart", "jpg", "raw", "proportion"):
         _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
-    if cache_size is not None and format == "ffcv":
-        _fail("--cache-size: only with --format tensor_cache (FFCV keeps images up to --max-resolution)")
+    given = [name for name in ctx.params if ctx.get_parameter_source(name).name == "COMMANDLINE"]
+    _guarded(lambda: options_of_other_format(format, given))
     options = CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
         max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
         compress_probability=compress_probability, page_size=page_size, num_workers=workers,

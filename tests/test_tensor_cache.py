@@ -194,11 +194,17 @@ def test_data_convert_writes_the_cache_the_loader_then_uses_as_it_is(tmp_path, m
     assert [r.written for r in _convert_to_cache(folders, overwrite=True)[0]] == [True, True]
 
 
-def test_data_convert_rejects_an_unknown_format_and_a_dataset_without_pil_images():
+def test_data_convert_rejects_an_unknown_format_a_dataset_without_pil_images_and_the_other_format_s_options():
     from .conftest import run_cli
 
     for args, expected in (
         (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv or tensor_cache, got 'tensor-cache'"),
+        (["digits", "--format", "tensor_cache", "--write-mode", "raw"],
+         "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers and "
+         "--overwrite"),
+        (["digits", "--out", "x", "--cache-size", "32"],
+         "error: --cache-size: only with --format tensor_cache; --format ffcv reads --max-resolution, --write-mode, "
+         "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite"),
         (["digits", "--format", "tensor_cache"],
          ("error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
           "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)")),

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes import registry
 from dlrecipes.builders import build_datasets
@@ -46,6 +46,23 @@ class CacheReport:
     bytes: int  # the images', labels' and fingerprint's files together
     seconds: float
     written: bool  # False: it was up to date and left as it was
+
+
+FORMAT_OPTIONS = {
+    "ffcv": ("max_resolution", "write_mode", "jpeg_quality", "compress_probability", "page_size", "skip_bad"),
+    "tensor_cache": ("cache_size",),
+}
+
+
+def options_of_other_format(format: str, given: Sequence[str]) -> None:
+    """One line for an option given on the command line that only the other format reads (it would be ignored)."""
+    for other, names in FORMAT_OPTIONS.items():
+        wrong = [name for name in names if name in given]
+        if format in FORMAT_OPTIONS and other != format and wrong:
+            option = "--" + wrong[0].replace("_", "-")
+            raise UserError(f"{option}: only with --format {other}; --format {format} reads "
+                            f"{', '.join('--' + n.replace('_', '-') for n in FORMAT_OPTIONS[format])}, --out, "
+                            "--workers and --overwrite")
 
 
 def convert_dataset(
