@@ -128,6 +128,9 @@ def test_unknown_algorithm_parameter_suggests(small_recipe):
          "use model {name: torchvision, arch: resnet50}"),
         (["algorithms.ghost_batchnorm=true"], "algorithms.ghost_batchnorm: ghost_batch_size=32 is larger than the batch each device sees (8)"),
         (["algorithms.randaugment=true"], "algorithms.randaugment: augments PIL images before ToTensor, and dataset 'synthetic'"),
+        *(([f"algorithms.{name}=true"], f"algorithms.{name}: works on pixel values (it undoes the loader's normalisation), "
+           "and dataset 'synthetic' yields random tensors")
+          for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")),
     ],
 )
 def test_conflicts_and_prerequisites_fail_at_validation(small_recipe, overrides, message):

@@ -32,6 +32,13 @@ def _needs_pil_dataset(config) -> Optional[str]:
     return f"augments PIL images before ToTensor, and dataset '{config.dataset.name}' yields tensors (use {pil})"
 
 
+def _needs_pixels(config) -> Optional[str]:
+    if datasets.get(config.dataset.name).metadata.get("pixels", True):
+        return None
+    return (f"works on pixel values (it undoes the loader's normalisation), and dataset '{config.dataset.name}' "
+            "yields random tensors; use an image dataset (digits, cifar10, image_folder, ...)")
+
+
 def _needs_bottleneck_resnet(config) -> Optional[str]:
     from dlrecipes.models.registered import BOTTLENECK_RESNETS
 
@@ -385,7 +392,7 @@ def qat(
 # --- strong augmentation of whole batches on the training device (dlrecipes/algorithms/batch_augment.py) ---
 
 @algorithms.register("batch_randaugment", conflicts_with=one_policy("batch_randaugment"),
-                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"))
+                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=_needs_pixels)
 def batch_randaugment(
     policy: Optional[str] = None,
     num_ops: AtLeastOne = 2,
@@ -410,7 +417,7 @@ def batch_randaugment(
 
 
 @algorithms.register("batch_trivialaugment", conflicts_with=one_policy("batch_trivialaugment"),
-                     image_label_batch=ON_DEVICE)
+                     image_label_batch=ON_DEVICE, requires=_needs_pixels)
 def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
     """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude."""
     import dlrecipes.algorithms.augment_policy as augment_policy
@@ -421,7 +428,7 @@ def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill
 
 
 @algorithms.register("batch_augmix", conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
-                     validator=policy_or_keys("augmix"))
+                     validator=policy_or_keys("augmix"), requires=_needs_pixels)
 def batch_augmix(
     policy: Optional[str] = None,
     severity: Annotated[int, Range(1, 10)] = 3,
@@ -445,7 +452,7 @@ def batch_augmix(
         severity, width, depth, alpha, all_ops, ops, default_fill(fill, ops)))
 
 
-@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE)
+@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE, requires=_needs_pixels)
 def batch_color_jitter(
     brightness: NonNegative = 0.4,
     contrast: NonNegative = 0.4,

@@ -229,7 +229,7 @@ def ffcv(
 
 
 @datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),
-                   classes=lambda p: p["num_classes"])
+                   classes=lambda p: p["num_classes"], pixels=False)
 def synthetic(
     num_classes: Classes = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),
