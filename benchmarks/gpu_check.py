@@ -11,7 +11,8 @@ One GPU, no internet; prints one table of pass / fail / skip and exits 1 on a fa
 - FSDP on one rank with train metrics on; ``trainer.compile`` with SAM and with EMA;
 - with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
   Trainer), a SIGTERM stop and ``--resume`` ending with the uninterrupted run's weights.  With
-  fewer GPUs they are skipped with a message.
+  fewer GPUs they are skipped with a message.  On the CPU their ranks are forked from a process that has
+  imported torch and Composer (CUDA would not survive that), but the stopped run's ``dlrecipes launch``.
 
 ``--device cpu`` is its smoke version (in the test suite): the fp32 fixed-microbatch comparison and
 the two-process cases on gloo; the cases that need CUDA are skipped.  Each case runs in its own
@@ -213,6 +214,12 @@ def _gpus_for_two(device: str) -> None:
             raise Skip(f"needs 2 GPUs ({torch.cuda.device_count()} here)")
 
 
+def _rank_env(rank: int, port: int) -> dict[str, str]:
+    """Rank ``rank`` of 2 on this node: the environment Composer's launcher gives a training process."""
+    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+            "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+
+
 def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
     import torch
 
@@ -221,9 +228,7 @@ def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> li
     out.mkdir(parents=True, exist_ok=True)
     port, procs = _free_port(), []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
+        env = {**_rank_env(rank, port), "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
         err = out / f"rank{rank}.err"
         if device == "cpu":  # forked from a process that imported torch and Composer once (CUDA would not survive it)
             procs.append((preloaded.start([scenario, str(out)], cwd=ROOT, env=env, out=out / f"rank{rank}.out",
@@ -251,6 +256,28 @@ def case_ddp_uneven(device: str) -> str:
            "host reductions"
 
 
+def _launch(recipe: Path) -> list[str]:
+    return [sys.executable, "-m", "dlrecipes", "launch", str(recipe), "-n", "2"]
+
+
+def _two_ranks(recipe: Path, args: list[str], out: Path, device: str) -> None:
+    """A two-process training to its end: through ``dlrecipes launch -n 2`` on GPUs; on the CPU, its two ranks forked
+    from the process that imported torch and Composer once, with the environment Composer's launcher gives them
+    (the launcher's own part, a signal to the whole job, is what the stopped run tests)."""
+    from dlrecipes.tools import preloaded
+
+    if device != "cpu":
+        done = subprocess.run([*_launch(recipe), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    procs = [preloaded.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
+                             out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
+    for rank, proc in enumerate(procs):
+        assert proc.wait(timeout=600) == 0, (out / f"rank{rank}.err").read_text()[-2000:]
+
+
 def case_sigterm_and_resume(device: str) -> str:
     import torch
 
@@ -260,11 +287,9 @@ def case_sigterm_and_resume(device: str) -> str:
                   "trainer.max_duration=6ep", "trainer.train_subset_num_batches=4", "trainer.eval_subset_num_batches=1",
                   "trainer.progress_bar=false", "checkpoint.save_interval=1ep", "checkpoint.keep=-1",
                   "checkpoint.monitor=null", "trainer.batch_size=32"]
-        launch = [sys.executable, "-m", "dlrecipes", "launch", str(ROOT / "recipes" / "quickstart.yaml"), "-n", "2"]
-        whole = subprocess.run([*launch, "run_name=whole", *common], cwd=ROOT, capture_output=True, text=True,
-                               timeout=600)
-        assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
-        job = subprocess.Popen([*launch, "run_name=stopped", *common], cwd=ROOT, stdout=subprocess.PIPE,
+        recipe = ROOT / "recipes" / "quickstart.yaml"
+        _two_ranks(recipe, ["run_name=whole", *common], Path(tmp) / "whole", device)
+        job = subprocess.Popen([*_launch(recipe), "run_name=stopped", *common], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         history = Path(tmp) / "runs" / "stopped" / "history.csv"
         deadline = time.time() + 300
@@ -273,9 +298,7 @@ def case_sigterm_and_resume(device: str) -> str:
         os.killpg(job.pid, signal.SIGTERM)
         out, _ = job.communicate(timeout=300)
         assert job.returncode == 75 and "stopped by SIGTERM" in out, out[-2000:]
-        resumed = subprocess.run([*launch, "run_name=stopped", "--resume", *common], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=600)
-        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+        _two_ranks(recipe, ["run_name=stopped", "--resume", *common], Path(tmp) / "resumed", device)
 
         def final(name: str) -> dict:
             saved = torch.load(Path(tmp) / "runs" / name / "checkpoints" / "latest-rank0.pt", weights_only=False,
