@@ -37,7 +37,8 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
         if terminal is not None:
             streams = {"stdin": terminal, "stdout": terminal, "stderr": terminal}
         else:
-            streams = {"stdout": open(out, "w") if out else None, "stderr": open(err, "w") if err else None}
+            streams = {"stdout": open(out, "w") if out else None,  # stderr to stdout's file without its own, as forked
+                       "stderr": open(err, "w") if err else (subprocess.STDOUT if out else None)}
         return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},
                                 **streams)
     return _start(args, cwd=cwd, env=env, out=out, err=err, terminal=terminal, module=module)

@@ -18,7 +18,7 @@ import yaml
 from dlrecipes.loggers.run_record import flat_parameters
 
 from . import wandb_log
-from .conftest import run_cli
+from .conftest import REPO, run_cli
 from .test_distributed import _free_port
 
 
@@ -127,23 +127,87 @@ def _mlflow_artifacts(uri: str, run: str, folder: str) -> list[str]:
     return [a.path for a in client.list_artifacts(found.info.run_id, folder)]
 
 
+class _Link:
+    """A TCP forwarder on loopback to ``port``: the client's way to the server. Cut, it is the server going away as
+    the client sees it: open connections reset, new ones refused."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self._port, self._sockets, self._cut = port, [], threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # cut
+                return
+            if self._cut.is_set():
+                client.close()
+                return
+            server = socket.create_connection(("127.0.0.1", self._port))
+            self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, sink) -> None:
+        import socket
+
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        import socket
+        import struct
+
+        self._cut.set()
+        self._listener.close()
+        for end in self._sockets:  # a reset, as from a host whose server died
+            try:
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                end.close()
+            except OSError:
+                pass
+
+
 @pytest.mark.slow
-def test_a_tracker_that_drops_out_mid_run_only_warns(tiny_recipe, tmp_path):
-    server, uri = _start_server(tmp_path / "dropping")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dlrecipes", "train", str(tiny_recipe), _loggers(uri), "run_name=dropped",
-         "trainer.max_duration=8ep", "trainer.log_interval=1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("2/8"):
-            _stop(server)  # the server goes away after the second epoch
-    assert process.wait(timeout=300) == 0, "".join(lines)[-3000:]
-    output = "".join(lines)
+def test_a_tracker_that_drops_out_mid_run_only_warns(mlflow_server, tiny_recipe, tmp_path):
+    """The server goes away after the second of eight epochs (the link to it is cut: the module's server stays up
+    for the other tests): one warning, the training goes on and its own records are complete. The training is a
+    process of its own (forked from the test server: its whole output, read as it goes)."""
+    from . import forked
+
+    link = _Link(int(mlflow_server.rsplit(":", 1)[1]))
+    out = tmp_path / "out.txt"
+    process = forked.start(["train", str(tiny_recipe), _loggers(link.uri), "run_name=dropped", "trainer.max_duration=8ep",
+                            "trainer.log_interval=1"], tiny_recipe.parent, out, None)
+    deadline = time.time() + 300
+    while "\n2/8" not in forked._read(out) and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    link.cut()  # after the second epoch
+    code = process.wait(300)
+    output = out.read_text()
+    assert "\n2/8" in output and code == 0, output[-3000:]
     assert "warning: loggers.mlflow:" in output and "training goes on" in output and "Traceback" not in output
     with open(tiny_recipe.parent / "runs" / "dropped" / "history.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == 8  # the run's own records are complete
+    assert _mlflow(mlflow_server, "dropped")["params"]["optimizer.lr"] == "0.05"  # through the link, before the cut
 
 
 def test_an_unreachable_mlflow_server_fails_at_once(tiny_recipe):
@@ -174,6 +238,31 @@ def test_wandb_offline_run_gets_the_recipe_the_files_and_the_exit_code(tiny_reci
     assert wandb_log.run_summary(offline)["exit_code"] == 3  # as `dlrecipes train` exits: diverged
 
 
+def test_a_tracker_uploads_and_ends_the_run_once_though_composer_closes_again_at_exit():
+    """Composer registers each engine's close to run again at interpreter exit (and forgets it only when the engine is
+    garbage collected unclosed): the run's files went to the tracker twice, the second time as the process ended."""
+    from dlrecipes.loggers.run_record import RecordsTheRun
+
+    class Destination:
+        def post_close(self):
+            self.closed = getattr(self, "closed", 0) + 1
+
+    class Tracker(RecordsTheRun, Destination):
+        def __init__(self):
+            self.record_dir, self.record_history, self.ended = Path("."), type("H", (), {"status": "finished"})(), []
+
+        def _rank_zero(self):
+            return True
+
+        def record_end(self, status, paths):
+            self.ended.append(status)
+
+    tracker = Tracker()
+    tracker.post_close()
+    tracker.post_close()  # what Composer's atexit hook does
+    assert tracker.ended == ["finished"] and tracker.closed == 1
+
+
 def test_the_recipe_flattens_to_dotted_text_parameters():
     params = flat_parameters({"optimizer": {"name": "sgd", "lr": 0.05}, "algorithms": {}, "tags": ["a", "b"],
                               "x": None, "flag": True, "long": "y" * 7000})
@@ -193,9 +282,11 @@ def test_a_secret_in_an_address_reaches_no_file_no_output_and_no_tracker(mlflow_
                'wandb: {offline: true}}')
     args = [str(tiny_recipe), loggers, "run_name=secret", f"description=data at https://h/x?token={secret}&n=1",
             "trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1"]
-    first = run_cli("train", *args, "trainer.max_duration=1ep", subprocess_=True)
+    from . import forked  # processes of their own: all they and what they start (W&B's service) write is read
+
+    first = forked.run(["train", *args, "trainer.max_duration=1ep"], REPO)
     assert first.returncode == 0, first.stderr[-3000:]
-    again = run_cli("train", *args, "trainer.max_duration=2ep", "--resume", subprocess_=True)
+    again = forked.run(["train", *args, "trainer.max_duration=2ep", "--resume"], REPO)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "changed settings: trainer.max_duration ('1ep' -> '2ep')\n" in again.stderr  # the address: no change
     for result in (first, again):

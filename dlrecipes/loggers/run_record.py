@@ -137,6 +137,9 @@ class RecordsTheRun:
         self._guarded("logging metrics", lambda: super(RecordsTheRun, self).log_metrics(metrics, step))
 
     def post_close(self) -> None:
+        if self.__dict__.get("_post_closed"):  # Composer closes every engine again at interpreter exit: files uploaded
+            return  # and the run ended once
+        self._post_closed = True
         history = getattr(self, "record_history", None)
         if self._rank_zero() and history is not None:
             status = getattr(history, "status", "finished")
