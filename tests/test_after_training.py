@@ -249,11 +249,11 @@ def test_runs_lists_the_run_and_compare_takes_the_newest(trained):
 @pytest.mark.slow
 def test_two_process_eval_gives_the_same_numbers(trained, tmp_path):
     root, run_dir = trained
+    from .test_distributed import _forked_ranks
+
     one = _eval_json(str(run_dir), "trainer.eval_batch_size=10")
-    launcher = Path(sys.executable).parent / "composer"
-    two = run_cli(str(launcher), "-n", "2", "-m", "dlrecipes", "eval", str(run_dir), "trainer.eval_batch_size=10",
-                  "--out", str(tmp_path / "two"), module=False, cwd=tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
+    # two ranks with the environment Composer's launcher gives them (forked; the launcher is test_distributed's)
+    _forked_ranks(tmp_path, str(run_dir), "trainer.eval_batch_size=10", "--out", str(tmp_path / "two"), command="eval")
     both = json.loads((tmp_path / "two" / "eval.json").read_text())
     assert both["images"] == one["images"] == 48
     for name, value in one["metrics"].items():  # 48 images over 2 ranks: shards of 24, uneven batches of 10

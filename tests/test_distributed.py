@@ -113,10 +113,10 @@ def _launch(tmp_path, *args, nproc=2, extra=(), timeout=240, tag="a"):
     return subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), timeout
 
 
-def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a"):
-    """``dlrecipes train ARGS`` on ``world`` ranks with the environment Composer's launcher gives them, each a
-    process forked from the test server; their output in ``{tag}-out{rank}.txt`` and ``{tag}-err{rank}.txt``
-    as the launcher would write it; asserts every rank ended with 0."""
+def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a", command="train"):
+    """``dlrecipes COMMAND ARGS`` (train by default) on ``world`` ranks with the environment Composer's launcher gives
+    them, each a process forked from the test server; their output in ``{tag}-out{rank}.txt`` and
+    ``{tag}-err{rank}.txt`` as the launcher would write it; asserts every rank ended with 0."""
     import os
     import time
 
@@ -128,7 +128,7 @@ def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a"):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(world), "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        ranks.append(forked.start(["train", *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
+        ranks.append(forked.start([command, *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
                                   tmp_path / f"{tag}-err{rank}.txt", env))
     try:
         for process in ranks:
@@ -403,12 +403,10 @@ def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, 
     summary = json.loads((tmp_path / "runs" / "slurm" / "summary.json").read_text())
     assert summary["status"] == "stopped" and not (tmp_path / "runs" / "slurm" / "run.lock").exists()
     epochs = (batch + 3) // 4  # the epoch it stopped in, finished by the resumed run
+    # the ranks resume forked: what they do on --resume is the same as through launch, whose --resume after a
+    # SIGUSR1 stop test_slurm's requeued job runs (and test_multihost's lost host, on two hosts)
     resume = [f"trainer.max_duration={epochs}ep", "checkpoint.save_interval=50ep", "--resume"]
-    if name == "SIGUSR1":  # through launch once; what the ranks do on --resume is the same either way
-        resumed = subprocess.run([*cmd[:-2], *resume], cwd=tmp_path, capture_output=True, text=True, timeout=240)
-        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    else:
-        _forked_ranks(tmp_path, str(ddp_recipe), "run_name=slurm", *resume, tag="resumed")
+    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=slurm", *resume, tag="resumed")
     assert _batch_of(latest) == epochs * 4
 
 
