@@ -191,14 +191,17 @@ def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
     whole = run_cli("sweep", str(tiny_recipe), *grid, "--name", "whole", timeout=600)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     folder = tiny_recipe.parent / "runs" / "cut"
-    sweep = subprocess.Popen([sys.executable, "-m", "dlrecipes", "sweep", str(tiny_recipe), *grid, "--name", "cut"],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    from . import forked  # a process of its own, to signal
+
+    output = tiny_recipe.parent / "cut.txt"
+    sweep = forked.start(["sweep", str(tiny_recipe), *grid, "--name", "cut"], REPO, output)
     log = folder / "logs" / "lr=0.05.log"
     deadline = time.time() + 300
     while not (log.is_file() and "\n2/6" in log.read_text()) and time.time() < deadline:
         time.sleep(0.1)  # the second point has trained two epochs
     sweep.send_signal(signal.SIGINT)
-    out, _ = sweep.communicate(timeout=300)
+    sweep.wait(300)
+    out = output.read_text()
     assert sweep.returncode == 75, out[-3000:]
     assert "sweep stopped by SIGINT" in out and "stopped (resumable)" in out
     resumed = run_cli("sweep", str(tiny_recipe), *grid, "--name", "cut", timeout=600)
