@@ -440,3 +440,25 @@ def test_train_metrics_move_to_the_models_device_before_their_first_update():
     metric.update = lambda *a, **k: (events.append(("updated", metric)), update(*a, **k))
     made.fit()
     assert events[0] == ("placed", metric) and [e for e, m in events if m is metric].count("updated") == 2
+
+
+def test_composer_asks_for_the_processor_without_a_process_of_its_own(tmp_path, monkeypatch):
+    """Composer's Trainer asks py-cpuinfo for the processor's name at every start (py-cpuinfo runs a Python process
+    for it: about 1.2 s); dlrecipes' builders answer it from /proc/cpuinfo, the same name py-cpuinfo gives."""
+    import cpuinfo
+    from composer.utils import collect_env
+
+    from dlrecipes.builders.trainer import _trainer_class
+    from dlrecipes.core.composer_env import cpu_model_from_proc
+
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU @ 2.00GHz\n\n")
+    assert cpu_model_from_proc(str(tmp_path / "cpuinfo")) == "Some CPU @ 2.00GHz"
+    (tmp_path / "arm").write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")
+    assert cpu_model_from_proc(str(tmp_path / "arm")) is None and cpu_model_from_proc(str(tmp_path / "no")) is None
+    if cpu_model_from_proc() is None:
+        pytest.skip("no processor name in /proc/cpuinfo here: Composer's own answer stands")
+    monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # put back after the test
+    _trainer_class()
+    expected = cpuinfo.get_cpu_info()["brand_raw"]  # py-cpuinfo's own answer (its process)
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: pytest.fail("py-cpuinfo asked"))
+    assert collect_env.get_composer_env_dict()["cpu_model"] == expected

@@ -233,10 +233,19 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     return loggers
 
 
-def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
-             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None):
+def _trainer_class():
+    """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's question about the host's processor answered
+    without a process of its own (``core/composer_env.py``)."""
+    from dlrecipes.core.composer_env import answer_cpu_model_here
     from dlrecipes.engine import Trainer
 
+    answer_cpu_model_here()
+    return Trainer
+
+
+def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
+             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None):
+    Trainer = _trainer_class()
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
                                          fused=precision_of(t.precision).fused_optimizer and device == "gpu")
@@ -273,8 +282,7 @@ def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, de
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
     and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
     Returns (trainer, data)."""
-    from dlrecipes.engine import Trainer
-
+    Trainer = _trainer_class()
     t = config.trainer
     data, model = _seeded_model(config)
     loaders = build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)

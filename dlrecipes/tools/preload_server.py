@@ -4,8 +4,9 @@ that each forked training starts at its first line of work.
 
 A new Python's first training in a process (quickstart, 2 batches, on 2 cores) spends about 8 s importing
 torch and Composer, then about 4 s more the first time: Composer's algorithms, timm's optimizers, torchvision's
-transforms v2 and dlrecipes' own modules imported on the way, py-cpuinfo's probe of the CPU (a Python process
-of its own, 1.2 s, whose answer Composer's Trainer asks for at every start) and matplotlib's first font.
+transforms v2 and dlrecipes' own modules imported on the way, the processor's name Composer's Trainer asks for at
+every start (py-cpuinfo's probe, a Python process of its own, 1.2 s, where /proc/cpuinfo does not name it: see
+dlrecipes/core/composer_env.py) and matplotlib's first font.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ def warm() -> None:
 
     for name in (*MODULES, *BUILTIN_MODULES):
         importlib.import_module(name)
-    from composer.utils.collect_env import get_cpu_model
+    from composer.utils import collect_env
 
-    get_cpu_model()  # cached for the process (functools.lru_cache): the forked trainings inherit the answer
+    from dlrecipes.core.composer_env import answer_cpu_model_here
+
+    answer_cpu_model_here()  # as the builders do (/proc/cpuinfo, where it names the processor)
+    collect_env.get_cpu_model()  # cached for the process (functools.lru_cache): the forked trainings inherit the answer
     import matplotlib
 
     matplotlib.use("Agg")
