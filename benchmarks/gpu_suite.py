@@ -65,7 +65,7 @@ class Scale:
     def __init__(self, tiny: bool, device: str):
         self.tiny, self.device = tiny, device
         self.precision = "amp_bf16" if device == "gpu" else "fp32"
-        self.images = 96 if tiny else 6000
+        self.images = 48 if tiny else 6000
         self.classes = 4 if tiny else 100
         self.crop, self.eval_crop, self.max_res = (32, 32, 48) if tiny else (192, 224, 256)
         self.flagship_batch = 8 if tiny else 256
