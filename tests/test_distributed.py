@@ -452,3 +452,35 @@ def test_batch_size_and_batch_size_per_device_are_exclusive(tiny_recipe):
     with pytest.raises(RecipeError, match=r"trainer.batch_size_per_device: set either it or trainer.batch_size"):
         resolve(tiny_recipe, ["trainer.batch_size_per_device=4"])
     assert resolve(tiny_recipe, ["~trainer.batch_size", "trainer.batch_size_per_device=4"]).trainer.batch_size == 4
+
+
+def test_a_signal_before_a_process_catches_it_is_held_until_it_does(tmp_path):
+    """The ranks start with the forwarded signals ignored and catch them from the start of training: a signal that
+    reaches launch in between (SLURM's warning signal in a job's first seconds) is held for them, not lost."""
+    import signal
+    import time
+
+    from dlrecipes.tools.launch import _HeldSignals
+
+    child = subprocess.Popen([sys.executable, "-c", """
+import pathlib, signal, sys, time
+folder = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as a rank starts: launch ignored it while starting the launcher
+(folder / "ignoring").touch()
+while not (folder / "go").exists():
+    time.sleep(0.01)
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(1))  # as a rank does when training starts
+deadline = time.time() + 30
+while not got and time.time() < deadline:
+    time.sleep(0.01)
+(folder / "result").write_text("signalled" if got else "nothing came")
+""", str(tmp_path)])
+    deadline = time.time() + 30
+    while not (tmp_path / "ignoring").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    held = _HeldSignals(poll=0.05)
+    held.send(child.pid, signal.SIGUSR1)  # while it ignores it
+    (tmp_path / "go").touch()
+    assert child.wait(timeout=60) == 0
+    assert (tmp_path / "result").read_text() == "signalled"

@@ -95,15 +95,13 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
         raise
     relay, clean_stop = _relay_stderr(launcher.stderr)
     terminal = terminal_fds()
+    held = _HeldSignals()
 
     def forward(signum, frame):
         if signum == signal.SIGHUP:
             leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
         for child in psutil.Process(launcher.pid).children(recursive=True):
-            try:
-                child.send_signal(signum)
-            except psutil.NoSuchProcess:
-                pass
+            held.send(child.pid, signum)
 
     for s in forwarded:
         signal.signal(s, forward)
@@ -113,6 +111,69 @@ def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None)
         code = launcher.wait()
     relay.join(timeout=5)
     return _job_exit_code(code, clean_stop.is_set())
+
+
+def _signal_mask(pid: int, field: str) -> Optional[int]:
+    """The signal mask ``field`` (SigIgn: ignored, SigCgt: caught) of process ``pid`` from /proc, or None where it
+    cannot be read (the process has ended; not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class _HeldSignals:
+    """A signal for a training process that still ignores it is held, and sent once the process catches it.
+
+    The launcher and the ranks start with the forwarded signals ignored; each rank installs its handlers only when
+    training starts, seconds of imports and building later. A signal sent in between was lost: SLURM's warning
+    signal (``--signal=USR1@120``) in a job's first seconds, then the time limit ended the job with no requeue. A
+    process that catches the signal, or does not ignore it, gets it at once, as before."""
+
+    def __init__(self, poll: float = 0.2):
+        self._held: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._poll = poll
+
+    def send(self, pid: int, signum: int) -> None:
+        ignored = _signal_mask(pid, "SigIgn")
+        if ignored is not None and ignored >> (signum - 1) & 1:
+            with self._lock:
+                first = not self._held
+                self._held.add((pid, signum))
+            if first:
+                threading.Thread(target=self._deliver, daemon=True).start()
+            return
+        _kill(pid, signum)
+
+    def _deliver(self) -> None:
+        import time
+
+        while True:
+            time.sleep(self._poll)
+            with self._lock:
+                for pid, signum in list(self._held):
+                    caught = _signal_mask(pid, "SigCgt")
+                    if caught is None:  # ended
+                        self._held.discard((pid, signum))
+                    elif caught >> (signum - 1) & 1:
+                        _kill(pid, signum)
+                        self._held.discard((pid, signum))
+                if not self._held:
+                    return
+
+
+def _kill(pid: int, signum: int) -> None:
+    import os
+
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:  # it ended in between
+        pass
 
 
 def _job_exit_code(code: int, clean_stop: bool) -> int:
