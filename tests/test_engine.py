@@ -462,3 +462,4 @@ def test_composer_asks_for_the_processor_without_a_process_of_its_own(tmp_path, 
     expected = cpuinfo.get_cpu_info()["brand_raw"]  # py-cpuinfo's own answer (its process)
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: pytest.fail("py-cpuinfo asked"))
     assert collect_env.get_composer_env_dict()["cpu_model"] == expected
+    assert getattr(collect_env.get_cpu_model, "dlrecipes", False)  # ours, not Composer's answer cached earlier
