@@ -12,7 +12,8 @@ One GPU, no internet; prints one table of pass / fail / skip and exits 1 on a fa
 - with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
   Trainer), a SIGTERM stop and ``--resume`` ending with the uninterrupted run's weights.  With
   fewer GPUs they are skipped with a message.  On the CPU their ranks are forked from a process that has
-  imported torch and Composer (CUDA would not survive that), but the stopped run's ``dlrecipes launch``.
+  imported torch and Composer (CUDA would not survive that); only the SIGTERM case's stopped run goes
+  through ``dlrecipes launch``.
 
 ``--device cpu`` is its smoke version (in the test suite): the fp32 fixed-microbatch comparison and
 the two-process cases on gloo; the cases that need CUDA are skipped.  Each case runs in its own
