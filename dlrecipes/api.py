@@ -228,19 +228,18 @@ def _sweep_in_bucket(plan: Any, runs_dir: str, parallel: int, echo: Callable[[st
 def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
            nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
            resume: bool = False, trust_checkpoint: bool = False, restart: bool = False) -> int:
-    """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``) through Composer's
-    launcher; returns its exit code."""
+    """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``), one process each with the
+    environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
     from dlrecipes.config.devices import check_launch
     from dlrecipes.records.run_dir import check_run_exists
-    from dlrecipes.tools.launch import gloo_environment, launcher_command, run_forwarding_signals
+    from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
 
     if resume and restart:
         raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
              *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
     overrides = override_strings(overrides)
-    cmd = launcher_command(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port,
-                           tuple(extra))
+    ranks = plan_ranks(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port, tuple(extra))
     config = resolve(recipe, overrides, plugins)
     check_launch(config, nproc, nproc * nodes)
     if is_remote(config.runs_dir):  # the bucket, asked once here: one line before any process starts
@@ -252,7 +251,7 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
             check_run_in_bucket(root, config.run_name)
     elif resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
         check_run_exists(Path(config.runs_dir), config.run_name)
-    return run_forwarding_signals(cmd, gloo_environment(master_addr, master_port, nproc * nodes))
+    return run_ranks(ranks, gloo_environment(master_addr, master_port, nproc * nodes))
 
 
 def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),

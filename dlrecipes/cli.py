@@ -177,7 +177,7 @@ def launch(
     restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
 ) -> None:
-    """Train on several devices/nodes through Composer's launcher, after checking the setup."""
+    """Train on several devices/nodes, one process each, after checking the setup."""
     from dlrecipes import api
 
     code = _guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,

@@ -196,7 +196,7 @@ def test_a_signal_saves_at_the_next_batch_and_resume_ends_identically(crash_reci
 
 def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
     """Under nohup (SIGHUP ignored) a closed terminal must not stop the run; under launch, which starts the ranks
-    with SIGHUP ignored so that Composer's launcher survives it, the ranks are told to stop on it all the same."""
+    with SIGHUP ignored so that launch survives it, the ranks are told to stop on it all the same."""
     from dlrecipes.callbacks.preemption import _handled
     from dlrecipes.core.hangup import HANGUP_STOPS
 

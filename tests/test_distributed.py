@@ -4,8 +4,9 @@ signal or a kill -9 to one rank, learning-rate scaling and the launch checks.
 What the ranks do is tested on ranks started as Composer's launcher starts them (its environment: RANK,
 WORLD_SIZE, LOCAL_RANK, ..., MASTER_PORT), each forked from the test server (tests/forked.py) instead of a new
 Python under the launcher: the 2 x 5-10 s of imports per run are what made this module the suite's slowest.
-What the launcher does (its flags, two nodes, stopping the other rank when one dies, passing a signal on to the
-ranks, its exit codes) is tested through it: `composer -n 2 cli.py train` and `dlrecipes launch`."""
+What a launcher does (two nodes, stopping the other rank when one dies, passing a signal on to the ranks, its
+exit codes) is tested through `composer -n 2 cli.py train` (Composer's) and `dlrecipes launch` (which starts the
+ranks itself, with the environment Composer's launcher gives them: compared here)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 from dlrecipes.core.lr_scaling import scaled_lr
 from dlrecipes.errors import UserError
-from dlrecipes.tools.launch import launcher_command
+from dlrecipes.tools.launch import plan_ranks
 
 from .conftest import REPO, run_cli, write
 
@@ -259,35 +260,91 @@ def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
 )
 def test_launch_refuses_bad_combinations(kwargs, message):
     with pytest.raises(UserError, match=message):
-        launcher_command("r.yaml", [], **kwargs)
+        plan_ranks("r.yaml", [], **kwargs)
 
 
-def test_launch_builds_composers_command_and_checks_the_batch(tiny_recipe):
-    cmd = launcher_command("r.yaml", ["a=1"], nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
-    assert cmd[1:9] == ["-n", "4", "--world_size", "8", "--node_rank", "1", "--master_addr", "10.1.1.1"]
-    assert cmd[-5:] == ["--module_mode", "dlrecipes", "train", "r.yaml", "a=1"]
+def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_path, monkeypatch):
+    """Node 1 of 2, 4 processes each: every rank's command and distributed environment are those Composer's own
+    launcher (its _launch_processes, with Popen recorded) gives the same ranks; a bad batch is refused first."""
+    import os
+
+    from composer.cli import launcher
+
+    plan = plan_ranks("r.yaml", ["a=1"], nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
+    started = []
+
+    class Recorded:
+        def __init__(self, cmd, **kwargs):
+            started.append((cmd, dict(os.environ)))
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
+    launcher._launch_processes(nproc=4, world_size=8, base_rank=4, node_rank=1, master_addr="10.1.1.1",
+                               master_port=29500, module_mode=True, command_mode=False, training_script="dlrecipes",
+                               stdout_file_format=str(tmp_path / "out{rank}"), stderr_file_format=None,
+                               training_script_args=["train", "r.yaml", "a=1"], processes={})
+    base = {"PATH": "/bin", "MASTER_ADDR": "elsewhere"}  # what the command line gives wins, as in Composer's
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    assert len(started) == 4
+    for local, (cmd, env) in enumerate(started):
+        ours = plan.resolved(base).environment(base, local)
+        assert cmd == [sys.executable, "-m", "dlrecipes", *plan.command]
+        assert {k: ours[k] for k in keys} == {k: env[k] for k in keys} and ours["PATH"] == "/bin"
+    assert [env["RANK"] for _, env in started] == ["4", "5", "6", "7"]
+    one_node = plan_ranks("r.yaml", [], nproc=2).resolved({})  # Composer's single-node defaults
+    assert one_node.master_addr == "127.0.0.1" and 1024 <= one_node.master_port <= 65535
+    assert plan_ranks("r.yaml", [], nproc=2).resolved({"MASTER_PORT": "29999"}).master_port == 29999
     bad = run_cli("launch", str(tiny_recipe), "-n", "3")
     assert bad.returncode == 2 and "does not divide evenly over 3 processes" in bad.stderr
 
 
-def test_launch_reports_a_clean_stop_as_75_when_the_launcher_ended_a_rank_that_was_exiting(capsys):
-    """One rank stops cleanly (75) first; the launcher then SIGTERMs the other, which has written its part and is
-    exiting (Python's default handlers are back): -15, which the launcher returns as exit status 241."""
-    import io
+def _ranks_running(tmp_path, *programs: str):
+    """A launch ``_Rank`` for each Python program, started now; rank 1's output to a file, as launch does."""
+    from dlrecipes.tools.launch import _Rank
 
-    from dlrecipes.tools.launch import _job_exit_code, _relay_stderr
+    ranks = []
+    for rank, program in enumerate(programs):
+        log = tmp_path / f"rank{rank}.txt" if rank else None
+        with open(log or "/dev/null", "w") as out:
+            process = subprocess.Popen([sys.executable, "-c", program], stdout=out if rank else None,
+                                       stderr=subprocess.STDOUT if rank else None)
+        ranks.append(_Rank(rank, process, str(log) if log else None))
+    return ranks
 
-    lines = ["stopped by SIGHUP after batch 10 (epoch 3): checkpoint written by rank 0\n",
-             "ERROR:composer.cli.launcher:Rank 1 crashed with exit code 75.\n",
-             "ERROR:composer.cli.launcher:Global rank 0 (PID 13333) exited with code -15\n"]
-    relay, clean_stop = _relay_stderr(io.StringIO("".join(lines)))
-    relay.join(timeout=5)
-    assert capsys.readouterr().err == lines[0] and clean_stop.is_set()
-    assert _job_exit_code(241, clean_stop.is_set()) == 75 and _job_exit_code(75, True) == 75
-    assert _job_exit_code(241, False) == 241 and _job_exit_code(1, True) == 1  # no clean stop, or another failure
-    relay, clean_stop = _relay_stderr(io.StringIO(lines[2]))  # without a clean stop first: said
-    relay.join(timeout=5)
-    assert "exited with code -15" in capsys.readouterr().err and not clean_stop.is_set()
+
+def test_when_a_rank_fails_launch_ends_the_others_and_exits_with_its_code(tmp_path, capsys):
+    """Rank 1 fails (exit 3); rank 0, which ignores SIGTERM, is ended with SIGKILL after the grace period; the
+    job's exit code is rank 1's, and rank 1's output is shown."""
+    import time
+
+    from dlrecipes.tools.launch import _job_exit_code, _report, _supervise
+
+    ranks = _ranks_running(tmp_path, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+                           "import sys; print('data/x.jpg: unreadable'); sys.exit(3)")
+    began = time.monotonic()
+    _supervise(ranks, grace=0.5)
+    assert time.monotonic() - began < 20 and ranks[0].process.returncode == -9 and ranks[0].ended_by_launch
+    _report(ranks)
+    err = capsys.readouterr().err
+    assert "launch: rank 1 failed; ending the other ranks" in err
+    assert "launch: rank 1 (pid" in err and "exited with code 3" in err and "data/x.jpg: unreadable" in err
+    assert "rank 0 (pid" not in err  # ended by launch: not a failure of its own
+    ended = sorted(ranks, key=lambda r: r.ended_at)
+    assert _job_exit_code([(r.process.returncode, r.ended_by_launch) for r in ended]) == 3
+
+
+def test_a_clean_stop_is_75_and_the_other_ranks_finish_theirs_unsignalled(tmp_path):
+    """Rank 1 stops cleanly first (75); rank 0 is still writing its checkpoint for 1.5 s: it is given the time (no
+    SIGTERM within the grace period) and the job's exit code is 75."""
+    from dlrecipes.tools.launch import _job_exit_code, _supervise
+
+    ranks = _ranks_running(tmp_path, "import sys, time; time.sleep(1.5); sys.exit(75)", "import sys; sys.exit(75)")
+    _supervise(ranks, grace=30)
+    assert [r.process.returncode for r in ranks] == [75, 75] and not any(r.ended_by_launch for r in ranks)
+    assert _job_exit_code([(75, False), (75, False)]) == 75
+    assert _job_exit_code([(75, False), (-15, True)]) == 75  # one still running after the grace period
+    assert _job_exit_code([(0, False), (0, False)]) == 0 and _job_exit_code([(-9, False), (1, True)]) == 137
+    assert _job_exit_code([(75, False), (1, False)]) == 1  # a failure besides the clean stop is said
 
 
 def test_slurm_template_starts_one_launcher_per_node_with_its_rank(tmp_path):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import signal
 
-# set to "1" by `dlrecipes launch` for the processes it starts: it starts Composer's launcher (and so the ranks) with
-# SIGHUP ignored, so that the launcher survives a hangup, and passes the signal on to the ranks itself
+# set to "1" by `dlrecipes launch` for the ranks it starts: it starts them with SIGHUP ignored, so that launch
+# survives a hangup to wait for them, and passes the signal on to the ranks itself
 HANGUP_STOPS = "DLRECIPES_HANGUP_STOPS"
 
 

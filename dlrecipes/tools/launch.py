@@ -1,25 +1,61 @@
-"""``dlrecipes launch``: a checked front end to Composer's launcher.
+"""``dlrecipes launch``: the setup checked, then one training process per device, started here.
 
-Bad combinations are refused before any process starts; then Composer's launcher runs one
-training process per device (``dlrecipes/cli.py train ...``) with the distributed environment.
+Bad combinations are refused before any process starts. Each rank is ``python -m dlrecipes train ...`` with the
+environment Composer's launcher gives its ranks (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
+MASTER_ADDR, MASTER_PORT; tests/test_distributed.py compares it with Composer's own), so ``composer -n N cli.py
+train ...`` starts the same ranks. Started from here, not through Composer's launcher: that is a Python of its own
+importing all of Composer (7-10 s of CPU on 2 cores) before the first rank starts, and it reports a rank's clean
+stop as a crash. Like Composer's launcher: rank 0 writes to this terminal, the others to files shown when they
+fail (each rank's log is also in the run directory), and when one rank fails the others get SIGTERM, then
+SIGKILL 30 s later. Unlike it: a rank that stops cleanly on a signal (exit 75) is not a failure, and the others,
+stopping at the same batch, are given those 30 s to finish before SIGTERM.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import threading
-from pathlib import Path
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 
+STOPPED = 75  # a rank that stopped cleanly on a signal, with a checkpoint (dlrecipes train's exit code)
+GRACE_S = 30.0  # Composer's launcher's wait between SIGTERM and SIGKILL, and here also after a clean stop
 
-def launcher_command(
+
+@dataclass(frozen=True)
+class RankPlan:
+    """The training processes of this node: ``python -m dlrecipes COMMAND...`` ``nproc`` times."""
+
+    command: tuple[str, ...]
+    nproc: int
+    world_size: int
+    node_rank: int
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+
+    def resolved(self, env: dict[str, str]) -> "RankPlan":
+        """The master's address and port as Composer's launcher settles them: given, else MASTER_ADDR and
+        MASTER_PORT from the environment, else (one node) 127.0.0.1 and a free port."""
+        addr = self.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+        port = self.master_port or int(env.get("MASTER_PORT") or 0) or _free_port()
+        return replace(self, master_addr=addr, master_port=port)
+
+    def environment(self, env: dict[str, str], local_rank: int) -> dict[str, str]:
+        """``env`` with rank ``local_rank``'s distributed variables (after :meth:`resolved`)."""
+        return {**env, "RANK": str(self.node_rank * self.nproc + local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(self.nproc), "NODE_RANK": str(self.node_rank),
+                "MASTER_ADDR": str(self.master_addr), "MASTER_PORT": str(self.master_port), "PYTHONUNBUFFERED": "1",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def plan_ranks(
     recipe: str, overrides: list[str], nproc: int, nodes: int = 1, node_rank: int = 0,
     master_addr: Optional[str] = None, master_port: Optional[int] = None, extra: tuple[str, ...] = (),
-) -> list[str]:
+) -> RankPlan:
     if nproc < 1:
         raise UserError(f"-n/--nproc: at least 1 process per node, got {nproc}")
     if nodes < 1:
@@ -30,17 +66,17 @@ def launcher_command(
         raise UserError("--master-addr and --master-port: required with --nodes > 1 (node 0's address and a free port)")
     if master_port is not None and not 1024 <= master_port <= 65535:
         raise UserError(f"--master-port: expected 1024..65535, got {master_port}")
-    launcher = shutil.which("composer") or str(Path(sys.executable).parent / "composer")
-    if not Path(launcher).exists():
-        raise UserError("Composer's launcher `composer` is not on PATH (it comes with `pip install mosaicml`)")
-    cmd = [launcher, "-n", str(nproc), "--world_size", str(nproc * nodes), "--node_rank", str(node_rank)]
-    if master_addr is not None:
-        cmd += ["--master_addr", master_addr]
-    if master_port is not None:
-        cmd += ["--master_port", str(master_port)]
     # as a module: running dlrecipes/cli.py as a script would put dlrecipes/ first on sys.path,
     # where a module named like a standard-library one would hide it
-    return [*cmd, "--module_mode", "dlrecipes", "train", recipe, *overrides, *extra]
+    return RankPlan(("train", recipe, *overrides, *extra), nproc, nproc * nodes, node_rank, master_addr, master_port)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def gloo_environment(master_addr: Optional[str], master_port: Optional[int], world_size: int) -> dict[str, str]:
@@ -61,56 +97,6 @@ def gloo_environment(master_addr: Optional[str], master_port: Optional[int], wor
                   "(set GLOO_SOCKET_IFNAME to choose another)", file=sys.stderr)
     return env
 
-
-def run_forwarding_signals(cmd: list[str], env: Optional[dict[str, str]] = None) -> int:
-    """Run Composer's launcher; SIGTERM/SIGUSR1/SIGHUP reach the training processes, not the launcher.
-
-    A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption), a closed
-    terminal or ssh session sends SIGHUP to all it started: the launcher would die at once and the
-    job step end before the ranks finished their checkpoint.  So the launcher starts with them
-    ignored (each rank installs its own handlers when training starts; SIGHUP's, because
-    :data:`~dlrecipes.core.hangup.HANGUP_STOPS` says so) and a signal that reaches this
-    process is passed on to every training process.  Under ``nohup`` SIGHUP stays ignored everywhere.
-    """
-    import os
-    import signal
-    import subprocess
-
-    import psutil
-
-    from dlrecipes.core.hangup import HANGUP_STOPS, hangup_stops, leave_closed_terminal, terminal_fds
-
-    forwarded = (signal.SIGTERM, signal.SIGUSR1)
-    if hangup_stops():  # not under nohup
-        forwarded += (signal.SIGHUP,)
-        env = {**(os.environ if env is None else env), HANGUP_STOPS: "1"}
-    # ignored while the launcher starts (it inherits that) and until forward() takes over: never the default action,
-    # which would end this process and leave the launcher behind
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}
-    try:
-        launcher = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-    except BaseException:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        raise
-    relay, clean_stop = _relay_stderr(launcher.stderr)
-    terminal = terminal_fds()
-    held = _HeldSignals()
-
-    def forward(signum, frame):
-        if signum == signal.SIGHUP:
-            leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
-        for child in psutil.Process(launcher.pid).children(recursive=True):
-            held.send(child.pid, signum)
-
-    for s in forwarded:
-        signal.signal(s, forward)
-    try:
-        code = launcher.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the ranks and the launcher too; let them finish
-        code = launcher.wait()
-    relay.join(timeout=5)
-    return _job_exit_code(code, clean_stop.is_set())
 
 
 def _signal_mask(pid: int, field: str) -> Optional[int]:
@@ -167,6 +153,178 @@ class _HeldSignals:
                     return
 
 
+
+class _Rank:
+    def __init__(self, rank: int, process: Any, log: Optional[str]):
+        self.rank, self.process, self.log = rank, process, log  # log: its output's file (not rank 0's: the terminal)
+        self.ended_at: Optional[float] = None  # when this process saw it end
+        self.ended_by_launch = False  # SIGTERM or SIGKILL from here, after another rank's failure or clean stop
+
+    def poll(self) -> Optional[int]:
+        code = self.process.poll()
+        if code is not None and self.ended_at is None:
+            self.ended_at = time.monotonic()
+        return code
+
+
+def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
+    """Start the ranks of ``plan`` and wait for them; SIGTERM/SIGUSR1/SIGHUP reaching this process reach each of them.
+
+    A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption), a closed terminal or
+    ssh session sends SIGHUP to all it started: this process must outlive them so that the ranks can finish their
+    checkpoint and the job step its exit code. So it ignores them while the ranks start (which inherit that: each
+    installs its handlers when training starts; SIGHUP's, because :data:`~dlrecipes.core.hangup.HANGUP_STOPS`
+    says so), then passes each on to every rank (held for a rank until it catches it: :class:`_HeldSignals`).
+    Under ``nohup`` SIGHUP stays ignored everywhere. Returns the job's exit code (:func:`_job_exit_code`).
+    """
+    import os
+    import signal
+    import tempfile
+
+    from dlrecipes.core.hangup import HANGUP_STOPS, hangup_stops, leave_closed_terminal, terminal_fds
+
+    env = dict(os.environ if env is None else env)
+    forwarded = (signal.SIGTERM, signal.SIGUSR1)
+    if hangup_stops():  # not under nohup
+        forwarded += (signal.SIGHUP,)
+        env[HANGUP_STOPS] = "1"
+    plan = plan.resolved(env)
+    # ignored until forward() takes over: never the default action, which would end this process and leave the
+    # ranks without the process that waits for them
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}
+    logs = tempfile.TemporaryDirectory(prefix="dlrecipes-launch-")
+    ranks: list[_Rank] = []
+    relays: list[threading.Thread] = []
+    try:
+        _start_ranks(plan, env, logs.name, ranks, relays)
+        terminal = terminal_fds()
+        held = _HeldSignals()
+
+        def forward(signum, frame):
+            if signum == signal.SIGHUP:
+                leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
+            for each in ranks:
+                held.send(each.process.pid, signum)
+
+        for s in forwarded:
+            signal.signal(s, forward)
+        _supervise(ranks)
+    finally:
+        _end([r for r in ranks if r.poll() is None], signal.SIGKILL)  # only where the above failed
+        for each in ranks:
+            each.process.wait()
+            each.poll()
+        for relay in relays:
+            relay.join(timeout=5)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    _report(ranks)
+    logs.cleanup()
+    ended = sorted(ranks, key=lambda r: (r.ended_at or 0.0, r.rank))
+    return _job_exit_code([(r.process.returncode, r.ended_by_launch) for r in ended])
+
+
+def _start_ranks(plan: RankPlan, env: dict[str, str], folder: str, ranks: list[_Rank],
+                 relays: list[threading.Thread]) -> None:
+    """Start each rank into ``ranks`` (as it starts: the caller ends those started if one fails to): rank 0 to this
+    terminal, its standard error through a relay (into ``relays``), the others to a file in ``folder`` each."""
+    import os
+    import subprocess
+
+    cmd = [sys.executable, "-m", "dlrecipes", *plan.command]
+    for local in range(plan.nproc):
+        rank = plan.node_rank * plan.nproc + local
+        if local == 0:
+            process = subprocess.Popen(cmd, env=plan.environment(env, 0), stderr=subprocess.PIPE, text=True, bufsize=1)
+            relays.append(_relay_stderr(process.stderr))
+            ranks.append(_Rank(rank, process, None))
+        else:
+            log = os.path.join(folder, f"rank{rank}.txt")
+            with open(log, "w") as out:
+                process = subprocess.Popen(cmd, env=plan.environment(env, local), stdout=out, stderr=subprocess.STDOUT)
+            ranks.append(_Rank(rank, process, log))
+
+
+def _supervise(ranks: list[_Rank], grace: float = GRACE_S, poll: float = 0.1) -> None:
+    """Wait for every rank. After a rank's failure the others get SIGTERM at once, after a clean stop ``grace``
+    seconds later (they stop at the same batch on their own); ``grace`` seconds after SIGTERM, SIGKILL."""
+    import signal
+
+    term_at: Optional[float] = None
+    kill_at: Optional[float] = None
+    while True:
+        try:
+            running = [r for r in ranks if r.poll() is None]
+            if not running:
+                return
+            now = time.monotonic()
+            if term_at is None:
+                first = next((r for r in ranks if r.process.returncode not in (None, 0)), None)
+                if first is not None:
+                    term_at = now + (grace if first.process.returncode == STOPPED else 0.0)
+                    if first.process.returncode != STOPPED:
+                        print(f"launch: rank {first.rank} failed; ending the other ranks (SIGTERM, then SIGKILL "
+                              f"after {grace:.0f} s)", file=sys.stderr, flush=True)
+            if term_at is not None and kill_at is None and now >= term_at:
+                _end(running, signal.SIGTERM)
+                kill_at = now + grace
+            elif kill_at is not None and now >= kill_at:
+                _end(running, signal.SIGKILL)
+                kill_at = float("inf")
+            time.sleep(poll)
+        except KeyboardInterrupt:  # Ctrl-C reached the ranks too (the terminal's process group): they stop themselves
+            continue
+
+
+def _end(ranks: list[_Rank], signum: int) -> None:
+    """``signum`` to each of ``ranks``; SIGKILL to its child processes too (it cannot end them itself)."""
+    import signal
+
+    import psutil
+
+    for rank in ranks:
+        rank.ended_by_launch = True
+        targets = [rank.process.pid]
+        if signum == signal.SIGKILL:
+            try:
+                targets += [child.pid for child in psutil.Process(rank.process.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        for pid in targets:
+            _kill(pid, signum)
+
+
+def _job_exit_code(ended: list[tuple[int, bool]]) -> int:
+    """The job's exit code from each rank's (exit code, ended by launch), in the order they ended: 0 when all
+    ended with 0; 75 (stopped with a checkpoint) when every rank that ended by itself ended with 0 or 75 and one
+    with 75; else the first failure's code (128 + N for a rank ended by signal N, as a shell says it)."""
+    failures = [code for code, by_launch in ended if code != 0 and not by_launch]
+    if not failures:
+        return 0 if all(code == 0 for code, _ in ended) else 1
+    if all(code == STOPPED for code in failures):
+        return STOPPED
+    first = next(code for code in failures if code != STOPPED)
+    return 128 - first if first < 0 else first
+
+
+def _report(ranks: list[_Rank]) -> None:
+    """One line for each rank that failed by itself (rank 0's output is on the terminal already), with the output
+    of the others."""
+    import signal
+
+    for rank in ranks:
+        code = rank.process.returncode
+        if code in (0, STOPPED) or rank.ended_by_launch:
+            continue
+        how = f"was ended by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        lines = [f"launch: rank {rank.rank} (pid {rank.process.pid}) {how}"]
+        if rank.log is not None:
+            with open(rank.log, errors="replace") as f:
+                output = f.read().rstrip("\n")
+            lines += [f"---- rank {rank.rank}'s output ----", output, f"---- end of rank {rank.rank}'s output ----"]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def _kill(pid: int, signum: int) -> None:
     import os
 
@@ -176,38 +334,21 @@ def _kill(pid: int, signum: int) -> None:
         pass
 
 
-def _job_exit_code(code: int, clean_stop: bool) -> int:
-    """The launcher's exit code, but 75 (stopped with a checkpoint) where a rank stopped cleanly and the launcher
-    reports that or a rank it ended with SIGTERM (``sys.exit(-15)``: 241)."""
-    return 75 if clean_stop and code in (75, 256 - 15) else code
-
-
-# Composer's launcher reports every rank that exits non-zero as "crashed", also a rank that stopped cleanly on a
-# signal with a checkpoint (exit 75): those lines are left out (the rank said what happened in one line).
-_CLEAN_STOP = re.compile(r"(Rank \d+ crashed with exit code 75\.|Global rank \d+ \(PID \d+\) exited with code 75)$")
 # torch's rendezvous store warns, once per connection, when the connecting host's address has no name (no reverse
-# DNS for it: common on cluster networks, and harmless: the connection is made); it is left out too.
+# DNS for it: common on cluster networks, and harmless: the connection is made); it is left out.
 _NAMELESS_PEER = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved\. err=-?\d+$")
-# After one rank's clean stop the launcher ends the others with SIGTERM; a rank that has written its part and is
-# exiting then ends as killed by it (Python restores the default handlers as it exits): left out after a clean stop.
-_ENDED_BY_LAUNCHER = re.compile(r"(Rank \d+ crashed with exit code -15\.|Global rank \d+ \(PID \d+\) exited with code -15)$")
 
 
-def _relay_stderr(stream: Any) -> tuple[threading.Thread, threading.Event]:
-    """Copy the launcher's standard error to ours as it comes, without its reports of clean stops (and of the
-    ranks it then ended) and torch's warnings about peers' addresses without a host name; the event says whether
-    a rank stopped cleanly."""
-    clean_stop = threading.Event()
+def _relay_stderr(stream: Any) -> threading.Thread:
+    """Copy rank 0's standard error to ours as it comes, without torch's warnings about peers' addresses without
+    a host name."""
 
     def copy() -> None:
         for line in stream:
-            text = line.rstrip("\n")
-            if _CLEAN_STOP.search(text):
-                clean_stop.set()
-            elif not (_NAMELESS_PEER.search(text) or (clean_stop.is_set() and _ENDED_BY_LAUNCHER.search(text))):
+            if not _NAMELESS_PEER.search(line.rstrip("\n")):
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
-    return thread, clean_stop
+    return thread
