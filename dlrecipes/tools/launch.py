@@ -66,8 +66,6 @@ def plan_ranks(
         raise UserError("--master-addr and --master-port: required with --nodes > 1 (node 0's address and a free port)")
     if master_port is not None and not 1024 <= master_port <= 65535:
         raise UserError(f"--master-port: expected 1024..65535, got {master_port}")
-    # as a module: running dlrecipes/cli.py as a script would put dlrecipes/ first on sys.path,
-    # where a module named like a standard-library one would hide it
     return RankPlan(("train", recipe, *overrides, *extra), nproc, nproc * nodes, node_rank, master_addr, master_port)
 
 
@@ -80,7 +78,7 @@ def _free_port() -> int:
 
 
 def gloo_environment(master_addr: Optional[str], master_port: Optional[int], world_size: int) -> dict[str, str]:
-    """The environment for the launcher: with ``GLOO_SOCKET_IFNAME`` set to the interface that reaches the master
+    """The environment for the ranks: with ``GLOO_SOCKET_IFNAME`` set to the interface that reaches the master
     address when the run spans hosts and the user has not set it (:func:`~dlrecipes.core.distributed.choose_gloo_interface`)."""
     import os
 
@@ -231,6 +229,8 @@ def _start_ranks(plan: RankPlan, env: dict[str, str], folder: str, ranks: list[_
     import os
     import subprocess
 
+    # as a module: running dlrecipes/cli.py as a script would put dlrecipes/ first on sys.path,
+    # where a module named like a standard-library one would hide it
     cmd = [sys.executable, "-m", "dlrecipes", *plan.command]
     for local in range(plan.nproc):
         rank = plan.node_rank * plan.nproc + local
