@@ -131,10 +131,12 @@ def test_unreadable_images_fail_by_default_naming_the_file(tmp_path):
 
 @pytest.mark.slow
 def test_unreadable_images_can_be_skipped_and_counted(tmp_path):
-    from tests.conftest import run_cli
+    from tests import forked
+    from tests.conftest import REPO
 
-    # a real process: the warnings come from the DataLoader's worker processes, on its stderr
-    result = run_cli("train", str(_bad_image_recipe(tmp_path, "skip")), subprocess_=True)
+    # a process of its own (forked, tests/forked.py): the warnings come from the DataLoader's worker processes,
+    # on its stderr
+    result = forked.run(["train", str(_bad_image_recipe(tmp_path, "skip"))], REPO)
     assert result.returncode == 0, result.stderr[-1500:]
     warned = {line.split("image ")[1].split(" (")[0] for line in result.stderr.splitlines()
               if line.startswith("warning: skipping unreadable image")}

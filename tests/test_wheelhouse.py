@@ -70,16 +70,17 @@ def test_built_here_installed_offline_next_to_an_existing_torch(tmp_path):
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-3000:]
 
     python = str(venv / "bin" / "python")
-    where = subprocess.run([python, "-c", "import torch, composer, ffcv, dlrecipes; print(torch.__file__); "
-                            "print(dlrecipes.__file__)"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert where.returncode == 0, where.stderr[-2000:]
-    torch_file, dlrecipes_file = where.stdout.split()
+    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
+    # one Python of the new venv says where torch and dlrecipes come from, then trains as `python -m dlrecipes`
+    train = ["dlrecipes", "train", str(recipe), f"runs_dir={tmp_path}/runs"]
+    run = subprocess.run([python, "-c", "import runpy, sys, torch, composer, ffcv, dlrecipes; print(torch.__file__); "
+                          f"print(dlrecipes.__file__, flush=True); sys.argv = {train!r}; "
+                          "runpy.run_module('dlrecipes', run_name='__main__', alter_sys=True)"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "done: 2 epochs" in run.stderr, run.stderr[-3000:]
+    torch_file, dlrecipes_file = run.stdout.split()[:2]
     assert torch_file.startswith(str(site_torch))  # the existing torch, not a new one
     assert dlrecipes_file.startswith(str(site_packages))  # dlrecipes from the wheelhouse, not this checkout
-    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
-    run = subprocess.run([python, "-m", "dlrecipes", "train", str(recipe), f"runs_dir={tmp_path}/runs"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0 and "done: 2 epochs" in run.stderr, run.stderr[-3000:]
 
 
 @pytest.mark.slow
