@@ -143,9 +143,10 @@ def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
         ax.set_yticks(range(n), names)
     if n <= 15:
         top = max(max(row) for row in matrix) or 1
-        for i, row in enumerate(matrix):
+        for i, row in enumerate(matrix):  # inside the axes: left out of tight_layout's measuring (a third of the time)
             for j, count in enumerate(row):
-                ax.text(j, i, str(count), ha="center", va="center", color="white" if count > top / 2 else "black")
+                ax.text(j, i, str(count), ha="center", va="center", color="white" if count > top / 2 else "black",
+                        in_layout=False)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     ax.set_title("confusion matrix")
