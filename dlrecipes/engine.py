@@ -44,6 +44,7 @@ import copyreg
 import datetime
 import itertools
 import os
+import warnings
 from collections import OrderedDict
 from typing import Any, Optional, Union
 
@@ -325,7 +326,16 @@ class Trainer(ComposerTrainer):
         self.state.timestamp = _Timestamp.of(self.state.timestamp)
         if self._train_data_spec is not None:
             _quick_counts(self._train_data_spec)
-        return super()._train_loop()
+        if not self._resumed_at_an_epochs_end():
+            return super()._train_loop()
+        with warnings.catch_warnings():  # its epoch has no batch left, only its evaluation: not a broken loader
+            warnings.filterwarnings("ignore", message="No batches were trained for global rank")
+            return super()._train_loop()
+
+    def _resumed_at_an_epochs_end(self) -> bool:
+        """Whether this run resumes from a stop after its epoch's last batch (the epoch's end not yet run)."""
+        done, length = int(self.state.timestamp.batch_in_epoch), self.state.dataloader_len
+        return done > 0 and length is not None and done >= int(length)
 
     def _agree_on_batches(self, mode: TrainerMode) -> bool:
         """Whether every rank's loader gives the same number of batches of the same sizes (asked once

@@ -194,6 +194,24 @@ def test_a_signal_saves_at_the_next_batch_and_resume_ends_identically(crash_reci
         assert torch.equal(weights[key], reference[key]), key
 
 
+@pytest.mark.slow
+def test_a_stop_at_an_epochs_last_batch_resumes_to_its_evaluation_without_a_warning(crash_recipe, reference):
+    """Batch 4 ends epoch 1: the resumed run has no batch of that epoch left to train, only its evaluation and its
+    history row. Composer warns then that no batch was trained (as for a broken loader); the resume does not."""
+    import csv
+
+    run = "stopped-at-epoch-end"
+    stopped = _train(crash_recipe, run, "callbacks.fault_injection.signal_at_batch=4")
+    assert stopped.returncode == 75 and "after batch 4 (epoch 1)" in stopped.stderr, stopped.stderr[-2000:]
+    resumed = _train(crash_recipe, run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "No batches were trained" not in resumed.stderr and "Warning" not in resumed.stderr, resumed.stderr[-2000:]
+    with open(crash_recipe.parent / "runs" / run / "history.csv") as f:
+        assert [int(r["epoch"]) for r in csv.DictReader(f)] == [1, 2, 3]
+    weights = _final_weights(crash_recipe, run)
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+
+
 def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
     """Under nohup (SIGHUP ignored) a closed terminal must not stop the run; under launch, which starts the ranks
     with SIGHUP ignored so that launch survives it, the ranks are told to stop on it all the same."""
