@@ -188,9 +188,9 @@ def test_random_search_of_three_trials(tiny_recipe):
 def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
     grid = ["optimizer.lr=0.02,0.05", "trainer.max_duration=6ep", "trainer.deterministic=true"]
     whole = run_cli("sweep", str(tiny_recipe), *grid, "--name", "whole", timeout=600)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     # the interrupted sweep's batches take at least 0.3 s, so that the signal lands inside its second point
     grid += [f"imports=[{REPO / 'tests' / 'fault_injection.py'}]", "callbacks.slow_batches={seconds: 0.3}"]
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     folder = tiny_recipe.parent / "runs" / "cut"
     from . import forked  # a process of its own, to signal
 
