@@ -265,18 +265,48 @@ def _two_ranks(recipe: Path, args: list[str], out: Path, device: str) -> None:
     """A two-process training to its end: through ``dlrecipes launch -n 2`` on GPUs; on the CPU, its two ranks forked
     from the process that imported torch and Composer once, with the environment Composer's launcher gives them
     (the launcher's own part, a signal to the whole job, is what the stopped run tests)."""
-    from dlrecipes.tools import preloaded
-
     if device != "cpu":
         done = subprocess.run([*_launch(recipe), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         return
+    for rank, proc in enumerate(_forked_ranks(recipe, args, out)):
+        assert proc.wait(timeout=600) == 0, (out / f"rank{rank}.err").read_text()[-2000:]
+
+
+def _forked_ranks(recipe: Path, args: list[str], out: Path) -> list:
+    """The two ranks of a CPU training, forked, their output in ``out``/rank<N>.out and .err."""
+    from dlrecipes.tools import preloaded
+
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    procs = [preloaded.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
-                             out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
-    for rank, proc in enumerate(procs):
-        assert proc.wait(timeout=600) == 0, (out / f"rank{rank}.err").read_text()[-2000:]
+    return [preloaded.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
+                            out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
+
+
+def _stopped_by_sigterm(recipe: Path, args: list[str], tmp: Path, device: str) -> str:
+    """A two-process training sent SIGTERM after its second epoch: ``dlrecipes launch``'s job on GPUs, the signal to
+    its process group; on the CPU, the two ranks forked and the signal to each, as the launcher passes it on (the
+    launcher's own part is what tests/test_distributed.py tests). Its rank 0 output."""
+    if device == "cpu":
+        ranks = _forked_ranks(recipe, args, tmp / "stopped")
+    else:
+        job = subprocess.Popen([*_launch(recipe), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    history = tmp / "runs" / "stopped" / "history.csv"
+    deadline = time.time() + 300
+    while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
+        time.sleep(0.2)
+    if device == "cpu":
+        for rank in ranks:
+            rank.send_signal(signal.SIGTERM)
+        codes = [rank.wait(timeout=300) for rank in ranks]
+        out = "".join((tmp / "stopped" / f"rank0.{kind}").read_text() for kind in ("out", "err"))
+    else:
+        os.killpg(job.pid, signal.SIGTERM)
+        out, _ = job.communicate(timeout=300)
+        codes = [job.returncode]
+    assert codes in ([75], [75, 75]) and "stopped by SIGTERM" in out, f"exit codes {codes}: {out[-2000:]}"
+    return out
 
 
 def case_sigterm_and_resume(device: str) -> str:
@@ -290,15 +320,7 @@ def case_sigterm_and_resume(device: str) -> str:
                   "checkpoint.monitor=null", "trainer.batch_size=32"]
         recipe = ROOT / "recipes" / "quickstart.yaml"
         _two_ranks(recipe, ["run_name=whole", *common], Path(tmp) / "whole", device)
-        job = subprocess.Popen([*_launch(recipe), "run_name=stopped", *common], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        history = Path(tmp) / "runs" / "stopped" / "history.csv"
-        deadline = time.time() + 300
-        while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
-            time.sleep(0.2)
-        os.killpg(job.pid, signal.SIGTERM)
-        out, _ = job.communicate(timeout=300)
-        assert job.returncode == 75 and "stopped by SIGTERM" in out, out[-2000:]
+        out = _stopped_by_sigterm(recipe, ["run_name=stopped", *common], Path(tmp), device)
         _two_ranks(recipe, ["run_name=stopped", "--resume", *common], Path(tmp) / "resumed", device)
 
         def final(name: str) -> dict:
@@ -338,6 +360,31 @@ def run_case(name: str, device: str) -> dict:
         return {"result": "fail", "detail": f"{type(exc).__name__}: {first[:300]}"}
 
 
+def _case_in_its_own_process(name: str, device: str, tmp: Path) -> dict:
+    """One case in a process of its own: a new Python with a GPU; on the CPU, forked from a process that imported
+    torch and Composer once (CUDA would not survive it)."""
+    args = ["--device", device, "--case", name, "--json", str(tmp / "row.json")]
+    if device == "cpu":
+        from dlrecipes.tools import preloaded
+
+        process = preloaded.start(args, cwd=ROOT, out=tmp / "output", module=str(Path(__file__).resolve()))
+    else:
+        with open(tmp / "output", "w") as output:
+            process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, stdout=output,
+                                       stderr=subprocess.STDOUT)
+    try:
+        if process.wait(timeout=900) is None:  # a forked process's way of saying it
+            raise subprocess.TimeoutExpired(args, 900)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return {"result": "fail", "detail": "no result after 900 s (a hang?)"}
+    try:
+        return json.loads((tmp / "row.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"result": "fail", "detail": f"the case's process failed: {(tmp / 'output').read_text().strip()[-300:]}"}
+
+
 def run_all(device: str, only: str = "") -> list[dict]:
     """Every case, each in its own process; returns the rows and prints the table."""
     rows = []
@@ -345,15 +392,8 @@ def run_all(device: str, only: str = "") -> list[dict]:
         if only and only not in name:
             continue
         start = time.perf_counter()
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            try:
-                done = subprocess.run([sys.executable, str(Path(__file__)), "--device", device, "--case", name,
-                                       "--json", out.name], cwd=ROOT, capture_output=True, text=True, timeout=900)
-                row = json.loads(Path(out.name).read_text())
-            except subprocess.TimeoutExpired:
-                row = {"result": "fail", "detail": "no result after 900 s (a hang?)"}
-            except json.JSONDecodeError:
-                row = {"result": "fail", "detail": f"the case's process failed: {done.stderr.strip()[-300:]}"}
+        with tempfile.TemporaryDirectory() as tmp:
+            row = _case_in_its_own_process(name, device, Path(tmp))
         row.update(case=name, seconds=time.perf_counter() - start)
         rows.append(row)
         print(f"{row['result']:<4}  {name}  ({row['seconds']:.0f} s)", flush=True)

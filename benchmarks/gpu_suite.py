@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from data_loading import make_images  # noqa: E402
 from gpu_throughput import overrides as throughput_overrides  # noqa: E402
+from precision import own_process  # noqa: E402
 
 from dlrecipes.api import resolve  # noqa: E402
 from dlrecipes.tools.bench import measure_throughput, run_bench  # noqa: E402
@@ -145,6 +146,7 @@ def end_to_end(data: Path, runs: Path, scale: Scale, numba_cache: Path, epochs: 
            *flagship_overrides(data, scale), f"trainer.max_duration={epochs}ep", "trainer.progress_bar=false",
            "checkpoint.save=false", "checkpoint.monitor=null", f"runs_dir={runs}", f"run_name={name}"]
     start = time.perf_counter()
+    # a new Python on the CPU too: what numba prints as the interpreter exits is on stderr only then (not forked)
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "NUMBA_CACHE_DIR": str(numba_cache)})
     if done.returncode != 0:
         raise RuntimeError(f"flagship run failed:\n{done.stderr[-3000:]}")
@@ -205,9 +207,8 @@ def precision(scale: Scale) -> list[dict]:
     batch, steps = (8, 2) if scale.tiny else (128, 40)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "precision.json"
-        cmd = [sys.executable, str(HERE / "precision.py"), "--device", scale.device, "--models", models,
-               "--batch", str(batch), "--steps", str(steps), "--json", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        done = own_process(["--device", scale.device, "--models", models, "--batch", str(batch), "--steps", str(steps),
+                            "--json", str(out)], scale.device, script=HERE / "precision.py")
         if done.returncode != 0:
             raise RuntimeError(f"precision runs failed:\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())

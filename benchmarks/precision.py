@@ -5,7 +5,8 @@ fixed number of steps (in the spirit of a FP32 / FP16 AMP / BF16 AMP / accumulat
     python benchmarks/precision.py --device gpu                      # adds amp_fp16, amp_bf16, amp + accumulation
 
 Each configuration trains in its own process through `dlrecipes train` (so peak memory is that
-run's alone: CUDA peak allocation on GPU, peak resident memory on CPU) on synthetic data, for
+run's alone: CUDA peak allocation on GPU, peak resident memory on CPU; on the CPU the process is forked from
+one that imported torch and Composer once) on synthetic data, for
 --steps batches from the same seed; the table comes from each run's summary.json/history.csv.
 Composer runs only fp32 on CPU, so AMP rows exist only with --device gpu.
 """
@@ -39,6 +40,19 @@ def configs(device: str, batch: int) -> list[tuple[str, list[str]]]:
     return rows
 
 
+def own_process(args: list[str], device: str, env: dict[str, str] | None = None,
+                script: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m dlrecipes ARGS`` (``python SCRIPT ARGS``) in ROOT, to its end, output captured: a new Python on
+    GPUs; on the CPU, forked from a process that imported torch and Composer once (the imports are not what a CPU
+    run measures; peak memory is still its own process's; CUDA would not survive the fork)."""
+    if device == "cpu":
+        from dlrecipes.tools import preloaded
+
+        return preloaded.run(args, cwd=ROOT, env=env, module=str(script) if script else "dlrecipes")
+    command = [sys.executable, str(script)] if script else [sys.executable, "-m", "dlrecipes"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
@@ -53,8 +67,8 @@ def main() -> None:
             spec, shape, classes = MODELS[model]
             for label, extra in configs(args.device, args.batch):
                 run = f"{model}-{len(results)}"
-                cmd = [
-                    sys.executable, "-m", "dlrecipes", "train", str(ROOT / "recipes" / "quickstart.yaml"),
+                command = [
+                    "train", str(ROOT / "recipes" / "quickstart.yaml"),
                     f"model={spec}", f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, "
                     f"train_samples: {args.steps * args.batch}, eval_samples: {args.batch}}}",
                     f"trainer.batch_size={args.batch}", "trainer.max_duration=1ep", f"trainer.device={args.device}",
@@ -63,7 +77,7 @@ def main() -> None:
                     "scheduler=constant", f"runs_dir={runs}", f"run_name={run}", *extra,
                 ]
                 start = time.perf_counter()
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                done = own_process(command, args.device)
                 wall = time.perf_counter() - start
                 if done.returncode != 0:
                     print(f"{label}: failed\n{done.stderr[-2000:]}", file=sys.stderr)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from dlrecipes.tools.preloaded import Started
+from dlrecipes.tools.preloaded import run as _run
 from dlrecipes.tools.preloaded import start as _start
 
 
@@ -26,7 +26,8 @@ FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh 
 def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[Path] = None,
           env: Optional[dict[str, str]] = None, terminal: Optional[int] = None, module: str = "dlrecipes"
           ) -> Started | subprocess.Popen:
-    """``python -m MODULE ARGS`` (``dlrecipes ARGS`` by default) forked from the server: a Popen-like handle
+    """``python -m MODULE ARGS`` (``dlrecipes ARGS`` by default; ``python MODULE ARGS`` for a ``.py`` file) forked
+    from the server: a Popen-like handle
     (``pid``, ``poll()``, ``wait()``, ``returncode``, ``send_signal()``, ``kill()``); its output to the files
     ``out`` and ``err``, or stdin, stdout and stderr to the file descriptor ``terminal``. With
     DLRECIPES_TEST_FORK=0, the same command in a new Python (a ``subprocess.Popen``)."""
@@ -39,8 +40,8 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
         else:
             streams = {"stdout": open(out, "w") if out else None,  # stderr to stdout's file without its own, as forked
                        "stderr": open(err, "w") if err else (subprocess.STDOUT if out else None)}
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},
-                                **streams)
+        return subprocess.Popen([sys.executable, *_python_args(module), *args], cwd=cwd,
+                                env={**env, "PYTHONUNBUFFERED": "1"}, **streams)
     return _start(args, cwd=cwd, env=env, out=out, err=err, terminal=terminal, module=module)
 
 
@@ -50,17 +51,16 @@ def _read(path: Path) -> str:
 
 def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None,
         module: str = "dlrecipes") -> subprocess.CompletedProcess:
-    """``dlrecipes ARGS`` (``python -m MODULE ARGS``) in a forked process, to its end: like
-    ``subprocess.run(capture_output=True)``."""
-    with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
-        out, err = Path(folder) / "out", Path(folder) / "err"
-        child = start(args, cwd, out, err, env, module=module)
-        try:
-            ended = child.wait(timeout)
-        except subprocess.TimeoutExpired:  # a Popen's way of saying it
-            ended = None
-        if ended is None:
-            child.kill()
-            child.wait()
-            raise subprocess.TimeoutExpired(["dlrecipes", *args], timeout, _read(out), _read(err))
-        return subprocess.CompletedProcess(["dlrecipes", *args], child.returncode, _read(out), _read(err))
+    """``dlrecipes ARGS`` (``python -m MODULE ARGS``, ``python MODULE ARGS`` for a ``.py`` file) in a forked process,
+    to its end: like ``subprocess.run(capture_output=True)``. With DLRECIPES_TEST_FORK=0, in a new Python."""
+    if os.environ.get(FORK) == "0":
+        import sys
+
+        env = dict(os.environ) if env is None else env
+        return subprocess.run([sys.executable, *_python_args(module), *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
+    return _run(args, cwd=cwd, env=env, timeout=timeout, module=module)
+
+
+def _python_args(module: str) -> list[str]:
+    return [module] if module.endswith(".py") else ["-m", module]

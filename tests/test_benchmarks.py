@@ -12,9 +12,18 @@ from .conftest import REPO, run_cli
 pytestmark = pytest.mark.slow
 
 
-def _script(name, *args, tmp_path):
+def _script(name, *args, tmp_path, new_python=False):
+    """``python benchmarks/NAME ARGS --json OUT`` to its end: OUT's JSON. Forked from the server that has imported
+    torch and Composer once (tests/forked.py), as ``python SCRIPT`` runs it (its folder first on sys.path); in a
+    new Python with ``new_python`` (a script whose own processes are the point)."""
+    from . import forked
+
     out = tmp_path / "out.json"
-    result = run_cli(sys.executable, str(REPO / "benchmarks" / name), *args, "--json", str(out), module=False, timeout=600)
+    script = str(REPO / "benchmarks" / name)
+    if new_python:
+        result = run_cli(sys.executable, script, *args, "--json", str(out), module=False, timeout=600)
+    else:
+        result = forked.run([*args, "--json", str(out)], REPO, timeout=600, module=script)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -57,7 +66,7 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
 
 
 def test_sweep_start_script_gives_the_same_results_forked_and_in_new_pythons(tmp_path):
-    data = _script("sweep_start.py", "--points", "2", "--batches", "1", tmp_path=tmp_path)
+    data = _script("sweep_start.py", "--points", "2", "--batches", "1", tmp_path=tmp_path, new_python=True)
     assert [r["mode"] for r in data["rows"]] == ["forked", "new Python"] and data["same_results"]
     assert len(data["rows"][0]["results"]) == 2 and all(r["seconds"] > 0 for r in data["rows"])
 
@@ -87,11 +96,9 @@ def test_data_loading_script(tmp_path):
 
 
 def test_checkpoint_save_script():
-    import subprocess
-    import sys
+    from . import forked
 
-    out = subprocess.run([sys.executable, "benchmarks/checkpoint_save.py", "--model", "resnet18", "--rounds", "2"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = forked.run(["--model", "resnet18", "--rounds", "2"], REPO, module=str(REPO / "benchmarks" / "checkpoint_save.py"))
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| plain") or line.startswith("| atomic")]
     assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
@@ -100,7 +107,7 @@ def test_checkpoint_save_script():
 
 def test_framework_overhead_script_compares_composers_step_with_ours(tmp_path):
     rows = _script("framework_overhead.py", "--models", "cnn_simple", "--steps", "2", "--rounds", "1", "--warmup", "1",
-                   "--repeats", "1", tmp_path=tmp_path)
+                   "--repeats", "1", tmp_path=tmp_path, new_python=True)
     assert [r["trainer"] for r in rows] == ["Composer's step", "dlrecipes (this checkout)"]
     assert all(len(r["ratios"]) == 1 and r["ratios"][0] > 0 for r in rows)
 

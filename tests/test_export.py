@@ -165,15 +165,14 @@ def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
 
 @needs_onnx
 @pytest.mark.slow
-def test_a_mismatch_at_the_end_of_a_run_exits_2_without_traceback(tmp_path):
+def test_a_mismatch_at_the_end_of_a_run_exits_2_without_traceback(tmp_path, monkeypatch):
+    import dlrecipes.callbacks.exporter as exporter
+
     recipe = write(tmp_path / "tiny.yaml", EXPORT_RECIPE)
-    probe = (
-        "import dlrecipes.callbacks.exporter as e\n"
-        "run = e.run_exported\n"
-        "e.run_exported = lambda path, fmt, inputs: run(path, fmt, inputs) + (0.5 if fmt == 'onnx' else 0)\n"
-        f"from dlrecipes.cli import main; main(['train', {str(recipe)!r}, 'runs_dir={tmp_path}/runs'])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = exporter.run_exported
+    monkeypatch.setattr(exporter, "run_exported",
+                        lambda path, fmt, inputs: run(path, fmt, inputs) + (0.5 if fmt == "onnx" else 0))
+    out = run_cli("train", str(recipe), f"runs_dir={tmp_path}/runs")  # main's exit code and stderr, in this process
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "error: callbacks.export: the onnx export" in out.stderr and "max |diff| 0.5" in out.stderr
     (report,) = (tmp_path / "runs").glob("*/export/verify.json")

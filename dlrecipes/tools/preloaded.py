@@ -7,6 +7,10 @@ exit code, signals, session, environment, working directory, output file), start
 
 Only where no GPU is used: CUDA cannot be used in a process forked from one that has initialised it, and a
 GPU run's start-up is small beside its training, so GPU runs start a fresh Python as before.
+
+A process that was itself forked from such a server (a sweep started that way, as the tests start commands) has
+the imports already: while it runs one thread, it forks its trainings itself, as the server would, instead of
+starting a second server that pays them again.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -32,10 +37,24 @@ def _server() -> Any:
     return _CONTEXT
 
 
+def _forks_itself() -> bool:
+    """Whether this process has what the server imports (it was forked from one: the server's module is imported
+    nowhere else) and runs one thread, so that a fork of it is what the server's would be: a fork copies only the
+    thread that calls it, and no other thread can hold a lock the copy would wait on. Linux only (/proc)."""
+    if PRELOAD[0] not in sys.modules:
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
 def start_server() -> None:
     """Start the server now (its imports go on in the background); ``start`` would otherwise start it and wait."""
     from multiprocessing import forkserver
 
+    if _forks_itself():
+        return
     _server()
     forkserver.ensure_running()
 
@@ -86,15 +105,39 @@ def _stdio(out: Optional[str], err: Optional[str], append: bool, terminal: Any) 
                                                encoding="utf-8", errors="backslashreplace") for fd in (1, 2))
 
 
+def _fresh_signals() -> None:
+    """The signal handling a new Python starts with (what the server's forks get back), in place of the forking
+    process's own: its handlers, wakeup file descriptor and blocked signals."""
+    import signal
+
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        fresh = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
+                 signal.SIGXFSZ: signal.SIG_IGN}.get(signum, signal.SIG_DFL)
+        try:
+            if signal.getsignal(signum) not in (fresh, None):
+                signal.signal(signum, fresh)
+        except (OSError, ValueError):  # one Python cannot set (a real-time signal the C library keeps)
+            pass
+
+
 def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Optional[str], err: Optional[str],
-           append: bool, terminal: Any, new_session: bool) -> None:
-    """In the forked process: what ``python -m MODULE ARGS`` does in ``cwd`` with ``env``."""
+           append: bool, terminal: Any, new_session: bool, forked_here: bool = False) -> None:
+    """In the forked process: what ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a ``.py`` file) does in
+    ``cwd`` with ``env``."""
+    if forked_here:
+        _fresh_signals()
     if new_session:
         os.setsid()
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    sys.path.insert(0, os.getcwd())  # as ``python -m`` does (the server has the starting process's sys.path after it)
+    script = module.endswith(".py")
+    # first on sys.path, as Python puts it (the server has the starting process's sys.path after it)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(module)) if script else os.getcwd())
     _stdio(out, err, append, terminal)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
@@ -107,7 +150,10 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
     try:
         import runpy
 
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(module, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if isinstance(stop.code, str):
@@ -123,21 +169,44 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
 def start(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
           out: Optional[Path] = None, err: Optional[Path] = None, append: bool = False,
           terminal: Optional[int] = None, new_session: bool = False, module: str = "dlrecipes") -> Started:
-    """Start ``python -m MODULE ARGS`` forked from the server (started, and its imports paid, on first use).
+    """Start ``python -m MODULE ARGS`` (``python MODULE ARGS`` where MODULE is a ``.py`` file) forked from the server
+    (started, and its imports paid, on first use).
 
     Its stdout goes to ``out`` and its stderr to ``err`` (to ``out`` when None), appended to with ``append``;
     or stdin, stdout and stderr to the file descriptor ``terminal`` (a pseudo-terminal's, handed over).
     ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen."""
     from multiprocessing.reduction import DupFd
 
+    here = terminal is None and _forks_itself()  # a terminal is handed over through the server
+    context = multiprocessing.get_context("fork") if here else _server()
     handed = DupFd(terminal) if terminal is not None else None  # sent to the server with the request
-    process = _server().Process(target=_child, args=(
+    process = context.Process(target=_child, args=(
         module, list(args), str(cwd or os.getcwd()), dict(os.environ if env is None else env),
-        None if out is None else str(out), None if err is None else str(err), append, handed, new_session))
+        None if out is None else str(out), None if err is None else str(err), append, handed, new_session, here))
     process.start()
     started = Started(process)
     started.args = [module, *args]
     return started
 
 
-__all__ = ["PRELOAD", "Started", "start", "start_server"]
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def run(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
+        timeout: Optional[float] = None, module: str = "dlrecipes") -> subprocess.CompletedProcess:
+    """:func:`start` to its end, as ``subprocess.run(capture_output=True, text=True)`` gives it: the exit code,
+    stdout and stderr; past ``timeout`` seconds it is killed and ``subprocess.TimeoutExpired`` raised."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
+        out, err = Path(folder) / "out", Path(folder) / "err"
+        child = start(args, cwd=cwd, env=env, out=out, err=err, module=module)
+        if child.wait(timeout) is None:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired([module, *args], timeout or 0, _read(out), _read(err))
+        return subprocess.CompletedProcess([module, *args], child.returncode, _read(out), _read(err))
+
+
+__all__ = ["PRELOAD", "Started", "run", "start", "start_server"]
