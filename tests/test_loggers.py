@@ -35,7 +35,7 @@ def logged_run(tmp_path_factory):
     recipe = write(tmp / "tiny.yaml", TINY_RECIPE)
     os.environ["WANDB_SILENT"] = "true"
     result = fit(resolve(recipe, [
-        f"runs_dir={tmp}/runs", "run_name=logged", "trainer.console_log_interval=1ep", "trainer.log_interval=2",
+        f"runs_dir={tmp}/runs", "run_name=logged", "trainer.console_log_interval=1ep", "trainer.log_interval=2", "plots=true",
         "loggers={tensorboard: {}, wandb: {offline: true, project: dlrecipes-test, tags: [ci]}, mlflow: {}}",
     ]))
     return result.run_dir, _history_csv(result.run_dir)
@@ -108,9 +108,53 @@ def test_summary_and_plots_are_written(logged_run):
     assert summary["epochs"] == 2 and summary["batches"] == 6 and summary["precision"] == "fp32"
     assert summary["best_top1"] == pytest.approx(max(float(r["eval_top1"]) for r in rows))
     assert summary["peak_memory_mb"] > 10
-    for name in ("loss.png", "accuracy.png", "lr.png"):
-        data = (run_dir / name).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+    assert all(_is_png(run_dir / name) for name in ("loss.png", "accuracy.png", "lr.png"))
+
+
+def test_plots_false_writes_the_csvs_and_no_png_and_plot_draws_them_later(tiny_recipe):
+    run_dir = fit(resolve(tiny_recipe, ["run_name=quiet", "plots=false", "trainer.max_duration=1ep"])).run_dir
+    assert (run_dir / "history.csv").is_file() and (run_dir / "summary.json").is_file()
+    assert {p.name for p in (run_dir / "report").iterdir()} == {"confusion_matrix.csv", "per_class_accuracy.csv",
+                                                                "report.json"}
+    assert not list(run_dir.rglob("*.png"))
+    assert run_cli("plot", str(run_dir)).returncode == 0
+    assert sorted(p.name for p in run_dir.glob("*.png")) == ["accuracy.png", "loss.png", "lr.png"]
+
+
+def _is_png(path: Path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+
+
+def test_plots_on_each_history_shape(logged_run, tmp_path):
+    """What the runs of other tests plotted on the way (they run with plots=false): an epoch without an evaluation
+    (empty eval cells), a diverged last epoch (nan and inf losses), the eval columns of a multi-output model, a
+    run of one row; and a report in which a class had no samples."""
+    from dlrecipes.metrics.report import write_report
+    from dlrecipes.records.plots import plot_history
+
+    source, rows = logged_run
+    extra = ["eval_digit/top1", "eval_digit/top5"]
+    shaped = [dict(row, **{k: row["eval_top1"] for k in extra}) for row in rows]
+    shaped[0].update(eval_loss="", eval_top1="", eval_top5="", **{k: "" for k in extra})
+    shaped.append(dict(shaped[-1], epoch=str(int(shaped[-1]["epoch"]) + 1), train_loss="nan", eval_loss="inf"))
+    for name, history in (("shaped", shaped), ("one_row", rows[:1])):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        with open(run_dir / "history.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(history[0]))
+            writer.writeheader()
+            writer.writerows(history)
+        assert [p.name for p in plot_history(run_dir)] == ["loss.png", "accuracy.png", "lr.png"]
+        assert all(_is_png(run_dir / p) for p in ("loss.png", "accuracy.png", "lr.png")), name
+    matrix = [[3, 1, 0], [0, 0, 0], [1, 0, 2]]  # class 1 never came up
+    written = write_report(tmp_path / "report", {"matrix": matrix, "epoch": 1, "batch": 3}, ["a", "b", "c"],
+                           ["confusion_matrix", "per_class_accuracy"])
+    assert sorted(p.name for p in written) == ["confusion_matrix.csv", "confusion_matrix.png",
+                                               "per_class_accuracy.csv", "per_class_accuracy.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    accuracy = list(csv.DictReader(open(tmp_path / "report" / "per_class_accuracy.csv")))
+    assert [r["accuracy"] for r in accuracy] == ["0.750000", "", "0.666667"]
 
 
 def test_plot_and_compare_commands(logged_run, tiny_recipe, tmp_path):

@@ -112,6 +112,7 @@ def test_a_run_logs_the_named_metrics_and_writes_the_best_evaluation_s_tables(ti
     result = fit(resolve(tiny_recipe, [
         "loss={name: focal, gamma: 1.5, label_smoothing: 0.05}", "metrics=[top1, macro_f1, confusion_matrix, per_class_accuracy]",
         "train_metrics=[top1, recall]", "checkpoint.monitor=macro_f1", "trainer.max_duration=3ep", "run_name=named",
+        "plots=true",
     ]))
     assert {"top1", "macro_f1", "loss"} == set(result.eval_metrics)
     report = result.run_dir / "report"

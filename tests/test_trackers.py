@@ -92,7 +92,7 @@ def _loggers(uri: str) -> str:
 
 @pytest.mark.slow
 def test_mlflow_server_gets_the_recipe_the_metrics_the_files_and_the_status(mlflow_server, tiny_recipe):
-    result = run_cli("train", str(tiny_recipe), _loggers(mlflow_server), "run_name=tracked")
+    result = run_cli("train", str(tiny_recipe), _loggers(mlflow_server), "run_name=tracked", "plots=true")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tiny_recipe.parent / "runs" / "tracked"
     got = _mlflow(mlflow_server, "tracked")
@@ -226,7 +226,7 @@ def test_an_unreachable_mlflow_server_fails_at_once(tiny_recipe):
 
 @pytest.mark.slow
 def test_wandb_offline_run_gets_the_recipe_the_files_and_the_exit_code(tiny_recipe):
-    ok = run_cli("train", str(tiny_recipe), "loggers={wandb: {offline: true}}", "run_name=wb")
+    ok = run_cli("train", str(tiny_recipe), "loggers={wandb: {offline: true}}", "run_name=wb", "plots=true")
     assert ok.returncode == 0, ok.stderr[-3000:]
     (offline,) = (tiny_recipe.parent / "runs" / "wb" / "wandb").glob("offline-run-*")
     got = wandb_log.run_summary(offline)

@@ -172,7 +172,7 @@ def _run_context(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], de
     """What the run's callbacks and loggers are given as they are built, its history made here, once."""
     from dlrecipes.records.history import RunHistory
 
-    history = RunHistory(run_dir, recipe, device)
+    history = RunHistory(run_dir, recipe, device, plots=config.plots)
     return RunContext(run_dir, recipe, device, data, history, read_every=config.trainer.log_interval)
 
 
@@ -212,7 +212,7 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
         callbacks.append(best)
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
-        callbacks.append(ClassReport(run.path, data.num_classes, data.class_names, tables, best))
+        callbacks.append(ClassReport(run.path, data.num_classes, data.class_names, tables, best, plots=config.plots))
     return callbacks
 
 

@@ -190,6 +190,12 @@ class RecipeConfig:
     algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
     callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
     loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
+    plots: bool = _help(
+        "draw the end-of-run PNGs: loss, accuracy and lr from history.csv, and the report's confusion matrix and "
+        "per-class accuracy (about a second of CPU a run); false: their CSVs only (dlrecipes plot RUN draws the "
+        "history's later)",
+        default=True,
+    )
 
     def __repr__(self) -> str:  # a notebook cell shows it, and keeps it in the .ipynb: secrets redacted
         return f"RecipeConfig({redact(self.to_dict())!r})"
@@ -215,7 +221,7 @@ class RecipeConfig:
 TOP_LEVEL_ORDER = (
     "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "metrics", "train_metrics",
     "task", "trainer",
-    "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers",
+    "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers", "plots",
 )
 
 

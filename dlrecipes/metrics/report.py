@@ -33,13 +33,14 @@ from dlrecipes.records.layout import RunDir
 
 class ClassReport(Callback):
     def __init__(self, run_dir: Path, num_classes: int, class_names: Optional[Sequence[str]], tables: Sequence[str],
-                 best=None):
+                 best=None, plots: bool = True):
         from torchmetrics.classification import MulticlassConfusionMatrix
 
         self.folder = RunDir(run_dir).report
         names = list(class_names or [])
         self.class_names = names if len(names) == num_classes else [str(i) for i in range(num_classes)]
         self.tables = list(tables)
+        self.plots = plots  # each table's PNG beside its CSV
         self.best = best  # the BestCheckpoint callback, when a metric is monitored
         # no input checks: they read the batch back from the device (torch.unique) at every update
         self.matrix = MulticlassConfusionMatrix(num_classes=num_classes, validate_args=False)
@@ -91,7 +92,7 @@ class ClassReport(Callback):
     def fit_end(self, state: State, logger: Logger) -> None:
         self.fit_ended = True
         if self.kept is not None and dist.get_global_rank() == 0:
-            write_report(self.folder, self.kept, self.class_names, self.tables)
+            write_report(self.folder, self.kept, self.class_names, self.tables, self.plots)
 
     def state_dict(self) -> dict:
         return {"kept": self.kept}
@@ -106,24 +107,28 @@ def _csv_bytes(rows: list[list]) -> bytes:
     return out.getvalue().encode()
 
 
-def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[str]) -> list[Path]:
-    """Write the requested tables (``confusion_matrix``, ``per_class_accuracy``) as CSV and PNG."""
+def write_report(folder: Path, kept: dict, names: list[str], tables: Sequence[str], plots: bool = True) -> list[Path]:
+    """Write the requested tables (``confusion_matrix``, ``per_class_accuracy``) as CSV, and as PNG with ``plots``."""
     folder.mkdir(parents=True, exist_ok=True)
     matrix = kept["matrix"]
     written = []
     if "confusion_matrix" in tables:
         rows = [["true \\ predicted", *names]] + [[names[i], *row] for i, row in enumerate(matrix)]
         atomic_write(folder / "confusion_matrix.csv", lambda f: f.write(_csv_bytes(rows)))
-        _plot_matrix(folder / "confusion_matrix.png", matrix, names)
-        written += [folder / "confusion_matrix.csv", folder / "confusion_matrix.png"]
+        written.append(folder / "confusion_matrix.csv")
+        if plots:
+            _plot_matrix(folder / "confusion_matrix.png", matrix, names)
+            written.append(folder / "confusion_matrix.png")
     if "per_class_accuracy" in tables:
         per_class = [(names[i], row[i], sum(row)) for i, row in enumerate(matrix)]
         rows = [["class", "correct", "total", "accuracy"]] + [
             [name, correct, total, f"{correct / total:.6f}" if total else ""] for name, correct, total in per_class
         ]
         atomic_write(folder / "per_class_accuracy.csv", lambda f: f.write(_csv_bytes(rows)))
-        _plot_accuracy(folder / "per_class_accuracy.png", per_class)
-        written += [folder / "per_class_accuracy.csv", folder / "per_class_accuracy.png"]
+        written.append(folder / "per_class_accuracy.csv")
+        if plots:
+            _plot_accuracy(folder / "per_class_accuracy.png", per_class)
+            written.append(folder / "per_class_accuracy.png")
     info = {k: v for k, v in kept.items() if k != "matrix"}
     atomic_write(folder / "report.json", lambda f: f.write((json.dumps(info, indent=2) + "\n").encode()))
     return written

@@ -46,8 +46,9 @@ def peak_memory_mb(device: str) -> float:
 
 
 class RunHistory(Callback):
-    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str):
+    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str, plots: bool = True):
         self.run_dir = Path(run_dir)
+        self.plots = plots  # loss.png, accuracy.png and lr.png at the end
         self.recipe = recipe
         self.device = device
         self.rows: list[dict[str, Any]] = []
@@ -216,7 +217,7 @@ class RunHistory(Callback):
         self.write_summary(state)  # also for a run stopped or failed in its first epoch: it says how it ended
         from dlrecipes.records.plots import plot_history
 
-        if self.rows:
+        if self.rows and self.plots:
             plot_history(self.run_dir)
 
     def _wall_time(self) -> float:
