@@ -7,8 +7,10 @@ Each repetition runs `dlrecipes bench recipes/quickstart.yaml trainer.batch_size
 (batch 2: the model's work is tiny, so the framework's Python shows) once per trainer, alternating:
 Composer's Trainer unchanged (`--plugin tests/reference_engine.py`), dlrecipes at git revision REV
 when given (exported to a temporary directory), and dlrecipes of this checkout. Each is its own
-process because the plugin replaces the Trainer class process-wide. Every `bench` times its plain
-loop and its trainer in alternating segments; overhead = (trainer time - plain time) per step.
+process because the plugin replaces the Trainer class process-wide (on a CPU, this checkout's are forked
+from a process that imported it once; another revision's, and any on a GPU, are new Pythons). Every
+`bench` times its plain loop and its trainer in alternating segments; overhead = (trainer time - plain
+time) per step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's dlrecipes, for the forked runs
+from dlrecipes.tools import preloaded  # noqa: E402
+from dlrecipes.tools.sweep.run import forks_trainings  # noqa: E402
 
 
 def export_revision(rev: str, into: Path) -> Path:
@@ -43,7 +48,10 @@ def bench(source: Path, model: str, args: argparse.Namespace, composer_step: boo
     if composer_step:
         command += ["--plugin", str(ROOT / "tests" / "reference_engine.py")]
     env = {**os.environ, "PYTHONPATH": str(source)}
-    done = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True)
+    if source == ROOT and forks_trainings(1):  # this checkout on a CPU: forked from a process that imported it once
+        done = preloaded.run(command[3:], cwd=source, env=env)
+    else:  # another revision's code, or CUDA (it would not survive a fork): a new Python
+        done = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench of {model} in {source} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout)

@@ -33,6 +33,7 @@ SMALL_RECIPE = """
       device: cpu
     optimizer: {name: sgd, lr: 0.01}
     checkpoint: {save: false}
+    plots: false  # most of a 2-batch run's time; test_loggers.py plots each shape of history
 """
 
 # What an algorithm needs beyond the small recipe above (its prerequisites).

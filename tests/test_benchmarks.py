@@ -107,7 +107,7 @@ def test_checkpoint_save_script():
 
 def test_framework_overhead_script_compares_composers_step_with_ours(tmp_path):
     rows = _script("framework_overhead.py", "--models", "cnn_simple", "--steps", "2", "--rounds", "1", "--warmup", "1",
-                   "--repeats", "1", tmp_path=tmp_path, new_python=True)
+                   "--repeats", "1", tmp_path=tmp_path)
     assert [r["trainer"] for r in rows] == ["Composer's step", "dlrecipes (this checkout)"]
     assert all(len(r["ratios"]) == 1 and r["ratios"][0] > 0 for r in rows)
 

@@ -76,6 +76,7 @@ RECIPE = """
     trainer: {max_duration: 1ep, batch_size: 8, num_workers: 0, progress_bar: false, device: cpu, console_log_interval: 1000ep}
     optimizer: {name: sgd, lr: 0.05}
     checkpoint: {save_interval: 1ep, monitor: null}
+    plots: false  # test_loggers.py plots each shape of history
 """
 
 COMPOSER = str(Path(sys.executable).parent / "composer")

@@ -52,6 +52,7 @@ QAT_RECIPE = """
     checkpoint: {save: false}
     algorithms:
       qat: {start: 1ep, freeze_bn: 2ep, freeze_observers: 2ep}
+    plots: false  # most of a short run's time; test_loggers.py plots each shape of history
 """
 
 
