@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlrecipes.tools.preloaded import Started
+from dlrecipes.tools.preloaded import _read  # noqa: F401 - a file's text so far ("" before it exists), for the tests
 from dlrecipes.tools.preloaded import run as _run
 from dlrecipes.tools.preloaded import start as _start
 
@@ -43,10 +44,6 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
         return subprocess.Popen([sys.executable, *_python_args(module), *args], cwd=cwd,
                                 env={**env, "PYTHONUNBUFFERED": "1"}, **streams)
     return _start(args, cwd=cwd, env=env, out=out, err=err, terminal=terminal, module=module)
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
 
 
 def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None,
