@@ -20,6 +20,11 @@ from dlrecipes.errors import RecipeError, shown
 MAX_BASE_DEPTH = 16
 MAX_VALUES = 100_000  # values a YAML document may expand to through its aliases (recipes hold hundreds)
 
+# A run's recipe.yaml begins and ends with these lines, so that one cut short where a line ends (a full disk, an
+# interrupted copy), which still reads as a valid recipe with defaults for what was lost, is told from a whole one.
+RUN_RECIPE_HEADER = "# The recipe this run trained with, every key resolved; its last line marks its end.\n"
+RUN_RECIPE_END = "# end of the recipe\n"
+
 
 class _StrictSafeLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
@@ -95,6 +100,17 @@ def _sizes(value: Any, seen: dict[int, int], open_: set[int]) -> tuple[int, int]
     return expanded, written
 
 
+def run_recipe_text(data: dict) -> str:
+    """The text of a run's recipe.yaml: ``data`` as YAML between the header and the end line."""
+    return RUN_RECIPE_HEADER + yaml.safe_dump(data, sort_keys=False) + RUN_RECIPE_END
+
+
+def cut_short(text: str) -> bool:
+    """Whether ``text`` begins as a run's recipe does but lacks its end line: the file was cut short. A recipe
+    without the header (written by hand, or by an earlier dlrecipes) is never taken for one."""
+    return text.startswith(RUN_RECIPE_HEADER) and not text.endswith(RUN_RECIPE_END)
+
+
 def read_yaml_file(path: Path) -> dict:
     try:
         raw = path.read_bytes()
@@ -108,6 +124,9 @@ def read_yaml_file(path: Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    if cut_short(text):
+        raise RecipeError(f"{path}: cut short: a run's recipe ends with the line {RUN_RECIPE_END.strip()!r}, and this "
+                          "one stops before it; restore it from a copy (or delete its first line to use it as it is)")
     data = parse_yaml(text, str(path))
     if data is None:
         return {}

@@ -72,7 +72,9 @@ DAMAGE = {
     "text": lambda p: p.write_text("hello, world\n"),
 }
 JSON_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("[1, 2, 3]\n")}
-YAML_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("- a\n- b\n"), "invalid": lambda p: p.write_text("model: [x\n")}
+YAML_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("- a\n- b\n"), "invalid": lambda p: p.write_text("model: [x\n"),
+               # cut where a line ends, about half way: still valid YAML and a valid recipe (what was lost has defaults)
+               "cut-at-a-line-end": lambda p: p.write_text(p.read_text()[: p.read_text().rindex("\n", 0, p.stat().st_size // 2) + 1])}
 CSV_DAMAGE = {"truncated": DAMAGE["truncated"], "png": DAMAGE["png"],
               "wrong-row": lambda p: p.write_text(p.read_text() + "3,0.5\n"),
               "not-numbers": lambda p: p.write_text(p.read_text().replace("\n2,", "\ntwo,", 1))}
@@ -89,9 +91,7 @@ CASES = [
     *[("checkpoints/best.pt", how, cmd) for how in CHECKPOINT_DAMAGE for cmd in CHECKPOINT_COMMANDS],
     *[("summary.json", how, cmd) for how in JSON_DAMAGE for cmd in ("runs", "compare")],
     *[("history.csv", how, cmd) for how in CSV_DAMAGE for cmd in ("plot", "compare-plot")],
-    *[("recipe.yaml", how, cmd) for how in YAML_DAMAGE for cmd in ("eval", "resume")],
-    # a recipe cut at a line end still parses as YAML: runs and compare do not validate it, eval and resume do
-    *[("recipe.yaml", how, cmd) for how in YAML_DAMAGE if how != "truncated" for cmd in ("runs", "compare")],
+    *[("recipe.yaml", how, cmd) for how in YAML_DAMAGE for cmd in ("eval", "resume", "runs", "compare")],
 ]
 COMMANDS = {
     **CHECKPOINT_COMMANDS,

@@ -13,6 +13,8 @@ from dlrecipes.records.layout import (
     ExportDir, RunDir, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob, periodic_progress,
 )
 from dlrecipes.records.run_dir import make_run_dir, record_recipe
+from dlrecipes.records.run_files import read_recipe
+from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 
 
 def test_a_run_dir_names_every_file_a_run_writes(tmp_path):
@@ -74,10 +76,19 @@ def test_a_run_dir_that_cannot_be_made_is_one_line(tmp_path):
         make_run_dir(tmp_path / "file" / "r")
 
 
+def test_a_recipe_recorded_before_it_had_an_end_line_is_kept_on_resume(tmp_path):
+    run = make_run_dir(tmp_path / "r")
+    run.recipe.write_text("name: a\n")  # what an earlier dlrecipes wrote
+    run.checkpoints.mkdir()
+    record_recipe(run, {"name": "a"}, resume=True)
+    assert run.recipe.read_text() == "name: a\n" and not list(run.path.glob("recipe.before-*.yaml"))
+    assert read_recipe(run.path) == {"name": "a"}  # and it is not taken for one cut short
+
+
 def test_the_recipe_recorded_and_a_replaced_one_kept(tmp_path):
     run = make_run_dir(tmp_path / "r")
     record_recipe(run, {"name": "a"}, resume=False)
-    assert yaml.safe_load(run.recipe.read_text()) == {"name": "a"}
+    assert run.recipe.read_text() == f"{RUN_RECIPE_HEADER}name: a\n{RUN_RECIPE_END}"  # its end can be told
     record_recipe(run, {"name": "b"}, resume=True)
     assert [yaml.safe_load(p.read_text()) for p in run.path.glob("recipe.before-*.yaml")] == [{"name": "a"}]
     run.checkpoints.mkdir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from dlrecipes.recipe import run_recipe_text
 from dlrecipes.core.secrets import MASK, is_secret_key, redact, redact_text, redact_uri, refusal, secret_keys
 
 from .conftest import TINY_RECIPE, run_cli, write
@@ -166,7 +167,7 @@ def test_a_resume_compares_the_recorded_recipe_redacted_alike(tmp_path):
     (run.path / "checkpoints").mkdir()
     record_recipe(run, recipe, resume=True)  # the same recipe: recipe.yaml is kept as it is
     assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "recipe.yaml"]
-    assert RunDir(run.path).recipe.read_text() == yaml.safe_dump(redact(recipe), sort_keys=False)
+    assert RunDir(run.path).recipe.read_text() == run_recipe_text(redact(recipe))
 
 
 def test_a_model_setting_with_a_secret_address_is_not_refused_on_resume_by_redaction(tmp_path):

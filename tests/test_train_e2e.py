@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dlrecipes.api import resolve
+from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 from .conftest import build_trainer
 from .conftest import prepare_run_dir
 from dlrecipes.fit import fit
@@ -23,7 +24,8 @@ def test_cli_train_writes_a_run_directory(tiny_recipe, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs" / "cli-run"
     assert "done: 2 epochs, 6 batches" in result.stderr
-    assert (run / "recipe.yaml").read_text().startswith("name: tiny\n")
+    recorded = (run / "recipe.yaml").read_text()
+    assert recorded.startswith(f"{RUN_RECIPE_HEADER}name: tiny\n") and recorded.endswith(f"plots: false\n{RUN_RECIPE_END}")
     assert (run / "checkpoints" / "latest-rank0.pt").exists()
     assert (run / "checkpoints" / "best.pt").exists() and (run / "checkpoints" / "best.json").exists()
     assert "metrics/eval/top1" in (run / "train-rank0.log").read_text()

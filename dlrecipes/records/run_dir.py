@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.core.secrets import redact
@@ -27,6 +25,7 @@ from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoi
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR, RECIPE_FILE, REMOTE_LATEST, RunDir, latest_checkpoint_name, periodic_progress,
 )
+from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 
@@ -185,6 +184,11 @@ def make_writable_dir(folder: Path, key: str = "--out", what: str = "", exist_ok
     return folder
 
 
+def _recipe_body(text: str) -> str:
+    """A run's recipe without its header and end line (a run recorded before they were written has neither)."""
+    return text.removeprefix(RUN_RECIPE_HEADER).removesuffix(RUN_RECIPE_END)
+
+
 def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) -> None:
     """Write the resolved recipe (as plain data, secrets redacted) into the run directory (rank 0); one an
     earlier part of the run recorded with other settings is kept beside it.  Refused, without ``resume``, in
@@ -192,13 +196,13 @@ def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) 
     if rank() != 0:
         return
     run = RunDir(run_dir)
-    resolved = yaml.safe_dump(redact(recipe), sort_keys=False)
+    resolved = run_recipe_text(redact(recipe))
     if run.recipe.exists() and not resume and run.checkpoints.exists():
         raise UserError(
             f"run_name: {run} already holds a run; pass --resume to continue it, --restart to train it again "
             "from the beginning (the old run is kept under another name), or choose another run_name"
         )
-    if not run.recipe.exists() or run.recipe.read_text() != resolved:
+    if not run.recipe.exists() or _recipe_body(run.recipe.read_text()) != _recipe_body(resolved):
         if run.recipe.exists():
             run.recipe.rename(run.replaced_recipe(time.strftime('%Y%m%d-%H%M%S')))
         run.recipe.write_text(resolved)

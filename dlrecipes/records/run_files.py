@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.errors import DataError
+from dlrecipes.recipe import RUN_RECIPE_END, cut_short
 from dlrecipes.records.layout import RunDir
 
 
@@ -98,6 +99,8 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
     text = _text(path)
     if text is None:
         return None
+    if cut_short(text):
+        raise DamagedRunFile(path, f"is cut short (it stops before its last line, {RUN_RECIPE_END.strip()!r})")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
