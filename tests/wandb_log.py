@@ -40,11 +40,31 @@ def read_records(path: Path) -> list:
     return records
 
 
+def finished_records(run_dir: Path, timeout: float = 30.0) -> list:
+    """The records of an offline run that ended, once they are all on disk. ``wandb.finish`` returns when the run
+    has ended, but wandb's service (wandb-core, a process of its own) may still be writing the transaction log's
+    last buffered part: seen with wandb 0.31 when the run was started in the test's own process (the service
+    lives on), one read in four. The log is whole once its ``exit`` record is there, the last one written."""
+    import time
+
+    (log,) = Path(run_dir).glob("run-*.wandb")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = read_records(log)
+        except Exception:  # noqa: BLE001 - a record still being written; raised again past the deadline
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
 def history(run_dir: Path) -> list[dict]:
     """The rows passed to ``wandb.log`` in an offline run directory."""
-    (log,) = Path(run_dir).glob("run-*.wandb")
     rows = []
-    for record in read_records(log):
+    for record in finished_records(run_dir):
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
     return rows
@@ -52,9 +72,8 @@ def history(run_dir: Path) -> list[dict]:
 
 def run_summary(run_dir: Path) -> dict:
     """An offline run's config (key -> value), tags, logged artifacts (name -> file paths) and exit code."""
-    (log,) = Path(run_dir).glob("run-*.wandb")
     out: dict = {"config": {}, "tags": [], "artifacts": {}, "exit_code": None}
-    for record in read_records(log):
+    for record in finished_records(run_dir):
         kind = record.WhichOneof("record_type")
         if kind == "config":
             out["config"].update({item.key: json.loads(item.value_json) for item in record.config.update if item.key})
