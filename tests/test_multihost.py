@@ -85,7 +85,7 @@ def test_two_hosts_train_with_no_interface_set(two_hosts, ddp_recipe, tmp_path):
 @pytest.mark.slow
 def test_a_wrong_master_address_is_one_line_on_both_hosts_within_the_timeout(two_hosts, ddp_recipe, tmp_path):
     start = time.time()
-    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=10", master="192.0.2.9")
+    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=5", master="192.0.2.9")
     codes = [p.wait(timeout=120) for p in procs]
     took = time.time() - start
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
@@ -108,7 +108,7 @@ def _kill_host(ns: str) -> None:
 
 @pytest.mark.slow
 def test_a_lost_host_is_one_line_and_resume_finishes_each_epoch_once(two_hosts, ddp_recipe, tmp_path):
-    args = ("run_name=lost", "trainer.max_duration=30ep", "trainer.dist_timeout=20", "dataset.samples=256")
+    args = ("run_name=lost", "trainer.max_duration=30ep", "trainer.dist_timeout=20", "dataset.samples=64")
     procs = _launch_both(two_hosts, ddp_recipe, tmp_path, *args)
     history = tmp_path / "runs" / "lost" / "history.csv"
     deadline = time.time() + 120
