@@ -15,6 +15,7 @@ from PIL import Image
 
 from dlrecipes.errors import DataError, UserError
 
+from . import forked
 from .conftest import run_cli, write
 
 if importlib.util.find_spec("ffcv") is None:
@@ -162,7 +163,9 @@ def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path)
     compilation, then a machine's first process with the cache (compiles the train and eval pipelines: random
     crops, flips, two numba threads), then the next (loads every function from numba's cache, compiles nothing):
     the same batches, and no numba warnings or tracebacks on stderr. (The two write modes were two
-    parametrized cases of three processes each; one process now decodes both files.)"""
+    parametrized cases of three processes each; one process now decodes both files. The first two are forked
+    from the preload server, which has not imported numba or FFCV; the last is a new Python, whose exit is
+    a real interpreter's.)"""
     import subprocess
     import sys
 
@@ -175,9 +178,16 @@ def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path)
         write_beton(RawImages(_image_folder(root)), Path(paths[-1]), ConvertOptions(write_mode=write_mode, num_workers=1),
                     list(CLASSES))
     cache = tmp_path / "numba"
-    runs = [subprocess.run([sys.executable, "-c", _DECODE_TWICE, *paths], capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "NUMBA_CACHE_DIR": str(cache), CACHE_SWITCH: switch})
-            for switch in ("0", "1", "1")]
+    script = tmp_path / "decode_twice.py"
+    script.write_text(_DECODE_TWICE)
+    runs = []
+    for switch, new_python in (("0", False), ("1", False), ("1", True)):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), CACHE_SWITCH: switch}
+        if new_python:  # what a process prints as it exits (numba's messages were) reaches stderr only here
+            runs.append(subprocess.run([sys.executable, str(script), *paths], capture_output=True, text=True,
+                                       timeout=600, env=env))
+        else:  # forked from the server that imported torch and Composer (not numba, not FFCV: imported here)
+            runs.append(forked.run(paths, cwd=tmp_path, timeout=600, env=env, module=str(script)))
     ffcvs, first, second = (json.loads(run.stdout.splitlines()[-1]) for run in runs)
     # FFCV compiles each loader's pipeline; with the cache, the first process compiles (what the JPEG file's loaders
     # compile serves the raw file's too: one decoder reads both) and the next compiles nothing for either
