@@ -428,10 +428,12 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
 def test_a_sweep_forked_from_the_server_forks_its_trainings_itself_with_fresh_signal_handling(tmp_path):
     """A sweep that is itself a fork of the server (as the tests start commands) has the server's imports: it forks
     its trainings itself instead of starting a second server to pay them again, and each starts with the signal
-    handling a new Python has, not the sweep's; with a second thread running it would not fork itself."""
-    from . import forked
+    handling a new Python has, not the sweep's; with a second thread running it would not fork itself. (Forked
+    from the server even where DLRECIPES_TEST_FORK=0 makes the other tests' processes new Pythons: the server is
+    the point here.)"""
+    from dlrecipes.tools import preloaded
 
-    done = forked.run(["driver", str(tmp_path)], REPO, timeout=120, module="tests.fork_probe")
+    done = preloaded.run(["driver", str(tmp_path)], cwd=REPO, timeout=120, module="tests.fork_probe")
     assert done.returncode == 0, done.stderr[-2000:]
     driver, child = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("driver", "child"))
     assert driver["code"] == 0 and child["ppid"] == driver["pid"]  # forked by the driver, not by a server
