@@ -72,9 +72,16 @@ DAMAGE = {
     "text": lambda p: p.write_text("hello, world\n"),
 }
 JSON_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("[1, 2, 3]\n")}
+
+
+def cut_at_a_line_end(path: Path) -> None:
+    """Cut where a line ends, about half way: still valid YAML and a valid recipe (what was lost has defaults)."""
+    text = path.read_text()
+    path.write_text(text[: text.rindex("\n", 0, len(text) // 2) + 1])
+
+
 YAML_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("- a\n- b\n"), "invalid": lambda p: p.write_text("model: [x\n"),
-               # cut where a line ends, about half way: still valid YAML and a valid recipe (what was lost has defaults)
-               "cut-at-a-line-end": lambda p: p.write_text(p.read_text()[: p.read_text().rindex("\n", 0, p.stat().st_size // 2) + 1])}
+               "cut-at-a-line-end": cut_at_a_line_end}
 CSV_DAMAGE = {"truncated": DAMAGE["truncated"], "png": DAMAGE["png"],
               "wrong-row": lambda p: p.write_text(p.read_text() + "3,0.5\n"),
               "not-numbers": lambda p: p.write_text(p.read_text().replace("\n2,", "\ntwo,", 1))}
