@@ -37,7 +37,9 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   says: ``dlrecipes eval`` rebuilds the trained network with it before loading a checkpoint's weights;
   ``--resume`` refuses to add, remove or retune it, unless ``checkpoint_state=False``, as for
   ``channels_last``, which changes only the memory order) and ``checkpoint_state=True`` (it keeps its own
-  state in the checkpoint, as EMA's averaged weights: ``--resume`` refuses to add, remove or retune it).
+  state in the checkpoint, as EMA's averaged weights: ``--resume`` refuses to add, remove or retune it);
+  ``reads_back="what and why"`` (its step reads a value back from the device, a synchronisation per step on
+  a GPU: ``validate`` says so for a GPU run; tests/test_sync_census.py holds every other algorithm to none).
 - losses: ``targets="class"`` or ``"regression"`` (what the loss trains; checked per task output).
 - metrics: ``report=True`` (a table written at the end of the run, see :mod:`dlrecipes.metrics`);
   ``top_k=fn(params)`` (the k of a top-k metric, checked against the data's classes).
@@ -241,7 +243,8 @@ optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
 algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm",
-                      ("conflicts_with", "requires", "image_label_batch", "changes_network", "checkpoint_state"))
+                      ("conflicts_with", "requires", "image_label_batch", "changes_network", "checkpoint_state",
+                       "reads_back"))
 callbacks = Registry("callbacks", "callback", "a composer Callback", "composer.core.Callback")
 loggers = Registry("loggers", "logger", "a composer LoggerDestination", "composer.loggers.LoggerDestination")
 losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",

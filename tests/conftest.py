@@ -69,12 +69,12 @@ def _plugins_stay_in_their_test():
 _KEPT = (sys.prefix, sys.base_prefix, str(REPO))  # installed packages, dlrecipes/ and tests/ stay imported
 
 
-# The modules that take longest (seconds on 2 workers, measured 2026-11-26), run first: with --dist loadfile each
-# module runs whole on one worker, so the last to start must be a short one, or one worker ends alone
+# The modules that take longest (seconds on 2 workers, measured 2026-11-26; test_sync_census 155 s on 2026-11-27), run
+# first: with --dist loadfile each module runs whole on one worker, so the last to start must be a short one, or one worker ends alone
 # (pyproject.toml turns xdist's own order off: it starts the modules with the most tests first). The SLURM job goes
 # first: it mostly waits on the scheduler, which the other worker's work fills.
-LONGEST_FIRST = ("test_slurm", "test_benchmarks", "test_sweep", "test_distributed", "test_docs_run", "test_wheelhouse",
-                 "test_ffcv", "test_train_e2e", "test_multihost", "test_cli_process", "test_remote_runs",
+LONGEST_FIRST = ("test_slurm", "test_sync_census", "test_benchmarks", "test_sweep", "test_distributed", "test_docs_run",
+                 "test_wheelhouse", "test_ffcv", "test_train_e2e", "test_multihost", "test_cli_process", "test_remote_runs",
                  "test_algorithms", "test_notebooks", "test_trackers")
 
 

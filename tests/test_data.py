@@ -21,6 +21,7 @@ from dlrecipes.data.image_folder import imagenet100_classes
 from dlrecipes.errors import DataError
 
 from .conftest import image_folders
+from .stand_in_data import cifar_batches, write_idx
 
 
 def test_embedded_digits_are_the_real_uci_set():
@@ -169,21 +170,15 @@ def test_imagenet100_uses_the_shipped_synsets_and_lists_missing_ones(tmp_path):
     assert len(data.train) == 100
 
 
-def _write_idx(path, array):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 def test_mnist_reads_idx_files_and_names_missing_ones(tmp_path):
     with pytest.raises(DataError, match=r"mnist not found \(download is off\)[\s\S]*train-images-idx3-ubyte[\s\S]*t10k-labels-idx1-ubyte"):
         registry.datasets.build("mnist", root=str(tmp_path), download=False)
     raw = tmp_path / "MNIST" / "raw"
     rng = np.random.default_rng(0)
-    _write_idx(raw / "train-images-idx3-ubyte", rng.integers(0, 255, (20, 28, 28)))
-    _write_idx(raw / "train-labels-idx1-ubyte", np.arange(20) % 10)
-    _write_idx(raw / "t10k-images-idx3-ubyte", rng.integers(0, 255, (10, 28, 28)))
-    _write_idx(raw / "t10k-labels-idx1-ubyte", np.arange(10))
+    write_idx(raw / "train-images-idx3-ubyte", rng.integers(0, 255, (20, 28, 28)))
+    write_idx(raw / "train-labels-idx1-ubyte", np.arange(20) % 10)
+    write_idx(raw / "t10k-images-idx3-ubyte", rng.integers(0, 255, (10, 28, 28)))
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.arange(10))
     data = registry.datasets.build("mnist", root=str(tmp_path), download=False)
     assert len(data.train) == 20 and len(data.eval) == 10
     x, y = data.eval[3]
@@ -191,15 +186,7 @@ def test_mnist_reads_idx_files_and_names_missing_ones(tmp_path):
 
 
 def _cifar_archive(tmp_path, n=6):
-    folder = tmp_path / "src" / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), "labels": list(range(n))}
-        with open(folder / name, "wb") as f:
-            pickle.dump(batch, f)
-    with open(folder / "batches.meta", "wb") as f:  # as in the real archive: names as bytes in python 2 pickles
-        pickle.dump({"label_names": [f"class{i}".encode() for i in range(10)], "num_vis": 3072}, f)
+    folder = cifar_batches(tmp_path / "src" / "cifar-10-batches-py", n)
     archive = tmp_path / "cifar-10-python.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname="cifar-10-batches-py")

@@ -267,7 +267,7 @@ def erase(images: torch.Tensor, boxes: torch.Tensor, value: Optional[torch.Tenso
     """Each sample's box (top, left, height, width; a height of 0: none) set to ``value``
     (a tensor broadcast to the batch, e.g. per-pixel noise) or 0, as torchvision's ``erase``."""
     n, _, h, w = images.shape
-    boxes = boxes.to(images.device)
+    boxes = boxes.to(images.device, non_blocking=True)  # drawn on the host: the step need not wait for it
     rows = torch.arange(h, device=images.device).view(1, h, 1)
     cols = torch.arange(w, device=images.device).view(1, 1, w)
     top, left, bh, bw = (boxes[:, k].view(n, 1, 1) for k in range(4))

@@ -60,8 +60,8 @@ def channels_last():
 
 @algorithms.register("label_smoothing", image_label_batch="smooths batch[1] as the class labels")
 def label_smoothing(smoothing: Probability = 0.1):
-    """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016)."""
-    from composer.algorithms import LabelSmoothing
+    """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016): Composer's, with no read-back."""
+    from dlrecipes.algorithms.soft_targets import LabelSmoothing
 
     return LabelSmoothing(smoothing=smoothing)
 
@@ -122,7 +122,9 @@ def mixup(alpha: Positive = 0.2, interpolate_loss: bool = False):
     """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017)."""
     from composer.algorithms import MixUp
 
-    return MixUp(alpha=alpha, interpolate_loss=interpolate_loss)
+    from dlrecipes.algorithms.soft_targets import without_read_backs
+
+    return without_read_backs(MixUp(alpha=alpha, interpolate_loss=interpolate_loss))
 
 
 @algorithms.register("cutmix", image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels")
@@ -130,7 +132,9 @@ def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampli
     """Paste a box from another image and mix the labels by area (Yun et al. 2019)."""
     from composer.algorithms import CutMix
 
-    return CutMix(alpha=alpha, interpolate_loss=interpolate_loss, uniform_sampling=uniform_sampling)
+    from dlrecipes.algorithms.soft_targets import without_read_backs
+
+    return without_read_backs(CutMix(alpha=alpha, interpolate_loss=interpolate_loss, uniform_sampling=uniform_sampling))
 
 
 @algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
@@ -179,7 +183,9 @@ def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = T
     return ColOut(p_row=p_row, p_col=p_col, batch=batch, resize_target=resize_target)
 
 
-@algorithms.register("sam", checkpoint_state=True)
+@algorithms.register("sam", checkpoint_state=True, reads_back=(
+    "Composer's SAM optimizer tests each pass's loss on the host (`if loss:`) before stepping: one read-back per "
+    "step (two on its ascent steps, every `interval`), as in Composer's Trainer"))
 def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 1):
     """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020)."""
     from composer.algorithms import SAM
@@ -206,7 +212,9 @@ def swa(
     )
 
 
-@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True)
+@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True, reads_back=(
+    "Composer's stochastic bottleneck tests its drop rate, a tensor on the device, in every block's forward: "
+    "16 read-backs per ResNet-50 step"))
 def stochastic_depth(
     target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
     stochastic_method: Literal["block", "sample"] = "block",

@@ -73,3 +73,22 @@ def check_batches_divide(config: Any, processes: int) -> None:
         split_batch(t.batch_size, processes, "trainer.batch_size")
     if t.eval_batch_size is not None:
         split_batch(t.eval_batch_size, processes, "trainer.eval_batch_size")
+
+
+def read_back_notes(config: Any) -> list[str]:
+    """What the recipe's GPU steps must read back from the device (each a synchronisation per step: the GPU's
+    queue drains before the next step can be queued), one line each; none for a CPU recipe."""
+    if config.trainer.device == "cpu":
+        return []
+    from dlrecipes import registry
+
+    algorithms = registry.algorithms
+    notes = [f"algorithms.{name} reads back on a GPU: {algorithms.get(name).metadata['reads_back']}"
+             for name in config.algorithms or {} if algorithms.get(name).metadata.get("reads_back")]
+    optimizer = config.optimizer
+    fused = "fused" in registry.optimizers.get(optimizer.name).parameters and optimizer.params.get("fused") is not False
+    if precision_of(config.trainer.precision).grad_scaler and not fused:
+        notes.append(f"trainer.precision {config.trainer.precision} with optimizer {optimizer.name} (not fused) reads "
+                     "back on a GPU: torch's gradient scaler asks every step whether the gradients overflowed, to skip "
+                     "that step (a fused sgd or adamw keeps that on the device; bf16 needs no scaler)")
+    return [f"note: {line} (docs/performance.md)" for line in notes]

@@ -7,6 +7,8 @@ at once would read it back from the GPU after every step and make the next step 
 every ``read_every`` batches (and at each epoch's and evaluation's end, before any other kind of
 record, and at the end) reads all the queued tensors back in one transfer per device and passes
 them on with their own steps.  The destination still receives every value and every step.
+Algorithm traces (Composer logs one each time an algorithm runs: every batch, with label
+smoothing or EMA) hold no device values; they wait in the same queue, in their place.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def read_back(values: list[Any]) -> list[Any]:
     return read
 
 
+_TRACES = object()  # the step of a queued trace record
+
+
 class ReadsAtInterval:
     """Mixin for a LoggerDestination: queue ``log_metrics`` and pass it on every ``read_every`` batches.
 
@@ -44,25 +49,28 @@ class ReadsAtInterval:
     def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
         self.__dict__.setdefault("_unread", []).append((step, dict(metrics)))
 
+    def log_traces(self, traces: dict[str, Any]) -> None:
+        # queued in order with the metrics, not a reason to read them back before the interval
+        self.__dict__.setdefault("_unread", []).append((_TRACES, dict(traces)))
+
     def write_unread(self) -> None:
-        """Pass the queued metrics on, with every tensor read back now."""
+        """Pass the queued metrics (and traces, in their place) on, with every tensor read back now."""
         queued = self.__dict__.get("_unread")
         if not queued:
             return
         self._unread = []
-        flat = [value for _, metrics in queued for value in metrics.values()]
+        flat = [value for step, metrics in queued if step is not _TRACES for value in metrics.values()]
         values = iter(read_back(flat))
         for step, metrics in queued:
-            super().log_metrics({name: next(values) for name in metrics}, step)  # type: ignore[misc]
+            if step is _TRACES:
+                super().log_traces(metrics)  # type: ignore[misc]
+            else:
+                super().log_metrics({name: next(values) for name in metrics}, step)  # type: ignore[misc]
 
     # what other records a destination gets must not overtake the queued metrics
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         self.write_unread()
         super().log_hyperparameters(hyperparameters)  # type: ignore[misc]
-
-    def log_traces(self, traces: dict[str, Any]) -> None:
-        self.write_unread()
-        super().log_traces(traces)  # type: ignore[misc]
 
     def log_table(self, *args: Any, **kwargs: Any) -> None:
         self.write_unread()

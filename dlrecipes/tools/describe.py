@@ -189,8 +189,11 @@ def _entry_block(name: str, description: str, card: dict[str, str], params: list
 
 
 def validated(recipe: Any, config: Any) -> str:
-    """``validate``'s line: the recipe is valid, and what it trains."""
-    return f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})"
+    """``validate``'s line: the recipe is valid, and what it trains; then what its GPU steps must read back."""
+    from dlrecipes.config.devices import read_back_notes
+
+    return "\n".join([f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})",
+                      *read_back_notes(config)])
 
 
 def trained(result: Any, width: Optional[int] = None) -> str:
