@@ -39,12 +39,15 @@ callback and logger tests against this class.  Valid for the pinned Composer 0.3
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copyreg
 import datetime
+import functools
 import itertools
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 from typing import Any, Optional, Union
 
@@ -237,16 +240,42 @@ def _quick_counts(spec: Any) -> None:
 
 class _TrainMetricEpochs(Callback):
     """The train metrics' epoch: reset at its start; at the end of training inside an epoch
-    (``max_duration`` in batches), the part trained is computed and logged."""
+    (``max_duration`` in batches), the part trained is computed and logged.
+
+    It holds its Trainer weakly: the state holds the callbacks, and a strong reference back would keep
+    the Trainer (its model, optimizers and loaders) alive as long as the state."""
 
     def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
+        self._trainer = weakref.ref(trainer)
+
+    @property
+    def trainer(self) -> "Trainer":
+        trainer = self._trainer()
+        assert trainer is not None, "the Trainer of these train metrics is gone"
+        return trainer
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         self.trainer.reset_train_metrics()
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self.trainer.log_train_metrics()
+
+
+def _forget_models() -> None:
+    """Empty torch's cache of parameter names by model (``_get_fqns``, an unbounded ``lru_cache`` keyed by the
+    model, filled when Composer reads the state dict for a checkpoint): it keeps every model it saw alive."""
+    from torch.distributed.checkpoint import state_dict
+
+    cached = getattr(state_dict, "_get_fqns", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+def _close_at_exit(engine: "weakref.ref[Engine]") -> None:
+    """At the process's end, the engine's close (its callbacks' close and post_close) if it is still open."""
+    alive = engine()
+    if alive is not None and not alive._is_closed:
+        alive.close()
 
 
 class _DirectEngine(Engine):
@@ -320,6 +349,21 @@ class Trainer(ComposerTrainer):
             self.state.train_metrics = {}  # Composer's way of computing none
         self.state.callbacks.insert(0, _TrainMetricEpochs(self))
         self.engine.__class__ = _DirectEngine  # same state; only the dispatch differs
+        # Composer's Engine registers its close with the state and logger at exit, and unregisters it only when
+        # it is collected unclosed: after close() the hook keeps the state (model, optimizers) until the process
+        # ends. This one holds the engine weakly and leaves at close(). (atexit unregisters by function: every
+        # Engine's hook goes, and each of ours has its own.)
+        atexit.unregister(Engine._close)
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self.engine))
+        atexit.register(self._at_exit)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            atexit.unregister(self._at_exit)
+            _forget_models()
+
 
     # -- the loop itself stays Composer's; its timestamp and batch counting get cheaper --
     def _train_loop(self) -> None:

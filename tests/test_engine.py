@@ -463,3 +463,78 @@ def test_composer_asks_for_the_processor_without_a_process_of_its_own(tmp_path, 
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: pytest.fail("py-cpuinfo asked"))
     assert collect_env.get_composer_env_dict()["cpu_model"] == expected
     assert getattr(collect_env.get_cpu_model, "dlrecipes", False)  # ours, not Composer's answer cached earlier
+
+
+def test_sync_free_soft_targets_equal_composers_bit_for_bit():
+    """Label smoothing, MixUp's and CutMix's one-hot rows and the soft cross-entropy, made without reading
+    anything back, give Composer's values bit for bit, gradients included (a negative label: a zero row, as
+    Composer's)."""
+    from composer.algorithms.label_smoothing import smooth_labels as composers_smoothing
+    from composer.loss import soft_cross_entropy as composers_loss
+    from composer.loss.utils import ensure_targets_one_hot as composers_one_hot
+
+    from dlrecipes.algorithms.soft_targets import ensure_targets_one_hot, smooth_labels
+    from dlrecipes.losses.functions import soft_cross_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    for n, classes, smoothing in [(7, 10, 0.1), (512, 10, 0.2), (33, 100, 0.13)]:
+        labels = torch.randint(0, classes, (n,), generator=generator)
+        labels[0] = -1 if n == 33 else labels[0]
+        logits = torch.randn(n, classes, generator=generator)
+        assert torch.equal(ensure_targets_one_hot(logits, labels), composers_one_hot(logits, labels))
+        ours, theirs = smooth_labels(logits, labels, smoothing), composers_smoothing(logits, labels, smoothing)
+        assert ours.dtype == theirs.dtype == torch.float32 and torch.equal(ours, theirs)
+        grads = []
+        for loss_fn in (soft_cross_entropy, composers_loss):
+            leaf = logits.clone().requires_grad_()
+            loss = loss_fn(leaf, theirs)
+            loss.backward()
+            grads.append((loss.detach(), leaf.grad))
+        assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+        assert torch.equal(soft_cross_entropy(logits, labels.clamp(min=0)), composers_loss(logits, labels.clamp(min=0)))
+
+
+def test_algorithm_traces_are_logged_without_reading_the_loss_back(tiny_recipe, tmp_path, monkeypatch):
+    """Composer logs a trace each time an algorithm runs (label smoothing: every batch); the run log keeps them,
+    in their place among the losses, and reads the queued losses back only at the interval and the end."""
+    from composer.loggers import FileLogger
+
+    import dlrecipes.loggers.read_back as read_back_module
+
+    reads, passed_on = [], []
+    original = read_back_module.read_back
+    monkeypatch.setattr(read_back_module, "read_back", lambda values: reads.append(len(values)) or original(values))
+    monkeypatch.setattr(FileLogger, "log_traces", lambda self, traces: passed_on.extend(
+        "trace" for name in traces if name == "algorithm_traces/LabelSmoothing/Event.BEFORE_LOSS"))
+    log_metrics = FileLogger.log_metrics
+    monkeypatch.setattr(FileLogger, "log_metrics", lambda self, metrics, step=None: (
+        passed_on.extend("loss" for name in metrics if name == "loss/train/total"), log_metrics(self, metrics, step)))
+    _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=6ba", "trainer.train_subset_num_batches=-1",
+                                         "trainer.log_interval=25", "checkpoint.save=false", "checkpoint.monitor=null",
+                                         "algorithms={label_smoothing: {smoothing: 0.1}}"])
+    assert reads and reads[0] >= 6  # the first read-back takes all six losses: at the end, not at each batch's trace
+    assert passed_on == ["trace", "loss"] * 6  # each batch's trace, then its loss, in order
+
+
+@pytest.mark.slow
+def test_trainings_in_one_process_leave_no_model_or_optimizer_alive(tiny_recipe, tmp_path):
+    """Three trainings through the Python API: after each, no Trainer, model or optimizer is left (Composer's exit
+    hook held the state until the process ended, the train metrics' callback held the Trainer, and torch's cache
+    of parameter names held every model checkpointed)."""
+    import gc
+
+    import dlrecipes
+    from dlrecipes.models.architectures.simple_cnn import CNNSimple
+
+    def alive() -> tuple[int, int, int]:
+        gc.collect()
+        objects = gc.get_objects()
+        kinds = [type(o) for o in objects]  # (isinstance asks some objects of torch.distributed for a deprecated class)
+        return (sum(issubclass(k, Trainer) for k in kinds), sum(issubclass(k, CNNSimple) for k in kinds),
+                sum(issubclass(k, torch.optim.Optimizer) for k in kinds))
+
+    before = alive()
+    for index in range(3):
+        result = dlrecipes.train(tiny_recipe, [f"run_name=run{index}", "trainer.max_duration=1ep"])
+        assert (result.run_dir / "checkpoints").is_dir()  # a checkpoint was written: torch's cache was filled
+        assert alive() == before, f"after training {index + 1}"
