@@ -34,16 +34,19 @@ import numpy as np
 import torch
 
 
-def make_images(root: Path, count: int, classes: int, seed: int = 0, noise: int = 80) -> None:
-    """JPEGs of about 500x375: smooth colour waves plus pixel noise, ~100 KB each at noise=80
-    (ImageNet's JPEGs average about 110 KB; smoother images would decode unrealistically fast)."""
+def make_images(root: Path, count: int, classes: int, seed: int = 0, noise: int = 80,
+                size: tuple[int, int] = (500, 375), first: int = 0) -> None:
+    """JPEGs of about ``size`` (500x375: ~100 KB each at noise=80; ImageNet's JPEGs average about 110 KB;
+    smoother images would decode unrealistically fast): smooth colour waves plus pixel noise, numbered from
+    ``first`` (so that several processes can each write a part)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    for i in range(count):
+    for i in range(first, first + count):
         folder = root / "train" / f"n{i % classes:08d}"
         folder.mkdir(parents=True, exist_ok=True)
-        w, h = int(rng.integers(440, 560)), int(rng.integers(330, 420))
+        w = int(rng.integers(round(size[0] * 0.88), round(size[0] * 1.12)))
+        h = int(rng.integers(round(size[1] * 0.88), round(size[1] * 1.12)))
         yy, xx = np.mgrid[0:h, 0:w]
         base = rng.integers(0, 255, 3)
         freq = rng.uniform(0.005, 0.05, 3)

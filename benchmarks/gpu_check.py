@@ -1,29 +1,45 @@
 """The engine's GPU correctness matrix: ``python benchmarks/gpu_suite.py --check`` (or this file).
 
-One GPU, no internet; prints one table of pass / fail / skip and exits 1 on a failure:
+One GPU, no internet, about 4 minutes on one H100 (an estimate: 6 x ~10 s against Composer, ~15 s and ~50 s
+for the two sync gates, ~12 s FSDP, ~50 + 2 x ~25 s compile; not yet run there).  Each case prints its
+result, time and detail on its own line as it ends, and ``--json PATH`` is rewritten after every case, so a
+run that is cut short keeps what it found; a table of them all follows, with the total time, and the exit
+status is 1 on a failure:
 
 - our Trainer against Composer's on {fp32, amp_bf16, amp_fp16} x {fixed microbatches with
   accumulation, ``auto``}: the recipe's training in deterministic mode, the weights and every
   logged loss compared within the stated tolerance;
 - ``torch.cuda.set_sync_debug_mode("error")`` over steps 3-20 of cifar10_fast (synthetic
-  CIFAR-sized data on the device) and of the flagship recipe on generated FFCV data: any host-device
+  CIFAR-sized data on the device) and of the flagship recipe on generated FFCV data (800 small JPEGs,
+  batch 32: made by the first case that needs them, in a folder every case shares): any host-device
   synchronisation in those steps fails the case with the op that made it;
-- FSDP on one rank with train metrics on; ``trainer.compile`` with SAM and with EMA;
+- FSDP on one rank with train metrics on;
+- ``trainer.compile`` against eager with no algorithm (the control), with SAM and with EMA, in a setting
+  where the two differ only by rounding (no dropout, deterministic, SGD, no augmentation, full fp32,
+  inductor's ``fallback_random``): every training loss and evaluation loss within ``COMPILE_TOLERANCE``,
+  which a SAM step that leaves its perturbation in the weights, or an EMA that evaluates the training weights,
+  exceeds (tests/test_benchmarks.py shows both on the CPU with eager training in place of the compiled one);
 - with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
   Trainer), a SIGTERM stop and ``--resume`` ending with the uninterrupted run's weights.  With
-  fewer GPUs they are skipped with a message.  On the CPU their ranks are forked from a process that has
-  imported torch and Composer (CUDA would not survive that); only the SIGTERM case's stopped run goes
-  through ``dlrecipes launch``.
+  fewer GPUs they are skipped with a message, no process started.  On the CPU their ranks are forked from a
+  process that has imported torch and Composer (CUDA would not survive that); only the SIGTERM case's stopped
+  run goes through ``dlrecipes launch``.
 
-``--device cpu`` is its smoke version (in the test suite): the fp32 fixed-microbatch comparison and
-the two-process cases on gloo; the cases that need CUDA are skipped.  Each case runs in its own
-process, so deterministic mode, compilation and process groups never leak between cases.
+Each case has its own time limit (``Case.limit``, seconds on one H100) and the whole check a budget
+(``--budget``, 300 s by default, so that it fits a machine lent for 5 minutes; with 2 GPUs give it 600): a case
+gets its limit or what is left of the budget, whichever is less; past it, it is killed and fails with "no
+result after N s"; a case the budget leaves no time for fails with "not run".
+
+``--device cpu`` is its smoke version (in the test suite, its limits ``CPU_SLOWER`` times the GPU's): the fp32
+fixed-microbatch comparison and the two-process cases on gloo; the cases that need CUDA are skipped.  Each case
+runs in its own process, so deterministic mode, compilation and process groups never leak between cases.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -31,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +56,9 @@ ROOT = HERE.parent
 
 # max |difference| allowed between our Trainer and Composer's: weights, then each logged loss
 TOLERANCE = {"fp32": (0.0, 0.0), "amp_bf16": (1e-6, 1e-6), "amp_fp16": (1e-6, 1e-6)}
+# max |difference| allowed between compiled and eager training, in fp32: any training or evaluation loss
+COMPILE_TOLERANCE = 1e-3
+DATA = "GPU_CHECK_DATA"  # the folder the runner gives every case for generated data that cases share
 
 
 class Skip(Exception):
@@ -55,8 +75,8 @@ def _recipe(tmp: Path, device: str, extra: list[str]) -> tuple[Path, list[str]]:
 
 def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = False, callbacks=(),
            record_losses: bool = True) -> dict:
-    """Train in this process (ours, or Composer's Trainer); the weights and every batch's loss
-    (read back after each batch, so not while a synchronisation gate is open)."""
+    """Train in this process (ours, or Composer's Trainer); the weights, every batch's loss and every
+    evaluation's loss (read back after each batch and evaluation, so not while a synchronisation gate is open)."""
     from composer import Trainer as ComposerTrainer
     from composer.core import Callback
 
@@ -65,11 +85,16 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     from dlrecipes.builders import build_trainer
     from dlrecipes.core.distributed import resolve_device
 
-    losses = []
+    from dlrecipes.core.outputs import EVAL_LOSS
+
+    losses, eval_losses = [], []
 
     class Losses(Callback):
         def batch_end(self, state, logger):  # a read-back per batch: this is a check, not a speed run
             losses.append(float(state.total_loss_dict["loss/train/total"]))
+
+        def eval_end(self, state, logger):  # what EMA's weights change: training losses never see them
+            eval_losses.append(float(state.eval_metric_values[EVAL_LOSS]))
 
     class Composers(ComposerTrainer):
         def __init__(self, *args, train_metrics_interval: int = 1, **kwargs):
@@ -86,7 +111,8 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     trainer.fit()
     trainer.close()
     weights = {k: v.detach().float().cpu() for k, v in trainer.state.model.state_dict().items()}
-    return {"weights": weights, "losses": losses, "micro": trainer.state.device_train_microbatch_size,
+    return {"weights": weights, "losses": losses, "eval_losses": eval_losses,
+            "micro": trainer.state.device_train_microbatch_size,
             "train_metrics": {k: float(v) for k, v in trainer.state.train_metric_values.items()},
             "device": str(next(iter(trainer.state.model.parameters())).device)}
 
@@ -161,13 +187,18 @@ def case_sync_free_flagship(device: str) -> str:
     sys.path.insert(0, str(HERE))
     from gpu_suite import Scale, flagship_data, flagship_overrides
 
+    # the recipe as it is (its model, algorithms, FFCV decoding with progressive resizing), on less data: 800
+    # JPEGs of about 256x192 stored at 160 px, 128 px crops, batch 32: 25 batches an epoch, so the gate's steps
+    # have no epoch end (evaluation) among them; its learning rate scaled to the batch (not to diverge)
     scale = Scale(tiny=False, device=device)
-    scale.images = 3000  # enough for 24 batches of 64
+    scale.images, scale.image_size, scale.max_res, scale.crop, scale.eval_crop = 800, (256, 192), 160, 128, 160
+    scale.flagship_batch = 32
     with tempfile.TemporaryDirectory() as tmp:
-        data = flagship_data(scale, Path(tmp) / "images")
+        data = flagship_data(scale, Path(os.environ.get(DATA) or tmp) / "flagship")  # made once, then reused
         overrides = flagship_overrides(data, scale) + [
             "trainer.max_duration=24ba", "trainer.progress_bar=false", "checkpoint.save=false",
-            "checkpoint.monitor=null", f"runs_dir={tmp}/runs", "trainer.batch_size=64"]
+            "checkpoint.monitor=null", f"runs_dir={tmp}/runs",
+            f"optimizer.lr={2.0 * 32 / 1024}"]  # the recipe's 2.0 is for batch 1024
         return _gated(ROOT / "recipes" / "imagenet100_fast.yaml", overrides, Path(tmp) / "run")
 
 
@@ -187,18 +218,51 @@ def case_fsdp_with_train_metrics(device: str) -> str:
     return f"train top1 {top1:.4f} on {run['device']}, {len(run['losses'])} finite losses"
 
 
+COMPILE_ALGORITHMS = {"none": "{}", "sam": "{sam: {rho: 0.05}}", "ema": "{ema: {half_life: 10ba}}"}
+
+
+def compile_setting(tmp: Path, device: str, algorithm: str) -> tuple[Path, list[str]]:
+    """The quickstart recipe where compiled and eager training can differ only by rounding: no dropout (the
+    model's), no data augmentation, deterministic, plain SGD (AdamW's first steps turn a rounding difference in a
+    near-zero gradient into a whole step), with ``algorithm`` (a key of COMPILE_ALGORITHMS)."""
+    return _recipe(tmp, device, ["model.dropout=0", "dataset.augment=false",
+                                 "optimizer={name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}",
+                                 f"algorithms={COMPILE_ALGORITHMS[algorithm]}"])
+
+
+def loss_differences(run: dict, eager: dict) -> tuple[float, float]:
+    """max |difference| of ``run``'s training losses from ``eager``'s, and of its evaluation losses."""
+    for name in ("losses", "eval_losses"):
+        assert len(run[name]) == len(eager[name]) > 0, f"{len(run[name])} vs {len(eager[name])} {name}"
+        assert all(math.isfinite(x) for x in run[name] + eager[name]), f"a non-finite value in {name}"
+    return tuple(max(abs(a - b) for a, b in zip(run[name], eager[name])) for name in ("losses", "eval_losses"))
+
+
+def same_as_eager(run: dict, eager: dict) -> str:
+    """The compile cases' comparison: every training and evaluation loss of ``run`` within COMPILE_TOLERANCE of
+    eager training's (AssertionError past it). The CPU test gives it eager runs of a deliberately broken SAM and
+    EMA in place of the compiled run, so a wrong SAM step or a lost EMA swap is known to fail it."""
+    train, evals = loss_differences(run, eager)
+    detail = (f"max abs diff from eager: training loss {train:.2e} over {len(run['losses'])} steps, eval loss "
+              f"{evals:.2e} over {len(run['eval_losses'])} evaluations (<= {COMPILE_TOLERANCE:.0e})")
+    assert train <= COMPILE_TOLERANCE and evals <= COMPILE_TOLERANCE, detail
+    return detail
+
+
 def case_compile_with(device: str, algorithm: str) -> str:
     if device != "gpu":
         raise Skip("torch.compile of the recipe takes minutes on a CPU")
+    import torch
+    import torch._inductor.config
+
+    torch._inductor.config.fallback_random = True  # eager's random ops, not inductor's own generator
+    # full fp32 on both sides: TF32 convolutions round differently in whichever algorithm or layout each picks
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
-        params = {"sam": "{rho: 0.05}", "ema": "{half_life: 10ba}"}[algorithm]
-        recipe, eager = _recipe(Path(tmp), device, ["trainer.deterministic=false", f"algorithms={{{algorithm}: {params}}}"])
+        recipe, eager = compile_setting(Path(tmp), device, algorithm)
         compiled = _train(recipe, [*eager, "trainer.compile=true"], Path(tmp) / "compiled")
         reference = _train(recipe, eager, Path(tmp) / "eager")
-    diff = max(abs(a - b) for a, b in zip(compiled["losses"], reference["losses"]))
-    assert len(compiled["losses"]) == 12 and all(x == x for x in compiled["losses"]), compiled["losses"]
-    assert diff < 0.05, f"compiled and eager losses differ by {diff:.3g}"
-    return f"12 finite losses; max abs diff from eager {diff:.2e}"
+    return same_as_eager(compiled, reference)
 
 
 def _free_port() -> int:
@@ -335,24 +399,34 @@ def case_sigterm_and_resume(device: str) -> str:
     return f"stopped after batch {stopped_at} (exit 75), resumed to the end: weights equal to the uninterrupted run's"
 
 
-CASES: dict[str, Callable[[str], str]] = {
+@dataclass(frozen=True)
+class Case:
+    run: Callable[[str], str]
+    limit: int  # seconds on one H100 (a few times what it should take): past it, the case is killed and fails
+    gpus: int = 1  # on a GPU machine with fewer, skipped without starting its process
+
+
+CASES: dict[str, Case] = {
     **{f"same as Composer: {p}, {'accumulation' if m != 'auto' else 'auto microbatching'}":
-       (lambda device, p=p, m=m: case_same_as_composer(device, p, m))
+       Case(lambda device, p=p, m=m: case_same_as_composer(device, p, m), 45)
        for p in ("fp32", "amp_bf16", "amp_fp16") for m in ("16", "auto")},
-    "no sync in steps 3-20: cifar10_fast": case_sync_free_cifar,
-    "no sync in steps 3-20: imagenet100_fast on FFCV": case_sync_free_flagship,
-    "FSDP (1 rank) with train metrics": case_fsdp_with_train_metrics,
-    "trainer.compile with SAM": lambda device: case_compile_with(device, "sam"),
-    "trainer.compile with EMA": lambda device: case_compile_with(device, "ema"),
-    "2 ranks: DDP with uneven loaders": case_ddp_uneven,
-    "2 ranks: SIGTERM stop, then --resume": case_sigterm_and_resume,
+    "no sync in steps 3-20: cifar10_fast": Case(case_sync_free_cifar, 60),
+    "no sync in steps 3-20: imagenet100_fast on FFCV": Case(case_sync_free_flagship, 120),  # FFCV's numba too
+    "FSDP (1 rank) with train metrics": Case(case_fsdp_with_train_metrics, 60),
+    "trainer.compile, no algorithm (the control)": Case(lambda device: case_compile_with(device, "none"), 120),
+    "trainer.compile with SAM": Case(lambda device: case_compile_with(device, "sam"), 90),  # inductor's cache warm
+    "trainer.compile with EMA": Case(lambda device: case_compile_with(device, "ema"), 90),
+    "2 ranks: DDP with uneven loaders": Case(case_ddp_uneven, 120, gpus=2),
+    "2 ranks: SIGTERM stop, then --resume": Case(case_sigterm_and_resume, 240, gpus=2),
 }
+BUDGET = 300  # seconds for the whole check by default: a machine lent for 5 minutes
+CPU_SLOWER = 4  # the smoke version's limits: the GPU's times this (2 shared cores, maybe under coverage)
 
 
 def run_case(name: str, device: str) -> dict:
     """One case in this process: {"result": pass|fail|skip, "detail": ...}."""
     try:
-        return {"result": "pass", "detail": CASES[name](device)}
+        return {"result": "pass", "detail": CASES[name].run(device)}
     except Skip as skip:
         return {"result": "skip", "detail": str(skip)}
     except Exception as exc:  # a failed check: its message is the table's detail
@@ -360,44 +434,85 @@ def run_case(name: str, device: str) -> dict:
         return {"result": "fail", "detail": f"{type(exc).__name__}: {first[:300]}"}
 
 
-def _case_in_its_own_process(name: str, device: str, tmp: Path) -> dict:
-    """One case in a process of its own: a new Python with a GPU; on the CPU, forked from a process that imported
-    torch and Composer once (CUDA would not survive it)."""
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
+    return lines[-1].strip()[-200:] if lines else "(none)"
+
+
+def _case_in_its_own_process(name: str, device: str, tmp: Path, limit: float, data: Path) -> dict:
+    """One case in a process (and process group) of its own, killed after ``limit`` seconds: a new Python with a
+    GPU; on the CPU, forked from a process that imported torch and Composer once (CUDA would not survive it)."""
     args = ["--device", device, "--case", name, "--json", str(tmp / "row.json")]
+    env = {**os.environ, DATA: str(data)}
     if device == "cpu":
         from dlrecipes.tools import preloaded
 
-        process = preloaded.start(args, cwd=ROOT, out=tmp / "output", module=str(Path(__file__).resolve()))
+        process = preloaded.start(args, cwd=ROOT, env=env, out=tmp / "output", module=str(Path(__file__).resolve()),
+                                  new_session=True)
     else:
         with open(tmp / "output", "w") as output:
-            process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, stdout=output,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, env=env, stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        if process.wait(timeout=900) is None:  # a forked process's way of saying it
-            raise subprocess.TimeoutExpired(args, 900)
+        if process.wait(timeout=limit) is None:  # a forked process's way of saying it
+            raise subprocess.TimeoutExpired(args, limit)
     except subprocess.TimeoutExpired:
-        process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # with what it started: compile workers, data loaders, ranks
+        except OSError:  # not yet a group of its own
+            process.kill()
         process.wait()
-        return {"result": "fail", "detail": "no result after 900 s (a hang?)"}
+        last = _last_line(tmp / "output")
+        return {"result": "fail", "detail": f"no result after {limit:.0f} s; its last output: {last}"}
     try:
         return json.loads((tmp / "row.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {"result": "fail", "detail": f"the case's process failed: {(tmp / 'output').read_text().strip()[-300:]}"}
 
 
-def run_all(device: str, only: str = "") -> list[dict]:
-    """Every case, each in its own process; returns the rows and prints the table."""
-    rows = []
-    for name in CASES:
-        if only and only not in name:
-            continue
-        start = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            row = _case_in_its_own_process(name, device, Path(tmp))
-        row.update(case=name, seconds=time.perf_counter() - start)
-        rows.append(row)
-        print(f"{row['result']:<4}  {name}  ({row['seconds']:.0f} s)", flush=True)
-    print("\n" + table(rows, device))
+def _write_json(path: Path, rows: list[dict]) -> None:
+    """The rows so far, replaced whole (a run cut short leaves the last complete file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(rows, indent=2))
+    os.replace(partial, path)
+
+
+def selected(only: list[str] | None = None) -> list[str]:
+    """The cases whose name contains one of ``only`` (all without it)."""
+    return [name for name in CASES if not only or any(text in name for text in only)]
+
+
+def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, json_path: Path | None = None,
+            data_dir: Path | None = None) -> list[dict]:
+    """The selected cases, each in its own process, within ``budget`` seconds; each case's line printed as it ends
+    (and the JSON rewritten), then the table. Returns the rows."""
+    gpus = 0
+    if device == "gpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    rows, began = [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as shared:
+        for name in selected(only):
+            case, start = CASES[name], time.perf_counter()
+            left = budget - (start - began)
+            if device == "gpu" and gpus < case.gpus:
+                row = {"result": "skip", "detail": f"needs {case.gpus} GPUs ({gpus} here)"}
+            elif left <= 0:
+                row = {"result": "fail", "detail": f"not run: the check's {budget:.0f} s budget was spent (--budget, "
+                                                   "--only)"}
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    limit = case.limit * (1 if device == "gpu" else CPU_SLOWER)
+                    row = _case_in_its_own_process(name, device, Path(tmp), min(limit, left), data_dir or Path(shared))
+            row.update(case=name, seconds=time.perf_counter() - start, limit=case.limit)
+            rows.append(row)
+            print(f"{row['result']:<4}  {name}  ({row['seconds']:.0f} s)  {row['detail']}", flush=True)
+            if json_path:
+                _write_json(json_path, rows)
+    total = time.perf_counter() - began
+    cases = f"{len(rows)} case{'s' * (len(rows) != 1)}"
+    print("\n" + table(rows, device) + f"\n\n{cases} in {total:.0f} s (budget {budget:.0f} s)", flush=True)
     return rows
 
 
@@ -408,8 +523,8 @@ def table(rows: list[dict], device: str) -> str:
 
     name = torch.cuda.get_device_name(0) if device == "gpu" else "CPU"
     lines = [f"engine correctness on {name}; torch {torch.__version__}, Composer {version('mosaicml')}", "",
-             "| case | result | detail |", "|---|---|---|"]
-    lines += [f"| {r['case']} | {r['result']} | {r['detail']} |" for r in rows]
+             "| case | result | seconds | detail |", "|---|---|---|---|"]
+    lines += [f"| {r['case']} | {r['result']} | {r['seconds']:.0f} | {r['detail']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -417,8 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--case", help="run one case in this process (what the table's runner does)")
-    parser.add_argument("--only", default="", help="run the cases whose name contains this text")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", action="append", help="run the cases whose name contains this text (repeatable)")
+    parser.add_argument("--budget", type=float, default=BUDGET,
+                        help=f"seconds for the whole check (default {BUDGET}); a case gets at most what is left")
+    parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the flagship case's generated data here")
+    parser.add_argument("--json", type=Path, help="the rows, rewritten after every case")
     args = parser.parse_args(argv)
     if args.device == "gpu":
         import torch
@@ -430,9 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(row))
         return 0
-    rows = run_all(args.device, args.only)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    if not selected(args.only):
+        sys.exit(f"gpu_check: no case's name contains {' or '.join(map(repr, args.only))}")
+    rows = run_all(args.device, args.only, args.budget, args.json, args.data_dir)
     return 1 if any(r["result"] == "fail" for r in rows) else 0
 
 

@@ -1,29 +1,36 @@
 """Everything the GPU-speed issue asks for, in one command and one table.
 
-    python benchmarks/gpu_suite.py --check               # first: the engine's correctness matrix (benchmarks/gpu_check.py)
-    python benchmarks/gpu_suite.py                       # on a GPU machine, no internet needed (~7-10 min on an H100)
+    python benchmarks/gpu_suite.py --check               # first: the correctness matrix (gpu_check.py, <= 5 min)
+    python benchmarks/gpu_suite.py                       # on a GPU machine, no internet needed (~8-11 min on an H100)
+    python benchmarks/gpu_suite.py --only flagship       # one section (each fits 5 minutes on an H100)
     python benchmarks/gpu_suite.py --tiny --device cpu   # smoke run at tiny sizes (the test suite runs this)
 
-1. Trainer overhead: ``dlrecipes bench`` (dlrecipes/Composer against a plain PyTorch loop on the
-   same model, weights and batches on the device; both timed with one device wait per segment)
+Its sections, each of which fits a machine lent for 5 minutes (estimates for one H100 from BENCHMARKS.md's
+step times, about 65 ms for ResNet-50 at batch 256 and 10 ms for CIFAR ResNet-18 at batch 512, and FFCV's
+20-25 s first compilation; not yet run there):
+
+1. ``overhead`` (under a minute: 160 steps of each loop for each model) and ``overhead_compiled`` (2-4 minutes,
+   mostly compiling both loops' models): ``dlrecipes bench`` (dlrecipes/Composer against a plain PyTorch loop
+   on the same model, weights and batches on the device; both timed with one device wait per segment)
    for ResNet-50 at 224 px and CIFAR ResNet-18 at batch 512, bf16, channels-last, eager and
    with ``trainer.compile`` (the plain loop is compiled too).
-2. The flagship recipe (recipes/imagenet100_fast.yaml) on a generated ImageNet-like JPEG folder
+2. ``flagship`` (about 2.5 minutes: the images made in parallel, two FFCV compilations, 6 epochs of 6,000
+   images): the flagship recipe (recipes/imagenet100_fast.yaml) on a generated ImageNet-like JPEG folder
    converted to FFCV: the FFCV train loader alone (its device pipeline, final crop size), the
    model alone (its algorithms, batches already on the device, final crop size), and
    ``dlrecipes train`` end to end (first epoch and steady epochs from history.csv), then one more
    epoch in a new process: the first run on a machine compiles FFCV's pipelines into an empty
    numba cache, the next loads them.
-3. The precision experiment: fp32 / amp_fp16 / amp_bf16 / amp + gradient accumulation, ResNet-50
-   and CIFAR ResNet-18, each in its own process (benchmarks/precision.py): time, peak memory and
-   the loss after a fixed number of steps.
+3. ``precision`` (about 2.5 minutes: 10 processes of 40 steps): the precision experiment: fp32 / amp_fp16 /
+   amp_bf16 / amp + gradient accumulation, ResNet-50 and CIFAR ResNet-18, each in its own process
+   (benchmarks/precision.py): time, peak memory and the loss after a fixed number of steps.
+4. ``augment`` (under a minute): strong augmentation on the device: images/s of each batch algorithm
+   (``batch_randaugment`` with timm's rand-m9-mstd0.5-inc1, ``batch_trivialaugment``, ``batch_augmix`` with
+   augmix-m5-w4-d2, ``batch_color_jitter``, ``batch_random_erasing``) on the flagship's batch at its crop size,
+   under ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
 
-4. Strong augmentation on the device: images/s of each batch algorithm (``batch_randaugment`` with
-   timm's rand-m9-mstd0.5-inc1, ``batch_trivialaugment``, ``batch_augmix`` with augmix-m5-w4-d2,
-   ``batch_color_jitter``, ``batch_random_erasing``) on the flagship's batch at its crop size, under
-   ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
-
-Sections can be skipped (``--skip flagship,precision,augment``); ``--json`` keeps every number.
+Sections can be chosen (``--only overhead,augment``) or skipped (``--skip flagship,precision``); ``--json``
+keeps every number.  With ``--check``, ``--only`` selects the check's cases by name and ``--budget`` bounds it.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -38,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -60,6 +69,7 @@ OVERHEAD_CASES = [
     ("CIFAR ResNet-18", "resnet18_cifar", 512, False),
     ("CIFAR ResNet-18", "resnet18_cifar", 512, True),
 ]
+SECTIONS = ("overhead", "overhead_compiled", "flagship", "precision", "augment")
 
 
 class Scale:
@@ -67,6 +77,7 @@ class Scale:
         self.tiny, self.device = tiny, device
         self.precision = "amp_bf16" if device == "gpu" else "fp32"
         self.images = 48 if tiny else 6000
+        self.image_size = (500, 375)  # about ImageNet's
         self.classes = 4 if tiny else 100
         self.crop, self.eval_crop, self.max_res = (32, 32, 48) if tiny else (192, 224, 256)
         self.flagship_batch = 8 if tiny else 256
@@ -74,18 +85,18 @@ class Scale:
         self.workers = 1 if tiny else 16
         self.steps, self.rounds, self.warmup = (2, 2, 1) if tiny else (30, 5, 10)
 
-    def overhead_cases(self):
+    def overhead_cases(self, compiled: bool):
         for name, model, batch, compile_ in OVERHEAD_CASES:
-            if self.tiny and (model == "resnet50" or compile_):
+            if compile_ != compiled or (self.tiny and (model == "resnet50" or compile_)):
                 continue  # ResNet-50 and compilation take minutes on a CPU
             batch = 4 if self.tiny else batch
             label = f"{name}, batch {batch}, {self.precision}, channels-last, {'compiled' if compile_ else 'eager'}"
             yield label, model, batch, compile_
 
 
-def overhead(scale: Scale) -> list[dict]:
+def overhead(scale: Scale, compiled: bool) -> list[dict]:
     rows = []
-    for label, model, batch, compile_ in scale.overhead_cases():
+    for label, model, batch, compile_ in scale.overhead_cases(compiled):
         config = resolve(ROOT / "recipes" / "quickstart.yaml",
                          throughput_overrides(model, scale.precision, True, compile_, batch, scale.device))
         result = run_bench(config, steps=scale.steps, rounds=scale.rounds, warmup=scale.warmup)
@@ -156,6 +167,22 @@ def end_to_end(data: Path, runs: Path, scale: Scale, numba_cache: Path, epochs: 
             "process_s": time.perf_counter() - start, "numba_tracebacks": done.stderr.count("Exception ignored")}
 
 
+def _make_images(root: Path, scale: Scale) -> None:
+    """``scale.images`` JPEGs under ``root``/train, in up to ``scale.workers`` processes of at least 100 images
+    (20-30 ms each on one core: 6,000 take 2-3 minutes), each its part from a seed of its own."""
+    parts = max(1, min(scale.workers, scale.images // 100))
+    size = -(-scale.images // parts)
+    jobs = [(root, min(size, scale.images - k * size), scale.classes, k, 80, scale.image_size, k * size)
+            for k in range(parts)]
+    if parts == 1:
+        make_images(*jobs[0])
+        return
+    # forked: the parts need numpy and PIL only, never CUDA (which a fork could not use)
+    with ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("fork")) as pool:
+        for done in [pool.submit(make_images, *job) for job in jobs]:
+            done.result()
+
+
 def flagship_data(scale: Scale, root: Path) -> Path:
     """Generated ImageNet-like JPEGs under ``root`` (kept if there) and their FFCV files; returns their folder."""
     from torchvision.datasets import ImageFolder
@@ -166,7 +193,7 @@ def flagship_data(scale: Scale, root: Path) -> Path:
     if not (ffcv / "val.beton").exists():
         t = time.perf_counter()
         if not (root / "train").exists():
-            make_images(root, scale.images, scale.classes)
+            _make_images(root, scale)
         val = root / "val"
         if not val.exists():  # the eval split: every tenth image, linked (a stand-in, not held out)
             for i, image in enumerate(sorted((root / "train").glob("*/*.jpg"))):
@@ -293,35 +320,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--skip", default="", help="comma-separated sections to leave out: overhead,flagship,precision,augment")
+    parser.add_argument("--only", default="", help=f"comma-separated sections to run: {','.join(SECTIONS)} "
+                                                   "(with --check: the check's cases whose name contains this text)")
+    parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {','.join(SECTIONS)}")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--check", action="store_true",
                         help="run the engine's correctness matrix instead (benchmarks/gpu_check.py), not the speed suite")
+    parser.add_argument("--budget", type=float, help="with --check: seconds for the whole check (default 300)")
     args = parser.parse_args()
     if args.check:
         import gpu_check
 
-        sys.exit(gpu_check.main(["--device", args.device, *(["--json", str(args.json)] if args.json else [])]))
+        forwarded = {"--device": args.device, "--json": args.json, "--only": args.only or None,
+                     "--budget": args.budget, "--data-dir": args.data_dir}
+        sys.exit(gpu_check.main([str(x) for key, value in forwarded.items() if value is not None
+                                 for x in (key, value)]))
+    only, skip = (set(filter(None, text.split(","))) for text in (args.only, args.skip))
+    unknown = sorted((only | skip) - set(SECTIONS))
+    if unknown:
+        sys.exit(f"gpu_suite: no section {', '.join(unknown)} (the sections: {', '.join(SECTIONS)})")
     if args.device == "gpu" and not torch.cuda.is_available():
         sys.exit("gpu_suite: no CUDA device here; run with --device cpu --tiny for a smoke run")
     import composer
 
     scale = Scale(args.tiny, args.device)
-    skip = set(filter(None, args.skip.split(",")))
+    run = [section for section in SECTIONS if (not only or section in only) and section not in skip]
     results: dict = {"meta": {
         "device": torch.cuda.get_device_name(0) if args.device == "gpu" else f"CPU ({platform.processor() or 'cpu'})",
         "torch": torch.__version__, "composer": composer.__version__, "python": platform.python_version(),
-        "tiny": args.tiny, "date": time.strftime("%Y-%m-%d"),
+        "tiny": args.tiny, "date": time.strftime("%Y-%m-%d"), "sections": run,
     }}
     start = time.perf_counter()
-    if "overhead" not in skip:
-        results["overhead"] = overhead(scale)
-    if "flagship" not in skip:
+    for compiled, section in ((False, "overhead"), (True, "overhead_compiled")):
+        if section in run:  # one table: eager rows, then compiled ones
+            results.setdefault("overhead", []).extend(overhead(scale, compiled))
+    if "flagship" in run:
         results["flagship"] = flagship(scale, args.data_dir)
-    if "precision" not in skip:
+    if "precision" in run:
         results["precision"] = precision(scale)
-    if "augment" not in skip:
+    if "augment" in run:
         results["augment"] = augmentation(scale)
     results["meta"]["seconds"] = time.perf_counter() - start
     print("\n" + table(results) + f"\n\n({results['meta']['seconds']:.0f} s)")

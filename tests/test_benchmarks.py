@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -12,10 +13,10 @@ from .conftest import REPO, run_cli
 pytestmark = pytest.mark.slow
 
 
-def _script(name, *args, tmp_path, new_python=False):
-    """``python benchmarks/NAME ARGS --json OUT`` to its end: OUT's JSON. Forked from the server that has imported
-    torch and Composer once (tests/forked.py), as ``python SCRIPT`` runs it (its folder first on sys.path); in a
-    new Python with ``new_python`` (a script whose own processes are the point)."""
+def _script(name, *args, tmp_path, new_python=False, output=False):
+    """``python benchmarks/NAME ARGS --json OUT`` to its end: OUT's JSON (and its stdout with ``output``). Forked
+    from the server that has imported torch and Composer once (tests/forked.py), as ``python SCRIPT`` runs it (its
+    folder first on sys.path); in a new Python with ``new_python`` (a script whose own processes are the point)."""
     from . import forked
 
     out = tmp_path / "out.json"
@@ -25,7 +26,21 @@ def _script(name, *args, tmp_path, new_python=False):
     else:
         result = forked.run([*args, "--json", str(out)], REPO, timeout=600, module=script)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return (json.loads(out.read_text()), result.stdout) if output else json.loads(out.read_text())
+
+
+@pytest.fixture
+def gpu_check(monkeypatch):
+    """benchmarks/gpu_check.py as a module; deterministic mode, which its trainings switch on for the whole
+    process (Composer's configure_deterministic_mode), switched off after the test."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu_check
+
+    yield gpu_check
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, False
 
 
 def test_bench_command_compares_both_loops(tiny_recipe):
@@ -51,18 +66,77 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert [r["algorithm"] for r in data["augment"]] == ["batch_randaugment", "batch_trivialaugment", "batch_augmix",
                                                           "batch_color_jitter", "batch_random_erasing"]
     assert all(r["img_s"] > 0 for r in data["augment"])
+    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment"]
+
+
+def test_gpu_suite_runs_the_sections_named(tmp_path):
+    """``--only`` runs those sections alone (so that each fits a machine lent for 5 minutes); a name that is no
+    section is refused in one line."""
+    data = _script("gpu_suite.py", "--tiny", "--device", "cpu", "--only", "augment", tmp_path=tmp_path)
+    assert set(data) == {"meta", "augment"} and data["meta"]["sections"] == ["augment"]
+    from . import forked
+
+    refused = forked.run(["--device", "cpu", "--only", "augment,nope"], REPO,
+                         module=str(REPO / "benchmarks" / "gpu_suite.py"))
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment)"]
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
     """The engine's correctness matrix (gpu_suite.py --check) on the CPU: the cases that can run here
     pass (ours against Composer's Trainer in fp32 with accumulation, the two-process cases on gloo),
-    the rest say why they are skipped."""
-    rows = _script("gpu_suite.py", "--check", "--device", "cpu", tmp_path=tmp_path)
+    the rest say why they are skipped; each case's line, with its detail, is printed as it ends."""
+    rows, stdout = _script("gpu_suite.py", "--check", "--device", "cpu", tmp_path=tmp_path, output=True)
     results = {r["case"]: r["result"] for r in rows}
     assert results["same as Composer: fp32, accumulation"] == "pass"
     assert results["2 ranks: DDP with uneven loaders"] == results["2 ranks: SIGTERM stop, then --resume"] == "pass"
     assert results["no sync in steps 3-20: cifar10_fast"] == "skip" and "needs CUDA" in str(rows)
-    assert set(results.values()) == {"pass", "skip"} and len(rows) == 13
+    assert set(results.values()) == {"pass", "skip"} and len(rows) == 14, rows
+    lines = stdout.splitlines()
+    for row in rows:  # result, case, seconds, detail
+        assert f"{row['result']:<4}  {row['case']}  ({row['seconds']:.0f} s)  {row['detail']}" in lines
+    assert lines[-1].startswith("14 cases in ") and lines[-1].endswith(" s (budget 300 s)")
+
+
+def test_gpu_check_kills_a_case_past_its_limit_and_keeps_every_row(gpu_check, tmp_path, capsys):
+    """A case that outlasts what the budget leaves it (here 1 s of the DDP case's several) is killed and fails
+    with "no result after"; the next is not run; the JSON holds both rows, written as each ended."""
+    rows = gpu_check.run_all("cpu", ["2 ranks"], budget=1, json_path=tmp_path / "rows.json")
+    assert [r["result"] for r in rows] == ["fail", "fail"]
+    assert rows[0]["detail"].startswith("no result after 1 s; its last output: ")
+    assert rows[1]["detail"].startswith("not run: the check's 1 s budget was spent")
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fail  2 ranks: DDP"))
+    assert line.endswith(f"({rows[0]['seconds']:.0f} s)  {rows[0]['detail']}")
+
+
+@pytest.mark.parametrize("algorithm", ["none", "sam", "ema"])
+def test_compile_check_fails_a_broken_sam_or_ema(gpu_check, tmp_path, monkeypatch, algorithm):
+    """The compile cases' comparison (gpu_check.same_as_eager, its tolerance) in their setting, eager training in
+    place of the compiled one: eager against eager passes (the control, equal here); a SAM step that leaves its
+    perturbation e(w) in the weights fails it on the training losses, and an EMA whose swap to its weights before
+    evaluation is lost fails it on the evaluation losses, each by at least 10 times the tolerance."""
+    from composer.algorithms.ema.ema import EMA
+    from composer.algorithms.sam.sam import SAMOptimizer
+
+    def train(name):
+        recipe, overrides = gpu_check.compile_setting(tmp_path, "cpu", algorithm)
+        return gpu_check._train(recipe, overrides, tmp_path / name)
+
+    eager = train("eager")
+    if algorithm == "none":
+        assert gpu_check.same_as_eager(train("again"), eager).startswith(
+            "max abs diff from eager: training loss 0.00e+00 over 12 steps, eval loss 0.00e+00 over 2 evaluations")
+        return
+    if algorithm == "sam":
+        monkeypatch.setattr(SAMOptimizer, "second_step", lambda self: self.base_optimizer.step())  # w + e(w) kept
+    else:
+        monkeypatch.setattr(EMA, "_ensure_ema_weights_active", lambda self, state: None)  # evaluates training weights
+    broken = train("broken")
+    with pytest.raises(AssertionError, match="max abs diff from eager"):
+        gpu_check.same_as_eager(broken, eager)
+    train_diff, eval_diff = gpu_check.loss_differences(broken, eager)
+    assert (train_diff if algorithm == "sam" else eval_diff) >= 10 * gpu_check.COMPILE_TOLERANCE
 
 
 def test_sweep_start_script_gives_the_same_results_forked_and_in_new_pythons(tmp_path):
@@ -117,3 +191,21 @@ def test_distillation_script(tmp_path):
                    tmp_path=tmp_path)
     assert set(data["top1"]) == {"teacher (cnn_simple width 32)", "student alone", "student distilled (hard)"}
     assert all(0 <= accs[0] <= 1 for accs in data["top1"].values())
+
+
+def test_op_census_finds_no_op_ours_adds_but_the_logged_loss_and_the_history():
+    """benchmarks/op_census.py: with train metrics off, a steady step of ours dispatches the plain loop's ops plus
+    only the logged loss's detach (engine) and the epoch loss's running sum (history.csv): nothing else per step."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from op_census import census
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    result = census(["model={name: cnn_simple, width: 4, hidden: 16}", "trainer.batch_size=8",
+                     "dataset={name: synthetic, input_shape: [3, 8, 8], num_classes: 4, train_samples: 64, "
+                     "eval_samples: 8}", "trainer.train_metrics_interval=0"], steps=4)
+    extra = {op: n for op, n in result["extra_per_step"].items() if n > 0}
+    assert extra == {"aten.add.Tensor": 1.0, "aten.detach.default": 4.0}, result
+    sites = {re.sub(r":\d+ ", " ", site) for site in result["ours_from"]}  # line numbers move with edits
+    assert sites == {"aten.add.Tensor @ history.py batch_end", "aten.detach.default @ engine.py _logged",
+                     "aten.detach.default @ history.py batch_end"}, result["ours_from"]
