@@ -216,3 +216,91 @@ def test_mixups_interpolated_loss_is_the_label_term_whatever_the_order(tiny_reci
         result = fit(resolve(tiny_recipe, ["trainer.max_duration=2ba", "checkpoint.save=false",
                                            "checkpoint.monitor=null", f"algorithms={algorithms}"]))
         assert result.batches == 2
+
+
+# Mixed precision (the engine issue, item 7): under amp_bf16/amp_fp16 the student's logits are half precision and
+# the teacher's are half precision too (on a GPU, where Composer's precision context is autocast) or float32 (on
+# the CPU, where it does nothing); the loss is computed at BEFORE_BACKWARD, outside autocast. The project refuses
+# amp on the CPU (it needs a GPU), so these run CPU autocast around what would run under it on a GPU.
+HALF = (torch.bfloat16, torch.float16)
+_MIXED = [(low, torch.float32) for low in HALF] + [(torch.float32, low) for low in HALF] + [(low, low) for low in HALF]
+
+
+def _hand_loss(student, teacher, t, kind):
+    """The distillation term computed by hand on float32 copies of the logits (the reference)."""
+    student, teacher = student.detach().float(), teacher.detach().float()
+    if kind == "soft":
+        return _hand_kl(student, teacher, t)
+    return -torch.log_softmax(student, dim=-1)[torch.arange(len(student)), teacher.argmax(dim=-1)].mean()
+
+
+def _cases():
+    """(student dtype, teacher dtype, kind, under autocast) where the cast decides the loss: a hard loss of float32
+    student logits, or one under autocast (cross-entropy is an fp32 op there), is float32 without it."""
+    for student, teacher in _MIXED:
+        for kind in ("soft", "hard"):
+            for in_autocast in (False, True):
+                if kind == "soft" or (student != torch.float32 and not in_autocast):
+                    name = f"{str(student)[6:]}-{str(teacher)[6:]}-{kind}-{'in-autocast' if in_autocast else 'outside'}"
+                    yield pytest.param(student, teacher, kind, in_autocast, id=name)
+
+
+@pytest.mark.parametrize("student_dtype, teacher_dtype, kind, in_autocast", list(_cases()))
+def test_the_distillation_loss_of_half_precision_logits_is_computed_in_float32(student_dtype, teacher_dtype, kind,
+                                                                                in_autocast):
+    """Whatever the two logits' dtypes, and whether or not the loss is computed under autocast: a float32 loss
+    equal to the one of both logits cast to float32 (a loss in bf16, or softmaxes of bf16 logits, are off by far
+    more than the tolerance), and a backward that gives the student's logits a finite gradient in their dtype."""
+    from dlrecipes.algorithms.distillation import distillation_loss
+
+    torch.manual_seed(2)
+    student = (torch.randn(8, 10) * 4).to(student_dtype).requires_grad_()
+    teacher = (torch.randn(8, 10) * 4).to(teacher_dtype)
+    dtype = next(d for d in (student_dtype, teacher_dtype) if d != torch.float32)
+    with torch.autocast("cpu", dtype=dtype, enabled=in_autocast):
+        loss = distillation_loss(student, teacher, 2.0, kind)
+    assert loss.dtype == torch.float32 and loss.dim() == 0 and torch.isfinite(loss)
+    assert torch.allclose(loss, _hand_loss(student, teacher, 2.0, kind), rtol=1e-6, atol=1e-6)
+    loss.backward()
+    assert student.grad.dtype == student_dtype and torch.isfinite(student.grad).all() and student.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("teacher_in_autocast", [True, False], ids=["half-teacher", "float32-teacher"])
+@pytest.mark.parametrize("precision, dtype", [("amp_bf16", torch.bfloat16), ("amp_fp16", torch.float16)],
+                         ids=["amp_bf16", "amp_fp16"])
+def test_a_step_under_cpu_autocast_blends_a_float32_loss_and_trains_the_student(tmp_path, monkeypatch, precision,
+                                                                                dtype, teacher_in_autocast):
+    """The training step as the engine runs it, the student's forward and loss under CPU autocast and the
+    algorithm at BEFORE_BACKWARD outside it: with the teacher's precision context made CPU autocast (what it is
+    on a GPU: half-precision teacher logits) or Composer's own (nothing on the CPU: float32 ones), the blended
+    loss is float32, equal to the one of float32 copies of both logits, and its backward reaches every
+    parameter of the student in the parameter's dtype and none of the teacher's."""
+    from composer.core.precision import Precision
+
+    import dlrecipes.algorithms.distillation as distillation
+
+    if teacher_in_autocast:
+        monkeypatch.setattr(distillation, "get_precision_context", lambda *_: torch.autocast("cpu", dtype=dtype))
+    algorithm = Distillation(str(_teacher_run(tmp_path).path), temperature=2.0, alpha=0.4)
+    student_net = _network(seed=3)
+    torch.manual_seed(4)
+    images, labels = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    with torch.autocast("cpu", dtype=dtype):
+        student = student_net(images)
+        label_loss = F.cross_entropy(student, labels)
+    assert student.dtype == dtype and label_loss.dtype == torch.float32  # what autocast makes of them
+    state = _state(images, student, label_loss)
+    state.precision = Precision(precision)
+    algorithm.apply(Event.BEFORE_BACKWARD, state, None)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=teacher_in_autocast):
+        teacher = _network().eval()(images)  # the same weights, by hand, in the same context
+    assert teacher.dtype == (dtype if teacher_in_autocast else torch.float32)
+    distill = _hand_loss(student, teacher, 2.0, "soft")
+    for name in ("distillation", "total"):
+        assert state.loss[name].dtype == torch.float32 and torch.isfinite(state.loss[name])
+    assert torch.allclose(state.loss["distillation"], distill, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(state.loss["total"], 0.6 * label_loss + 0.4 * distill, rtol=1e-6, atol=1e-6)
+    state.loss["total"].backward()
+    assert all(p.grad is not None and p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()
+               for p in student_net.parameters())
+    assert all(p.grad is None for p in algorithm.teacher.parameters())

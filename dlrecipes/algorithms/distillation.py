@@ -33,7 +33,15 @@ from dlrecipes.errors import UserError
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float, kind: str) -> torch.Tensor:
-    """The distillation term alone (in float32 whatever the logits' precision)."""
+    """The distillation term alone, in float32 whatever the logits' precision.
+
+    Under ``amp_bf16``/``amp_fp16`` the student's logits are half precision, and so are the teacher's when its
+    network runs in the precision context (on a GPU; on the CPU Composer's amp context does nothing, so they are
+    float32). This term is computed at ``Event.BEFORE_BACKWARD``, outside autocast, so nothing would upcast it:
+    ``log_softmax`` of bf16 logits (8 bits of mantissa) would give soft targets and log-probabilities off by
+    about 1e-2, and the loss itself would be bf16. Both logits are cast to float32 here, where the loss needs
+    it (not at the teacher: its outputs stay in the run's precision); the cast is differentiable, so the
+    gradient reaches the student's logits in their own dtype."""
     student, teacher = student.float(), teacher.float()
     if kind == "hard":
         return F.cross_entropy(student, teacher.argmax(dim=-1))
