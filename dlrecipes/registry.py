@@ -30,7 +30,8 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
   ``classes=fn(params)`` (its class count when known without reading the data, else None);
   ``pixels=False`` (its images are random tensors, not normalised pixels: augmentations that work on pixel
-  values refuse it at validation).
+  values refuse it at validation); ``made_by="command (page)"`` (what makes its files: a missing one's error
+  names it).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)``,
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch) and
   ``changes_network=True`` (it changes the network's modules, as Composer's ``Algorithm.required_on_load()``
@@ -238,7 +239,7 @@ COMMON_METADATA = ("validator", "paths")
 models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
                   ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
 datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
-                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels"))
+                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by"))
 optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")

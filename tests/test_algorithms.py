@@ -128,7 +128,10 @@ def test_unknown_algorithm_parameter_suggests(small_recipe):
         (["algorithms.stochastic_depth=true", "model={name: torchvision, arch: resnet18, min_input_size: 32}"],
          "use model {name: torchvision, arch: resnet50}"),
         (["algorithms.ghost_batchnorm=true"], "algorithms.ghost_batchnorm: ghost_batch_size=32 is larger than the batch each device sees (8)"),
-        (["algorithms.randaugment=true"], "algorithms.randaugment: augments PIL images before ToTensor, and dataset 'synthetic'"),
+        (["algorithms.randaugment=true"], "algorithms.randaugment: augments PIL images before ToTensor, and dataset "
+         "'synthetic' yields tensors; use algorithms.batch_randaugment, which does it on whole batches"),
+        (["algorithms.augmix=true", "trainer.loader=device"], "algorithms.augmix: augments PIL images before ToTensor, "
+         "and the device loader yields batches of tensors; use algorithms.batch_augmix"),
         *(([f"algorithms.{name}=true"], f"algorithms.{name}: works on pixel values (it undoes the loader's normalisation), "
            "and dataset 'synthetic' yields random tensors")
           for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")),

@@ -272,3 +272,13 @@ def test_input_paths_must_exist_unless_the_data_check_is_off(recipe, tmp_path):
     assert run_cli("validate", str(recipe), missing, "--no-data-check").returncode == 0
     loaded = run_cli("validate", str(recipe), f"checkpoint.load_path={tmp_path}/nope.pt")
     assert loaded.returncode == 2 and f"checkpoint.load_path: {tmp_path}/nope.pt does not exist" in loaded.stderr
+
+
+def test_a_missing_ffcv_file_names_the_command_that_makes_it():
+    """The flagship's FFCV files are made by ``dlrecipes data convert``: the error names it, not only the path."""
+    from .conftest import RECIPES
+
+    done = run_cli("validate", str(RECIPES / "imagenet100_fast.yaml"), "--skip-device-check")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "dataset.train_path:" in done.stderr and "train.beton does not exist" in done.stderr
+    assert "make it with: dlrecipes data convert" in done.stderr and "docs/fast-data-loading.md" in done.stderr

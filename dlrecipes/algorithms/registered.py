@@ -25,11 +25,19 @@ from dlrecipes.registry import algorithms, datasets
 
 
 # Prerequisites, checked when a recipe is validated: each returns a problem or None.
-def _needs_pil_dataset(config) -> Optional[str]:
-    if datasets.get(config.dataset.name).metadata.get("pil_images"):
-        return None
-    pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
-    return f"augments PIL images before ToTensor, and dataset '{config.dataset.name}' yields tensors (use {pil})"
+def _needs_pil_dataset(on_batches: str):
+    """The check of an algorithm that augments PIL images, naming ``on_batches``: the one that does it on tensors."""
+
+    def check(config) -> Optional[str]:
+        if datasets.get(config.dataset.name).metadata.get("pil_images") and config.trainer.loader != "device":
+            return None
+        pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
+        given = ("the device loader yields batches of tensors" if config.trainer.loader == "device"
+                 else f"dataset '{config.dataset.name}' yields tensors")
+        return (f"augments PIL images before ToTensor, and {given}; use algorithms.{on_batches}, which does it "
+                f"on whole batches of tensors on the device (or a PIL dataset: {pil})")
+
+    return check
 
 
 def _needs_pixels(config) -> Optional[str]:
@@ -153,7 +161,7 @@ def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "nor
     return GradientClipping(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
 
 
-@algorithms.register("randaugment", requires=_needs_pil_dataset, image_label_batch="augments the one image of each sample")
+@algorithms.register("randaugment", requires=_needs_pil_dataset("batch_randaugment"), image_label_batch="augments the one image of each sample")
 def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["all", "safe", "original"] = "all"):
     """Apply `depth` random image augmentations of strength `severity` to each training image."""
     from composer.algorithms import RandAugment
@@ -161,7 +169,7 @@ def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["al
     return RandAugment(severity=severity, depth=depth, augmentation_set=augmentation_set)
 
 
-@algorithms.register("augmix", requires=_needs_pil_dataset, image_label_batch="augments the one image of each sample")
+@algorithms.register("augmix", requires=_needs_pil_dataset("batch_augmix"), image_label_batch="augments the one image of each sample")
 def augmix(
     severity: int = 3,
     depth: int = -1,

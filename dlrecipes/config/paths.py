@@ -55,7 +55,7 @@ def check_inputs_exist(config: RecipeConfig) -> None:
 
     missing = []
     if config.checkpoint.load_path and not Path(config.checkpoint.load_path).exists():
-        missing.append(("checkpoint.load_path", config.checkpoint.load_path))
+        missing.append(("checkpoint.load_path", config.checkpoint.load_path, None))
     for section, reg in COMPONENT_SECTIONS.items():
         component = getattr(config, section, None)
         if not isinstance(component, Component):
@@ -67,9 +67,10 @@ def check_inputs_exist(config: RecipeConfig) -> None:
         for key in entry.metadata.get("paths", ()):
             value = params.get(key)
             if isinstance(value, str) and value and "://" not in value and not Path(value).exists():
-                missing.append((f"{section}.{key}", value))
+                missing.append((f"{section}.{key}", value, entry.metadata.get("made_by")))
     if missing:
-        key, value = missing[0]
-        more = f" (and {', '.join(k for k, _ in missing[1:])})" if len(missing) > 1 else ""
-        raise DataError(f"{key}: {value} does not exist{more}; give an existing path, or check it later "
+        key, value, made_by = missing[0]
+        more = f" (and {', '.join(k for k, _, _ in missing[1:])})" if len(missing) > 1 else ""
+        way_out = f"make it with: {made_by}; or give" if made_by else "give"
+        raise DataError(f"{key}: {value} does not exist{more}; {way_out} an existing path, or check it later "
                         "(validate --no-data-check)")

@@ -192,7 +192,9 @@ def hf(
     )
 
 
-@datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side)
+@datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
+    "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
+    "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"))
 def ffcv(
     train_path: str,
     val_path: str,
