@@ -43,6 +43,7 @@ DATA_DEPENDENT = {"aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_s
 HOST_SIDE = {
     ("torch/utils/data/_utils/fetch.py", "fetch"): "a DataLoader's samples, made on the host (in workers or here)",
     ("torch/optim/optimizer.py", "_get_value"): "an optimizer's step counter, kept on the host unless capturable",
+    ("timm/optim/_helpers.py", "_get_value"): "a timm optimizer's step counter, made on the host (device='cpu')",
     ("composer/algorithms/blurpool/blurpool_layers.py", "_padding_for_filt_2d_same"):
         "int(torch.div(h, 2)) of two Python ints: a tensor made on the host",
     ("composer/algorithms/colout/colout.py", "colout_batch"): "torch.randperm of the image's side, made on the host",
