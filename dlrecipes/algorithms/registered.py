@@ -221,8 +221,7 @@ def swa(
 
 
 @algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True, reads_back=(
-    "Composer's stochastic bottleneck tests its drop rate, a tensor on the device, in every block's forward: "
-    "16 read-backs per ResNet-50 step"))
+    "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: 16 per ResNet-50 step"))
 def stochastic_depth(
     target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
     stochastic_method: Literal["block", "sample"] = "block",
