@@ -116,7 +116,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     from dlrecipes.tools.evaluate import evaluate_run, find_target
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
-    found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
+    found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
     result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
     if pulled is not None:
         pulled.push_outputs("the evaluation report")
@@ -135,7 +135,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.tools.export_run import export_run
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
-    found = find_target(target, checkpoint, recipe)
+    found = find_target(target, checkpoint, recipe, trust_checkpoint)
     report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
     if pulled is not None and out is None:
         pulled.push_outputs("the export")
@@ -157,7 +157,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     if tool.is_export_dir(target):
         predictor = tool.export_predictor(Path(target))
     else:
-        found = find_target(target, checkpoint, recipe)
+        found = find_target(target, checkpoint, recipe, trust_checkpoint)
         predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 

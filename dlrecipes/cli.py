@@ -29,7 +29,8 @@ app = typer.Typer(
 
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
 TrustOpt = typer.Option(
-    False, "--trust-checkpoint", help="allow a full unpickle of checkpoint.load_path outside the run directory"
+    False, "--trust-checkpoint", help="load a checkpoint that holds Python objects beyond tensors (a full unpickle, "
+    "which can run code): only a file you trust"
 )
 ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
 RestartOpt = typer.Option(False, "--restart", help="train run_name again from the beginning; the old run is kept "

@@ -158,7 +158,8 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
                 hide_harmless_warnings()
             # under the lock (a live run's files are not touched) and before anything is written: refused here,
             # a resume changes nothing
-            point = find_resume_point(run_dir, config.trainer.max_duration) if resume and rank() == 0 else None
+            point = find_resume_point(run_dir, config.trainer.max_duration, trust_checkpoint) \
+                if resume and rank() == 0 else None
             if accepted and rank() == 0:
                 print(f"resuming {run_dir.name} with changed settings: {', '.join(accepted)}", file=sys.stderr)
             record_recipe(run, recipe, resume)
@@ -204,6 +205,7 @@ def _all_uploaded(result: TrainResult, mirror: RemoteRun | None) -> TrainResult:
 def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
     """One line for a run that lost a process (a host went down): who, the checkpoint to continue from, how;
     the traceback to the run's log."""
+    from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint
     from dlrecipes.records.checkpoints import resume_point
 
     text = redact_text(traceback.format_exc())  # a URL with its password in an exception stays in neither place
@@ -212,7 +214,10 @@ def _lost(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerLost:
     log = run.log(rank())
     with open(log, "a") as f:
         f.write(f"\n[error]: lost {who}\n{text}")
-    point = resume_point(run.checkpoints, repair=False) if rank() == 0 else None  # only names it
+    try:
+        point = resume_point(run.checkpoints, repair=False) if rank() == 0 else None  # only names it
+    except UntrustedCheckpoint:  # not this line's business: --resume says so
+        point = None
     where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
         "rank 0 names the checkpoint"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]

@@ -96,7 +96,8 @@ def test_a_checkpoint_with_python_objects_needs_trust(tmp_path):
     with pytest.raises(UserError, match=r"checkpoint.load_path: .*foreign.pt holds Python objects beyond tensors "
                                         r"\(tests.test_checkpoints.Smuggled\).*--trust-checkpoint"):
         read_checkpoint(path)
-    check_trusted(path, trusted_dirs=[tmp_path])  # inside the run's own directory: ours
+    with pytest.raises(UserError, match=r"foreign.pt holds Python objects beyond tensors"):
+        check_trusted(path)  # wherever it lies: a run's own folder is no reason to trust a file
     assert read_checkpoint(path, trust=True)["extra"].value == 1
     with pytest.raises(DataError, match=r"no checkpoint file at .*missing.pt"):
         read_checkpoint(tmp_path / "missing.pt")

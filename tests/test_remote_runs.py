@@ -266,3 +266,43 @@ def test_a_sweep_in_the_bucket_continues_on_another_machine(s3, in_bucket, tiny_
         again.stdout[-3000:] + again.stderr[-3000:])
     assert s3.read("runs", "sw/lr/summary.csv").decode() == summary  # the same table, from the bucket's records
     assert not list(in_bucket.rglob("*.pt"))  # no checkpoint was downloaded to decide
+
+
+def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s3, in_bucket, tiny_recipe, tmp_path):
+    """The bucket's best and newest checkpoints rewritten to carry an object whose unpickling runs code: eval (best
+    and latest), predict, export and --resume each pull the file and refuse it in one line naming it and the
+    object, on a machine with nothing local; nothing of it runs and the bucket is unchanged."""
+    import re
+
+    from PIL import Image
+
+    from .test_checkpoint_safety import PAYLOAD, poison
+
+    trained = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/bad", "run_name=one", "trainer.max_duration=1ep",
+                      cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    marker = tmp_path / "code-ran"
+    for name in ("best.pt", "ep1-ba3-rank0.pt"):
+        damaged = tmp_path / name
+        damaged.write_bytes(s3.read("runs", f"bad/one/checkpoints/{name}"))
+        poison(damaged, marker)
+        s3.client().put_object(Bucket="runs", Key=f"bad/one/checkpoints/{name}", Body=damaged.read_bytes())
+    bucket = {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")}
+    shutil.rmtree(in_bucket)  # another machine: nothing local
+    Image.new("L", (8, 8), 120).save(tmp_path / "x.png")
+    url = "s3://runs/bad/one"
+    for args, key, name in [
+        (["eval", url], "--checkpoint", "best.pt"),
+        (["eval", url, "--checkpoint", "latest"], "--checkpoint", "ep1-ba3-rank0.pt"),
+        (["predict", url, str(tmp_path / "x.png")], "--checkpoint", "best.pt"),
+        (["export", url], "--checkpoint", "best.pt"),
+        (["train", str(tiny_recipe), "runs_dir=s3://runs/bad", "run_name=one", "trainer.max_duration=2ep", "--resume"],
+         "--resume", "ep1-ba3-rank0.pt"),
+    ]:
+        refused = run_cli(*args, cwd=tmp_path)
+        assert refused.returncode == 2, (args, refused.stderr[-2000:])
+        assert re.fullmatch(rf"error: {re.escape(key)}: \S+/checkpoints/{re.escape(name)} holds Python objects beyond "
+                            rf"tensors \({re.escape(PAYLOAD)}\); .*pass --trust-checkpoint", refused.stderr.strip()), (
+            args, refused.stderr)
+    assert not marker.exists()
+    assert {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")} == bucket

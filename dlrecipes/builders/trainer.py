@@ -18,6 +18,7 @@ from dlrecipes.core.durations import is_zero
 from dlrecipes.core.precision import precision_of
 from dlrecipes.core.run_context import RunContext
 from dlrecipes.errors import UserError
+from dlrecipes.records.checkpoint_safety import tensors_only
 from dlrecipes.records.checkpoints import make_saver
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.run_dir import find_resume_point
@@ -49,15 +50,17 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
     Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG):
     ``resume_from`` when the caller found it already, else rank 0 looks (and refuses what
     :func:`dlrecipes.records.run_dir.find_resume_point` refuses).  Otherwise ``checkpoint.load_path``
-    gives initial weights, read tensors-only where the file allows it (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole
-    file to Composer, which from outside the run directory needs ``trust``.
+    gives initial weights (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole file to
+    Composer.  Every file is read tensors-only, unless ``trust`` (see :mod:`dlrecipes.records.checkpoint_safety`):
+    checked here first, and :func:`build_trainer` has Composer load it so.
     """
-    from dlrecipes.records.checkpoints import check_trusted, load_model_weights, model_weights, read_checkpoint
+    from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint
+    from dlrecipes.records.checkpoints import load_model_weights, model_weights
 
     ckpt = config.checkpoint
     if resume:
         if resume_from is None and rank() == 0:
-            resume_from = find_resume_point(run_dir, config.trainer.max_duration)
+            resume_from = find_resume_point(run_dir, config.trainer.max_duration, trust)
         point = same_on_all_ranks(str(resume_from) if resume_from and rank() == 0 else "", device,
                                   config.trainer.dist_timeout)
         if point:
@@ -69,10 +72,10 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
     if not ckpt.load_path:
         return None
     path = Path(ckpt.load_path)
-    if not ckpt.load_weights_only:  # Composer's loader unpickles fully: check the file first
-        check_trusted(path, trusted_dirs=[run_dir], trust=trust)
+    if not ckpt.load_weights_only:  # the whole state, for Composer to load: check the file first
+        check_trusted(path, trust=trust)
         return str(path)
-    loaded = read_checkpoint(path, trusted_dirs=[run_dir], trust=trust)
+    loaded = read_checkpoint(path, trust=trust)
     report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)
     if rank() == 0:
         skipped = report["ignored"] + report["missing"]
@@ -137,9 +140,9 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
 
     ``recipe``: the config as plain data (what the run's history and trackers record) and ``device``
     (``resolve_device(config.trainer.device)``), each made once by the caller (the fit stage).
-    ``trust_checkpoint`` allows a full unpickle of a ``checkpoint.load_path`` outside the run
-    directory (see :mod:`dlrecipes.records.checkpoints`); ``verbose`` adds Composer's own
-    console logging (its config banner and every metric at ``trainer.console_log_interval``).
+    ``trust_checkpoint`` allows a full unpickle of the checkpoint resumed or loaded (``checkpoint.load_path``),
+    which otherwise is read tensors-only (see :mod:`dlrecipes.records.checkpoint_safety`); ``verbose`` adds
+    Composer's own console logging (its config banner and every metric at ``trainer.console_log_interval``).
     """
     data, model = _seeded_model(config)
     ckpt = config.checkpoint
@@ -152,8 +155,10 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
     run = _run_context(config, run_dir, recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic)
     loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
-    trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
-                       load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+    key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
+    with tensors_only(load_path, trust_checkpoint, key):
+        trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
+                           load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
     return BuiltRun(trainer, run.history)
 
 
@@ -265,7 +270,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
         parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
         train_metrics_interval=t.train_metrics_interval, dist_timeout=t.dist_timeout,
-        **load,  # resuming, or a trusted full checkpoint; weights alone were loaded by _initial_state
+        **load,  # resuming, or a full state (load_weights_only: false); weights alone were loaded by _initial_state
     )
 
 
@@ -278,20 +283,21 @@ def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[
 
 
 def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, device: str,
-                       callbacks: Sequence[Any] = ()):
+                       callbacks: Sequence[Any] = (), trust: bool = False):
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
     and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
-    Returns (trainer, data)."""
+    The checkpoint is read tensors-only unless ``trust`` (the caller checked it). Returns (trainer, data)."""
     Trainer = _trainer_class()
     t = config.trainer
     data, model = _seeded_model(config)
     loaders = build_dataloaders(data, t, device, seed=t.seed, algorithms=config.algorithms)
     network = network_algorithms(config.algorithms)
-    trainer = Trainer(
-        model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
-        callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
-        log_to_console=False, eval_subset_num_batches=t.eval_subset_num_batches, device=device,
-        precision=t.precision, seed=t.seed, deterministic_mode=t.deterministic, dist_timeout=t.dist_timeout,
-        load_path=str(checkpoint), load_weights_only=True, load_strict_model_weights=True,
-    )
+    with tensors_only(checkpoint, trust, "--checkpoint"):
+        trainer = Trainer(
+            model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
+            callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
+            log_to_console=False, eval_subset_num_batches=t.eval_subset_num_batches, device=device,
+            precision=t.precision, seed=t.seed, deterministic_mode=t.deterministic, dist_timeout=t.dist_timeout,
+            load_path=str(checkpoint), load_weights_only=True, load_strict_model_weights=True,
+        )
     return trainer, data

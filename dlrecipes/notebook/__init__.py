@@ -138,7 +138,7 @@ def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5
     from dlrecipes.tools import predict as tool
     from dlrecipes.tools.evaluate import find_target
 
-    found, overrides = find_target(target, checkpoint, recipe), override_strings(overrides)
+    found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
     predictor = tool.run_predictor(found, api.resolve_recorded(found, overrides, plugins), trust_checkpoint,
                                    files=False)
     return tool.predict_inputs(predictor, inputs, top_k, batch_size)

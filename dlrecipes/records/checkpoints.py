@@ -11,13 +11,9 @@ Resuming: the newest checkpoint that loads wins.  ``latest`` is only a hint: aft
 kill between the rename and the relink it may lag one save behind, and a file damaged
 later (disk, copy) is renamed ``*.damaged`` and skipped with a warning.
 
-Loading weights (``checkpoint.load_path``): with ``torch.load(..., weights_only=True)``,
-which cannot run code, allowing the plain data Composer stores besides tensors (NumPy RNG
-state, versions).  A file holding any other Python object needs a full unpickle, which
-can run arbitrary code: dlrecipes does that only for files inside the run's own
-directory, or when the user passes ``--trust-checkpoint``.  Continuing a foreign full
-state (``load_weights_only: false``) goes through Composer's loader, which always
-unpickles fully, so the same check runs on the file first.
+Reading: a checkpoint never runs code.  Every checkpoint a command reads is loaded
+tensors-only unless the user passes ``--trust-checkpoint``: see
+:mod:`dlrecipes.records.checkpoint_safety`, whose one check every loader here goes through.
 """
 
 from __future__ import annotations
@@ -30,6 +26,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError
+from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
+from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR, PERIODIC_CHECKPOINT, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob,
     periodic_progress,
@@ -207,15 +205,20 @@ def _kind_of(head: bytes) -> str:
         return "unknown binary data"
 
 
-def loadable(path: Path) -> Optional[str]:
-    """None if ``path`` loads as a Composer checkpoint, else why not (a full load: the only honest test)."""
-    import torch
-
+def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Optional[str]:
+    """None if ``path`` loads as a Composer checkpoint, else why not (a load, tensors-only unless ``trust``: the only
+    honest test).  A file that needs more than the allowlist of :mod:`dlrecipes.records.checkpoint_safety` is not
+    damaged but refused (``UntrustedCheckpoint``), before anything of it is loaded."""
     problem = describe_damage(path)
     if problem is not None:
         return problem
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # only called on trusted files
+        risky = [] if trust else unsafe_globals(path)
+        if risky:
+            raise UntrustedCheckpoint(path, risky, key)
+        state = load_file(path, trust, key)
+    except UntrustedCheckpoint:
+        raise
     except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         return f"does not load ({type(exc).__name__}{': ' + first if first else ''})"
@@ -224,10 +227,10 @@ def loadable(path: Path) -> Optional[str]:
     return None
 
 
-def check_checkpoint(path: Path, key: str = "--checkpoint") -> None:
-    """Refuse, in one line naming the file, a checkpoint that is missing, empty, truncated or not a Composer
-    checkpoint (a full load: call it on trusted files only, after :func:`check_trusted`)."""
-    problem = loadable(path)
+def check_checkpoint(path: Path, trust: bool = False, key: str = "--checkpoint") -> None:
+    """Refuse, in one line naming the file, a checkpoint that is missing, empty, truncated, not a Composer
+    checkpoint, or (unless ``trust``) holding Python objects beyond tensors and plain data."""
+    problem = loadable(path, trust, key)
     if problem is not None:
         raise DataError(f"{key}: {path} {problem}; nothing was changed. Use another checkpoint of the run "
                         f"(--checkpoint best, latest or a file in its {CHECKPOINT_DIR}/ folder)")
@@ -238,23 +241,26 @@ def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return sorted(checkpoint_dir.glob("*.damaged")) if checkpoint_dir.is_dir() else []
 
 
-def resume_point(checkpoint_dir: Path, repair: bool = True) -> Optional[Path]:
+def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False,
+                 key: str = "--resume") -> Optional[Path]:
     """The newest complete checkpoint in ``checkpoint_dir`` (``latest`` relinked to it), or None.
 
     Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints newer than the
     one that loads are renamed ``*.damaged`` (kept for inspection) with a warning.  When none loads,
     nothing is renamed and the error names every damaged file and the two ways on.  ``repair=False``
-    (reading a run, not continuing it): the same answer, and nothing in the folder changes.
+    (reading a run, not continuing it): the same answer, and nothing in the folder changes.  A checkpoint
+    holding Python objects beyond tensors and plain data is refused (unless ``trust``), nothing renamed: it is
+    not damaged, and continuing an older one would hide it.
     """
     if not checkpoint_dir.is_dir():
         return None
     candidates = sorted(checkpoint_dir.glob(periodic_checkpoints_glob(0)), key=checkpoint_batch, reverse=True)
     if not repair:
-        return next((c for c in candidates if loadable(c) is None), None)
+        return next((c for c in candidates if loadable(c, trust, key) is None), None)
     latest = checkpoint_dir / latest_checkpoint_name(0)
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
-        problem = loadable(candidate)
+        problem = loadable(candidate, trust, key)
         if problem is not None:
             damaged.append((candidate, problem))
             continue
@@ -290,75 +296,6 @@ class NoCheckpointToResume(DataError):
 
 
 # --- loading weights from a file (fine-tuning) --------------------------------------------
-
-
-def is_inside(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except ValueError:
-        return False
-
-
-def _allowed_globals() -> list:
-    """What a Composer checkpoint holds beyond tensors: NumPy RNG state, versions, durations (plain data)."""
-    import datetime
-
-    import numpy as np
-    from torch.torch_version import TorchVersion
-
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct
-    return [np.ndarray, np.dtype, _reconstruct, TorchVersion, datetime.timedelta, *set(type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG")]
-
-
-def unsafe_globals(path: Path) -> list[str]:
-    """Python objects in a checkpoint that a tensors-only load would refuse (empty: safe to unpickle)."""
-    import torch
-
-    allowed = {f"{g.__module__}.{g.__qualname__}" for g in _allowed_globals()} | {"numpy.dtype", "numpy.ndarray"}
-    return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
-
-
-def check_trusted(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = False, key: str = "checkpoint.load_path") -> None:
-    """Refuse a checkpoint that needs a full unpickle unless it is ours (``trusted_dirs``) or ``trust`` is set.
-
-    A full unpickle can run arbitrary code.  A file whose only objects are tensors and
-    plain data (what Composer writes) is safe to load either way.
-    """
-    if not path.is_file():
-        raise DataError(f"{key}: no checkpoint file at {path}")
-    if trust or any(is_inside(path, d) for d in trusted_dirs):
-        return
-    try:
-        risky = unsafe_globals(path)
-    except Exception as exc:
-        raise DataError(f"{key}: cannot read {path} as a checkpoint ({type(exc).__name__}: {exc})") from None
-    if risky:
-        raise UserError(
-            f"{key}: {path} holds Python objects beyond tensors ({', '.join(risky[:4])}{' ...' if len(risky) > 4 else ''}); "
-            "loading it means a full unpickle, which can run arbitrary code. If you trust the file, pass "
-            "--trust-checkpoint."
-        )
-
-
-def read_checkpoint(path: Path, trusted_dirs: Iterable[Path] = (), trust: bool = False, key: str = "checkpoint.load_path"):
-    """``torch.load`` a checkpoint with ``weights_only=True`` (plus plain data), unless trusted."""
-    import pickle
-
-    import torch
-
-    check_trusted(path, trusted_dirs, trust, key)
-    try:
-        try:
-            with torch.serialization.safe_globals(_allowed_globals()):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # other Python objects: only a trusted file gets past check_trusted
-            return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise DataError(f"{key}: cannot read {path} as a checkpoint ({type(exc).__name__}: {exc})") from None
 
 
 def model_weights(loaded: Any, path: Path, key: str = "checkpoint.load_path") -> dict[str, Any]:

@@ -131,13 +131,14 @@ def set_aside_for_restart(run_dir: Path) -> Path | None:
     return aside
 
 
-def find_resume_point(run_dir: Path, max_duration: str) -> Path | None:
+def find_resume_point(run_dir: Path, max_duration: str, trust: bool = False) -> Path | None:
     """Where ``--resume`` continues (rank 0): the newest checkpoint that loads, or None for a run that has
     nothing yet.  Refused, before anything is written, when the run has results but no checkpoint that loads
-    (starting over would overwrite them) and when ``max_duration`` is shorter than what the run has trained."""
+    (starting over would overwrite them), when ``max_duration`` is shorter than what the run has trained, and
+    when the checkpoint holds Python objects beyond tensors (unless ``trust``: ``--trust-checkpoint``)."""
     run = RunDir(run_dir)
     folder = run.checkpoints
-    point = resume_point(folder)
+    point = resume_point(folder, trust=trust)
     if point is None:
         results = [p.name for p in damaged_checkpoints(folder)] + ([run.best.name] if run.best.exists() else [])
         if results:

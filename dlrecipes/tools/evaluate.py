@@ -54,9 +54,11 @@ class EvalResult:
                 "tta": self.tta, "out_dir": str(self.out_dir) if self.out_dir else None}
 
 
-def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None) -> RunTarget:
+def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
+                trust: bool = False) -> RunTarget:
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
-    checkpoint file (inside a run directory's checkpoints/, or with ``recipe``)."""
+    checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
+    periodic checkpoint that loads, read tensors-only unless ``trust``."""
     from dlrecipes.records.checkpoints import resume_point
 
     target = Path(target)
@@ -73,7 +75,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
                 raise UserError(f"--checkpoint: {run_dir} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
                                 "or it never evaluated); use --checkpoint latest, or a checkpoint file")
         elif checkpoint == "latest":
-            path = resume_point(folder, repair=False) if folder.is_dir() else None
+            path = resume_point(folder, repair=False, trust=trust, key="--checkpoint") if folder.is_dir() else None
             if path is None:
                 raise UserError(f"--checkpoint: {run_dir} has no complete periodic checkpoint; use --checkpoint best")
         else:
@@ -120,23 +122,24 @@ def flip_average(network: Any) -> Any:
 
 def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: Optional[Path] = None):
     """The run's network with ``target``'s checkpoint weights, in an evaluation Trainer, and the data:
-    (trainer, data). ``config``: the run's recipe (with any overrides), validated."""
+    (trainer, data). ``config``: the run's recipe (with any overrides), validated. The checkpoint (a run's
+    own too) is read tensors-only unless ``trust`` (``--trust-checkpoint``): one that holds other Python
+    objects is refused before any of it is loaded."""
     from dlrecipes.builders.trainer import build_eval_trainer
     from dlrecipes.core.distributed import resolve_device
     from dlrecipes.loggers.terminal import hide_harmless_warnings
-    from dlrecipes.records.checkpoints import check_checkpoint, check_trusted
+    from dlrecipes.records.checkpoints import check_checkpoint
 
     if config.task is not None:
         raise RecipeError("task: this command works on classifiers with one image input and one label; this "
                           "recipe has a task: section (several inputs/outputs)")
-    check_trusted(target.checkpoint, [target.run_dir] if target.run_dir else [], trust, key="--checkpoint")
-    check_checkpoint(target.checkpoint)
+    check_checkpoint(target.checkpoint, trust, key="--checkpoint")
     with warnings.catch_warnings():
         hide_harmless_warnings()
         warnings.filterwarnings("ignore", message="No optimizer was specified")  # none is needed: no step is taken
         try:
             trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent,
-                                               resolve_device(config.trainer.device))
+                                               resolve_device(config.trainer.device), trust=trust)
         except RuntimeError as exc:
             if "state_dict" not in str(exc):
                 raise
