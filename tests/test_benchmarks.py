@@ -193,6 +193,7 @@ def test_distillation_script(tmp_path):
     assert all(0 <= accs[0] <= 1 for accs in data["top1"].values())
 
 
+@pytest.mark.slow  # op counts are torch's dispatch of this version: kept out of the newest-torch quick tier
 def test_op_census_finds_no_op_ours_adds_but_the_logged_loss_and_the_history():
     """benchmarks/op_census.py: with train metrics off, a steady step of ours dispatches the plain loop's ops plus
     only the logged loss's detach (engine) and the epoch loss's running sum (history.csv): nothing else per step."""
