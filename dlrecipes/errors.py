@@ -20,6 +20,7 @@ class UserError(Exception):
 
     exit_code = 2
     prefix = "error: "
+    hint = ""  # a line after the message: what the key it names means (validation sets it)
 
     def __init__(self, *args: object):
         # a value quoted in the message (an address with its password, ``api_key=...``) is shown redacted
@@ -27,7 +28,7 @@ class UserError(Exception):
 
     def _render_traceback_(self) -> list[str]:
         """How IPython (a notebook) shows it: the one line the CLI prints, not a traceback into dlrecipes."""
-        return [f"{type(self).__name__}: {self}"]
+        return [f"{type(self).__name__}: {self}", *([self.hint] if self.hint else [])]
 
 
 class RecipeError(UserError):
@@ -40,6 +41,15 @@ class DataError(UserError):
 
 class PluginError(UserError):
     """A plugin could not be imported or registered."""
+
+
+def user_message(exc: UserError) -> str:
+    """The message of a user error as its one line: one raised in a DataLoader worker process comes back wrapped by
+    torch ("Caught DataError in DataLoader worker process 0. Original Traceback ..."), its own line last."""
+    message = str(exc)
+    if message.startswith("Caught ") and "Original Traceback" in message:
+        message = message.strip().splitlines()[-1].split(": ", 1)[-1]
+    return message
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -183,6 +183,12 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
 
 
 def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
+    """Refuse what cannot go together; say what the recipe will cost needlessly (before anything is built)."""
+    if rank() == 0:
+        from dlrecipes.data.source_sizes import upsampling_notes
+
+        for note in upsampling_notes(config):
+            print(note, file=sys.stderr)
     if resume and restart:
         raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
     if restart and not config.run_name:

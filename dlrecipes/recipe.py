@@ -142,21 +142,60 @@ class LoadedRecipe:
     path: Path
     data: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)  # "a.b.c" -> file or override
+    from_file: bool = False  # read from ``path`` (a dict recipe, or the notebook's defaults, only stands for it)
 
     @property
     def name(self) -> str:
         return self.path.stem
 
 
-def load_recipe(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] = ()) -> LoadedRecipe:
-    """Read ``path``, merge its ``base:`` files in order (the recipe last), then ``overrides``: ``key=value``
-    strings, or a mapping of key paths to values (``{"optimizer.lr": 0.1}``)."""
-    path = Path(path)
-    data, sources = _load_with_bases(path.resolve(), chain=())
-    recipe = LoadedRecipe(path=path, data=data, sources=sources)
+def load_recipe(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] | Mapping[str, Any] = (),
+                root: str | Path | None = None) -> LoadedRecipe:
+    """Read ``recipe`` (a file, or a recipe as a Python mapping), merge its ``base:`` files in order (the recipe
+    last), then ``overrides``: ``key=value`` strings, or a mapping of key paths to values
+    (``{"optimizer.lr": 0.1}``).
+
+    A mapping stands for a file named after its ``name`` (else ``recipe.yaml``) in ``root`` (default: the working
+    directory): its ``base:`` files and relative data paths are found from there, as a file's are from its folder.
+    """
+    if isinstance(recipe, Mapping):
+        folder = Path(root if root is not None else Path.cwd()).expanduser().resolve()
+        data = plain_recipe(recipe)
+        stem = data.get("name") if isinstance(data.get("name"), str) and data["name"].strip() else "recipe"
+        path = folder / f"{Path(stem).name}.yaml"
+        merged, sources = _with_bases(data, path, chain=(), origin="the recipe dict")
+    elif isinstance(recipe, (str, Path)):
+        path = Path(recipe)
+        merged, sources = _load_with_bases(path.resolve(), chain=())
+    else:
+        raise RecipeError(f"recipe: expected a recipe file's path or a dict of sections, got {type(recipe).__name__}")
+    loaded = LoadedRecipe(path=path, data=merged, sources=sources, from_file=not isinstance(recipe, Mapping))
     for override in override_strings(overrides):
-        apply_override(recipe, override)
-    return recipe
+        apply_override(loaded, override)
+    return loaded
+
+
+def plain_recipe(recipe: Mapping[str, Any]) -> dict:
+    """A recipe given as a mapping, copied as the plain data a YAML file holds; a value YAML cannot hold (an
+    object, a tensor, a function) is refused naming its key path."""
+    def plain(value: Any, path: str) -> Any:
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise RecipeError(f"{path or 'recipe'}: keys are strings, got {type(key).__name__} {shown(key)}")
+                out[key] = plain(item, f"{path}.{key}" if path else key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [plain(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if value is None or isinstance(value, (str, bool, int, float)):
+            return value
+        if isinstance(value, Path):
+            return str(value)
+        raise RecipeError(f"{path}: a recipe holds what a YAML file can (strings, numbers, lists, mappings), got "
+                          f"{type(value).__name__} {shown(value, 40)}; pass a model or data object as model=/train_data= instead")
+
+    return plain(recipe, "")
 
 
 def override_strings(overrides: Iterable[str] | Mapping[str, Any]) -> list[str]:
@@ -181,24 +220,28 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[st
         raise RecipeError(f"base: recipes include each other in a cycle: {cycle}")
     if len(chain) >= MAX_BASE_DEPTH:
         raise RecipeError(f"base: more than {MAX_BASE_DEPTH} levels of base recipes at {path}")
-    data = read_yaml_file(path)
+    return _with_bases(read_yaml_file(path), path, chain, _display_path(path))
+
+
+def _with_bases(data: dict, path: Path, chain: tuple[Path, ...], origin: str) -> tuple[dict, dict[str, str]]:
+    """``data`` (the recipe read from ``path``, or standing for it) over its ``base:`` files."""
     bases = data.pop("base", None)
     if bases is None:
         bases = []
     elif isinstance(bases, str):
         bases = [bases]
     elif not (isinstance(bases, list) and all(isinstance(b, str) for b in bases)):
-        raise RecipeError(f"{path}: base: must be a file name or a list of file names, got {shown(bases)}")
+        raise RecipeError(f"{origin}: base: must be a file name or a list of file names, got {shown(bases)}")
 
     merged: dict = {}
     sources: dict[str, str] = {}
     for base in bases:
         base_path = (path.parent / base).resolve()
         if not base_path.exists():
-            raise RecipeError(f"{path}: base: file not found: {base} (looked for {base_path})")
+            raise RecipeError(f"{origin}: base: file not found: {base} (looked for {base_path})")
         base_data, base_sources = _load_with_bases(base_path, (*chain, path))
         _merge_into(merged, sources, base_data, base_sources, prefix="")
-    own_sources = {p: _display_path(path) for p in _leaf_paths(data)}
+    own_sources = {p: origin for p in _leaf_paths(data)}
     _merge_into(merged, sources, data, own_sources, prefix="")
     return merged, sources
 

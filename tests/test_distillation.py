@@ -158,12 +158,19 @@ def test_the_teacher_follows_the_runs_memory_format(tmp_path):
     assert algorithm.state_dict() == {}
 
 
-def test_a_teacher_for_other_classes_is_named_when_its_weights_do_not_fit(tmp_path):
+@pytest.mark.parametrize("shape, classes, said", [
+    ((1, 8, 8), 4, r"predicts 10 classes and this dataset has 4; a teacher must be trained on the student's classes"),
+    ((3, 8, 8), 10, r"takes 1-channel images and this dataset's have 3 channels"),
+])
+def test_a_teacher_for_other_classes_or_channels_is_refused_before_the_run_naming_both(tmp_path, shape, classes, said):
+    """Checked when the data is built (Distillation.check_data, before the start line), and at the first batch
+    when the builder did not (a Trainer made by hand)."""
     algorithm = Distillation(str(_teacher_run(tmp_path).path))
-    state = _state(torch.randn(2, 1, 8, 8), torch.randn(2, 4), torch.tensor(1.0))
-    with pytest.raises(UserError, match=f"{KEY}: the weights of .*best.pt do not fit run .*'s network for this data "
-                                        r"\(4 classes, 1 channels\)"):
-        algorithm.apply(Event.BEFORE_BACKWARD, state, None)
+    with pytest.raises(UserError, match=f"{KEY}: run .*teacher .*best.pt\\) {said}"):
+        algorithm.check_data(SimpleNamespace(num_classes=classes, input_shape=shape))
+    state = _state(torch.randn(2, *shape), torch.randn(2, classes), torch.tensor(1.0))
+    with pytest.raises(UserError, match=said):
+        Distillation(str(_teacher_run(tmp_path / "again").path)).apply(Event.BEFORE_BACKWARD, state, None)
 
 
 def _tensor_elements(value) -> int:

@@ -92,6 +92,9 @@ def build_teacher(source: TeacherSource, weights: Optional[dict], num_classes: i
             params[key] = value
     network = registry.build_component(registry.models, source.model, params, KEY)
     if weights is not None:
+        mismatch = _mismatch(network.state_dict(), weights, num_classes, in_chans)
+        if mismatch:
+            raise UserError(f"{KEY}: {source.origin} ({source.weights}) {mismatch}")
         try:
             network.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
@@ -101,6 +104,22 @@ def build_teacher(source: TeacherSource, weights: Optional[dict], num_classes: i
     network.eval()
     network.requires_grad_(False)
     return network
+
+
+def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_classes: int,
+              in_chans: int) -> str:
+    """What a teacher's weights say it was trained for, where that is not this data: its class count (the last
+    matrix whose rows are this data's classes) or its input channels (the first convolution); else ''."""
+    shaped = [(k, v) for k, v in expected.items() if k in weights and getattr(weights[k], "shape", None) is not None]
+    heads = [k for k, v in shaped if v.dim() == 2 and v.shape[0] == num_classes]
+    if heads and weights[heads[-1]].shape[0] != num_classes:
+        return (f"predicts {weights[heads[-1]].shape[0]} classes and this dataset has {num_classes}; a teacher must be "
+                "trained on the student's classes")
+    convs = [k for k, v in shaped if v.dim() == 4]
+    if convs and expected[convs[0]].shape[1] == in_chans and weights[convs[0]].shape[1] != in_chans:
+        return (f"takes {weights[convs[0]].shape[1]}-channel images and this dataset's have {in_chans} channels; a "
+                "teacher must take the student's images")
+    return ""
 
 
 class Distillation(Algorithm):
@@ -115,6 +134,7 @@ class Distillation(Algorithm):
         self.temperature, self.alpha, self.kind = temperature, alpha, kind
         # a plain attribute, not a submodule of anything the Trainer holds: in no checkpoint, no DDP wrapper
         self.teacher: Optional[nn.Module] = None
+        self._placed = False  # on the run's device, in its memory format
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.INIT, Event.BEFORE_BACKWARD)
@@ -126,8 +146,13 @@ class Distillation(Algorithm):
             state.algorithms = [*(a for a in state.algorithms if a is not self), self]
             return
         images, student = state.batch[0], state.outputs
-        if self.teacher is None:
-            self.teacher = self._built(state, images, student)
+        if self.teacher is None:  # not built before the run (check_data): from the first batch's shapes
+            self.teacher = build_teacher(self.source, self.weights, student.shape[-1], images.shape[1],
+                                         tuple(images.shape[1:]))
+            self.weights = None  # the network holds them now
+        if not self._placed:
+            self.teacher = self._on_device(state, self.teacher)
+            self._placed = True
         with torch.no_grad(), get_precision_context(state.precision, state.precision_config):
             teacher = self.teacher(images)
         if teacher.shape != student.shape:
@@ -135,11 +160,18 @@ class Distillation(Algorithm):
                             f"{tuple(student.shape)}; a teacher must predict the student's classes")
         state.loss = blended_loss(state.loss, student, teacher, self.temperature, self.alpha, self.kind)
 
-    def _built(self, state: State, images: torch.Tensor, student: torch.Tensor) -> nn.Module:
+    def check_data(self, data: Any) -> None:
+        """Before the run starts (the builder calls it with the data): build the teacher for this data's classes
+        and images, so that a teacher trained for other classes or channels is refused before the start line, in
+        one line naming both."""
+        shape = tuple(data.input_shape or ())
+        if self.teacher is None and shape and data.num_classes:
+            self.teacher = build_teacher(self.source, self.weights, data.num_classes, shape[0], shape)
+            self.weights = None
+
+    def _on_device(self, state: State, network: nn.Module) -> nn.Module:
         from composer.algorithms import ChannelsLast
 
-        network = build_teacher(self.source, self.weights, student.shape[-1], images.shape[1], tuple(images.shape[1:]))
-        self.weights = None  # the network holds them now
         network = state.device.module_to_device(network)
         if any(isinstance(a, ChannelsLast) for a in state.algorithms):
             network = network.to(memory_format=torch.channels_last)

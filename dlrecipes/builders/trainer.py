@@ -158,7 +158,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust_checkpoint, key):
         trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
-                           load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict})
+                           load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict}, data=data)
     return BuiltRun(trainer, run.history)
 
 
@@ -177,7 +177,13 @@ def _run_context(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], de
     """What the run's callbacks and loggers are given as they are built, its history made here, once."""
     from dlrecipes.records.history import RunHistory
 
-    history = RunHistory(run_dir, recipe, device, plots=config.plots)
+    from dlrecipes.records.provenance import collect, rerun_warnings
+
+    provenance = collect(config, device)
+    if rank() == 0:
+        for line in rerun_warnings(config, provenance):  # training a run's own recipe.yaml again
+            print(line, file=sys.stderr)
+    history = RunHistory(run_dir, recipe, device, plots=config.plots, provenance=provenance)
     return RunContext(run_dir, recipe, device, data, history, read_every=config.trainer.log_interval)
 
 
@@ -249,12 +255,17 @@ def _trainer_class():
 
 
 def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
-             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None):
+             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None, data: Any = None):
+    """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
+    here, before the run's start line (distillation's teacher)."""
     Trainer = _trainer_class()
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
                                          fused=precision_of(t.precision).fused_optimizer and device == "gpu")
     algorithms = build_algorithms(config.algorithms, run_dir)
+    for algorithm in algorithms:
+        if data is not None and callable(getattr(algorithm, "check_data", None)):
+            algorithm.check_data(data)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)
     return Trainer(

@@ -53,8 +53,14 @@ class ArrowImages(VisionDataset):
         return len(self.labels)
 
     def pil_image(self, index: int):
-        """The sample's image as RGB PIL, before any transform."""
-        return self.table[int(index)][self.image_column].convert("RGB")
+        """The sample's image as RGB PIL, before any transform; an image that cannot be decoded is refused
+        naming its row."""
+        try:
+            return self.table[int(index)][self.image_column].convert("RGB")
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL: unidentified, truncated or damaged data
+            reason = str(exc).split(" (")[0] if str(exc) else type(exc).__name__
+            raise DataError(f"dataset.path: cannot decode the image of row {int(index)} of {self.name} ({reason}); "
+                            "fix or remove that row") from None
 
     def sample_name(self, index: int) -> str:
         return f"{self.name}[{index}]"
@@ -77,8 +83,10 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
     """``{split name: datasets.Dataset}`` of a local folder or a hub id."""
     datasets = import_datasets()
     folder = Path(path).expanduser()
+    if (folder / "dataset_dict.json").is_file():
+        return saved_splits(folder)
     if folder.is_dir():
-        saved = (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
+        saved = (folder / "state.json").is_file()
         try:
             loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder), config)
         except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
@@ -105,6 +113,43 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
     return dict(loaded)
 
 
+class SavedSplit:
+    """One split of a ``DatasetDict.save_to_disk`` folder, opened only when a recipe uses it (the library opens
+    every split at once, and fails on an empty one with an IndexError)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def rows_files(self) -> list:
+        import json
+
+        try:
+            return json.loads((self.folder / "state.json").read_text()).get("_data_files") or []
+        except (OSError, ValueError) as exc:
+            raise DataError(f"dataset.path: cannot read {self.folder / 'state.json'} ({exc}); save the dataset "
+                            "again with save_to_disk") from None
+
+    def open(self) -> Any:
+        datasets = import_datasets()
+        try:
+            return datasets.Dataset.load_from_disk(str(self.folder))
+        except (OSError, ValueError, IndexError, datasets.exceptions.DatasetsError) as exc:
+            raise DataError(f"dataset.path: cannot read the split {self.folder} ({type(exc).__name__}: "
+                            f"{_first_line(exc)}); save the dataset again with save_to_disk") from None
+
+
+def saved_splits(folder: Path) -> dict[str, Any]:
+    """``{split: SavedSplit}`` of a saved DatasetDict, as its ``dataset_dict.json`` lists them."""
+    import json
+
+    try:
+        names = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"dataset.path: cannot read {folder / 'dataset_dict.json'} ({type(exc).__name__}: {exc}); "
+                        "save the dataset again with save_to_disk") from None
+    return {str(name): SavedSplit(folder / str(name)) for name in names}
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
@@ -120,7 +165,18 @@ def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str)
     if name not in splits:
         raise RecipeError(f"{key}: {path} has no split {name!r}{did_you_mean(name, splits)}; its splits: "
                           f"{', '.join(splits)}")
-    return name, splits[name]
+    chosen = splits[name]
+    if isinstance(chosen, SavedSplit):
+        if not chosen.rows_files():
+            full = [s for s, v in splits.items() if not isinstance(v, SavedSplit) or v.rows_files()]
+            raise DataError(f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
+                            f"{', '.join(full) or 'none has any'}")
+        chosen = chosen.open()
+    if len(chosen) == 0:
+        full = [s for s, v in splits.items() if not hasattr(v, "__len__") or len(v)]
+        raise DataError(f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
+                        f"{', '.join(full) or 'none has any'}")
+    return name, chosen
 
 
 def check_columns(table: Any, image_column: str, label_column: str, path: str) -> Optional[list[str]]:
@@ -181,8 +237,6 @@ def build_hf_dataset(
     train_labels, eval_labels = read_labels(train_table, label_column), read_labels(eval_table, label_column)
     num_classes = len(names) if names is not None else int(max(train_labels.max(initial=-1),
                                                                 eval_labels.max(initial=-1))) + 1
-    if len(train_labels) == 0 or len(eval_labels) == 0:
-        raise DataError(f"dataset: the {split if len(train_labels) == 0 else eval_split} split of {path} is empty")
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(

@@ -25,11 +25,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes import api
 from dlrecipes.core.process_state import kept
+from dlrecipes.errors import UserError, user_message
 from dlrecipes.notebook.objects import register_objects, use_objects
 
 Overrides = Iterable[str] | Mapping[str, Any]
@@ -37,13 +39,42 @@ Overrides = Iterable[str] | Mapping[str, Any]
 __all__ = ["compare", "evaluate", "export", "plot", "predict", "resolve", "runs", "show", "sweep", "train"]
 
 
+# The command line's flags in a message, as these functions' keyword arguments (the caller's language).
+_SWITCHES = {"verbose": "verbose", "resume": "resume", "restart": "restart", "trust-checkpoint": "trust_checkpoint"}
+_VALUED = {"checkpoint": "checkpoint", "recipe": "recipe", "out": "out"}
+_FLAG = re.compile(r"(?<![\w-])--(%s)\b(?:[ =](?!-)([^\s,;()]+))?" % "|".join(map(re.escape, {**_SWITCHES, **_VALUED})))
+
+
+def in_python(message: str) -> str:
+    """``message`` with the CLI's flags written as keyword arguments: ``--verbose`` as ``verbose=True``,
+    ``--checkpoint latest`` as ``checkpoint='latest'``."""
+    def keyword(match: re.Match) -> str:
+        flag, value = match.group(1), match.group(2)
+        if flag in _SWITCHES:
+            return f"{_SWITCHES[flag]}=True" + (f" {value}" if value else "")
+        return f"{_VALUED[flag]}={value!r}" if value else f"{_VALUED[flag]}="
+
+    return _FLAG.sub(keyword, message)
+
+
 def _kept(function: Callable) -> Callable:
-    """``function`` with the process's state put back after it (:func:`dlrecipes.core.process_state.kept`)."""
+    """``function`` with the process's state put back after it (:func:`dlrecipes.core.process_state.kept`), and
+    its errors worded for Python (:func:`in_python`)."""
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        with kept():
-            return function(*args, **kwargs)
+        try:
+            with kept():
+                return function(*args, **kwargs)
+        except (UserError, KeyboardInterrupt) as exc:
+            if exc.args and isinstance(exc.args[0], str):
+                message = user_message(exc) if isinstance(exc, UserError) else exc.args[0]
+                exc.args = (in_python(message), *exc.args[1:])
+            raise
+        finally:
+            from dlrecipes.notebook.samples import detach_all
+
+            detach_all()
 
     return call
 
@@ -60,11 +91,12 @@ def _quiet(quiet: bool):
         yield
 
 
-def _loaded(recipe: Optional[str | Path], overrides: Overrides, plugins: Sequence[str], model: Any):
+def _loaded(recipe: Optional[str | Path | Mapping[str, Any]], overrides: Overrides, plugins: Sequence[str], model: Any,
+            root: Optional[str | Path] = None):
     from dlrecipes.recipe import LoadedRecipe, apply_override, override_strings
 
     if recipe is not None:
-        return api.load(recipe, overrides, plugins)
+        return api.load(recipe, overrides, plugins, root)
     from dlrecipes.plugins import load_all
 
     load_all(plugins=plugins)
@@ -76,34 +108,45 @@ def _loaded(recipe: Optional[str | Path], overrides: Overrides, plugins: Sequenc
 
 
 @_kept
-def train(recipe: Optional[str | Path] = None, overrides: Overrides = (), *, model: Any = None,
+def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Overrides = (), *, model: Any = None,
           train_data: Any = None, eval_data: Any = None, num_classes: Optional[int] = None,
           class_names: Optional[Sequence[str]] = None, plugins: Sequence[str] = (), resume: bool = False,
-          restart: bool = False, quiet: bool = False, verbose: bool = False, trust_checkpoint: bool = False):
-    """Train a recipe (a path; None: the defaults, with your objects) and return a
+          restart: bool = False, quiet: bool = False, verbose: bool = False, trust_checkpoint: bool = False,
+          root: Optional[str | Path] = None, input_key: Optional[str] = None, target_key: Optional[str] = None):
+    """Train a recipe (a path, or a dict of sections as a recipe file holds them; None: the defaults, with your
+    objects) and return a
     :class:`dlrecipes.fit.TrainResult` (``history``, ``metrics``, ``best_checkpoint``, ``plot()``).
 
     ``model``, ``train_data``, ``eval_data``: your own objects in place of the recipe's model and dataset (see
-    :mod:`dlrecipes.notebook.objects`); ``num_classes``/``class_names`` when the data does not say.
+    :mod:`dlrecipes.notebook.objects`); ``num_classes``/``class_names`` when the data does not say;
+    ``input_key``/``target_key``: the image's and the label's key in dict samples (found when unambiguous).
     ``quiet``: show nothing.  ``resume``/``restart``: as ``dlrecipes train --resume/--restart`` (name the run
-    with the override ``run_name``).
+    with the override ``run_name``).  ``root``: where a dict recipe stands (its ``base:`` files and relative
+    data paths are found from there; default: the working directory).
     """
     from dlrecipes.callbacks.preemption import Preempted
     from dlrecipes.config import validate
     from dlrecipes.fit import fit
+    from dlrecipes.records.provenance import invoked
     from dlrecipes.records.remote import check_runs_dir
 
     with _quiet(quiet):
-        loaded = _loaded(recipe, overrides, plugins, model)
-        use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names))
+        loaded = _loaded(recipe, overrides, plugins, model, root)
+        use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names, input_key,
+                                             target_key))
         config = validate(loaded)
         check_runs_dir(config.runs_dir)
+        objects = {"model": model, "train_data": train_data, "eval_data": eval_data}
+        call = ", ".join([repr(recipe), repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
+                          *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
+                          *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v)])
         try:
-            return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
+            with invoked(f"dlrecipes.train({call})"):  # the run's provenance records this call
+                return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
         except Preempted as exc:
             if "SIGINT" not in str(exc):
                 raise
-            raise KeyboardInterrupt(str(exc).replace("continue with --resume", "continue with resume=True")) from None
+            raise KeyboardInterrupt(str(exc)) from None  # worded for Python by _kept
 
 
 def _with_objects(function: Callable) -> Callable:
@@ -112,8 +155,9 @@ def _with_objects(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def call(*args: Any, model: Any = None, train_data: Any = None, eval_data: Any = None,
-             num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None, **kwargs: Any) -> Any:
-        register_objects(model, train_data, eval_data, num_classes, class_names)
+             num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
+             input_key: Optional[str] = None, target_key: Optional[str] = None, **kwargs: Any) -> Any:
+        register_objects(model, train_data, eval_data, num_classes, class_names, input_key, target_key)
         return function(*args, **kwargs)
 
     return call
@@ -177,3 +221,23 @@ def plot(run_dir: str | Path):
     return history_figure(pull_records([run_dir])[0][0])  # a run in a bucket: a local copy of its records
 
 
+
+
+def _keys_explained(function: Callable) -> None:
+    """Append to ``function``'s docstring what each recipe key it names (````run_name````, ````trainer.seed````)
+    means, so ``help(dlrecipes.train)`` answers it where it is asked."""
+    import inspect
+
+    from dlrecipes.config.meanings import key_meaning
+
+    doc = function.__doc__ or ""
+    own = set(inspect.signature(function).parameters)
+    named = re.findall(r"``([a-z_]+(?:\.[a-z_]+)*)``", doc)  # a bare word is a recipe key only if it is one of these
+    keys = dict.fromkeys(k for k in named if k not in own and ("." in k or k in ("run_name", "runs_dir")))
+    lines = [f"    {key}: {meaning}" for key in keys if (meaning := key_meaning(key))]
+    if lines:
+        function.__doc__ = doc.rstrip() + "\n\n    Recipe keys named above:\n\n" + "\n".join(lines) + "\n"
+
+
+for _function in (train, evaluate, predict, export, sweep, runs, compare, plot):
+    _keys_explained(_function)

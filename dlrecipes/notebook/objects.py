@@ -8,9 +8,13 @@ recipe.yaml names them; another process says to pass them again.
 - ``model``: an ``nn.Module`` producing class logits, wrapped like the built-ins (the recipe's loss, metrics,
   top-k), or a Composer ``ComposerModel``, used as it is.  It is trained in place: its weights are the trained
   ones afterwards, and training it again continues from them (pass a new instance to start over).
-- ``train_data`` / ``eval_data``: a ``Dataset`` of ``(image tensor, int label)``, or a ``DataLoader`` over one,
-  used as it is (its batch size, shuffling and workers; one process only).  The class count comes from
-  ``num_classes=``, else the dataset's ``classes``, else its labels.
+- ``train_data`` / ``eval_data``: a ``Dataset`` of ``(image tensor, int label)`` or of dicts holding an image
+  and a label (``input_key=``/``target_key=``, found when unambiguous: :mod:`dlrecipes.notebook.samples`), or a
+  ``DataLoader`` over one, used as it is (its batch size, shuffling and workers; one process only).  The class
+  count comes from ``num_classes=``, else the dataset's ``classes``, else its labels.
+
+What they yield is checked before the run starts (the first sample) and at the first batch (the model's output),
+each refusal one line naming the keyword and what would be valid.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def _labels(dataset: Any) -> list[int]:
     if targets is None and isinstance(dataset, TensorDataset):
         targets = dataset.tensors[-1]
     if targets is None:
-        targets = [dataset[i][-1] for i in range(len(dataset))]
+        targets = [dataset[i][1] for i in range(len(dataset))]
     return [int(t) for t in targets]
 
 
@@ -71,18 +75,25 @@ def _class_facts(datasets: Sequence[Any], num_classes: Optional[int], class_name
     return num_classes, names
 
 
-def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], class_names: Optional[Sequence[str]]):
-    """A dataset factory (no parameters) returning :class:`DatasetSplits` over the objects."""
+def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], class_names: Optional[Sequence[str]],
+                 keys: tuple[Optional[str], Optional[str]] = (None, None), facts: Optional[dict] = None):
+    """A dataset factory (no parameters) returning :class:`DatasetSplits` over the objects (dict samples read by
+    ``keys``); the class count goes into ``facts`` (the model's output check reads it)."""
 
     def factory():
         from dlrecipes.data.splits import DatasetSplits
+        from dlrecipes.notebook.samples import loader_batches, readable
 
         train = train_data if train_data is not None else eval_data  # evaluating only: the eval split twice
-        sets = [x.dataset if _is_loader(x) else x for x in (train, eval_data)]
+        keywords = ("train_data=" if train_data is not None else "eval_data=", "eval_data=")
+        sets = [readable(x.dataset if _is_loader(x) else x, keyword, *keys) for x, keyword in zip((train, eval_data), keywords)]
         count, names = _class_facts(sets, num_classes, class_names)
+        if facts is not None:
+            facts["count"] = count
         sample = sets[0][0][0]
         shape = tuple(getattr(sample, "shape", ()))
-        loaders = tuple(x if _is_loader(x) else None for x in (train, eval_data))
+        loaders = tuple(loader_batches(x, keyword, *keys) if _is_loader(x) else None
+                        for x, keyword in zip((train, eval_data), keywords))
         return DatasetSplits(train=sets[0], eval=sets[1], num_classes=count, input_shape=shape, class_names=names,
                              loaders=loaders if any(loaders) else None)
 
@@ -91,14 +102,22 @@ def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], cl
 
 
 def register_objects(model: Any = None, train_data: Any = None, eval_data: Any = None,
-                     num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None) -> dict[str, str]:
+                     num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
+                     input_key: Optional[str] = None, target_key: Optional[str] = None) -> dict[str, str]:
     """Register the objects given; returns {recipe section: the name it now has}."""
-    names = {}
+    from dlrecipes.notebook.samples import OutputCheck
+
+    names: dict[str, str] = {}
+    facts: dict[str, int] = {}  # the data's class count, for the model's output check
     if model is not None:
         _check_model(model)
         name = type(model).__name__
 
         def model_factory():
+            from composer.models import ComposerModel
+
+            if not isinstance(model, ComposerModel):  # used as it is: its own forward takes the batch
+                OutputCheck("model=", facts).attach(model)
             return model
 
         model_factory.__doc__ = f"{name}, passed to dlrecipes.train from Python."
@@ -111,7 +130,8 @@ def register_objects(model: Any = None, train_data: Any = None, eval_data: Any =
         for value, keyword in ((train_data, "train_data="), (eval_data, "eval_data=")):
             if value is not None:
                 _check_data(value, keyword)
-        registry.datasets.put_object(DATA_NAME, data_factory(train_data, eval_data, num_classes, class_names),
+        registry.datasets.put_object(DATA_NAME, data_factory(train_data, eval_data, num_classes, class_names,
+                                                             (input_key, target_key), facts),
                                      source="data objects passed from Python")
         names["dataset"] = registry.OBJECT_PREFIX + DATA_NAME
     return names
