@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
@@ -20,9 +20,12 @@ from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
 from dlrecipes.records.remote import is_remote
 
 
-def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> LoadedRecipe:
-    """Read the recipe (bases and overrides applied) and import every plugin it needs."""
-    loaded = load_recipe(recipe, overrides)
+def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
+         root: str | Path | None = None) -> LoadedRecipe:
+    """Read the recipe (a file, or a dict of sections standing for a file in ``root``, default the working
+    directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied) and import every plugin it
+    needs."""
+    loaded = load_recipe(recipe, overrides, root)
     imports = loaded.data.get("imports", [])
     if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
         raise RecipeError(f"imports: expected a list of module names or .py paths, got {shown(imports)}")
@@ -31,27 +34,31 @@ def load(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[st
 
 
 def resolve(
-    recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), check_device: bool = True,
-    check_data: bool = True,
+    recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
+    check_device: bool = True, check_data: bool = True, root: str | Path | None = None,
 ) -> RecipeConfig:
-    """Load and validate: the recipe as the trainer will see it (nothing is built).  ``check_device``:
-    whether this machine can run it; ``check_data``: whether its input paths exist."""
-    return validate(load(recipe, overrides, plugins), check_device=check_device, check_data=check_data)
+    """Load and validate: the recipe (a file, or a dict standing for one in ``root``) as the trainer will see it
+    (nothing is built).  ``check_device``: whether this machine can run it; ``check_data``: whether its input
+    paths exist."""
+    return validate(load(recipe, overrides, plugins, root), check_device=check_device, check_data=check_data)
 
 
-def show(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-         check_device: bool = False) -> str:
-    """The resolved recipe as YAML, each value annotated with the file or override it came from.
+def show(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
+         check_device: bool = False, explain: bool = False) -> str:
+    """The resolved recipe as YAML, each value annotated with the file or override it came from; with ``explain``,
+    each key preceded by what it means (a comment: the output is still a recipe).
 
     Showing a recipe does not depend on the machine unless ``check_device``: a GPU recipe shows on a laptop.
     """
+    from dlrecipes.config.meanings import key_meaning
     from dlrecipes.core.secrets import redact
     from dlrecipes.tools.describe import render_with_sources
 
     loaded = load(recipe, overrides, plugins)
     config = validate(loaded, check_device=check_device, check_data=False)
     sources = redact({"name": "the recipe's file name", **loaded.sources})  # an override, quoted as a value's source
-    return render_with_sources(redact(config.to_dict()), sources)
+    data = redact(config.to_dict())
+    return render_with_sources(data, sources, (lambda path: key_meaning(path, data)) if explain else None)
 
 
 def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list:
@@ -66,7 +73,7 @@ def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list
 
 
 def train(
-    recipe: str | Path,
+    recipe: str | Path | Mapping[str, Any],
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
     resume: bool = False,
@@ -84,6 +91,16 @@ def train(
     from dlrecipes.fit import fit
 
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
+
+
+def invoked(argv: Sequence[str]):
+    """A context in which runs record ``argv`` as the command that started them (the CLI's ``main`` says its
+    arguments, in a process of its own or not)."""
+    import shlex
+
+    from dlrecipes.records.provenance import invoked as recorded
+
+    return recorded(shlex.join(argv))
 
 
 def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:

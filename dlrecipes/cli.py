@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from dlrecipes.errors import UserError
+from dlrecipes.errors import UserError, user_message
 
 app = typer.Typer(
     add_completion=False,
@@ -28,10 +28,8 @@ app = typer.Typer(
 )
 
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
-TrustOpt = typer.Option(
-    False, "--trust-checkpoint", help="load a checkpoint that holds Python objects beyond tensors (a full unpickle, "
-    "which can run code): only a file you trust"
-)
+TrustOpt = typer.Option(False, "--trust-checkpoint", help="load a checkpoint that holds Python objects beyond tensors "
+                        "(a full unpickle, which can run code): only a file you trust")
 ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
 RestartOpt = typer.Option(False, "--restart", help="train run_name again from the beginning; the old run is kept "
                           "as <run_name>.restarted-<time>")
@@ -52,9 +50,8 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
     overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
     recipe_arg = typer.Argument(... if required else None, help="recipe YAML file" + ("" if required else
                                 " (or use --model)"), show_default=False)
-    overrides_arg = typer.Argument(
-        None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
-    )
+    overrides_arg = typer.Argument(None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to "
+                                   "delete", show_default=False)
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
     def decorate(fn: Callable) -> Callable:
@@ -106,10 +103,12 @@ def _terminal_width(stream: Any) -> Optional[int]:
 MAX_MESSAGE = 1000  # characters: no error line is longer than a terminal screen
 
 
-def _fail(message: str, code: int = 2, prefix: str = "error: ") -> None:
+def _fail(message: str, code: int = 2, prefix: str = "error: ", hint: str = "") -> None:
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."
     typer.echo(f"{prefix}{message}", err=True)
+    if hint:  # what the key means: after the one line that says what is wrong
+        typer.echo(f"  {hint[:MAX_MESSAGE]}", err=True)
     raise typer.Exit(code=code)
 
 
@@ -124,10 +123,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except UserError as exc:
-        message = str(exc)
-        if message.startswith("Caught ") and "Original Traceback" in message:  # raised in a DataLoader worker
-            message = message.strip().splitlines()[-1].split(": ", 1)[-1]
-        _fail(message, exc.exit_code, exc.prefix)
+        _fail(user_message(exc), exc.exit_code, exc.prefix, exc.hint)  # one raised in a DataLoader worker: its own line
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:
@@ -233,19 +229,22 @@ def show(
     device_check: bool = typer.Option(
         False, "--device-check/--skip-device-check", help="also check that this machine can run the device and precision"
     ),
+    explain: bool = typer.Option(False, "--explain", help="precede each key with what it means (as a YAML comment)"),
 ) -> None:
     """Print the resolved recipe, each value annotated with the file or override it came from.
 
     Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
 
-    typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check)))
+    typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check,
+                                         explain=explain)))
 
 
 RunTargetArg = typer.Argument(..., help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file "
                               "(then with --recipe)",
                               show_default=False)
 CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
+RecipeOpt = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory")
 OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
                               show_default=False)
 
@@ -255,7 +254,7 @@ def evaluate(
     target: str = RunTargetArg,
     overrides: Optional[List[str]] = OverridesArg,
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    recipe: Optional[Path] = RecipeOpt,
     tta: Optional[str] = typer.Option(None, "--tta", help="test-time augmentation: flip (average with mirrored images)"),
     out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
     as_json: bool = JsonOpt,
@@ -269,8 +268,7 @@ def evaluate(
 
     result = _guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
                                            trust_checkpoint))
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json
-               else format_eval(result, _terminal_width(sys.stdout)))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result, _terminal_width(sys.stdout)))
 
 
 @app.command("export")
@@ -279,7 +277,7 @@ def export(
     overrides: Optional[List[str]] = OverridesArg,
     formats: List[str] = typer.Option(["torchscript"], "--format", help="torchscript or onnx (repeatable)"),
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    recipe: Optional[Path] = RecipeOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="the export directory (default RUN_DIR/export)"),
     trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
@@ -298,13 +296,12 @@ def export(
 @app.command("predict")
 def predict(
     target: str = typer.Argument(..., help="a run directory, a checkpoint (with --recipe) or an export directory "
-                                 "(or s3://BUCKET/PREFIX/RUN)",
-                                  show_default=False),
+                                 "(or s3://BUCKET/PREFIX/RUN)", show_default=False),
     files: List[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
     top_k: int = typer.Option(5, "--top-k", help="how many classes to show per file"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the predictions as CSV"),
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory"),
+    recipe: Optional[Path] = RecipeOpt,
     batch_size: int = typer.Option(64, "--batch-size", help="images per forward pass"),
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
@@ -346,14 +343,15 @@ def list_runs(
 @app.command("list")
 def list_registry(
     group: Optional[str] = typer.Argument(None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"),
+    name: Optional[str] = typer.Argument(None, help="one entry of the group, in full", show_default=False),
     plugin: List[str] = PluginOpt,
 ) -> None:
-    """What each registry holds, with parameters and defaults."""
+    """What each registry holds, with parameters, defaults and what each parameter means."""
     from dlrecipes import api
-    from dlrecipes.tools.describe import format_registry
+    from dlrecipes.tools.describe import format_entry, format_registry
 
     for reg in _guarded(lambda: api.registries(group, plugin)):
-        typer.echo(format_registry(reg))
+        typer.echo(_guarded(lambda: format_entry(reg, name)) if name else format_registry(reg))
 
 
 @recipe_command(required=False)
@@ -454,9 +452,8 @@ def data_convert(
     _guarded(lambda: options_of_other_format(format, given))
     options = CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
         max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
-        compress_probability=compress_probability, page_size=page_size, num_workers=workers,
-        overwrite=overwrite, skip_bad=skip_bad,
-    )
+        compress_probability=compress_probability, page_size=page_size, num_workers=workers, overwrite=overwrite,
+        skip_bad=skip_bad)
     parsed = _assignments(params, "dataset parameter")
     _guarded(lambda: api.convert_dataset(dataset, parsed, out, options, plugin, echo=lambda m: typer.echo(m, err=True),
                                          format=format))
@@ -492,7 +489,11 @@ def wheelhouse(
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point (also used by the root ``cli.py`` and ``python -m dlrecipes``)."""
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="dlrecipes")
+    from dlrecipes import api
+
+    args = argv if argv is not None else sys.argv[1:]
+    with api.invoked(["dlrecipes", *args]):  # what a run records as its command
+        app(args=args, prog_name="dlrecipes")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   ``classes=fn(params)`` (its class count when known without reading the data, else None);
   ``pixels=False`` (its images are random tensors, not normalised pixels: augmentations that work on pixel
   values refuse it at validation); ``made_by="command (page)"`` (what makes its files: a missing one's error
-  names it).
+  names it); ``source_side=fn(params)`` (``(side, which image)`` of the source images when known before
+  training, else None: validation warns when the crop upsamples them more than twice, :mod:`dlrecipes.data.source_sizes`).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)``,
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch) and
   ``changes_network=True`` (it changes the network's modules, as Composer's ``Algorithm.required_on_load()``
@@ -75,6 +76,14 @@ class Entry:
     def description(self) -> str:
         doc = inspect.getdoc(self.factory) or ""
         return doc.strip().splitlines()[0] if doc.strip() else ""
+
+    @property
+    def meanings(self) -> dict[str, str]:
+        """``{parameter: one sentence}`` from the factory's ``Args:`` section or ``Doc`` annotations
+        (:mod:`dlrecipes.core.param_docs`)."""
+        from dlrecipes.core.param_docs import meanings
+
+        return meanings(self.factory)
 
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:
@@ -239,7 +248,7 @@ COMMON_METADATA = ("validator", "paths")
 models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
                   ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
 datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
-                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by"))
+                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by", "source_side"))
 optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")

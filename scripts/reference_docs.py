@@ -98,7 +98,8 @@ def components_page() -> str:
     for package in BUILT_IN_PACKAGES:  # the built-ins only: plugins vary from one install to another
         importlib.import_module(f"dlrecipes.{package}.registered")
     lines = [GENERATED, "", "# Components", "",
-             "Every built-in entry of each registry, with its parameters: what `dlrecipes list` prints.",
+             "Every built-in entry of each registry, with its parameters and what each means: what `dlrecipes list` "
+             "prints (`dlrecipes list GROUP NAME`: one entry).",
              "A recipe names an entry and sets its parameters, e.g. `optimizer: {name: adamw, lr: 0.001}`.", ""]
     for group, registry in REGISTRIES.items():
         entries = [e for e in registry if e.factory.__module__.startswith("dlrecipes.")]
@@ -106,9 +107,11 @@ def components_page() -> str:
         for entry in entries:
             lines += [f"### {group}: `{entry.name}`", "", _text(entry.description or "").strip() or "-", ""]
             params = describe_parameters(registry, entry.name)
+            meanings = entry.meanings
             if params:
-                lines += ["| parameter | type | default |", "|---|---|---|"]
-                lines += [f"| {_code(p)} | {_text(t)} | {_code(d)} |" for p, t, d in params]
+                lines += ["| parameter | type | default | what it is |", "|---|---|---|---|"]
+                lines += [f"| {_code(p)} | {_text(t)} | {_code(d)} | {_text(meanings.get(p, ''))} |"
+                          for p, t, d in params]
                 lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -137,9 +137,15 @@ def _assert_user_error(result, *fragments):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     lines = [l for l in result.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, result.stderr  # one message
+    assert len(lines) == 1 or _is_meaning(lines), result.stderr  # one message (and what its key means)
     for fragment in fragments:
         assert fragment in lines[0]
+
+
+def _is_meaning(lines: list[str]) -> bool:
+    """An error about a key's value: its line, then what the key means (``  key: meaning``)."""
+    key = lines[0].removeprefix("error: ").split(":", 1)[0]
+    return len(lines) == 2 and lines[1].startswith(f"  {key}: ") and len(lines[1]) > len(key) + 10
 
 
 def test_cli_misspelled_key_is_one_line_exit_2(recipe):
@@ -156,6 +162,33 @@ def test_cli_errors_in_the_recipe_file_itself(tmp_path):
     _assert_user_error(run_cli("validate", str(good), "trainer.seed=x"), "trainer.seed: expected int")
     _assert_user_error(run_cli("list", "modles"), "unknown group 'modles'", "did you mean 'models'")
     _assert_user_error(run_cli("validate", str(good), "~model"), "model: missing required key")
+
+
+def test_an_error_about_a_value_says_what_the_key_means_after_its_line(recipe):
+    result = run_cli("validate", str(recipe), "optimizer.lr=-0.1")
+    assert result.stderr.splitlines() == [
+        "error: optimizer.lr: expected float > 0, got -0.1 (float)",
+        "  optimizer.lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier "
+        "1.0)."]
+    from dlrecipes.api import resolve
+    from dlrecipes.errors import RecipeError
+
+    with pytest.raises(RecipeError) as caught:  # from Python: the hint travels with the error, as a notebook shows it
+        resolve(recipe, ["trainer.max_duration=x"])
+    assert caught.value.hint == "trainer.max_duration: how long to train: '10ep', '500ba', ..."
+    assert caught.value._render_traceback_()[1] == caught.value.hint
+
+
+def test_show_explain_precedes_each_key_with_its_meaning_and_stays_a_recipe(recipe, tmp_path):
+    import yaml
+
+    shown = run_cli("show", str(recipe), "--explain").stdout
+    lines = shown.splitlines()
+    lr = next(i for i, line in enumerate(lines) if line.strip().startswith("lr: "))
+    assert lines[lr - 1].strip().startswith("# base learning rate")
+    seed = next(i for i, line in enumerate(lines) if line.strip().startswith("seed: "))
+    assert lines[seed - 1].strip() == "# random seed for weights, data order and augmentation"
+    assert yaml.safe_load(shown) == yaml.safe_load(run_cli("show", str(recipe)).stdout)  # comments only
 
 
 def test_cli_validate_show_and_list_succeed(recipe):
@@ -245,7 +278,8 @@ def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
         assert result.returncode == 0, result.stderr
         return
     assert result.returncode == 2 and result.stderr.startswith(f"error: {line}"), result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert (len(lines) == 1 or _is_meaning(lines)) and "Traceback" not in result.stderr
 
 
 def test_top_k_metrics_fit_the_data(recipe):

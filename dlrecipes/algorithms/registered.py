@@ -1,61 +1,24 @@
 """Training-time algorithms (Composer's ``Algorithm`` objects): the built-ins, registered by name.
 
-Composer's own algorithms first: one small factory each, whose parameters mirror the Composer
-class's constructor (a test compares them), minus the batch-key plumbing that a classifier
-recipe never needs to change, so recipes are checked without importing Composer.  Then
-dlrecipes' own (layer-wise lr decay, gradient checkpointing, quantization-aware training),
-registered exactly as a user's plugin registers its own; their implementations sit beside this
-file and load only when a recipe uses them (:mod:`.finetune` holds the frozen-backbone algorithm
-of ``finetune:``, :mod:`.progressive_resizing` Composer's progressive resizing for every loader).
+Composer's own first: one small factory each, whose parameters mirror the Composer class's constructor (a test
+compares them) minus the batch-key plumbing, so recipes are checked without importing Composer.  Then dlrecipes'
+own, registered as a user's plugin registers its own; their implementations sit beside this file and load only
+when a recipe uses them (:mod:`.finetune` holds the frozen-backbone algorithm of ``finetune:``); what the
+factories check at validation is in :mod:`.support`.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, default_fill, one_policy, policy_or_keys
+from dlrecipes.algorithms.support import (batch_augmix_policy, batch_randaugment_policy, check_qat_times,
+                                          ghost_batch_fits, jitter_ranges, needs_bottleneck_resnet,
+                                          needs_pil_dataset, needs_pixels, qat_fits_the_run)
 from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
-from dlrecipes.core.distributed import world_size
-from dlrecipes.core.durations import Duration, parse_duration
-from dlrecipes.core.precision import precision_of
-from dlrecipes.errors import RecipeError
+from dlrecipes.core.durations import Duration
 from dlrecipes.core.ranges import AtLeastOne, Fraction, NonNegative, Positive, Probability, Range
-from dlrecipes.registry import algorithms, datasets
-
-
-# Prerequisites, checked when a recipe is validated: each returns a problem or None.
-def _needs_pil_dataset(on_batches: str):
-    """The check of an algorithm that augments PIL images, naming ``on_batches``: the one that does it on tensors."""
-
-    def check(config) -> Optional[str]:
-        if datasets.get(config.dataset.name).metadata.get("pil_images") and config.trainer.loader != "device":
-            return None
-        pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
-        given = ("the device loader yields batches of tensors" if config.trainer.loader == "device"
-                 else f"dataset '{config.dataset.name}' yields tensors")
-        return (f"augments PIL images before ToTensor, and {given}; use algorithms.{on_batches}, which does it "
-                f"on whole batches of tensors on the device (or a PIL dataset: {pil})")
-
-    return check
-
-
-def _needs_pixels(config) -> Optional[str]:
-    if datasets.get(config.dataset.name).metadata.get("pixels", True):
-        return None
-    return (f"works on pixel values (it undoes the loader's normalisation), and dataset '{config.dataset.name}' "
-            "yields random tensors; use an image dataset (digits, cifar10, image_folder, ...)")
-
-
-def _needs_bottleneck_resnet(config) -> Optional[str]:
-    from dlrecipes.models.registered import BOTTLENECK_RESNETS
-
-    if config.model.name == "torchvision" and config.model.params.get("arch") in BOTTLENECK_RESNETS:
-        return None
-    return (
-        "drops torchvision ResNet Bottleneck blocks; use model {name: torchvision, arch: resnet50} "
-        f"(or {', '.join(BOTTLENECK_RESNETS[1:])})"
-    )
+from dlrecipes.registry import algorithms
 
 
 @algorithms.register("channels_last", changes_network=True, checkpoint_state=False)
@@ -68,7 +31,11 @@ def channels_last():
 
 @algorithms.register("label_smoothing", image_label_batch="smooths batch[1] as the class labels")
 def label_smoothing(smoothing: Probability = 0.1):
-    """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016): Composer's, with no read-back."""
+    """Blend one-hot targets with the uniform distribution (Szegedy et al. 2016): Composer's, with no read-back.
+
+    Args:
+        smoothing: the share of each target spread evenly over all classes, in [0, 1); 0 leaves the labels alone.
+    """
     from dlrecipes.algorithms.soft_targets import LabelSmoothing
 
     return LabelSmoothing(smoothing=smoothing)
@@ -76,58 +43,68 @@ def label_smoothing(smoothing: Probability = 0.1):
 
 @algorithms.register("blurpool", changes_network=True)
 def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True, min_channels: int = 16):
-    """Anti-aliased downsampling: blur before strided convolutions and max-pools (Zhang 2019)."""
+    """Anti-aliased downsampling: blur before strided convolutions and max-pools (Zhang 2019).
+
+    Args:
+        replace_convs: add a blur to each strided convolution that has at least min_channels input channels.
+        replace_maxpools: replace each max-pool with its anti-aliased form (max at stride 1, then a strided blur).
+        blur_first: true blurs before the strided convolution (cheap); false convolves at stride 1, then blurs (slow).
+        min_channels: strided convolutions with fewer input channels are left alone (16 spares an RGB stem).
+    """
     from composer.algorithms import BlurPool
 
-    return BlurPool(
-        replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first, min_channels=min_channels
-    )
+    return BlurPool(replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first,
+                    min_channels=min_channels)
 
 
 @algorithms.register("ema", conflicts_with={"swa": "both replace the weights used for evaluation"},
                      checkpoint_state=True)
-def ema(
-    half_life: Optional[Duration] = "1000ba",
-    smoothing: Optional[float] = None,
-    ema_start: Duration = "0.0dur",
-    update_interval: Optional[Duration] = None,
-):
-    """Evaluate with an exponential moving average of the weights."""
+def ema(half_life: Optional[Duration] = "1000ba", smoothing: Optional[float] = None, ema_start: Duration = "0.0dur",
+        update_interval: Optional[Duration] = None):
+    """Evaluate with an exponential moving average of the weights.
+
+    Args:
+        half_life: how far back the average reaches ('1000ba', '2ep'): weights that old count half; null: use smoothing.
+        smoothing: with half_life null, the average's share kept per update (0.999: it moves 0.1% toward the weights).
+        ema_start: when averaging begins ('0.0dur': at once, '3ep'); until then evaluation uses the trained weights.
+        update_interval: how often the average is updated, in half_life's unit ('5ba', '1ep'); null: each batch/epoch.
+    """
     from composer.algorithms import EMA
 
     return EMA(half_life=half_life, smoothing=smoothing, ema_start=ema_start, update_interval=update_interval)
 
 
 @algorithms.register("progressive_resizing", image_label_batch="resizes batch[0] as the images")
-def progressive_resizing(
-    mode: Literal["resize", "crop"] = "resize",
-    initial_scale: float = 0.5,
-    finetune_fraction: float = 0.2,
-    delay_fraction: float = 0.5,
-    size_increment: int = 4,
-    resize_targets: bool = False,
-):
+def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_scale: float = 0.5,
+                         finetune_fraction: float = 0.2, delay_fraction: float = 0.5, size_increment: int = 4,
+                         resize_targets: bool = False):
     """Train on downscaled images early, growing to full size (Composer resizes the batches; FFCV decodes
-    at the size)."""
+    at the size).
+
+    Args:
+        mode: 'resize' scales the images down (nearest neighbour), 'crop' takes a random crop of the smaller size.
+        initial_scale: the images' side at first, a fraction of the full side (0.5: half the height and width).
+        finetune_fraction: the share of training, at its end, spent at full size (0.2: the last fifth).
+        delay_fraction: the share of training, at its start, spent at initial_scale before the side grows linearly.
+        size_increment: the scaled side is rounded to a multiple of this many pixels.
+        resize_targets: resize the targets with the images (dense targets such as masks; not class labels).
+    """
     from dlrecipes.algorithms.progressive_resizing import ProgressiveResizing
 
-    return ProgressiveResizing(
-        mode=mode,
-        initial_scale=initial_scale,
-        finetune_fraction=finetune_fraction,
-        delay_fraction=delay_fraction,
-        size_increment=size_increment,
-        resize_targets=resize_targets,
-    )
+    return ProgressiveResizing(mode=mode, initial_scale=initial_scale, finetune_fraction=finetune_fraction,
+                               delay_fraction=delay_fraction, size_increment=size_increment,
+                               resize_targets=resize_targets)
 
 
-@algorithms.register(
-    "mixup",
-    conflicts_with={"cutmix": "both replace the labels of every batch"},
-    image_label_batch="mixes batch[0] as the images and batch[1] as the labels",
-)
+@algorithms.register("mixup", conflicts_with={"cutmix": "both replace the labels of every batch"},
+                     image_label_batch="mixes batch[0] as the images and batch[1] as the labels")
 def mixup(alpha: Positive = 0.2, interpolate_loss: bool = False):
-    """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017)."""
+    """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017).
+
+    Args:
+        alpha: the batch's mixing weight (at most 0.5) comes from Beta(alpha, alpha): 0.2 mostly mixes in little.
+        interpolate_loss: blend the losses against both labels rather than the labels (the same for cross-entropy).
+    """
     from composer.algorithms import MixUp
 
     from dlrecipes.algorithms.soft_targets import without_read_backs
@@ -137,7 +114,13 @@ def mixup(alpha: Positive = 0.2, interpolate_loss: bool = False):
 
 @algorithms.register("cutmix", image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels")
 def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False):
-    """Paste a box from another image and mix the labels by area (Yun et al. 2019)."""
+    """Paste a box from another image and mix the labels by area (Yun et al. 2019).
+
+    Args:
+        alpha: the pasted box's share of the image comes from Beta(alpha, alpha): 1 (the paper's) is uniform.
+        interpolate_loss: blend the losses against both labels rather than the labels (the same for cross-entropy).
+        uniform_sampling: let the box's centre fall up to half a box outside the image, so edges mix as often.
+    """
     from composer.algorithms import CutMix
 
     from dlrecipes.algorithms.soft_targets import without_read_backs
@@ -147,7 +130,13 @@ def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampli
 
 @algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
 def cutout(num_holes: AtLeastOne = 1, length: Fraction = 0.5, uniform_sampling: bool = False):
-    """Zero out random square patches of each image (DeVries & Taylor 2017)."""
+    """Zero out random square patches of each image (DeVries & Taylor 2017).
+
+    Args:
+        num_holes: how many square holes are zeroed, at the same places in every image of a batch.
+        length: a hole's side, as a fraction of the image's shorter side (0.5: half of it).
+        uniform_sampling: let a hole's centre fall up to half a hole outside the image, so edges are masked as often.
+    """
     from composer.algorithms import CutOut
 
     return CutOut(num_holes=num_holes, length=length, uniform_sampling=uniform_sampling)
@@ -155,37 +144,65 @@ def cutout(num_holes: AtLeastOne = 1, length: Fraction = 0.5, uniform_sampling: 
 
 @algorithms.register("gradient_clipping")
 def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "norm", clipping_threshold: Positive = 1.0):
-    """Clip gradients by global norm, by value, or adaptively (AGC) before each step."""
+    """Clip gradients by global norm, by value, or adaptively (AGC) before each step.
+
+    Args:
+        clipping_type: 'norm' caps the global L2 norm of all gradients; 'value' clamps each element; 'adaptive'
+            (AGC) caps each unit's gradient norm relative to its weights' norm.
+        clipping_threshold: the cap: global norm ('norm'), absolute value ('value'), gradient/weight norm ratio
+            ('adaptive', typically 0.01 to 0.1).
+    """
     from composer.algorithms import GradientClipping
 
     return GradientClipping(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
 
 
-@algorithms.register("randaugment", requires=_needs_pil_dataset("batch_randaugment"), image_label_batch="augments the one image of each sample")
+@algorithms.register("randaugment", requires=needs_pil_dataset("batch_randaugment"),
+                     image_label_batch="augments the one image of each sample")
 def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["all", "safe", "original"] = "all"):
-    """Apply `depth` random image augmentations of strength `severity` to each training image."""
+    """Apply `depth` random image augmentations of strength `severity` to each training image.
+
+    Args:
+        severity: the ops' strength, 0 to 10 (M in the paper): each op draws a random strength up to it.
+        depth: how many ops, each drawn at random, are applied one after another (N in the paper).
+        augmentation_set: the ops drawn from: 'all' (the paper's), 'safe' (not color, contrast, brightness and
+            sharpness, which ImageNet-C tests), 'original' (those four as the authors' code has them).
+    """
     from composer.algorithms import RandAugment
 
     return RandAugment(severity=severity, depth=depth, augmentation_set=augmentation_set)
 
 
-@algorithms.register("augmix", requires=_needs_pil_dataset("batch_augmix"), image_label_batch="augments the one image of each sample")
-def augmix(
-    severity: int = 3,
-    depth: int = -1,
-    width: int = 3,
-    alpha: float = 1.0,
-    augmentation_set: Literal["all", "safe", "original"] = "all",
-):
-    """Mix several chains of augmentations of each image (Hendrycks et al. 2020)."""
+@algorithms.register("augmix", requires=needs_pil_dataset("batch_augmix"),
+                     image_label_batch="augments the one image of each sample")
+def augmix(severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
+           augmentation_set: Literal["all", "safe", "original"] = "all"):
+    """Mix several chains of augmentations of each image (Hendrycks et al. 2020).
+
+    Args:
+        severity: the ops' strength, 0 (none) to 10: each op draws a random strength up to it.
+        depth: how many ops each chain applies; -1 draws 1 to 3 for each chain.
+        width: how many chains of ops are run on each image and mixed.
+        alpha: concentration of the chains' Dirichlet weights and of the Beta weight of the mix: 1 is uniform.
+        augmentation_set: the ops drawn from: 'all' (the paper's), 'safe' (not color, contrast, brightness and
+            sharpness, which ImageNet-C tests), 'original' (those four as the authors' code has them).
+    """
     from composer.algorithms import AugMix
 
     return AugMix(severity=severity, depth=depth, width=width, alpha=alpha, augmentation_set=augmentation_set)
 
 
 @algorithms.register("colout", image_label_batch="drops rows and columns of batch[0] as the images")
-def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = True, resize_target: Union[bool, Literal["auto"]] = "auto"):
-    """Drop random rows and columns of each image: smaller, faster batches."""
+def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = True,
+           resize_target: Union[bool, Literal["auto"]] = "auto"):
+    """Drop random rows and columns of each image: smaller, faster batches.
+
+    Args:
+        p_row: the share of the image's rows removed (0.15: the image is 15% shorter).
+        p_col: the share of the image's columns removed (0.15: the image is 15% narrower).
+        batch: true drops the same rows and columns across a batch; false drops others per image, in the dataset.
+        resize_target: also from the targets: 'auto' when they have the images' size (masks), true always, false never.
+    """
     from composer.algorithms import ColOut
 
     return ColOut(p_row=p_row, p_col=p_col, batch=batch, resize_target=resize_target)
@@ -195,52 +212,68 @@ def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = T
     "Composer's SAM optimizer tests each pass's loss on the host (`if loss:`) before stepping: one read-back per "
     "step (two on its ascent steps, every `interval`), as in Composer's Trainer"))
 def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 1):
-    """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020)."""
+    """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020).
+
+    Args:
+        rho: the neighbourhood's radius: weights first move this far (L2) up the gradient, then step with its gradient.
+        epsilon: added to the gradient's norm before dividing by it, so that a zero gradient is safe.
+        interval: a SAM step (two forward-backward passes) every this many steps, plain ones between; 1: every step.
+    """
     from composer.algorithms import SAM
 
     return SAM(rho=rho, epsilon=epsilon, interval=interval)
 
 
 @algorithms.register("swa", checkpoint_state=True)
-def swa(
-    swa_start: Duration = "0.7dur",
-    swa_end: Duration = "0.97dur",
-    update_interval: Duration = "1ep",
-    schedule_swa_lr: bool = False,
-    anneal_strategy: Literal["linear", "cos"] = "linear",
-    anneal_steps: int = 10,
-    swa_lr: Optional[float] = None,
-):
-    """Stochastic weight averaging over the end of training (Izmailov et al. 2018)."""
+def swa(swa_start: Duration = "0.7dur", swa_end: Duration = "0.97dur", update_interval: Duration = "1ep",
+        schedule_swa_lr: bool = False, anneal_strategy: Literal["linear", "cos"] = "linear", anneal_steps: int = 10,
+        swa_lr: Optional[float] = None):
+    """Stochastic weight averaging over the end of training (Izmailov et al. 2018).
+
+    Args:
+        swa_start: when averaging begins, as a fraction of training ('0.7dur') or in epochs ('8ep'), swa_end's unit.
+        swa_end: when the weights become the average and averaging stops; leave an epoch after it for batch norm.
+        update_interval: how often the weights are added to the average, in batches or epochs ('1ep', '50ba').
+        schedule_swa_lr: let torch's SWALR set the learning rate from swa_start on; false keeps the run's schedule.
+        anneal_strategy: the shape of SWALR's annealing: 'linear' or 'cos' (cosine).
+        anneal_steps: over how many updates of the average (one per update_interval) SWALR anneals the rate.
+        swa_lr: the rate SWALR anneals to; Composer replaces it with the run's rate at swa_start: no effect.
+    """
     from composer.algorithms import SWA
 
-    return SWA(
-        swa_start=swa_start, swa_end=swa_end, update_interval=update_interval, schedule_swa_lr=schedule_swa_lr,
-        anneal_strategy=anneal_strategy, anneal_steps=anneal_steps, swa_lr=swa_lr,
-    )
+    return SWA(swa_start=swa_start, swa_end=swa_end, update_interval=update_interval, schedule_swa_lr=schedule_swa_lr,
+               anneal_strategy=anneal_strategy, anneal_steps=anneal_steps, swa_lr=swa_lr)
 
 
-@algorithms.register("stochastic_depth", requires=_needs_bottleneck_resnet, changes_network=True, reads_back=(
+@algorithms.register("stochastic_depth", requires=needs_bottleneck_resnet, changes_network=True, reads_back=(
     "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: 16 per ResNet-50 step"))
-def stochastic_depth(
-    target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
-    stochastic_method: Literal["block", "sample"] = "block",
-    drop_rate: float = 0.2,
-    drop_distribution: Literal["uniform", "linear"] = "linear",
-    drop_warmup: Union[float, Duration] = 0.0,
-):
-    """Randomly skip residual blocks during training (torchvision ResNet bottleneck blocks)."""
+def stochastic_depth(target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
+                     stochastic_method: Literal["block", "sample"] = "block", drop_rate: float = 0.2,
+                     drop_distribution: Literal["uniform", "linear"] = "linear",
+                     drop_warmup: Union[float, Duration] = 0.0):
+    """Randomly skip residual blocks during training (torchvision ResNet bottleneck blocks).
+
+    Args:
+        target_layer_name: the blocks made stochastic: torchvision's ResNet bottleneck, the one kind supported.
+        stochastic_method: 'block' skips whole blocks for a batch; 'sample' zeroes a block's residual per sample.
+        drop_rate: the largest probability that a block (or a sample in it) is dropped, 0 to 1.
+        drop_distribution: 'linear': the i-th of n blocks drops with i / n * drop_rate; 'uniform': all with drop_rate.
+        drop_warmup: how long the rates ramp up from 0, a fraction of training (0.1) or a duration ('2ep'); 0: none.
+    """
     from composer.algorithms import StochasticDepth
 
-    return StochasticDepth(
-        target_layer_name=target_layer_name, stochastic_method=stochastic_method, drop_rate=drop_rate,
-        drop_distribution=drop_distribution, drop_warmup=drop_warmup,
-    )
+    return StochasticDepth(target_layer_name=target_layer_name, stochastic_method=stochastic_method,
+                           drop_rate=drop_rate, drop_distribution=drop_distribution, drop_warmup=drop_warmup)
 
 
 @algorithms.register("squeeze_excite", changes_network=True)
 def squeeze_excite(latent_channels: float = 64, min_channels: int = 128):
-    """Add squeeze-and-excitation blocks after convolutions with enough channels (Hu et al. 2018)."""
+    """Add squeeze-and-excitation blocks after convolutions with enough channels (Hu et al. 2018).
+
+    Args:
+        latent_channels: the width of each block's hidden layer: channels (64), or below 1 a share of the conv's output.
+        min_channels: a block follows only convolutions with at least this many input and output channels.
+    """
     from composer.algorithms import SqueezeExcite
 
     return SqueezeExcite(latent_channels=latent_channels, min_channels=min_channels)
@@ -248,36 +281,42 @@ def squeeze_excite(latent_channels: float = 64, min_channels: int = 128):
 
 @algorithms.register("layer_freezing")
 def layer_freezing(freeze_start: float = 0.5, freeze_level: float = 1.0):
-    """Progressively freeze the earliest layers from freeze_start (fraction of training) on."""
+    """Progressively freeze the earliest layers from freeze_start (fraction of training) on.
+
+    Args:
+        freeze_start: the fraction of training after which layers begin to freeze (0.5: from halfway).
+        freeze_level: the fraction of layers, from the input, frozen by the end; it grows linearly, at epoch ends.
+    """
     from composer.algorithms import LayerFreezing
 
     return LayerFreezing(freeze_start=freeze_start, freeze_level=freeze_level)
 
 
-@algorithms.register(
-    "selective_backprop", image_label_batch="scores samples by running the model on batch[0] against batch[1]"
-)
-def selective_backprop(
-    start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0, interrupt: int = 2
-):
-    """Backpropagate only the highest-loss fraction `keep` of each batch between start and end."""
+@algorithms.register("selective_backprop",
+                     image_label_batch="scores samples by running the model on batch[0] against batch[1]")
+def selective_backprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0,
+                       interrupt: int = 2):
+    """Backpropagate only the highest-loss fraction `keep` of each batch between start and end.
+
+    Args:
+        start: the fraction of training at which selection begins.
+        end: the fraction of training at which it stops (whole batches again).
+        keep: the fraction of each batch trained on: its highest-loss samples, found by an extra forward pass.
+        scale_factor: the images' scale in that scoring pass only (0.5: half the side, cheaper); 1: full size.
+        interrupt: every interrupt-th batch of an epoch is trained whole (2: every other one); 0: none.
+    """
     from composer.algorithms import SelectiveBackprop
 
     return SelectiveBackprop(start=start, end=end, keep=keep, scale_factor=scale_factor, interrupt=interrupt)
 
 
-def _ghost_batch_fits(config) -> Optional[str]:
-    ghost = config.algorithms["ghost_batchnorm"].get("ghost_batch_size", 32)
-    micro = config.trainer.device_train_microbatch_size
-    batch = micro if isinstance(micro, int) else config.trainer.batch_size
-    if ghost <= batch:
-        return None
-    return f"ghost_batch_size={ghost} is larger than the batch each device sees ({batch}); lower it"
-
-
-@algorithms.register("ghost_batchnorm", requires=_ghost_batch_fits, changes_network=True)
+@algorithms.register("ghost_batchnorm", requires=ghost_batch_fits, changes_network=True)
 def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
-    """Normalise over sub-batches of ghost_batch_size instead of the whole batch."""
+    """Normalise over sub-batches of ghost_batch_size instead of the whole batch.
+
+    Args:
+        ghost_batch_size: how many samples each batch norm normalises over together; at most each device's batch.
+    """
     from composer.algorithms import GhostBatchNorm
 
     return GhostBatchNorm(ghost_batch_size=ghost_batch_size)
@@ -285,7 +324,11 @@ def ghost_batchnorm(ghost_batch_size: AtLeastOne = 32):
 
 @algorithms.register("weight_standardization", changes_network=True)
 def weight_standardization(n_last_layers_ignore: int = 0):
-    """Standardise convolution weights to zero mean and unit variance (Qiao et al. 2019)."""
+    """Standardise convolution weights to zero mean and unit variance (Qiao et al. 2019).
+
+    Args:
+        n_last_layers_ignore: how many of the last convolutions (in running order) keep plain weights; 0: none.
+    """
     from composer.algorithms import WeightStandardization
 
     return WeightStandardization(n_last_layers_ignore=n_last_layers_ignore)
@@ -293,7 +336,12 @@ def weight_standardization(n_last_layers_ignore: int = 0):
 
 @algorithms.register("layerwise_lr_decay")
 def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
-    """Smaller learning rates nearer the input: block d of D trains at lr * decay ** (D - 1 - d)."""
+    """Smaller learning rates nearer the input: block d of D trains at lr * decay ** (D - 1 - d).
+
+    Args:
+        decay: the factor the rate shrinks by per block toward the input, in (0, 1]; 1: no decay.
+        block_depth: how many leading parts of a parameter's name make its block (2: layer1.0.conv1.weight: layer1.0).
+    """
     from dlrecipes.algorithms.layerwise_lr_decay import LayerwiseLRDecay
 
     return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
@@ -301,102 +349,51 @@ def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
 
 @algorithms.register("gradient_checkpointing", changes_network=True)
 def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
-    """Recompute the activations of residual blocks in backward instead of storing them (memory for compute)."""
+    """Recompute the activations of residual blocks in backward instead of storing them (memory for compute).
+
+    Args:
+        targets: class names of the modules checkpointed; null: residual blocks (BasicBlock, Bottleneck, PreActBlock).
+        every: checkpoint every this-many-th of them, from the first (1: all; 2: every other one).
+    """
     from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
 
     return GradientCheckpointing(targets=targets, every=every)
 
 
-@algorithms.register(
-    "distillation",
-    image_label_batch="runs the teacher on batch[0] as the images and blends its loss with the labels' loss",
-    validator=check_distillation_params,
-    requires=teacher_fits_the_run,
-    paths=("teacher",),
-)
-def distillation(
-    teacher: Union[str, dict[str, Any]],
-    temperature: Positive = 4.0,
-    alpha: Annotated[float, Range(0, 1)] = 0.5,
-    kind: Literal["soft", "hard"] = "soft",
-    teacher_sha256: Optional[str] = None,
-):
-    """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015)."""
+@algorithms.register("distillation", validator=check_distillation_params, requires=teacher_fits_the_run,
+                     paths=("teacher",), image_label_batch=(
+                         "runs the teacher on batch[0] as the images and blends its loss with the labels' loss"))
+def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.0,
+                 alpha: Annotated[float, Range(0, 1)] = 0.5, kind: Literal["soft", "hard"] = "soft",
+                 teacher_sha256: Optional[str] = None):
+    """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015).
+
+    Args:
+        teacher: a run directory (best checkpoint), a run's checkpoint, or a model spec {name: ..., checkpoint: FILE}.
+        temperature: 'soft' divides both networks' logits by it (higher: softer) and multiplies the term by its square.
+        alpha: the teacher's weight: loss = (1 - alpha) * label loss + alpha * distillation loss.
+        kind: 'soft': KL divergence from the teacher's tempered probabilities; 'hard': cross-entropy on its top class.
+        teacher_sha256: the teacher file's SHA-256, recorded at validation; a given one pins it (checked at the start).
+    """
     from dlrecipes.algorithms.distillation import Distillation
 
     return Distillation(teacher, temperature=temperature, alpha=alpha, kind=kind, teacher_sha256=teacher_sha256)
 
 
-# --- quantization-aware training -------------------------------------------------------------
+@algorithms.register("qat", requires=qat_fits_the_run, validator=check_qat_times, changes_network=True,
+                     conflicts_with={"ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
+                                     "swa": "SWA averages a copy of the network made before the QAT switch"})
+def qat(run_dir=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
+        freeze_bn: Optional[Duration] = None, freeze_observers: Optional[Duration] = None, export: bool = True):
+    """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.
 
-_QAT_TIMES = ("start", "freeze_bn", "freeze_observers")
-
-
-def _qat_times(params: dict) -> dict[str, str]:
-    """The recipe's QAT times, defaults filled in, unset freezes left out."""
-    defaults = {k: p.default for k, p in inspect.signature(qat).parameters.items() if k in _QAT_TIMES}
-    times = {k: params.get(k, defaults[k]) for k in _QAT_TIMES}
-    return {k: v for k, v in times.items() if v is not None}
-
-
-def _check_qat_times(params: dict, path: str) -> None:
-    """The freezes come after ``start`` (checked where the units agree; Composer checks nothing)."""
-    times = _qat_times(params)
-    start = parse_duration(times["start"])
-    for key in ("freeze_bn", "freeze_observers"):
-        if key in times and parse_duration(times[key])[1] == start[1] and parse_duration(times[key])[0] < start[0]:
-            raise RecipeError(
-                f"{path}.{key}: {times[key]!r} comes before start {times['start']!r}; "
-                "it freezes what QAT inserts, so give a time at or after start"
-            )
-
-
-def _qat_fits_the_run(config) -> Optional[str]:
-    """QAT runs in fp32, in one process, uncompiled, and its times fall inside training."""
-    t = config.trainer
-    if precision_of(t.precision).mixed:
-        return f"fake quantization needs fp32 activations; trainer.precision is {t.precision} (use fp32)"
-    if t.compile is not False:
-        return (
-            "swaps the network's modules mid-training, which a torch.compile'd model does not follow; "
-            "set trainer.compile=false"
-        )
-    if getattr(config, "task", None) is not None:
-        return "quantizes single-output classifiers; remove the task section (several inputs/outputs)"
-    if t.fsdp is not None or world_size() > 1:
-        return "runs in a single process (DDP/FSDP would not keep the inserted observers in sync); train on one device"
-    end = parse_duration(t.max_duration)
-    for key, value in _qat_times(config.algorithms["qat"]).items():
-        number, unit = parse_duration(value)
-        if (unit == "dur" and number >= 1) or (unit == end[1] and number >= end[0]):
-            # a problem of one key: name it (requires' messages name only the algorithm)
-            raise RecipeError(
-                f"algorithms.qat.{key}: {value!r} is not before the end of training "
-                f"(trainer.max_duration={t.max_duration}); QAT would never {'start' if key == 'start' else 'freeze'}"
-            )
-    return None
-
-
-@algorithms.register(
-    "qat",
-    conflicts_with={
-        "ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
-        "swa": "SWA averages a copy of the network made before the QAT switch",
-    },
-    requires=_qat_fits_the_run,
-    validator=_check_qat_times,
-    changes_network=True,
-)
-def qat(
-    run_dir=None,
-    /,
-    start: Duration = "0.5dur",
-    backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
-    freeze_bn: Optional[Duration] = None,
-    freeze_observers: Optional[Duration] = None,
-    export: bool = True,
-):
-    """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript."""
+    Args:
+        start: when training switches to fake quantization ('0.5dur': halfway, '10ep', '500ba'), before the end.
+        backend: the int8 kernels aimed at, which also run the export: 'x86' or 'fbgemm' (x86 CPUs), 'qnnpack' (ARM).
+        freeze_bn: when the fused batch norms stop updating their running statistics, at or after start; null: never.
+        freeze_observers: when the quantization ranges (scale, zero point) stop moving, at or after start; null: never.
+        export: at the end, write the int8 TorchScript model and its accuracy report to the run's exports/.
+    """
     from dlrecipes.algorithms.qat import QAT
     from dlrecipes.records.layout import RunDir
 
@@ -407,34 +404,38 @@ def qat(
 # --- strong augmentation of whole batches on the training device (dlrecipes/algorithms/batch_augment.py) ---
 
 @algorithms.register("batch_randaugment", conflicts_with=one_policy("batch_randaugment"),
-                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=_needs_pixels)
-def batch_randaugment(
-    policy: Optional[str] = None,
-    num_ops: AtLeastOne = 2,
-    magnitude: NonNegative = 9,
-    num_magnitude_bins: AtLeastOne = 31,
-    magnitude_std: NonNegative = 0.0,
-    p: Annotated[float, Range(0, 1)] = 1.0,
-    ops: Literal["torchvision", "timm"] = "torchvision",
-    fill: Optional[list[float]] = None,
-):
-    """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1."""
-    import dlrecipes.algorithms.augment_policy as augment_policy
-    from dlrecipes.algorithms.augment_keys import parse_timm
+                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=needs_pixels)
+def batch_randaugment(policy: Optional[str] = None, num_ops: AtLeastOne = 2, magnitude: NonNegative = 9,
+                      num_magnitude_bins: AtLeastOne = 31, magnitude_std: NonNegative = 0.0,
+                      p: Annotated[float, Range(0, 1)] = 1.0, ops: Literal["torchvision", "timm"] = "torchvision",
+                      fill: Optional[list[float]] = None):
+    """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1.
+
+    Args:
+        policy: a timm string ('rand-m9-mstd0.5-inc1') in place of the keys below but fill; null: the keys.
+        num_ops: how many ops, each drawn at random, are applied one after another to each image.
+        magnitude: the ops' strength, 0 to num_magnitude_bins - 1 (9 of 31 bins: 30% of each op's largest).
+        num_magnitude_bins: how many steps the magnitude scale has (31: magnitude 30 is each op's largest).
+        magnitude_std: the spread of Gaussian noise on magnitude, per image and op; 0: none; .inf: uniform up to it.
+        p: the probability that each of the num_ops ops is applied to an image (1: always).
+        ops: 'torchvision' (its RandAugment's ops and magnitudes) or 'timm' (timm's, with Invert and SolarizeAdd).
+        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (timm ops: ImageNet mean).
+    """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    if policy is not None:
-        keys = parse_timm(policy)
-        num_ops, magnitude, num_magnitude_bins = keys["num_ops"], keys["magnitude"], keys["num_magnitude_bins"]
-        magnitude_std, p, ops = keys["magnitude_std"], keys["p"], keys["ops"]
-    return BatchAugmentation("batch_randaugment", augment_policy.randaugment_policy(
-        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, default_fill(fill, ops)))
+    return BatchAugmentation("batch_randaugment", batch_randaugment_policy(
+        policy, num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, fill))
 
 
 @algorithms.register("batch_trivialaugment", conflicts_with=one_policy("batch_trivialaugment"),
-                     image_label_batch=ON_DEVICE, requires=_needs_pixels)
+                     image_label_batch=ON_DEVICE, requires=needs_pixels)
 def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
-    """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude."""
+    """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude.
+
+    Args:
+        num_magnitude_bins: how many steps of strength there are; each image draws one op and one step.
+        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (black).
+    """
     import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
@@ -443,57 +444,54 @@ def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill
 
 
 @algorithms.register("batch_augmix", conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
-                     validator=policy_or_keys("augmix"), requires=_needs_pixels)
-def batch_augmix(
-    policy: Optional[str] = None,
-    severity: Annotated[int, Range(1, 10)] = 3,
-    width: AtLeastOne = 3,
-    depth: int = -1,
-    alpha: Positive = 1.0,
-    all_ops: bool = True,
-    fill: Optional[list[float]] = None,
-):
-    """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2."""
-    import dlrecipes.algorithms.augment_policy as augment_policy
+                     validator=policy_or_keys("augmix"), requires=needs_pixels)
+def batch_augmix(policy: Optional[str] = None, severity: Annotated[int, Range(1, 10)] = 3, width: AtLeastOne = 3,
+                 depth: int = -1, alpha: Positive = 1.0, all_ops: bool = True, fill: Optional[list[float]] = None):
+    """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2.
+
+    Args:
+        policy: a timm string ('augmix-m5-w4-d2') in place of the keys below but fill; null: the keys.
+        severity: the ops' strength, 1 to 10: each op draws one of the `severity` weakest of 10 steps.
+        width: how many chains of ops are run on each image and mixed.
+        depth: how many ops each chain applies; -1 draws 1 to 3 per chain and image.
+        alpha: concentration of the chains' Dirichlet weights and of the Beta weight of the mix: 1 is uniform.
+        all_ops: also use brightness, color, contrast and sharpness (false: not these, which ImageNet-C tests).
+        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (policy: ImageNet mean).
+    """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    ops = "torchvision"
-    if policy is not None:
-        from dlrecipes.algorithms.augment_keys import parse_timm
-
-        keys = parse_timm(policy)
-        severity, width, depth, alpha, ops = keys["severity"], keys["width"], keys["depth"], keys["alpha"], keys["ops"]
-    return BatchAugmentation("batch_augmix", augment_policy.augmix_policy(
-        severity, width, depth, alpha, all_ops, ops, default_fill(fill, ops)))
+    return BatchAugmentation("batch_augmix", batch_augmix_policy(policy, severity, width, depth, alpha, all_ops, fill))
 
 
-@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE, requires=_needs_pixels)
-def batch_color_jitter(
-    brightness: NonNegative = 0.4,
-    contrast: NonNegative = 0.4,
-    saturation: NonNegative = 0.4,
-    hue: Annotated[float, Range(0, 0.5)] = 0.0,
-    p: Annotated[float, Range(0, 1)] = 1.0,
-):
-    """Color jitter on whole batches on the device: per image, brightness, contrast, saturation, hue in random order."""
+@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE, requires=needs_pixels)
+def batch_color_jitter(brightness: NonNegative = 0.4, contrast: NonNegative = 0.4, saturation: NonNegative = 0.4,
+                       hue: Annotated[float, Range(0, 0.5)] = 0.0, p: Annotated[float, Range(0, 1)] = 1.0):
+    """Color jitter on whole batches on the device: per image, brightness, contrast, saturation, hue in random order.
+
+    Args:
+        brightness: scale brightness by a factor drawn from [1 - brightness, 1 + brightness] (at least 0); 0: off.
+        contrast: scale contrast by a factor drawn from [1 - contrast, 1 + contrast] (at least 0); 0: off.
+        saturation: scale saturation by a factor drawn from [1 - saturation, 1 + saturation] (at least 0); 0: off.
+        hue: turn the hue by an amount drawn from [-hue, hue], a fraction of the colour circle; 0: off.
+        p: the probability that an image is jittered at all.
+    """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    def around_one(x: float):
-        return (max(0.0, 1.0 - x), 1.0 + x) if x > 0 else None
-
-    ranges = {"brightness": around_one(brightness), "contrast": around_one(contrast),
-              "saturation": around_one(saturation), "hue": (-hue, hue) if hue > 0 else None}
+    ranges = jitter_ranges(brightness, contrast, saturation, hue)
     return BatchAugmentation("batch_color_jitter", jitter={"ranges": ranges, "p": p})
 
 
 @algorithms.register("batch_random_erasing", image_label_batch=ON_DEVICE, validator=check_erasing)
-def batch_random_erasing(
-    p: Annotated[float, Range(0, 1)] = 0.25,
-    scale: list[float] = [0.02, 0.33],  # noqa: B006 (read only)
-    ratio: list[float] = [0.3, 3.3],  # noqa: B006
-    value: Union[float, Literal["random"]] = 0.0,
-):
-    """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise."""
+def batch_random_erasing(p: Annotated[float, Range(0, 1)] = 0.25, scale: list[float] = [0.02, 0.33],  # noqa: B006
+                         ratio: list[float] = [0.3, 3.3], value: Union[float, Literal["random"]] = 0.0):  # noqa: B006
+    """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise.
+
+    Args:
+        p: the probability that an image gets a box erased.
+        scale: [low, high]: the box's area, a fraction of the image's, is drawn uniformly from it.
+        ratio: [low, high]: the box's height / width is drawn from it (log-uniformly).
+        value: the box's fill in normalised units: a number (0: the mean colour) or 'random' (Gaussian noise per pixel).
+    """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
     return BatchAugmentation("batch_random_erasing",

@@ -25,7 +25,11 @@ def lr_monitor():
 
 @callbacks.register("speed_monitor")
 def speed_monitor(window_size: int = 100):
-    """Log throughput (samples and batches per second) and wall-clock time."""
+    """Log throughput (samples and batches per second) and wall-clock time.
+
+    Args:
+        window_size: how many recent batches the throughput is averaged over (a rolling window).
+    """
     from composer.callbacks import SpeedMonitor
 
     return SpeedMonitor(window_size=window_size)
@@ -47,7 +51,18 @@ def early_stopping(
     min_delta: float = 0.0,
     patience: int = 3,
 ):
-    """Stop after `patience` epochs in which the metric did not improve by more than min_delta."""
+    """Stop after `patience` epochs in which the metric did not improve by more than min_delta.
+
+    Args:
+        monitor: the metric to watch, as the run names it: one of `metrics:` or 'loss' (with split 'train': one
+            of `train_metrics:`), e.g. 'top1' or 'macro_f1'; a task's as '<output>/top1'.
+        split: 'eval' watches the value of each evaluation, 'train' the training value (`train_metrics:`; needs
+            trainer.train_metrics_interval of 1 or more) at each epoch's end.
+        mode: 'max' when a larger value is better (accuracy, F1), 'min' when a smaller one is (a loss).
+        min_delta: the smallest change from the best value so far that counts as an improvement, in the metric's
+            units; 0 counts any improvement.
+        patience: epochs in a row without an improvement before training stops (at least 1).
+    """
     from composer.callbacks import EarlyStopper
 
     if patience < 1:
@@ -66,7 +81,19 @@ def threshold_stopper(
     mode: Literal["max", "min"] = "max",
     stop_on_batch: bool = False,
 ):
-    """Stop as soon as the monitored metric reaches the threshold."""
+    """Stop as soon as the monitored metric reaches the threshold.
+
+    Args:
+        threshold: the value that ends training once the metric passes it (strictly above it with mode 'max',
+            below it with 'min').
+        monitor: the metric to watch, as the run names it: one of `metrics:` or 'loss' (with split 'train': one
+            of `train_metrics:`), e.g. 'top1' or 'macro_f1'; a task's as '<output>/top1'.
+        split: 'eval' watches the value of each evaluation, 'train' the training value (`train_metrics:`; needs
+            trainer.train_metrics_interval of 1 or more) at each epoch's end.
+        mode: 'max' when a larger value is better (accuracy, F1), 'min' when a smaller one is (a loss).
+        stop_on_batch: also compare after every training batch, not only at epoch ends and evaluations (has an
+            effect with split 'train' only).
+    """
     from composer.callbacks import ThresholdStopper
 
     return ThresholdStopper(
@@ -76,7 +103,13 @@ def threshold_stopper(
 
 @callbacks.register("nan_monitor")
 def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
-    """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update."""
+    """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update.
+
+    Args:
+        action: 'stop' ends training at the first NaN/inf loss, before that step's update; 'skip' drops that
+            step's gradients, so the update changes nothing, and trains on.
+        max_skips: with action 'skip', how many steps may be skipped in all before the run stops anyway.
+    """
     from dlrecipes.callbacks.monitors import NaNMonitor
     from dlrecipes.records.layout import RunDir
 
@@ -95,7 +128,17 @@ def torch_profiler(
     profile_memory: bool = True,
     with_stack: bool = False,
 ):
-    """torch.profiler traces for a window of batches, written to <run dir>/profiler."""
+    """torch.profiler traces for a window of batches, written to <run dir>/profiler.
+
+    Args:
+        wait: batches to let pass at the start of each cycle before the profiler starts.
+        warmup: batches profiled and then discarded after the wait, so start-up costs stay out of the trace.
+        active: batches recorded in each cycle's trace.
+        repeat: how many wait/warmup/active cycles to record, a trace file each; 0 cycles until training ends.
+        record_shapes: record the shapes of each operator's inputs.
+        profile_memory: record the tensor memory each operator allocates and frees.
+        with_stack: record the Python source lines that called each operator (bigger traces, more overhead).
+    """
     from dlrecipes.callbacks.monitors import TorchProfilerTraces
     from dlrecipes.records.layout import RunDir
 
@@ -107,7 +150,13 @@ def torch_profiler(
 
 @callbacks.register("best_checkpoint")
 def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
-    """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor)."""
+    """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor).
+
+    Args:
+        monitor: the eval metric to watch, as the run names it: one of `metrics:` or 'loss', e.g. 'top1' or
+            'macro_f1'; a task's as '<output>/top1'.
+        mode: 'max' when a larger value is better (accuracy, F1), 'min' when a smaller one is (a loss).
+    """
     from dlrecipes.callbacks.keep_best import BestCheckpoint
     from dlrecipes.records.layout import RunDir
 
@@ -118,7 +167,19 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
 def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
                  warmup_evaluations: int = 1):
     """Report the eval metric to an Optuna trial after each evaluation and stop when the median pruner prunes
-    it (added by `dlrecipes sweep --search optuna`; needs the optuna extra)."""
+    it (added by `dlrecipes sweep --search optuna`; needs the optuna extra).
+
+    Args:
+        storage: path of the Optuna journal file that holds the study (the sweep's, in its folder).
+        study: the name of the Optuna study in that file.
+        trial: the number of this run's trial in the study (the sweep creates the trial before the run).
+        monitor: the eval metric to watch, as the run names it: one of `metrics:` or 'loss', e.g. 'top1' or
+            'macro_f1'; a task's as '<output>/top1'.
+        startup_trials: trials of the study that must finish before the median pruner prunes any; 0 prunes from
+            the first.
+        warmup_evaluations: the first evaluations of each trial, which are never pruned; 0 allows pruning at the
+            first.
+    """
     from dlrecipes.callbacks.optuna_trial import OptunaTrial, import_optuna
 
     if startup_trials < 0 or warmup_evaluations < 0:
@@ -142,7 +203,22 @@ def export(
     onnx_opset: Optional[int] = None,
     trial: bool = True,
 ):
-    """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images."""
+    """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images.
+
+    Args:
+        formats: the files to write, each at most once: 'torchscript' (model.torchscript.pt), 'onnx' (model.onnx;
+            needs the onnx extra).
+        batch_size: images in the example batch the model is traced on for export.
+        verify_batch_size: images of the first eval batch (a training batch's without evaluation) the files are
+            checked on; more than batch_size also checks the dynamic batch axis.
+        atol: the check's absolute tolerance, in output units: each output passes when
+            |exported - trained| <= atol + rtol * |trained|.
+        rtol: the check's relative tolerance, a fraction of |trained|: each output passes when
+            |exported - trained| <= atol + rtol * |trained|.
+        onnx_opset: the ONNX operator-set version to write; null: torch.onnx's default.
+        trial: also export once at the first training batch (to a temporary folder), so a format the model
+            cannot be exported to fails before training rather than after it.
+    """
     from dlrecipes.callbacks.exporter import ExportForInference
     from dlrecipes.records.layout import RunDir
 

@@ -36,6 +36,8 @@ def type_name(tp: Any) -> str:
         return "duration above zero such as '10ep', '200ba' or '0.5dur'"
     if rng is not None:
         return f"{type_name(inner)} {rng.describe()}"
+    if inner is not tp:  # Annotated with no range (a meaning only: dlrecipes.core.param_docs.Doc)
+        return type_name(inner)
     if tp is Duration:
         return "duration such as '10ep', '200ba' or '0.5dur'"
     if tp is Any:

@@ -8,6 +8,8 @@ component's parameters against its factory's signature (:mod:`.checks`), tasks (
 
 from __future__ import annotations
 
+import re
+
 import dlrecipes.config.devices as device_checks
 from dlrecipes.config.checks import (
     check_component,
@@ -36,8 +38,25 @@ def validate(recipe: LoadedRecipe, check_device: bool = True, check_data: bool =
 
     ``check_device=False`` skips asking whether this machine can run the recipe's device
     and precision (for checking a GPU recipe on a laptop); ``check_data=False``, whether its
-    input paths exist (for checking a recipe before its data is in place).
+    input paths exist (for checking a recipe before its data is in place).  An error about a key's value carries
+    the key's meaning as its ``hint`` (the CLI prints it after the error's line).
     """
+    try:
+        return _validated(recipe, check_device, check_data)
+    except RecipeError as exc:
+        found = _VALUE_ERROR.match(str(exc))
+        if found and not getattr(exc, "hint", ""):
+            from dlrecipes.config.meanings import explained
+
+            exc.hint = explained(found.group(1), recipe.data)
+        raise
+
+
+# "optimizer.lr: expected float > 0, got -0.1": an error about a key's value, its key path first
+_VALUE_ERROR = re.compile(r"^([A-Za-z_][\w-]*(?:\.[\w-]+)*): (?:expected|unknown key|got|.* must )")
+
+
+def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> RecipeConfig:
     credentials = secret_keys(recipe.data)
     if credentials:  # first: before any other check could quote the value
         raise RecipeError(refusal(credentials[0]))
@@ -62,6 +81,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True, check_data: bool =
             setattr(config, section, check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]))
     if config.name is None:
         config.name = recipe.name
+    config.origin = str(recipe.path) if recipe.from_file else None  # not a recipe key: where it was read from
     resolve_paths(config, recipe)
     _resolve_batch_size(config, given=data.get("trainer") or {})
     device_checks.check_batches_divide(config, distributed.world_size())  # under a launcher: its processes

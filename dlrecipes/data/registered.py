@@ -14,11 +14,12 @@ from typing import Literal, Optional
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import Classes, Fraction, Size
+from dlrecipes.data.preprocess_params import (
+    CROP_SIZE, EVAL_CROP_SIZE, HFLIP, IMAGENET_MEAN, IMAGENET_STD, MIN_SCALE, RESIZE_RATIO, RESIZE_SIZE, CropSize,
+    EvalCropSize, Hflip, Mean, MinScale, ResizeRatio, ResizeSize, Std, shared_meanings,
+)
+from dlrecipes.data.source_sizes import folder_side, hf_side
 from dlrecipes.registry import datasets
-
-
-_IMAGENET_MEAN = [0.485, 0.456, 0.406]
-_IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
 def _crop_side(params: dict) -> int:
@@ -51,8 +52,8 @@ def _imagenet_classes(params: dict):
 
 def _check_eval_sizes(params: dict, path: str) -> None:
     """Image folders: the evaluation centre crop must fit in the resized image."""
-    crop = params.get("eval_crop_size") or params.get("crop_size", 224)
-    resize = params.get("resize_size", 256)
+    crop = params.get("eval_crop_size") or params.get("crop_size", CROP_SIZE)
+    resize = params.get("resize_size", RESIZE_SIZE)
     if crop > resize:
         which = "eval_crop_size" if params.get("eval_crop_size") else "crop_size"
         raise RecipeError(
@@ -63,7 +64,16 @@ def _check_eval_sizes(params: dict, path: str) -> None:
 
 @datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10)
 def digits(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
-    """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed)."""
+    """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed).
+
+    Args:
+        image_size: side in pixels the 8x8 scans are bilinearly upsampled to; 28 (the default) suits MNIST
+            models, 8 keeps the scans as they are.
+        augment: random affine on training images (up to 10 degrees of rotation, 10% shift, 0.9-1.1 scale; a
+            2-pixel random shift with trainer.loader=device); false: training images as they are.
+        eval_fraction: share of each class's images held out for evaluation (a stratified split), in (0, 1).
+        split_seed: seed of the random train/eval split: the same seed, the same split.
+    """
     from dlrecipes.data.digits import build_digits
 
     return build_digits(image_size, augment, eval_fraction, split_seed)
@@ -71,7 +81,14 @@ def digits(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction 
 
 @datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
-    """MNIST handwritten digits, 28x28 (torchvision; downloads when online)."""
+    """MNIST handwritten digits, 28x28 (torchvision; downloads when online).
+
+    Args:
+        root: folder holding the MNIST files (under root/MNIST/raw), where they are downloaded to when missing.
+        download: download the missing files into root; false: a missing file is an error naming it.
+        augment: shift training images by up to 2 pixels at random (a random crop of the 2-pixel-padded image;
+            never flipped); false: training images as they are.
+    """
     from dlrecipes.data.torchvision_sets import build_mnist
 
     return build_mnist(root, download, augment)
@@ -81,7 +98,18 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
                    classes=lambda p: 10)
 def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True, image_size: Size = 32):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment; image_size resizes
-    the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device."""
+    the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device.
+
+    Args:
+        root: folder holding the extracted CIFAR python batches (root/cifar-10-batches-py), where they are downloaded to
+            when missing.
+        download: download and extract the archive into root when files are missing; false: a missing file is an
+            error naming it.
+        augment: random 32x32 crops of the 4-pixel-padded training images and random left-right flips; false:
+            training images as they are.
+        image_size: side in pixels the 32x32 images are bilinearly resized to (after augmentation) for networks
+            built for larger inputs, at least 8; 32 (the default) leaves them as they are.
+    """
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
     from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 
@@ -91,7 +119,18 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
 @datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
                    classes=lambda p: 100)
 def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True, image_size: Size = 32):
-    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10."""
+    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10.
+
+    Args:
+        root: folder holding the extracted CIFAR python batches (root/cifar-100-python), where they are downloaded to
+            when missing.
+        download: download and extract the archive into root when files are missing; false: a missing file is an
+            error naming it.
+        augment: random 32x32 crops of the 4-pixel-padded training images and random left-right flips; false:
+            training images as they are.
+        image_size: side in pixels the 32x32 images are bilinearly resized to (after augmentation) for networks
+            built for larger inputs, at least 8; 32 (the default) leaves them as they are.
+    """
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
@@ -100,23 +139,33 @@ def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool =
 
 @datasets.register(
     "image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side, validator=_check_eval_sizes,
+    source_side=lambda p: folder_side(p.get("train_path")),
     classes=_folder_classes("train_path"),
 )
+@shared_meanings
 def image_folder(
     train_path: str,
     val_path: str,
-    crop_size: int = 224,
-    resize_size: int = 256,
-    eval_crop_size: Optional[int] = None,
-    min_scale: float = 0.08,
-    hflip: bool = True,
-    mean: list[float] = _IMAGENET_MEAN,
-    std: list[float] = _IMAGENET_STD,
+    crop_size: CropSize = CROP_SIZE,
+    resize_size: ResizeSize = RESIZE_SIZE,
+    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
+    min_scale: MinScale = MIN_SCALE,
+    hflip: Hflip = HFLIP,
+    mean: Mean = IMAGENET_MEAN,
+    std: Std = IMAGENET_STD,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
     """Any folders of <class>/<image> for train and val: random-resized crops of crop_size + flip for
     training; evaluation resizes the shorter side to resize_size and center-crops eval_crop_size
-    (default: crop_size)."""
+    (default: crop_size).
+
+    Args:
+        train_path: folder of training images, one subfolder per class (<class>/<image>); the subfolders' names
+            are the class names.
+        val_path: folder of evaluation images laid out as train_path, with the same class subfolders.
+        bad_images: what an unreadable (corrupt, truncated, empty) image does: fail stops with an error naming it;
+            skip replaces it by the next readable image and warns with its path.
+    """
     from dlrecipes.data.image_folder import build_image_folders
 
     return build_image_folders(
@@ -127,21 +176,34 @@ def image_folder(
 
 @datasets.register(
     "imagenet", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
-    classes=_imagenet_classes,
+    classes=_imagenet_classes, source_side=lambda p: folder_side(f"{p.get('root')}/train"),
 )
+@shared_meanings
 def imagenet(
     root: str = "data/imagenet",
-    crop_size: int = 224,
-    resize_size: int = 256,
-    eval_crop_size: Optional[int] = None,
-    min_scale: float = 0.08,
-    hflip: bool = True,
+    crop_size: CropSize = CROP_SIZE,
+    resize_size: ResizeSize = RESIZE_SIZE,
+    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
+    min_scale: MinScale = MIN_SCALE,
+    hflip: Hflip = HFLIP,
     subset: Literal["all", "imagenet100"] = "all",
     class_list: Optional[str] = None,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
     """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder); subset
-    imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own."""
+    imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own.
+
+    Normalised with ImageNet's mean and standard deviation.
+
+    Args:
+        root: the ImageNet folder, holding train/<synset>/ and val/<synset>/ image folders.
+        subset: which classes are kept: all (every synset folder under root/train, 1,000 in ImageNet-1k) or
+            imagenet100 (the 100 CMC synsets, a list shipped with dlrecipes).
+        class_list: a text file of synsets, one a line, the only classes kept (it overrides subset); null: as
+            subset says.
+        bad_images: what an unreadable (corrupt, truncated, empty) image does: fail stops with an error naming it;
+            skip replaces it by the next readable image and warns with its path.
+    """
     from pathlib import Path
 
     from dlrecipes.data.image_folder import build_image_folders, imagenet100_classes
@@ -154,7 +216,7 @@ def imagenet(
         except OSError as exc:
             raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
     return build_image_folders(
-        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, _IMAGENET_MEAN, _IMAGENET_STD,
+        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, IMAGENET_MEAN, IMAGENET_STD,
         only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size,
     )
 
@@ -165,7 +227,8 @@ datasets.add_variant(
 )
 
 
-@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes)
+@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side)
+@shared_meanings
 def hf(
     path: str,
     split: str = "train",
@@ -173,17 +236,29 @@ def hf(
     image_column: str = "image",
     label_column: str = "label",
     config: Optional[str] = None,
-    crop_size: int = 224,
-    resize_size: int = 256,
-    eval_crop_size: Optional[int] = None,
-    min_scale: float = 0.08,
-    hflip: bool = True,
-    mean: list[float] = _IMAGENET_MEAN,
-    std: list[float] = _IMAGENET_STD,
+    crop_size: CropSize = CROP_SIZE,
+    resize_size: ResizeSize = RESIZE_SIZE,
+    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
+    min_scale: MinScale = MIN_SCALE,
+    hflip: Hflip = HFLIP,
+    mean: Mean = IMAGENET_MEAN,
+    std: Std = IMAGENET_STD,
 ):
     """A Hugging Face dataset (needs the hf extra): a hub id, or a folder from save_to_disk or of Parquet files;
     eval_split defaults to validation, else test; class names from the label column's ClassLabel; sizes as
-    image_folder."""
+    image_folder.
+
+    Args:
+        path: a hub id (such as ylecun/mnist), a folder written by save_to_disk, or a folder of data files such as
+            Parquet.
+        split: name of the split training reads.
+        eval_split: name of the split evaluation reads; null: validation if the dataset has one, else test.
+        image_column: name of the column holding the images.
+        label_column: name of the column holding the integer class labels (a ClassLabel column also names the
+            classes).
+        config: name of the dataset's configuration (subset) to load, as datasets.load_dataset takes it; null:
+            its default one.
+    """
     from dlrecipes.data.hf_dataset import build_hf_dataset
 
     return build_hf_dataset(
@@ -195,20 +270,30 @@ def hf(
 @datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
     "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
     "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"))
+@shared_meanings
 def ffcv(
     train_path: str,
     val_path: str,
-    crop_size: int = 224,
-    eval_crop_size: Optional[int] = None,
-    resize_ratio: float = 224 / 256,
-    min_scale: float = 0.08,
-    hflip: bool = True,
-    mean: list[float] = _IMAGENET_MEAN,
-    std: list[float] = _IMAGENET_STD,
+    crop_size: CropSize = CROP_SIZE,
+    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
+    resize_ratio: ResizeRatio = RESIZE_RATIO,
+    min_scale: MinScale = MIN_SCALE,
+    hflip: Hflip = HFLIP,
+    mean: Mean = IMAGENET_MEAN,
+    std: Std = IMAGENET_STD,
     os_cache: bool = True,
     batches_ahead: int = 3,
 ):
-    """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra."""
+    """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra.
+
+    Args:
+        train_path: the .beton file of the training split (written by dlrecipes data convert).
+        val_path: the .beton file of the evaluation split, with the same classes.
+        os_cache: true: read the files through the operating system's page cache (fastest when they fit in
+            memory, shared by every process); false: FFCV's own per-process cache, for files larger than memory.
+        batches_ahead: how many batches FFCV's loader decodes ahead of the one training uses (more hides decoding
+            stalls, at the cost of memory).
+    """
     from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
     from dlrecipes.data.ffcv_loader import FFCVSource
     from dlrecipes.data.preprocess import preprocess_spec
@@ -239,7 +324,15 @@ def synthetic(
     eval_samples: int = 64,
     seed: int = 0,
 ):
-    """Random images and labels of a given shape (smoke tests and benchmarks)."""
+    """Random images and labels of a given shape (smoke tests and benchmarks).
+
+    Args:
+        num_classes: how many classes the labels are drawn from (uniformly at random).
+        input_shape: shape of each image as (channels, height, width); pixels are standard normal noise.
+        train_samples: number of training samples.
+        eval_samples: number of evaluation samples.
+        seed: seed of the random images and labels: the same seed, the same data.
+    """
     from dlrecipes.data.synthetic import build_synthetic
 
     return build_synthetic(num_classes, tuple(input_shape), train_samples, eval_samples, seed)
@@ -256,7 +349,16 @@ def _digits_two_view_io(params: dict):
 
 @datasets.register("digits_two_view", io=_digits_two_view_io)
 def digits_two_view(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
-    """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs)."""
+    """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs).
+
+    Args:
+        image_size: side in pixels the 8x8 scans are bilinearly upsampled to before being cut into a left half
+            (image_size // 2 columns) and a right half (the rest).
+        augment: random affine on training images (up to 10 degrees of rotation, 10% shift, 0.9-1.1 scale; a
+            2-pixel random shift with trainer.loader=device); false: training images as they are.
+        eval_fraction: share of each class's images held out for evaluation (a stratified split), in (0, 1).
+        split_seed: seed of the random train/eval split: the same seed, the same split.
+    """
     from dlrecipes.data.task_data import build_digits_two_view
 
     return build_digits_two_view(image_size, augment, eval_fraction, split_seed)
@@ -284,7 +386,21 @@ def synthetic_multi_io(
     noise: float = 1.0,
     seed: int = 0,
 ):
-    """Generated (inputs..., labels..., values...) with a learnable signal; class and regression outputs by name."""
+    """Generated (inputs..., labels..., values...) with a learnable signal; class and regression outputs by name.
+
+    Args:
+        inputs: names of the inputs: each sample holds one tensor of input_shape per name.
+        input_shape: shape of every input tensor, such as (channels, height, width).
+        classes: the class outputs, as output name -> number of classes (at least 2); each label adds a fixed random
+            pattern of its class to the inputs.
+        regression: names of the regression outputs: each a value drawn in [-1, 1] that scales a fixed random pattern
+            added to the inputs.
+        train_samples: number of training samples.
+        eval_samples: number of evaluation samples.
+        noise: standard deviation of the Gaussian noise added to every input (the patterns have 1); larger is
+            harder to learn, 0 is none.
+        seed: seed of the patterns, labels, values and noise: the same seed, the same data.
+    """
     from dlrecipes.data.task_data import build_synthetic_multi_io
 
     return build_synthetic_multi_io(

@@ -58,7 +58,13 @@ def _told(tracker, run):
 
 @loggers.register("tensorboard")
 def tensorboard(run_dir, run=None, /, log_dir: Optional[str] = None, flush_interval: int = 100):
-    """TensorBoard event files (default: <run dir>/tensorboard)."""
+    """TensorBoard event files (default: <run dir>/tensorboard).
+
+    Args:
+        log_dir: the folder the event files go into (in a subfolder named after the run); null: <run dir>/tensorboard.
+        flush_interval: batches between writes of the buffered events to disk (also written at each epoch's end
+            and each evaluation).
+    """
     _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
     from dlrecipes.loggers.trackers import TensorboardLogger
 
@@ -81,8 +87,19 @@ def wandb(
     offline: bool = False,
     log_artifacts: Artifacts = "files",
 ):
-    """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it). The recipe is the run's config;
-    log_artifacts: the run's files (default), plus the best checkpoint, the export, all, or none."""
+    """Weights & Biases (honours WANDB_MODE=offline; `offline: true` forces it); the recipe is the run's config.
+
+    Args:
+        project: the W&B project the run is filed under; null: W&B's default (WANDB_PROJECT, else 'uncategorized').
+        entity: the W&B user or team that owns the project; null: the account's default entity (WANDB_ENTITY).
+        group: a W&B group gathering related runs (e.g. a sweep's) for comparison; null: none.
+        name: the run's name in W&B; null: the run directory's name.
+        tags: labels put on the W&B run (secrets redacted), besides dlrecipes' own (recipe, device, git commit).
+        offline: true sets WANDB_MODE=offline, so the run is only written locally (`wandb sync` uploads it later);
+            false leaves WANDB_MODE as it is.
+        log_artifacts: the run's files uploaded at the end: 'files' (recipe.yaml, summary.json, history.csv, the
+            plots and the report), 'checkpoint' adds best.pt, 'export' the export folder, 'all' both, 'none' nothing.
+    """
     _require("wandb", "wandb", "dlrecipes[wandb]")
     import os
 
@@ -117,8 +134,18 @@ def mlflow(
     tags: Optional[dict[str, str]] = None,
     log_artifacts: Artifacts = "files",
 ):
-    """MLflow tracking (default: a local file store in <run dir>/mlruns). The recipe is the run's parameters;
-    log_artifacts: the run's files (default), plus the best checkpoint, the export, all, or none."""
+    """MLflow tracking (default: a local file store in <run dir>/mlruns); the recipe is the run's parameters.
+
+    Args:
+        tracking_uri: where MLflow records the run: a server's http(s) address (checked before training) or a
+            store URI; null: a file store in <run dir>/mlruns.
+        experiment_name: the MLflow experiment the run is filed under (created if missing); null: 'dlrecipes'.
+        run_name: the run's name in MLflow; null: the run directory's name.
+        tags: extra tags on the MLflow run, name to value (secrets redacted), besides dlrecipes' own (recipe,
+            device, git commit).
+        log_artifacts: the run's files uploaded at the end: 'files' (recipe.yaml, summary.json, history.csv, the
+            plots and the report), 'checkpoint' adds best.pt, 'export' the export folder, 'all' both, 'none' nothing.
+    """
     _require("mlflow", "mlflow", "dlrecipes[mlflow]")
     import os
 

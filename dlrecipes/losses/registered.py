@@ -19,7 +19,12 @@ from dlrecipes.registry import losses
 
 @losses.register("cross_entropy", targets="class")
 def cross_entropy(label_smoothing: Probability = 0.0):
-    """Softmax cross-entropy (Composer's, for index or soft targets), optional label smoothing."""
+    """Softmax cross-entropy (Composer's, for index or soft targets), optional label smoothing.
+
+    Args:
+        label_smoothing: the share of each target's probability spread evenly over the classes (target =
+            (1 - s) * one-hot + s / classes); 0: none.
+    """
     from dlrecipes.losses.functions import smoothed, soft_cross_entropy
 
     return smoothed(soft_cross_entropy, label_smoothing)
@@ -27,7 +32,12 @@ def cross_entropy(label_smoothing: Probability = 0.0):
 
 @losses.register("binary_cross_entropy", targets="class")
 def binary_cross_entropy(label_smoothing: Probability = 0.0):
-    """One sigmoid per class (MosaicML's ResNet recipes), optional label smoothing."""
+    """One sigmoid per class (MosaicML's ResNet recipes), optional label smoothing.
+
+    Args:
+        label_smoothing: the share of each target's probability spread evenly over the classes (target =
+            (1 - s) * one-hot + s / classes); 0: none.
+    """
     from dlrecipes.losses.functions import binary_cross_entropy, smoothed
 
     return smoothed(binary_cross_entropy, label_smoothing)
@@ -35,7 +45,14 @@ def binary_cross_entropy(label_smoothing: Probability = 0.0):
 
 @losses.register("focal", targets="class")
 def focal(gamma: NonNegative = 2.0, label_smoothing: Probability = 0.0):
-    """Softmax focal loss (Lin et al. 2017): cross-entropy weighted by (1 - p)^gamma; gamma 0 is cross-entropy."""
+    """Softmax focal loss (Lin et al. 2017): cross-entropy weighted by (1 - p)^gamma; gamma 0 is cross-entropy.
+
+    Args:
+        gamma: the focusing exponent: each class's term is weighted by (1 - p)^gamma, p its predicted
+            probability, so confidently right samples count less; 0 is plain cross-entropy.
+        label_smoothing: the share of each target's probability spread evenly over the classes (target =
+            (1 - s) * one-hot + s / classes); 0: none.
+    """
     from dlrecipes.losses.functions import focal_loss, smoothed
 
     return smoothed(focal_loss(gamma), label_smoothing)

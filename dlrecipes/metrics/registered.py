@@ -49,13 +49,24 @@ def top5(num_classes: int, /):
 
 @metrics.register("accuracy", top_k=lambda p: p.get("top_k", 1))
 def accuracy(num_classes: int, /, top_k: int = 1, average: Literal["micro", "macro"] = "micro"):
-    """Top-k accuracy; average=macro is the mean of the per-class accuracies (balanced accuracy)."""
+    """Top-k accuracy; average=macro is the mean of the per-class accuracies (balanced accuracy).
+
+    Args:
+        top_k: a sample counts as right when its label is among its k highest scores (k capped at the class count).
+        average: 'micro' is the fraction of all samples that are right; 'macro' the mean of the per-class
+            accuracies, each class weighing the same (balanced accuracy).
+    """
     return _accuracy(num_classes, top_k, average)
 
 
 @metrics.register("f1")
 def f1(num_classes: int, /, average: Average = "macro"):
-    """F1 score (harmonic mean of precision and recall), macro-, micro- or support-weighted-averaged."""
+    """F1 score (harmonic mean of precision and recall), macro-, micro- or support-weighted-averaged.
+
+    Args:
+        average: how the per-class scores combine: 'macro' their plain mean, 'weighted' their mean weighted by
+            each class's sample count, 'micro' one score from the counts of all classes summed.
+    """
     from torchmetrics.classification import MulticlassF1Score
 
     return MulticlassF1Score(num_classes=num_classes, average=average, **UNCHECKED)
@@ -75,7 +86,12 @@ def micro_f1(num_classes: int, /):
 
 @metrics.register("precision")
 def precision(num_classes: int, /, average: Average = "macro"):
-    """Precision (of the samples predicted as a class, the fraction that are), averaged over classes."""
+    """Precision (of the samples predicted as a class, the fraction that are), averaged over classes.
+
+    Args:
+        average: how the per-class scores combine: 'macro' their plain mean, 'weighted' their mean weighted by
+            each class's sample count, 'micro' one score from the counts of all classes summed.
+    """
     from torchmetrics.classification import MulticlassPrecision
 
     return MulticlassPrecision(num_classes=num_classes, average=average, **UNCHECKED)
@@ -83,7 +99,12 @@ def precision(num_classes: int, /, average: Average = "macro"):
 
 @metrics.register("recall")
 def recall(num_classes: int, /, average: Average = "macro"):
-    """Recall (of the samples of a class, the fraction predicted as it), averaged over classes."""
+    """Recall (of the samples of a class, the fraction predicted as it), averaged over classes.
+
+    Args:
+        average: how the per-class scores combine: 'macro' their plain mean, 'weighted' their mean weighted by
+            each class's sample count, 'micro' one score from the counts of all classes summed.
+    """
     from torchmetrics.classification import MulticlassRecall
 
     return MulticlassRecall(num_classes=num_classes, average=average, **UNCHECKED)

@@ -19,7 +19,14 @@ from dlrecipes.registry import models
 
 @models.register("cnn_simple", input_size=(1, 28, 28), param_count=421_642)
 def cnn_simple(num_classes: Classes = 10, in_chans: AtLeastOne = 1, width: Size = 32, hidden: Size = 128):
-    """Small baseline CNN (2 conv + max-pool, 1 hidden layer), MNIST-sized inputs."""
+    """Small baseline CNN (2 conv + max-pool, 1 hidden layer), MNIST-sized inputs.
+
+    Args:
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+        width: channels of the first convolution; the second has twice as many.
+        hidden: units of the hidden dense layer before the output layer.
+    """
     from dlrecipes.models.architectures.simple_cnn import CNNSimple
 
     return CNNSimple(num_classes, in_chans, width, hidden)
@@ -27,7 +34,14 @@ def cnn_simple(num_classes: Classes = 10, in_chans: AtLeastOne = 1, width: Size 
 
 @models.register("mnist_cnn", input_size=(1, 28, 28), param_count=268_650)
 def mnist_cnn(num_classes: Classes = 10, in_chans: AtLeastOne = 1, width: Size = 32, dropout: Probability = 0.4):
-    """Stronger MNIST CNN (BN conv blocks, strided 5x5 downsampling, dropout), aims at >= 99.2%."""
+    """Stronger MNIST CNN (BN conv blocks, strided 5x5 downsampling, dropout), aims at >= 99.2%.
+
+    Args:
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+        width: channels of the first stage's convolutions; the second stage has 2x, the last convolution 4x.
+        dropout: the probability of zeroing an activation, after each downsampling stage and before the classifier.
+    """
     from dlrecipes.models.architectures.simple_cnn import MnistCNN
 
     return MnistCNN(num_classes, in_chans, width, dropout)
@@ -45,7 +59,19 @@ def fusion_cnn(
     dropout: Probability = 0.1,
     shared_encoder: bool = False,
 ):
-    """Several image inputs (one small BN conv encoder each, or one shared), fused, one linear head per output."""
+    """Several image inputs (one small BN conv encoder each, or one shared), fused, one linear head per output.
+
+    Args:
+        input_channels: the channels of each input image, in the task's input order; filled from the task and
+            the dataset when left out.
+        output_sizes: each output's name and the size of its linear head (its classes, or its regression values);
+            filled from the task and the dataset when left out.
+        width: channels of each encoder's first convolution; its second has twice as many.
+        hidden: units of the fused layer that every head reads.
+        dropout: the probability of zeroing a fused feature before the heads.
+        shared_encoder: one encoder, the same weights, for every input (the inputs then need the same channel
+            count); false: an encoder per input.
+    """
     from dlrecipes.models.architectures.fusion_cnn import FusionCNN
 
     return FusionCNN(input_channels, output_sizes, width, hidden, dropout, shared_encoder)
@@ -53,7 +79,12 @@ def fusion_cnn(
 
 @models.register("cifar_resnet18", input_size=(3, 32, 32), param_count=11_173_962)
 def cifar_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
-    """ResNet-18 with a 3x3 stride-1 stem for 32x32 images (11.2 M parameters)."""
+    """ResNet-18 with a 3x3 stride-1 stem for 32x32 images (11.2 M parameters).
+
+    Args:
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+    """
     from dlrecipes.models.architectures.cifar_resnet import resnet18
 
     return resnet18(num_classes, in_chans)
@@ -61,7 +92,12 @@ def cifar_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
 
 @models.register("cifar_preact_resnet18", input_size=(3, 32, 32), param_count=11_172_170)
 def cifar_preact_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
-    """Pre-activation ResNet-18 with a 32x32 stem (He et al. 2016)."""
+    """Pre-activation ResNet-18 with a 32x32 stem (He et al. 2016).
+
+    Args:
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+    """
     from dlrecipes.models.architectures.cifar_resnet import preact_resnet18
 
     return preact_resnet18(num_classes, in_chans)
@@ -89,7 +125,24 @@ def timm_model(
     min_input_size: AtLeastOne = 64,
     input_shape: Optional[tuple[int, int, int]] = None,
 ):
-    """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file)."""
+    """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file).
+
+    Args:
+        arch: the timm model name, e.g. 'resnet18' or 'vit_small_patch16_224' (`timm.list_models()` lists them).
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+        pretrained: start from timm's pretrained weights, downloaded from the hub (the classifier is new when
+            the class count differs); false: random initialisation.
+        pretrained_path: a local weights file to start from instead of the hub (pretrained is then not needed);
+            null: none.
+        drop_rate: the dropout probability before the classifier.
+        drop_path_rate: the stochastic-depth rate: the largest probability of skipping a residual block during
+            training; null: the architecture's default.
+        min_input_size: the smallest image side, in pixels, the model accepts: ImageNet networks downsample 32x,
+            so smaller data is refused; lower it to train on it anyway.
+        input_shape: (channels, height, width) of the input images, read only by the min_input_size check;
+            filled from the dataset when left out.
+    """
     import timm
 
     refuse_small_inputs("timm", arch, input_shape, min_input_size)
@@ -140,8 +193,20 @@ def torchvision_model(
 ):
     """Any torchvision classification model by name (`arch`), e.g. resnet50; weights from a local file.
 
-    ``init: mosaicml`` re-initialises the weights as MosaicML's ResNet benchmark does (see
-    dlrecipes.models.init); ``loss`` is filled from the recipe's loss.
+    Args:
+        arch: the torchvision model name, e.g. 'resnet50' (`torchvision.models.list_models()` lists them).
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images, filled from the dataset; torchvision models take 3 only.
+        pretrained_path: a local state-dict file (torch.save) loaded after initialisation; tensors of another
+            shape, such as a classifier for another class count, stay as initialised; null: none.
+        min_input_size: the smallest image side, in pixels, the model accepts: ImageNet networks downsample 32x,
+            so smaller data is refused; lower it to train on it anyway.
+        input_shape: (channels, height, width) of the input images, read only by the min_input_size check;
+            filled from the dataset when left out.
+        init: 'torchvision' keeps torchvision's initialisation; 'mosaicml' redraws the weights as MosaicML's
+            ResNet benchmark does (dlrecipes.models.init).
+        loss: the recipe's loss, filled from it (another value is refused); with binary_cross_entropy, init
+            mosaicml starts the classifier's bias at -log(classes).
     """
     import torch
     import torchvision

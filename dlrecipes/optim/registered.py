@@ -41,7 +41,20 @@ def sgd(
     no_decay_norm_and_bias: bool = False,
     fused: Optional[bool] = None,
 ):
-    """torch SGD with momentum; weight decay coupled to the learning rate (L2)."""
+    """torch SGD with momentum; weight decay coupled to the learning rate (L2).
+
+    Args:
+        lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier 1.0).
+        momentum: momentum factor: the buffer becomes momentum * buffer + gradient and the step follows it; 0 for
+            plain SGD.
+        weight_decay: L2 penalty: weight_decay * weights is added to the gradient, so the decay scales with the lr;
+            0 for none.
+        nesterov: Nesterov momentum: step along gradient + momentum * buffer instead of along the buffer alone.
+        no_decay_norm_and_bias: put 1-D parameters (biases, norm scales) in a group with weight_decay 0, as
+            most ImageNet recipes do; false decays every parameter.
+        fused: one fused kernel for the whole update (GPU); null (the default) turns it on for amp_fp16 on a
+            GPU and leaves it off otherwise.
+    """
     import torch
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
@@ -59,7 +72,20 @@ def adamw(
     no_decay_norm_and_bias: bool = False,
     fused: Optional[bool] = None,
 ):
-    """torch AdamW."""
+    """torch AdamW.
+
+    Args:
+        lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier 1.0).
+        betas: (beta1, beta2): decay rates of the running averages of the gradient and of the squared gradient;
+            closer to 1 averages over more steps (about 1 / (1 - beta)).
+        eps: small constant added to the denominator (the root of the squared-gradient average) to keep it finite.
+        weight_decay: decoupled weight decay: each step multiplies the weights by 1 - lr * weight_decay, apart from
+            the gradient update; 0 for none.
+        no_decay_norm_and_bias: put 1-D parameters (biases, norm scales) in a group with weight_decay 0, as
+            most ImageNet recipes do; false decays every parameter.
+        fused: one fused kernel for the whole update (GPU); null (the default) turns it on for amp_fp16 on a
+            GPU and leaves it off otherwise.
+    """
     import torch
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
@@ -77,7 +103,20 @@ def decoupled_sgdw(
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
 ):
-    """Composer's DecoupledSGDW: weight decay scaled by the schedule, not by the learning rate."""
+    """Composer's DecoupledSGDW: weight decay scaled by the schedule, not by the learning rate.
+
+    Args:
+        lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier 1.0).
+        momentum: momentum factor: the buffer becomes momentum * buffer + (1 - dampening) * gradient and the step
+            follows it; 0 for plain SGD.
+        weight_decay: decoupled weight decay that follows the schedule, not the lr: each step multiplies the
+            weights by 1 - weight_decay * (the schedule's multiplier), so it is about lr times smaller than
+            sgd's for the same decay; 0 for none.
+        dampening: share of each gradient left out of the momentum buffer; 0 for none, as nesterov needs.
+        nesterov: Nesterov momentum: step along gradient + momentum * buffer instead of along the buffer alone.
+        no_decay_norm_and_bias: put 1-D parameters (biases, norm scales) in a group with weight_decay 0, as
+            most ImageNet recipes do; false decays every parameter.
+    """
     from composer.optim import DecoupledSGDW
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
@@ -97,7 +136,21 @@ def decoupled_adamw(
     amsgrad: bool = False,
     no_decay_norm_and_bias: bool = False,
 ):
-    """Composer's DecoupledAdamW (decay scaled by the schedule, not by the learning rate)."""
+    """Composer's DecoupledAdamW (decay scaled by the schedule, not by the learning rate).
+
+    Args:
+        lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier 1.0).
+        betas: (beta1, beta2): decay rates of the running averages of the gradient and of the squared gradient;
+            closer to 1 averages over more steps (about 1 / (1 - beta)).
+        eps: small constant added to the denominator (the root of the squared-gradient average) to keep it finite.
+        weight_decay: decoupled weight decay that follows the schedule, not the lr: each step multiplies the
+            weights by 1 - weight_decay * (the schedule's multiplier), so it is about lr times smaller than
+            adamw's for the same decay; 0 for none.
+        amsgrad: AMSGrad: divide by the running maximum of the squared-gradient average instead of its current
+            value, so no parameter's step size grows back.
+        no_decay_norm_and_bias: put 1-D parameters (biases, norm scales) in a group with weight_decay 0, as
+            most ImageNet recipes do; false decays every parameter.
+    """
     from composer.optim import DecoupledAdamW
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
@@ -111,7 +164,12 @@ register_timm_optimizers(optimizers)
 
 @schedulers.register("constant")
 def constant(warmup: Duration = "0ba"):
-    """Constant learning rate, after an optional linear warmup."""
+    """Constant learning rate, after an optional linear warmup.
+
+    Args:
+        warmup: duration of the linear warmup from 0 to the base lr, e.g. '2ep', '500ba' or '0.05dur' (a share of
+            the run); '0ba' for none.
+    """
     from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
     return ConstantScheduler() if is_zero(warmup) else ConstantWithWarmupScheduler(t_warmup=warmup)
@@ -119,7 +177,14 @@ def constant(warmup: Duration = "0ba"):
 
 @schedulers.register("linear")
 def linear(warmup: Duration = "0ba", alpha_i: NonNegative = 1.0, alpha_f: NonNegative = 0.0):
-    """Linear from alpha_i to alpha_f times the base rate over training, after an optional warmup."""
+    """Linear from alpha_i to alpha_f times the base rate over training, after an optional warmup.
+
+    Args:
+        warmup: duration of the linear warmup from 0 to alpha_i times the base lr, e.g. '2ep', '500ba' or
+            '0.05dur' (a share of the run); '0ba' for none.
+        alpha_i: multiplier of the base lr where the linear ramp starts (after the warmup).
+        alpha_f: multiplier of the base lr the ramp reaches at the end of training (0: down to zero).
+    """
     from composer.optim import LinearScheduler, LinearWithWarmupScheduler
 
     if is_zero(warmup):
@@ -129,7 +194,13 @@ def linear(warmup: Duration = "0ba", alpha_i: NonNegative = 1.0, alpha_f: NonNeg
 
 @schedulers.register("cosine")
 def cosine(warmup: Duration = "0ba", alpha_f: NonNegative = 0.0):
-    """Cosine decay to alpha_f times the base rate, after an optional linear warmup."""
+    """Cosine decay to alpha_f times the base rate, after an optional linear warmup.
+
+    Args:
+        warmup: duration of the linear warmup from 0 to the base lr, e.g. '2ep', '500ba' or '0.05dur' (a share of
+            the run); '0ba' for none.
+        alpha_f: multiplier of the base lr the cosine reaches at the end of training (0: down to zero).
+    """
     from composer.optim import CosineAnnealingScheduler, CosineAnnealingWithWarmupScheduler
 
     if is_zero(warmup):
@@ -139,7 +210,14 @@ def cosine(warmup: Duration = "0ba", alpha_f: NonNegative = 0.0):
 
 @schedulers.register("step")
 def step(step_size: PositiveDuration = "30ep", gamma: Positive = 0.1, warmup: Duration = "0ba"):
-    """Multiply the rate by gamma every step_size, after an optional linear warmup."""
+    """Multiply the rate by gamma every step_size, after an optional linear warmup.
+
+    Args:
+        step_size: interval between two decays, e.g. '30ep' or '1000ba', counted from the end of the warmup.
+        gamma: factor the rate is multiplied by at each step_size (0.1: down to a tenth).
+        warmup: duration of the linear warmup from 0 to the base lr, e.g. '2ep', '500ba' or '0.05dur' (a share of
+            the run); '0ba' for none.
+    """
     if is_zero(warmup):
         from composer.optim import StepScheduler
 
@@ -151,7 +229,15 @@ def step(step_size: PositiveDuration = "30ep", gamma: Positive = 0.1, warmup: Du
 
 @schedulers.register("multistep")
 def multistep(milestones: list[Duration], gamma: Positive = 0.1, warmup: Duration = "0ba"):
-    """Multiply the rate by gamma at each milestone, after an optional linear warmup."""
+    """Multiply the rate by gamma at each milestone, after an optional linear warmup.
+
+    Args:
+        milestones: times at which the rate is multiplied by gamma, counted from the start of training, e.g.
+            ['30ep', '60ep', '80ep'].
+        gamma: factor the rate is multiplied by at each milestone (0.1: down to a tenth).
+        warmup: duration of the linear warmup from 0 to the base lr, e.g. '2ep', '500ba' or '0.05dur' (a share of
+            the run); '0ba' for none.
+    """
     from composer.optim import MultiStepScheduler, MultiStepWithWarmupScheduler
 
     if is_zero(warmup):
@@ -161,7 +247,14 @@ def multistep(milestones: list[Duration], gamma: Positive = 0.1, warmup: Duratio
 
 @schedulers.register("onecycle")
 def onecycle(warmup: Duration = "0.3dur", div_factor: Positive = 25.0, final_div_factor: Positive = 1e4):
-    """One-cycle: rise from lr/div_factor to lr over warmup, then cosine down to nearly zero."""
+    """One-cycle: rise from lr/div_factor to lr over warmup, then cosine down to nearly zero.
+
+    Args:
+        warmup: duration of the half-cosine rise from lr / div_factor to the peak lr, e.g. '0.3dur' (30% of the
+            run) or '5ep'; the rest of the run is the cosine descent.
+        div_factor: the rate starts at lr / div_factor.
+        final_div_factor: the rate ends at lr / (div_factor * final_div_factor).
+    """
     from dlrecipes.optim.lr_schedules import OneCycleScheduler
 
     return OneCycleScheduler(t_warmup=warmup, div_factor=div_factor, final_div_factor=final_div_factor)
@@ -180,7 +273,26 @@ def timm_cosine(
     warmup_prefix: bool = False,
     per_epoch: bool = False,
 ):
-    """timm's cosine: warmup from warmup_lr_init, absolute lr_min, restarts with decay, k-decay (else use cosine)."""
+    """timm's cosine: warmup from warmup_lr_init, absolute lr_min, restarts with decay, k-decay (else use cosine).
+
+    Args:
+        warmup: duration of the linear warmup from warmup_lr_init to the base lr, e.g. '5ep' or '500ba' (not
+            stretched by scale_schedule_ratio); '0ba' for none.
+        warmup_lr_init: learning rate at the start of the warmup (absolute; a parameter group with another
+            rate gets it scaled alike, as timm's lr_scale does).
+        lr_min: lowest rate, reached at the end of each cycle and held after the last one (absolute, like
+            warmup_lr_init).
+        cycle: length of the first cosine cycle (timm's t_initial), e.g. '1dur' for one cycle over the run or '50ep'.
+        cycle_mul: each cycle lasts cycle_mul times as long as the one before (1: cycles of equal length).
+        cycle_decay: each cycle's peak rate is cycle_decay times the one before (1: every cycle restarts at lr).
+        cycle_limit: how many cycles run; after the last the rate stays at lr_min.
+        k_decay: k-decay exponent: within a cycle the cosine follows t^k / T^k instead of t / T (1: the plain
+            cosine; above 1 holds the rate high longer).
+        warmup_prefix: start the cosine's clock after the warmup; false counts the warmup as part of the first
+            cycle.
+        per_epoch: change the rate once per epoch, as timm's train.py does for epoch-based schedules; false
+            changes it every batch.
+    """
     from dlrecipes.optim.lr_schedules import TimmScheduler
 
     return TimmScheduler("cosine", {"warmup_t": warmup, "t_initial": cycle}, per_epoch=per_epoch,
@@ -197,7 +309,20 @@ def timm_step(
     warmup_prefix: bool = True,
     per_epoch: bool = False,
 ):
-    """timm's step: times decay_rate every decay, warmup from warmup_lr_init (else use step)."""
+    """timm's step: times decay_rate every decay, warmup from warmup_lr_init (else use step).
+
+    Args:
+        decay: interval between two decays (timm's decay_t), e.g. '30ep' or '2000ba'.
+        decay_rate: factor the rate is multiplied by at each decay (0.1: down to a tenth).
+        warmup: duration of the linear warmup from warmup_lr_init to the base lr, e.g. '5ep' or '500ba' (not
+            stretched by scale_schedule_ratio); '0ba' for none.
+        warmup_lr_init: learning rate at the start of the warmup (absolute; a parameter group with another
+            rate gets it scaled alike, as timm's lr_scale does).
+        warmup_prefix: count the decay intervals from the end of the warmup; false counts them from the start of
+            training.
+        per_epoch: change the rate once per epoch, as timm's train.py does for epoch-based schedules; false
+            changes it every batch.
+    """
     from dlrecipes.optim.lr_schedules import TimmScheduler
 
     return TimmScheduler("step", {"warmup_t": warmup, "decay_t": decay}, per_epoch=per_epoch,

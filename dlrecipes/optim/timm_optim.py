@@ -25,6 +25,9 @@ The signatures ship in ``timm_optimizers.json``, written from the installed timm
 ``validate`` and ``list`` never import timm (``import timm.optim`` takes seconds);
 tests/test_optim.py compares it with the installed timm.  The optimizer itself is made by
 ``timm.optim.create_optimizer_v2`` from dlrecipes' parameter groups.
+
+What each key means (the factory's ``Args:``, for ``list``, ``show --explain`` and validation errors) is declared
+in :mod:`dlrecipes.optim.timm_meanings`: once per name, and per optimizer family where a name means something else.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.core.ranges import NonNegative, Positive, Probability
+from dlrecipes.optim.timm_meanings import args_section
 
 TABLE = "timm_optimizers.json"
 # dlrecipes' own entries for the same torch optimizer (timm's 'sgd' is torch SGD with nesterov on)
@@ -90,7 +94,8 @@ class TimmOptimizer:
         self.__name__ = self.__qualname__ = alias or timm_name
         self.__module__ = __name__
         same = f" (timm's '{timm_name}')" if alias else ""
-        self.__doc__ = f"timm: {spec['description']}{same}."
+        keys = [name for name, *_ in spec["parameters"]] + ["no_decay_norm_and_bias"]
+        self.__doc__ = f"timm: {spec['description']}{same}.\n\n{args_section(timm_name, keys)}".strip()
 
     @cached_property
     def __signature__(self) -> inspect.Signature:

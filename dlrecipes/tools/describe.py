@@ -4,7 +4,7 @@ registry listings, the closing lines of validate and train, the comparison of ru
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
@@ -28,14 +28,24 @@ def _source_of(path: str, sources: dict[str, str]) -> str:
     return DEFAULT_SOURCE
 
 
-def render_with_sources(data: dict[str, Any], sources: dict[str, str]) -> str:
-    """YAML lines of ``data``, each leaf followed by ``# <file or override>`` (or ``# default``)."""
+def render_with_sources(data: dict[str, Any], sources: dict[str, str],
+                        meaning: Optional[Callable[[str], Optional[str]]] = None) -> str:
+    """YAML lines of ``data``, each leaf followed by ``# <file or override>`` (or ``# default``); with ``meaning``
+    (key path -> its meaning), each key is preceded by its meaning as comment lines (still valid YAML)."""
+    import textwrap
+
     rows: list[tuple[str, str]] = []
+
+    def explain(path: str, pad: str) -> None:
+        said = meaning(path) if meaning is not None else None
+        for line in textwrap.wrap(said or "", max(40, 100 - len(pad))):
+            rows.append((f"{pad}# {line}", ""))
 
     def walk(node: dict[str, Any], prefix: str, indent: int) -> None:
         for key, value in node.items():
             path = f"{prefix}{key}"
             pad = "  " * indent
+            explain(path, pad)
             if isinstance(value, dict) and value:
                 rows.append((f"{pad}{key}:", ""))
                 walk(value, f"{path}.", indent + 1)
@@ -43,7 +53,7 @@ def render_with_sources(data: dict[str, Any], sources: dict[str, str]) -> str:
                 rows.append((f"{pad}{key}: {_scalar(value)}", _source_of(path, sources)))
 
     walk(data, "", 0)
-    width = min(60, max(len(text) for text, _ in rows))
+    width = min(60, max(len(text) for text, src in rows if src) if any(src for _, src in rows) else 0)
     return "\n".join(f"{text.ljust(width)}  # {src}" if src else text for text, src in rows)
 
 
@@ -137,32 +147,54 @@ def _rendered(renderable: Any, width: Optional[int] = None) -> str:
     return out.getvalue().rstrip("\n")
 
 
+def _parameter_lines(reg: Registry, entry: Entry) -> list[str]:
+    """``name: type = default``, then its meaning (indented), per parameter."""
+    meanings = entry.meanings
+    lines = []
+    for p, t, d in describe_parameters(reg, entry.name):
+        lines.append(f"{p}: {t} = {d}")
+        if meanings.get(p):
+            lines.append(f"  {meanings[p]}")
+    return lines
+
+
 def format_registry(reg: Registry, width: Optional[int] = None) -> str:
-    """What a registry holds: name, description, (model card,) parameters and defaults; a table, or one block
-    per entry where the table's columns could not show their words whole in ``width`` (default: the
+    """What a registry holds: name, description, (model card,) parameters, defaults and meanings; a table, or one
+    block per entry where the table's columns could not show their words whole in ``width`` (default: the
     terminal's)."""
     from rich.table import Table
     from rich.text import Text
 
     width = width or _output_width()
     cards = reg.group == "models"
-    entries = [(entry, model_card(entry) if cards else {},
-                [f"{p}: {t} = {d}" for p, t, d in describe_parameters(reg, entry.name)]) for entry in reg]
-    table = Table(title=f"{reg.group} ({len(reg)})", title_justify="left", show_lines=False)
+    entries = [(entry, model_card(entry) if cards else {}, _parameter_lines(reg, entry)) for entry in reg]
+    table = Table(title=f"{reg.group} ({len(reg)})", title_justify="left", show_lines=True)
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("description", min_width=24 if cards else None, overflow="fold")
     if cards:
         for column, most in zip(MODEL_CARD_COLUMNS, (10, 10, 12)):
             table.add_column(column, max_width=most, overflow="fold")
-    table.add_column("parameters (default)", overflow="fold")
+    table.add_column("parameters (default), each with its meaning", overflow="fold", min_width=40)
     for entry, card, params in entries:
         # plain text: a default such as [torchscript, onnx] would otherwise read as rich markup
         table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card.values(),
                                                 "\n".join(params) or "-")))
-    if _narrowest(table) <= width:
+    if _narrowest(table) <= width and width >= 120:
         return _rendered(table, width)
     return "\n".join([f"{reg.group} ({len(reg)})", *(_entry_block(entry.name, entry.description, card, params, width)
                                                       for entry, card, params in entries)])
+
+
+def format_entry(reg: Registry, name: str, width: Optional[int] = None) -> str:
+    """One entry in full (``dlrecipes list GROUP NAME``): its name, its whole description, its model card, and each
+    parameter with its type, default and meaning, in ``width`` columns."""
+    from dlrecipes.core.param_docs import summary
+
+    entry = reg.get(name, key_path=f"list {reg.group}")
+    width = width or _output_width()
+    block = _entry_block(f"{reg.group}: {entry.name}", " ".join(summary(entry.factory.__doc__).split()),
+                         model_card(entry) if reg.group == "models" else {}, _parameter_lines(reg, entry), min(width, 100))
+    return block + f"\n  (from {entry.source})"
 
 
 def _narrowest(table: Any) -> int:
@@ -181,19 +213,24 @@ def _entry_block(name: str, description: str, card: dict[str, str], params: list
         return textwrap.fill(text, width - 1, initial_indent="  ", subsequent_indent="      ",
                              break_long_words=False, break_on_hyphens=False)
 
+    def meaning(text: str) -> str:
+        return textwrap.fill(text.strip(), width - 1, initial_indent="      ", subsequent_indent="      ",
+                             break_long_words=False, break_on_hyphens=False)
+
     lines = [name, fill(description)]
     if card:
         lines.append(fill(", ".join(f"{key}: {value}".replace("\n", " ") for key, value in card.items())))
-    lines += [fill(param) for param in params] or [fill("(no parameters)")]
+    lines += [meaning(param) if param.startswith("  ") else fill(param) for param in params] or [fill("(no parameters)")]
     return "\n".join(lines)
 
 
 def validated(recipe: Any, config: Any) -> str:
     """``validate``'s line: the recipe is valid, and what it trains; then what its GPU steps must read back."""
     from dlrecipes.config.devices import read_back_notes
+    from dlrecipes.data.source_sizes import upsampling_notes
 
     return "\n".join([f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})",
-                      *read_back_notes(config)])
+                      *upsampling_notes(config), *read_back_notes(config)])
 
 
 def trained(result: Any, width: Optional[int] = None) -> str:
@@ -221,17 +258,20 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Op
         return values - {"-", "finished"} != set() or key == "run"
 
     settings = list(summaries[0].get("settings", {})) if summaries else []  # recipe keys that differ among them
+    environment = list(summaries[0].get("environment", {})) if summaries else []  # provenance that differs
     columns = [(key, header) for key, header in COMPARE_COLUMNS[:1]]
     columns += [(f"settings.{k}", k) for k in settings]
+    columns += [(f"environment.{k}", k) for k in environment]
     columns += [(key, header) for key, header in COMPARE_COLUMNS[1:] if shown(key)]
 
     def cell(summary: dict[str, Any], key: str) -> str:
-        if key.startswith("settings."):
-            return format_cell(summary.get("settings", {}).get(key.removeprefix("settings.")))
+        for group in ("settings", "environment"):
+            if key.startswith(f"{group}."):
+                return format_cell(summary.get(group, {}).get(key.removeprefix(f"{group}.")))
         return format_cell(summary.get(key))
 
     rows = [[cell(summary, key) for key, _ in columns] for summary in summaries]
-    wanted = ("run", *(f"settings.{k}" for k in settings), "best_top1", "status", "epochs", "batch_size",
+    wanted = ("run", *(f"settings.{k}" for k in settings), *(f"environment.{k}" for k in environment), "best_top1", "status", "epochs", "batch_size",
               "precision", "images_per_sec", "wall_time_sec", "recipe", "peak_memory_mb", "microbatch")
     keys = [key for key, _ in columns]
     order = [keys.index(key) for key in wanted if key in keys] + [i for i, key in enumerate(keys) if key not in wanted]
