@@ -35,6 +35,11 @@ def resolve_paths(config: RecipeConfig, recipe: LoadedRecipe) -> None:
     """
     if config.checkpoint.load_path:
         config.checkpoint.load_path = _resolved(config.checkpoint.load_path, _anchor(recipe, "checkpoint.load_path"))
+    # plugin files, as they were imported (from the recipe's folder): the run's recipe.yaml then imports them from
+    # anywhere (``dlrecipes train runs/NAME/recipe.yaml`` trains the run again)
+    folder = recipe.path.resolve().parent
+    config.imports = [str((folder / i).resolve()) if i.endswith(".py") and not Path(i).expanduser().is_absolute()
+                      else i for i in config.imports]
     for section, reg in COMPONENT_SECTIONS.items():
         component = getattr(config, section, None)
         if isinstance(component, Component):

@@ -146,7 +146,10 @@ class FinetuneConfig:
 
 @dataclass
 class RecipeConfig:
-    """A validated recipe."""
+    """A validated recipe; ``origin`` (set by validation, not a recipe key) is the file it was read from, or None
+    for a recipe given as a dict."""
+
+    origin = None  # class default: a config made without validation has no file
 
     model: Component = _help("the network: {name: <model>, ...params}")
     dataset: Component = _help("the data: {name: <dataset>, ...params}")

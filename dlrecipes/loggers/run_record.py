@@ -21,7 +21,6 @@ line, then nothing more is sent to it, and the run directory's own files stay co
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -49,22 +48,18 @@ def flat_parameters(recipe: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def git_commit(folder: Path) -> Optional[str]:
-    """The commit checked out in the git work tree holding ``folder``, or None."""
-    try:
-        result = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=3)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
+def run_tags(recipe: dict[str, Any], device: str, world_size: int,
+             provenance: Optional[dict[str, Any]] = None) -> dict[str, str]:
+    """The tags a tracker puts on the run: recipe, device, world size, and the run's provenance
+    (:mod:`dlrecipes.records.provenance`: versions, GPU, host, command, git commit, ...) as ``dlrecipes.<item>``."""
+    from dlrecipes.records.provenance import flat
 
-
-def run_tags(recipe: dict[str, Any], device: str, world_size: int) -> dict[str, str]:
     tags = {"dlrecipes.recipe": str(recipe.get("name")), "dlrecipes.device": device,
             "dlrecipes.world_size": str(world_size)}
-    commit = git_commit(Path.cwd())
-    if commit:
-        tags["dlrecipes.git_commit"] = commit
+    for key, value in flat(provenance or {}, "dlrecipes.").items():
+        if value is not None:
+            text = json.dumps(value) if isinstance(value, bool) else str(value)
+            tags[key.replace("/", ".")] = text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 3] + "..."
     return tags
 
 
@@ -98,7 +93,7 @@ class RecordsTheRun:
 
         # what a tracker is sent, parameters and W&B's config alike, is the recipe as recipe.yaml records it
         self.record_dir, self.record_recipe, self.record_history = Path(run.path), redact(run.recipe), run.history
-        self.record_tags = run_tags(run.recipe, run.device, world_size())
+        self.record_tags = run_tags(run.recipe, run.device, world_size(), getattr(run.history, "provenance", None))
 
     # --- what each tracker does -----------------------------------------------------------------------------
 
@@ -148,4 +143,4 @@ class RecordsTheRun:
         self._guarded("closing the run", super().post_close)  # type: ignore[misc]
 
 
-__all__ = ["ARTIFACT_CHOICES", "RecordsTheRun", "artifact_paths", "flat_parameters", "git_commit", "run_tags"]
+__all__ = ["ARTIFACT_CHOICES", "RecordsTheRun", "artifact_paths", "flat_parameters", "run_tags"]

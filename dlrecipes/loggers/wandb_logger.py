@@ -25,6 +25,11 @@ from dlrecipes.loggers.run_record import RecordsTheRun
 EXIT_CODES = {"finished": 0, "pruned": 0, "stopped": 75, "diverged": 3, "failed": 1}  # as `dlrecipes train` exits
 
 
+# the tags a W&B run gets (its config holds the whole provenance)
+SHORT_TAGS = ("dlrecipes.recipe", "dlrecipes.device", "dlrecipes.world_size", "dlrecipes.git_commit",
+              "dlrecipes.versions.torch")
+
+
 class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
     tracker = "loggers.wandb"
 
@@ -46,8 +51,13 @@ class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
 
         if not self._enabled or wandb.run is None:
             return
-        wandb.config.update(self.record_recipe, allow_val_change=True)
-        short = {k.removeprefix("dlrecipes."): (v[:12] if k.endswith("git_commit") else v) for k, v in tags.items()}
+        provenance = dict(getattr(self.record_history, "provenance", None) or {})
+        if isinstance(provenance.get("plugins"), dict):  # file paths are no config keys: "FILE SHA256" each
+            provenance["plugins"] = [f"{file} {sha}" for file, sha in provenance["plugins"].items()]
+        wandb.config.update({**self.record_recipe, **({"provenance": provenance} if provenance else {})},
+                            allow_val_change=True)
+        short = {k.removeprefix("dlrecipes."): (v[:12] if k.endswith("git_commit") else v) for k, v in tags.items()
+                 if k in SHORT_TAGS}  # a tag is short: the whole provenance is in the config
         wandb.run.tags = tuple(dict.fromkeys([*(wandb.run.tags or ()), *(f"{k}={v}"[:64] for k, v in short.items())]))
 
     def record_end(self, status: str, paths: list[Path]) -> None:

@@ -46,8 +46,10 @@ def peak_memory_mb(device: str) -> float:
 
 
 class RunHistory(Callback):
-    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str, plots: bool = True):
+    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str, plots: bool = True,
+                 provenance: Optional[dict[str, Any]] = None):
         self.run_dir = Path(run_dir)
+        self.provenance = provenance or {}  # what made the run (records.provenance), in summary.json
         self.plots = plots  # loss.png, accuracy.png and lr.png at the end
         self.recipe = recipe
         self.device = device
@@ -255,6 +257,7 @@ class RunHistory(Callback):
             "peak_memory_mb": peak_memory_mb(self.device),
             "best_top1": max(top1) if top1 else None,
             "final_top1": top1[-1] if top1 else None,
+            **({"provenance": self.provenance} if self.provenance else {}),
         }
         per_output = [c for c in self.columns() if c.startswith("eval_") and c not in HISTORY_COLUMNS]
         if per_output:  # multi-output models: best and final value of every eval_<output>/<metric>

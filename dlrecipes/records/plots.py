@@ -163,8 +163,10 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
     summaries = [load_summary(Path(d)) for d in run_dirs]
     if len(summaries) > 1:
         differences = recipe_differences(run_dirs)
+        environment = environment_differences(summaries)
         for i, summary in enumerate(summaries):
             summary["settings"] = {k: values[i] for k, values in differences.items()}
+            summary["environment"] = {k: values[i] for k, values in environment.items()}
     if plot_path is None:
         return summaries, None
     fig = comparison_figure(run_dirs, summaries)
@@ -175,6 +177,22 @@ def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = 
     except OSError as exc:
         raise UserError(f"--out: cannot write {plot_path}: {exc.strerror or exc}") from None
     return summaries, plot_path
+
+
+# provenance items that differ between any two runs by nature, not by what made their numbers
+NOT_COMPARED = ("command", "recipe_file", "seed")
+
+
+def environment_differences(summaries: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``{item: [value per run]}`` of the provenance items (:mod:`dlrecipes.records.provenance`) that differ
+    among the runs: another torch, GPU, commit or plugin file."""
+    from dlrecipes.records.provenance import flat
+
+    flats = [flat({k: v for k, v in (s.get("provenance") or {}).items() if k not in NOT_COMPARED}, "")
+             if isinstance(s.get("provenance"), dict) else {} for s in summaries]
+    keys = dict.fromkeys(k for f in flats for k in f)
+    return {k.removeprefix("versions/"): [f.get(k) for f in flats] for k in keys
+            if len({repr(f.get(k)) for f in flats}) > 1}
 
 
 def comparison_figure(run_dirs: Sequence[str | Path], summaries: Sequence[dict[str, Any]]):

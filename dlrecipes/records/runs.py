@@ -20,6 +20,7 @@ from dlrecipes.records.run_files import DamagedRunFile
 RUN_COLUMNS = (
     ("run", "run"), ("recipe", "recipe"), ("status", "status"), ("epochs", "epochs"), ("best", "best"),
     ("wall_time", "time"), ("device", "device"), ("precision", "precision"), ("started", "started"),
+    ("torch", "torch"), ("commit", "commit"),
 )
 STATUS_SHOWN = {"finished": "done", "stopped": "stopped (resumable)"}
 
@@ -107,7 +108,18 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
         "precision": trainer.get("precision"),
         "started": started.strftime("%Y-%m-%d %H:%M") if started else "-",
         "started_ts": started.timestamp() if started else 0.0,
+        **_made_by((summary or {}).get("provenance")),
     }
+
+
+def _made_by(provenance: Any) -> dict[str, Any]:
+    """The row's torch and commit (``*``: uncommitted changes), and the whole provenance (``--json``)."""
+    if not isinstance(provenance, dict):
+        return {"torch": None, "commit": None, "provenance": None}
+    versions = provenance.get("versions") if isinstance(provenance.get("versions"), dict) else {}
+    commit = provenance.get("git_commit")
+    shown = f"{commit[:8]}{'*' if provenance.get('git_dirty') else ''}" if isinstance(commit, str) else None
+    return {"torch": versions.get("torch"), "commit": shown, "provenance": provenance}
 
 
 def _duration(seconds: Any) -> str:
