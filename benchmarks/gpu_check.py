@@ -83,7 +83,7 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     import dlrecipes.engine
     from dlrecipes import api
     from dlrecipes.builders import build_trainer
-    from dlrecipes.core.distributed import resolve_device
+    from dlrecipes.core.devices import resolve_device
 
     from dlrecipes.core.outputs import EVAL_LOSS
 
@@ -273,10 +273,10 @@ def _free_port() -> int:
 
 def _gpus_for_two(device: str) -> None:
     if device == "gpu":
-        import torch
+        from dlrecipes.core.devices import gpu_count
 
-        if torch.cuda.device_count() < 2:
-            raise Skip(f"needs 2 GPUs ({torch.cuda.device_count()} here)")
+        if gpu_count() < 2:
+            raise Skip(f"needs 2 GPUs ({gpu_count()} here)")
 
 
 def _rank_env(rank: int, port: int) -> dict[str, str]:
@@ -488,9 +488,9 @@ def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, 
     (and the JSON rewritten), then the table. Returns the rows."""
     gpus = 0
     if device == "gpu":
-        import torch
+        from dlrecipes.core.devices import gpu_count
 
-        gpus = torch.cuda.device_count()
+        gpus = gpu_count()
     rows, began = [], time.perf_counter()
     with tempfile.TemporaryDirectory() as shared:
         for name in selected(only):
@@ -539,9 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="the rows, rewritten after every case")
     args = parser.parse_args(argv)
     if args.device == "gpu":
-        import torch
+        from dlrecipes.core.devices import gpu_available
 
-        if not torch.cuda.is_available():
+        if not gpu_available():
             sys.exit("gpu_check: no CUDA device here; --device cpu runs the smoke version")
     if args.case:
         row = run_case(args.case, args.device)

@@ -60,6 +60,7 @@ from gpu_throughput import overrides as throughput_overrides  # noqa: E402
 from precision import own_process  # noqa: E402
 
 from dlrecipes.api import resolve  # noqa: E402
+from dlrecipes.core.devices import gpu_available, torch_device  # noqa: E402
 from dlrecipes.tools.bench import measure_throughput, run_bench  # noqa: E402
 
 # (name, gpu_throughput model key, batch, compile); --tiny shrinks batches and leaves ResNet-50 out
@@ -107,7 +108,7 @@ def overhead(scale: Scale, compiled: bool) -> list[dict]:
 
 
 def _sync() -> None:
-    if torch.cuda.is_available():
+    if gpu_available():
         torch.cuda.synchronize()
 
 
@@ -116,7 +117,7 @@ def loader_alone(beton: Path, scale: Scale) -> list[float]:
     from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-    device = torch.device("cuda" if scale.device == "gpu" else "cpu")
+    device = torch_device(scale.device)
     source = FFCVSource(str(beton), True, scale.crop, 0.875, 0.25, True, IMAGENET_MEAN, IMAGENET_STD)
     loader = FFCVLoader(source, scale.flagship_batch, scale.workers, device, seed=0, channels_last=True)
     rates = []
@@ -255,7 +256,7 @@ def augmentation(scale: Scale) -> list[dict]:
     from dlrecipes.algorithms.augment_policy import batch_rng
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-    device = torch.device("cuda" if scale.device == "gpu" else "cpu")
+    device = torch_device(scale.device)
     normalise = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)  # what the algorithms read the normalisation from
     images = torch.randn(scale.flagship_batch, 3, scale.crop, scale.crop, device=device)
     images = images.contiguous(memory_format=torch.channels_last)
@@ -340,7 +341,7 @@ def main() -> None:
     unknown = sorted((only | skip) - set(SECTIONS))
     if unknown:
         sys.exit(f"gpu_suite: no section {', '.join(unknown)} (the sections: {', '.join(SECTIONS)})")
-    if args.device == "gpu" and not torch.cuda.is_available():
+    if args.device == "gpu" and not gpu_available():
         sys.exit("gpu_suite: no CUDA device here; run with --device cpu --tiny for a smoke run")
     import composer
 

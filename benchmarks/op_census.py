@@ -52,7 +52,7 @@ def census(overrides: list[str], steps: int = 10) -> dict:
     from dlrecipes import builders
     from dlrecipes.api import resolve
     from dlrecipes.builders import build_bench_trainer
-    from dlrecipes.core.distributed import torch_device
+    from dlrecipes.core.devices import torch_device
     from dlrecipes.losses import build_loss
     from dlrecipes.tools.bench import PlainLoop, _bench_config, in_memory_batches, one_epoch
 

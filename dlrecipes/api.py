@@ -273,13 +273,14 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
 
 def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
             model: Optional[str] = None, params: Optional[dict[str, Any]] = None,
-            input_size: tuple[int, int, int] = (3, 224, 224), batch: int = 32, device: str = "cpu",
+            input_size: tuple[int, int, int] = (3, 224, 224), batch: int = 32, device: str = "auto",
             warmup: int = 3, repeats: int = 10) -> dict[str, Any]:
-    """Parameters, size, MACs/FLOPs, latency and peak memory of a recipe's model, or of ``model`` by name."""
+    """Parameters, size, MACs/FLOPs, latency and peak memory of a recipe's model, or of ``model`` by name, on
+    ``device`` (auto: a GPU when this machine has one; cpu; gpu)."""
+    from dlrecipes.core.devices import check_device_name, check_runs_here
     from dlrecipes.tools import model_cost
 
-    if device not in ("cpu", "cuda"):
-        raise RecipeError(f"--device: expected cpu or cuda, got {device!r}")
+    check_runs_here(check_device_name(device, "--device"), "--device")  # before any model is built
     if (recipe is None) == (model is None):
         raise RecipeError("give either a RECIPE or --model NAME (with --input-size C,H,W)")
     if model is not None:

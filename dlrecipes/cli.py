@@ -361,12 +361,12 @@ def profile(
     param: List[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
     input_size: str = typer.Option("3,224,224", "--input-size", help="C,H,W (with --model)"),
     batch: int = typer.Option(32, "--batch", help="batch size for the second latency figure"),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    device: str = typer.Option("auto", "--device", help="auto (a GPU when this machine has one), cpu or gpu"),
     warmup: int = typer.Option(3, help="untimed forward passes first"),
     repeats: int = typer.Option(10, help="timed forward passes"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Parameters, size, MACs/FLOPs, latency (batch 1 and B) and peak CUDA memory of a model."""
+    """Parameters, size, MACs/FLOPs, latency (batch 1 and B) and peak GPU memory of a model."""
     from dlrecipes import api
     from dlrecipes.tools.model_cost import format_table, parse_input_size
 

@@ -63,6 +63,7 @@ from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from dlrecipes.core.devices import gpu_available
 from dlrecipes.core.distributed import HostReducer, gloo_errors
 from dlrecipes.loggers.run_log import MICROBATCH_KEY
 
@@ -332,7 +333,7 @@ class Trainer(ComposerTrainer):
 
     def __init__(self, *args: Any, train_metrics_interval: int = 1, **kwargs: Any):
         self.train_metrics_interval = int(train_metrics_interval)
-        self._cuda = torch.cuda.is_available()
+        self._cuda = gpu_available()
         self._closures: tuple[Any, bool] = (None, False)
         self._logged_microbatch: Any = None
         self._sample_metrics = self._record_metrics = self._metrics_pending = False

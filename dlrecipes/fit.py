@@ -18,7 +18,8 @@ from typing import Any
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core import lr_scaling
-from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank, resolve_device
+from dlrecipes.core.devices import resolve_device
+from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank
 from dlrecipes.core.secrets import redact_text
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records import run_lock

@@ -154,7 +154,7 @@ def build_trainer(config, run_dir: Path, **kwargs):
     """:func:`dlrecipes.builders.build_trainer` as the fit stage calls it (the recipe as plain data and the device,
     each made once, here), for a test that builds a run's Trainer by hand: the Trainer it built."""
     from dlrecipes.builders import build_trainer as build
-    from dlrecipes.core.distributed import resolve_device
+    from dlrecipes.core.devices import resolve_device
 
     return build(config, run_dir, config.to_dict(), resolve_device(config.trainer.device), **kwargs).trainer
 

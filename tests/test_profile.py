@@ -59,12 +59,12 @@ def test_fused_attention_backward_is_counted():
 
 def test_profile_reports_latency_and_size_for_a_small_model():
     model = resolve_model("cifar_resnet18", {"num_classes": 10}, (3, 32, 32))
-    result = profile_model(model, (3, 32, 32), batch=4, warmup=1, repeats=3)
+    result = profile_model(model, (3, 32, 32), batch=4, device="cpu", warmup=1, repeats=3)
     assert abs(result["parameters"] - 11.17e6) / 11.17e6 < 0.01
     assert result["size_mb"] == pytest.approx(result["parameters"] * 4 / 2**20, rel=0.01)  # fp32 weights + BN buffers
     for key in ("batch_1", "batch_4"):
         assert 0 < result["latency"][key]["median_ms"] <= result["latency"][key]["p90_ms"]
-    assert result["peak_memory_mb"] is None  # CPU: no CUDA memory to report
+    assert result["peak_memory_mb"] is None and result["device"] == "cpu"  # CPU: no GPU memory to report
 
 
 def test_cli_profile_by_model_and_by_recipe():
@@ -76,3 +76,19 @@ def test_cli_profile_by_model_and_by_recipe():
     assert table.returncode == 0 and "input            1x28x28" in table.stdout and "MACs" in table.stdout
     bad = run_cli("profile", "--model", "resnet5000")
     assert bad.returncode == 2 and "unknown model 'resnet5000'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_profile_speaks_the_recipes_device_words():
+    """``--device`` takes auto, cpu or gpu, as ``trainer.device`` does (default auto); any other word (torch's
+    ``cuda`` included) is refused in one line that names the valid ones."""
+    import torch
+
+    auto = run_cli("profile", "--model", "cifar_resnet18", "--input-size", "3,32,32", "--batch", "2", "--repeats", "1",
+                   "--warmup", "0", "--json")
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["device"] == ("gpu" if torch.cuda.is_available() else "cpu")
+    for word in ("cuda", "GPU"):
+        bad = run_cli("profile", "--model", "cifar_resnet18", "--device", word)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        line = bad.stderr.strip()
+        assert "\n" not in line and f"--device: expected one of auto, cpu, gpu, got '{word}'" in line, line

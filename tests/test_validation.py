@@ -120,6 +120,19 @@ def test_gpu_only_settings_are_refused_on_cpu(recipe, override, message):
         check(recipe, override)  # the tiny recipe pins device: cpu
 
 
+def test_the_schema_and_the_devices_module_name_the_same_devices(recipe):
+    """One device vocabulary: ``trainer.device`` takes the words dlrecipes.core.devices knows (auto, cpu, gpu),
+    and nothing else (torch's ``cuda`` included)."""
+    import typing
+
+    from dlrecipes.config import TrainerConfig
+    from dlrecipes.core.devices import DEVICES
+
+    assert set(typing.get_args(typing.get_type_hints(TrainerConfig)["device"])) == set(DEVICES) == {"auto", "cpu", "gpu"}
+    with pytest.raises(RecipeError, match="trainer.device"):
+        check(recipe, "trainer.device=cuda")
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

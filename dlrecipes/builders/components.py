@@ -14,7 +14,8 @@ from typing import Any
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
 from dlrecipes.core import lr_scaling
-from dlrecipes.core.distributed import split_batch, torch_device, world_size
+from dlrecipes.core.devices import torch_device
+from dlrecipes.core.distributed import split_batch, world_size
 from dlrecipes.core.run_context import RunContext
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError

@@ -96,7 +96,9 @@ class TorchProfilerTraces(Callback):
 
     def fit_start(self, state: State, logger: Logger) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
+        from dlrecipes.core.devices import gpu_available
+
+        if gpu_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.profiler = torch.profiler.profile(

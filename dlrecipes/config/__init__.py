@@ -2,10 +2,9 @@
 
 :func:`validate` (:mod:`.validation`) checks unknown keys, types, required keys, registry names and the parameters of
 every named component against its factory's signature.  It builds nothing and imports no torch,
-except to ask whether a GPU exists when the recipe wants one.  The parts: :mod:`.sections` (what
-a recipe may contain), :mod:`.schema` (the type checker), :mod:`.checks` (components and
-cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.devices`
-(what this machine and the launch can run).
+except to ask whether a GPU exists when the recipe wants one (:mod:`dlrecipes.core.devices`).  The parts:
+:mod:`.sections` (what a recipe may contain), :mod:`.schema` (the type checker), :mod:`.checks` (components and
+cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.devices` (what a launch can run).
 """
 
 from dlrecipes.config.checks import check_component

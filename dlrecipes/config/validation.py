@@ -3,7 +3,8 @@
 A credential in a recipe key is refused first (:mod:`dlrecipes.core.secrets`); then unknown keys, types and
 required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
 component's parameters against its factory's signature (:mod:`.checks`), tasks (:mod:`.tasks`), input paths
-(:mod:`.paths`), and what this machine and the launch can run (:mod:`.devices`).
+(:mod:`.paths`), batches that divide over a launcher's processes (:mod:`.devices`) and what this machine can
+run (:mod:`dlrecipes.core.devices`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dlrecipes.config.sections import (
     RecipeConfig,
 )
 from dlrecipes.config.tasks import check_task
-from dlrecipes.core import distributed
+from dlrecipes.core import devices, distributed
 from dlrecipes.core.secrets import refusal, secret_keys
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import LoadedRecipe
@@ -94,7 +95,7 @@ def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> Re
     check_task(config, loss_given="loss" in data)
     check_cross_fields(config, given=set(recipe.data))
     if check_device:
-        device_checks.check_device(config)
+        devices.check_device(config)
     if check_data:  # last: a recipe mistake is reported before missing data
         check_inputs_exist(config)
     return config

@@ -1,8 +1,10 @@
 """The foundation every part of dlrecipes may use, and which uses none of them.
 
 - :mod:`.durations`: the recipe's time strings (``10ep``, ``200ba``, ``0.5dur``) and their parser;
-- :mod:`.distributed`: this process among the launcher's processes (rank, world size, device),
-  the one batch-divisibility check, and agreement among the ranks (host-side reductions);
+- :mod:`.distributed`: this process among the launcher's processes (rank, world size), the one
+  batch-divisibility check, and agreement among the ranks (host-side reductions);
+- :mod:`.devices`: the one device vocabulary (``auto``, ``cpu``, ``gpu``), resolving ``auto``, the GPUs this
+  machine has, and whether it can run a device (and a recipe's precision, FSDP and microbatching);
 - :mod:`.outputs`: what a model's outputs are and how their metrics are named;
 - :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal;
 - :mod:`.precision`: what each ``trainer.precision`` means (autocast dtype, GradScaler, half data, fused optimizer);

@@ -2,8 +2,8 @@
 
 - Where a run executes: the rank and process counts a launcher (``composer -n``, torchrun, srun
   through ``dlrecipes launch``) puts in the environment (read from there, so that validation can
-  use them before torch.distributed starts), the device a recipe resolves to and this process's
-  torch device.
+  use them before torch.distributed starts).  The device a recipe resolves to and this process's torch
+  device are :mod:`dlrecipes.core.devices`'.
 - The one check that a global batch divides over the processes (:func:`split_batch`).
 - Small reductions of host numbers over all processes, on a gloo group of their own
   (:class:`HostReducer`): the engine and the signal handling agree on numbers that live on the
@@ -13,7 +13,7 @@
   becomes one line that names ``GLOO_SOCKET_IFNAME``.  :func:`same_on_all_ranks` gives every rank
   rank 0's value of something (a run name with its timestamp).
 
-Torch is imported only when there is more than one process, or a device to resolve.
+Torch is imported only when there is more than one process.
 """
 
 from __future__ import annotations
@@ -38,22 +38,6 @@ def world_size() -> int:
 def local_world_size() -> int:
     """How many of them run on this node."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'gpu' when CUDA is available, else 'cpu'."""
-    if device != "auto":
-        return device
-    import torch  # only asked when the recipe leaves the device to us
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def torch_device(device: str):
-    """The torch device of this process for a resolved device name: its GPU (by local rank), or the CPU."""
-    import torch
-
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if device == "gpu" else torch.device("cpu")
 
 
 def split_batch(global_batch: int, processes: int, key: str) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from composer.core import DataSpec
 
-from dlrecipes.core.distributed import torch_device
+from dlrecipes.core.devices import torch_device
 from dlrecipes.core.precision import precision_of
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from dlrecipes.core.devices import gpu_available, gpu_count
 from dlrecipes.core.secrets import redact_text
 
 PACKAGES = {"dlrecipes": "dlrecipes", "torch": "torch", "torchvision": "torchvision", "composer": "mosaicml",
@@ -120,15 +121,12 @@ def plugin_files() -> dict[str, Optional[str]]:
 
 
 def gpu_facts(device: str) -> dict[str, Any]:
-    if device != "gpu":
+    if device != "gpu" or not gpu_available():
         return {}
     import torch
 
-    if not torch.cuda.is_available():
-        return {}
-    count = torch.cuda.device_count()
     return {"cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(0), "gpu_count": count}
+            "gpu": torch.cuda.get_device_name(0), "gpu_count": gpu_count()}
 
 
 def collect(config: Any, device: str) -> dict[str, Any]:

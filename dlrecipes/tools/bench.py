@@ -27,7 +27,7 @@ import torch
 
 from dlrecipes import builders
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core.distributed import resolve_device, torch_device
+from dlrecipes.core.devices import device_name, resolve_device, torch_device
 from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 
@@ -35,7 +35,7 @@ from dlrecipes.errors import RecipeError
 def in_memory_batches(config: RecipeConfig, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``count`` training batches of the recipe's data, on ``device``."""
     data = builders.build_datasets(config.dataset)
-    loader, _ = builders.build_dataloaders(data, config.trainer, "gpu" if device.type == "cuda" else "cpu", config.trainer.seed)
+    loader, _ = builders.build_dataloaders(data, config.trainer, device_name(device), config.trainer.seed)
     loader = getattr(loader, "dataloader", loader)
     batches = []
     while len(batches) < count:

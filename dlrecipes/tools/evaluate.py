@@ -126,7 +126,7 @@ def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: 
     own too) is read tensors-only unless ``trust`` (``--trust-checkpoint``): one that holds other Python
     objects is refused before any of it is loaded."""
     from dlrecipes.builders.trainer import build_eval_trainer
-    from dlrecipes.core.distributed import resolve_device
+    from dlrecipes.core.devices import resolve_device
     from dlrecipes.loggers.terminal import hide_harmless_warnings
     from dlrecipes.records.checkpoints import check_checkpoint
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from dlrecipes.core.devices import check_device_name, check_runs_here, torch_device
 from dlrecipes.errors import RecipeError, did_you_mean
 
 
@@ -91,11 +92,12 @@ def time_forward(model: nn.Module, example: torch.Tensor, warmup: int, repeats: 
 
 
 def profile_model(
-    model: nn.Module, input_size: tuple[int, int, int], batch: int = 32, device: str = "cpu",
+    model: nn.Module, input_size: tuple[int, int, int], batch: int = 32, device: str = "auto",
     warmup: int = 3, repeats: int = 10,
 ) -> dict[str, Any]:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RecipeError("--device: cuda requested but no CUDA GPU is available")
+    """The model's costs on ``device`` (auto, cpu or gpu); ``result["device"]``: the device it ran on."""
+    name = check_runs_here(check_device_name(device, "--device"), "--device")
+    device = torch_device(name)
     model = model.eval().to(device)
     params = sum(p.numel() for p in model.parameters())
     size_bytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
@@ -110,15 +112,15 @@ def profile_model(
         "gflops": flops / 1e9,
         "macs": flops // 2,
         "gmacs": flops / 2e9,
-        "device": device,
+        "device": name,
         "latency": {"batch_1": time_forward(model, one, warmup, repeats)},
     }
     batched = torch.randn(batch, *input_size, device=device)
-    if device == "cuda":
+    if name == "gpu":
         torch.cuda.reset_peak_memory_stats()
     result["latency"][f"batch_{batch}"] = time_forward(model, batched, warmup, repeats)
     result["batch"] = batch
-    result["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    result["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20 if name == "gpu" else None
     return result
 
 

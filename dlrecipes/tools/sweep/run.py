@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from dlrecipes.core.devices import visible_gpus
 from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
@@ -71,20 +72,6 @@ def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
             group = index % (len(gpus) // nproc)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[group * nproc:(group + 1) * nproc])
     return env
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else all of them); none on a CPU machine."""
-    return [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or _gpu_ids()
-
-
-def _gpu_ids() -> list[str]:
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # no torch CUDA: a CPU machine
-        return []
 
 
 def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = print) -> tuple[list[dict], int]:
@@ -355,4 +342,4 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     return _Slot(point, process, time.perf_counter(), log, index)
 
 
-__all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep", "visible_gpus"]
+__all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep"]
