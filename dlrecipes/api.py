@@ -325,7 +325,12 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
     from dlrecipes.records.plots import compare_runs
     from dlrecipes.records.remote_runs import select_runs
 
-    return compare_runs(select_runs(run_dirs, last, runs_dir)[0], out)
+    chosen, urls = select_runs(run_dirs, last, runs_dir)
+    summaries, plot = compare_runs(chosen, out)
+    for path, summary in zip(chosen, summaries):
+        if Path(path) in urls:  # a run in a bucket: named by its address (s3://b/u1 and s3://b/exp/u1 differ)
+            summary["run"] = urls[Path(path)]
+    return summaries, plot
 
 
 def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
@@ -337,7 +342,7 @@ def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict
     if not is_remote(str(runs_dir)):
         return list_runs(runs_dir, last)
     urls = pull_runs_dir(str(runs_dir))
-    return shown_paths([describe_run(p) for p in newest_first(list(urls), last)], urls)
+    return shown_paths([describe_run(p) for p in newest_first(list(urls), last)], urls, str(runs_dir))
 
 
 def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path | None, options: Any = None,

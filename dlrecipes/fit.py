@@ -13,7 +13,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
@@ -42,6 +42,7 @@ class TrainResult:
     seconds: float = 0.0
     status: str = "finished"  # or "pruned" (a sweep's search stopped it early, see callbacks.optuna_trial)
     reason: str = ""
+    address: Optional[str] = None  # a run in a bucket: s3://BUCKET/PREFIX/NAME (run_dir is its local staging copy)
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -135,7 +136,7 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
     _check_options(config, resume, restart)
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
-    remote = prepare_remote(config, resume)  # runs_dir: s3://...: checked, staged locally (a resume: brought here)
+    remote = prepare_remote(config, resume, restart)  # runs_dir: s3://...: checked, claimed, staged locally
     device = resolve_device(config.trainer.device)
     run = RunDir(Path(config.runs_dir) / choose_run_name(config, resume, device))  # a new default name: made now
     run_dir = run.path
@@ -150,7 +151,7 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     if rank() == 0:
         if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
             make_run_dir(run)
-        lock = run_lock.acquire(run_dir)
+        lock = _locked(run_dir, remote)
     try:
         with warnings.catch_warnings():
             if not verbose:
@@ -181,6 +182,17 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     finally:
         if lock is not None:
             lock.release()
+
+
+def _locked(run_dir: Path, remote: Any) -> Any:
+    """The run directory's lock (rank 0); in a bucket, with the run's lease there too (no shared disk between the
+    machines that may write it: :mod:`dlrecipes.records.remote_lease`)."""
+    lock = run_lock.acquire(run_dir)
+    if remote is None:
+        return lock
+    from dlrecipes.records.remote_lease import leased
+
+    return leased(lock, remote, run_dir.name)
 
 
 def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
@@ -253,8 +265,9 @@ def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device:
             trust_checkpoint: bool, verbose: bool, point: Path | None, mirror: RemoteRun | None) -> TrainResult:
     """Build the run's Trainer and ``fit()`` it; how it ended goes to the run's history (summary.json, kept as
     built), and into the result."""
+    address = f"{mirror.root}/{mirror.name}" if mirror is not None else None  # what the lines name
     built = build_trainer(config, run_dir, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
-                          verbose=verbose, resume_from=point)
+                          verbose=verbose, resume_from=point, shown_as=address)
     trainer, history = built.trainer, built.history
     if mirror is not None:  # after every other callback: it uploads what they wrote
         trainer.state.callbacks.append(uploader(mirror))
@@ -283,4 +296,5 @@ def _fit_in(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device:
         seconds=history.wall_time_sec or 0.0,  # summary.json's wall_time_sec
         status=history.status,
         reason=history.reason,
+        address=address,
     )

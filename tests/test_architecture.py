@@ -244,7 +244,7 @@ def test_the_cli_is_thin():
 
 LAYOUT = "dlrecipes.records.layout"
 # The run directory's file names (dlrecipes.records.layout owns them), spelled anywhere in a string ...
-RUN_FILE_NAMES = re.compile(r"recipe\.yaml|recipe\.before-|summary\.json|history\.csv|run\.lock|train-rank|"
+RUN_FILE_NAMES = re.compile(r"recipe\.yaml|recipe\.before-|summary\.json|history\.csv|run\.lock|run\.lease|train-rank|"
                             r"latest-rank|latest\.txt|best\.pt|best\.json|eval\.json|\b(loss|accuracy|lr)\.png|\*\.png|-ba[*{\d]|"
                             r"model\.torchscript\.pt|model\.onnx|verify\.json|preprocess\.json|classes\.json")
 # ... and its folders' names, spelled as a path: `run_dir / "export"`, f"{run_dir}/tensorboard", "checkpoints/"

@@ -82,13 +82,29 @@ from dlrecipes.registry import callbacks
 
 
 @callbacks.register("stop_server_at_epoch")
-def stop_server_at_epoch(pid: int, epoch: int = 2):
-    \"\"\"SIGKILL the S3 server's process group as epoch ``epoch`` starts (its checkpoint cannot be uploaded).\"\"\"
+def stop_server_at_epoch(pid: int, epoch: int = 2, pointer: str = ""):
+    \"\"\"SIGKILL the S3 server's process group as epoch ``epoch`` starts (its checkpoint cannot be uploaded), once
+    the bucket's pointer names ``pointer`` (BUCKET/KEY=NAME): uploads run in the background.\"\"\"
+    import time
+
+    import boto3
     from composer.core import Callback
+
+    def uploaded():
+        bucket, rest = pointer.split("/", 1)
+        key, name = rest.split("=")
+        client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read().decode().strip() == name
+        except Exception:
+            return False
 
     class StopServer(Callback):
         def epoch_start(self, state, logger):
             if int(state.timestamp.epoch) + 1 == epoch:
+                deadline = time.monotonic() + 60
+                while pointer and not uploaded() and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 os.killpg(pid, signal.SIGKILL)
 
     return StopServer()
@@ -104,7 +120,9 @@ def test_the_server_going_away_mid_run_does_not_stop_training(s3, in_bucket, tin
     plugin.write_text(KILL_PLUGIN)
     args = ["train", str(tiny_recipe), "runs_dir=s3://runs/gone", "run_name=g", "trainer.max_duration=3ep",
             "--plugin", str(plugin)]
-    ended = run_cli(*args, f"callbacks.stop_server_at_epoch={{pid: {s3.process.pid}}}", cwd=tmp_path)
+    pointer = "runs/gone/g/checkpoints/latest.txt=ep1-ba3-rank0.pt"  # killed once epoch 1's upload is confirmed
+    ended = run_cli(*args, f"callbacks.stop_server_at_epoch={{pid: {s3.process.pid}, pointer: '{pointer}'}}",
+                    cwd=tmp_path)
     assert ended.returncode == 1, ended.stderr
     assert ended.stderr.count("warning: uploading to s3://runs/gone/g failed") == 1
     last = ended.stderr.strip().splitlines()[-1]
@@ -163,7 +181,7 @@ def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, t
     plotted = api.plot(url)
     assert {f"cmds/one/{p.name}" for p in plotted} <= set(s3.keys("runs", "cmds/one/"))
     rows, _ = api.compare([url, url])
-    assert [r["run"] for r in rows] == ["one", "one"] and rows[0]["best_top1"] == eval_top1
+    assert [r["run"] for r in rows] == [url, url] and rows[0]["best_top1"] == eval_top1  # named by address
 
     with pytest.raises(UserError, match=r"^--checkpoint: s3://runs/cmds/one has no checkpoints/ep9-ba1-rank0.pt in "
                                         r"the bucket; use best, latest or one of: best.pt, ep1-ba3-rank0.pt$"):
@@ -306,3 +324,88 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
             args, refused.stderr)
     assert not marker.exists()
     assert {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")} == bucket
+
+
+# --- a bucket keeps a local disk's guarantees (issue 54, item 2) ------------------------------------------------
+
+
+def test_a_finished_run_in_the_bucket_is_never_overwritten_from_another_machine(s3, in_bucket, tiny_recipe, tmp_path,
+                                                                                 monkeypatch):
+    """Machine A trains u1; machine B (a staging folder of its own, nothing local) gives the same run_name: refused
+    as locally, the bucket unchanged; --restart keeps A's run under another name in the bucket and trains anew. The
+    lines name the run by its address, and `runs` tells s3://runs/own/u1 from s3://runs/own/exp/u1."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/own", "run_name=u1", "trainer.max_duration=1ep"]
+    first = run_cli("train", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("run s3://runs/own/u1 |") and "run directory s3://runs/own/u1" in first.stderr
+    before = {key: s3.read("runs", key) for key in s3.keys("runs", "own/u1/")}
+    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-b"))
+    again = run_cli("train", *args, cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.strip() == (
+        "error: run_name: s3://runs/own/u1 already holds a run; pass --resume to continue it, --restart to train it "
+        "again from the beginning (the old run is kept under another name), or choose another run_name")
+    assert {key: s3.read("runs", key) for key in s3.keys("runs", "own/u1/")} == before
+    restarted = run_cli("train", *args, "--restart", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    (kept,) = {key.split("/")[1] for key in s3.keys("runs", "own/") if key.split("/")[1].startswith("u1.restarted-")}
+    assert {key.replace(kept, "u1", 1): s3.read("runs", key) for key in s3.keys("runs", f"own/{kept}/")} == before
+    assert f"is kept as s3://runs/own/{kept}" in restarted.stderr
+    nested = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/own/exp", "run_name=u1",
+                     "trainer.max_duration=1ba", cwd=tmp_path)
+    assert nested.returncode == 0, nested.stderr
+    listed = {row["run"] for row in json.loads(run_cli("runs", "s3://runs/own", "--json").stdout)}
+    assert {"u1", "exp/u1", kept} <= listed
+    compared = json.loads(run_cli("compare", "s3://runs/own/u1", "s3://runs/own/exp/u1", "--json").stdout)
+    assert [row["run"] for row in compared] == ["s3://runs/own/u1", "s3://runs/own/exp/u1"]
+
+
+@pytest.mark.parametrize("url, said", [
+    ("s3://runs/a/../b", "the prefix has a '..' segment"),
+    ("s3://runs//b", "the prefix has an empty segment (//)"),
+    ("s3://Runs_Bucket/x", "'Runs_Bucket' is not a valid bucket name (3 to 63 lowercase letters"),
+])
+def test_a_malformed_address_is_one_line_before_anything(s3, in_bucket, tiny_recipe, tmp_path, url, said):
+    started = time.monotonic()
+    result = run_cli("train", str(tiny_recipe), f"runs_dir={url}", "run_name=x", cwd=tmp_path)
+    assert result.returncode == 2 and said in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - started < 10 and not in_bucket.parent.exists()
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_in_the_bucket(s3, in_bucket, tiny_recipe, tmp_path):
+    """The pointer's checkpoint damaged in the bucket, nothing local: --resume brings the newest older one that
+    loads and continues from it (as a local run does), each epoch once in the history."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/fallback", "run_name=f1"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    s3.client().put_object(Bucket="runs", Key="fallback/f1/checkpoints/ep2-ba6-rank0.pt", Body=b"PK\x03\x04 cut short")
+    shutil.rmtree(in_bucket)
+    resumed = run_cli("train", *args, "trainer.max_duration=3ep", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "ep1-ba3-rank0.pt" in resumed.stderr and "ep2-ba6-rank0.pt.damaged" in resumed.stderr
+    history = s3.read("runs", "fallback/f1/history.csv").decode().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2", "3"]
+
+
+def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_the_end(s3, in_bucket, tiny_recipe,
+                                                                                         tmp_path, monkeypatch):
+    """Machine B resuming a run that machine A trains (A's lease live in the bucket) is refused, naming A; the lease
+    is gone when a run ends; one that expired unreleased is taken over with a warning."""
+    from dlrecipes.records.remote_lease import TERM
+
+    args = [str(tiny_recipe), "runs_dir=s3://runs/lease", "run_name=l1", "trainer.max_duration=1ep"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    assert "lease/l1/run.lease" not in s3.keys("runs", "lease/l1/")  # released at the end
+    live = {"token": "a", "host": "machine-a", "pid": 4242, "expires": time.time() + TERM}
+    s3.client().put_object(Bucket="runs", Key="lease/l1/run.lease", Body=json.dumps(live).encode())
+    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-b"))
+    refused = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().startswith(
+        "error: run_name: s3://runs/lease/l1 is being trained by machine-a (pid 4242; its lease runs ")
+    assert json.loads(s3.read("runs", "lease/l1/run.lease")) == live  # A's, untouched
+    s3.client().put_object(Bucket="runs", Key="lease/l1/run.lease",
+                           Body=json.dumps({**live, "expires": time.time() - 1}).encode())
+    taken = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
+    assert taken.returncode == 0, taken.stderr
+    assert "the lease of s3://runs/lease/l1 held by machine-a (pid 4242) expired" in taken.stderr
+    assert "lease/l1/run.lease" not in s3.keys("runs", "lease/l1/")
+    history = s3.read("runs", "lease/l1/history.csv").decode().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]

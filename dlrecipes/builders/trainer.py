@@ -102,8 +102,10 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
         )
 
 
-def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: bool = False) -> str:
-    """What a run prints as it starts (piped too): where it goes, the data, the device, the precision."""
+def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: bool = False,
+               shown_as: Optional[str] = None) -> str:
+    """What a run prints as it starts (piped too): where it goes (``shown_as``: a bucket's address for a run staged
+    here), the data, the device, the precision."""
     def size(split: Any) -> str:
         try:
             return f"{len(split):,}"
@@ -121,7 +123,7 @@ def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: b
     spread = f"{processes} processes" + (f" on {nodes} nodes" if nodes > 1 else "") if processes > 1 else "1 process"
     if processes > 1 and os.environ.get("GLOO_SOCKET_IFNAME"):
         spread += f", gloo via {os.environ['GLOO_SOCKET_IFNAME']}"
-    return (f"{'resuming' if resume else 'run'} {run_dir} | {config.dataset.name}: {size(data.train)} train, "
+    return (f"{'resuming' if resume else 'run'} {shown_as or run_dir} | {config.dataset.name}: {size(data.train)} train, "
             f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
 
 
@@ -135,7 +137,7 @@ class BuiltRun:
 
 def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, *, resume: bool = False,
                   trust_checkpoint: bool = False, verbose: bool = False,
-                  resume_from: Optional[Path] = None) -> BuiltRun:
+                  resume_from: Optional[Path] = None, shown_as: Optional[str] = None) -> BuiltRun:
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``recipe``: the config as plain data (what the run's history and trackers record) and ``device``
@@ -154,7 +156,8 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
                                          algorithms=config.algorithms)
     run = _run_context(config, run_dir, recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic)
-    loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path)))
+    loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path),
+                                                        shown_as))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust_checkpoint, key):
         trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,

@@ -21,7 +21,9 @@ non-zero exit.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,8 @@ STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
 POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
 PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # S3's rules (what every compatible server takes)
+_IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
 
 def _upload_order(relative: str) -> tuple:
@@ -64,6 +68,15 @@ class RemoteRoot:
                             f"{credential_home('runs_dir')} in the environment instead, and give s3://BUCKET/PREFIX")
         if not bucket:
             raise UserError(f"{key_path}: {url!r} names no bucket (expected s3://BUCKET or s3://BUCKET/PREFIX)")
+        if not _BUCKET_NAME.match(bucket) or ".." in bucket or _IP_ADDRESS.match(bucket):
+            raise UserError(f"{key_path}: {url!r}: {bucket!r} is not a valid bucket name (3 to 63 lowercase letters, "
+                            "digits, dots and hyphens, beginning and ending with a letter or digit)")
+        segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+        bad = next((s for s in segments if s in ("", ".", "..")), None)
+        if bad is not None:
+            what = "an empty segment (//)" if bad == "" else f"a {bad!r} segment"
+            raise UserError(f"{key_path}: {url!r}: the prefix has {what}; give s3://BUCKET/PREFIX with plain folder "
+                            "names")
         return cls(bucket, prefix.strip("/"))
 
     def __str__(self) -> str:
@@ -78,7 +91,7 @@ class RemoteRoot:
         return base / self.bucket / self.prefix
 
 
-def _store(root: RemoteRoot, attempts: int = 3, timeout: float = 5.0):
+def object_store(root: RemoteRoot, attempts: int = 3, timeout: float = 5.0):
     """Composer's S3 object store for ``root``'s bucket, with bounded retries and timeouts."""
     try:
         from composer.utils.object_store import S3ObjectStore
@@ -141,7 +154,7 @@ class RemoteRun:
 
     def store(self):
         if self._store is None:
-            self._store = _store(self.root)
+            self._store = object_store(self.root)
         return self._store
 
     def key(self, relative: str) -> str:
@@ -159,17 +172,25 @@ class RemoteRun:
             relative = path.relative_to(self.local).as_posix()
             if relative == POINTER:  # uploaded by _point_to alone, after its checkpoint
                 continue
-            stat = path.stat()
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # rotated away (checkpoint.keep) while the folder was listed
+                continue
             if self.sent.get(relative) != (stat.st_size, stat.st_mtime_ns):
                 files.append(relative)
         return sorted(files, key=_upload_order)
 
     def _upload(self, relative: str) -> bool:
         path = self.local / relative
-        stat = path.stat()
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # rotated away (checkpoint.keep) before its turn: nothing to upload
+            return False
         try:
             self.store().upload_object(self.key(relative), str(path))
         except Exception as exc:  # the server went away: not training's problem, said once, tried again later
+            if not path.exists():  # rotated away while it was uploaded: not a failure
+                return False
             if relative not in self.pending:
                 self.pending.append(relative)
             if not self.warned:
@@ -192,6 +213,13 @@ class RemoteRun:
     def _point_to(self, checkpoint: str) -> None:
         (self.local / POINTER).write_text(checkpoint + "\n")
         self._upload(POINTER)
+
+    def _pull_older_than(self, newest: str) -> None:
+        """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
+        for name in _older_checkpoints(self.store().list_objects(self.key(CHECKPOINT_DIR) + "/"), newest):
+            relative = f"{CHECKPOINT_DIR}/{name}"
+            if ((self.local / relative).is_file() or self._download(relative)) and not _damaged(self.local / relative):
+                return
 
     def incomplete(self) -> list[str]:
         """What is not in the bucket as it is here (checkpoints first)."""
@@ -228,10 +256,32 @@ class RemoteRun:
             if not self._download(checkpoint):
                 raise UserError(f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does "
                                 "not have")
+        if _damaged(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
+            self._pull_older_than(name)
         for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE):
             if not (self.local / relative).is_file():
                 self._download(relative)
         return self.local / checkpoint
+
+
+def _damaged(path: Path) -> bool:
+    """Whether a checkpoint fails to load (tensors-only); one holding objects beyond tensors is not damaged, and
+    --resume refuses it as it would a local one."""
+    from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint
+    from dlrecipes.records.checkpoints import loadable
+
+    try:
+        return loadable(path, False, "--resume") is not None
+    except UntrustedCheckpoint:
+        return False
+
+
+def _older_checkpoints(keys: list[str], newest: str) -> list[str]:
+    """The periodic checkpoints among ``keys`` older than ``newest``, newest first (their names)."""
+    names = {key.rsplit("/", 1)[-1] for key in keys}
+    limit = periodic_progress(Path(newest))
+    return sorted((n for n in names if is_periodic(Path(n)) and periodic_progress(Path(n)) < limit),
+                  key=lambda n: periodic_progress(Path(n)), reverse=True)
 
 
 def staged_run(root: RemoteRoot, name: str) -> RemoteRun:
@@ -239,19 +289,24 @@ def staged_run(root: RemoteRoot, name: str) -> RemoteRun:
 
 
 def uploader(remote: RemoteRun):
-    """A Composer callback that mirrors the run to the bucket at each checkpoint and after the run closes (rank 0);
-    what is still not uploaded then is named in summary.json (``upload_incomplete``)."""
+    """A Composer callback that mirrors the run to the bucket at each checkpoint and after the run closes (rank 0),
+    uploading in the background (:mod:`dlrecipes.records.remote_upload`: training never waits for the network; the
+    run's end waits for the uploads); what is still not uploaded then is named in summary.json
+    (``upload_incomplete``)."""
     from composer.core import Callback
     from composer.utils import dist
+
+    from dlrecipes.records.remote_upload import BackgroundPush
 
     class MirrorToBucket(Callback):
         def __init__(self) -> None:
             self.checkpoints_seen = -1  # the checkpoints folder's mtime: one stat per batch says whether one was saved
             self.closed = False
+            self.background = BackgroundPush(remote)
 
         def _push(self) -> None:
             if dist.get_global_rank() == 0:
-                remote.push()
+                self.background.request()
 
         def epoch_checkpoint(self, state, logger) -> None:
             self._push()
@@ -267,7 +322,8 @@ def uploader(remote: RemoteRun):
             if self.closed:  # Composer closes again at interpreter exit
                 return
             self.closed = True
-            self._push()
+            if dist.get_global_rank() == 0:
+                self.background.close()  # the last push, and every one still under way, done
             if remote.pending and dist.get_global_rank() == 0:
                 mark_incomplete(remote)
 
@@ -285,21 +341,68 @@ def mark_incomplete(remote: RemoteRun) -> None:
         summary.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def prepare(config: Any, resume: bool) -> Optional[RemoteRoot]:
-    """For a remote ``runs_dir``: check the bucket (one line if it cannot be used), point ``config.runs_dir`` at
-    the local staging folder, and with ``resume`` bring the named run's records and newest checkpoint there.
-    Returns the remote root (None: ``runs_dir`` is a local folder)."""
+def prepare(config: Any, resume: bool, restart: bool = False) -> Optional[RemoteRoot]:
+    """For a remote ``runs_dir``: check the bucket (one line if it cannot be used), refuse a name it holds a run
+    under as a local runs folder would (:func:`claim_name`), point ``config.runs_dir`` at the local staging folder,
+    and with ``resume`` bring the named run's records and newest checkpoint that loads there.  Returns the remote
+    root (None: ``runs_dir`` is a local folder)."""
     if not is_remote(config.runs_dir):
         return None
     root = RemoteRoot.parse(config.runs_dir)
     check_access(root)
     if resume and not config.run_name:
         raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
+    from dlrecipes.core.distributed import rank
+
+    if config.run_name and not resume and rank() == 0:
+        claim_name(root, config.run_name, restart)
     config.runs_dir = str(root.staging())
     if resume and check_run_in_bucket(root, config.run_name):
         with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
             staged_run(root, config.run_name).pull_for_resume()
     return root
+
+
+def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
+    """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never
+    overwritten, whichever machine asks), unless ``restart`` (``--restart``) or the run there failed: then it is
+    moved aside in the bucket, to ``<name>.restarted-<time>`` (``.failed-``, ``.diverged-``), with a warning."""
+    from dlrecipes.records.run_dir import FAILED
+
+    store = object_store(root)
+    if not store.list_objects(root.key(name, RECIPE_FILE)):
+        return
+    status = _status_in_bucket(store, root, name)
+    if not restart and status not in FAILED:
+        raise UserError(f"run_name: {root}/{name} already holds a run; pass --resume to continue it, --restart to train "
+                        "it again from the beginning (the old run is kept under another name), or choose another "
+                        "run_name")
+    stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = next(n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000))
+                 if not store.list_objects(root.key(n) + "/"))
+    keys = store.list_objects(root.key(name) + "/")
+    for key in keys:  # a server-side copy, then the original goes: nothing passes through this machine
+        store.client.copy_object(Bucket=root.bucket, Key=root.key(aside) + key[len(root.key(name)):],
+                                 CopySource={"Bucket": root.bucket, "Key": key})
+    for key in keys:
+        store.client.delete_object(Bucket=root.bucket, Key=key)
+    why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
+    print(f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
+          file=sys.stderr)
+
+
+def _status_in_bucket(store: Any, root: RemoteRoot, name: str) -> Optional[str]:
+    """The run's summary.json status in the bucket (None: no summary yet, or one that cannot be read)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            store.download_object(root.key(name, SUMMARY_FILE), f"{folder}/{SUMMARY_FILE}")
+            status = json.loads(Path(folder, SUMMARY_FILE).read_text()).get("status")
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+    return status if isinstance(status, str) else None
 
 
 def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
@@ -308,7 +411,7 @@ def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
     from dlrecipes.core.distributed import rank
     from dlrecipes.records.run_dir import RESUME_MISSING
 
-    if _store(root).list_objects(root.key(name, RECIPE_FILE)):
+    if object_store(root).list_objects(root.key(name, RECIPE_FILE)):
         return True
     if os.environ.get(RESUME_MISSING) == "start":
         if rank() == 0:

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
+    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
 )
 from dlrecipes.records.remote import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access, is_remote
 
@@ -69,7 +69,7 @@ class PulledRun(RemoteRun):
             top = relative.split("/", 1)[0]
             wanted = export_only or (top not in (CHECKPOINT_DIR, EXPORT_DIR) or relative == f"{CHECKPOINT_DIR}/"
                                      f"{REMOTE_LATEST}" or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}")
-            if wanted:
+            if wanted and relative != LEASE_FILE:  # who writes the run now: the bucket's alone
                 self._fetch(relative, size, modified)
         return listing
 
@@ -235,12 +235,15 @@ def sweep_mirror(runs_dir: str, name: str) -> SweepMirror:
     return SweepMirror(root, name, root.staging() / name)
 
 
-def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str]) -> list[dict[str, Any]]:
-    """Rows describing local copies say where the runs are: their bucket addresses."""
+def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: Optional[str] = None) -> list[dict[str, Any]]:
+    """Rows describing local copies say where the runs are: their bucket addresses, and (listed under ``root``)
+    their names as paths under it, so that ``exp/u1`` and ``u1`` are told apart."""
     for row in rows:
         path = Path(row.get("path", ""))
         if path in urls:
             row["path"] = urls[path]
+            if root is not None and urls[path].startswith(root.rstrip("/") + "/"):
+                row["run"] = urls[path][len(root.rstrip("/")) + 1:]
     return rows
 
 

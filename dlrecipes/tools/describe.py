@@ -240,7 +240,8 @@ def trained(result: Any, width: Optional[int] = None) -> str:
     ended = "done" if getattr(result, "status", "finished") == "finished" else result.status  # pruned
     parts = [f"{ended}: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
              *([result.reason] if getattr(result, "reason", "") and ended != "done" else []),
-             *([f"eval {metrics}"] if metrics else []), f"run directory {result.run_dir}"]  # none: nothing ran
+             *([f"eval {metrics}"] if metrics else []),  # none: nothing ran
+             f"run directory {getattr(result, 'address', None) or result.run_dir}"]  # a bucket's run: its address
     line = "; ".join(parts)
     return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
 
