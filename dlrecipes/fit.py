@@ -115,7 +115,7 @@ class TrainingFailed(UserError):
 def _outcome(exc: BaseException) -> str:
     """summary.json's status for a run that ended with ``exc``."""
     from dlrecipes.callbacks.monitors import Diverged
-    from dlrecipes.callbacks.preemption import Preempted
+    from dlrecipes.callbacks.stop_on_signal import Preempted
 
     if isinstance(exc, Diverged):
         return "diverged"

@@ -1,4 +1,5 @@
-"""The package's structure, enforced: which parts may import which, and no import cycles.
+"""The package's structure, enforced: which parts may import which, no import cycles, and the module tree that
+docs/architecture.md shows (``python tests/test_architecture.py`` prints it as it should read).
 
 Imports are read from the source (module level and inside functions alike), so a cycle
 hidden behind an import inside a function counts too.
@@ -409,3 +410,87 @@ def test_the_builders_are_given_the_device_and_the_recipe():
             if isinstance(node, ast.IfExp) and "to_dict()" in ast.unparse(node.orelse):
                 found.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
+
+
+# --- the package tree in docs/architecture.md cannot drift -------------------------------------------------------
+
+ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
+TREE_HEADING = "## The package, module by module"
+
+
+def package_entries() -> list[str]:
+    """Every package (``dlrecipes/core/``) and module (``dlrecipes/core/durations.py``) of dlrecipes, in the tree's
+    order: a package's line (its ``__init__.py``), then its modules, then its subpackages, each alphabetically."""
+    def walk(folder: Path) -> list[str]:
+        found = [folder.relative_to(PACKAGE.parent).as_posix() + "/"]
+        found += [p.relative_to(PACKAGE.parent).as_posix() for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"]
+        for package in sorted(p.parent for p in folder.glob("*/__init__.py")):
+            found += walk(package)
+        return found
+
+    return walk(PACKAGE)
+
+
+def documented_tree(markdown: str) -> list[tuple[str, str]]:
+    """(path, its words) for each line of the first fenced block under :data:`TREE_HEADING`; a line's indentation
+    (two spaces a level) puts it in the package on the line above it at one level less."""
+    if TREE_HEADING not in markdown:
+        return []
+    block = markdown.split(TREE_HEADING, 1)[1].split("```", 2)[1]
+    entries, packages = [], []
+    for line in block.splitlines()[1:]:  # the first is the fence's language
+        if line.strip():
+            name, _, words = line.strip().partition(" ")
+            del packages[(len(line) - len(line.lstrip())) // 2:]
+            entries.append(("".join(packages) + name, words.strip()))
+            packages += [name] if name.endswith("/") else []
+    return entries
+
+
+def _docstring_words(path: str) -> str:
+    """A new module's words, until someone writes better ones: its docstring's first line, shortened."""
+    file = PACKAGE.parent / path / "__init__.py" if path.endswith("/") else PACKAGE.parent / path
+    first = (ast.get_docstring(ast.parse(file.read_text())) or "(what it holds)").splitlines()[0]
+    return first if len(first) <= 75 else first[:72].rsplit(" ", 1)[0] + " ..."
+
+
+def tree_block(words: dict[str, str]) -> str:
+    """The fenced block architecture.md shows under :data:`TREE_HEADING`: one line per package and module, indented
+    by its depth, with its few ``words`` (by path: the doc's, else the module docstring's first line)."""
+    rows = []
+    for path in package_entries():
+        depth = path.rstrip("/").count("/")
+        name = path.rstrip("/").rpartition("/")[2] + ("/" if path.endswith("/") else "")
+        rows.append(("  " * depth + name, words.get(path) or _docstring_words(path)))
+    width = max(len(left) for left, _ in rows) + 2
+    return "\n".join(["```text", *(left.ljust(width) + right for left, right in rows), "```"])
+
+
+def test_the_architecture_doc_lists_every_module_and_nothing_else():
+    """docs/architecture.md's tree names every package and module of dlrecipes, once, in the tree's order, each with
+    a few words; ``python tests/test_architecture.py`` prints the block as it should read."""
+    listed = documented_tree(ARCHITECTURE_DOC.read_text())
+    paths, expected = [path for path, _ in listed], package_entries()
+    missing = [p for p in expected if p not in paths]
+    extra = [p for p in dict.fromkeys(paths) if p not in expected or paths.count(p) > 1]
+    wordless = [p for p, words in listed if not words]
+    problems = ([f"no {TREE_HEADING!r} section with a fenced block"] if not listed else []) + \
+        [f"missing: {p}" for p in missing] + [f"listed but not in the package (or twice): {p}" for p in extra] + \
+        [f"no words: {p}" for p in wordless] + \
+        (["out of order"] if not (missing or extra) and paths != expected else [])
+    assert not problems, (f"docs/architecture.md's package tree is not the package:\n  " + "\n  ".join(problems)
+                          + f"\nthe block as it should read (the new lines' words from their docstrings):\n"
+                          + tree_block(dict(listed)))
+
+
+def test_the_tree_check_sees_a_missing_and_an_extra_module():
+    doc = f"{TREE_HEADING}\n\n```text\ndlrecipes/  the package\n  core/  shared\n    made_up.py  not there\n" \
+          "  fit.py  the fit stage\n```\n"
+    assert documented_tree(doc) == [("dlrecipes/", "the package"), ("dlrecipes/core/", "shared"),
+                                    ("dlrecipes/core/made_up.py", "not there"), ("dlrecipes/fit.py", "the fit stage")]
+    assert "dlrecipes/core/durations.py" in package_entries() and "dlrecipes/core/made_up.py" not in package_entries()
+    assert tree_block({}).splitlines()[1].startswith("dlrecipes/ ")
+
+
+if __name__ == "__main__":  # python tests/test_architecture.py: the tree block for docs/architecture.md
+    print(tree_block(dict(documented_tree(ARCHITECTURE_DOC.read_text()))))

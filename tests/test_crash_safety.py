@@ -215,7 +215,7 @@ def test_a_stop_at_an_epochs_last_batch_resumes_to_its_evaluation_without_a_warn
 def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
     """Under nohup (SIGHUP ignored) a closed terminal must not stop the run; under launch, which starts the ranks
     with SIGHUP ignored so that launch survives it, the ranks are told to stop on it all the same."""
-    from dlrecipes.callbacks.preemption import _handled
+    from dlrecipes.callbacks.stop_on_signal import _handled
     from dlrecipes.core.hangup import HANGUP_STOPS
 
     monkeypatch.delenv(HANGUP_STOPS, raising=False)

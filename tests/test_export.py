@@ -13,7 +13,7 @@ import torch
 from dlrecipes import registry
 from dlrecipes.api import resolve, train
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.callbacks.exporter import (
+from dlrecipes.callbacks.export_for_inference import (
     ExportMismatchError,
     export_and_verify,
     export_model,
@@ -149,7 +149,7 @@ def test_verify_detects_a_model_that_differs_from_the_file(tmp_path):
 
 @needs_onnx
 def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
-    import dlrecipes.callbacks.exporter as export
+    import dlrecipes.callbacks.export_for_inference as export
 
     def off_by_a_little(path, fmt, inputs):
         return run_exported(path, fmt, inputs) + (1e-2 if fmt == "onnx" else 0.0)
@@ -166,7 +166,7 @@ def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
 @needs_onnx
 @pytest.mark.slow
 def test_a_mismatch_at_the_end_of_a_run_exits_2_without_traceback(tmp_path, monkeypatch):
-    import dlrecipes.callbacks.exporter as exporter
+    import dlrecipes.callbacks.export_for_inference as exporter
 
     recipe = write(tmp_path / "tiny.yaml", EXPORT_RECIPE)
     run = exporter.run_exported

@@ -27,7 +27,7 @@ def export(tmp_path_factory) -> Path:
     ten classes (no training: these tests are about reading files, not about the classes)."""
     import torch
 
-    from dlrecipes.callbacks.exporter import export_and_verify, write_export_metadata
+    from dlrecipes.callbacks.export_for_inference import export_and_verify, write_export_metadata
     from dlrecipes.data.preprocess import preprocess_spec
 
     folder = tmp_path_factory.mktemp("predict_export") / "export"

@@ -207,9 +207,9 @@ def _seeded_model(config: RecipeConfig):
 def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> list:
     """The recipe's callbacks (given ``run``: see :mod:`dlrecipes.core.run_context`), then every run's: stopping a
     diverged run, history, periodic saves, stopping on signals, best.pt, report."""
-    from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.callbacks.best_checkpoint import BestCheckpoint
     from dlrecipes.callbacks.monitors import StopOnDivergence
-    from dlrecipes.callbacks.preemption import StopOnSignal
+    from dlrecipes.callbacks.stop_on_signal import StopOnSignal
     from dlrecipes.metrics.report import ClassReport, report_tables
 
     ckpt, checkpoint_dir, data = config.checkpoint, RunDir(run.path).checkpoints, run.data

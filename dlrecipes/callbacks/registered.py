@@ -157,7 +157,7 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
             'macro_f1'; a task's as '<output>/top1'.
         mode: 'max' when a larger value is better (accuracy, F1), 'min' when a smaller one is (a loss).
     """
-    from dlrecipes.callbacks.keep_best import BestCheckpoint
+    from dlrecipes.callbacks.best_checkpoint import BestCheckpoint
     from dlrecipes.records.layout import RunDir
 
     return BestCheckpoint(RunDir(run_dir).checkpoints, monitor=monitor, mode=mode)
@@ -219,7 +219,7 @@ def export(
         trial: also export once at the first training batch (to a temporary folder), so a format the model
             cannot be exported to fails before training rather than after it.
     """
-    from dlrecipes.callbacks.exporter import ExportForInference
+    from dlrecipes.callbacks.export_for_inference import ExportForInference
     from dlrecipes.records.layout import RunDir
 
     exporter = ExportForInference(

@@ -124,7 +124,7 @@ def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Ov
     with the override ``run_name``).  ``root``: where a dict recipe stands (its ``base:`` files and relative
     data paths are found from there; default: the working directory).
     """
-    from dlrecipes.callbacks.preemption import Preempted
+    from dlrecipes.callbacks.stop_on_signal import Preempted
     from dlrecipes.config import validate
     from dlrecipes.fit import fit
     from dlrecipes.records.provenance import invoked

@@ -10,7 +10,7 @@ runs/<run name>/
   train-rank<N>.log   each process's text log
   run.lock            who trains in it now (records.run_lock); in a bucket, run.lease (records.remote_lease)
   checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
-                      best.pt and best.json (the best evaluation's: callbacks.keep_best); in a bucket
+                      best.pt and best.json (the best evaluation's: callbacks.best_checkpoint); in a bucket
                       (runs_dir: s3://...), latest.txt: the newest checkpoint whose upload is confirmed
   report/             the class report (metrics.report)
   export/             the models exported for inference (ExportDir): model.torchscript.pt and/or model.onnx,

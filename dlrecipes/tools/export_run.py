@@ -1,6 +1,6 @@
 """After training: export a run's checkpoint for inference (``dlrecipes export``).
 
-The same export and the same checks as the ``export`` callback (:mod:`dlrecipes.callbacks.exporter`):
+The same export and the same checks as the ``export`` callback (:mod:`dlrecipes.callbacks.export_for_inference`):
 TorchScript and/or ONNX files, each run on real evaluation images next to the trained network
 (``verify.json``), with ``preprocess.json`` and ``classes.json`` beside them.
 """
@@ -31,7 +31,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
     import copy
 
     from dlrecipes.callbacks.export_options import EXPORT_FORMATS
-    from dlrecipes.callbacks.exporter import export_and_verify, require_onnx, write_export_metadata
+    from dlrecipes.callbacks.export_for_inference import export_and_verify, require_onnx, write_export_metadata
     from dlrecipes.records.layout import EXPORT_DIR, RunDir, beside
     from dlrecipes.records.run_dir import make_writable_dir
 
