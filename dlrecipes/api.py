@@ -73,7 +73,7 @@ def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list
 
 
 def train(
-    recipe: str | Path | Mapping[str, Any],
+    recipe: Optional[str | Path | Mapping[str, Any]],
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
     resume: bool = False,
@@ -82,8 +82,10 @@ def train(
     verbose: bool = False,
     restart: bool = False,
 ):
-    """Resolve and train; returns a :class:`dlrecipes.fit.TrainResult`.  ``resume``: continue the run;
-    ``restart``: train ``run_name`` again from the beginning, keeping the old run under another name."""
+    """Resolve and train; returns a :class:`dlrecipes.fit.TrainResult`: the one train path of every front end (the
+    CLI's train, launch's ranks and a sweep's points through it, the notebook's with ``config`` resolved with its
+    objects).  ``resume``: continue the run; ``restart``: train ``run_name`` again from the beginning, keeping the
+    old run under another name."""
     from dlrecipes.records.remote import check_runs_dir
 
     config = config or resolve(recipe, overrides, plugins)
@@ -247,17 +249,17 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
            resume: bool = False, trust_checkpoint: bool = False, restart: bool = False) -> int:
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``), one process each with the
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
+    from dlrecipes.config.checks import check_train_options
     from dlrecipes.config.devices import check_launch
     from dlrecipes.records.run_dir import check_run_exists
     from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
 
-    if resume and restart:
-        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
              *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
     overrides = override_strings(overrides)
     ranks = plan_ranks(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port, tuple(extra))
     config = resolve(recipe, overrides, plugins)
+    check_train_options(config, resume, restart)  # as every rank's fit would: once, before any process starts
     check_launch(config, nproc, nproc * nodes)
     if is_remote(config.runs_dir):  # the bucket, asked once here: one line before any process starts
         from dlrecipes.records.remote import RemoteRoot, check_access, check_run_in_bucket

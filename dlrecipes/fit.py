@@ -21,7 +21,7 @@ from dlrecipes.core import lr_scaling
 from dlrecipes.core.devices import resolve_device
 from dlrecipes.core.distributed import PeerLost, choose_gloo_interface, lost_peer, rank
 from dlrecipes.core.secrets import redact_text
-from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.errors import UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.remote import RemoteRun, staged_run, uploader
@@ -196,19 +196,16 @@ def _locked(run_dir: Path, remote: Any) -> Any:
 
 
 def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
-    """Refuse what cannot go together; say what the recipe will cost needlessly (before anything is built)."""
+    """Refuse what cannot go together (:func:`dlrecipes.config.checks.check_train_options`); say what the recipe
+    will cost needlessly (before anything is built)."""
+    from dlrecipes.config.checks import check_train_options
+
     if rank() == 0:
         from dlrecipes.data.source_sizes import upsampling_notes
 
         for note in upsampling_notes(config):
             print(note, file=sys.stderr)
-    if resume and restart:
-        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
-    if restart and not config.run_name:
-        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
-                          "new every time)")
-    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
-        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+    check_train_options(config, resume, restart)
 
 
 def _all_uploaded(result: TrainResult, mirror: RemoteRun | None) -> TrainResult:

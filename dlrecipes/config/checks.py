@@ -304,3 +304,15 @@ def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
                 raise RecipeError(f"{section}.{name}: top-{k} of {classes} classes is always 1; remove it "
                                   f"(or use a k below {classes})")
             del chosen[name]  # a default metric that would say nothing for this data
+
+
+def check_train_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
+    """``--resume``/``--restart`` against each other and the recipe: the one place every front end (train, launch,
+    the notebook, a sweep's points) has them refused, before anything starts."""
+    if resume and restart:
+        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+    if restart and not config.run_name:
+        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
+                          "new every time)")
+    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
+        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")

@@ -126,23 +126,21 @@ def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Ov
     """
     from dlrecipes.callbacks.stop_on_signal import Preempted
     from dlrecipes.config import validate
-    from dlrecipes.fit import fit
     from dlrecipes.records.provenance import invoked
-    from dlrecipes.records.remote import check_runs_dir
 
     with _quiet(quiet):
         loaded = _loaded(recipe, overrides, plugins, model, root)
         use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names, input_key,
                                              target_key))
         config = validate(loaded)
-        check_runs_dir(config.runs_dir)
         objects = {"model": model, "train_data": train_data, "eval_data": eval_data}
         call = ", ".join([repr(recipe), repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
                           *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
                           *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v)])
         try:
             with invoked(f"dlrecipes.train({call})"):  # the run's provenance records this call
-                return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
+                return api.train(None, config=config, resume=resume, trust_checkpoint=trust_checkpoint,
+                                 verbose=verbose, restart=restart)  # the one train path, as the CLI's
         except Preempted as exc:
             if "SIGINT" not in str(exc):
                 raise
