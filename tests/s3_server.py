@@ -99,8 +99,9 @@ def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: fl
     raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
 
 
-def start_s3_server(folder: Path) -> S3Server:
-    """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``."""
+def start_s3_server(folder: Path, volume_mb: int = 64) -> S3Server:
+    """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``; ``volume_mb``: the size of its
+    volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
@@ -108,7 +109,7 @@ def start_s3_server(folder: Path) -> S3Server:
         {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
     args = [weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-s3", f"-s3.config={config}",
+            "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
             *(f"-{name}={port}" for name, port in ports.items())]
     port = ports["s3.port"]
     process = _start(args, folder)

