@@ -138,7 +138,8 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
     remote = prepare_remote(config, resume, restart)  # runs_dir: s3://...: checked, claimed, staged locally
     device = resolve_device(config.trainer.device)
-    run = RunDir(Path(config.runs_dir) / choose_run_name(config, resume, device))  # a new default name: made now
+    runs = remote.staging() if remote is not None else Path(config.runs_dir)  # the config itself stays as resolved
+    run = RunDir(runs / choose_run_name(config, resume, device, runs))  # a new default name: made now
     run_dir = run.path
     accepted: list[str] = []
     if resume:  # before anything is built or written

@@ -108,10 +108,17 @@ def check_runs_dir(runs_dir: Any) -> None:
         check_access(RemoteRoot.parse(runs_dir))
 
 
+_ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in this process: asked once per command
+
+
 def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
     """Ask the bucket once (a few seconds at most): one line when the credentials, the bucket or the endpoint are
-    wrong, before anything is built or written."""
+    wrong, before anything is built or written.  A bucket that answered in this process is not asked again."""
     import botocore.exceptions
+
+    asked = (os.environ.get("S3_ENDPOINT_URL", ""), root.bucket)
+    if asked in _ANSWERED:
+        return
 
     try:
         import boto3
@@ -138,6 +145,7 @@ def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
     except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
         raise UserError(f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): "
                         f"{type(exc).__name__}") from None
+    _ANSWERED.add(asked)
 
 
 @dataclass
@@ -343,8 +351,7 @@ def mark_incomplete(remote: RemoteRun) -> None:
 
 def prepare(config: Any, resume: bool, restart: bool = False) -> Optional[RemoteRoot]:
     """For a remote ``runs_dir``: check the bucket (one line if it cannot be used), refuse a name it holds a run
-    under as a local runs folder would (:func:`claim_name`), point ``config.runs_dir`` at the local staging folder,
-    and with ``resume`` bring the named run's records and newest checkpoint that loads there.  Returns the remote
+    under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring the named run's records and newest checkpoint that loads there.  Returns the remote
     root (None: ``runs_dir`` is a local folder)."""
     if not is_remote(config.runs_dir):
         return None
@@ -356,7 +363,6 @@ def prepare(config: Any, resume: bool, restart: bool = False) -> Optional[Remote
 
     if config.run_name and not resume and rank() == 0:
         claim_name(root, config.run_name, restart)
-    config.runs_dir = str(root.staging())
     if resume and check_run_in_bucket(root, config.run_name):
         with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
             staged_run(root, config.run_name).pull_for_resume()

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
@@ -29,14 +29,15 @@ from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 
-def choose_run_name(config: Any, resume: bool, device: str) -> str:
-    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp.
-    ``resume`` with a run_name that names no run is refused (rank 0), with the closest names there are."""
+def choose_run_name(config: Any, resume: bool, device: str, runs: Optional[Path] = None) -> str:
+    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp, in ``runs``
+    (default ``config.runs_dir``; a bucket's run: its local staging folder).  ``resume`` with a run_name that names
+    no run is refused (rank 0), with the closest names there are."""
+    runs = Path(runs if runs is not None else config.runs_dir)
     if config.run_name:
         if resume and rank() == 0:
-            check_run_exists(Path(config.runs_dir), config.run_name)
+            check_run_exists(runs, config.run_name)
         return config.run_name
-    runs = Path(config.runs_dir)
     if resume:
         candidates = sorted(
             (p for p in runs.glob(f"{config.name}-*") if RunDir(p).latest.exists()),
@@ -49,7 +50,7 @@ def choose_run_name(config: Any, resume: bool, device: str) -> str:
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
-    name = _claim_new_name(Path(config.runs_dir), f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") \
+    name = _claim_new_name(runs, f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") \
         if rank() == 0 else ""
     return same_on_all_ranks(name, device, config.trainer.dist_timeout)
 
