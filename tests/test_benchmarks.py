@@ -59,7 +59,8 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert [r["model"] for r in data["overhead"]] == ["cifar_resnet18"] and data["overhead"][0]["ratio"] > 0
     flagship = data["flagship"]
     assert len(flagship["loader_epochs"]) == 3 and flagship["model_img_s"] > 0
-    assert len(flagship["end_to_end"]["epochs"]) == 3 and flagship["next_run_first"] > 0
+    assert len(flagship["end_to_end"]["epochs"]) == 3  # the next run (numba's cache) at full size only
+    assert flagship["next_run_first"] is None and flagship["next_run_first_vs_steady"] is None
     assert flagship["numba_tracebacks"] == 0
     assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
     assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in data["precision"])
