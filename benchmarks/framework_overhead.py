@@ -28,8 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's dlrecipes, for the forked runs
-from dlrecipes.tools import preloaded  # noqa: E402
 from dlrecipes.tools.sweep.run import forks_trainings  # noqa: E402
+from tests.forked import run_forked  # noqa: E402
 
 
 def export_revision(rev: str, into: Path) -> Path:
@@ -49,7 +49,7 @@ def bench(source: Path, model: str, args: argparse.Namespace, composer_step: boo
         command += ["--plugin", str(ROOT / "tests" / "reference_engine.py")]
     env = {**os.environ, "PYTHONPATH": str(source)}
     if source == ROOT and forks_trainings(1):  # this checkout on a CPU: forked from a process that imported it once
-        done = preloaded.run(command[3:], cwd=source, env=env)
+        done = run_forked(command[3:], cwd=source, env=env)
     else:  # another revision's code, or CUDA (it would not survive a fork): a new Python
         done = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True)
     if done.returncode != 0:

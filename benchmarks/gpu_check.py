@@ -288,7 +288,7 @@ def _rank_env(rank: int, port: int) -> dict[str, str]:
 def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
     import torch
 
-    from dlrecipes.tools import preloaded
+    from dlrecipes.core import fork_server
 
     out.mkdir(parents=True, exist_ok=True)
     port, procs = _free_port(), []
@@ -296,8 +296,8 @@ def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> li
         env = {**_rank_env(rank, port), "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
         err = out / f"rank{rank}.err"
         if device == "cpu":  # forked from a process that imported torch and Composer once (CUDA would not survive it)
-            procs.append((preloaded.start([scenario, str(out)], cwd=ROOT, env=env, out=out / f"rank{rank}.out",
-                                          err=err, module="tests.engine_ranks"), err))
+            procs.append((fork_server.start([scenario, str(out)], cwd=ROOT, env=env, out=out / f"rank{rank}.out",
+                                            err=err, module="tests.engine_ranks"), err))
         else:
             procs.append((subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
                                            env=env, stderr=open(err, "w")), err))
@@ -339,12 +339,12 @@ def _two_ranks(recipe: Path, args: list[str], out: Path, device: str) -> None:
 
 def _forked_ranks(recipe: Path, args: list[str], out: Path) -> list:
     """The two ranks of a CPU training, forked, their output in ``out``/rank<N>.out and .err."""
-    from dlrecipes.tools import preloaded
+    from dlrecipes.core import fork_server
 
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    return [preloaded.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
-                            out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
+    return [fork_server.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
+                              out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
 
 
 def _stopped_by_sigterm(recipe: Path, args: list[str], tmp: Path, device: str) -> str:
@@ -445,10 +445,10 @@ def _case_in_its_own_process(name: str, device: str, tmp: Path, limit: float, da
     args = ["--device", device, "--case", name, "--json", str(tmp / "row.json")]
     env = {**os.environ, DATA: str(data)}
     if device == "cpu":
-        from dlrecipes.tools import preloaded
+        from dlrecipes.core import fork_server
 
-        process = preloaded.start(args, cwd=ROOT, env=env, out=tmp / "output", module=str(Path(__file__).resolve()),
-                                  new_session=True)
+        process = fork_server.start(args, cwd=ROOT, env=env, out=tmp / "output", module=str(Path(__file__).resolve()),
+                                    new_session=True)
     else:
         with open(tmp / "output", "w") as output:
             process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, env=env, stdout=output,

@@ -46,9 +46,11 @@ def own_process(args: list[str], device: str, env: dict[str, str] | None = None,
     GPUs; on the CPU, forked from a process that imported torch and Composer once (the imports are not what a CPU
     run measures; peak memory is still its own process's; CUDA would not survive the fork)."""
     if device == "cpu":
-        from dlrecipes.tools import preloaded
+        if str(ROOT) not in sys.path:  # tests/forked.py, run as a script
+            sys.path.insert(0, str(ROOT))
+        from tests.forked import run_forked
 
-        return preloaded.run(args, cwd=ROOT, env=env, module=str(script) if script else "dlrecipes")
+        return run_forked(args, cwd=ROOT, env=env, module=str(script) if script else "dlrecipes")
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "dlrecipes"]
     return subprocess.run([*command, *args], capture_output=True, text=True, cwd=ROOT, env=env)
 

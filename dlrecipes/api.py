@@ -129,10 +129,12 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
              plugins: Sequence[str] = (), trust_checkpoint: bool = False):
     """Evaluate a run's checkpoint (``checkpoint``: best, latest or a path) on its recipe's evaluation split with
     ``overrides``, no training step; ``target`` is a run directory or a checkpoint file (then with ``recipe``).
-    Returns a :class:`dlrecipes.tools.evaluate.EvalResult`; the report goes to ``out`` or ``RUN_DIR/eval/<name>/``
-    (a run in a bucket, ``s3://...``: read through a local copy, the report uploaded beside it)."""
+    Returns a :class:`dlrecipes.after_training.evaluate.EvalResult`; the report goes to ``out`` or
+    ``RUN_DIR/eval/<name>/`` (a run in a bucket, ``s3://...``: read through a local copy, the report uploaded beside
+    it)."""
+    from dlrecipes.after_training.evaluate import evaluate_run
+    from dlrecipes.after_training.target import find_target
     from dlrecipes.records.remote_runs import pull_target
-    from dlrecipes.tools.evaluate import evaluate_run, find_target
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
     found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
@@ -148,10 +150,10 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     """Export a run's checkpoint as TorchScript and/or ONNX, checked against the network on evaluation images,
     with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``; a run in a bucket: its
     local copy's, uploaded beside the run, ``uploaded_to`` in the report)."""
+    from dlrecipes.after_training.export import export_run
+    from dlrecipes.after_training.target import find_target
     from dlrecipes.records.layout import EXPORT_DIR
     from dlrecipes.records.remote_runs import pull_target
-    from dlrecipes.tools.evaluate import find_target
-    from dlrecipes.tools.export_run import export_run
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
     found = find_target(target, checkpoint, recipe, trust_checkpoint)
@@ -167,9 +169,9 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
             plugins: Sequence[str] = (), batch_size: int = 64, trust_checkpoint: bool = False) -> list[dict[str, Any]]:
     """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
+    from dlrecipes.after_training import predict as tool
+    from dlrecipes.after_training.target import find_target
     from dlrecipes.records.remote_runs import pull_target
-    from dlrecipes.tools import predict as tool
-    from dlrecipes.tools.evaluate import find_target
 
     tool.check_options(top_k, batch_size)  # before a network is built
     target, checkpoint, _ = pull_target(target, checkpoint)  # a run or an export in a bucket: a local copy

@@ -264,7 +264,7 @@ def evaluate(
     """Evaluate a run's checkpoint on its recipe's evaluation split (overrides change what is evaluated);
     no training step, no optimizer state."""
     from dlrecipes import api
-    from dlrecipes.tools.evaluate import format_eval
+    from dlrecipes.tools.describe import format_eval
 
     result = _guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
                                            trust_checkpoint))
@@ -310,7 +310,7 @@ def predict(
     """The class of each image file, by a run's checkpoint or an exported model, with its evaluation
     preprocessing."""
     from dlrecipes import api
-    from dlrecipes.tools.predict import format_predictions
+    from dlrecipes.tools.describe import format_predictions
 
     rows = _guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
                                         trust_checkpoint))

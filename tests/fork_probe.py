@@ -1,4 +1,4 @@
-"""A process that starts a training-like process of its own through dlrecipes/tools/preloaded.py, as a sweep does,
+"""A process that starts a training-like process of its own through dlrecipes/core/fork_server.py, as a sweep does,
 for test_sweep.py's test of a sweep that was itself forked from the server.
 
     python -m tests.fork_probe driver OUT_DIR    (forked from the server by the test)
@@ -22,18 +22,18 @@ from pathlib import Path
 def driver(out: Path) -> None:
     import psutil
 
-    from dlrecipes.tools import preloaded
+    from dlrecipes.core import fork_server
 
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
-    child = preloaded.start(["child", str(out)], cwd=Path.cwd(), out=out / "child.log", module="tests.fork_probe")
+    child = fork_server.start(["child", str(out)], cwd=Path.cwd(), out=out / "child.log", module="tests.fork_probe")
     code = child.wait(120)
     left = [p.cmdline() for p in psutil.Process().children()]
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
-    with_a_thread = preloaded._forks_itself()
+    with_a_thread = fork_server.forks_itself()
     stop.set()
     thread.join()
     (out / "driver.json").write_text(json.dumps({"pid": os.getpid(), "code": code, "children_left": left,

@@ -1,11 +1,14 @@
 """Fresh ``dlrecipes`` processes without the imports, for tests: each is forked from a server that has imported
-torch, Composer and dlrecipes once (dlrecipes/tools/preloaded.py, what sweeps use on a CPU), so it is a real
+torch, Composer and dlrecipes once (dlrecipes/core/fork_server.py, what sweeps use on a CPU), so it is a real
 process -- its own pid, exit code, signals, output files or terminal, plugins and working directory, killable
 with SIGKILL -- without the 5-10 s of imports a new Python pays on a 2-core machine.
 
 Where the process is not the point, ``run_cli`` runs the CLI in the test's own process; where the way Python
 starts is (``python -m`` putting the working directory on sys.path, the console script), a test runs the real
 executable. ``DLRECIPES_TEST_SUBPROCESS=1`` makes each of ``run_cli``'s calls a real executable.
+
+What only tests (and benchmarks) need of the server is here, not in the package: a command run to its end with its
+output captured (:func:`run_forked`), a file's text so far, and a pseudo-terminal handed over.
 """
 
 from __future__ import annotations
@@ -13,12 +16,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from dlrecipes.tools.preloaded import Started
-from dlrecipes.tools.preloaded import _read  # noqa: F401 - a file's text so far ("" before it exists), for the tests
-from dlrecipes.tools.preloaded import run as _run
-from dlrecipes.tools.preloaded import start as _start
+from dlrecipes.core import fork_server
+from dlrecipes.core.fork_server import Started
 
 
 FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)
@@ -43,7 +44,21 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
                        "stderr": open(err, "w") if err else (subprocess.STDOUT if out else None)}
         return subprocess.Popen([sys.executable, *_python_args(module), *args], cwd=cwd,
                                 env={**env, "PYTHONUNBUFFERED": "1"}, **streams)
-    return _start(args, cwd=cwd, env=env, out=out, err=err, terminal=terminal, module=module)
+    setup = None
+    if terminal is not None:  # handed over through the server with the request
+        import functools
+        from multiprocessing.reduction import DupFd
+
+        setup = functools.partial(_on_terminal, DupFd(terminal))
+    return fork_server.start(args, cwd=cwd, env=env, out=out, err=err, module=module, setup=setup)
+
+
+def _on_terminal(handed: Any) -> None:
+    """In the forked process, before its output is set up: stdin, stdout and stderr to the terminal handed over."""
+    fd = handed.detach()
+    for std in (0, 1, 2):
+        os.dup2(fd, std)
+    os.close(fd)
 
 
 def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None,
@@ -56,7 +71,29 @@ def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, 
         env = dict(os.environ) if env is None else env
         return subprocess.run([sys.executable, *_python_args(module), *args], cwd=cwd, capture_output=True, text=True,
                               timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
-    return _run(args, cwd=cwd, env=env, timeout=timeout, module=module)
+    return run_forked(args, cwd=cwd, env=env, timeout=timeout, module=module)
+
+
+def run_forked(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
+               timeout: Optional[float] = None, module: str = "dlrecipes") -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` forked from the server (whatever DLRECIPES_TEST_FORK says) to its end, as
+    ``subprocess.run(capture_output=True, text=True)`` gives it: the exit code, stdout and stderr; past ``timeout``
+    seconds it is killed and ``subprocess.TimeoutExpired`` raised."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
+        out, err = Path(folder) / "out", Path(folder) / "err"
+        child = fork_server.start(args, cwd=cwd, env=env, out=out, err=err, module=module)
+        if child.wait(timeout) is None:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired([module, *args], timeout or 0, _read(out), _read(err))
+        return subprocess.CompletedProcess([module, *args], child.returncode, _read(out), _read(err))
+
+
+def _read(path: Path) -> str:
+    """A file's text so far ("" before it exists)."""
+    return path.read_text(errors="replace") if path.is_file() else ""
 
 
 def _python_args(module: str) -> list[str]:

@@ -23,17 +23,19 @@ PARTS = {
     "records": ["dlrecipes.records"],
     "build": ["dlrecipes.builders"],
     "fit": ["dlrecipes.fit"],
+    "after training": ["dlrecipes.after_training"],  # a stage beside fit: a trained run evaluated, exported, predicted
     "tools": ["dlrecipes.tools"],
     "interface": ["dlrecipes.api", "dlrecipes.notebook", "dlrecipes.cli", "dlrecipes.__main__"],
 }
 # What each part must not import.
 FORBIDDEN = {
-    "foundation": ["load+validate", "components", "records", "build", "fit", "tools", "interface"],
-    "load+validate": ["components", "records", "build", "fit", "tools", "interface"],
-    "components": ["build", "fit", "tools", "interface"],
-    "records": ["components", "build", "fit", "tools", "interface"],
-    "build": ["fit", "tools", "interface"],
-    "fit": ["tools", "interface"],
+    "foundation": ["load+validate", "components", "records", "build", "fit", "after training", "tools", "interface"],
+    "load+validate": ["components", "records", "build", "fit", "after training", "tools", "interface"],
+    "components": ["build", "fit", "after training", "tools", "interface"],
+    "records": ["components", "build", "fit", "after training", "tools", "interface"],
+    "build": ["fit", "after training", "tools", "interface"],
+    "fit": ["after training", "tools", "interface"],
+    "after training": ["fit", "tools", "interface"],
     "tools": ["interface"],
     "interface": [],
 }
@@ -182,8 +184,8 @@ def test_the_top_level_shows_the_stages_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
     assert top == ["__main__", "api", "cli", "engine", "errors", "fit", "plugins", "recipe", "registry"]
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert packages == ["algorithms", "builders", "callbacks", "config", "core", "data", "loggers", "losses", "metrics",
-                        "models", "notebook", "optim", "records", "tools"]
+    assert packages == ["after_training", "algorithms", "builders", "callbacks", "config", "core", "data", "loggers",
+                        "losses", "metrics", "models", "notebook", "optim", "records", "tools"]
 
 
 def test_import_dlrecipes_is_a_lazy_facade():

@@ -158,7 +158,7 @@ def test_some_files_skipped_the_rows_end_with_a_count_line(export, tmp_path, cap
     from PIL import Image
 
     from dlrecipes import api
-    from dlrecipes.tools.predict import format_predictions
+    from dlrecipes.tools.describe import format_predictions
 
     Image.fromarray(_digit()).save(tmp_path / "digit.png")
     (tmp_path / "notes.png").write_text("not an image")

@@ -397,26 +397,26 @@ def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path)
 
 
 def test_a_forked_training_is_a_process_of_its_own(tmp_path):
-    """What a sweep's trainings get on a CPU (dlrecipes/tools/preloaded.py): the sweep's working directory (a
+    """What a sweep's trainings get on a CPU (dlrecipes/core/fork_server.py): the sweep's working directory (a
     relative recipe path), its output appended to the log, the command's exit code and one-line error, a session
     of its own, and a kill of its own."""
     import os
 
-    from dlrecipes.tools import preloaded
+    from dlrecipes.core import fork_server
 
     log = tmp_path / "point.log"
     log.write_text("$ the command\n")
     (tmp_path / "r.yaml").write_text("model: {name: cnn_simple}\ndataset: {name: digits}\noptimizer: {name: nope}\n")
-    refused = preloaded.start(["validate", "r.yaml"], cwd=tmp_path, out=log, append=True, new_session=True)
+    refused = fork_server.start(["validate", "r.yaml"], cwd=tmp_path, out=log, append=True, new_session=True)
     assert refused.wait(120) == 2
     lines = log.read_text().splitlines()
     assert lines[0] == "$ the command" and len(lines) == 2 and lines[1].startswith("error: optimizer.name"), lines
     (tmp_path / "cwd_plugin.py").write_text("from dlrecipes.registry import losses\n\n\n"
                                             "@losses.register('from_the_cwd')\ndef from_the_cwd():\n    return None\n")
-    listed = preloaded.start(["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
+    listed = fork_server.start(["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
     assert listed.wait(120) == 0 and "from_the_cwd" in (tmp_path / "list.log").read_text()  # as python -m: cwd first
-    training = preloaded.start(["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
-                               cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
+    training = fork_server.start(["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
+                                 cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
     deadline = time.monotonic() + 60
     while os.getsid(training.pid) != training.pid and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -431,9 +431,9 @@ def test_a_sweep_forked_from_the_server_forks_its_trainings_itself_with_fresh_si
     handling a new Python has, not the sweep's; with a second thread running it would not fork itself. (Forked
     from the server even where DLRECIPES_TEST_FORK=0 makes the other tests' processes new Pythons: the server is
     the point here.)"""
-    from dlrecipes.tools import preloaded
+    from .forked import run_forked
 
-    done = preloaded.run(["driver", str(tmp_path)], cwd=REPO, timeout=120, module="tests.fork_probe")
+    done = run_forked(["driver", str(tmp_path)], cwd=REPO, timeout=120, module="tests.fork_probe")
     assert done.returncode == 0, done.stderr[-2000:]
     driver, child = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("driver", "child"))
     assert driver["code"] == 0 and child["ppid"] == driver["pid"]  # forked by the driver, not by a server

@@ -7,6 +7,8 @@
   machine has, and whether it can run a device (and a recipe's precision, FSDP and microbatching);
 - :mod:`.outputs`: what a model's outputs are and how their metrics are named;
 - :mod:`.hangup`: whether SIGHUP stops a run (not under ``nohup``), and leaving a closed terminal;
+- :mod:`.fork_server`: ``python -m dlrecipes`` forked from a server that imported torch and Composer once (a
+  sweep's trainings on a CPU, and the tests' processes);
 - :mod:`.precision`: what each ``trainer.precision`` means (autocast dtype, GradScaler, half data, fused optimizer);
 - :mod:`.lr_scaling`: ``optimizer.scale_lr``'s keys, check, rule and report;
 - :mod:`.run_context`: what a callback or logger factory is told of the run being built;

@@ -176,9 +176,9 @@ def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5
     if inputs is None:
         return api.predict(target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size,
                            trust_checkpoint)
+    from dlrecipes.after_training import predict as tool
+    from dlrecipes.after_training.target import find_target
     from dlrecipes.recipe import override_strings
-    from dlrecipes.tools import predict as tool
-    from dlrecipes.tools.evaluate import find_target
 
     found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
     predictor = tool.run_predictor(found, api.resolve_recorded(found, overrides, plugins), trust_checkpoint,

@@ -1,14 +1,19 @@
 """Human-readable views of what the commands return: a resolved recipe with the source of every value,
-registry listings, the closing lines of validate and train, the comparison of runs."""
+registry listings, the closing lines of validate, train and eval, predict's rows, the comparison of runs."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import yaml
 
 from dlrecipes.registry import Entry, Registry
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from dlrecipes.after_training.evaluate import EvalResult
 
 DEFAULT_SOURCE = "default"
 
@@ -244,6 +249,54 @@ def trained(result: Any, width: Optional[int] = None) -> str:
              f"run directory {getattr(result, 'address', None) or result.run_dir}"]  # a bucket's run: its address
     line = "; ".join(parts)
     return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
+
+
+def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
+    """``eval``'s closing line, in train's form: the metrics, images/s and where the report went; in a
+    terminal ``width`` wide, a longer line becomes the checkpoint's line and one indented line per part."""
+    import textwrap
+
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items()))
+    tta = f" (tta {result.tta})" if result.tta else ""
+    speed = f"{result.images:,} images in {result.seconds:.1f}s ({result.images_per_sec:,.0f} img/s)"
+    where = f"report {result.out_dir}" if result.out_dir else ""
+    line = f"eval {result.checkpoint}{tta}: {metrics}; {speed}" + (f"; {where}" if where else "")
+    if width is None or len(line) <= width - 1:
+        return line
+    parts = [metrics, speed, *([where] if where else [])]
+    return "\n".join([f"eval {result.checkpoint}{tta}:", *(textwrap.fill(
+        part, width - 1, initial_indent="  ", subsequent_indent="    ", break_long_words=False,
+        break_on_hyphens=False) for part in parts)])
+
+
+def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
+                       ) -> str:
+    """One line per file (path, class, probability, the other top classes), then the count line; in a terminal
+    ``width`` wide, a longer line puts the path on a line of its own and the classes on the next ones."""
+    skipped = len(getattr(rows, "skipped", ()))
+    fits = (lambda line: True) if width is None else (lambda line: len(line) <= width - 1)
+    lines = []
+    for row in rows:
+        pieces = [f"{row['class']} {row['probability']:.3f}", *(f"{name} {p:.3f}" for name, p in row["top"][1:])]
+        line = f"{row['path']}  {pieces[0]}" + (f"  ({'  '.join(pieces[1:])})" if pieces[1:] else "")
+        if fits(line):
+            lines.append(line)
+            continue
+        lines.append(str(row["path"]))
+        current = " "
+        for piece in pieces:  # each class and its probability stay together
+            if current.strip() and not fits(f"{current} {piece}"):
+                lines.append(current)
+                current = " "
+            current += f" {piece}"
+        lines.append(current)
+    count = f"{len(rows)} predicted, {skipped} skipped"
+    written = f"written to {out}" if out is not None else ""
+    if written and fits(f"{count}; {written}"):
+        lines.append(f"{count}; {written}")
+    else:
+        lines += [count, written] if written else [count]
+    return "\n".join(lines)
 
 
 def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Optional[int] = None) -> str:

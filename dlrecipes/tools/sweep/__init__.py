@@ -24,6 +24,9 @@ Three modules, one per step:
   search that picks each next trial;
 - :mod:`dlrecipes.tools.sweep.report`: each point's outcome, the line printed as a training ends, the table
   and the plot.
+
+On a CPU the trainings are forked from a server (:mod:`dlrecipes.core.fork_server`) that imported, once, what
+:mod:`dlrecipes.tools.sweep.preload` imports: what a training imports.
 """
 
 from __future__ import annotations

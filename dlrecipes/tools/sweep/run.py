@@ -2,7 +2,7 @@
 
 Each point trains as its own ``dlrecipes train`` (or, with ``--nproc``, ``dlrecipes launch``) under
 ``runs/<sweep name>/<point name>/``; on a CPU the trainings are forked from a process that imported torch and
-Composer once (:mod:`dlrecipes.tools.preloaded`).  Running the same sweep again skips finished points, resumes
+Composer once (:mod:`dlrecipes.core.fork_server`).  Running the same sweep again skips finished points, resumes
 stopped or killed ones from their checkpoints and reruns failed or diverged ones.  Ctrl-C, SIGTERM or SIGHUP (a
 closed terminal) stops the running trainings as training always stops (a checkpoint, exit 75) and then the
 sweep (exit 75).  Each training's outcome is recorded as it ends, and at the end the table is written
@@ -54,7 +54,7 @@ def point_state(run_dir: Path) -> str:
 @dataclass
 class _Slot:
     point: Point
-    process: Any  # a subprocess.Popen, or a preloaded.Started (its interface)
+    process: Any  # a subprocess.Popen, or a fork_server.Started (its interface)
     started: float
     log: Any
     index: int = 0  # which of the --parallel places it holds (its GPUs)
@@ -315,9 +315,9 @@ def get_ready(nproc: int) -> None:
     """Start the process the trainings are forked from now, so that its imports go on while the points are
     validated."""
     if forks_trainings(nproc):
-        from dlrecipes.tools import preloaded
+        from dlrecipes.core import fork_server
 
-        preloaded.start_server()
+        fork_server.start_server()
 
 
 def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int) -> _Slot:
@@ -333,10 +333,10 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
     env = _child_env(parallel, index, plan.nproc)
     if forks_trainings(plan.nproc):
-        from dlrecipes.tools import preloaded
+        from dlrecipes.core import fork_server
 
-        process: Any = preloaded.start(command[3:], env=env, out=log_path(plan.folder, point.name), append=True,
-                                       new_session=True)
+        process: Any = fork_server.start(command[3:], env=env, out=log_path(plan.folder, point.name), append=True,
+                                         new_session=True)
     else:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log, index)

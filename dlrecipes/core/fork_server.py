@@ -11,6 +11,10 @@ GPU run's start-up is small beside its training, so GPU runs start a fresh Pytho
 A process that was itself forked from such a server (a sweep started that way, as the tests start commands) has
 the imports already: while it runs one thread, it forks its trainings itself, as the server would, instead of
 starting a second server that pays them again.
+
+What the server imports is :mod:`dlrecipes.tools.sweep.preload` (named here, imported only in the server's own
+process: this module imports nothing of dlrecipes). The tests start their processes through this module too
+(tests/forked.py: a command run to its end, a pseudo-terminal handed over).
 """
 
 from __future__ import annotations
@@ -18,13 +22,12 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-# what the server imports once: what a training imports, its caches filled (dlrecipes/tools/preload_server.py)
-PRELOAD = ("dlrecipes.tools.preload_server",)
+# what the server imports once: what a training imports, its caches filled (dlrecipes/tools/sweep/preload.py)
+PRELOAD = ("dlrecipes.tools.sweep.preload",)
 
 _CONTEXT: Any = None
 
@@ -37,7 +40,7 @@ def _server() -> Any:
     return _CONTEXT
 
 
-def _forks_itself() -> bool:
+def forks_itself() -> bool:
     """Whether this process has what the server imports (it was forked from one: the server's module is imported
     nowhere else) and runs one thread, so that a fork of it is what the server's would be: a fork copies only the
     thread that calls it, and no other thread can hold a lock the copy would wait on. Linux only (/proc)."""
@@ -53,7 +56,7 @@ def start_server() -> None:
     """Start the server now (its imports go on in the background); ``start`` would otherwise start it and wait."""
     from multiprocessing import forkserver
 
-    if _forks_itself():
+    if forks_itself():
         return
     _server()
     forkserver.ensure_running()
@@ -89,15 +92,10 @@ class Started:
         self._process.kill()
 
 
-def _stdio(out: Optional[str], err: Optional[str], append: bool, terminal: Any) -> None:
-    """stdout and stderr to the files (stderr to stdout's when ``err`` is None), or all three to ``terminal``;
-    unbuffered, as PYTHONUNBUFFERED=1 makes them."""
-    if terminal is not None:
-        fd = terminal.detach()
-        for std in (0, 1, 2):
-            os.dup2(fd, std)
-        os.close(fd)
-    elif out is not None:
+def _stdio(out: Optional[str], err: Optional[str], append: bool) -> None:
+    """stdout and stderr to the files (stderr to stdout's when ``err`` is None); unbuffered, as PYTHONUNBUFFERED=1
+    makes them."""
+    if out is not None:
         mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         os.dup2(os.open(out, mode), 1)
         os.dup2(os.open(err, mode) if err else 1, 2)
@@ -125,9 +123,9 @@ def _fresh_signals() -> None:
 
 
 def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Optional[str], err: Optional[str],
-           append: bool, terminal: Any, new_session: bool, forked_here: bool = False) -> None:
+           append: bool, setup: Optional[Callable[[], None]], new_session: bool, forked_here: bool = False) -> None:
     """In the forked process: what ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a ``.py`` file) does in
-    ``cwd`` with ``env``."""
+    ``cwd`` with ``env``, after ``setup()`` where given."""
     if forked_here:
         _fresh_signals()
     if new_session:
@@ -138,7 +136,9 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
     script = module.endswith(".py")
     # first on sys.path, as Python puts it (the server has the starting process's sys.path after it)
     sys.path.insert(0, os.path.dirname(os.path.abspath(module)) if script else os.getcwd())
-    _stdio(out, err, append, terminal)
+    if setup is not None:
+        setup()
+    _stdio(out, err, append)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():  # OpenMP read it when the server imported torch: say it again
@@ -168,45 +168,24 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
 
 def start(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
           out: Optional[Path] = None, err: Optional[Path] = None, append: bool = False,
-          terminal: Optional[int] = None, new_session: bool = False, module: str = "dlrecipes") -> Started:
+          new_session: bool = False, module: str = "dlrecipes", setup: Optional[Callable[[], None]] = None
+          ) -> Started:
     """Start ``python -m MODULE ARGS`` (``python MODULE ARGS`` where MODULE is a ``.py`` file) forked from the server
     (started, and its imports paid, on first use).
 
-    Its stdout goes to ``out`` and its stderr to ``err`` (to ``out`` when None), appended to with ``append``;
-    or stdin, stdout and stderr to the file descriptor ``terminal`` (a pseudo-terminal's, handed over).
-    ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen."""
-    from multiprocessing.reduction import DupFd
-
-    here = terminal is None and _forks_itself()  # a terminal is handed over through the server
+    Its stdout goes to ``out`` and its stderr to ``err`` (to ``out`` when None), appended to with ``append``.
+    ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen.
+    ``setup``, a picklable callable, runs in the new process before its output is set up (tests/forked.py hands
+    a pseudo-terminal over this way); it and what it holds go through the server with the request."""
+    here = setup is None and forks_itself()
     context = multiprocessing.get_context("fork") if here else _server()
-    handed = DupFd(terminal) if terminal is not None else None  # sent to the server with the request
     process = context.Process(target=_child, args=(
         module, list(args), str(cwd or os.getcwd()), dict(os.environ if env is None else env),
-        None if out is None else str(out), None if err is None else str(err), append, handed, new_session, here))
+        None if out is None else str(out), None if err is None else str(err), append, setup, new_session, here))
     process.start()
     started = Started(process)
     started.args = [module, *args]
     return started
 
 
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
-
-
-def run(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
-        timeout: Optional[float] = None, module: str = "dlrecipes") -> subprocess.CompletedProcess:
-    """:func:`start` to its end, as ``subprocess.run(capture_output=True, text=True)`` gives it: the exit code,
-    stdout and stderr; past ``timeout`` seconds it is killed and ``subprocess.TimeoutExpired`` raised."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
-        out, err = Path(folder) / "out", Path(folder) / "err"
-        child = start(args, cwd=cwd, env=env, out=out, err=err, module=module)
-        if child.wait(timeout) is None:
-            child.kill()
-            child.wait()
-            raise subprocess.TimeoutExpired([module, *args], timeout or 0, _read(out), _read(err))
-        return subprocess.CompletedProcess([module, *args], child.returncode, _read(out), _read(err))
-
-
-__all__ = ["PRELOAD", "Started", "run", "start", "start_server"]
+__all__ = ["PRELOAD", "Started", "forks_itself", "start", "start_server"]

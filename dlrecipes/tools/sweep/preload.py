@@ -1,6 +1,6 @@
-"""Imported by the server that sweeps and tests fork their trainings from (dlrecipes/tools/preloaded.py), and by
-nothing else: it imports what a training imports and fills the caches every training fills the same way, so
-that each forked training starts at its first line of work.
+"""Imported by the server that sweeps on a CPU (and the tests) fork their trainings from
+(dlrecipes/core/fork_server.py), and by nothing else: it imports what a training imports and fills the caches every
+training fills the same way, so that each forked training starts at its first line of work.
 
 A new Python's first training in a process (quickstart, 2 batches, on 2 cores) spends about 8 s importing
 torch and Composer, then about 4 s more the first time: Composer's algorithms, timm's optimizers, torchvision's

@@ -137,7 +137,7 @@ def run_predictor(target: Any, config: Any, trust: bool = False, files: bool = T
     import numpy as np
     import torch
 
-    from dlrecipes.tools.evaluate import network_of, trained_model
+    from dlrecipes.after_training.trained_model import network_of, trained_model
 
     trainer, data = trained_model(target, config, trust)
     network = network_of(trainer).eval()
@@ -307,35 +307,5 @@ def write_csv(rows: list[dict[str, Any]], path: Path, k: int) -> None:
         raise UserError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 
 
-def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
-                       ) -> str:
-    """One line per file (path, class, probability, the other top classes), then the count line; in a terminal
-    ``width`` wide, a longer line puts the path on a line of its own and the classes on the next ones."""
-    skipped = len(getattr(rows, "skipped", ()))
-    fits = (lambda line: True) if width is None else (lambda line: len(line) <= width - 1)
-    lines = []
-    for row in rows:
-        pieces = [f"{row['class']} {row['probability']:.3f}", *(f"{name} {p:.3f}" for name, p in row["top"][1:])]
-        line = f"{row['path']}  {pieces[0]}" + (f"  ({'  '.join(pieces[1:])})" if pieces[1:] else "")
-        if fits(line):
-            lines.append(line)
-            continue
-        lines.append(str(row["path"]))
-        current = " "
-        for piece in pieces:  # each class and its probability stay together
-            if current.strip() and not fits(f"{current} {piece}"):
-                lines.append(current)
-                current = " "
-            current += f" {piece}"
-        lines.append(current)
-    count = f"{len(rows)} predicted, {skipped} skipped"
-    written = f"written to {out}" if out is not None else ""
-    if written and fits(f"{count}; {written}"):
-        lines.append(f"{count}; {written}")
-    else:
-        lines += [count, written] if written else [count]
-    return "\n".join(lines)
-
-
-__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor",
-           "format_predictions", "is_export_dir", "predict_files", "run_predictor", "unreadable", "write_csv"]
+__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor", "is_export_dir",
+           "predict_files", "run_predictor", "unreadable", "write_csv"]

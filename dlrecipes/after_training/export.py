@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dlrecipes.after_training.target import RunTarget
+from dlrecipes.after_training.trained_model import network_of, trained_model
 from dlrecipes.errors import RecipeError
-from dlrecipes.tools.evaluate import RunTarget, network_of, trained_model
 
 
 def first_eval_images(trainer: Any, count: int):

@@ -1,0 +1,131 @@
+"""After training: evaluate a run's checkpoint (``dlrecipes eval``), with no training step.
+
+A run directory holds what an evaluation needs: the resolved recipe (``recipe.yaml``) and the
+checkpoints (``checkpoints/best.pt``, the periodic ones).  ``key=value`` overrides change what is
+evaluated (another dataset or split, ``dataset.eval_crop_size``/``dataset.resize_size`` for
+FixRes-style evaluation at another size, ``trainer.eval_batch_size``, ``trainer.device``,
+``trainer.precision``); the network and its weights stay the checkpoint's.  Only the model's
+weights are loaded: no optimizer state, no schedule, no step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dlrecipes.after_training.target import RunTarget
+from dlrecipes.after_training.trained_model import trained_model
+from dlrecipes.errors import RecipeError
+from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, RunDir, beside
+
+TTA_CHOICES = ("flip",)
+
+
+@dataclass
+class EvalResult:
+    checkpoint: Path
+    metrics: dict[str, float]
+    images: int
+    seconds: float
+    out_dir: Optional[Path]
+    overrides: list[str] = field(default_factory=list)
+    tta: Optional[str] = None
+
+    @property
+    def images_per_sec(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "images": self.images,
+                "seconds": self.seconds, "images_per_sec": self.images_per_sec, "overrides": self.overrides,
+                "tta": self.tta, "out_dir": str(self.out_dir) if self.out_dir else None}
+
+
+def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> str:
+    """The report folder's name: the checkpoint, then the overrides and the TTA, made filesystem-safe."""
+    parts = [target.checkpoint.stem, *overrides, *([f"tta-{tta}"] if tta else [])]
+    name = re.sub(r"[^A-Za-z0-9._=+-]+", "_", ",".join(parts))
+    return name[:120]
+
+
+def flip_average(network: Any) -> Any:
+    """Test-time augmentation: a module whose logits are the mean of ``network``'s for the images and their
+    mirror images."""
+    import torch
+    from torch import nn
+
+    class FlipAverage(nn.Module):
+        def __init__(self, net: nn.Module):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.net(x) + self.net(torch.flip(x, dims=[-1]))) / 2
+
+    return FlipAverage(network)
+
+
+def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), tta: Optional[str] = None,
+                 out: Optional[str | Path] = None, trust: bool = False) -> EvalResult:
+    """Evaluate ``target``'s checkpoint on ``config``'s evaluation split (the run's recipe with ``overrides``);
+    write the report (metrics, confusion matrix, per-class accuracy) to ``out`` or ``RUN_DIR/eval/<name>/``."""
+    from composer.utils import dist
+
+    from dlrecipes.loggers.terminal import hide_harmless_warnings
+    from dlrecipes.metrics.report import ClassReport, report_tables, write_report
+    from dlrecipes.records.run_dir import make_writable_dir
+
+    if tta is not None and tta not in TTA_CHOICES:
+        raise RecipeError(f"--tta: expected one of {', '.join(TTA_CHOICES)}, got '{tta}'")
+    if out is not None:
+        out_dir = Path(out)
+    elif target.run_dir is not None:
+        out_dir = RunDir(target.run_dir).eval_report(_name(target, overrides, tta))
+    else:
+        out_dir = beside(target.checkpoint, EVAL_DIR) / _name(target, overrides, tta)
+    if out is not None and dist.get_global_rank() == 0:
+        make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
+    trainer, data = trained_model(target, config, trust, out_dir)
+    with_network = trainer.state.model.module if trainer.state.is_model_ddp else trainer.state.model
+    tables = report_tables(config.metrics)
+    report = None
+    if tables:
+        report = ClassReport(out_dir, data.num_classes, data.class_names, tables)
+        trainer.state.callbacks.append(report)
+    if tta == "flip":
+        with_network.module = flip_average(with_network.module)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            hide_harmless_warnings()
+            trainer.eval()
+        seconds = time.perf_counter() - start
+        metrics = {k: float(v) for k, v in trainer.state.eval_metric_values.items()}
+    finally:
+        trainer.close()
+    images = _eval_size(data.eval, config.trainer.eval_subset_num_batches, config.trainer)
+    result = EvalResult(target.checkpoint, metrics, images, seconds, out_dir, list(overrides), tta)
+    if dist.get_global_rank() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if report is not None and report.kept is not None:
+            write_report(out_dir, report.kept, report.class_names, tables)
+        (out_dir / EVAL_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
+
+
+def _eval_size(split: Any, subset_batches: Optional[int], trainer_cfg: Any) -> int:
+    try:
+        size = len(split)
+    except TypeError:
+        return 0
+    if subset_batches is not None and subset_batches > 0:
+        return min(size, subset_batches * (trainer_cfg.eval_batch_size or trainer_cfg.batch_size))
+    return size
+
+
+__all__ = ["EvalResult", "evaluate_run"]

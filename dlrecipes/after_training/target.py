@@ -1,0 +1,68 @@
+"""After training: what ``eval``, ``export`` and ``predict`` were pointed at (a run directory, or a checkpoint file
+with its recipe), found once: the recipe to read and the checkpoint to load (``best``, ``latest`` or a path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from dlrecipes.errors import UserError
+from dlrecipes.records.layout import BEST_CHECKPOINT, RECIPE_FILE, RunDir
+
+CHECKPOINT_CHOICES = ("best", "latest")
+
+
+@dataclass
+class RunTarget:
+    """What ``eval``/``predict``/``export`` were pointed at: the recipe and the checkpoint to use."""
+
+    recipe: Path
+    checkpoint: Path
+    run_dir: Optional[Path]  # None: a checkpoint file given with --recipe
+
+
+def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
+                trust: bool = False) -> RunTarget:
+    """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
+    checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
+    periodic checkpoint that loads, read tensors-only unless ``trust``."""
+    from dlrecipes.records.checkpoints import resume_point
+
+    target = Path(target)
+    run: Optional[RunDir]
+    if target.is_dir():
+        run_dir, run = target, RunDir(target)
+        if not run.is_run():
+            raise UserError(f"{target}: not a run directory (no {RECIPE_FILE}); give a run directory such as "
+                            "runs/<name>, or a checkpoint file with --recipe")
+        folder = run.checkpoints
+        if checkpoint == "best":
+            path = run.best
+            if not path.is_file():
+                raise UserError(f"--checkpoint: {run_dir} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                                "or it never evaluated); use --checkpoint latest, or a checkpoint file")
+        elif checkpoint == "latest":
+            path = resume_point(folder, repair=False, trust=trust, key="--checkpoint") if folder.is_dir() else None
+            if path is None:
+                raise UserError(f"--checkpoint: {run_dir} has no complete periodic checkpoint; use --checkpoint best")
+        else:
+            path = Path(checkpoint)
+            if not path.is_file():
+                raise UserError(f"--checkpoint: no checkpoint file at {path}; use best, latest or a .pt file")
+    elif target.is_file():
+        path, run = target, RunDir.holding(target)
+        run_dir = run.path if run is not None else None
+    else:
+        raise UserError(f"{target}: no such run directory or checkpoint file")
+    if recipe is not None:
+        recipe_path = Path(recipe)
+    elif run is not None:
+        recipe_path = run.recipe
+    else:
+        raise UserError(f"{target}: a checkpoint outside a run directory needs its recipe: add --recipe RECIPE.yaml")
+    return RunTarget(recipe_path, path, run_dir)
+
+
+__all__ = ["RunTarget", "find_target"]
