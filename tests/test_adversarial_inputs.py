@@ -243,6 +243,7 @@ def test_an_object_training_cannot_use_is_one_line_from_python_and_leaves_nothin
     assert not model._forward_hooks  # the model is the user's again: no check left attached
 
 
+@pytest.mark.slow  # two tiny trainings
 def test_dict_samples_and_a_loader_with_workers_over_them_train(tmp_path):
     import dlrecipes
 
@@ -256,6 +257,7 @@ def test_dict_samples_and_a_loader_with_workers_over_them_train(tmp_path):
     assert named.status == "finished"
 
 
+@pytest.mark.slow  # a tiny training
 def test_a_recipe_given_as_a_dict_trains_with_its_base_found_from_root(tmp_path):
     import dlrecipes
 

@@ -87,7 +87,10 @@ def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
 
 
 def test_quickstart_learns_the_embedded_digits(tmp_path):
-    result = fit(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false"]))
+    """The shipped recipe's training, as shipped (its PNGs and checkpoints, which change nothing it learns, left out:
+    other tests write both)."""
+    result = fit(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false",
+                                                                 "plots=false", "checkpoint.save=false"]))
     assert result.eval_metrics["top1"] >= 0.95
 
 
