@@ -139,6 +139,7 @@ def test_a_damaged_file_is_one_line_and_changes_nothing(run, tmp_path, relative,
     line = assert_refused(invoke(args), str(run / relative))
     assert checksums(run.parent) == before, line
     assert not (tmp_path / "compare.png").exists()
+    assert not (run / "export").exists()  # a refused export leaves no (empty) folder behind
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

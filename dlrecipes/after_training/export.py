@@ -47,15 +47,21 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
         out_dir = RunDir(target.run_dir).exports
     else:
         out_dir = beside(target.checkpoint, EXPORT_DIR)
+    existed = out_dir.exists()
     make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
-    trainer, data = trained_model(target, config, trust)
     try:
-        network = copy.deepcopy(network_of(trainer)).to("cpu").eval()
-        inputs = first_eval_images(trainer, verify_batch_size)
-    finally:
-        trainer.close()
-    report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol,
-                               asked_by="--format")
+        trainer, data = trained_model(target, config, trust)
+        try:
+            network = copy.deepcopy(network_of(trainer)).to("cpu").eval()
+            inputs = first_eval_images(trainer, verify_batch_size)
+        finally:
+            trainer.close()
+        report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol,
+                                   asked_by="--format")
+    except BaseException:  # refused (a damaged checkpoint, ...): the folder made for it does not stay behind, empty
+        if not existed and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     write_export_metadata(out_dir, data.preprocess, data.class_names, data.num_classes)
     return {**report, "out_dir": str(out_dir), "checkpoint": str(target.checkpoint)}
 
