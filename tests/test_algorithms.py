@@ -230,3 +230,17 @@ def test_gradient_checkpointing_same_loss_gradients_and_bn_stats_less_saved_memo
 def test_gradient_checkpointing_names_what_it_could_not_find():
     with pytest.raises(ValueError, match="no modules of type Bottleneck to checkpoint; the model has: .*Conv2d"):
         apply_gradient_checkpointing(_net(), targets=["Bottleneck"])
+
+
+def test_layer_freezing_writes_checkpoints_after_a_layer_froze(tiny_recipe):
+    """Composer's LayerFreezing leaves the frozen parameters' momentum in optimizer.state; torch's state_dict then
+    failed the first checkpoint after a freeze (KeyError: the id of a parameter). Three epochs, freezing from 30%:
+    every epoch's checkpoint is written."""
+    from dlrecipes.api import resolve
+    from dlrecipes.fit import fit
+
+    result = fit(resolve(tiny_recipe, ["run_name=frozen", "trainer.max_duration=3ep", "optimizer.momentum=0.9",
+                                       "algorithms={layer_freezing: {freeze_start: 0.3, freeze_level: 1.0}}"]))
+    assert result.status == "finished" and result.epochs == 3
+    assert sorted(p.name for p in (result.run_dir / "checkpoints").glob("ep*-rank0.pt")) == [
+        "ep1-ba3-rank0.pt", "ep2-ba6-rank0.pt", "ep3-ba9-rank0.pt"]

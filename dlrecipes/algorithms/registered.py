@@ -287,7 +287,7 @@ def layer_freezing(freeze_start: float = 0.5, freeze_level: float = 1.0):
         freeze_start: the fraction of training after which layers begin to freeze (0.5: from halfway).
         freeze_level: the fraction of layers, from the input, frozen by the end; it grows linearly, at epoch ends.
     """
-    from composer.algorithms import LayerFreezing
+    from dlrecipes.algorithms.layer_freezing import LayerFreezing  # Composer's, its checkpoints writable
 
     return LayerFreezing(freeze_start=freeze_start, freeze_level=freeze_level)
 
