@@ -9,10 +9,11 @@ stays fast.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
+from dlrecipes.core.param_docs import Doc
 from dlrecipes.core.ranges import Classes, Fraction, Size
 from dlrecipes.data.preprocess_params import (
     CROP_SIZE, EVAL_CROP_SIZE, HFLIP, IMAGENET_MEAN, IMAGENET_STD, MIN_SCALE, RESIZE_RATIO, RESIZE_SIZE, CropSize,
@@ -20,6 +21,22 @@ from dlrecipes.data.preprocess_params import (
 )
 from dlrecipes.data.source_sizes import folder_side, hf_side
 from dlrecipes.registry import datasets
+
+# Parameters two factories share (the CIFARs; the embedded digits' two layouts): each meaning written once, on its
+# type (dlrecipes.core.param_docs), as the image-preprocessing ones are in preprocess_params.
+CifarDownload = Annotated[bool, Doc("download and extract the archive into root when files are missing; false: a "
+                                    "missing file is an error naming it.")]
+CifarAugment = Annotated[bool, Doc("random 32x32 crops of the 4-pixel-padded training images and random left-right "
+                                   "flips; false: training images as they are.")]
+CifarSize = Annotated[Size, Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
+                                "networks built for larger inputs, at least 8; 32 (the default) leaves them as they "
+                                "are.")]
+DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 degrees of rotation, 10% shift, "
+                                    "0.9-1.1 scale; a 2-pixel random shift with trainer.loader=device); false: training "
+                                    "images as they are.")]
+EvalFraction = Annotated[Fraction, Doc("share of each class's images held out for evaluation (a stratified split), in "
+                                       "(0, 1).")]
+SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
 
 
 def _crop_side(params: dict) -> int:
@@ -63,16 +80,13 @@ def _check_eval_sizes(params: dict, path: str) -> None:
 
 
 @datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10)
-def digits(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
+def digits(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2,
+           split_seed: SplitSeed = 0):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed).
 
     Args:
         image_size: side in pixels the 8x8 scans are bilinearly upsampled to; 28 (the default) suits MNIST
             models, 8 keeps the scans as they are.
-        augment: random affine on training images (up to 10 degrees of rotation, 10% shift, 0.9-1.1 scale; a
-            2-pixel random shift with trainer.loader=device); false: training images as they are.
-        eval_fraction: share of each class's images held out for evaluation (a stratified split), in (0, 1).
-        split_seed: seed of the random train/eval split: the same seed, the same split.
     """
     from dlrecipes.data.digits import build_digits
 
@@ -96,19 +110,14 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
 
 @datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
                    classes=lambda p: 10)
-def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = True, image_size: Size = 32):
+def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
+            image_size: CifarSize = 32):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment; image_size resizes
     the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device.
 
     Args:
         root: folder holding the extracted CIFAR python batches (root/cifar-10-batches-py), where they are downloaded to
             when missing.
-        download: download and extract the archive into root when files are missing; false: a missing file is an
-            error naming it.
-        augment: random 32x32 crops of the 4-pixel-padded training images and random left-right flips; false:
-            training images as they are.
-        image_size: side in pixels the 32x32 images are bilinearly resized to (after augmentation) for networks
-            built for larger inputs, at least 8; 32 (the default) leaves them as they are.
     """
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
     from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
@@ -118,18 +127,13 @@ def cifar10(root: str = "data/cifar10", download: bool = True, augment: bool = T
 
 @datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
                    classes=lambda p: 100)
-def cifar100(root: str = "data/cifar100", download: bool = True, augment: bool = True, image_size: Size = 32):
+def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augment: CifarAugment = True,
+             image_size: CifarSize = 32):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10.
 
     Args:
         root: folder holding the extracted CIFAR python batches (root/cifar-100-python), where they are downloaded to
             when missing.
-        download: download and extract the archive into root when files are missing; false: a missing file is an
-            error naming it.
-        augment: random 32x32 crops of the 4-pixel-padded training images and random left-right flips; false:
-            training images as they are.
-        image_size: side in pixels the 32x32 images are bilinearly resized to (after augmentation) for networks
-            built for larger inputs, at least 8; 32 (the default) leaves them as they are.
     """
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
@@ -348,16 +352,13 @@ def _digits_two_view_io(params: dict):
 
 
 @datasets.register("digits_two_view", io=_digits_two_view_io)
-def digits_two_view(image_size: Size = 28, augment: bool = True, eval_fraction: Fraction = 0.2, split_seed: int = 0):
+def digits_two_view(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2,
+                    split_seed: SplitSeed = 0):
     """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs).
 
     Args:
         image_size: side in pixels the 8x8 scans are bilinearly upsampled to before being cut into a left half
             (image_size // 2 columns) and a right half (the rest).
-        augment: random affine on training images (up to 10 degrees of rotation, 10% shift, 0.9-1.1 scale; a
-            2-pixel random shift with trainer.loader=device); false: training images as they are.
-        eval_fraction: share of each class's images held out for evaluation (a stratified split), in (0, 1).
-        split_seed: seed of the random train/eval split: the same seed, the same split.
     """
     from dlrecipes.data.task_data import build_digits_two_view
 
