@@ -86,14 +86,15 @@ def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], cl
 
         train = train_data if train_data is not None else eval_data  # evaluating only: the eval split twice
         keywords = ("train_data=" if train_data is not None else "eval_data=", "eval_data=")
-        sets = [readable(x.dataset if _is_loader(x) else x, keyword, *keys) for x, keyword in zip((train, eval_data), keywords)]
+        sets = [readable(x.dataset if _is_loader(x) else x, keyword, *keys)
+                for x, keyword in zip((train, eval_data), keywords)]
         count, names = _class_facts(sets, num_classes, class_names)
         if facts is not None:
             facts["count"] = count
         sample = sets[0][0][0]
         shape = tuple(getattr(sample, "shape", ()))
-        loaders = tuple(loader_batches(x, keyword, *keys) if _is_loader(x) else None
-                        for x, keyword in zip((train, eval_data), keywords))
+        loaders = tuple(loader_batches(x, samples) if _is_loader(x) else None
+                        for x, samples in zip((train, eval_data), sets))
         return DatasetSplits(train=sets[0], eval=sets[1], num_classes=count, input_shape=shape, class_names=names,
                              loaders=loaders if any(loaders) else None)
 

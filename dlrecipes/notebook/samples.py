@@ -143,17 +143,14 @@ def readable(dataset: Any, keyword: str, input_key: Optional[str], target_key: O
     return dataset
 
 
-def loader_batches(loader: Any, keyword: str, input_key: Optional[str], target_key: Optional[str]) -> Any:
-    """A DataLoader used as it is, or, over dict samples, a Composer DataSpec that reads its dict batches as
-    ``(inputs, labels)`` on the device."""
-    sample = first_sample(loader.dataset, keyword)
-    if not isinstance(sample, Mapping):
-        readable(loader.dataset, keyword, input_key, target_key)
+def loader_batches(loader: Any, samples: Any) -> Any:
+    """A DataLoader used as it is, or, over dict samples (``samples``: its dataset as :func:`readable` made it), a
+    Composer DataSpec that reads its dict batches as ``(inputs, labels)`` on the device."""
+    if not isinstance(samples, KeyedSamples):
         return loader
-    keys = sample_keys(sample, input_key, target_key, keyword)
-    readable(KeyedSamples(loader.dataset, *keys), keyword, None, None)
     from composer.core import DataSpec
 
+    keys = (samples.input_key, samples.target_key)
     return DataSpec(loader, batch_transforms=lambda batch: (batch[keys[0]], batch[keys[1]]))
 
 
