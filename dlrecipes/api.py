@@ -17,7 +17,7 @@ from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
-from dlrecipes.records.remote import is_remote
+from dlrecipes.records.store.bucket import is_remote
 
 
 def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
@@ -86,7 +86,7 @@ def train(
     CLI's train, launch's ranks and a sweep's points through it, the notebook's with ``config`` resolved with its
     objects).  ``resume``: continue the run; ``restart``: train ``run_name`` again from the beginning, keeping the
     old run under another name."""
-    from dlrecipes.records.remote import check_runs_dir
+    from dlrecipes.records.store.bucket import check_runs_dir
 
     config = config or resolve(recipe, overrides, plugins)
     check_runs_dir(config.runs_dir)  # a bucket that cannot be used: one line before training is even imported
@@ -134,7 +134,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     it)."""
     from dlrecipes.after_training.evaluate import evaluate_run
     from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.remote_runs import pull_target
+    from dlrecipes.records.store.reading import pull_target
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
     found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
@@ -153,7 +153,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.after_training.export import export_run
     from dlrecipes.after_training.target import find_target
     from dlrecipes.records.layout import EXPORT_DIR
-    from dlrecipes.records.remote_runs import pull_target
+    from dlrecipes.records.store.reading import pull_target
 
     target, checkpoint, pulled = pull_target(target, checkpoint)
     found = find_target(target, checkpoint, recipe, trust_checkpoint)
@@ -171,7 +171,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
     from dlrecipes.after_training import predict as tool
     from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.remote_runs import pull_target
+    from dlrecipes.records.store.reading import pull_target
 
     tool.check_options(top_k, batch_size)  # before a network is built
     target, checkpoint, _ = pull_target(target, checkpoint)  # a run or an export in a bucket: a local copy
@@ -229,7 +229,7 @@ def _sweep_in_bucket(plan: Any, runs_dir: str, parallel: int, echo: Callable[[st
     """The sweep staged locally (what the bucket has of it brought here first), its points training into
     ``runs_dir/<sweep>`` in the bucket, its own files uploaded after each point and at the end: a sweep that
     ends with files not uploaded says which and exits 1."""
-    from dlrecipes.records.remote_runs import sweep_mirror
+    from dlrecipes.records.store.reading import sweep_mirror
     from dlrecipes.tools import sweep as tool
 
     mirror = sweep_mirror(runs_dir, plan.name)
@@ -264,7 +264,7 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     check_train_options(config, resume, restart)  # as every rank's fit would: once, before any process starts
     check_launch(config, nproc, nproc * nodes)
     if is_remote(config.runs_dir):  # the bucket, asked once here: one line before any process starts
-        from dlrecipes.records.remote import RemoteRoot, check_access, check_run_in_bucket
+        from dlrecipes.records.store.bucket import RemoteRoot, check_access, check_run_in_bucket
 
         root = RemoteRoot.parse(config.runs_dir)
         check_access(root)
@@ -310,7 +310,7 @@ def plot(run_dir: str | Path) -> list[Path]:
     """Redraw a run's plots from its history.csv; returns their paths (a run in a bucket: its local copy's, the
     plots uploaded beside the run)."""
     from dlrecipes.records.plots import plot_history
-    from dlrecipes.records.remote_runs import open_run
+    from dlrecipes.records.store.reading import open_run
 
     if not is_remote(str(run_dir)):
         return plot_history(Path(run_dir))
@@ -327,7 +327,7 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
     from dlrecipes.records.plots import compare_runs
-    from dlrecipes.records.remote_runs import select_runs
+    from dlrecipes.records.store.reading import select_runs
 
     chosen, urls = select_runs(run_dirs, last, runs_dir)
     summaries, plot = compare_runs(chosen, out)
@@ -340,7 +340,7 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
 def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
     metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
-    from dlrecipes.records.remote_runs import pull_runs_dir, shown_paths
+    from dlrecipes.records.store.reading import pull_runs_dir, shown_paths
     from dlrecipes.records.runs import describe_run, list_runs, newest_first
 
     if not is_remote(str(runs_dir)):

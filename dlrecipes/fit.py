@@ -24,8 +24,8 @@ from dlrecipes.core.secrets import redact_text
 from dlrecipes.errors import UserError
 from dlrecipes.records import run_lock
 from dlrecipes.records.layout import RunDir
-from dlrecipes.records.remote import RemoteRun, staged_run, uploader
-from dlrecipes.records.remote import prepare as prepare_remote
+from dlrecipes.records.store.bucket import RemoteRun, staged_run, uploader
+from dlrecipes.records.store.bucket import prepare as prepare_remote
 from dlrecipes.records.resume_check import check_resume
 from dlrecipes.records.run_dir import (
     choose_run_name, find_resume_point, has_checkpoint, make_run_dir, record_recipe, set_aside_failed_run,
@@ -187,11 +187,11 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
 
 def _locked(run_dir: Path, remote: Any) -> Any:
     """The run directory's lock (rank 0); in a bucket, with the run's lease there too (no shared disk between the
-    machines that may write it: :mod:`dlrecipes.records.remote_lease`)."""
+    machines that may write it: :mod:`dlrecipes.records.store.lease`)."""
     lock = run_lock.acquire(run_dir)
     if remote is None:
         return lock
-    from dlrecipes.records.remote_lease import leased
+    from dlrecipes.records.store.lease import leased
 
     return leased(lock, remote, run_dir.name)
 

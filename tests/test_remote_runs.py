@@ -389,7 +389,7 @@ def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_t
                                                                                          tmp_path, monkeypatch):
     """Machine B resuming a run that machine A trains (A's lease live in the bucket) is refused, naming A; the lease
     is gone when a run ends; one that expired unreleased is taken over with a warning."""
-    from dlrecipes.records.remote_lease import TERM
+    from dlrecipes.records.store.lease import TERM
 
     args = [str(tiny_recipe), "runs_dir=s3://runs/lease", "run_name=l1", "trainer.max_duration=1ep"]
     assert run_cli("train", *args, cwd=tmp_path).returncode == 0

@@ -8,7 +8,7 @@ runs/<run name>/
   summary.json        how the run went (records.history)
   loss.png accuracy.png lr.png   the plots (records.plots)
   train-rank<N>.log   each process's text log
-  run.lock            who trains in it now (records.run_lock); in a bucket, run.lease (records.remote_lease)
+  run.lock            who trains in it now (records.run_lock); in a bucket, run.lease (records.store.lease)
   checkpoints/        ep<E>-ba<B>-rank<N>.pt (periodic), latest-rank<N>.pt (a link to the newest),
                       best.pt and best.json (the best evaluation's: callbacks.best_checkpoint); in a bucket
                       (runs_dir: s3://...), latest.txt: the newest checkpoint whose upload is confirmed
@@ -36,7 +36,7 @@ REPLACED_RECIPE = "recipe.before-{stamp}.yaml"
 SUMMARY_FILE = "summary.json"
 HISTORY_FILE = "history.csv"
 LOCK_FILE = "run.lock"
-LEASE_FILE = "run.lease"  # in a bucket's run (runs_dir: s3://...): who writes it now (records.remote_lease)
+LEASE_FILE = "run.lease"  # in a bucket's run (runs_dir: s3://...): who writes it now (records.store.lease)
 LOG_FILE = "train-rank{rank}.log"  # Composer's FileLogger fills in {rank} itself
 PLOT_FILES = {"loss": "loss.png", "accuracy": "accuracy.png", "lr": "lr.png"}
 CHECKPOINT_DIR = "checkpoints"

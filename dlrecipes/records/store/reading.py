@@ -21,7 +21,7 @@ from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
 )
-from dlrecipes.records.remote import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access, is_remote
+from dlrecipes.records.store.bucket import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access, is_remote
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument

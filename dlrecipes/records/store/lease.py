@@ -142,7 +142,7 @@ class LeasedLock:
 
 def leased(lock: Any, root: Any, name: str) -> Any:
     """``lock`` with the bucket's lease on ``root/name`` taken too (refused while another machine writes the run)."""
-    from dlrecipes.records.remote import object_store
+    from dlrecipes.records.store.bucket import object_store
 
     try:
         lease = BucketLease(object_store(root), root, name).take()

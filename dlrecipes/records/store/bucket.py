@@ -298,13 +298,13 @@ def staged_run(root: RemoteRoot, name: str) -> RemoteRun:
 
 def uploader(remote: RemoteRun):
     """A Composer callback that mirrors the run to the bucket at each checkpoint and after the run closes (rank 0),
-    uploading in the background (:mod:`dlrecipes.records.remote_upload`: training never waits for the network; the
+    uploading in the background (:mod:`dlrecipes.records.store.upload`: training never waits for the network; the
     run's end waits for the uploads); what is still not uploaded then is named in summary.json
     (``upload_incomplete``)."""
     from composer.core import Callback
     from composer.utils import dist
 
-    from dlrecipes.records.remote_upload import BackgroundPush
+    from dlrecipes.records.store.upload import BackgroundPush
 
     class MirrorToBucket(Callback):
         def __init__(self) -> None:
