@@ -17,7 +17,6 @@ from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
-from dlrecipes.records.store.bucket import is_remote
 
 
 def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
@@ -86,10 +85,10 @@ def train(
     CLI's train, launch's ranks and a sweep's points through it, the notebook's with ``config`` resolved with its
     objects).  ``resume``: continue the run; ``restart``: train ``run_name`` again from the beginning, keeping the
     old run under another name."""
-    from dlrecipes.records.store.bucket import check_runs_dir
+    from dlrecipes.records.store import store_for
 
     config = config or resolve(recipe, overrides, plugins)
-    check_runs_dir(config.runs_dir)  # a bucket that cannot be used: one line before training is even imported
+    store_for(config.runs_dir).check()  # a bucket that cannot be used: one line before training is even imported
     from dlrecipes.fit import fit
 
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
@@ -134,13 +133,12 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     it)."""
     from dlrecipes.after_training.evaluate import evaluate_run
     from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.store.reading import pull_target
+    from dlrecipes.records.store import open_for_reading
 
-    target, checkpoint, pulled = pull_target(target, checkpoint)
-    found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
+    read = open_for_reading(target, checkpoint)  # a run in a bucket: its records and that checkpoint, here
+    found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), override_strings(overrides)
     result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
-    if pulled is not None:
-        pulled.push_outputs("the evaluation report")
+    read.outputs_written("the evaluation report")
     return result
 
 
@@ -153,14 +151,14 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.after_training.export import export_run
     from dlrecipes.after_training.target import find_target
     from dlrecipes.records.layout import EXPORT_DIR
-    from dlrecipes.records.store.reading import pull_target
+    from dlrecipes.records.store import open_for_reading
 
-    target, checkpoint, pulled = pull_target(target, checkpoint)
-    found = find_target(target, checkpoint, recipe, trust_checkpoint)
+    read = open_for_reading(target, checkpoint)
+    found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
     report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
-    if pulled is not None and out is None:
-        pulled.push_outputs("the export")
-        report["uploaded_to"] = f"{pulled.url}/{EXPORT_DIR}"
+    if read.pushes and out is None:  # beside the run where it lives
+        read.outputs_written("the export")
+        report["uploaded_to"] = f"{read.address}/{EXPORT_DIR}"
     return report
 
 
@@ -171,14 +169,14 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
     from dlrecipes.after_training import predict as tool
     from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.store.reading import pull_target
+    from dlrecipes.records.store import open_for_reading
 
     tool.check_options(top_k, batch_size)  # before a network is built
-    target, checkpoint, _ = pull_target(target, checkpoint)  # a run or an export in a bucket: a local copy
-    if tool.is_export_dir(target):
-        predictor = tool.export_predictor(Path(target))
+    read = open_for_reading(target, checkpoint)  # a run or an export in a bucket: a local copy
+    if tool.is_export_dir(read.target):
+        predictor = tool.export_predictor(Path(read.target))
     else:
-        found = find_target(target, checkpoint, recipe, trust_checkpoint)
+        found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
         predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
@@ -218,29 +216,15 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise
         runs_dir = runs_dir or config.runs_dir
-    if runs_dir is not None and is_remote(runs_dir):  # a sweep in a bucket: see SweepMirror
-        return _sweep_in_bucket(plan, runs_dir, parallel, echo)
-    tool.prepare_folder(plan, Path(runs_dir or "runs"))
+    from dlrecipes.records.store import store_for
+
+    folder = store_for(runs_dir or "runs").sweep(plan.name)  # in a bucket: what it has of the sweep brought here
+    tool.prepare_folder(plan, folder.folder.parent)
+    plan.trains_into, plan.after_point = folder.trains_into, folder.after_point
     rows, code = tool.run_sweep(plan, parallel, echo)
-    return plan, rows, code
-
-
-def _sweep_in_bucket(plan: Any, runs_dir: str, parallel: int, echo: Callable[[str], None]) -> tuple[Any, list, int]:
-    """The sweep staged locally (what the bucket has of it brought here first), its points training into
-    ``runs_dir/<sweep>`` in the bucket, its own files uploaded after each point and at the end: a sweep that
-    ends with files not uploaded says which and exits 1."""
-    from dlrecipes.records.store.reading import sweep_mirror
-    from dlrecipes.tools import sweep as tool
-
-    mirror = sweep_mirror(runs_dir, plan.name)
-    mirror.pull_missing()
-    tool.prepare_folder(plan, mirror.local.parent)
-    plan.trains_into, plan.after_point = mirror.url, mirror.push
-    rows, code = tool.run_sweep(plan, parallel, echo)
-    mirror.push()
-    if mirror.incomplete():
-        missing = mirror.incomplete()
-        echo(f"error: {len(missing)} file(s) of the sweep are not in {mirror.url}: {', '.join(missing[:5])}"
+    missing = folder.finish()  # in a bucket: the sweep's own files uploaded
+    if missing:
+        echo(f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"
              f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)")
         code = code or 1
     return plan, rows, code
@@ -253,7 +237,7 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
     from dlrecipes.config.checks import check_train_options
     from dlrecipes.config.devices import check_launch
-    from dlrecipes.records.run_dir import check_run_exists
+    from dlrecipes.records.store import store_for
     from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
 
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
@@ -263,15 +247,10 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     config = resolve(recipe, overrides, plugins)
     check_train_options(config, resume, restart)  # as every rank's fit would: once, before any process starts
     check_launch(config, nproc, nproc * nodes)
-    if is_remote(config.runs_dir):  # the bucket, asked once here: one line before any process starts
-        from dlrecipes.records.store.bucket import RemoteRoot, check_access, check_run_in_bucket
-
-        root = RemoteRoot.parse(config.runs_dir)
-        check_access(root)
-        if resume and config.run_name:
-            check_run_in_bucket(root, config.run_name)
-    elif resume and config.run_name and node_rank == 0:  # before any process starts: a typo starts no new run
-        check_run_exists(Path(config.runs_dir), config.run_name)
+    store = store_for(config.runs_dir)
+    store.check()  # a bucket, asked once here: one line before any process starts
+    if resume and config.run_name:  # before any process starts: a typo starts no new run
+        store.check_resumable(config.run_name, first_node=node_rank == 0)
     return run_ranks(ranks, gloo_environment(master_addr, master_port, nproc * nodes))
 
 
@@ -310,14 +289,11 @@ def plot(run_dir: str | Path) -> list[Path]:
     """Redraw a run's plots from its history.csv; returns their paths (a run in a bucket: its local copy's, the
     plots uploaded beside the run)."""
     from dlrecipes.records.plots import plot_history
-    from dlrecipes.records.store.reading import open_run
+    from dlrecipes.records.store import open_for_reading
 
-    if not is_remote(str(run_dir)):
-        return plot_history(Path(run_dir))
-    pulled = open_run(str(run_dir))
-    pulled.pull_records()
-    paths = plot_history(pulled.local)
-    pulled.push_outputs("the plots")
+    read = open_for_reading(run_dir, None)  # a run in a bucket: its records, here
+    paths = plot_history(Path(read.target))
+    read.outputs_written("the plots")
     return paths
 
 
@@ -327,7 +303,7 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
     from dlrecipes.records.plots import compare_runs
-    from dlrecipes.records.store.reading import select_runs
+    from dlrecipes.records.store import select_runs
 
     chosen, urls = select_runs(run_dirs, last, runs_dir)
     summaries, plot = compare_runs(chosen, out)
@@ -340,13 +316,13 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
 def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
     metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
-    from dlrecipes.records.store.reading import pull_runs_dir, shown_paths
-    from dlrecipes.records.runs import describe_run, list_runs, newest_first
+    from dlrecipes.records.runs import describe_run
+    from dlrecipes.records.store import store_for
 
-    if not is_remote(str(runs_dir)):
-        return list_runs(runs_dir, last)
-    urls = pull_runs_dir(str(runs_dir))
-    return shown_paths([describe_run(p) for p in newest_first(list(urls), last)], urls, str(runs_dir))
+    store = store_for(runs_dir)
+    found = store.runs(last)  # a bucket's: local copies of their records, with their addresses
+    return store.rows_shown([describe_run(path) for path, _ in found],
+                            {path: address for path, address in found if address is not None})
 
 
 def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path | None, options: Any = None,

@@ -182,10 +182,10 @@ def test_no_private_name_is_imported_across_modules():
 
 def test_the_top_level_shows_the_stages_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["__main__", "api", "cli", "engine", "errors", "fit", "plugins", "recipe", "registry"]
+    assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "recipe", "registry"]
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert packages == ["after_training", "algorithms", "builders", "callbacks", "config", "core", "data", "loggers",
-                        "losses", "metrics", "models", "notebook", "optim", "records", "tools"]
+    assert packages == ["after_training", "algorithms", "builders", "callbacks", "config", "core", "data", "fit",
+                        "loggers", "losses", "metrics", "models", "notebook", "optim", "records", "tools"]
 
 
 def test_import_dlrecipes_is_a_lazy_facade():
@@ -356,7 +356,7 @@ def test_secrets_are_redacted_in_one_place():
     assert not spelled, "\n".join(spelled)
     writers = {"dlrecipes.records.run_dir", "dlrecipes.records.resume_check", "dlrecipes.records.history",
                "dlrecipes.loggers.run_record", "dlrecipes.loggers.run_log", "dlrecipes.errors", "dlrecipes.api",
-               "dlrecipes.config.validation", "dlrecipes.fit"}
+               "dlrecipes.config.validation", "dlrecipes.fit.outcome"}
     assert {w for w in writers if "dlrecipes.core.secrets" not in GRAPH[w]} == set()
 
 
@@ -412,6 +412,47 @@ def test_the_builders_are_given_the_device_and_the_recipe():
             if isinstance(node, ast.IfExp) and "to_dict()" in ast.unparse(node.orelse):
                 found.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
+
+
+STORE = "dlrecipes.records.store"
+STORE_SCHEMES = r"\b(s3|gs|oci|azure|dbfs):/"  # the object stores Composer's URI factory knows
+
+
+def _where_branches(module: str, source: str) -> list[str]:
+    """What in ``source`` asks whether a run is local or in a bucket: an import of one of the run store's
+    implementations (only :mod:`dlrecipes.records.store` itself is public), an ``is_remote``, or a test of a
+    string against an object store's scheme (``x.startswith("s3://")``, ``"gs://" in x``, ``== SCHEME``); whether
+    a value is a URL at all (``"://" in value``: an input path that is not a file here) is not a run's place."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(STORE + "."):
+            found.append(f"{module} line {line}: imports {node.module}")
+        elif isinstance(node, ast.Name) and node.id in ("is_remote", "SCHEME") or \
+                isinstance(node, ast.Attribute) and node.attr in ("is_remote", "SCHEME"):
+            found.append(f"{module} line {line}: {ast.unparse(node)}")
+        elif isinstance(node, (ast.Compare, ast.Call)):
+            probe = [node.left, *node.comparators] if isinstance(node, ast.Compare) else \
+                node.args if isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith",
+                                                                                        "find", "index") else []
+            if any(isinstance(arg, ast.Constant) and isinstance(arg.value, str) and re.search(STORE_SCHEMES, arg.value)
+                   for arg in probe):
+                found.append(f"{module} line {line}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_run_store_asks_where_a_run_lives():
+    """Whether a run is in a local folder or a bucket is decided inside dlrecipes.records.store alone: every other
+    module goes through its interface (store_for, open_for_reading, select_runs, ...)."""
+    found = [where for module, path in sorted(MODULES.items()) if module != STORE and not module.startswith(STORE + ".")
+             for where in _where_branches(module, path.read_text())]
+    assert not found, "\n".join(found)
+
+
+def test_the_store_check_sees_each_way_of_asking():
+    source = ("from dlrecipes.records.store.bucket import RemoteRoot\nif url.startswith('s3://'): pass\n"
+              "x = 's3://' in url\nis_remote(u)\nfrom dlrecipes.records.store import store_for\n")
+    assert [w.split(":")[0] for w in _where_branches("m", source)] == ["m line 1", "m line 2", "m line 3", "m line 4"]
 
 
 # --- the package tree in docs/architecture.md cannot drift -------------------------------------------------------

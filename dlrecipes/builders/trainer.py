@@ -137,7 +137,8 @@ class BuiltRun:
 
 def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, *, resume: bool = False,
                   trust_checkpoint: bool = False, verbose: bool = False,
-                  resume_from: Optional[Path] = None, shown_as: Optional[str] = None) -> BuiltRun:
+                  resume_from: Optional[Path] = None, shown_as: Optional[str] = None,
+                  in_step: Sequence[Any] = ()) -> BuiltRun:
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
 
     ``recipe``: the config as plain data (what the run's history and trackers record) and ``device``
@@ -145,6 +146,8 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
     ``trust_checkpoint`` allows a full unpickle of the checkpoint resumed or loaded (``checkpoint.load_path``),
     which otherwise is read tensors-only (see :mod:`dlrecipes.records.checkpoint_safety`); ``verbose`` adds
     Composer's own console logging (its config banner and every metric at ``trainer.console_log_interval``).
+    ``in_step``: the callbacks that keep the run's store in step (a bucket's upload), after every other callback:
+    they store what the others wrote.  ``shown_as``: how the start line names the run (a bucket's address).
     """
     data, model = _seeded_model(config)
     ckpt = config.checkpoint
@@ -155,7 +158,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
                                          algorithms=config.algorithms)
     run = _run_context(config, run_dir, recipe, device, data)
-    callbacks = _run_callbacks(config, run, periodic)
+    callbacks = [*_run_callbacks(config, run, periodic), *in_step]
     loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path),
                                                         shown_as))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"

@@ -108,14 +108,14 @@ def choose_gloo_interface(env: Any = None) -> Optional[str]:
     if found is None:
         return None
     name, addr = found
-    if addr.startswith("127.") and name == "lo" and not _is_remote(master):
+    if addr.startswith("127.") and name == "lo" and not _on_another_host(master):
         return None  # every process on this host: loopback is right, and gloo's default finds it
     env["GLOO_SOCKET_IFNAME"] = name
     env[CHOSEN_MARK] = name  # so that a connection failure can say who chose it
     return name
 
 
-def _is_remote(address: str) -> bool:
+def _on_another_host(address: str) -> bool:
     import socket
 
     try:

@@ -204,7 +204,7 @@ def compare(run_dirs: Sequence[str | Path] = (), last: Optional[int] = None, run
     columns; a Figure of eval top-1 against wall-clock time)."""
     from dlrecipes.records.frames import table_frame
     from dlrecipes.records.plots import comparison_figure
-    from dlrecipes.records.store.reading import select_runs
+    from dlrecipes.records.store import select_runs
 
     chosen = select_runs(run_dirs, last, runs_dir)[0]  # runs in a bucket: local copies of their records
     rows, _ = api.compare(chosen)
@@ -214,9 +214,9 @@ def compare(run_dirs: Sequence[str | Path] = (), last: Optional[int] = None, run
 def plot(run_dir: str | Path):
     """A run's history (loss, accuracy, learning rate) as one matplotlib Figure."""
     from dlrecipes.records.plots import history_figure
-    from dlrecipes.records.store.reading import pull_records
+    from dlrecipes.records.store import read_records
 
-    return history_figure(pull_records([run_dir])[0][0])  # a run in a bucket: a local copy of its records
+    return history_figure(read_records([run_dir])[0][0])  # a run in a bucket: a local copy of its records
 
 
 

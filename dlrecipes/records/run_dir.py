@@ -164,6 +164,18 @@ def has_checkpoint(run_dir: Path) -> bool:
                                    for p in folder.iterdir())
 
 
+def discard_empty_run(run: RunDir, lock: Any) -> bool:
+    """A new run that failed before its first checkpoint leaves nothing behind (rank 0, holding ``lock``): its
+    directory removed, the lock released first.  Returns whether it was removed."""
+    import shutil
+
+    if has_checkpoint(run.path):
+        return False
+    lock.release()
+    shutil.rmtree(run.path, ignore_errors=True)
+    return True
+
+
 def make_run_dir(run_dir: Path | RunDir, claim: bool = False) -> RunDir:
     """Create the run directory (rank 0), or one line naming runs_dir and why it cannot be.  Once per run: by
     the fit stage, or, for a default name, by :func:`choose_run_name`, whose creating it is what claims the

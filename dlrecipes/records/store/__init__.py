@@ -1,1 +1,81 @@
-"""Where a run lives: a local runs folder, or an object store (``s3://...``) staged locally and mirrored to it."""
+"""Where a run lives, decided once, behind one interface: a local runs folder (:class:`~.local.LocalStore`) or an
+object store (:class:`~.objects.BucketStore`: ``s3://BUCKET/PREFIX``), whose runs are staged in a local folder
+and kept in step with the bucket.
+
+- :func:`store_for` chooses the store of a recipe's ``runs_dir``; :func:`open_for_reading` that of a run, a
+  checkpoint or an export a command names.
+- :meth:`RunStore.open_for_training` names the run (a new name, ``--resume`` or ``--restart``; a finished or running
+  run is never overwritten), takes its lock (in a bucket, its lease too) and returns a :class:`TrainingRun`: the
+  local :class:`~dlrecipes.records.layout.RunDir` training writes in, the callbacks that keep the store in step
+  (built with the run's other callbacks), and what its end checks.
+- :func:`open_for_reading` brings here exactly what a command needs (a run's records and the one checkpoint it
+  reads) and returns a :class:`ReadRun`, whose :meth:`ReadRun.outputs_written` puts what the command wrote
+  beside the run.
+- :meth:`RunStore.runs` finds the runs under the store's root (``runs``, ``compare --last``); :meth:`RunStore.sweep`
+  the folder a sweep keeps its own files in.
+
+No module outside this package asks whether a run is local or in a bucket (``tests/test_architecture.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun
+
+
+def store_for(runs_dir: Any) -> RunStore:
+    """The store of ``runs_dir``: a local folder, or an object store for ``s3://...``."""
+    from dlrecipes.records.store.bucket import is_remote
+
+    if is_remote(runs_dir if isinstance(runs_dir, str) else str(runs_dir)) and isinstance(runs_dir, str):
+        from dlrecipes.records.store.objects import BucketStore
+
+        return BucketStore(runs_dir)
+    from dlrecipes.records.store.local import LocalStore
+
+    return LocalStore(runs_dir)
+
+
+def open_for_reading(target: Any, checkpoint: Optional[str] = "best") -> ReadRun:
+    """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
+    local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
+    records only)."""
+    from dlrecipes.records.store.bucket import is_remote
+
+    if not is_remote(str(target)):
+        return ReadRun(target, checkpoint, str(target))
+    from dlrecipes.records.store.objects import read_from_bucket
+
+    return read_from_bucket(str(target), checkpoint)
+
+
+def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
+    """Run directories as given, each in a bucket replaced by a local copy of its records; returns them and, for
+    the copies, their addresses."""
+    local, addresses = [], {}
+    for target in targets:
+        read = open_for_reading(target, None)
+        local.append(Path(read.target))
+        if read.pushes:
+            addresses[Path(read.target)] = read.address
+    return local, addresses
+
+
+def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "runs") -> tuple[list[Path],
+                                                                                                dict[Path, str]]:
+    """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`): local copies of the runs that live in a
+    bucket, and their addresses."""
+    from dlrecipes.records import runs
+
+    if bool(run_dirs) == (last is not None):
+        runs.select_runs(run_dirs, last, runs_dir)  # both or neither: its one line
+    if run_dirs:
+        return read_records(list(run_dirs))
+    found = store_for(runs_dir).runs(last)
+    return [path for path, _ in found], {path: address for path, address in found if address is not None}
+
+
+__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "open_for_reading", "read_records", "select_runs",
+           "store_for"]

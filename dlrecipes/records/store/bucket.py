@@ -102,12 +102,6 @@ def object_store(root: RemoteRoot, attempts: int = 3, timeout: float = 5.0):
     return S3ObjectStore(bucket=root.bucket, client_config=config)
 
 
-def check_runs_dir(runs_dir: Any) -> None:
-    """A remote ``runs_dir``'s bucket, asked before training is imported (no-op for a local folder)."""
-    if is_remote(runs_dir):
-        check_access(RemoteRoot.parse(runs_dir))
-
-
 _ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in this process: asked once per command
 
 
@@ -349,24 +343,20 @@ def mark_incomplete(remote: RemoteRun) -> None:
         summary.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def prepare(config: Any, resume: bool, restart: bool = False) -> Optional[RemoteRoot]:
-    """For a remote ``runs_dir``: check the bucket (one line if it cannot be used), refuse a name it holds a run
-    under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring the named run's records and newest checkpoint that loads there.  Returns the remote
-    root (None: ``runs_dir`` is a local folder)."""
-    if not is_remote(config.runs_dir):
-        return None
-    root = RemoteRoot.parse(config.runs_dir)
+def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> None:
+    """Before a training opens its run in the bucket: check the bucket (one line if it cannot be used), refuse a
+    name it holds a run under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring the named
+    run's records and newest checkpoint that loads into the staging folder."""
     check_access(root)
-    if resume and not config.run_name:
+    if resume and not run_name:
         raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
     from dlrecipes.core.distributed import rank
 
-    if config.run_name and not resume and rank() == 0:
-        claim_name(root, config.run_name, restart)
-    if resume and check_run_in_bucket(root, config.run_name):
+    if run_name and not resume and rank() == 0:
+        claim_name(root, run_name, restart)
+    if resume and check_run_in_bucket(root, run_name):
         with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
-            staged_run(root, config.run_name).pull_for_resume()
-    return root
+            staged_run(root, run_name).pull_for_resume()
 
 
 def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:

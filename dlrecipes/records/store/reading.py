@@ -15,13 +15,13 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
 )
-from dlrecipes.records.store.bucket import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access, is_remote
+from dlrecipes.records.store.bucket import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument
@@ -143,33 +143,6 @@ def open_run(url: str) -> PulledRun:
     return PulledRun(root, name, RunDir(_pulled_root(root) / name).path)
 
 
-def pull_target(target: Any, checkpoint: str = "best") -> tuple[Any, str, Optional[PulledRun]]:
-    """For a command on a run or checkpoint: a remote ``target`` brought here with the checkpoint it needs.
-    Returns (the local target, the local ``--checkpoint``, the pulled run or None for a local target)."""
-    if not is_remote(str(target)):
-        return target, checkpoint, None
-    run = open_run(str(target))
-    listing = run.pull_records()
-    if RECIPE_FILE not in listing:  # an export directory
-        return run.local, checkpoint, run
-    return run.local, run.pull_checkpoint(checkpoint, listing), run
-
-
-def pull_records(targets: list[Any]) -> tuple[list[Any], dict[Path, str]]:
-    """Run directories as given, each remote one replaced by a local copy of its records; returns them and,
-    for the copies, their bucket addresses."""
-    local, urls = [], {}
-    for target in targets:
-        if is_remote(str(target)):
-            run = open_run(str(target))
-            run.pull_records()
-            local.append(run.local)
-            urls[run.local] = run.url
-        else:
-            local.append(target)
-    return local, urls
-
-
 def pull_runs_dir(url: str) -> dict[Path, str]:
     """Every run under ``s3://bucket/prefix`` (those with a recipe.yaml, a sweep's nested ones too), their records
     copied here; returns the copies' folders with their bucket addresses."""
@@ -186,22 +159,6 @@ def pull_runs_dir(url: str) -> dict[Path, str]:
         run.pull_records(listing)
         urls[run.local] = run.url
     return urls
-
-
-def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "runs") -> tuple[list[Path], dict[Path, str]]:
-    """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`) where a run directory or ``runs_dir`` may be
-    in a bucket: local copies of the remote ones, and their bucket addresses."""
-    from dlrecipes.records import runs
-
-    if bool(run_dirs) == (last is not None):
-        runs.select_runs(run_dirs, last, runs_dir)  # both or neither: its one line
-    if run_dirs:
-        local, urls = pull_records(list(run_dirs))
-        return [Path(p) for p in local], urls
-    if is_remote(str(runs_dir)):
-        urls = pull_runs_dir(str(runs_dir))
-        return runs.newest_first(list(urls), last), urls
-    return runs.find_runs(runs_dir, last), {}
 
 
 class SweepMirror(PulledRun):
@@ -247,5 +204,5 @@ def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: Optiona
     return rows
 
 
-__all__ = ["PulledRun", "SweepMirror", "UploadFailed", "open_run", "pull_records", "pull_runs_dir", "pull_target",
-           "select_runs", "shown_paths", "split_run_url", "sweep_mirror"]
+__all__ = ["PulledRun", "SweepMirror", "UploadFailed", "open_run", "pull_runs_dir", "shown_paths", "split_run_url",
+           "sweep_mirror"]

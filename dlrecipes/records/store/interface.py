@@ -1,0 +1,104 @@
+"""The run store's interface: :class:`RunStore` (one per ``runs_dir``), what it opens for training
+(:class:`TrainingRun`) and for reading (:class:`ReadRun`), and a sweep's folder (:class:`SweepFolder`).  The
+package's docstring (:mod:`dlrecipes.records.store`) says how they are used."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from dlrecipes.records.layout import RunDir
+
+
+@dataclass
+class TrainingRun:
+    """A run opened for training: where it is written here, how the lines name it, and how it is kept in step."""
+
+    run: RunDir
+    shown_as: Optional[str] = None  # how the lines name the run when not by its local folder (a bucket's address)
+    fresh: bool = True  # a new run: nothing of it existed before this training
+    accepted: list[str] = field(default_factory=list)  # what --resume accepted as changed (check_resume)
+    lock: Any = None  # rank 0's: run.lock (in a bucket, with the run's lease); None on the other ranks
+    keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
+    stored: Callable[[Any], None] = lambda result: None  # the end's check: raises when the store lacks files
+
+    @property
+    def address(self) -> Optional[str]:
+        """The run's address in its store, when it is not its local folder (``TrainResult.address``)."""
+        return self.shown_as
+
+    def end(self, failed: bool) -> bool:
+        """Release the lock; after a failure, a fresh run that wrote no checkpoint leaves no directory. Returns
+        whether the run directory stays."""
+        from dlrecipes.records.run_dir import discard_empty_run
+
+        if self.lock is None:
+            return True
+        if failed and self.fresh and discard_empty_run(self.run, self.lock):  # the lock released with it
+            return False
+        self.lock.release()
+        return True
+
+
+@dataclass
+class ReadRun:
+    """What a command after training reads, here: ``target`` (a run directory, a checkpoint or an export folder)
+    and the ``checkpoint`` to give it; ``address`` names it where it lives."""
+
+    target: Any
+    checkpoint: Optional[str]
+    address: str
+    push: Callable[[str], None] = lambda what: None  # puts the command's outputs beside the run (a bucket's)
+    pushes: bool = False  # whether the store takes the command's outputs from here (a bucket)
+
+    def outputs_written(self, what: str) -> None:
+        """The command wrote its outputs (``what``: "the plots"): put them beside the run where it lives (one line,
+        exit code 1, naming what could not be)."""
+        self.push(what)
+
+
+@dataclass
+class SweepFolder:
+    """Where a sweep keeps its own files (``folder``: local) and where its points train (``trains_into``: None,
+    into ``folder``'s parent)."""
+
+    folder: Path
+    address: str
+    trains_into: Optional[str] = None
+    after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
+    finish: Callable[[], list[str]] = list  # the sweep's end: the files its store still lacks
+
+
+class RunStore(ABC):
+    """The runs of one ``runs_dir`` (see the module docstring)."""
+
+    def __init__(self, runs_dir: Any):
+        self.runs_dir = runs_dir
+
+    @abstractmethod
+    def check(self) -> None:
+        """Whether the runs can be written there: one line when not (a bucket: asked once per command)."""
+
+    @abstractmethod
+    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
+                          restart: bool) -> TrainingRun:
+        """The run ``config`` trains, named, set up and locked (see the module docstring)."""
+
+    @abstractmethod
+    def check_resumable(self, name: str, first_node: bool) -> None:
+        """``--resume`` of ``name``, refused before any process starts when the store has no such run (locally: by
+        the first node only; the others may not share its disk)."""
+
+    @abstractmethod
+    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+        """The newest ``last`` runs under the root (all: None), newest first: (local folder, address or None)."""
+
+    @abstractmethod
+    def sweep(self, name: str) -> SweepFolder:
+        """The folder of the sweep ``name`` (what the store has of it brought here)."""
+
+    def rows_shown(self, rows: list[dict[str, Any]], addresses: dict[Path, str]) -> list[dict[str, Any]]:
+        """``runs``' rows as the user names the runs (a bucket's: by address, names as paths under the root)."""
+        return rows

@@ -1,0 +1,61 @@
+"""Runs in a local folder (``runs_dir: runs``): the run directory is the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.core.distributed import rank
+from dlrecipes.records.layout import RunDir
+from dlrecipes.records.store.interface import RunStore, SweepFolder, TrainingRun
+
+
+def open_in(runs: Path, config: Any, recipe: dict[str, Any], device: str, resume: bool, restart: bool) -> TrainingRun:
+    """The run ``config`` trains, in the local folder ``runs`` (a runs folder, or a bucket's staging folder): named
+    (a new default name is made now), checked for ``--resume`` before anything is written, a run set aside for
+    ``--restart`` or after a failure, made and locked (rank 0)."""
+    from dlrecipes.records import run_lock
+    from dlrecipes.records.resume_check import check_resume
+    from dlrecipes.records.run_dir import (
+        choose_run_name, make_run_dir, set_aside_failed_run, set_aside_for_restart,
+    )
+
+    run = RunDir(runs / choose_run_name(config, resume, device, runs))
+    accepted: list[str] = []
+    if resume:  # before anything is built or written
+        accepted = check_resume(run.path, recipe)
+    elif restart:
+        set_aside_for_restart(run.path)
+    elif config.run_name:
+        set_aside_failed_run(run.path)
+    opened = TrainingRun(run, fresh=not resume and (not config.run_name or not run.path.exists()), accepted=accepted)
+    if rank() == 0:
+        if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
+            make_run_dir(run)
+        opened.lock = run_lock.acquire(run.path)
+    return opened
+
+
+class LocalStore(RunStore):
+    """A runs folder on this machine's disk (shared between nodes or not)."""
+
+    def check(self) -> None:
+        """Nothing to ask: the folder is made, or refused in one line, as the run starts."""
+
+    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
+                          restart: bool) -> TrainingRun:
+        return open_in(Path(self.runs_dir), config, recipe, device, resume, restart)
+
+    def check_resumable(self, name: str, first_node: bool) -> None:
+        from dlrecipes.records.run_dir import check_run_exists
+
+        if first_node:
+            check_run_exists(Path(self.runs_dir), name)
+
+    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+        from dlrecipes.records.runs import find_runs
+
+        return [(path, None) for path in find_runs(self.runs_dir, last)]
+
+    def sweep(self, name: str) -> SweepFolder:
+        return SweepFolder(Path(self.runs_dir) / name, str(Path(self.runs_dir) / name))

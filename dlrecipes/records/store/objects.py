@@ -1,0 +1,114 @@
+"""Runs in an object store (``runs_dir: s3://BUCKET/PREFIX``): each staged in a local folder and kept in step with
+the bucket (:mod:`dlrecipes.records.store.bucket`), one writer at a time (:mod:`dlrecipes.records.store.lease`),
+uploads in the background (:mod:`dlrecipes.records.store.upload`), read back through local copies
+(:mod:`dlrecipes.records.store.reading`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.core.distributed import rank
+from dlrecipes.errors import UserError
+from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun
+from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, staged_run
+
+
+class IncompleteUpload(UserError):
+    """A run ended with files the bucket does not have (they are in its staging folder)."""
+
+    exit_code = 1
+
+
+class BucketStore(RunStore):
+    """The runs under ``s3://BUCKET/PREFIX`` (the address checked as the store is made, before anything else)."""
+
+    def __init__(self, runs_dir: str):
+        super().__init__(runs_dir)
+        self.root = RemoteRoot.parse(runs_dir)
+
+    def check(self) -> None:
+        check_access(self.root)
+
+    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
+                          restart: bool) -> TrainingRun:
+        """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
+        bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.bucket.claim_name`),
+        with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the
+        run's lease in the bucket, and a callback uploads the run as it goes."""
+        from dlrecipes.records.store.bucket import prepare
+        from dlrecipes.records.store.local import open_in
+
+        prepare(self.root, config.run_name, resume, restart)
+        opened = open_in(self.root.staging(), config, recipe, device, resume, restart)
+        name = opened.run.name
+        mirror = staged_run(self.root, name)
+        opened.shown_as = f"{self.root}/{name}"
+        if opened.lock is not None:
+            from dlrecipes.records.store.lease import leased
+
+            opened.lock = leased(opened.lock, self.root, name)
+        opened.keep_in_step = lambda: [_uploader(mirror)]
+        opened.stored = lambda result: _all_uploaded(result, mirror)
+        return opened
+
+    def check_resumable(self, name: str, first_node: bool) -> None:
+        from dlrecipes.records.store.bucket import check_run_in_bucket
+
+        self.check()
+        check_run_in_bucket(self.root, name)
+
+    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+        from dlrecipes.records.runs import newest_first
+        from dlrecipes.records.store.reading import pull_runs_dir
+
+        addresses = pull_runs_dir(str(self.root))
+        return [(path, addresses[path]) for path in newest_first(list(addresses), last)]
+
+    def rows_shown(self, rows: list[dict[str, Any]], addresses: dict[Path, str]) -> list[dict[str, Any]]:
+        from dlrecipes.records.store.reading import shown_paths
+
+        return shown_paths(rows, addresses, str(self.root))
+
+    def sweep(self, name: str) -> SweepFolder:
+        """The sweep staged here (what the bucket has of it brought first); its points train into
+        ``s3://.../<sweep>``, and its own files are uploaded after each point and at its end."""
+        from dlrecipes.records.store.reading import sweep_mirror
+
+        mirror = sweep_mirror(str(self.root), name)
+        mirror.pull_missing()
+
+        def finish() -> list[str]:
+            mirror.push()
+            return mirror.incomplete()
+
+        return SweepFolder(mirror.local, mirror.url, trains_into=mirror.url, after_point=mirror.push, finish=finish)
+
+
+def _uploader(mirror: RemoteRun) -> Any:
+    from dlrecipes.records.store.bucket import uploader
+
+    return uploader(mirror)
+
+
+def _all_uploaded(result: Any, mirror: RemoteRun) -> None:
+    """A run that ends with files not uploaded: one line naming them, exit code 1."""
+    missing = mirror.incomplete()
+    if missing:
+        raise IncompleteUpload(
+            f"training {result.status}, but {len(missing)} file(s) of the run are not in {mirror.root}/{mirror.name}: "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (they are in {mirror.local}, as its "
+            "summary says; run the same command with --resume to upload them)")
+
+
+def read_from_bucket(url: str, checkpoint: Optional[str]) -> ReadRun:
+    """A run (or an export) at ``url``: its records, and the one ``checkpoint`` (None: none) the command needs,
+    brought into a local copy; the command's outputs are uploaded beside it."""
+    from dlrecipes.records.layout import RECIPE_FILE
+    from dlrecipes.records.store.reading import open_run
+
+    run = open_run(url)
+    listing = run.pull_records()
+    if checkpoint is not None and RECIPE_FILE in listing:  # not an export directory
+        checkpoint = run.pull_checkpoint(checkpoint, listing)
+    return ReadRun(run.local, checkpoint, run.url, push=run.push_outputs, pushes=True)
