@@ -409,3 +409,48 @@ def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_t
     assert "lease/l1/run.lease" not in s3.keys("runs", "lease/l1/")
     history = s3.read("runs", "lease/l1/history.csv").decode().splitlines()
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
+
+
+def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees(s3, in_bucket, tiny_recipe,
+                                                                                tmp_path, monkeypatch):
+    """The bucket through Composer's ObjectStore interface only (as gs://, oci:// and azure:// are reached: no
+    listing times, no conditional write, no delete): a run is mirrored with its pointer; a second machine is refused
+    the name; --restart, which would need a delete, is one line and the bucket unchanged; a live lease refuses a
+    second writer, an expired one is taken over by the read-back, and a released one is written released; runs and
+    eval read the run there."""
+    from composer.utils.object_store import S3ObjectStore
+
+    from dlrecipes.records.store import backend
+
+    monkeypatch.setattr(backend, "make_backend", lambda scheme, bucket, address, *a, **k: backend.Backend(
+        S3ObjectStore(bucket=bucket), address))
+    args = [str(tiny_recipe), "runs_dir=s3://runs/plain", "run_name=p1", "trainer.max_duration=1ep"]
+    first = run_cli("train", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert s3.read("runs", "plain/p1/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
+    assert json.loads(s3.read("runs", "plain/p1/run.lease")) == {"released": True}
+    before = {key: s3.read("runs", key) for key in s3.keys("runs", "plain/p1/")}
+    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-b"))
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 2
+    restart = run_cli("train", *args, "--restart", cwd=tmp_path)
+    assert restart.returncode == 2 and restart.stderr.strip() == (
+        "error: --restart: s3://runs/plain is reached through Composer's object-store interface, which deletes "
+        "nothing; choose another run_name")
+    live = {"token": "a", "host": "machine-a", "pid": 4242, "expires": time.time() + 300}
+    s3.client().put_object(Bucket="runs", Key="plain/p1/run.lease", Body=json.dumps(live).encode())
+    resume = [*args[:-1], "trainer.max_duration=2ep", "--resume"]
+    refused = run_cli("train", *resume, cwd=tmp_path)
+    assert refused.returncode == 2 and "is being trained by machine-a (pid 4242" in refused.stderr
+    assert {key: s3.read("runs", key) for key in s3.keys("runs", "plain/p1/") if not key.endswith(".lease")} == \
+        {key: value for key, value in before.items() if not key.endswith(".lease")}
+    s3.client().put_object(Bucket="runs", Key="plain/p1/run.lease",
+                           Body=json.dumps({**live, "expires": time.time() - 1}).encode())
+    taken = run_cli("train", *resume, cwd=tmp_path)
+    assert taken.returncode == 0 and "held by machine-a (pid 4242) expired" in taken.stderr, taken.stderr
+    history = s3.read("runs", "plain/p1/history.csv").decode().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
+    listed = json.loads(run_cli("runs", "s3://runs/plain", "--json", cwd=tmp_path).stdout)
+    assert [(row["run"], row["path"], row["epochs"]) for row in listed] == [("p1", "s3://runs/plain/p1", "2/2")]
+    evaluated = run_cli("eval", "s3://runs/plain/p1", "--checkpoint", "latest", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert any(key.startswith("plain/p1/eval/") for key in s3.keys("runs", "plain/p1/"))

@@ -35,12 +35,20 @@ from dlrecipes.records.layout import (
     CHECKPOINT_DIR, LOCK_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir, is_periodic, periodic_progress,
 )
 
-SCHEME = "s3://"
+SCHEMES = ("s3", "gs", "oci", "azure")  # the object stores Composer's URI factory makes (store.backend)
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
 POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
 PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # S3's rules (what every compatible server takes)
+_BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server takes)
+    "s3": (r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits, dots and hyphens, beginning and "
+                                                   "ending with a letter or digit"),
+    "gs": (r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits, dots, hyphens and underscores, "
+                                                    "beginning and ending with a letter or digit"),
+    "oci": (r"^[A-Za-z0-9._-]{1,256}$", "letters, digits, dots, hyphens and underscores"),
+    "azure": (r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits and single hyphens, "
+                                                            "beginning and ending with a letter or digit"),
+}
 _IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
 
@@ -49,57 +57,70 @@ def _upload_order(relative: str) -> tuple:
     return (not is_periodic(Path(relative)), periodic_progress(Path(relative)), relative)
 
 
+def scheme_of(value: Any) -> Optional[str]:
+    """The object store an address names (``s3``, ``gs``, ``oci``, ``azure``), or None (a local path)."""
+    text = str(value)
+    scheme, sep, _ = text.partition("://")
+    return scheme if sep and scheme in SCHEMES else None
+
+
 def is_remote(runs_dir: Any) -> bool:
-    return isinstance(runs_dir, str) and runs_dir.startswith(SCHEME)
+    return scheme_of(runs_dir) is not None
 
 
 @dataclass(frozen=True)
 class RemoteRoot:
-    """``s3://bucket/prefix``: where a remote ``runs_dir`` keeps its runs."""
+    """``s3://bucket/prefix`` (or ``gs://``, ``oci://``, ``azure://``): where a remote ``runs_dir`` keeps its runs."""
 
     bucket: str
     prefix: str
+    scheme: str = "s3"
 
     @classmethod
     def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
-        bucket, _, prefix = url[len(SCHEME):].partition("/")
+        scheme = scheme_of(url) or "s3"
+        bucket, _, prefix = url[len(scheme) + 3:].partition("/")
+        example = f"{scheme}://BUCKET/PREFIX"
         if "@" in bucket:  # boto3 reads no credentials from an address: it would take them for the bucket's name
-            raise UserError(f"{key_path}: {redact_uri(url)}: S3 credentials are not taken from the address; set "
-                            f"{credential_home('runs_dir')} in the environment instead, and give s3://BUCKET/PREFIX")
+            raise UserError(f"{key_path}: {redact_uri(url)}: {scheme.upper()} credentials are not taken from the address; set "
+                            f"{credential_home('runs_dir')} in the environment instead, and give {example}")
         if not bucket:
-            raise UserError(f"{key_path}: {url!r} names no bucket (expected s3://BUCKET or s3://BUCKET/PREFIX)")
-        if not _BUCKET_NAME.match(bucket) or ".." in bucket or _IP_ADDRESS.match(bucket):
-            raise UserError(f"{key_path}: {url!r}: {bucket!r} is not a valid bucket name (3 to 63 lowercase letters, "
-                            "digits, dots and hyphens, beginning and ending with a letter or digit)")
+            raise UserError(f"{key_path}: {url!r} names no bucket (expected {scheme}://BUCKET or {example})")
+        pattern, rules = _BUCKET_NAMES[scheme]
+        if not re.match(pattern, bucket) or ".." in bucket or _IP_ADDRESS.match(bucket):
+            raise UserError(f"{key_path}: {url!r}: {bucket!r} is not a valid bucket name ({rules})")
         segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
         bad = next((s for s in segments if s in ("", ".", "..")), None)
         if bad is not None:
             what = "an empty segment (//)" if bad == "" else f"a {bad!r} segment"
-            raise UserError(f"{key_path}: {url!r}: the prefix has {what}; give s3://BUCKET/PREFIX with plain folder "
-                            "names")
-        return cls(bucket, prefix.strip("/"))
+            raise UserError(f"{key_path}: {url!r}: the prefix has {what}; give {example} with plain folder names")
+        return cls(bucket, prefix.strip("/"), scheme)
 
     def __str__(self) -> str:
-        return f"{SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
 
     def key(self, *parts: str) -> str:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)
 
+    def local_part(self) -> Path:
+        """Where this root's copies go under a local folder: ``BUCKET/PREFIX`` (another scheme's: ``.gs/BUCKET/...``,
+        which no bucket's name can be)."""
+        return Path(*([] if self.scheme == "s3" else [f".{self.scheme}"]), self.bucket, self.prefix)
+
     def staging(self) -> Path:
         """The local folder runs of this root are staged in."""
-        base = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
-        return base / self.bucket / self.prefix
+        return staging_base() / self.local_part()
 
 
-def object_store(root: RemoteRoot, attempts: int = 3, timeout: float = 5.0):
-    """Composer's S3 object store for ``root``'s bucket, with bounded retries and timeouts."""
-    try:
-        from composer.utils.object_store import S3ObjectStore
-    except ImportError as exc:  # boto3 missing
-        raise UserError(f"runs_dir: {root} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
-    config = {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": timeout,
-              "read_timeout": max(timeout, 30.0)}
-    return S3ObjectStore(bucket=root.bucket, client_config=config)
+def staging_base() -> Path:
+    return Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
+
+
+def object_store(root: RemoteRoot, key_path: str = "runs_dir") -> Any:
+    """``root``'s bucket through Composer's object-store layer (a :class:`dlrecipes.records.store.backend.Backend`)."""
+    from dlrecipes.records.store.backend import make_backend
+
+    return make_backend(root.scheme, root.bucket, str(root), key_path)
 
 
 _ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in this process: asked once per command
@@ -108,11 +129,25 @@ _ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in t
 def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
     """Ask the bucket once (a few seconds at most): one line when the credentials, the bucket or the endpoint are
     wrong, before anything is built or written.  A bucket that answered in this process is not asked again."""
-    import botocore.exceptions
-
-    asked = (os.environ.get("S3_ENDPOINT_URL", ""), root.bucket)
+    asked = (os.environ.get("S3_ENDPOINT_URL", "") if root.scheme == "s3" else root.scheme, root.bucket)
     if asked in _ANSWERED:
         return
+    if root.scheme == "s3":
+        _ask_s3(root, key_path)
+    else:  # through Composer's store: a listing answers whether the bucket can be read with what this machine has
+        try:
+            object_store(root, key_path).keys(root.key("") + "/" if root.prefix else "")
+        except UserError:
+            raise
+        except Exception as exc:
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise UserError(f"{key_path}: {root}: the bucket cannot be read: {type(exc).__name__}: {first}") from None
+    _ANSWERED.add(asked)
+
+
+def _ask_s3(root: RemoteRoot, key_path: str) -> None:
+    """boto3 alone (no Composer import), one attempt with short timeouts: the answer comes in seconds."""
+    import botocore.exceptions
 
     try:
         import boto3
@@ -139,7 +174,6 @@ def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
     except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
         raise UserError(f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): "
                         f"{type(exc).__name__}") from None
-    _ANSWERED.add(asked)
 
 
 @dataclass
@@ -189,7 +223,7 @@ class RemoteRun:
         except FileNotFoundError:  # rotated away (checkpoint.keep) before its turn: nothing to upload
             return False
         try:
-            self.store().upload_object(self.key(relative), str(path))
+            self.store().upload(self.key(relative), str(path))
         except Exception as exc:  # the server went away: not training's problem, said once, tried again later
             if not path.exists():  # rotated away while it was uploaded: not a failure
                 return False
@@ -218,7 +252,7 @@ class RemoteRun:
 
     def _pull_older_than(self, newest: str) -> None:
         """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
-        for name in _older_checkpoints(self.store().list_objects(self.key(CHECKPOINT_DIR) + "/"), newest):
+        for name in _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest):
             relative = f"{CHECKPOINT_DIR}/{name}"
             if ((self.local / relative).is_file() or self._download(relative)) and not _damaged(self.local / relative):
                 return
@@ -233,9 +267,7 @@ class RemoteRun:
         """``relative`` from the bucket into the staging folder; False when the bucket does not have it."""
         target = self.local / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.store().download_object(self.key(relative), str(target), overwrite=True)
-        except FileNotFoundError:
+        if not self.store().download(self.key(relative), str(target)):
             return False
         stat = target.stat()
         self.sent[relative] = (stat.st_size, stat.st_mtime_ns)  # the bucket has it as it is
@@ -366,7 +398,7 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
     from dlrecipes.records.run_dir import FAILED
 
     store = object_store(root)
-    if not store.list_objects(root.key(name, RECIPE_FILE)):
+    if not store.keys(root.key(name, RECIPE_FILE)):
         return
     status = _status_in_bucket(store, root, name)
     if not restart and status not in FAILED:
@@ -375,13 +407,15 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
                         "run_name")
     stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
     aside = next(n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000))
-                 if not store.list_objects(root.key(n) + "/"))
-    keys = store.list_objects(root.key(name) + "/")
-    for key in keys:  # a server-side copy, then the original goes: nothing passes through this machine
-        store.client.copy_object(Bucket=root.bucket, Key=root.key(aside) + key[len(root.key(name)):],
-                                 CopySource={"Bucket": root.bucket, "Key": key})
+                 if not store.keys(root.key(n) + "/"))
+    why = "--restart" if restart else f"run_name: {root}/{name} holds a run that {status}, and moving it aside"
+    if not store.deletes:  # said before anything is copied
+        store.delete(root.key(name, RECIPE_FILE), why)
+    keys = store.keys(root.key(name) + "/")
+    for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
+        store.copy(key, root.key(aside) + key[len(root.key(name)):])
     for key in keys:
-        store.client.delete_object(Bucket=root.bucket, Key=key)
+        store.delete(key, why)
     why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
     print(f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
           file=sys.stderr)
@@ -390,14 +424,11 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
 def _status_in_bucket(store: Any, root: RemoteRoot, name: str) -> Optional[str]:
     """The run's summary.json status in the bucket (None: no summary yet, or one that cannot be read)."""
     import json
-    import tempfile
 
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            store.download_object(root.key(name, SUMMARY_FILE), f"{folder}/{SUMMARY_FILE}")
-            status = json.loads(Path(folder, SUMMARY_FILE).read_text()).get("status")
-        except (FileNotFoundError, ValueError, AttributeError):
-            return None
+    try:
+        status = json.loads(store.read(root.key(name, SUMMARY_FILE)) or b"{}").get("status")
+    except (ValueError, AttributeError):
+        return None
     return status if isinstance(status, str) else None
 
 
@@ -407,7 +438,7 @@ def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
     from dlrecipes.core.distributed import rank
     from dlrecipes.records.run_dir import RESUME_MISSING
 
-    if object_store(root).list_objects(root.key(name, RECIPE_FILE)):
+    if object_store(root).keys(root.key(name, RECIPE_FILE)):
         return True
     if os.environ.get(RESUME_MISSING) == "start":
         if rank() == 0:

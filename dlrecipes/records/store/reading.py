@@ -12,7 +12,6 @@ line naming what is not there, exit code 1 (the local copy keeps it, and the nex
 
 from __future__ import annotations
 
-import datetime
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -21,7 +20,7 @@ from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
 )
-from dlrecipes.records.store.bucket import SCHEME, STAGING_ENV, RemoteRoot, RemoteRun, check_access
+from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, scheme_of, staging_base
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument
@@ -34,14 +33,13 @@ class UploadFailed(UserError):
 
 
 def _pulled_root(root: RemoteRoot) -> Path:
-    base = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
-    return base / PULLED_DIR / root.bucket / root.prefix
+    return staging_base() / PULLED_DIR / root.local_part()
 
 
 def split_run_url(url: str) -> tuple[RemoteRoot, str]:
     """``s3://bucket/prefix/run`` -> (the root ``s3://bucket/prefix``, ``run``)."""
     parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or parent + "/" == SCHEME or parent == SCHEME.rstrip("/"):
+    if not name or parent.endswith(":/") or parent.endswith("://") or scheme_of(parent) is None:
         raise UserError(f"{KEY_PATH}: {url!r} names no run (expected s3://BUCKET/PREFIX/RUN_NAME)")
     return RemoteRoot.parse(parent, KEY_PATH), name
 
@@ -55,7 +53,7 @@ class PulledRun(RemoteRun):
 
     def listing(self) -> dict[str, tuple[int, float]]:
         """The run's files in the bucket: relative path -> (size, modified time)."""
-        return _listing(self.store(), self.key("") + "/")
+        return self.store().listing(self.key("") + "/")
 
     def pull_records(self, listing: Optional[dict[str, tuple[int, float]]] = None) -> dict[str, tuple[int, float]]:
         """The run's records (everything but checkpoints and exports), downloaded as they are in the bucket; an
@@ -123,19 +121,6 @@ class PulledRun(RemoteRun):
                                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
 
 
-def _listing(store: Any, prefix: str) -> dict[str, tuple[int, float]]:
-    """Keys under ``prefix`` (relative to it) with their size and modified time, through the store's boto3 client."""
-    found: dict[str, tuple[int, float]] = {}
-    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=store.get_key(prefix))
-    for page in pages:
-        for item in page.get("Contents", ()):
-            relative = item["Key"][len(store.get_key(prefix)):]
-            modified = item["LastModified"]
-            stamp = modified.timestamp() if isinstance(modified, datetime.datetime) else float(modified)
-            found[relative] = (int(item["Size"]), stamp)
-    return found
-
-
 def open_run(url: str) -> PulledRun:
     """The run at ``url`` (its bucket checked first: one line when it cannot be read)."""
     root, name = split_run_url(url)
@@ -150,7 +135,7 @@ def pull_runs_dir(url: str) -> dict[Path, str]:
     check_access(root, KEY_PATH)
     local_root = _pulled_root(root)
     holder = PulledRun(root, "", local_root)
-    everything = _listing(holder.store(), root.key("") + "/" if root.prefix else "")
+    everything = holder.store().listing(root.key("") + "/" if root.prefix else "")
     names = sorted({key[: -len(RECIPE_FILE) - 1] for key in everything if key.endswith("/" + RECIPE_FILE)})
     urls: dict[Path, str] = {}
     for name in names:

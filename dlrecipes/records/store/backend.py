@@ -1,0 +1,149 @@
+"""A bucket through Composer's object-store layer: the store Composer's URI factory makes for the address's scheme
+(``s3://``, ``gs://``, ``oci://``, ``azure://``), and the few operations the run store needs beyond Composer's
+``ObjectStore`` interface.
+
+:class:`Backend` uses that interface alone (``upload_object``, ``download_object``, ``get_object_size``,
+``list_objects``): a small object is read and written through a temporary file, a copy is a download and an upload,
+a listing has sizes but no times, there is no conditional write (the lease's read-back decides), and nothing can be
+deleted (a lease is released by writing it released; moving a run aside is refused in one line).
+:class:`S3Backend` uses boto3's client beneath Composer's S3 store for what S3 has: listings with times, conditional
+writes (``If-None-Match``), server-side copies and deletes.  Every scheme works the same way through these; S3 is
+the one tested against a server (SeaweedFS), the interface-only path included.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrecipes.errors import UserError
+
+
+class CannotDelete(UserError):
+    """The backend deletes nothing through Composer's interface."""
+
+
+class Backend:
+    """One bucket through Composer's ``ObjectStore`` interface (see the module docstring); keys are full keys."""
+
+    conditional_writes = False
+    deletes = False
+
+    def __init__(self, store: Any, address: str):
+        self.store, self.address = store, address
+
+    def upload(self, key: str, path: str) -> None:
+        self.store.upload_object(key, path)
+
+    def download(self, key: str, path: str) -> bool:
+        """``key`` into ``path``; False when the bucket does not have it."""
+        try:
+            self.store.download_object(key, path, overwrite=True)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def keys(self, prefix: str) -> list[str]:
+        return list(self.store.list_objects(prefix))
+
+    def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
+        """Keys under ``prefix`` (relative to it) with their size and modified time (0: the interface has none)."""
+        return {key[len(prefix):]: (int(self.store.get_object_size(key)), 0.0) for key in self.keys(prefix)}
+
+    def read(self, key: str) -> Optional[bytes]:
+        """A small object's bytes; None when there is none."""
+        with tempfile.TemporaryDirectory() as folder:
+            target = os.path.join(folder, "object")
+            return Path(target).read_bytes() if self.download(key, target) else None
+
+    def write(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        """A small object; ``if_absent``: only where there is none, where the backend can say so (else written:
+        the caller reads it back).  False: one appeared meanwhile."""
+        with tempfile.TemporaryDirectory() as folder:
+            source = Path(folder, "object")
+            source.write_bytes(data)
+            self.upload(key, str(source))
+        return True
+
+    def copy(self, source: str, target: str) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            local = os.path.join(folder, "object")
+            if self.download(source, local):
+                self.upload(target, local)
+
+    def delete(self, key: str, why: str) -> None:
+        raise CannotDelete(f"{why}: {self.address} is reached through Composer's object-store interface, which deletes "
+                           "nothing; choose another run_name")
+
+
+class S3Backend(Backend):
+    """S3 (and compatible servers): Composer's S3 store, with its boto3 client for what the interface lacks."""
+
+    conditional_writes = True
+    deletes = True
+
+    def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
+        found: dict[str, tuple[int, float]] = {}
+        pages = self.store.client.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket,
+                                                                              Prefix=self.store.get_key(prefix))
+        for page in pages:
+            for item in page.get("Contents", ()):
+                relative = item["Key"][len(self.store.get_key(prefix)):]
+                modified = item["LastModified"]
+                stamp = modified.timestamp() if isinstance(modified, datetime.datetime) else float(modified)
+                found[relative] = (int(item["Size"]), stamp)
+        return found
+
+    def read(self, key: str) -> Optional[bytes]:
+        try:
+            return self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))["Body"].read()
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def write(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        extra = {"IfNoneMatch": "*"} if if_absent and self.conditional_writes else {}
+        try:
+            self.store.client.put_object(Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data, **extra)
+        except Exception as exc:
+            if extra and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            if extra and _code(exc) in ("NotImplemented", "501", "InvalidArgument"):  # no conditional writes here
+                self.conditional_writes = False
+                return self.write(key, data)
+            raise
+        return True
+
+    def copy(self, source: str, target: str) -> None:  # server-side: nothing passes through this machine
+        self.store.client.copy_object(Bucket=self.store.bucket, Key=self.store.get_key(target),
+                                      CopySource={"Bucket": self.store.bucket, "Key": self.store.get_key(source)})
+
+    def delete(self, key: str, why: str) -> None:
+        self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
+
+
+def _code(exc: BaseException) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def make_backend(scheme: str, bucket: str, address: str, key_path: str = "runs_dir", attempts: int = 3,
+                 timeout: float = 5.0) -> Backend:
+    """The bucket's backend: Composer's store from its URI factory (for S3 with bounded retries and timeouts)."""
+    try:
+        from composer.utils.file_helpers import maybe_create_object_store_from_uri
+        from composer.utils.object_store import S3ObjectStore
+    except ImportError as exc:  # boto3 missing
+        raise UserError(f"{key_path}: {address} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
+    if scheme == "s3":
+        config = {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": timeout,
+                  "read_timeout": max(timeout, 30.0)}
+        return S3Backend(S3ObjectStore(bucket=bucket, client_config=config), address)
+    try:
+        return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"), address)
+    except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
+        raise UserError(f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
+                        f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
