@@ -88,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = start_s3_server(Path(tmp) / "s3", volume_mb=1024)  # its volumes hold the checkpoints
         try:
-            server.client().create_bucket(Bucket="bench")
+            server.create_bucket("bench")
             os.environ.update(server.env())
             os.environ["DLRECIPES_STAGING_DIR"] = str(Path(tmp) / "staging")
             local, bucket = [], []

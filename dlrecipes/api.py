@@ -136,8 +136,9 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     from dlrecipes.records.store import open_for_reading
 
     read = open_for_reading(target, checkpoint)  # a run in a bucket: its records and that checkpoint, here
-    found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), override_strings(overrides)
-    result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
+    with read.named():  # errors name a bucket's files by address
+        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), override_strings(overrides)
+        result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
     read.outputs_written("the evaluation report")
     return result
 
@@ -154,8 +155,9 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     from dlrecipes.records.store import open_for_reading
 
     read = open_for_reading(target, checkpoint)
-    found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-    report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
+    with read.named():
+        found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
+        report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
     if read.pushes and out is None:  # beside the run where it lives
         read.outputs_written("the export")
         report["uploaded_to"] = f"{read.address}/{EXPORT_DIR}"
@@ -173,11 +175,12 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
 
     tool.check_options(top_k, batch_size)  # before a network is built
     read = open_for_reading(target, checkpoint)  # a run or an export in a bucket: a local copy
-    if tool.is_export_dir(read.target):
-        predictor = tool.export_predictor(Path(read.target))
-    else:
-        found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-        predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
+    with read.named():
+        if tool.is_export_dir(read.target):
+            predictor = tool.export_predictor(Path(read.target))
+        else:
+            found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
+            predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
@@ -292,7 +295,8 @@ def plot(run_dir: str | Path) -> list[Path]:
     from dlrecipes.records.store import open_for_reading
 
     read = open_for_reading(run_dir, None)  # a run in a bucket: its records, here
-    paths = plot_history(Path(read.target))
+    with read.named():
+        paths = plot_history(Path(read.target))
     read.outputs_written("the plots")
     return paths
 
@@ -303,12 +307,14 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
     from dlrecipes.records.plots import compare_runs
-    from dlrecipes.records.store import select_runs
+    from dlrecipes.records.store import addressed_row, named_by_address, select_runs
 
     chosen, urls = select_runs(run_dirs, last, runs_dir)
-    summaries, plot = compare_runs(chosen, out)
+    with named_by_address(urls):  # errors name a bucket's files by address
+        summaries, plot = compare_runs(chosen, out)
     for path, summary in zip(chosen, summaries):
         if Path(path) in urls:  # a run in a bucket: named by its address (s3://b/u1 and s3://b/exp/u1 differ)
+            addressed_row(summary, Path(path), urls)
             summary["run"] = urls[Path(path)]
     return summaries, plot
 
@@ -317,12 +323,13 @@ def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
     metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
     from dlrecipes.records.runs import describe_run
-    from dlrecipes.records.store import store_for
+    from dlrecipes.records.store import named_by_address, store_for
 
     store = store_for(runs_dir)
     found = store.runs(last)  # a bucket's: local copies of their records, with their addresses
-    return store.rows_shown([describe_run(path) for path, _ in found],
-                            {path: address for path, address in found if address is not None})
+    addresses = {path: address for path, address in found if address is not None}
+    with named_by_address(addresses):  # errors name a bucket's files by address
+        return store.rows_shown([describe_run(path) for path, _ in found], addresses)
 
 
 def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path | None, options: Any = None,

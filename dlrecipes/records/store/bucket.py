@@ -408,7 +408,8 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
     stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
     aside = next(n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000))
                  if not store.keys(root.key(n) + "/"))
-    why = "--restart" if restart else f"run_name: {root}/{name} holds a run that {status}, and moving it aside"
+    why = f"--restart: {root}" if restart else \
+        f"run_name: {root}/{name} holds a run that {status}; moving it aside needs a delete, and {root}"
     if not store.deletes:  # said before anything is copied
         store.delete(root.key(name, RECIPE_FILE), why)
     keys = store.keys(root.key(name) + "/")

@@ -5,11 +5,42 @@ package's docstring (:mod:`dlrecipes.records.store`) says how they are used."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from dlrecipes.records.layout import RunDir
+
+
+@contextmanager
+def named_by_address(addresses: Mapping[Any, str]) -> Iterator[None]:
+    """A one-line error about a local copy of a run in a bucket names the bucket's file instead
+    (``~/.cache/dlrecipes/staging/pulled/runs/exp/r1/summary.json`` -> ``s3://runs/exp/r1/summary.json``): where the
+    user can find it.  ``addresses``: local folder -> its address."""
+    from dlrecipes.errors import UserError
+
+    try:
+        yield
+    except UserError as exc:
+        text = addressed(str(exc), addresses)
+        if text != str(exc):
+            exc.args = (text, *exc.args[1:])
+        raise
+
+
+def addressed(text: str, addresses: Mapping[Any, str]) -> str:
+    """``text`` with each local copy's folder (``addresses``: folder -> address) replaced by its address."""
+    for local, address in sorted(addresses.items(), key=lambda pair: -len(str(pair[0]))):
+        text = text.replace(str(local), address)
+    return text
+
+
+def addressed_row(row: dict[str, Any], path: Any, addresses: Mapping[Any, str]) -> dict[str, Any]:
+    """A row of ``runs`` or ``compare`` about the local copy ``path``: what it says is damaged, named by address."""
+    if path in addresses and isinstance(row.get("damaged"), list):
+        row["damaged"] = [addressed(str(message), addresses) for message in row["damaged"]]
+    return row
 
 
 @dataclass
@@ -23,6 +54,11 @@ class TrainingRun:
     lock: Any = None  # rank 0's: run.lock (in a bucket, with the run's lease); None on the other ranks
     keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
     stored: Callable[[Any], None] = lambda result: None  # the end's check: raises when the store lacks files
+    addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
+
+    def named(self) -> Any:
+        """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""
+        return named_by_address(self.addresses)
 
     @property
     def address(self) -> Optional[str]:
@@ -52,6 +88,10 @@ class ReadRun:
     address: str
     push: Callable[[str], None] = lambda what: None  # puts the command's outputs beside the run (a bucket's)
     pushes: bool = False  # whether the store takes the command's outputs from here (a bucket)
+
+    def named(self) -> Any:
+        """A context in which errors about this local copy name the run where it lives (:func:`named_by_address`)."""
+        return named_by_address({self.target: self.address} if self.pushes else {})
 
     def outputs_written(self, what: str) -> None:
         """The command wrote its outputs (``what``: "the plots"): put them beside the run where it lives (one line,

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from dlrecipes.core.distributed import rank
 from dlrecipes.errors import UserError
-from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun
+from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun, named_by_address
 from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, staged_run
 
 
@@ -40,10 +40,12 @@ class BucketStore(RunStore):
         from dlrecipes.records.store.local import open_in
 
         prepare(self.root, config.run_name, resume, restart)
-        opened = open_in(self.root.staging(), config, recipe, device, resume, restart)
+        with named_by_address({self.root.staging(): str(self.root)}):  # its records' errors name the bucket's files
+            opened = open_in(self.root.staging(), config, recipe, device, resume, restart)
         name = opened.run.name
         mirror = staged_run(self.root, name)
         opened.shown_as = f"{self.root}/{name}"
+        opened.addresses = {self.root.staging(): str(self.root)}
         if opened.lock is not None:
             from dlrecipes.records.store.lease import leased
 

@@ -180,9 +180,12 @@ def sweep_mirror(runs_dir: str, name: str) -> SweepMirror:
 def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: Optional[str] = None) -> list[dict[str, Any]]:
     """Rows describing local copies say where the runs are: their bucket addresses, and (listed under ``root``)
     their names as paths under it, so that ``exp/u1`` and ``u1`` are told apart."""
+    from dlrecipes.records.store.interface import addressed_row
+
     for row in rows:
         path = Path(row.get("path", ""))
         if path in urls:
+            addressed_row(row, path, urls)
             row["path"] = urls[path]
             if root is not None and urls[path].startswith(root.rstrip("/") + "/"):
                 row["run"] = urls[path][len(root.rstrip("/")) + 1:]
