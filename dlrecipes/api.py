@@ -137,7 +137,8 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
 
     read = open_for_reading(target, checkpoint)  # a run in a bucket: its records and that checkpoint, here
     with read.named():  # errors name a bucket's files by address
-        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), override_strings(overrides)
+        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), \
+            override_strings(overrides)
         result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
     read.outputs_written("the evaluation report")
     return result

@@ -43,7 +43,7 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
     return algorithms
 
 
-def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, device: str, trust: bool,
+def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool,
                    resume_from: Optional[Path] = None):
     """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
@@ -60,14 +60,14 @@ def _initial_state(config: RecipeConfig, model, run_dir: Path, resume: bool, dev
     ckpt = config.checkpoint
     if resume:
         if resume_from is None and rank() == 0:
-            resume_from = find_resume_point(run_dir, config.trainer.max_duration, trust)
+            resume_from = find_resume_point(run.path, config.trainer.max_duration, trust)
         point = same_on_all_ranks(str(resume_from) if resume_from and rank() == 0 else "", device,
                                   config.trainer.dist_timeout)
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
             return point
-        print(f"note: no complete checkpoint in {RunDir(run_dir).checkpoints} yet; starting from the beginning",
+        print(f"note: no complete checkpoint in {run.checkpoints} yet; starting from the beginning",
               file=sys.stderr)
     if not ckpt.load_path:
         return None
@@ -135,8 +135,8 @@ class BuiltRun:
     history: Any  # the run's RunHistory, among the trainer's callbacks: how the run ended (summary.json)
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, *, resume: bool = False,
-                  trust_checkpoint: bool = False, verbose: bool = False,
+def build_trainer(config: RecipeConfig, run_dir: Path | RunDir, recipe: dict[str, Any], device: str, *,
+                  resume: bool = False, trust_checkpoint: bool = False, verbose: bool = False,
                   resume_from: Optional[Path] = None, shown_as: Optional[str] = None,
                   in_step: Sequence[Any] = ()) -> BuiltRun:
     """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
@@ -149,21 +149,22 @@ def build_trainer(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], d
     ``in_step``: the callbacks that keep the run's store in step (a bucket's upload), after every other callback:
     they store what the others wrote.  ``shown_as``: how the start line names the run (a bucket's address).
     """
+    layout = RunDir(run_dir)  # the run directory travels as this from here on
     data, model = _seeded_model(config)
     ckpt = config.checkpoint
     if ckpt.save:
-        check_free_space(run_dir, model, ckpt.keep)
+        check_free_space(layout.path, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
-    load_path = _initial_state(config, model, run_dir, resume and periodic, device, trust_checkpoint, resume_from)
+    load_path = _initial_state(config, model, layout, resume and periodic, device, trust_checkpoint, resume_from)
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
                                          algorithms=config.algorithms)
-    run = _run_context(config, run_dir, recipe, device, data)
+    run = _run_context(config, layout, recipe, device, data)
     callbacks = [*_run_callbacks(config, run, periodic), *in_step]
-    loggers = _loggers(config, run, terminal=start_line(config, run_dir, data, device, bool(resume and load_path),
+    loggers = _loggers(config, run, terminal=start_line(config, layout.path, data, device, bool(resume and load_path),
                                                         shown_as))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust_checkpoint, key):
-        trainer = _trainer(config, run_dir, device, model, loaders, callbacks, loggers, verbose,
+        trainer = _trainer(config, layout.path, device, model, loaders, callbacks, loggers, verbose,
                            load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict}, data=data)
     return BuiltRun(trainer, run.history)
 
@@ -173,13 +174,13 @@ def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any, 
     model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
     no checkpoints and no terminal output.  ``recipe`` and ``device`` as for :func:`build_trainer`."""
     data, model = _seeded_model(config)
-    run = _run_context(config, run_dir, recipe, device, data)
+    run = _run_context(config, RunDir(run_dir), recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
     return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
                     _loggers(config, run, terminal=None), verbose=False, load={}, max_duration="100000000ba")
 
 
-def _run_context(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], device: str, data) -> RunContext:
+def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], device: str, data) -> RunContext:
     """What the run's callbacks and loggers are given as they are built, its history made here, once."""
     from dlrecipes.records.history import RunHistory
 
@@ -189,8 +190,9 @@ def _run_context(config: RecipeConfig, run_dir: Path, recipe: dict[str, Any], de
     if rank() == 0:
         for line in rerun_warnings(config, provenance):  # training a run's own recipe.yaml again
             print(line, file=sys.stderr)
-    history = RunHistory(run_dir, recipe, device, plots=config.plots, provenance=provenance)
-    return RunContext(run_dir, recipe, device, data, history, read_every=config.trainer.log_interval)
+    history = RunHistory(layout, recipe, device, plots=config.plots, provenance=provenance)
+    return RunContext(layout.path, recipe, device, data, history, read_every=config.trainer.log_interval,
+                      layout=layout)
 
 
 def _seeded_model(config: RecipeConfig):
@@ -215,7 +217,7 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
     from dlrecipes.callbacks.stop_on_signal import StopOnSignal
     from dlrecipes.metrics.report import ClassReport, report_tables
 
-    ckpt, checkpoint_dir, data = config.checkpoint, RunDir(run.path).checkpoints, run.data
+    ckpt, checkpoint_dir, data = config.checkpoint, run.layout.checkpoints, run.data
     callbacks = build_callbacks(config.callbacks, run.path, run)
     lr = config.optimizer.params.get("lr")  # validation filled the optimizer's default in
     callbacks.append(StopOnDivergence(run.read_every, lr if isinstance(lr, (int, float)) else None))
@@ -240,7 +242,7 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     from dlrecipes.loggers.run_log import RunLogFile
 
     loggers = build_loggers(config.loggers, run.path, run)
-    loggers.append(RunLogFile(filename=str(RunDir(run.path).log("{rank}")), log_traces=False,
+    loggers.append(RunLogFile(filename=str(run.layout.log("{rank}")), log_traces=False,
                               read_every=run.read_every))
     if terminal is not None:
         from dlrecipes.loggers.notebook import make_report

@@ -29,6 +29,7 @@ class RunContext:
     data: Any  # the run's dlrecipes.data.DatasetSplits (class names, preprocessing)
     history: Any  # the run's dlrecipes.records.history.RunHistory (summary.json: status, reason, wall time)
     read_every: int  # batches between read-backs of logged device values (trainer.log_interval)
+    layout: Any = None  # the run directory as a dlrecipes.records.layout.RunDir: where each of its files goes
 
 
 __all__ = ["RunContext"]

@@ -107,7 +107,7 @@ def _fit_in(config: RecipeConfig, opened: TrainingRun, recipe: dict[str, Any], d
     """Build the run's Trainer (with the callbacks that keep its store in step) and ``fit()`` it; how it ended goes
     to the run's history (summary.json, kept as built), and into the result."""
     run = opened.run
-    built = build_trainer(config, run.path, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
+    built = build_trainer(config, run, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
                           verbose=verbose, resume_from=point, shown_as=opened.shown_as, in_step=opened.keep_in_step())
     trainer, history = built.trainer, built.history
     _log_lr_scaling(config, trainer)

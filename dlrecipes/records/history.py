@@ -47,9 +47,10 @@ def peak_memory_mb(device: str) -> float:
 
 
 class RunHistory(Callback):
-    def __init__(self, run_dir: Path, recipe: dict[str, Any], device: str, plots: bool = True,
+    def __init__(self, run_dir: Path | RunDir, recipe: dict[str, Any], device: str, plots: bool = True,
                  provenance: Optional[dict[str, Any]] = None):
-        self.run_dir = Path(run_dir)
+        self.run = RunDir(run_dir)  # where each of the run's files goes
+        self.run_dir = self.run.path
         self.provenance = provenance or {}  # what made the run (records.provenance), in summary.json
         self.plots = plots  # loss.png, accuracy.png and lr.png at the end
         self.recipe = recipe
@@ -73,7 +74,7 @@ class RunHistory(Callback):
 
     @property
     def path(self) -> Path:
-        return RunDir(self.run_dir).history
+        return self.run.history
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._fit_start, self._state = time.perf_counter(), state
@@ -274,4 +275,4 @@ class RunHistory(Callback):
         from dlrecipes.records.checkpoints import atomic_write
 
         text = (json.dumps(redact(summary), indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
-        atomic_write(RunDir(self.run_dir).summary, lambda f: f.write(text))
+        atomic_write(self.run.summary, lambda f: f.write(text))

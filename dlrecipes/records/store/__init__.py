@@ -79,5 +79,5 @@ def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "r
     return [path for path, _ in found], {path: address for path, address in found if address is not None}
 
 
-__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "named_by_address", "open_for_reading", "read_records",
-           "select_runs", "store_for"]
+__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "named_by_address", "open_for_reading",
+           "read_records", "select_runs", "store_for"]

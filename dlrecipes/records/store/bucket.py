@@ -82,8 +82,8 @@ class RemoteRoot:
         bucket, _, prefix = url[len(scheme) + 3:].partition("/")
         example = f"{scheme}://BUCKET/PREFIX"
         if "@" in bucket:  # boto3 reads no credentials from an address: it would take them for the bucket's name
-            raise UserError(f"{key_path}: {redact_uri(url)}: {scheme.upper()} credentials are not taken from the address; set "
-                            f"{credential_home('runs_dir')} in the environment instead, and give {example}")
+            raise UserError(f"{key_path}: {redact_uri(url)}: {scheme.upper()} credentials are not taken from the address; "
+                            f"set {credential_home('runs_dir')} in the environment instead, and give {example}")
         if not bucket:
             raise UserError(f"{key_path}: {url!r} names no bucket (expected {scheme}://BUCKET or {example})")
         pattern, rules = _BUCKET_NAMES[scheme]
