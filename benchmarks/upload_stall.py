@@ -79,6 +79,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10, help="batches between checkpoints")
     parser.add_argument("--rounds", type=int, default=2, help="local and mirrored runs, alternated, this many each")
+    parser.add_argument("--server-nice", type=int, default=0,
+                        help="the server's nice value: 19 stands in for a server on another machine (0: it competes "
+                             "with training for this machine's cores, as it would not in use)")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -86,7 +89,7 @@ def main() -> None:
 
     _register_timer()
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_s3_server(Path(tmp) / "s3", volume_mb=1024)  # its volumes hold the checkpoints
+        server = start_s3_server(Path(tmp) / "s3", volume_mb=1024, nice=args.server_nice)  # volumes hold checkpoints
         try:
             server.create_bucket("bench")
             os.environ.update(server.env())
@@ -101,6 +104,7 @@ def main() -> None:
         finally:
             server.kill()
     result = {"hidden": args.hidden, "steps": args.steps, "every": args.every, "rounds": args.rounds,
+              "server_nice": args.server_nice,
               "checkpoint_mb": size / max(count, 1) / 2**20, "checkpoints_uploaded": len(uploaded),
               "local_median_s": statistics.median(local), "bucket_median_s": statistics.median(bucket),
               "local_mean_s": statistics.fmean(local), "bucket_mean_s": statistics.fmean(bucket)}

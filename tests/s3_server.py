@@ -119,16 +119,17 @@ def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: fl
     raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
 
 
-def start_s3_server(folder: Path, volume_mb: int = 64) -> S3Server:
+def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0) -> S3Server:
     """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``; ``volume_mb``: the size of its
-    volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger)."""
+    volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger);
+    ``nice``: its scheduling priority (benchmarks/upload_stall.py: a server standing in for another machine's)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
     config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [
         {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
-    args = [weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    args = [*(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
             *(f"-{name}={port}" for name, port in ports.items())]
     port = ports["s3.port"]

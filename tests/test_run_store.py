@@ -53,27 +53,3 @@ def test_a_store_whose_library_is_missing_is_one_line_before_anything(tiny_recip
     with pytest.raises(UserError, match="^run: gs://my-runs/exp: Composer's gs:// store cannot be made here"):
         open_for_reading("gs://my-runs/exp/x")
 
-
-def test_uploads_run_in_one_thread_below_trainings_priority():
-    """The background push runs at a lower priority than the training thread (nice +10, Linux: per thread); the
-    training thread's own priority is untouched, and every push requested is served before close returns."""
-    import os
-    import threading
-
-    from dlrecipes.records.store.upload import LOWER_PRIORITY_BY, BackgroundPush
-
-    seen = []
-
-    class Remote:
-        root, name = "s3://b", "r"
-
-        def push(self):
-            seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    push = BackgroundPush(Remote())
-    push.request()
-    push.close()
-    assert seen and {tid for tid, _ in seen} != {threading.get_native_id()}
-    assert {nice for _, nice in seen} == {min(19, mine + LOWER_PRIORITY_BY)}
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

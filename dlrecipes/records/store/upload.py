@@ -7,30 +7,15 @@ served by one more pass, so at most one upload runs at a time (bounded: the netw
 limit) and none is lost. The run's end waits for every push requested (:meth:`BackgroundPush.close`), so what
 is not in the bucket then is what failed, and is named as before.
 
-The thread runs at a lower scheduling priority than training (``nice`` +10 for the thread alone, inherited by the
-transfer's own threads, :data:`dlrecipes.records.store.backend.TRANSFER_THREADS` of them at most): where the upload
-and training want the same cores, training gets them first, and the upload takes what is left.
+The thread keeps training's priority: a lower one (``nice`` +10, tried) made steps slower, not faster, since a
+descheduled upload thread can hold the interpreter's lock that the training thread waits for (see BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import Any, Optional
-
-
-LOWER_PRIORITY_BY = 10  # nice increment of the upload thread (Linux: per thread)
-
-
-def yield_the_cpu() -> None:
-    """This thread (and the threads it starts) at a lower priority than the rest of the process; where the system
-    does not allow it, as it is."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOWER_PRIORITY_BY))
-    except (AttributeError, OSError):
-        pass
 
 
 class BackgroundPush:
@@ -57,7 +42,6 @@ class BackgroundPush:
         self._wanted.set()
 
     def _serve(self) -> None:
-        yield_the_cpu()
         while True:
             self._wanted.wait()
             self._wanted.clear()
