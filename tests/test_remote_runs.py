@@ -5,6 +5,7 @@ the pointer only at a confirmed checkpoint, resumed on a machine with nothing lo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -454,3 +455,39 @@ def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees
     evaluated = run_cli("eval", "s3://runs/plain/p1", "--checkpoint", "latest", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
     assert any(key.startswith("plain/p1/eval/") for key in s3.keys("runs", "plain/p1/"))
+
+
+def test_checkpoints_go_up_from_a_process_of_their_own_and_from_training_when_it_cannot_start(
+        s3, in_bucket, tiny_recipe, tmp_path, monkeypatch):
+    """Every file counted large (the threshold lowered to 0 bytes) goes through the upload process, which runs only
+    on CPU time training leaves (SCHED_IDLE): the run lands in the bucket whole, pointer last. Where the process cannot be
+    started, one warning, and the uploads run in the training process as before: the run lands whole all the same."""
+    from dlrecipes.records.store import upload_process
+
+    monkeypatch.setattr(upload_process, "LARGE", 0)
+    sent, policy = [], []
+    original = upload_process.UploadProcess.upload
+
+    def counted(self, key, path):
+        original(self, key, path)
+        sent.append(key)
+        policy.append(os.sched_getscheduler(self._process.pid))
+
+    monkeypatch.setattr(upload_process.UploadProcess, "upload", counted)
+    first = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/proc", "run_name=o1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    keys = s3.keys("runs", "proc/o1/")
+    assert {"proc/o1/checkpoints/ep2-ba6-rank0.pt", "proc/o1/summary.json", "proc/o1/history.csv"} <= set(keys)
+    assert {"proc/o1/checkpoints/ep1-ba3-rank0.pt", "proc/o1/checkpoints/ep2-ba6-rank0.pt"} <= set(sent)
+    assert set(policy) == {os.SCHED_IDLE} and os.sched_getscheduler(0) == os.SCHED_OTHER  # training's own: as it was
+    assert s3.read("runs", "proc/o1/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+
+    def cannot_start(self):
+        raise OSError("no process for you")
+
+    monkeypatch.setattr(upload_process.UploadProcess, "_started", cannot_start)
+    second = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/proc", "run_name=o2", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stderr.count("warning: the upload process stopped (OSError: no process for you)") == 1
+    assert "proc/o2/checkpoints/ep2-ba6-rank0.pt" in s3.keys("runs", "proc/o2/")
+    assert s3.read("runs", "proc/o2/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"

@@ -186,6 +186,7 @@ class RemoteRun:
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (size, mtime_ns) uploaded
     pending: list[str] = field(default_factory=list)  # relative paths whose upload failed
     warned: bool = False
+    offload: Any = None  # a training's UploadProcess (store.upload_process): its large files go up through it
     _store: Any = None
 
     def store(self):
@@ -223,7 +224,7 @@ class RemoteRun:
         except FileNotFoundError:  # rotated away (checkpoint.keep) before its turn: nothing to upload
             return False
         try:
-            self.store().upload(self.key(relative), str(path))
+            self._send(relative, stat.st_size)
         except Exception as exc:  # the server went away: not training's problem, said once, tried again later
             if not path.exists():  # rotated away while it was uploaded: not a failure
                 return False
@@ -239,6 +240,17 @@ class RemoteRun:
         if relative in self.pending:
             self.pending.remove(relative)
         return True
+
+    def _send(self, relative: str, size: int) -> None:
+        """A large file through the upload process (when there is one that works), anything else from here."""
+        from dlrecipes.records.store.upload_process import LARGE
+
+        if self.offload is not None and self.offload.usable() and size >= LARGE:
+            try:
+                return self.offload.upload(self.key(relative), str(self.local / relative))
+            except OSError:  # the process is gone (said once): from here, as before
+                pass
+        self.store().upload(self.key(relative), str(self.local / relative))
 
     def push(self) -> None:
         """Upload what changed; after each periodic checkpoint whose upload is confirmed, move the pointer to it."""
@@ -337,6 +349,11 @@ def uploader(remote: RemoteRun):
             self.checkpoints_seen = -1  # the checkpoints folder's mtime: one stat per batch says whether one was saved
             self.closed = False
             self.background = BackgroundPush(remote)
+            if remote.root.scheme == "s3":  # checkpoints go up from a process of their own (store.upload_process)
+                from dlrecipes.records.store.backend import TRANSFER_THREADS
+                from dlrecipes.records.store.upload_process import UploadProcess
+
+                remote.offload = UploadProcess(remote.root.bucket, TRANSFER_THREADS)
 
         def _push(self) -> None:
             if dist.get_global_rank() == 0:
@@ -358,6 +375,8 @@ def uploader(remote: RemoteRun):
             self.closed = True
             if dist.get_global_rank() == 0:
                 self.background.close()  # the last push, and every one still under way, done
+                if remote.offload is not None:
+                    remote.offload.close()
             if remote.pending and dist.get_global_rank() == 0:
                 mark_incomplete(remote)
 

@@ -9,6 +9,8 @@ is not in the bucket then is what failed, and is named as before.
 
 The thread keeps training's priority: a lower one (``nice`` +10, tried) made steps slower, not faster, since a
 descheduled upload thread can hold the interpreter's lock that the training thread waits for (see BENCHMARKS.md).
+A checkpoint goes up from a process of its own instead (:mod:`dlrecipes.records.store.upload_process`); the thread
+waits for its answer, holding no lock training needs.
 """
 
 from __future__ import annotations

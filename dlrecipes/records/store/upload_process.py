@@ -1,0 +1,119 @@
+"""Large uploads in a process of their own, at a lower priority than training.
+
+An upload in the training process shares its interpreter lock: the steps that overlap one take longer (on 2 cores,
+about twice as long: BENCHMARKS.md), and lowering the upload thread's priority makes it worse (a descheduled thread
+holding the lock). So a training's mirror hands each large file (a checkpoint) to a small Python of its own (boto3
+only: ``python -m dlrecipes.records.store.upload_process``) that runs only on CPU time training leaves (Linux's
+``SCHED_IDLE``; where that is refused, ``nice`` +10): the kernel gives training the cores first. The mirror's thread waits for each answer (its order, the pointer
+moved only after its checkpoint is confirmed, stay :class:`~dlrecipes.records.store.bucket.RemoteRun`'s).
+
+One request per line on the process's stdin: ``{"bucket", "key", "path"}``; one answer per line on its stdout:
+``{"error": null}`` or the error's type and first line.  The process ends when its stdin closes.  Where it cannot be
+started, or stops answering, the upload runs in the mirror's thread as before (said once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any, Optional
+
+LARGE = 8 * 2**20  # bytes: files this large go through the process (a checkpoint); smaller ones are not worth a trip
+NICE = 10
+
+
+class UploadProcess:
+    """The upload process of one training's mirror (started at its first large upload, ended by :meth:`close`)."""
+
+    def __init__(self, bucket: str, transfer_threads: int):
+        self.bucket, self.transfer_threads = bucket, transfer_threads
+        self._process: Optional[subprocess.Popen] = None
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def usable(self) -> bool:
+        return not self._failed
+
+    def upload(self, key: str, path: str) -> None:
+        """``path`` to ``key``, done by the process; raises what the upload raised (as a RuntimeError naming it)
+        or ``OSError`` when the process is gone (the caller then uploads in its own thread)."""
+        with self._lock:
+            try:
+                process = self._started()
+                process.stdin.write(json.dumps({"bucket": self.bucket, "key": key, "path": path}) + "\n")
+                process.stdin.flush()
+                answer = process.stdout.readline()
+            except (OSError, ValueError) as exc:
+                self._give_up(f"{type(exc).__name__}: {exc}")
+                raise OSError("the upload process is gone") from None
+            if not answer:
+                self._give_up("it exited")
+                raise OSError("the upload process is gone")
+            error = json.loads(answer).get("error")
+        if error:
+            raise RuntimeError(error)
+
+    def _started(self) -> subprocess.Popen:
+        if self._process is None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "dlrecipes.records.store.upload_process", str(self.transfer_threads)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        return self._process
+
+    def _give_up(self, why: str) -> None:
+        self._failed = True
+        print(f"warning: the upload process stopped ({why}); uploads go on in the training process", file=sys.stderr)
+        self.close()
+
+    def close(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            process.stdin.close()
+            process.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+
+
+def lower_priority() -> None:
+    """This process runs only on CPU time training leaves (Linux's SCHED_IDLE), else at ``nice`` +10."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+
+
+def _serve(transfer_threads: int) -> None:
+    """The process: boto3 alone (the endpoint and credentials from the environment it inherited)."""
+    lower_priority()
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=Config(
+        retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30))
+    transfer = TransferConfig(max_concurrency=transfer_threads)
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
+            answer: dict[str, Any] = {"error": None}
+        except Exception as exc:  # the mirror's thread warns and keeps it pending, as for its own uploads
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            answer = {"error": f"{type(exc).__name__}: {first}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
