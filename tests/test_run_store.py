@@ -53,3 +53,29 @@ def test_a_store_whose_library_is_missing_is_one_line_before_anything(tiny_recip
     with pytest.raises(UserError, match="^run: gs://my-runs/exp: Composer's gs:// store cannot be made here"):
         open_for_reading("gs://my-runs/exp/x")
 
+
+
+def test_the_upload_process_leaves_the_signals_to_training(monkeypatch):
+    """Ctrl-C or SLURM's SIGTERM reach the whole process group; the upload process ignores them (training answers
+    them, and its checkpoint still goes up): after SIGINT and SIGTERM it still answers, here an upload of a file that
+    is not there with its error, and it ends when its stdin closes."""
+    import os
+    import signal
+    import time
+
+    from dlrecipes.records.store.upload_process import UploadProcess
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    process = UploadProcess("a-bucket", 2)
+    with pytest.raises(RuntimeError, match="FileNotFoundError|No such file"):
+        process.upload("k", "/no/such/file")  # started, and answering
+    child = process._process
+    time.sleep(0.5)  # its signal handlers are set before it reads its first request: it answered one
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(child.pid, sig)
+    time.sleep(0.3)
+    assert child.poll() is None and process.usable()
+    with pytest.raises(RuntimeError, match="FileNotFoundError|No such file"):
+        process.upload("k", "/no/such/file")
+    process.close()
+    assert child.returncode == 0

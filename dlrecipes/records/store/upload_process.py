@@ -94,7 +94,13 @@ def lower_priority() -> None:
 
 
 def _serve(transfer_threads: int) -> None:
-    """The process: boto3 alone (the endpoint and credentials from the environment it inherited)."""
+    """The process: boto3 alone (the endpoint and credentials from the environment it inherited).  The signals a
+    terminal or a scheduler sends the whole group (Ctrl-C, SLURM's SIGTERM) are training's to answer: this process
+    goes on uploading what it was given, and ends when training closes its stdin (or dies)."""
+    import signal
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     lower_priority()
     import boto3
     from boto3.s3.transfer import TransferConfig
