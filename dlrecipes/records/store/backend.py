@@ -132,6 +132,8 @@ def _code(exc: BaseException) -> str:
 
 
 _MADE: dict[tuple, Backend] = {}
+# every S3 client's: bounded retries and timeouts (the training's mirror and its upload process alike)
+S3_CLIENT_CONFIG = {"retries": {"max_attempts": 3, "mode": "standard"}, "connect_timeout": 5.0, "read_timeout": 30.0}
 TRANSFER_THREADS = 10  # threads one upload or download of a large object uses at most (its parts at once)
 
 
@@ -148,8 +150,7 @@ _CREDENTIALS = ("S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                 "GOOGLE_APPLICATION_CREDENTIALS", "OCI_CONFIG_FILE", "AZURE_ACCOUNT_NAME", "AZURE_ACCOUNT_ACCESS_KEY")
 
 
-def _new_backend(scheme: str, bucket: str, address: str, key_path: str, attempts: int = 3,
-                 timeout: float = 5.0) -> Backend:
+def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backend:
     """Composer's store from its URI factory (for S3 with bounded retries and timeouts)."""
     try:
         from composer.utils.file_helpers import maybe_create_object_store_from_uri
@@ -157,10 +158,8 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str, attempts
     except ImportError as exc:  # boto3 missing
         raise UserError(f"{key_path}: {address} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
     if scheme == "s3":
-        config = {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": timeout,
-                  "read_timeout": max(timeout, 30.0)}
         transfer = {"max_concurrency": TRANSFER_THREADS}  # bounded (2 made uploads longer and steps slower)
-        return S3Backend(S3ObjectStore(bucket=bucket, client_config=config, transfer_config=transfer))
+        return S3Backend(S3ObjectStore(bucket=bucket, client_config=S3_CLIENT_CONFIG, transfer_config=transfer))
     try:
         return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"))
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing

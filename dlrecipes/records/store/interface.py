@@ -60,11 +60,6 @@ class TrainingRun:
         """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address(self.addresses)
 
-    @property
-    def address(self) -> Optional[str]:
-        """The run's address in its store, when it is not its local folder (``TrainResult.address``)."""
-        return self.shown_as
-
     def end(self, failed: bool) -> bool:
         """Release the lock; after a failure, a fresh run that wrote no checkpoint leaves no directory. Returns
         whether the run directory stays."""

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrecipes.core.distributed import rank
 from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun, named_by_address
-from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, staged_run
+from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, staged_run, uploader
 
 
 class IncompleteUpload(UserError):
@@ -50,7 +49,7 @@ class BucketStore(RunStore):
             from dlrecipes.records.store.lease import leased
 
             opened.lock = leased(opened.lock, self.root, name)
-        opened.keep_in_step = lambda: [_uploader(mirror)]
+        opened.keep_in_step = lambda: [uploader(mirror)]
         opened.stored = lambda result: _all_uploaded(result, mirror)
         return opened
 
@@ -85,12 +84,6 @@ class BucketStore(RunStore):
             return mirror.incomplete()
 
         return SweepFolder(mirror.local, mirror.url, trains_into=mirror.url, after_point=mirror.push, finish=finish)
-
-
-def _uploader(mirror: RemoteRun) -> Any:
-    from dlrecipes.records.store.bucket import uploader
-
-    return uploader(mirror)
 
 
 def _all_uploaded(result: Any, mirror: RemoteRun) -> None:

@@ -106,8 +106,10 @@ def _serve(transfer_threads: int) -> None:
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
 
-    client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=Config(
-        retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30))
+    from dlrecipes.records.store.backend import S3_CLIENT_CONFIG
+
+    client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None,
+                                            config=Config(**S3_CLIENT_CONFIG))
     transfer = TransferConfig(max_concurrency=transfer_threads)
     for line in sys.stdin:
         job = json.loads(line)
