@@ -272,6 +272,20 @@ def _forget_models() -> None:
         cached.cache_clear()
 
 
+def _stop_loader_workers(state: State) -> None:
+    """End the worker processes of the run's data loaders (``persistent_workers`` keeps them between epochs).
+    Left to the garbage collector, a loader is collected with the Trainer's other objects, in no set order: its
+    queues can go first, and each worker's join then waits out torch's 5 s timeout, at a moment of the next
+    training in the same process (a notebook, a sweep), while the workers stay alive until then."""
+    for loader in [state.train_dataloader, *(evaluator.dataloader.dataloader for evaluator in state.evaluators)]:
+        for _ in range(3):  # the loader, and the DataLoader a wrapper of ours holds as .loader (the tensor cache's)
+            iterator = getattr(loader, "_iterator", None)  # torch's DataLoader: its workers' iterator, if kept
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()  # what the iterator's __del__ calls, now, with its queues alive
+                loader._iterator = None  # a later epoch (trainer.eval after close) starts workers of its own
+            loader = getattr(loader, "loader", None)
+
+
 def _close_at_exit(engine: "weakref.ref[Engine]") -> None:
     """At the process's end, the engine's close (its callbacks' close and post_close) if it is still open."""
     alive = engine()
@@ -364,6 +378,7 @@ class Trainer(ComposerTrainer):
         finally:
             atexit.unregister(self._at_exit)
             _forget_models()
+            _stop_loader_workers(self.state)
 
 
     # -- the loop itself stays Composer's; its timestamp and batch counting get cheaper --

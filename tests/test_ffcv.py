@@ -101,6 +101,21 @@ def test_eval_loader_returns_every_sample_once_with_its_label(beton):
     assert labels.tolist() == [i // 6 for i in range(18)]  # the label travelled with its image
 
 
+def test_an_epoch_left_before_its_end_stops_ffcvs_thread(beton):
+    """A subset of batches (eval_subset_num_batches, a duration in batches) leaves an epoch early: FFCV's thread,
+    which holds its epoch and batch buffers, is stopped then, not left waiting to hand over its next batch."""
+    import threading
+
+    from ffcv.loader.epoch_iterator import EpochIterator
+
+    loader = FFCVLoader(_source(beton, train=False), batch_size=4, num_workers=1, device=torch.device("cpu"), seed=0)
+    epoch = iter(loader)
+    next(epoch)
+    assert [t for t in threading.enumerate() if isinstance(t, EpochIterator)]  # running, batches ahead queued
+    del epoch  # as Composer's loop drops an epoch it leaves
+    assert not [t for t in threading.enumerate() if isinstance(t, EpochIterator)]
+
+
 def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_decoder(beton, tmp_path, monkeypatch):
     """Each epoch decodes at the size set before it; numba compiles the pipeline in the first
     epoch only, whatever the size (progressive resizing used to recompile at every epoch)."""

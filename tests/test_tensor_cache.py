@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 import pytest
 import torch
@@ -70,6 +72,9 @@ def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
     ]))
     assert result.batches == 3
     assert (tmp_path / "imgs" / ".dlrecipes-cache" / "train-20.npy").exists()
+    # the loaders' worker processes end with the training, not whenever the garbage collector reaches them (then,
+    # in a later training of this process, each waited out torch's 5 s join timeout)
+    assert not multiprocessing.active_children()
 
 
 def test_tensor_cache_honours_separate_train_and_eval_sizes(tmp_path):

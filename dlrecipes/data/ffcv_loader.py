@@ -12,6 +12,7 @@ NCHW copy halved throughput).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -133,7 +134,20 @@ class FFCVLoader:
         threads = torch.get_num_threads()
         epoch = iter(self.loader)  # FFCV sets torch's thread count to its worker count here, every epoch
         torch.set_num_threads(threads)  # numba keeps FFCV's; the model keeps its own
-        return epoch
+        return _closed_when_left(epoch)
+
+
+def _closed_when_left(epoch: Any) -> Iterator[Any]:
+    """FFCV's epoch, its thread stopped when the epoch is left before its end (a subset of batches, a duration in
+    batches): the thread holds its epoch alive and would wait forever to hand over its next batch, with the
+    epoch's batch buffers."""
+    try:
+        yield from epoch
+    finally:
+        if epoch.is_alive():  # left early (at its end, FFCV's thread has ended and closed the epoch itself)
+            epoch.terminate_event.set()  # seen within half a second, after at most batches_ahead more batches
+            epoch.join(timeout=60)
+            epoch.close()
 
 
 def ffcv_dataspec(loader: FFCVLoader) -> DataSpec:
