@@ -108,12 +108,19 @@ def test_an_epoch_left_before_its_end_stops_ffcvs_thread(beton):
 
     from ffcv.loader.epoch_iterator import EpochIterator
 
+    import time
+
     loader = FFCVLoader(_source(beton, train=False), batch_size=4, num_workers=1, device=torch.device("cpu"), seed=0)
-    epoch = iter(loader)
-    next(epoch)
-    assert [t for t in threading.enumerate() if isinstance(t, EpochIterator)]  # running, batches ahead queued
-    del epoch  # as Composer's loop drops an epoch it leaves
-    assert not [t for t in threading.enumerate() if isinstance(t, EpochIterator)]
+    ahead = loader.loader.batches_ahead  # FFCV's queue holds this many batches
+    for taken in (1, len(loader) - ahead):  # mid-epoch; and with only the last batches left, all queued
+        epoch = iter(loader)
+        for _ in range(taken):
+            next(epoch)
+        thread = next(t for t in threading.enumerate() if isinstance(t, EpochIterator))
+        while not thread.output_queue.full():  # the second time, the thread then waits to queue its end mark
+            time.sleep(0.01)
+        del epoch  # as Composer's loop drops an epoch it leaves
+        assert not thread.is_alive(), taken
 
 
 def test_train_loader_epoch_sees_each_sample_once_and_resolution_follows_the_decoder(beton, tmp_path, monkeypatch):

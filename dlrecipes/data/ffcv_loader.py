@@ -145,9 +145,25 @@ def _closed_when_left(epoch: Any) -> Iterator[Any]:
         yield from epoch
     finally:
         if epoch.is_alive():  # left early (at its end, FFCV's thread has ended and closed the epoch itself)
-            epoch.terminate_event.set()  # seen within half a second, after at most batches_ahead more batches
-            epoch.join(timeout=60)
-            epoch.close()
+            _stop(epoch)
+
+
+def _stop(epoch: Any) -> None:
+    """The thread sees the terminate event only while its queue is full (within half a second); one at its epoch's
+    end waits to hand over its last item with no timeout: a batch taken off the queue makes room for it (each
+    such room costs at most one more batch's decoding)."""
+    from queue import Empty
+
+    epoch.terminate_event.set()
+    for _ in range(100):
+        epoch.join(timeout=0.6)
+        if not epoch.is_alive():
+            break
+        try:
+            epoch.output_queue.get_nowait()
+        except Empty:
+            pass
+    epoch.close()
 
 
 def ffcv_dataspec(loader: FFCVLoader) -> DataSpec:
