@@ -1,7 +1,7 @@
 """Whether uploading a run to a bucket stalls training: step times with the run mirrored to a local S3 server
 (SeaweedFS) against the same run on a local disk.
 
-    python benchmarks/upload_stall.py [--hidden 8192] [--steps 60] [--every 10] [--rounds 2] [--json OUT]
+    python benchmarks/upload_stall.py [--hidden 8192] [--steps 60] [--every 10] [--rounds 2] [--threads N] [--json OUT]
 
 The model is the CNN of the tiny recipes with a wide hidden layer (``--hidden 8192``: about 34M parameters, a
 checkpoint of weights and SGD momentum of about 270 MB), trained on synthetic 32x32 images at batch 16; a
@@ -82,11 +82,18 @@ def main() -> None:
     parser.add_argument("--server-nice", type=int, default=0,
                         help="the server's nice value: 19 stands in for a server on another machine (0: it competes "
                              "with training for this machine's cores, as it would not in use)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch's threads for training (0: torch's default, every core); fewer leave cores free, "
+                             "as a GPU machine's training does")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
     from tests.s3_server import start_s3_server
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     _register_timer()
     with tempfile.TemporaryDirectory() as tmp:
         server = start_s3_server(Path(tmp) / "s3", volume_mb=1024, nice=args.server_nice)  # volumes hold checkpoints
@@ -104,7 +111,7 @@ def main() -> None:
         finally:
             server.kill()
     result = {"hidden": args.hidden, "steps": args.steps, "every": args.every, "rounds": args.rounds,
-              "server_nice": args.server_nice,
+              "server_nice": args.server_nice, "threads": args.threads or None,
               "checkpoint_mb": size / max(count, 1) / 2**20, "checkpoints_uploaded": len(uploaded),
               "local_median_s": statistics.median(local), "bucket_median_s": statistics.median(bucket),
               "local_mean_s": statistics.fmean(local), "bucket_mean_s": statistics.fmean(bucket)}

