@@ -70,7 +70,10 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                         ) from None
                     if not self.unreadable[i]:  # first time any worker meets it
                         self.unreadable[i] = 1
-                        print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr)
+                        # one write: print's two (the text, then its newline) from two workers at once could
+                        # interleave two warnings on one line
+                        sys.stderr.write(f"warning: skipping unreadable image {path} ({reason})\n")
+                        sys.stderr.flush()
             raise DataError(f"{key}: none of the {len(self.samples)} images under {root} can be read")
 
     try:
