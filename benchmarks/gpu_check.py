@@ -1,34 +1,35 @@
 """The engine's GPU correctness matrix: ``python benchmarks/gpu_suite.py --check`` (or this file).
 
-One GPU, no internet, about 4 minutes on one H100 (an estimate: 6 x ~10 s against Composer, ~15 s and ~50 s
-for the two sync gates, ~12 s FSDP, ~50 + 2 x ~25 s compile; not yet run there).  Each case prints its
+One GPU, no internet. Its four sections, each within its 5-minute budget on one H100 (measured there on
+2026-11-28 with torch 2.11 and Composer 0.32.1: engine 189 s, sync 85 s, compile 125 s; about 400 s for the
+whole check): ``--only SECTION`` runs one, so that each fits a machine lent for 5 minutes.  Each case prints its
 result, time and detail on its own line as it ends, and ``--json PATH`` is rewritten after every case, so a
 run that is cut short keeps what it found; a table of them all follows, with the total time, and the exit
 status is 1 on a failure:
 
-- our Trainer against Composer's on {fp32, amp_bf16, amp_fp16} x {fixed microbatches with
+- ``engine``: our Trainer against Composer's on {fp32, amp_bf16, amp_fp16} x {fixed microbatches with
   accumulation, ``auto``}: the recipe's training in deterministic mode, the weights and every
-  logged loss compared within the stated tolerance;
-- ``torch.cuda.set_sync_debug_mode("error")`` over steps 3-20 of cifar10_fast (synthetic
+  logged loss compared within the stated tolerance; and FSDP on one rank with train metrics on;
+- ``sync``: ``torch.cuda.set_sync_debug_mode("error")`` over steps 3-20 of cifar10_fast (synthetic
   CIFAR-sized data on the device) and of the flagship recipe on generated FFCV data (800 small JPEGs,
   batch 32: made by the first case that needs them, in a folder every case shares): any host-device
   synchronisation in those steps fails the case with the op that made it;
-- FSDP on one rank with train metrics on;
-- ``trainer.compile`` against eager with no algorithm (the control), with SAM and with EMA, in a setting
+- ``compile``: ``trainer.compile`` against eager with no algorithm (the control), with SAM and with EMA, in a setting
   where the two differ only by rounding (no dropout, deterministic, SGD, no augmentation, full fp32,
-  inductor's ``fallback_random``): every training loss and evaluation loss within ``COMPILE_TOLERANCE``,
-  which a SAM step that leaves its perturbation in the weights, or an EMA that evaluates the training weights,
-  exceeds (tests/test_benchmarks.py shows both on the CPU with eager training in place of the compiled one);
-- with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
+  inductor's ``fallback_random``): every training loss and evaluation loss within the case's
+  ``COMPILE_TOLERANCE``, which a SAM step that leaves its perturbation in the weights, or an EMA that evaluates
+  the training weights, exceeds at least five times over (tests/test_benchmarks.py shows both on the CPU with
+  eager training in place of the compiled one);
+- ``ranks``, with 2 GPUs: NCCL DDP with uneven per-rank loaders (tests/engine_ranks.py, against Composer's
   Trainer), a SIGTERM stop and ``--resume`` ending with the uninterrupted run's weights.  With
   fewer GPUs they are skipped with a message, no process started.  On the CPU their ranks are forked from a
   process that has imported torch and Composer (CUDA would not survive that); only the SIGTERM case's stopped
   run goes through ``dlrecipes launch``.
 
-Each case has its own time limit (``Case.limit``, seconds on one H100) and the whole check a budget
-(``--budget``, 300 s by default, so that it fits a machine lent for 5 minutes; with 2 GPUs give it 600): a case
-gets its limit or what is left of the budget, whichever is less; past it, it is killed and fails with "no
-result after N s"; a case the budget leaves no time for fails with "not run".
+Each case has its own time limit (``Case.limit``, seconds on one H100) and each section a budget (``--budget``,
+300 s by default; give the two-GPU ``ranks`` section 400, its limits' sum): a case gets its limit or what is left
+of its section's budget, whichever is less; past it, it is killed and fails with "no result after N s"; a case
+the budget leaves no time for fails with "not run".
 
 ``--device cpu`` is its smoke version (in the test suite, its limits ``CPU_SLOWER`` times the GPU's): the fp32
 fixed-microbatch comparison and the two-process cases on gloo; the cases that need CUDA are skipped.  Each case
@@ -56,8 +57,14 @@ ROOT = HERE.parent
 
 # max |difference| allowed between our Trainer and Composer's: weights, then each logged loss
 TOLERANCE = {"fp32": (0.0, 0.0), "amp_bf16": (1e-6, 1e-6), "amp_fp16": (1e-6, 1e-6)}
-# max |difference| allowed between compiled and eager training, in fp32: any training or evaluation loss
-COMPILE_TOLERANCE = 1e-3
+# max |difference| allowed between compiled and eager training, in fp32, for each compile case: (any training
+# loss, any evaluation loss).  Inductor's kernels round differently from eager's, and 12 steps of SGD grow that:
+# on one H100 (2026-11-28, torch 2.11) compiled against eager differed by (4.4e-3, 7.5e-4) with no algorithm,
+# (1.2e-2, 7.7e-3) with SAM (two passes a step) and (4.4e-3, 4.2e-5) with EMA.  Each tolerance is about 4 times
+# that, and at most a fifth of what the broken version its case is for differs by on the CPU: a SAM step that
+# keeps its perturbation, 0.30 in the training losses; an EMA that evaluates the training weights, 0.017 in the
+# evaluation losses (tests/test_benchmarks.py).
+COMPILE_TOLERANCE = {"none": (2e-2, 5e-3), "sam": (5e-2, 3e-2), "ema": (2e-2, 2e-3)}
 DATA = "GPU_CHECK_DATA"  # the folder the runner gives every case for generated data that cases share
 
 
@@ -238,14 +245,17 @@ def loss_differences(run: dict, eager: dict) -> tuple[float, float]:
     return tuple(max(abs(a - b) for a, b in zip(run[name], eager[name])) for name in ("losses", "eval_losses"))
 
 
-def same_as_eager(run: dict, eager: dict) -> str:
-    """The compile cases' comparison: every training and evaluation loss of ``run`` within COMPILE_TOLERANCE of
-    eager training's (AssertionError past it). The CPU test gives it eager runs of a deliberately broken SAM and
-    EMA in place of the compiled run, so a wrong SAM step or a lost EMA swap is known to fail it."""
+def same_as_eager(run: dict, eager: dict, algorithm: str) -> str:
+    """The compile cases' comparison: every training and evaluation loss of ``run`` within the COMPILE_TOLERANCE
+    of ``algorithm``'s case from eager training's (AssertionError past it). The CPU test gives it eager runs of a
+    deliberately broken SAM and EMA in place of the compiled run, so a wrong SAM step or a lost EMA swap is known
+    to fail it."""
     train, evals = loss_differences(run, eager)
-    detail = (f"max abs diff from eager: training loss {train:.2e} over {len(run['losses'])} steps, eval loss "
-              f"{evals:.2e} over {len(run['eval_losses'])} evaluations (<= {COMPILE_TOLERANCE:.0e})")
-    assert train <= COMPILE_TOLERANCE and evals <= COMPILE_TOLERANCE, detail
+    train_tolerance, eval_tolerance = COMPILE_TOLERANCE[algorithm]
+    detail = (f"max abs diff from eager: training loss {train:.2e} over {len(run['losses'])} steps (<= "
+              f"{train_tolerance:.0e}), eval loss {evals:.2e} over {len(run['eval_losses'])} evaluations (<= "
+              f"{eval_tolerance:.0e})")
+    assert train <= train_tolerance and evals <= eval_tolerance, detail
     return detail
 
 
@@ -262,7 +272,7 @@ def case_compile_with(device: str, algorithm: str) -> str:
         recipe, eager = compile_setting(Path(tmp), device, algorithm)
         compiled = _train(recipe, [*eager, "trainer.compile=true"], Path(tmp) / "compiled")
         reference = _train(recipe, eager, Path(tmp) / "eager")
-    return same_as_eager(compiled, reference)
+    return same_as_eager(compiled, reference, algorithm)
 
 
 def _free_port() -> int:
@@ -402,24 +412,33 @@ def case_sigterm_and_resume(device: str) -> str:
 @dataclass(frozen=True)
 class Case:
     run: Callable[[str], str]
+    section: str  # a key of SECTIONS: ``--only`` takes its name, and the budget is each section's
     limit: int  # seconds on one H100 (a few times what it should take): past it, the case is killed and fails
     gpus: int = 1  # on a GPU machine with fewer, skipped without starting its process
 
 
+# the check's parts, each within BUDGET on one H100 (measured there on 2026-11-28, torch 2.11: engine 189 s,
+# sync 85 s, compile 125 s; the whole check on one GPU about 400 s)
+SECTIONS = {
+    "engine": "our Trainer against Composer's in every precision, and FSDP on one rank",
+    "sync": "no host-device synchronisation in the steady steps of cifar10_fast and the flagship",
+    "compile": "trainer.compile against eager: no algorithm, SAM, EMA",
+    "ranks": "two GPUs: NCCL DDP on uneven loaders, a SIGTERM stop and --resume",
+}
 CASES: dict[str, Case] = {
     **{f"same as Composer: {p}, {'accumulation' if m != 'auto' else 'auto microbatching'}":
-       Case(lambda device, p=p, m=m: case_same_as_composer(device, p, m), 45)
+       Case(lambda device, p=p, m=m: case_same_as_composer(device, p, m), "engine", 45)
        for p in ("fp32", "amp_bf16", "amp_fp16") for m in ("16", "auto")},
-    "no sync in steps 3-20: cifar10_fast": Case(case_sync_free_cifar, 60),
-    "no sync in steps 3-20: imagenet100_fast on FFCV": Case(case_sync_free_flagship, 120),  # FFCV's numba too
-    "FSDP (1 rank) with train metrics": Case(case_fsdp_with_train_metrics, 60),
-    "trainer.compile, no algorithm (the control)": Case(lambda device: case_compile_with(device, "none"), 120),
-    "trainer.compile with SAM": Case(lambda device: case_compile_with(device, "sam"), 90),  # inductor's cache warm
-    "trainer.compile with EMA": Case(lambda device: case_compile_with(device, "ema"), 90),
-    "2 ranks: DDP with uneven loaders": Case(case_ddp_uneven, 120, gpus=2),
-    "2 ranks: SIGTERM stop, then --resume": Case(case_sigterm_and_resume, 240, gpus=2),
+    "FSDP (1 rank) with train metrics": Case(case_fsdp_with_train_metrics, "engine", 60),
+    "no sync in steps 3-20: cifar10_fast": Case(case_sync_free_cifar, "sync", 60),
+    "no sync in steps 3-20: imagenet100_fast on FFCV": Case(case_sync_free_flagship, "sync", 120),  # FFCV's numba
+    "trainer.compile, no algorithm (the control)": Case(lambda device: case_compile_with(device, "none"), "compile", 120),
+    "trainer.compile with SAM": Case(lambda device: case_compile_with(device, "sam"), "compile", 90),  # cache warm
+    "trainer.compile with EMA": Case(lambda device: case_compile_with(device, "ema"), "compile", 90),
+    "2 ranks: DDP with uneven loaders": Case(case_ddp_uneven, "ranks", 120, gpus=2),
+    "2 ranks: SIGTERM stop, then --resume": Case(case_sigterm_and_resume, "ranks", 240, gpus=2),
 }
-BUDGET = 300  # seconds for the whole check by default: a machine lent for 5 minutes
+BUDGET = 300  # seconds for each section by default: a machine lent for 5 minutes runs any one of them
 CPU_SLOWER = 4  # the smoke version's limits: the GPU's times this (2 shared cores, maybe under coverage)
 
 
@@ -478,41 +497,44 @@ def _write_json(path: Path, rows: list[dict]) -> None:
 
 
 def selected(only: list[str] | None = None) -> list[str]:
-    """The cases whose name contains one of ``only`` (all without it)."""
-    return [name for name in CASES if not only or any(text in name for text in only)]
+    """The cases of the sections named in ``only``, or whose name contains one of its texts (all without it)."""
+    return [name for name, case in CASES.items()
+            if not only or any(text == case.section or text in name for text in only)]
 
 
 def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, json_path: Path | None = None,
             data_dir: Path | None = None) -> list[dict]:
-    """The selected cases, each in its own process, within ``budget`` seconds; each case's line printed as it ends
-    (and the JSON rewritten), then the table. Returns the rows."""
+    """The selected cases, each in its own process, within ``budget`` seconds for each section; each case's line
+    printed as it ends (and the JSON rewritten), then the table. Returns the rows."""
     gpus = 0
     if device == "gpu":
         from dlrecipes.core.devices import gpu_count
 
         gpus = gpu_count()
-    rows, began = [], time.perf_counter()
+    rows, began, section_began = [], time.perf_counter(), {}
     with tempfile.TemporaryDirectory() as shared:
         for name in selected(only):
             case, start = CASES[name], time.perf_counter()
-            left = budget - (start - began)
+            left = budget - (start - section_began.setdefault(case.section, start))
             if device == "gpu" and gpus < case.gpus:
                 row = {"result": "skip", "detail": f"needs {case.gpus} GPUs ({gpus} here)"}
             elif left <= 0:
-                row = {"result": "fail", "detail": f"not run: the check's {budget:.0f} s budget was spent (--budget, "
-                                                   "--only)"}
+                row = {"result": "fail", "detail": f"not run: the {case.section} section's {budget:.0f} s budget was "
+                                                   "spent (--budget)"}
             else:
                 with tempfile.TemporaryDirectory() as tmp:
                     limit = case.limit * (1 if device == "gpu" else CPU_SLOWER)
                     row = _case_in_its_own_process(name, device, Path(tmp), min(limit, left), data_dir or Path(shared))
-            row.update(case=name, seconds=time.perf_counter() - start, limit=case.limit)
+            row.update(case=name, section=case.section, seconds=time.perf_counter() - start, limit=case.limit)
             rows.append(row)
             print(f"{row['result']:<4}  {name}  ({row['seconds']:.0f} s)  {row['detail']}", flush=True)
             if json_path:
                 _write_json(json_path, rows)
     total = time.perf_counter() - began
     cases = f"{len(rows)} case{'s' * (len(rows) != 1)}"
-    print("\n" + table(rows, device) + f"\n\n{cases} in {total:.0f} s (budget {budget:.0f} s)", flush=True)
+    sections = len({row["section"] for row in rows})
+    print("\n" + table(rows, device) + f"\n\n{cases} in {total:.0f} s (budget {budget:.0f} s for each of "
+          f"{sections} section{'s' * (sections != 1)})", flush=True)
     return rows
 
 
@@ -532,9 +554,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--case", help="run one case in this process (what the table's runner does)")
-    parser.add_argument("--only", action="append", help="run the cases whose name contains this text (repeatable)")
+    parser.add_argument("--only", action="append",
+                        help="a section (" + "; ".join(f"{name}: {what}" for name, what in SECTIONS.items())
+                             + ") or text in the cases' names (repeatable)")
     parser.add_argument("--budget", type=float, default=BUDGET,
-                        help=f"seconds for the whole check (default {BUDGET}); a case gets at most what is left")
+                        help=f"seconds for each section (default {BUDGET}); a case gets at most what is left of its "
+                             "section's")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the flagship case's generated data here")
     parser.add_argument("--json", type=Path, help="the rows, rewritten after every case")
     args = parser.parse_args(argv)
@@ -549,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(row))
         return 0
     if not selected(args.only):
-        sys.exit(f"gpu_check: no case's name contains {' or '.join(map(repr, args.only))}")
+        sys.exit(f"gpu_check: no section is {' or '.join(map(repr, args.only))} and no case's name contains it "
+                 f"(the sections: {', '.join(SECTIONS)})")
     rows = run_all(args.device, args.only, args.budget, args.json, args.data_dir)
     return 1 if any(r["result"] == "fail" for r in rows) else 0
 

@@ -1,6 +1,7 @@
 """Everything the GPU-speed issue asks for, in one command and one table.
 
-    python benchmarks/gpu_suite.py --check               # first: the correctness matrix (gpu_check.py, <= 5 min)
+    python benchmarks/gpu_suite.py --check               # first: the correctness matrix (gpu_check.py, ~400 s)
+    python benchmarks/gpu_suite.py --check --only engine # one of its sections (engine, sync, compile, ranks): <= 5 min
     python benchmarks/gpu_suite.py                       # on a GPU machine, no internet needed (~8-11 min on an H100)
     python benchmarks/gpu_suite.py --only flagship       # one section (each fits 5 minutes on an H100)
     python benchmarks/gpu_suite.py --tiny --device cpu   # smoke run at tiny sizes (the test suite runs this)
@@ -30,7 +31,8 @@ step times, about 65 ms for ResNet-50 at batch 256 and 10 ms for CIFAR ResNet-18
    under ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
 
 Sections can be chosen (``--only overhead,augment``) or skipped (``--skip flagship,precision``); ``--json``
-keeps every number.  With ``--check``, ``--only`` selects the check's cases by name and ``--budget`` bounds it.
+keeps every number.  With ``--check``, ``--only`` selects the check's sections (or cases by name) and ``--budget``
+bounds each section.
 """
 
 from __future__ import annotations
@@ -327,13 +329,14 @@ def main() -> None:
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     parser.add_argument("--only", default="", help=f"comma-separated sections to run: {','.join(SECTIONS)} "
-                                                   "(with --check: the check's cases whose name contains this text)")
+                                                   "(with --check: a section of the check, engine, sync, compile or ranks, or "
+                                                   "text in its cases' names)")
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {','.join(SECTIONS)}")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--check", action="store_true",
                         help="run the engine's correctness matrix instead (benchmarks/gpu_check.py), not the speed suite")
-    parser.add_argument("--budget", type=float, help="with --check: seconds for the whole check (default 300)")
+    parser.add_argument("--budget", type=float, help="with --check: seconds for each section (default 300)")
     args = parser.parse_args()
     if args.check:
         import gpu_check

@@ -96,7 +96,7 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     lines = stdout.splitlines()
     for row in rows:  # result, case, seconds, detail
         assert f"{row['result']:<4}  {row['case']}  ({row['seconds']:.0f} s)  {row['detail']}" in lines
-    assert lines[-1].startswith("14 cases in ") and lines[-1].endswith(" s (budget 300 s)")
+    assert lines[-1].startswith("14 cases in ") and lines[-1].endswith(" s (budget 300 s for each of 4 sections)")
 
 
 def test_gpu_check_kills_a_case_past_its_limit_and_keeps_every_row(gpu_check, tmp_path, capsys):
@@ -106,18 +106,30 @@ def test_gpu_check_kills_a_case_past_its_limit_and_keeps_every_row(gpu_check, tm
     rows = gpu_check.run_all("cpu", ["2 ranks"], budget=0.3, json_path=tmp_path / "rows.json")
     assert [r["result"] for r in rows] == ["fail", "fail"]
     assert rows[0]["detail"].startswith("no result after 0 s; its last output: ")
-    assert rows[1]["detail"].startswith("not run: the check's 0 s budget was spent")
+    assert rows[1]["detail"].startswith("not run: the ranks section's 0 s budget was spent")
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fail  2 ranks: DDP"))
     assert line.endswith(f"({rows[0]['seconds']:.0f} s)  {rows[0]['detail']}")
 
 
+def test_gpu_check_runs_a_section_by_its_name(gpu_check):
+    """``--only SECTION`` selects that section's cases (each section fits a machine lent for 5 minutes); text
+    that is no section still selects the cases whose name holds it."""
+    assert gpu_check.selected(["compile"]) == [name for name in gpu_check.CASES if name.startswith("trainer.compile")]
+    assert gpu_check.selected(["sync"]) == [name for name in gpu_check.CASES if name.startswith("no sync")]
+    assert gpu_check.selected(["engine"]) == [name for name in gpu_check.CASES
+                                               if name.startswith(("same as Composer", "FSDP"))]
+    assert gpu_check.selected(["SAM"]) == ["trainer.compile with SAM"]
+    assert set(gpu_check.SECTIONS) == {case.section for case in gpu_check.CASES.values()}
+
+
 @pytest.mark.parametrize("algorithm", ["none", "sam", "ema"])
 def test_compile_check_fails_a_broken_sam_or_ema(gpu_check, tmp_path, monkeypatch, algorithm):
-    """The compile cases' comparison (gpu_check.same_as_eager, its tolerance) in their setting, eager training in
-    place of the compiled one: eager against eager passes (the control, equal here); a SAM step that leaves its
-    perturbation e(w) in the weights fails it on the training losses, and an EMA whose swap to its weights before
-    evaluation is lost fails it on the evaluation losses, each by at least 10 times the tolerance."""
+    """The compile cases' comparison (gpu_check.same_as_eager, each case's tolerance) in their setting, eager
+    training in place of the compiled one: eager against eager passes (the control, equal here); a SAM step that
+    leaves its perturbation e(w) in the weights fails it on the training losses, and an EMA whose swap to its
+    weights before evaluation is lost fails it on the evaluation losses, each by at least 5 times the tolerance
+    (the tolerances are about 4 times what compiled and eager training differed by on an H100)."""
     from composer.algorithms.ema.ema import EMA
     from composer.algorithms.sam.sam import SAMOptimizer
 
@@ -127,8 +139,9 @@ def test_compile_check_fails_a_broken_sam_or_ema(gpu_check, tmp_path, monkeypatc
 
     eager = train("eager")
     if algorithm == "none":
-        assert gpu_check.same_as_eager(train("again"), eager).startswith(
-            "max abs diff from eager: training loss 0.00e+00 over 12 steps, eval loss 0.00e+00 over 2 evaluations")
+        assert gpu_check.same_as_eager(train("again"), eager, algorithm).startswith(
+            "max abs diff from eager: training loss 0.00e+00 over 12 steps (<= 2e-02), eval loss 0.00e+00 over 2 "
+            "evaluations (<= 5e-03)")
         return
     if algorithm == "sam":
         monkeypatch.setattr(SAMOptimizer, "second_step", lambda self: self.base_optimizer.step())  # w + e(w) kept
@@ -136,9 +149,10 @@ def test_compile_check_fails_a_broken_sam_or_ema(gpu_check, tmp_path, monkeypatc
         monkeypatch.setattr(EMA, "_ensure_ema_weights_active", lambda self, state: None)  # evaluates training weights
     broken = train("broken")
     with pytest.raises(AssertionError, match="max abs diff from eager"):
-        gpu_check.same_as_eager(broken, eager)
+        gpu_check.same_as_eager(broken, eager, algorithm)
     train_diff, eval_diff = gpu_check.loss_differences(broken, eager)
-    assert (train_diff if algorithm == "sam" else eval_diff) >= 10 * gpu_check.COMPILE_TOLERANCE
+    train_tolerance, eval_tolerance = gpu_check.COMPILE_TOLERANCE[algorithm]
+    assert (train_diff >= 5 * train_tolerance) if algorithm == "sam" else (eval_diff >= 5 * eval_tolerance)
 
 
 def test_sweep_start_script_gives_the_same_results_forked_and_in_new_pythons(tmp_path):
