@@ -25,6 +25,8 @@ def test_every_group_is_declared_and_filled():
 )
 def test_every_entry_has_a_description_and_annotated_keyword_parameters(entry):
     assert entry.description, f"{entry.name} needs a one-line docstring"
+    # `list` and the reference pages show the first line: a whole sentence, not one cut where the line wrapped
+    assert entry.description.endswith("."), f"{entry.name}: the docstring's first line is not a whole sentence"
     for name, param in entry.parameters.items():
         assert param.annotation is not inspect.Parameter.empty, f"{entry.name}.{name} needs a type annotation"
 

@@ -78,8 +78,9 @@ def ema(half_life: Optional[Duration] = "1000ba", smoothing: Optional[float] = N
 def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_scale: float = 0.5,
                          finetune_fraction: float = 0.2, delay_fraction: float = 0.5, size_increment: int = 4,
                          resize_targets: bool = False):
-    """Train on downscaled images early, growing to full size (Composer resizes the batches; FFCV decodes
-    at the size).
+    """Train on downscaled images early, growing to full size.
+
+    Composer resizes the batches; FFCV decodes at the size.
 
     Args:
         mode: 'resize' scales the images down (nearest neighbour), 'crop' takes a random crop of the smaller size.

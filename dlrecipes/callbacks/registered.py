@@ -166,8 +166,9 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
 @callbacks.register("optuna_trial")
 def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
                  warmup_evaluations: int = 1):
-    """Report the eval metric to an Optuna trial after each evaluation and stop when the median pruner prunes
-    it (added by `dlrecipes sweep --search optuna`; needs the optuna extra).
+    """Report the eval metric to an Optuna trial and stop when the median pruner prunes it.
+
+    Added by `dlrecipes sweep --search optuna` (needs the optuna extra); it reports after each evaluation.
 
     Args:
         storage: path of the Optuna journal file that holds the study (the sweep's, in its folder).

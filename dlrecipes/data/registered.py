@@ -112,8 +112,10 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
                    classes=lambda p: 10)
 def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
             image_size: CifarSize = 32):
-    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment; image_size resizes
-    the (augmented) images for networks built for larger inputs, on the GPU with trainer.loader=device.
+    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment.
+
+    image_size resizes the (augmented) images for networks built for larger inputs, on the GPU with
+    trainer.loader=device.
 
     Args:
         root: folder holding the extracted CIFAR python batches (root/cifar-10-batches-py), where they are downloaded to
@@ -159,9 +161,10 @@ def image_folder(
     std: Std = IMAGENET_STD,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
-    """Any folders of <class>/<image> for train and val: random-resized crops of crop_size + flip for
-    training; evaluation resizes the shorter side to resize_size and center-crops eval_crop_size
-    (default: crop_size).
+    """Any folders of <class>/<image> for train and val.
+
+    Training takes random-resized crops of crop_size + flip; evaluation resizes the shorter side to
+    resize_size and center-crops eval_crop_size (default: crop_size).
 
     Args:
         train_path: folder of training images, one subfolder per class (<class>/<image>); the subfolders' names
@@ -194,8 +197,9 @@ def imagenet(
     class_list: Optional[str] = None,
     bad_images: Literal["fail", "skip"] = "fail",
 ):
-    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder); subset
-    imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own.
+    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder).
+
+    subset imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own.
 
     Normalised with ImageNet's mean and standard deviation.
 
@@ -248,7 +252,8 @@ def hf(
     mean: Mean = IMAGENET_MEAN,
     std: Std = IMAGENET_STD,
 ):
-    """A Hugging Face dataset (needs the hf extra): a hub id, or a folder from save_to_disk or of Parquet files;
+    """A Hugging Face dataset: a hub id, or a folder from save_to_disk or of Parquet files (the hf extra).
+
     eval_split defaults to validation, else test; class names from the label column's ClassLabel; sizes as
     image_folder.
 
