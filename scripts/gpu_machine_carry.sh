@@ -14,10 +14,22 @@ PY=${PYTHON:-.venv/bin/python}
 MISSING="annotated-types argcomplete arrow backoff boto3 botocore coolname gql graphql-core importlib-metadata jmespath
 mosaicml-cli mosaicml prompt_toolkit pydantic-core pydantic pytorch-ranger questionary ruamel.yaml s3transfer termcolor
 torch_optimizer truststore tzdata validators wcwidth websockets"
-pins=$("$PY" -c 'import sys, importlib.metadata as m; print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $MISSING)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$work/wheels" $pins
+# their wheels for Python 3.12, at the versions dlrecipes' wheelhouse pins (dlrecipes/tools/wheelhouse.py)
+"$PY" - "$work/wheels" $MISSING <<'PYTHON'
+import sys
+from pathlib import Path
+
+from dlrecipes.tools.wheelhouse import _download, _key, requirements
+
+out, missing = Path(sys.argv[1]), {_key(name) for name in sys.argv[2:]}
+pins = {name: pin for name, pin in requirements(("s3",), "3.12").items() if name in missing}
+if missing - set(pins):
+    sys.exit(f"gpu_machine_carry: not among dlrecipes' needs: {sorted(missing - set(pins))}")
+without = _download(sorted(pins.values()), out, "3.12")
+if without:
+    sys.exit(f"gpu_machine_carry: no wheel for Python 3.12: {without}")
+PYTHON
 mkdir -p "$work/site" "$work/lib" .devcarry
 for wheel in "$work"/wheels/*.whl; do unzip -q -o "$wheel" -d "$work/site"; done
 site=$("$PY" -c 'import ffcv, os; print(os.path.dirname(os.path.dirname(ffcv.__file__)))')
