@@ -214,9 +214,9 @@ def build_component(reg: Registry, name: str, params: dict[str, Any], key: str, 
     door every build goes through (``Registry.build`` included).
 
     Factories may take positional-only parameters that are not recipe keys (the model for an
-    optimizer, the run directory for a callback, the class count for a metric, the run being built
-    for a callback or logger: :mod:`dlrecipes.core.run_context`); they are supplied from ``context``
-    by name.
+    optimizer, the run directory for a callback, as a Path (``run_dir``) or a RunDir (``layout``), the class
+    count for a metric, the run being built for a callback or logger: :mod:`dlrecipes.core.run_context`); they
+    are supplied from ``context`` by name.
     """
     entry = reg.get(name, key_path=key)
     supplied = []

@@ -251,7 +251,7 @@ RUN_FILE_NAMES = re.compile(r"recipe\.yaml|recipe\.before-|summary\.json|history
                             r"latest-rank|latest\.txt|best\.pt|best\.json|eval\.json|\b(loss|accuracy|lr)\.png|\*\.png|-ba[*{\d]|"
                             r"model\.torchscript\.pt|model\.onnx|verify\.json|preprocess\.json|classes\.json")
 # ... and its folders' names, spelled as a path: `run_dir / "export"`, f"{run_dir}/tensorboard", "checkpoints/"
-RUN_FOLDERS = ("checkpoints", "report", "export", "eval", "profiler", "tensorboard")
+RUN_FOLDERS = ("checkpoints", "report", "export", "eval", "profiler", "tensorboard", "mlruns")
 _FOLDER_IN_PATH = re.compile(rf"(^/|/$|^)({'|'.join(RUN_FOLDERS)})(/|$)")
 
 

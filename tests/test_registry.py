@@ -120,3 +120,33 @@ def test_a_named_variant_is_its_base_factory_with_other_defaults(tiny_recipe):
     assert variant.parameters["subset"].default == "imagenet100"
     with pytest.raises(RecipeError, match=r"dataset.subset: expected one of 'all', 'imagenet100'"):
         resolve(tiny_recipe, ["dataset={name: imagenet100, subset: most}"])
+
+
+def test_a_callback_factory_gets_the_run_directory_as_a_path_or_as_its_layout(tmp_path):
+    """The plugin contract: a positional-only ``run_dir`` is the run directory as a Path (what plugins written
+    against it use: ``run_dir / "x"``); ``layout`` is the same directory as a RunDir, which names the run's files
+    (the built-ins take it)."""
+    from composer.core import Callback
+
+    from dlrecipes.builders import build_callbacks
+    from dlrecipes.records.layout import RunDir
+
+    got = {}
+
+    class Seen(Callback):
+        pass
+
+    def as_path(run_dir, run=None, /):
+        got["path"] = run_dir
+        return Seen()
+
+    def as_layout(layout, /):
+        got["layout"] = layout
+        return Seen()
+
+    registry.callbacks.add("as_path", as_path, source="test")
+    registry.callbacks.add("as_layout", as_layout, source="test")
+    run = RunDir(tmp_path / "run")
+    build_callbacks({"as_path": {}, "as_layout": {}, "best_checkpoint": {}}, run)
+    assert type(got["path"]) is type(tmp_path) and got["path"] == run.path
+    assert got["layout"] == run and got["layout"].checkpoints == tmp_path / "run" / "checkpoints"

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from dlrecipes.after_training.target import RunTarget
 from dlrecipes.after_training.trained_model import trained_model
 from dlrecipes.errors import RecipeError
-from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, RunDir, beside
+from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, beside
 
 TTA_CHOICES = ("flip",)
 
@@ -84,18 +84,18 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
         raise RecipeError(f"--tta: expected one of {', '.join(TTA_CHOICES)}, got '{tta}'")
     if out is not None:
         out_dir = Path(out)
-    elif target.run_dir is not None:
-        out_dir = RunDir(target.run_dir).eval_report(_name(target, overrides, tta))
+    elif target.run is not None:
+        out_dir = target.run.eval_report(_name(target, overrides, tta))
     else:
         out_dir = beside(target.checkpoint, EVAL_DIR) / _name(target, overrides, tta)
     if out is not None and dist.get_global_rank() == 0:
         make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
-    trainer, data = trained_model(target, config, trust, out_dir)
+    trainer, data = trained_model(target, config, trust)
     with_network = trainer.state.model.module if trainer.state.is_model_ddp else trainer.state.model
     tables = report_tables(config.metrics)
     report = None
     if tables:
-        report = ClassReport(out_dir, data.num_classes, data.class_names, tables)
+        report = ClassReport(out_dir, data.num_classes, data.class_names, tables)  # kept here: written below
         trainer.state.callbacks.append(report)
     if tta == "flip":
         with_network.module = flip_average(with_network.module)

@@ -33,7 +33,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
 
     from dlrecipes.callbacks.export_options import EXPORT_FORMATS
     from dlrecipes.callbacks.export_for_inference import export_and_verify, require_onnx, write_export_metadata
-    from dlrecipes.records.layout import EXPORT_DIR, RunDir, beside
+    from dlrecipes.records.layout import EXPORT_DIR, beside
     from dlrecipes.records.run_dir import make_writable_dir
 
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
@@ -43,8 +43,8 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
         require_onnx("--format")
     if out is not None:
         out_dir = Path(out)
-    elif target.run_dir is not None:
-        out_dir = RunDir(target.run_dir).exports
+    elif target.run is not None:
+        out_dir = target.run.exports
     else:
         out_dir = beside(target.checkpoint, EXPORT_DIR)
     existed = out_dir.exists()

@@ -20,7 +20,7 @@ class RunTarget:
 
     recipe: Path
     checkpoint: Path
-    run_dir: Optional[Path]  # None: a checkpoint file given with --recipe
+    run: Optional[RunDir]  # the run it belongs to; None: a checkpoint file given with --recipe
 
 
 def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
@@ -33,7 +33,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
     target = Path(target)
     run: Optional[RunDir]
     if target.is_dir():
-        run_dir, run = target, RunDir(target)
+        run = RunDir(target)
         if not run.is_run():
             raise UserError(f"{target}: not a run directory (no {RECIPE_FILE}); give a run directory such as "
                             "runs/<name>, or a checkpoint file with --recipe")
@@ -41,19 +41,18 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
         if checkpoint == "best":
             path = run.best
             if not path.is_file():
-                raise UserError(f"--checkpoint: {run_dir} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                raise UserError(f"--checkpoint: {target} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
                                 "or it never evaluated); use --checkpoint latest, or a checkpoint file")
         elif checkpoint == "latest":
             path = resume_point(folder, repair=False, trust=trust, key="--checkpoint") if folder.is_dir() else None
             if path is None:
-                raise UserError(f"--checkpoint: {run_dir} has no complete periodic checkpoint; use --checkpoint best")
+                raise UserError(f"--checkpoint: {target} has no complete periodic checkpoint; use --checkpoint best")
         else:
             path = Path(checkpoint)
             if not path.is_file():
                 raise UserError(f"--checkpoint: no checkpoint file at {path}; use best, latest or a .pt file")
     elif target.is_file():
         path, run = target, RunDir.holding(target)
-        run_dir = run.path if run is not None else None
     else:
         raise UserError(f"{target}: no such run directory or checkpoint file")
     if recipe is not None:
@@ -62,7 +61,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
         recipe_path = run.recipe
     else:
         raise UserError(f"{target}: a checkpoint outside a run directory needs its recipe: add --recipe RECIPE.yaml")
-    return RunTarget(recipe_path, path, run_dir)
+    return RunTarget(recipe_path, path, run)
 
 
 __all__ = ["RunTarget", "find_target"]

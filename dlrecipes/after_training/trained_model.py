@@ -6,14 +6,13 @@ state, no schedule, no step.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.after_training.target import RunTarget
 from dlrecipes.errors import RecipeError
 
 
-def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: Optional[Path] = None):
+def trained_model(target: RunTarget, config: Any, trust: bool = False):
     """The run's network with ``target``'s checkpoint weights, in an evaluation Trainer, and the data:
     (trainer, data). ``config``: the run's recipe (with any overrides), validated. The checkpoint (a run's
     own too) is read tensors-only unless ``trust`` (``--trust-checkpoint``): one that holds other Python
@@ -31,8 +30,8 @@ def trained_model(target: RunTarget, config: Any, trust: bool = False, out_dir: 
         hide_harmless_warnings()
         warnings.filterwarnings("ignore", message="No optimizer was specified")  # none is needed: no step is taken
         try:
-            trainer, data = build_eval_trainer(config, target.checkpoint, out_dir or target.checkpoint.parent,
-                                               resolve_device(config.trainer.device), trust=trust)
+            trainer, data = build_eval_trainer(config, target.checkpoint, resolve_device(config.trainer.device),
+                                               trust=trust)
         except RuntimeError as exc:
             if "state_dict" not in str(exc):
                 raise

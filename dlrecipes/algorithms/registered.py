@@ -384,7 +384,7 @@ def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.
 @algorithms.register("qat", requires=qat_fits_the_run, validator=check_qat_times, changes_network=True,
                      conflicts_with={"ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
                                      "swa": "SWA averages a copy of the network made before the QAT switch"})
-def qat(run_dir=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
+def qat(layout=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
         freeze_bn: Optional[Duration] = None, freeze_observers: Optional[Duration] = None, export: bool = True):
     """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.
 
@@ -396,9 +396,8 @@ def qat(run_dir=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fb
         export: at the end, write the int8 TorchScript model and its accuracy report to the run's exports/.
     """
     from dlrecipes.algorithms.qat import QAT
-    from dlrecipes.records.layout import RunDir
 
-    export_dir = RunDir(run_dir).exports if export and run_dir is not None else None
+    export_dir = layout.exports if export and layout is not None else None
     return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)
 
 

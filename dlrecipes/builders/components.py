@@ -8,7 +8,6 @@ from the context and checks the type of what it returns.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from dlrecipes import registry
@@ -19,6 +18,7 @@ from dlrecipes.core.distributed import split_batch, world_size
 from dlrecipes.core.run_context import RunContext
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
+from dlrecipes.records.layout import RunDir
 from dlrecipes.registry import build_component
 
 # Model parameters the builder fills from the dataset (and the recipe's loss) when the recipe leaves them out.
@@ -192,19 +192,25 @@ def build_scheduler(cfg: Component):
     return build_component(registry.schedulers, cfg.name, cfg.params, "scheduler.name")
 
 
-def build_algorithms(cfgs: dict[str, dict[str, Any]], run_dir: Path | None = None) -> list:
-    """The recipe's algorithms; ``run_dir`` goes to factories that take it positional-only (``qat`` exports there)."""
-    return [build_component(registry.algorithms, name, params, f"algorithms.{name}", run_dir=run_dir)
+def build_algorithms(cfgs: dict[str, dict[str, Any]], layout: RunDir | None = None) -> list:
+    """The recipe's algorithms; ``layout`` (the run directory) goes to factories that take it positional-only
+    (``qat`` exports there)."""
+    return [build_component(registry.algorithms, name, params, f"algorithms.{name}", layout=layout,
+                            run_dir=None if layout is None else layout.path)
             for name, params in cfgs.items()]
 
 
-def build_callbacks(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
-    """The recipe's callbacks; ``run_dir`` and ``run`` go to factories that take them positional-only."""
-    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", run_dir=run_dir, run=run)
+def build_callbacks(cfgs: dict[str, dict[str, Any]], layout: RunDir, run: RunContext | None = None) -> list:
+    """The recipe's callbacks; the run directory (``layout``, or as a path: ``run_dir``) and ``run`` go to factories
+    that take them positional-only."""
+    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", layout=layout, run_dir=layout.path,
+                            run=run)
             for name, params in cfgs.items()]
 
 
-def build_loggers(cfgs: dict[str, dict[str, Any]], run_dir: Path, run: RunContext | None = None) -> list:
-    """The recipe's loggers; ``run_dir`` and ``run`` go to factories that take them positional-only."""
-    return [build_component(registry.loggers, name, params, f"loggers.{name}", run_dir=run_dir, run=run)
+def build_loggers(cfgs: dict[str, dict[str, Any]], layout: RunDir, run: RunContext | None = None) -> list:
+    """The recipe's loggers; the run directory (``layout``, or as a path: ``run_dir``) and ``run`` go to factories
+    that take them positional-only."""
+    return [build_component(registry.loggers, name, params, f"loggers.{name}", layout=layout, run_dir=layout.path,
+                            run=run)
             for name, params in cfgs.items()]

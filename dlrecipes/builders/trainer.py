@@ -164,7 +164,7 @@ def build_trainer(config: RecipeConfig, run_dir: Path | RunDir, recipe: dict[str
                                                         shown_as))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust_checkpoint, key):
-        trainer = _trainer(config, layout.path, device, model, loaders, callbacks, loggers, verbose,
+        trainer = _trainer(config, layout, device, model, loaders, callbacks, loggers, verbose,
                            load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict}, data=data)
     return BuiltRun(trainer, run.history)
 
@@ -174,9 +174,10 @@ def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any, 
     model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
     no checkpoints and no terminal output.  ``recipe`` and ``device`` as for :func:`build_trainer`."""
     data, model = _seeded_model(config)
-    run = _run_context(config, RunDir(run_dir), recipe, device, data)
+    layout = RunDir(run_dir)
+    run = _run_context(config, layout, recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
-    return _trainer(config, run_dir, device, model, (train_loader, None), callbacks,
+    return _trainer(config, layout, device, model, (train_loader, None), callbacks,
                     _loggers(config, run, terminal=None), verbose=False, load={}, max_duration="100000000ba")
 
 
@@ -218,7 +219,7 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
     from dlrecipes.metrics.report import ClassReport, report_tables
 
     ckpt, checkpoint_dir, data = config.checkpoint, run.layout.checkpoints, run.data
-    callbacks = build_callbacks(config.callbacks, run.path, run)
+    callbacks = build_callbacks(config.callbacks, run.layout, run)
     lr = config.optimizer.params.get("lr")  # validation filled the optimizer's default in
     callbacks.append(StopOnDivergence(run.read_every, lr if isinstance(lr, (int, float)) else None))
     callbacks.append(run.history)
@@ -231,7 +232,7 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
         callbacks.append(best)
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
-        callbacks.append(ClassReport(run.path, data.num_classes, data.class_names, tables, best, plots=config.plots))
+        callbacks.append(ClassReport(run.layout.report, data.num_classes, data.class_names, tables, best, plots=config.plots))
     return callbacks
 
 
@@ -241,7 +242,7 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     report (its epoch loss is the epoch's mean, as the run's history records it)."""
     from dlrecipes.loggers.run_log import RunLogFile
 
-    loggers = build_loggers(config.loggers, run.path, run)
+    loggers = build_loggers(config.loggers, run.layout, run)
     loggers.append(RunLogFile(filename=str(run.layout.log("{rank}")), log_traces=False,
                               read_every=run.read_every))
     if terminal is not None:
@@ -262,7 +263,7 @@ def _trainer_class():
     return Trainer
 
 
-def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: tuple, callbacks: list,
+def _trainer(config: RecipeConfig, layout: RunDir, device: str, model, loaders: tuple, callbacks: list,
              loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None, data: Any = None):
     """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
     here, before the run's start line (distillation's teacher)."""
@@ -270,7 +271,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
                                          fused=precision_of(t.precision).fused_optimizer and device == "gpu")
-    algorithms = build_algorithms(config.algorithms, run_dir)
+    algorithms = build_algorithms(config.algorithms, layout)
     for algorithm in algorithms:
         if data is not None and callable(getattr(algorithm, "check_data", None)):
             algorithm.check_data(data)
@@ -280,7 +281,7 @@ def _trainer(config: RecipeConfig, run_dir: Path, device: str, model, loaders: t
         model=model, train_dataloader=loaders[0], eval_dataloader=loaders[1],
         max_duration=max_duration or t.max_duration, eval_interval=t.eval_interval,
         optimizers=optimizer, schedulers=build_scheduler(config.scheduler), step_schedulers_every_batch=True,
-        algorithms=algorithms, callbacks=callbacks, loggers=loggers, run_name=run_dir.name,
+        algorithms=algorithms, callbacks=callbacks, loggers=loggers, run_name=layout.name,
         progress_bar=False,  # dlrecipes.loggers.terminal is among the loggers instead
         log_to_console=verbose, console_log_interval=t.console_log_interval,
         train_subset_num_batches=t.train_subset_num_batches, eval_subset_num_batches=t.eval_subset_num_batches,
@@ -301,7 +302,7 @@ def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[
             if registry.algorithms.get(name, f"algorithms.{name}").metadata.get("changes_network")}
 
 
-def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, device: str,
+def build_eval_trainer(config: RecipeConfig, checkpoint: Path, device: str,
                        callbacks: Sequence[Any] = (), trust: bool = False):
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
     and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
@@ -313,7 +314,7 @@ def build_eval_trainer(config: RecipeConfig, checkpoint: Path, out_dir: Path, de
     network = network_algorithms(config.algorithms)
     with tensors_only(checkpoint, trust, "--checkpoint"):
         trainer = Trainer(
-            model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network, out_dir),
+            model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network),  # no layout: nothing is exported
             callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
             log_to_console=False, eval_subset_num_batches=t.eval_subset_num_batches, device=device,
             precision=t.precision, seed=t.seed, deterministic_mode=t.deterministic, dist_timeout=t.dist_timeout,

@@ -102,7 +102,7 @@ def threshold_stopper(
 
 
 @callbacks.register("nan_monitor")
-def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
+def nan_monitor(layout, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
     """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update.
 
     Args:
@@ -111,14 +111,13 @@ def nan_monitor(run_dir, /, action: Literal["stop", "skip"] = "stop", max_skips:
         max_skips: with action 'skip', how many steps may be skipped in all before the run stops anyway.
     """
     from dlrecipes.callbacks.monitors import NaNMonitor
-    from dlrecipes.records.layout import RunDir
 
-    return NaNMonitor(RunDir(run_dir).checkpoints, action=action, max_skips=max_skips)
+    return NaNMonitor(layout.checkpoints, action=action, max_skips=max_skips)
 
 
 @callbacks.register("torch_profiler")
 def torch_profiler(
-    run_dir,
+    layout,
     /,
     wait: int = 1,
     warmup: int = 1,
@@ -140,16 +139,15 @@ def torch_profiler(
         with_stack: record the Python source lines that called each operator (bigger traces, more overhead).
     """
     from dlrecipes.callbacks.monitors import TorchProfilerTraces
-    from dlrecipes.records.layout import RunDir
 
     return TorchProfilerTraces(
-        RunDir(run_dir).profiler, wait=wait, warmup=warmup, active=active, repeat=repeat,
+        layout.profiler, wait=wait, warmup=warmup, active=active, repeat=repeat,
         record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
     )
 
 
 @callbacks.register("best_checkpoint")
-def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
+def best_checkpoint(layout, /, monitor: str = "top1", mode: Literal["max", "min"] = "max"):
     """Keep best.pt (and best.json) in <run dir>/checkpoints by an eval metric (also: checkpoint.monitor).
 
     Args:
@@ -158,9 +156,8 @@ def best_checkpoint(run_dir, /, monitor: str = "top1", mode: Literal["max", "min
         mode: 'max' when a larger value is better (accuracy, F1), 'min' when a smaller one is (a loss).
     """
     from dlrecipes.callbacks.best_checkpoint import BestCheckpoint
-    from dlrecipes.records.layout import RunDir
 
-    return BestCheckpoint(RunDir(run_dir).checkpoints, monitor=monitor, mode=mode)
+    return BestCheckpoint(layout.checkpoints, monitor=monitor, mode=mode)
 
 
 @callbacks.register("optuna_trial")
@@ -193,7 +190,7 @@ def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: 
 
 @callbacks.register("export", validator=check_export)
 def export(
-    run_dir,
+    layout,
     run=None,
     /,
     formats: tuple[Literal["torchscript", "onnx"], ...] = EXPORT_FORMATS,
@@ -221,10 +218,9 @@ def export(
             cannot be exported to fails before training rather than after it.
     """
     from dlrecipes.callbacks.export_for_inference import ExportForInference
-    from dlrecipes.records.layout import RunDir
 
     exporter = ExportForInference(
-        RunDir(run_dir).exports, formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
+        layout.exports, formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
         atol=atol, rtol=rtol, onnx_opset=onnx_opset, trial=trial,
     )
     if run is not None:  # the data's preprocessing and classes, written beside the model

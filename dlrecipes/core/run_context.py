@@ -11,7 +11,9 @@ takes a positional-only ``run`` parameter after ``run_dir``, which
         return MyCallback(run.history if run is not None else None, every)
 
 So nothing is searched for in the Trainer's callback or logger lists by its type: what needs a
-reference is given it as it is built.  (``run`` is None when a factory is built outside a run.)
+reference is given it as it is built.  (``run`` is None when a factory is built outside a run.)  A factory that
+takes ``layout`` (positional-only) in place of ``run_dir`` gets the run directory as a
+:class:`dlrecipes.records.layout.RunDir`, which names each of its files (the built-ins do).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ device every ``trainer.log_interval`` batches (:mod:`.read_back`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal, Optional
 
 from dlrecipes.errors import UserError
@@ -57,7 +56,7 @@ def _told(tracker, run):
 
 
 @loggers.register("tensorboard")
-def tensorboard(run_dir, run=None, /, log_dir: Optional[str] = None, flush_interval: int = 100):
+def tensorboard(layout, run=None, /, log_dir: Optional[str] = None, flush_interval: int = 100):
     """TensorBoard event files (default: <run dir>/tensorboard).
 
     Args:
@@ -68,15 +67,12 @@ def tensorboard(run_dir, run=None, /, log_dir: Optional[str] = None, flush_inter
     _require("tensorboard", "tensorboard", "dlrecipes[tensorboard]")
     from dlrecipes.loggers.trackers import TensorboardLogger
 
-    from dlrecipes.records.layout import RunDir
-
-    return _told(TensorboardLogger(log_dir=log_dir or str(RunDir(run_dir).tensorboard), flush_interval=flush_interval),
-                 run)
+    return _told(TensorboardLogger(log_dir=log_dir or str(layout.tensorboard), flush_interval=flush_interval), run)
 
 
 @loggers.register("wandb")
 def wandb(
-    run_dir,
+    layout,
     run=None,
     /,
     project: Optional[str] = None,
@@ -113,10 +109,10 @@ def wandb(
                                       "`wandb sync` uploads it later)")
     # the run's files stay in its run directory (this run's: not an environment variable a later run would inherit),
     # unless WANDB_DIR says otherwise
-    where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
+    where = {} if os.environ.get("WANDB_DIR") else {"dir": str(layout)}
     from dlrecipes.core.secrets import redact
 
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or Path(run_dir).name,
+    logger = WandBLogger(project=project, entity=entity, group=group, name=name or layout.name,
                          tags=redact(tags),
                          init_kwargs=where)
     logger.log_artifacts = log_artifacts
@@ -125,7 +121,7 @@ def wandb(
 
 @loggers.register("mlflow")
 def mlflow(
-    run_dir,
+    layout,
     run=None,
     /,
     tracking_uri: Optional[str] = None,
@@ -154,7 +150,7 @@ def mlflow(
     if tracking_uri is None:
         # MLflow 3 keeps its local file store only on request; a database needs a server or sqlalchemy
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        tracking_uri = (Path(run_dir) / "mlruns").resolve().as_uri()
+        tracking_uri = layout.mlflow_store.resolve().as_uri()
     elif tracking_uri.startswith(("http://", "https://")):
         _probe(tracking_uri.rstrip("/") + "/health", "loggers.mlflow.tracking_uri",
                "start the server (mlflow server --host ... --port ...), fix the URI, or leave tracking_uri out "
@@ -165,7 +161,7 @@ def mlflow(
     from dlrecipes.core.secrets import redact
 
     logger = MLFlowLogger(
-        experiment_name=experiment_name or "dlrecipes", run_name=run_name or Path(run_dir).name,
+        experiment_name=experiment_name or "dlrecipes", run_name=run_name or layout.name,
         tags=redact(tags), tracking_uri=tracking_uri, log_system_metrics=False,
     )
     logger.log_artifacts = log_artifacts

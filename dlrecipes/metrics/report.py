@@ -28,15 +28,14 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dlrecipes.records.checkpoints import atomic_write
-from dlrecipes.records.layout import RunDir
 
 
 class ClassReport(Callback):
-    def __init__(self, run_dir: Path, num_classes: int, class_names: Optional[Sequence[str]], tables: Sequence[str],
+    def __init__(self, folder: Path, num_classes: int, class_names: Optional[Sequence[str]], tables: Sequence[str],
                  best=None, plots: bool = True):
         from torchmetrics.classification import MulticlassConfusionMatrix
 
-        self.folder = RunDir(run_dir).report
+        self.folder = Path(folder)  # where the report goes at the fit's end (a run's: RunDir.report)
         names = list(class_names or [])
         self.class_names = names if len(names) == num_classes else [str(i) for i in range(num_classes)]
         self.tables = list(tables)

@@ -16,7 +16,7 @@ runs/<run name>/
   export/             the models exported for inference (ExportDir): model.torchscript.pt and/or model.onnx,
                       verify.json (each checked against the trained network), preprocess.json, classes.json
   eval/<name>/        an evaluation's report (eval.json)
-  profiler/ tensorboard/
+  profiler/ tensorboard/ mlruns/   torch_profiler's traces, TensorBoard's events, MLflow's local store (loggers)
 ```
 
 Every other module asks a :class:`RunDir` (an export folder, in a run or not: an :class:`ExportDir`), or these
@@ -55,6 +55,7 @@ EVAL_DIR = "eval"
 EVAL_FILE = "eval.json"
 PROFILER_DIR = "profiler"
 TENSORBOARD_DIR = "tensorboard"
+MLFLOW_STORE_DIR = "mlruns"  # the mlflow logger's file store, when no tracking_uri is given
 
 _PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
 
@@ -212,6 +213,11 @@ class RunDir(PathView):
     def tensorboard(self) -> Path:
         return self.path / TENSORBOARD_DIR
 
+    @property
+    def mlflow_store(self) -> Path:
+        """The mlflow logger's local file store (a tracking_uri elsewhere leaves it unused)."""
+        return self.path / MLFLOW_STORE_DIR
+
 
 class ExportDir(PathView):
     """A folder of models exported for inference (a run's ``export/``, or wherever ``dlrecipes export --out``
@@ -251,6 +257,6 @@ def beside(checkpoint: Path, folder: str) -> Path:
 
 __all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EXPORTED_MODELS",
            "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE",
-           "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE", "REPLACED_RECIPE",
-           "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic", "latest_checkpoint_name",
-           "periodic_checkpoints_glob", "periodic_progress"]
+           "MLFLOW_STORE_DIR", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE",
+           "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic",
+           "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]

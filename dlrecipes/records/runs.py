@@ -73,28 +73,29 @@ def _status(run_dir: Path, summary: Optional[dict]) -> str:
     return "killed (resumable)" if has_checkpoint(run_dir) else "killed"
 
 
-def describe_run(run_dir: Path) -> dict[str, Any]:
+def describe_run(run_dir: Path | RunDir) -> dict[str, Any]:
     """One run's row: name, recipe, status, epochs done and planned, best monitored metric, wall time, device,
     precision and start time."""
     import datetime
 
-    recipe_path = RunDir(run_dir).recipe
+    run = RunDir(run_dir)
+    recipe_path = run.recipe
     damaged: list[DamagedRunFile] = []  # what could not be read: the row says so, the command warns and exits non-zero
-    recipe = _read(run_files.read_recipe, run_dir, damaged) or {}
-    summary = _read(run_files.read_summary, run_dir, damaged)
-    best = _read_json(RunDir(run_dir).best_info)
+    recipe = _read(run_files.read_recipe, run, damaged) or {}
+    summary = _read(run_files.read_summary, run, damaged)
+    best = _read_json(run.best_info)
     trainer = recipe.get("trainer") if isinstance(recipe.get("trainer"), dict) else {}
-    done = summary.get("epochs") if summary else _history_epochs(run_dir, damaged)
+    done = summary.get("epochs") if summary else _history_epochs(run, damaged)
     planned = _planned_epochs(trainer)
     checkpoint = recipe.get("checkpoint") if isinstance(recipe.get("checkpoint"), dict) else {}
     monitor = best.get("monitor") if best else checkpoint.get("monitor")
     value = best.get("value") if best else (summary or {}).get(f"best_{monitor}")
     started = datetime.datetime.fromtimestamp(recipe_path.stat().st_mtime) if recipe_path.exists() else None
     return {
-        "run": run_dir.name,
-        "path": str(run_dir),
+        "run": run.name,
+        "path": str(run),
         "recipe": recipe.get("name"),
-        "status": f"damaged ({', '.join(d.path.name for d in damaged)})" if damaged else _status(run_dir, summary),
+        "status": f"damaged ({', '.join(d.path.name for d in damaged)})" if damaged else _status(run, summary),
         "damaged": [str(d) for d in damaged],
         "epochs_done": done,
         "epochs_planned": planned,

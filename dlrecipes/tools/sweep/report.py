@@ -49,6 +49,11 @@ def swept_keys(plan: Any) -> list[str]:
     return [k for k in plan.points[0].values if k != "trainer.seed" or not plan.seeds] if plan.points else []
 
 
+def point_run(folder: Path, name: str) -> RunDir:
+    """A point's run directory: the sweep's folder holds one per point, named after it."""
+    return RunDir(folder / name)
+
+
 def log_path(folder: Path, name: str) -> Path:
     return folder / LOG_DIR / f"{name}.log"
 
@@ -62,11 +67,11 @@ def forget_outcome(folder: Path, name: str) -> None:
     _outcome_path(folder, name).unlink(missing_ok=True)
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
+def _summary(run: RunDir) -> dict[str, Any]:
     from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
     try:
-        return read_summary(run_dir) or {}
+        return read_summary(run) or {}
     except DamagedRunFile:
         return {}
 
@@ -94,15 +99,15 @@ def record_outcome(folder: Path, name: str, returncode: int, signalled: bool = F
     training that then ended by a signal, or before it had a run directory, was stopped, not failed)."""
     from dlrecipes.records.runs import describe_run
 
-    run_dir = folder / name
-    ran = RunDir(run_dir).is_run()
+    run = point_run(folder, name)
+    ran = run.is_run()
     if returncode in (0, 75) and ran:
-        status = describe_run(run_dir)["status"]  # done, pruned, stopped (resumable)
+        status = describe_run(run)["status"]  # done, pruned, stopped (resumable)
     elif returncode == 75 or (signalled and returncode < 0):
         status = "stopped"
     else:
         status = {2: "refused", 3: "diverged"}.get(returncode, "failed")
-    summary = _summary(run_dir) if ran and status != "refused" else {}  # a refusal leaves an earlier run as it was
+    summary = _summary(run) if ran and status != "refused" else {}  # a refusal leaves an earlier run as it was
     if status == "done":
         reason = ""
     elif returncode < 0:
@@ -124,20 +129,20 @@ def point_outcome(folder: Path, name: str) -> dict[str, Any]:
     sweep), else its run directory's, else ``not run``."""
     from dlrecipes.records.runs import describe_run
 
-    run_dir, recorded = folder / name, _outcome_path(folder, name)
+    run, recorded = point_run(folder, name), _outcome_path(folder, name)
     try:
         outcome = json.loads(recorded.read_text())
-        summary = RunDir(run_dir).summary
+        summary = run.summary
         if summary.is_file() and summary.stat().st_mtime > recorded.stat().st_mtime:
             outcome = None
     except (OSError, ValueError):
         outcome = None
     if isinstance(outcome, dict) and outcome.get("status"):
         return {"status": str(outcome["status"]), "reason": str(outcome.get("reason") or "")}
-    if not RunDir(run_dir).is_run():
+    if not run.is_run():
         return {"status": "not run", "reason": ""}
-    status = describe_run(run_dir)["status"]
-    return {"status": status, "reason": "" if status == "done" else str(_summary(run_dir).get("reason") or "")}
+    status = describe_run(run)["status"]
+    return {"status": status, "reason": "" if status == "done" else str(_summary(run).get("reason") or "")}
 
 
 def unfinished(plan: Any) -> dict[str, dict[str, Any]]:
@@ -161,12 +166,12 @@ def _point_row(folder: Path, name: str) -> dict[str, Any]:
     from dlrecipes.records.runs import describe_run
 
     row: dict[str, Any] = {**point_outcome(folder, name), "monitor": None}
-    run_dir = folder / name
-    if not run_dir.is_dir():
+    run = point_run(folder, name)
+    if not run.path.is_dir():
         return row
-    described = describe_run(run_dir)
-    summary = _summary(run_dir)  # a damaged one: the row says so (its status), the table is still written
-    history = history_rows(run_dir)
+    described = describe_run(run)
+    summary = _summary(run)  # a damaged one: the row says so (its status), the table is still written
+    history = history_rows(run)
     monitor = described.get("monitor") or "top1"
     final = history[-1].get(f"eval_{monitor}") if history else None
     return {**row, "monitor": monitor, "best": described.get("best_value"),
@@ -175,9 +180,9 @@ def _point_row(folder: Path, name: str) -> dict[str, Any]:
             "peak_memory_mb": summary.get("peak_memory_mb")}
 
 
-def history_rows(run_dir: Path) -> list[dict[str, str]]:
+def history_rows(run: RunDir) -> list[dict[str, str]]:
     try:
-        with open(RunDir(run_dir).history, newline="") as f:
+        with open(run.history, newline="") as f:
             return list(csv.DictReader(f))
     except OSError:
         return []
@@ -275,9 +280,9 @@ def finished_line(plan: Any, point: Any, outcome: dict[str, Any], seconds: float
     from dlrecipes.records.runs import describe_run
 
     assert plan.folder is not None
-    run_dir = plan.folder / point.name
+    run = point_run(plan.folder, point.name)
     kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
-    best = describe_run(run_dir)["best"] if kept and RunDir(run_dir).is_run() else "-"
+    best = describe_run(run)["best"] if kept and run.is_run() else "-"
     eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if eta is not None else ""
     line = (f"[{done}/{total}] {point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
             f"{eta_text}  (log: {log_path(plan.folder, point.name)})")
@@ -343,7 +348,7 @@ def plot_sweep(plan: Any, rows: list[dict[str, Any]], path: Path) -> None:
         _lines(left, keys, rows, monitor)
     assert plan.folder is not None
     for point in plan.points:
-        history = history_rows(plan.folder / point.name)
+        history = history_rows(point_run(plan.folder, point.name))
         points = [(int(h["epoch"]), float(h[f"eval_{monitor}"])) for h in history
                   if h.get(f"eval_{monitor}") not in (None, "", "nan")]
         if points:

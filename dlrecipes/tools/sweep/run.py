@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
@@ -30,24 +29,24 @@ from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
 from dlrecipes.tools.sweep.report import (LOG_DIR, best_value, finished_line, forget_outcome, history_rows, log_path,
-                                          record_outcome, summarize, unfinished, write_summary)
+                                          point_run, record_outcome, summarize, unfinished, write_summary)
 
 OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
 
 
-def point_state(run_dir: Path) -> str:
+def point_state(run: RunDir) -> str:
     """What to do with a point: skip (finished), resume (stopped or killed with a checkpoint) or run."""
     from dlrecipes.records.runs import describe_run
 
-    if not RunDir(run_dir).is_run():
+    if not run.is_run():
         return "run"
-    status = describe_run(run_dir)["status"]
+    status = describe_run(run)["status"]
     if status in ("done", "pruned"):  # pruned: an Optuna search stopped it on purpose
         return "skip"
     if status.endswith("(resumable)"):
         return "resume"
     if status.startswith("running"):
-        raise UserError(f"{run_dir}: a training run is using it now ({status}); wait for it, or stop it")
+        raise UserError(f"{run}: a training run is using it now ({status}); wait for it, or stop it")
     return "run"
 
 
@@ -169,7 +168,7 @@ class _Grid:
         assert plan.folder is not None
         self.todo = []
         for point in plan.points:
-            action = point_state(plan.folder / point.name)
+            action = point_state(point_run(plan.folder, point.name))
             if action == "skip":
                 echo(f"skip   {point.name} (finished)")
             else:
@@ -216,7 +215,7 @@ class _Search:
             point = self._point(trial.number, trial.params)
             plan.points.append(point)
             if trial.state == states.RUNNING:
-                action = point_state(plan.folder / point.name)
+                action = point_state(point_run(plan.folder, point.name))
                 if action == "skip":  # its run ended after the sweep that started it had gone
                     self._tell(point)
                 else:
@@ -270,12 +269,12 @@ class _Search:
         from dlrecipes.records.runs import describe_run
 
         assert self.plan.folder is not None and point.trial is not None
-        run_dir = self.plan.folder / point.name
-        status = describe_run(run_dir)["status"] if RunDir(run_dir).is_run() else "failed"
+        run = point_run(self.plan.folder, point.name)
+        status = describe_run(run)["status"] if run.is_run() else "failed"
         if status.startswith(("stopped", "killed", "running")):
             return
         states = self.optuna.trial.TrialState
-        best = best_value(history_rows(run_dir), self.plan.monitor, self.plan.mode)
+        best = best_value(history_rows(run), self.plan.monitor, self.plan.mode)
         if status == "pruned":
             self.study.tell(point.trial, state=states.PRUNED)
         elif status == "done" and best is not None:
