@@ -465,6 +465,25 @@ def test_composer_asks_for_the_processor_without_a_process_of_its_own(tmp_path, 
     assert getattr(collect_env.get_cpu_model, "dlrecipes", False)  # ours, not Composer's answer cached earlier
 
 
+def test_composer_lists_its_own_files_once_per_process_not_at_every_checkpoint(monkeypatch):
+    """Each checkpoint's metadata asks Composer's get_composer_commit_hash, which lists every file Composer installed
+    (about 30 ms on 2 cores); once the builders have answered, the first answer (Composer's own) is kept."""
+    from composer.utils import collect_env
+
+    from dlrecipes.builders.trainer import _trainer_class
+
+    composers = collect_env.get_composer_commit_hash
+    composers = getattr(composers, "__wrapped__", composers)
+    expected = composers()
+    monkeypatch.setattr(collect_env, "get_composer_commit_hash", composers)  # Composer's, put back after the test
+    listed = []
+    files = collect_env.importlib_metadata.files
+    monkeypatch.setattr(collect_env.importlib_metadata, "files", lambda name: listed.append(name) or files(name))
+    _trainer_class()
+    answers = [collect_env.get_composer_env_dict()["composer_commit_hash"] for _ in range(3)]
+    assert answers == [expected] * 3 and len(listed) == 1
+
+
 def test_sync_free_soft_targets_equal_composers_bit_for_bit():
     """Label smoothing, MixUp's and CutMix's one-hot rows and the soft cross-entropy, made without reading
     anything back, give Composer's values bit for bit, gradients included (a negative label: a zero row, as

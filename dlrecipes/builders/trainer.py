@@ -254,12 +254,12 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
 
 
 def _trainer_class():
-    """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's question about the host's processor answered
-    without a process of its own (``core/composer_env.py``)."""
-    from dlrecipes.core.composer_env import answer_cpu_model_here
+    """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's questions about the host answered without a process
+    of its own and once per process (``core/composer_env.py``: the processor's name, Composer's commit)."""
+    from dlrecipes.core.composer_env import answer_composer_here
     from dlrecipes.engine import Trainer
 
-    answer_cpu_model_here()
+    answer_composer_here()
     return Trainer
 
 

@@ -35,10 +35,11 @@ def warm() -> None:
         importlib.import_module(name)
     from composer.utils import collect_env
 
-    from dlrecipes.core.composer_env import answer_cpu_model_here
+    from dlrecipes.core.composer_env import answer_composer_here
 
-    answer_cpu_model_here()  # as the builders do (/proc/cpuinfo, where it names the processor)
+    answer_composer_here()  # as the builders do (/proc/cpuinfo, where it names the processor; the commit asked once)
     collect_env.get_cpu_model()  # cached for the process (functools.lru_cache): the forked trainings inherit the answer
+    collect_env.get_composer_commit_hash()  # the same
     import matplotlib
 
     matplotlib.use("Agg")
