@@ -78,6 +78,8 @@ def test_two_plugins_claiming_one_name_are_both_named(tmp_path, isolated_registr
 
 
 def test_entry_points_register_factories_and_modules(tmp_path, monkeypatch, isolated_registries):
+    from importlib.metadata import entry_points
+
     write(tmp_path / "ep_plugin" / "__init__.py", PLUGIN_MODEL + '''
 
 def shout():
@@ -95,7 +97,10 @@ def shout():
         whatever = ep_plugin
     """)
     monkeypatch.syspath_prepend(str(tmp_path))
+    scans = []
+    monkeypatch.setattr(plugins, "entry_points", lambda **kw: scans.append(kw) or entry_points(**kw))
     plugins.load_entry_points()
+    assert scans == [{}]  # the installed packages read once for all nine groups (each a pass: 0.2 s a command)
     assert "loud_lr" in registry.callbacks and "plugin_mlp" in registry.models
     assert "entry point 'loud_lr' = ep_plugin:shout" in registry.callbacks.get("loud_lr").source
     assert "package ep-plugin" in registry.callbacks.get("loud_lr").source
