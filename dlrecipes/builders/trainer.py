@@ -232,7 +232,8 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
         callbacks.append(best)
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
-        callbacks.append(ClassReport(run.layout.report, data.num_classes, data.class_names, tables, best, plots=config.plots))
+        callbacks.append(ClassReport(run.layout.report, data.num_classes, data.class_names, tables, best,
+                                     plots=config.plots))
     return callbacks
 
 
