@@ -46,3 +46,26 @@ def test_python_dash_m_and_the_root_cli_hand_over():
     for cmd in ([sys.executable, "-m", "dlrecipes", "--help"], [sys.executable, "cli.py", "--help"]):
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "train" in out.stdout and "validate" in out.stdout
+
+
+def test_the_process_s_own_command_skips_the_exit_sweep_and_a_call_from_python_does_not(monkeypatch):
+    """``dlrecipes ...`` (main() reading sys.argv) collects once and freezes what is left as it ends, so the exit
+    does not sweep torch's and Composer's objects again (1.4 s of a training process on 2 cores); main(args),
+    called by a program that goes on (a test, a notebook), leaves its collector as it was."""
+    import gc
+
+    import pytest
+
+    from dlrecipes.cli import main
+
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(sys, "argv", ["dlrecipes", "--help"])
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main()
+        assert ended.value.code == 0 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
