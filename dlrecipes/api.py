@@ -9,6 +9,7 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -94,14 +95,24 @@ def train(
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
 
 
-def invoked(argv: Sequence[str]):
+@contextlib.contextmanager
+def invoked(argv: Sequence[str], ends_process: bool = False):
     """A context in which runs record ``argv`` as the command that started them (the CLI's ``main`` says its
-    arguments, in a process of its own or not)."""
+    arguments, in a process of its own or not). ``ends_process``: the command is the process's own, which ends
+    with it (its exit skips the sweep of torch's and Composer's objects: :func:`dlrecipes.core.process_state.
+    skip_the_exit_sweep`)."""
     import shlex
 
     from dlrecipes.records.provenance import invoked as recorded
 
-    return recorded(shlex.join(argv))
+    try:
+        with recorded(shlex.join(argv)):
+            yield
+    finally:
+        if ends_process:
+            from dlrecipes.core.process_state import skip_the_exit_sweep
+
+            skip_the_exit_sweep()
 
 
 def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:

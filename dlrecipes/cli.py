@@ -488,33 +488,12 @@ def wheelhouse(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Console-script entry point (also used by the root ``cli.py`` and ``python -m dlrecipes``); ``argv``: a call
-    from Python (the tests), which leaves the process as it is."""
+    """Console-script entry point (also ``cli.py``, ``python -m dlrecipes``); ``argv``: a call from Python."""
     from dlrecipes import api
 
     args = argv if argv is not None else sys.argv[1:]
-    try:
-        with api.invoked(["dlrecipes", *args]):  # what a run records as its command
-            app(args=args, prog_name="dlrecipes")
-    finally:
-        if argv is None:  # the process's own command, ending now
-            _exit_without_sweeping()
-
-
-def _exit_without_sweeping() -> None:
-    """As a Python exits, its teardown sweeps every object torch and Composer made (about 400,000 in 4,500 modules)
-    with its cycle collector, several times: 1.5-1.9 s of CPU on 2 cores after the command's work is done. What is
-    garbage now is collected once (its finalizers run: files closed), then the rest is frozen (``gc.freeze``: left out
-    of later sweeps); the exit still runs atexit handlers, flushes and closes as before. A process forked from the
-    fork server ends without a teardown (``os._exit``), so it is left alone: a sweep there would only copy pages."""
-    import gc
-
-    from dlrecipes.core.fork_server import PRELOAD
-
-    if PRELOAD[0] in sys.modules:  # forked from the server (its module is imported nowhere else)
-        return
-    gc.collect()
-    gc.freeze()
+    with api.invoked(["dlrecipes", *args], ends_process=argv is None):  # what a run records as its command
+        app(args=args, prog_name="dlrecipes")
 
 
 if __name__ == "__main__":
