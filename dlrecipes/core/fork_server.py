@@ -40,11 +40,17 @@ def _server() -> Any:
     return _CONTEXT
 
 
+def forked_from_server() -> bool:
+    """Whether this process was forked from the server, or from a process that was (the server's module is imported
+    nowhere else)."""
+    return PRELOAD[0] in sys.modules
+
+
 def forks_itself() -> bool:
     """Whether this process has what the server imports (it was forked from one: the server's module is imported
     nowhere else) and runs one thread, so that a fork of it is what the server's would be: a fork copies only the
     thread that calls it, and no other thread can hold a lock the copy would wait on. Linux only (/proc)."""
-    if PRELOAD[0] not in sys.modules:
+    if not forked_from_server():
         return False
     try:
         return len(os.listdir("/proc/self/task")) == 1

@@ -83,11 +83,10 @@ def skip_the_exit_sweep() -> None:
     closes as before. A process forked from the fork server ends without a teardown (``os._exit``), so it is left
     alone: a sweep there would only copy pages."""
     import gc
-    import sys
 
-    from dlrecipes.core.fork_server import PRELOAD
+    from dlrecipes.core.fork_server import forked_from_server
 
-    if PRELOAD[0] in sys.modules:  # forked from the server (its module is imported nowhere else)
+    if forked_from_server():
         return
     gc.collect()
     gc.freeze()
