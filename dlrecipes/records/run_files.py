@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.errors import DataError
-from dlrecipes.recipe import RUN_RECIPE_END, cut_short
+from dlrecipes.recipe import RUN_RECIPE_END, SAFE_LOADER, cut_short
 from dlrecipes.records.layout import RunDir
 
 
@@ -102,7 +102,7 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
     if cut_short(text):
         raise DamagedRunFile(path, f"is cut short (it stops before its last line, {RUN_RECIPE_END.strip()!r})")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 - safe_load's loader, libyaml's parser
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
