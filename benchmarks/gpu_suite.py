@@ -30,6 +30,7 @@ step times, about 65 ms for ResNet-50 at batch 256 and 10 ms for CIFAR ResNet-18
    augmix-m5-w4-d2, ``batch_color_jitter``, ``batch_random_erasing``) on the flagship's batch at its crop size,
    under ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
 
+They run in this order except that ``precision`` runs before ``flagship``; the table keeps this order.
 Sections can be chosen (``--only overhead,augment``) or skipped (``--skip flagship,precision``); ``--json``
 keeps every number.  With ``--check``, ``--only`` selects the check's sections (or cases by name) and ``--budget``
 bounds each section.
@@ -367,10 +368,13 @@ def main() -> None:
     for compiled, section in ((False, "overhead"), (True, "overhead_compiled")):
         if section in run:  # one table: eager rows, then compiled ones
             results.setdefault("overhead", []).extend(overhead(scale, compiled))
-    if "flagship" in run:
-        results["flagship"] = flagship(scale, args.data_dir)
+    # precision before flagship: on a CPU its processes are forked, from this process while it has one thread
+    # (forked from the tests' server, it has the imports) instead of from a server that imports them again, and
+    # writing the FFCV files leaves numba's TBB worker thread running
     if "precision" in run:
         results["precision"] = precision(scale)
+    if "flagship" in run:
+        results["flagship"] = flagship(scale, args.data_dir)
     if "augment" in run:
         results["augment"] = augmentation(scale)
     results["meta"]["seconds"] = time.perf_counter() - start
