@@ -425,6 +425,25 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
     assert training.wait(60) == -signal.SIGKILL and training.returncode == -signal.SIGKILL
 
 
+def test_a_forked_process_leaves_what_the_server_imported_out_of_its_full_collections(tmp_path):
+    """The server freezes what it has imported (about 500,000 objects) once its imports are done, so that a forked
+    training's full collections (one in a quickstart training with its plots: 0.35 s) walk only what the training
+    made; what the fork makes is still collected."""
+    from .forked import run_forked
+
+    script = tmp_path / "probe.py"
+    script.write_text("import gc, json, weakref\n"
+                      "class Cycle:\n    pass\n"
+                      "made = Cycle(); made.me = made; gone = weakref.ref(made); del made\n"
+                      "frozen, walked = gc.get_freeze_count(), len(gc.get_objects(generation=2))\n"
+                      "gc.collect()\n"
+                      "print(json.dumps({'frozen': frozen, 'walked': walked, 'collected': gone() is None}))\n")
+    done = run_forked([], cwd=tmp_path, timeout=120, module=str(script))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["frozen"] > 100_000 and seen["walked"] < seen["frozen"] / 20 and seen["collected"], seen
+
+
 def test_a_sweep_forked_from_the_server_forks_its_trainings_itself_with_fresh_signal_handling(tmp_path):
     """A sweep that is itself a fork of the server (as the tests start commands) has the server's imports: it forks
     its trainings itself instead of starting a second server to pay them again, and each starts with the signal
