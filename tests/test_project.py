@@ -57,7 +57,9 @@ def test_the_process_s_own_command_skips_the_exit_sweep_and_a_call_from_python_d
     import pytest
 
     from dlrecipes.cli import main
+    from dlrecipes.core import process_state
 
+    monkeypatch.setattr(process_state, "_OWNS_PROCESS", [False])  # main() below says so for this worker
     assert gc.get_freeze_count() == 0
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -69,3 +71,45 @@ def test_the_process_s_own_command_skips_the_exit_sweep_and_a_call_from_python_d
         assert ended.value.code == 0 and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_the_training_stack_is_imported_with_the_collector_paused_and_frozen_in_a_process_of_its_own(monkeypatch):
+    """import_training_stack imports Composer with the cycle collector off (the 400,000 objects the import makes
+    are not walked again each time they grow by a quarter) and back on after; in a command that owns its process
+    they are then frozen, out of later collections; a notebook's are not; with Composer imported it does nothing."""
+    import gc
+    import importlib.abc
+    import importlib.machinery
+
+    from dlrecipes.core import process_state
+
+    collector_on = []
+
+    class Composer(importlib.abc.MetaPathFinder, importlib.abc.Loader):  # records the collector as it is imported
+        def find_spec(self, name, path, target=None):
+            return importlib.machinery.ModuleSpec(name, self) if name == "composer" else None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            collector_on.append(gc.isenabled())
+
+    real = sys.modules.pop("composer", None)  # the real one, imported or not, is put back after
+    monkeypatch.setattr(sys, "meta_path", [Composer(), *sys.meta_path])
+    monkeypatch.setattr(process_state, "_OWNS_PROCESS", [False])
+    try:
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        process_state.import_training_stack()  # as a notebook's first training
+        assert collector_on == [False] and gc.isenabled() and gc.get_freeze_count() == 0
+        del sys.modules["composer"]
+        process_state.command_owns_process()
+        process_state.import_training_stack()  # as the console script's
+        assert collector_on == [False, False] and gc.isenabled() and gc.get_freeze_count() > 0
+        process_state.import_training_stack()
+        assert len(collector_on) == 2  # imported already
+    finally:
+        gc.unfreeze()
+        sys.modules.pop("composer", None)
+        if real is not None:
+            sys.modules["composer"] = real

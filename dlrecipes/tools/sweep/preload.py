@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 import io
 
+from dlrecipes.core.process_state import collector_paused
+
 MODULES = (
     "torch", "torchvision", "torchvision.transforms.v2", "composer", "composer.algorithms", "timm", "timm.optim",
     "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg", "PIL.Image", "PIL.JpegImagePlugin",
@@ -63,5 +65,6 @@ def freeze() -> None:
     gc.freeze()
 
 
-warm()
+with collector_paused():  # nothing the imports make is garbage: freeze() collects once, then freezes them
+    warm()
 freeze()
