@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
-from dlrecipes.core.process_state import import_training_stack
+from dlrecipes.core import process_state
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
@@ -91,7 +91,7 @@ def train(
 
     config = config or resolve(recipe, overrides, plugins)
     store_for(config.runs_dir).check()  # a bucket that cannot be used: one line before training is even imported
-    import_training_stack()
+    process_state.import_training_stack()
     from dlrecipes.fit import fit
 
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
@@ -105,19 +105,16 @@ def invoked(argv: Sequence[str], ends_process: bool = False):
     skip_the_exit_sweep`)."""
     import shlex
 
-    from dlrecipes.core.process_state import command_owns_process
     from dlrecipes.records.provenance import invoked as recorded
 
     if ends_process:
-        command_owns_process()
+        process_state.command_owns_process()
     try:
         with recorded(shlex.join(argv)):
             yield
     finally:
         if ends_process:
-            from dlrecipes.core.process_state import skip_the_exit_sweep
-
-            skip_the_exit_sweep()
+            process_state.skip_the_exit_sweep()
 
 
 def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
@@ -155,7 +152,7 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     with read.named():  # errors name a bucket's files by address
         found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), \
             override_strings(overrides)
-        import_training_stack()
+        process_state.import_training_stack()
         result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
     read.outputs_written("the evaluation report")
     return result
@@ -175,7 +172,7 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     read = open_for_reading(target, checkpoint)
     with read.named():
         found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-        import_training_stack()
+        process_state.import_training_stack()
         report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
     if read.pushes and out is None:  # beside the run where it lives
         read.outputs_written("the export")
@@ -199,7 +196,7 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
             predictor = tool.export_predictor(Path(read.target))
         else:
             found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-            import_training_stack()
+            process_state.import_training_stack()
             predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
@@ -304,7 +301,7 @@ def bench(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[s
           rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
     """Images/s through dlrecipes/Composer and through a plain PyTorch loop on the same model and batches."""
     config = resolve(recipe, overrides, plugins)
-    import_training_stack()
+    process_state.import_training_stack()
     from dlrecipes.tools.bench import run_bench
 
     return run_bench(config, steps=steps, rounds=rounds, warmup=warmup)

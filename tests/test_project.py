@@ -59,7 +59,7 @@ def test_the_process_s_own_command_skips_the_exit_sweep_and_a_call_from_python_d
     from dlrecipes.cli import main
     from dlrecipes.core import process_state
 
-    monkeypatch.setattr(process_state, "_OWNS_PROCESS", [False])  # main() below says so for this worker
+    monkeypatch.setattr(process_state, "_OWNS_PROCESS", False)  # main() below says so for this worker
     assert gc.get_freeze_count() == 0
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -97,7 +97,7 @@ def test_the_training_stack_is_imported_with_the_collector_paused_and_frozen_in_
 
     real = sys.modules.pop("composer", None)  # the real one, imported or not, is put back after
     monkeypatch.setattr(sys, "meta_path", [Composer(), *sys.meta_path])
-    monkeypatch.setattr(process_state, "_OWNS_PROCESS", [False])
+    monkeypatch.setattr(process_state, "_OWNS_PROCESS", False)
     try:
         assert gc.isenabled() and gc.get_freeze_count() == 0
         process_state.import_training_stack()  # as a notebook's first training

@@ -82,15 +82,21 @@ def skip_the_exit_sweep() -> None:
     """For a process whose command has ended and which exits now: as a Python exits, its teardown sweeps every object
     torch and Composer made (about 400,000 in 4,500 modules) with its cycle collector, several times: 1.5-1.9 s of CPU
     on 2 cores after the work is done. What is garbage now is collected once (its finalizers run: files closed), then
-    the rest is frozen (``gc.freeze``: left out of later sweeps); the exit still runs atexit handlers, flushes and
-    closes as before. A process forked from the fork server ends without a teardown (``os._exit``), so it is left
-    alone: a sweep there would only copy pages."""
-    import gc
-
+    the rest is frozen (:func:`freeze_survivors`: left out of later sweeps); the exit still runs atexit handlers,
+    flushes and closes as before. A process forked from the fork server ends without a teardown (``os._exit``), so
+    it is left alone: a sweep there would only copy pages."""
     from dlrecipes.core.fork_server import forked_from_server
 
     if forked_from_server():
         return
+    freeze_survivors()
+
+
+def freeze_survivors() -> None:
+    """Collect what is garbage now (its finalizers run), then freeze the rest (``gc.freeze``): objects alive now are
+    left out of every later collection, in this process and in any forked from it."""
+    import gc
+
     gc.collect()
     gc.freeze()
 
@@ -109,24 +115,24 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_OWNS_PROCESS = [False]  # set by the CLI's command that is the process's own (api.invoked(..., ends_process=True))
+_OWNS_PROCESS = False  # set by the CLI's command that is the process's own (api.invoked(..., ends_process=True))
 
 
 def command_owns_process() -> None:
     """Say that the running command is the process's own: it ends with it (the console script, ``python -m
     dlrecipes``, a launched rank), as opposed to a call from a notebook or a script that lives on."""
-    _OWNS_PROCESS[0] = True
+    global _OWNS_PROCESS
+    _OWNS_PROCESS = True
 
 
 def import_training_stack() -> None:
     """Import torch and Composer (once a process) with the cycle collector paused: the import makes about 400,000
     objects, all alive as long as the process, which the collector walked again each time their number grew by a
-    quarter. In a command that owns its process they are then frozen (``gc.freeze``, after one collection of what
-    is garbage) so that no later collection walks them either: ``dlrecipes train`` of the tests' tiny recipe in a new
-    Python, 5.3 s -> 4.6 s of CPU. (A notebook's objects are left as they are.) Called by the commands that train
-    or build a network, after the checks that need neither (a bad recipe still fails in a fraction of a second); a
-    process that has them already returns at once."""
-    import gc
+    quarter. In a command that owns its process they are then frozen (:func:`freeze_survivors`, after one
+    collection of what is garbage) so that no later collection walks them either: ``dlrecipes train`` of the tests'
+    tiny recipe in a new Python, 5.3 s -> 4.6 s of CPU. (A notebook's objects are left as they are.) Called by the
+    commands that train or build a network, after the checks that need neither (a bad recipe still fails in a
+    fraction of a second); a process that has them already returns at once."""
     import importlib
     import sys
 
@@ -134,6 +140,5 @@ def import_training_stack() -> None:
         return
     with collector_paused():
         importlib.import_module("composer")
-        if _OWNS_PROCESS[0]:
-            gc.collect()
-            gc.freeze()
+        if _OWNS_PROCESS:
+            freeze_survivors()

@@ -7,7 +7,7 @@ torch and Composer, then about 4 s more the first time: Composer's algorithms, t
 transforms v2 and dlrecipes' own modules imported on the way, the processor's name Composer's Trainer asks for at
 every start (py-cpuinfo's probe, a Python process of its own, 1.2 s, where /proc/cpuinfo does not name it: see
 dlrecipes/core/composer_env.py) and matplotlib's first font. What it has then is frozen out of the cycle collector's
-sight (:func:`freeze`), so that no fork's full collection walks it again.
+sight (process_state.freeze_survivors), so that no fork's full collection walks it again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import io
 
-from dlrecipes.core.process_state import collector_paused
+from dlrecipes.core.process_state import collector_paused, freeze_survivors
 
 MODULES = (
     "torch", "torchvision", "torchvision.transforms.v2", "composer", "composer.algorithms", "timm", "timm.optim",
@@ -54,17 +54,9 @@ def warm() -> None:
     plt.close(figure)
 
 
-def freeze() -> None:
-    """Move everything alive now (about 500,000 objects: the modules above and what they hold, alive as long as the
-    server and every fork) out of the cycle collector's sight, in the server and in each process forked from it.
-    Otherwise a fork's first full collection walks all of them: 0.35 s of a forked quickstart training with its
-    plots (1.31 s -> 0.97 s), on memory the walk then copies out of the server's pages."""
-    import gc
-
-    gc.collect()  # what is garbage now is collected, not kept
-    gc.freeze()
-
-
-with collector_paused():  # nothing the imports make is garbage: freeze() collects once, then freezes them
+with collector_paused():  # nothing the imports make is garbage (freeze_survivors collects once, then freezes)
     warm()
-freeze()
+# everything alive now (about 500,000 objects, alive as long as the server and every fork) out of the collector's
+# sight, in the server and each fork: otherwise a fork's first full collection walks all of them, 0.35 s of a forked
+# quickstart training with its plots (1.31 s -> 0.97 s), on memory the walk then copies out of the server's pages
+freeze_survivors()
