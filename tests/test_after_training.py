@@ -293,3 +293,17 @@ def test_runs_status_comes_from_the_run_s_files(tmp_path):
     assert rows["killed"]["epochs"] == "0/5"
     assert [r["run"] for r in list_runs(tmp_path, last=2)] == list(rows)[:2]  # newest first
     assert run_cli("runs", str(tmp_path / "nope")).returncode == 2
+
+
+def test_a_best_pt_that_is_not_the_one_best_json_describes_is_refused(tiny_run):
+    """best.json records the SHA-256 of the best.pt it describes: another file in its place (an upload cut off or
+    landed out of order leaves one) is refused in one line, not evaluated as the best weights."""
+    info = json.loads((tiny_run / "checkpoints" / "best.json").read_text())
+    other = next(p for p in sorted((tiny_run / "checkpoints").glob("ep*-rank0.pt")) if f"-ba{info['batch']}-" not in p.name)
+    shutil.copy(other, tiny_run / "checkpoints" / "best.pt")
+    result = run_cli("eval", str(tiny_run))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"error: {tiny_run / 'checkpoints' / 'best.pt'}: not the best checkpoint best.json describes (epoch "
+        f"{info['epoch']}, batch {info['batch']}: another file, as an upload cut off or landed out of order leaves); "
+        "resume the run (--resume) to upload its own, or give --checkpoint latest")

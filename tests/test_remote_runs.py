@@ -289,6 +289,7 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
     """The bucket's best and newest checkpoints rewritten to carry an object whose unpickling runs code: eval (best
     and latest), predict, export and --resume each pull the file and refuse it in one line naming it and the
     object, on a machine with nothing local; nothing of it runs and the bucket is unchanged."""
+    import hashlib
     import re
 
     from PIL import Image
@@ -304,6 +305,9 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
         damaged.write_bytes(s3.read("runs", f"bad/one/checkpoints/{name}"))
         poison(damaged, marker)
         s3.client().put_object(Bucket="runs", Key=f"bad/one/checkpoints/{name}", Body=damaged.read_bytes())
+    info = json.loads(s3.read("runs", "bad/one/checkpoints/best.json"))  # a thorough attacker rewrites best.json too
+    info["sha256"] = hashlib.sha256(s3.read("runs", "bad/one/checkpoints/best.pt")).hexdigest()
+    s3.client().put_object(Bucket="runs", Key="bad/one/checkpoints/best.json", Body=json.dumps(info).encode())
     bucket = {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")}
     shutil.rmtree(in_bucket)  # another machine: nothing local
     Image.new("L", (8, 8), 120).save(tmp_path / "x.png")
@@ -388,12 +392,12 @@ def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_t
                                                                                          tmp_path, monkeypatch):
     """Machine B resuming a run that machine A trains (A's lease live in the bucket) is refused, naming A; the lease
     is gone when a run ends; one that expired unreleased is taken over with a warning."""
-    from dlrecipes.records.store.lease import TERM
+    from dlrecipes.records.store.lease import term
 
     args = [str(tiny_recipe), "runs_dir=s3://runs/lease", "run_name=l1", "trainer.max_duration=1ep"]
     assert run_cli("train", *args, cwd=tmp_path).returncode == 0
     assert "lease/l1/run.lease" not in s3.keys("runs", "lease/l1/")  # released at the end
-    live = {"token": "a", "host": "machine-a", "pid": 4242, "expires": time.time() + TERM}
+    live = {"token": "a", "host": "machine-a", "pid": 4242, "expires": time.time() + term()}
     s3.client().put_object(Bucket="runs", Key="lease/l1/run.lease", Body=json.dumps(live).encode())
     monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-b"))
     refused = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)

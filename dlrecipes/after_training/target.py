@@ -43,6 +43,9 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
             if not path.is_file():
                 raise UserError(f"--checkpoint: {target} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
                                 "or it never evaluated); use --checkpoint latest, or a checkpoint file")
+            from dlrecipes.records.run_files import check_best_record
+
+            check_best_record(run)  # best.json's and best.pt's evaluations are one
         elif checkpoint == "latest":
             path = resume_point(folder, repair=False, trust=trust, key="--checkpoint") if folder.is_dir() else None
             if path is None:

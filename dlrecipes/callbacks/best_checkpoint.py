@@ -13,11 +13,13 @@ from composer.utils import dist
 from dlrecipes.core.outputs import EVAL_LOSS
 from dlrecipes.records.checkpoints import atomic_write, save_atomically
 from dlrecipes.records.layout import BEST_CHECKPOINT, BEST_INFO
+from dlrecipes.records.run_files import file_digest
 from dlrecipes.errors import RecipeError
 
 
 class BestCheckpoint(Callback):
-    """After each evaluation, save ``best.pt`` if ``monitor`` improved (and ``best.json`` saying when)."""
+    """After each evaluation, save ``best.pt`` if ``monitor`` improved (and ``best.json`` saying when, with the
+    SHA-256 of the best.pt it describes)."""
 
     def __init__(self, folder: str | Path, monitor: str = "top1", mode: str = "max"):
         self.folder = Path(folder)
@@ -51,6 +53,7 @@ class BestCheckpoint(Callback):
                 "value": value,
                 "epoch": int(state.timestamp.epoch),
                 "batch": int(state.timestamp.batch),
+                "sha256": file_digest(path),  # the file it describes: readers check them together
             }
             text = (json.dumps(info, indent=2) + "\n").encode()
             atomic_write(self.folder / BEST_INFO, lambda f: f.write(text))

@@ -107,6 +107,9 @@ class CheckpointConfig:
     )
     mode: Literal["max", "min"] = _help("whether a larger or smaller monitored metric is better", default="max")
     best_only: bool = _help("keep only best.pt (needs monitor); periodic checkpoints are not written", default=False)
+    upload_wait: Annotated[float, Range(0)] = _help(
+        "runs_dir in a bucket: the most seconds the end of a run waits for its uploads (what is not up then is "
+        "named, and --resume uploads it)", default=120.0)
     load_path: Optional[str] = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
     load_strict: bool = _help("require every weight in load_path to match the model", default=True)
     load_weights_only: bool = _help("load only the weights from load_path, not the optimizer or time", default=True)

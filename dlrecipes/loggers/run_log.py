@@ -32,6 +32,20 @@ class RunLogFile(ReadsAtInterval, FileLogger):
         super().__init__(*args, **kwargs)
         self.read_every = max(1, int(read_every))
 
+    def init(self, state: Any, logger: Any) -> None:
+        """Composer's logger opens its file anew (``w+``): a resumed run appends instead, after what the run's
+        earlier parts wrote (here, or brought back from its bucket)."""
+        import os
+
+        del logger
+        self._is_newline = True
+        self._run_name = state.run_name
+        if self.file is not None:
+            raise RuntimeError("the run's log file is already open")
+        os.makedirs(os.path.dirname(self.filename) or ".", exist_ok=True)
+        self.file = open(self.filename, "a+", buffering=self.buffer_size)
+        self._flush_queue()
+
     def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
         kept = {k: v for k, v in metrics.items() if not k.startswith("time/") or k == "time/epoch"}
         micro = kept.pop(MICROBATCH_KEY, None)

@@ -115,3 +115,33 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 __all__ = ["DamagedRunFile", "read_history", "read_recipe", "read_summary"]
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of ``path``'s bytes, hex (best.json records best.pt's: readers check that they belong together)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_best_record(run: RunDir) -> None:
+    """``best.pt`` is the file ``best.json`` describes (its SHA-256, where the run recorded one): a bucket's upload that
+    was cut off, or landed out of order, leaves a best.json of one evaluation beside the best.pt of another, and
+    evaluating it would report the wrong weights. One line when they differ."""
+    text = _text(run.best_info)
+    if text is None:
+        return
+    try:
+        info = json.loads(text)
+    except ValueError:
+        raise DamagedRunFile(run.best_info, "is not JSON") from None
+    recorded = info.get("sha256") if isinstance(info, dict) else None
+    if not isinstance(recorded, str) or file_digest(run.best) == recorded:
+        return
+    raise DataError(f"{run.best}: not the best checkpoint {run.best_info.name} describes (epoch {info.get('epoch')}, "
+                    f"batch {info.get('batch')}: another file, as an upload cut off or landed out of order leaves); "
+                    "resume the run (--resume) to upload its own, or give --checkpoint latest")

@@ -54,10 +54,28 @@ def _history_epochs(run_dir: Path, damaged: list[DamagedRunFile]) -> int:
     return len(rows) if rows else 0
 
 
+def _live_lease(run_dir: Path) -> Optional[dict]:
+    """The lease beside a bucket run's copy (written there only while it is live), unexpired; else None."""
+    import json
+    import time
+
+    from dlrecipes.records.layout import LEASE_FILE
+
+    try:
+        held = json.loads((Path(getattr(run_dir, "path", run_dir)) / LEASE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    expires = held.get("expires") if isinstance(held, dict) else None
+    return held if isinstance(expires, (int, float)) and expires > time.time() else None
+
+
 def _status(run_dir: Path, summary: Optional[dict]) -> str:
     from dlrecipes.records import run_lock
     from dlrecipes.records.run_dir import has_checkpoint
 
+    leased = _live_lease(run_dir)
+    if leased is not None:  # a bucket's run that a machine trains now (its lease, copied beside the run)
+        return f"running (on {leased.get('host', '?')}, pid {leased.get('pid', '?')})"
     holder = run_lock.read_holder(run_dir)
     if holder is not None:
         alive = run_lock.holder_alive(holder)
@@ -69,7 +87,10 @@ def _status(run_dir: Path, summary: Optional[dict]) -> str:
         status = str(summary["status"])
         if status == "stopped" and not has_checkpoint(run_dir):
             return "stopped"
-        return STATUS_SHOWN.get(status, status)
+        shown = STATUS_SHOWN.get(status, status)
+        if summary.get("upload_incomplete"):  # its bucket lacks files its machine has: --resume uploads them
+            return f"{shown}, upload incomplete"
+        return shown
     return "killed (resumable)" if has_checkpoint(run_dir) else "killed"
 
 

@@ -7,7 +7,7 @@
 a listing has sizes but no times, there is no conditional write (the lease's read-back decides), and nothing can be
 deleted (a lease is released by writing it released; moving a run aside is refused in one line).
 :class:`S3Backend` uses boto3's client beneath Composer's S3 store for what S3 has: listings with times, conditional
-writes (``If-None-Match``), server-side copies and deletes.  Every scheme works the same way through these; S3 is
+writes (``If-None-Match``, ``If-Match``), server-side copies and deletes.  Every scheme works the same way through these; S3 is
 the one tested against a server (SeaweedFS), the interface-only path included.
 """
 
@@ -24,6 +24,10 @@ from dlrecipes.errors import UserError
 
 class CannotDelete(UserError):
     """The backend deletes nothing through Composer's interface."""
+
+
+class Conflict(Exception):
+    """A conditional write's condition did not hold: the object appeared (``if_absent``) or changed (``if_match``)."""
 
 
 class Backend:
@@ -59,14 +63,19 @@ class Backend:
             target = os.path.join(folder, "object")
             return Path(target).read_bytes() if self.download(key, target) else None
 
-    def write(self, key: str, data: bytes, if_absent: bool = False) -> bool:
-        """A small object; ``if_absent``: only where there is none, where the backend can say so (else written:
-        the caller reads it back).  False: one appeared meanwhile."""
+    def read_tagged(self, key: str) -> tuple[Optional[bytes], str]:
+        """A small object's bytes (None when there is none) and its ETag ("" where the backend cannot tell)."""
+        return self.read(key), ""
+
+    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
+        """A small object; returns its ETag ("" where the backend cannot tell).  ``if_absent``: only where there is
+        none; ``if_match``: only while the object still has that ETag; where the backend can say so (else written:
+        the caller reads it back).  Raises :class:`Conflict` when the condition did not hold."""
         with tempfile.TemporaryDirectory() as folder:
             source = Path(folder, "object")
             source.write_bytes(data)
             self.upload(key, str(source))
-        return True
+        return ""
 
     def copy(self, source: str, target: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
@@ -106,18 +115,30 @@ class S3Backend(Backend):
                 return None
             raise
 
-    def write(self, key: str, data: bytes, if_absent: bool = False) -> bool:
-        extra = {"IfNoneMatch": "*"} if if_absent and self.conditional_writes else {}
+    def read_tagged(self, key: str) -> tuple[Optional[bytes], str]:
         try:
-            self.store.client.put_object(Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data, **extra)
+            answer = self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404"):
+                return None, ""
+            raise
+        return answer["Body"].read(), str(answer.get("ETag", ""))
+
+    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
+        extra: dict[str, str] = {}
+        if self.conditional_writes and (if_absent or if_match):
+            extra = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": str(if_match)}
+        try:
+            answer = self.store.client.put_object(Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data,
+                                                  **extra)
         except Exception as exc:
             if extra and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
+                raise Conflict(key) from None
             if extra and _code(exc) in ("NotImplemented", "501", "InvalidArgument"):  # no conditional writes here
                 self.conditional_writes = False
                 return self.write(key, data)
             raise
-        return True
+        return str(answer.get("ETag", ""))
 
     def copy(self, source: str, target: str) -> None:  # server-side: nothing passes through this machine
         self.store.client.copy_object(Bucket=self.store.bucket, Key=self.store.get_key(target),

@@ -5,7 +5,13 @@ A run is staged in a local folder (``$DLRECIPES_STAGING_DIR``, default ``~/.cach
 the run directory that changed since it was last uploaded (checkpoints first, then the records). The remote
 pointer ``checkpoints/latest.txt`` names the newest checkpoint and is written only after that checkpoint's
 upload is confirmed, so a run killed at any moment leaves a remote run that ``--resume`` can continue: on a
-machine with nothing local, the run's records and that checkpoint are downloaded into the staging folder first.
+machine with nothing local, the run's records, its logs and that checkpoint are downloaded into the staging folder
+first (a resume appends to the logs, here and in the bucket). Every record that describes other files goes up only
+after them: the pointer after its checkpoint, ``best.json`` after the ``best.pt`` it describes (it holds best.pt's
+SHA-256, which readers check), ``summary.json`` after everything else; so however uploads fail or land late, the
+bucket never claims more than it holds. ``checkpoint.keep`` holds in the bucket too: once the pointer has moved past
+them, periodic checkpoints beyond the newest ``keep`` are deleted there. Every write is made under the run's lease
+(:mod:`dlrecipes.records.store.lease`), which fences a writer that lost it.
 
 The client is Composer's object-store layer (:class:`composer.utils.object_store.S3ObjectStore`, boto3 underneath):
 the endpoint comes from ``S3_ENDPOINT_URL`` (MinIO, SeaweedFS, R2, ...), credentials from the standard AWS chain.
@@ -13,9 +19,10 @@ Before anything is built the bucket is asked for once, with short timeouts: wron
 an unreachable endpoint are one line within seconds, and nothing is created.
 
 An upload that fails (the server went away) does not stop training: one warning, the file stays pending and is
-tried again at the next checkpoint and at the end; what is still not uploaded then is named in summary.json
-(``upload_incomplete``) and by :meth:`RemoteRun.incomplete`, which the fit stage turns into one line and a
-non-zero exit.
+tried again at the next checkpoint and at the end. The end waits for the uploads at most ``checkpoint.upload_wait``
+seconds (saying what it waits for; the first Ctrl-C stops the wait); what is still not uploaded then is named in
+summary.json (``upload_incomplete``, locally and in the bucket when it answers) and by :meth:`RemoteRun.incomplete`,
+which the fit stage turns into one line and a non-zero exit; a later ``--resume`` uploads it and clears the mark.
 """
 
 from __future__ import annotations
@@ -23,22 +30,24 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    CHECKPOINT_DIR, LOCK_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir, is_periodic, periodic_progress,
+    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
+    is_periodic, periodic_progress,
 )
 
 SCHEMES = ("s3", "gs", "oci", "azure")  # the object stores Composer's URI factory makes (store.backend)
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
 POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+BEST = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
+BEST_RECORD = f"{CHECKPOINT_DIR}/{BEST_INFO}"
+LOG_PREFIX = LOG_FILE.split("{", 1)[0]  # train-rank: each process's log (train-rank0.log, ...)
 PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
 _BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server takes)
     "s3": (r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits, dots and hyphens, beginning and "
@@ -52,7 +61,7 @@ _BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server ta
 _IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
 
-def _upload_order(relative: str) -> tuple:
+def upload_order(relative: str) -> tuple:
     """Periodic checkpoints first, oldest first; then the rest by name."""
     return (not is_periodic(Path(relative)), periodic_progress(Path(relative)), relative)
 
@@ -187,6 +196,9 @@ class RemoteRun:
     pending: list[str] = field(default_factory=list)  # relative paths whose upload failed
     warned: bool = False
     offload: Any = None  # a training's UploadProcess (store.upload_process): its large files go up through it
+    lease: Any = None  # a training's BucketLease: every write is made under it (a sweep's own files have none)
+    keep: int = -1  # checkpoint.keep: periodic checkpoints kept in the bucket once the pointer is past them
+    abandoned: bool = False  # the end stopped waiting: no further file is started
     _store: Any = None
 
     def store(self):
@@ -215,7 +227,7 @@ class RemoteRun:
                 continue
             if self.sent.get(relative) != (stat.st_size, stat.st_mtime_ns):
                 files.append(relative)
-        return sorted(files, key=_upload_order)
+        return sorted(files, key=upload_order)
 
     def _upload(self, relative: str) -> bool:
         path = self.local / relative
@@ -223,44 +235,113 @@ class RemoteRun:
             stat = path.stat()
         except FileNotFoundError:  # rotated away (checkpoint.keep) before its turn: nothing to upload
             return False
+        from dlrecipes.records.store.lease import LeaseLost
+
         try:
+            if self.lease is not None:
+                self.lease.guard()
             self._send(relative, stat.st_size)
+        except LeaseLost:
+            raise
         except Exception as exc:  # the server went away: not training's problem, said once, tried again later
             if not path.exists():  # rotated away while it was uploaded: not a failure
                 return False
-            if relative not in self.pending:
-                self.pending.append(relative)
-            if not self.warned:
-                self.warned = True
-                print(f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); training goes on, the upload is tried "
-                      "again at the next checkpoint and at the end", file=sys.stderr)
+            self._failed(relative, exc)
             return False
         self.sent[relative] = (stat.st_size, stat.st_mtime_ns)
         if relative in self.pending:
             self.pending.remove(relative)
         return True
 
+    def _failed(self, relative: str, exc: BaseException) -> None:
+        """``relative`` stays pending, tried again at the next push; said once."""
+        if relative not in self.pending:
+            self.pending.append(relative)
+        if not self.warned:
+            self.warned = True
+            print(f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); training goes on, the upload is tried "
+                  "again at the next checkpoint and at the end", file=sys.stderr)
+
     def _send(self, relative: str, size: int) -> None:
-        """A large file through the upload process (when there is one that works), anything else from here."""
+        """A large file through the upload process (when there is one that works), a small one in one request from
+        here, any other through the client's transfer from here."""
         from dlrecipes.records.store.upload_process import LARGE
 
         if self.offload is not None and self.offload.usable() and size >= LARGE:
             try:
                 return self.offload.upload(self.key(relative), str(self.local / relative))
-            except OSError:  # the process is gone (said once): from here, as before
-                pass
+            except OSError:  # the process is gone (said once): from here, as before, unless the end gave up
+                if self.abandoned:
+                    raise
+        if size < LARGE:  # one request from this (daemon) thread: nothing a hung server can hold the exit on
+            self.store().write(self.key(relative), (self.local / relative).read_bytes())
+            return
         self.store().upload(self.key(relative), str(self.local / relative))
 
     def push(self) -> None:
-        """Upload what changed; after each periodic checkpoint whose upload is confirmed, move the pointer to it."""
-        for relative in self._changed():
+        """Upload what changed, each record after what it describes (see the module docstring): after each
+        periodic checkpoint whose upload is confirmed, move the pointer to it (and delete what ``keep`` rotated
+        away); ``best.json`` once its ``best.pt`` is up; ``summary.json`` last, once nothing else is missing."""
+        self.pending = [r for r in self.pending if (self.local / r).exists()]  # rotated away: nothing to upload
+        changed = self._changed()
+        for relative in changed:
+            if self.abandoned:
+                return
+            if relative in (BEST_RECORD, SUMMARY_FILE):
+                continue
             if self._upload(relative) and is_periodic(Path(relative)):
                 self._point_to(Path(relative).name)
+        for record, after in ((BEST_RECORD, (BEST,)), (SUMMARY_FILE, None)):
+            if record not in changed or self.abandoned:
+                continue
+            missing = [r for r in self._changed() + self.pending if r != record and (after is None or r in after)]
+            if missing:  # what it describes is not up: it waits, named as not uploaded
+                if record not in self.pending:
+                    self.pending.append(record)
+                continue
+            if self._still_held(record):
+                self._upload(record)
 
     def _point_to(self, checkpoint: str) -> None:
         (self.local / POINTER).write_text(checkpoint + "\n")
-        self._upload(POINTER)
+        if self._still_held(POINTER) and self._upload(POINTER):
+            self._rotate(checkpoint)
+
+    def _still_held(self, record: str) -> bool:
+        """Before a record that describes other files moves: the lease confirmed (:class:`LeaseLost` when it was
+        taken); a server that does not answer leaves ``record`` pending, as a failed upload does."""
+        from dlrecipes.records.store.lease import LeaseLost
+
+        if self.lease is None:
+            return True
+        try:
+            self.lease.confirm()
+            return True
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            self._failed(record, exc)
+            return False
+
+    def _rotate(self, newest: str) -> None:
+        """``checkpoint.keep`` in the bucket: the periodic checkpoints older than the newest ``keep`` (the pointer's
+        among them) deleted, now that the pointer names a newer one."""
+        if self.keep < 0 or not self.store().deletes:
+            return
+        try:
+            older = _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)
+            for name in older[max(self.keep, 1) - 1:]:
+                if self.lease is not None:
+                    self.lease.guard()
+                self.store().delete(self.key(f"{CHECKPOINT_DIR}/{name}"), "checkpoint.keep")
+        except Exception as exc:  # tried again at the next checkpoint; nothing the pointer names is touched
+            from dlrecipes.records.store.lease import LeaseLost
+
+            if isinstance(exc, LeaseLost):
+                raise
+            print(f"warning: deleting old checkpoints from {self.root}/{self.name} failed ({type(exc).__name__}); "
+                  "they are deleted at the next checkpoint", file=sys.stderr)
 
     def _pull_older_than(self, newest: str) -> None:
         """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
@@ -271,7 +352,7 @@ class RemoteRun:
 
     def incomplete(self) -> list[str]:
         """What is not in the bucket as it is here (checkpoints first)."""
-        return sorted(self.pending, key=_upload_order)
+        return sorted(self.pending, key=upload_order)
 
     # --- down ---------------------------------------------------------------------------------------------
 
@@ -293,7 +374,7 @@ class RemoteRun:
 
         pointer = POINTER
         if not self._download(pointer):  # no checkpoint yet (or no such run): its records, if any
-            for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE):
+            for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
                 self._download(relative)
             return None
         name = (self.local / pointer).read_text().strip()
@@ -304,10 +385,16 @@ class RemoteRun:
                                 "not have")
         if _damaged(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
             self._pull_older_than(name)
-        for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE):
+        for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
             if not (self.local / relative).is_file():
                 self._download(relative)
         return self.local / checkpoint
+
+    def _logs(self) -> list[str]:
+        """The run's process logs in the bucket (a resume appends to them)."""
+        prefix = self.key(LOG_PREFIX)
+        return [key[len(self.key("")) + 1:] for key in self.store().keys(prefix)
+                if "/" not in key[len(self.key("")) + 1:]]
 
 
 def _damaged(path: Path) -> bool:
@@ -332,154 +419,3 @@ def _older_checkpoints(keys: list[str], newest: str) -> list[str]:
 
 def staged_run(root: RemoteRoot, name: str) -> RemoteRun:
     return RemoteRun(root, name, RunDir(root.staging() / name).path)
-
-
-def uploader(remote: RemoteRun):
-    """A Composer callback that mirrors the run to the bucket at each checkpoint and after the run closes (rank 0),
-    uploading in the background (:mod:`dlrecipes.records.store.upload`: training never waits for the network; the
-    run's end waits for the uploads); what is still not uploaded then is named in summary.json
-    (``upload_incomplete``)."""
-    from composer.core import Callback
-    from composer.utils import dist
-
-    from dlrecipes.records.store.upload import BackgroundPush
-
-    class MirrorToBucket(Callback):
-        def __init__(self) -> None:
-            self.checkpoints_seen = -1  # the checkpoints folder's mtime: one stat per batch says whether one was saved
-            self.closed = False
-            self.background = BackgroundPush(remote)
-            if remote.root.scheme == "s3":  # checkpoints go up from a process of their own (store.upload_process)
-                from dlrecipes.records.store.backend import TRANSFER_THREADS
-                from dlrecipes.records.store.upload_process import UploadProcess
-
-                remote.offload = UploadProcess(remote.root.bucket, TRANSFER_THREADS)
-
-        def _push(self) -> None:
-            if dist.get_global_rank() == 0:
-                self.background.request()
-
-        def epoch_checkpoint(self, state, logger) -> None:
-            self._push()
-
-        def batch_checkpoint(self, state, logger) -> None:
-            folder = remote.local / CHECKPOINT_DIR
-            seen = folder.stat().st_mtime_ns if folder.is_dir() else -1
-            if seen != self.checkpoints_seen:
-                self.checkpoints_seen = seen
-                self._push()
-
-        def post_close(self) -> None:
-            if self.closed:  # Composer closes again at interpreter exit
-                return
-            self.closed = True
-            if dist.get_global_rank() == 0:
-                self.background.close()  # the last push, and every one still under way, done
-                if remote.offload is not None:
-                    remote.offload.close()
-            if remote.pending and dist.get_global_rank() == 0:
-                mark_incomplete(remote)
-
-    return MirrorToBucket()
-
-
-def mark_incomplete(remote: RemoteRun) -> None:
-    """summary.json (local) names what is not in the bucket."""
-    import json
-
-    summary = remote.local / SUMMARY_FILE
-    if summary.is_file():
-        data = json.loads(summary.read_text())
-        data["upload_incomplete"] = sorted(remote.pending)
-        summary.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> None:
-    """Before a training opens its run in the bucket: check the bucket (one line if it cannot be used), refuse a
-    name it holds a run under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring the named
-    run's records and newest checkpoint that loads into the staging folder."""
-    check_access(root)
-    if resume and not run_name:
-        raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
-    from dlrecipes.core.distributed import rank
-
-    if run_name and not resume and rank() == 0:
-        claim_name(root, run_name, restart)
-    if resume and check_run_in_bucket(root, run_name):
-        with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
-            staged_run(root, run_name).pull_for_resume()
-
-
-def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
-    """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never
-    overwritten, whichever machine asks), unless ``restart`` (``--restart``) or the run there failed: then it is
-    moved aside in the bucket, to ``<name>.restarted-<time>`` (``.failed-``, ``.diverged-``), with a warning."""
-    from dlrecipes.records.run_dir import FAILED
-
-    store = object_store(root)
-    if not store.keys(root.key(name, RECIPE_FILE)):
-        return
-    status = _status_in_bucket(store, root, name)
-    if not restart and status not in FAILED:
-        raise UserError(f"run_name: {root}/{name} already holds a run; pass --resume to continue it, --restart to train "
-                        "it again from the beginning (the old run is kept under another name), or choose another "
-                        "run_name")
-    stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside = next(n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000))
-                 if not store.keys(root.key(n) + "/"))
-    why = f"--restart: {root}" if restart else \
-        f"run_name: {root}/{name} holds a run that {status}; moving it aside needs a delete, and {root}"
-    if not store.deletes:  # said before anything is copied
-        store.delete(root.key(name, RECIPE_FILE), why)
-    keys = store.keys(root.key(name) + "/")
-    for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
-        store.copy(key, root.key(aside) + key[len(root.key(name)):])
-    for key in keys:
-        store.delete(key, why)
-    why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
-    print(f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
-          file=sys.stderr)
-
-
-def _status_in_bucket(store: Any, root: RemoteRoot, name: str) -> Optional[str]:
-    """The run's summary.json status in the bucket (None: no summary yet, or one that cannot be read)."""
-    import json
-
-    try:
-        status = json.loads(store.read(root.key(name, SUMMARY_FILE)) or b"{}").get("status")
-    except (ValueError, AttributeError):
-        return None
-    return status if isinstance(status, str) else None
-
-
-def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
-    """Whether the bucket has the run; ``--resume`` of a run it does not have is refused, as for a local runs_dir
-    (unless ``DLRECIPES_RESUME_MISSING=start``: a requeued job whose first start uploaded nothing starts it)."""
-    from dlrecipes.core.distributed import rank
-    from dlrecipes.records.run_dir import RESUME_MISSING
-
-    if object_store(root).keys(root.key(name, RECIPE_FILE)):
-        return True
-    if os.environ.get(RESUME_MISSING) == "start":
-        if rank() == 0:
-            print(f"note: no run {name!r} in {root} yet ({RESUME_MISSING}=start): starting it", file=sys.stderr)
-            (root.staging() / name).mkdir(parents=True, exist_ok=True)  # said once: the staging folder has it
-        return False
-    raise UserError(f"run_name: --resume found no run {name!r} in {root} (`dlrecipes runs {root}` lists the runs "
-                    "there). Without --resume a new run starts under that name")
-
-
-@contextmanager
-def _one_at_a_time(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder``'s pull lock file: the processes of one machine bring a run here in turn
-    (the first downloads; the others find the files and download only the pointer). Each machine has its own
-    staging folder, so nodes without a shared filesystem each bring their own copy."""
-    import fcntl
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / PULL_LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,12 +1,22 @@
-"""One writer per run in a bucket: a lease, as the run directory's ``run.lock`` is on one disk.
+"""One writer per run in a bucket: a lease, as the run directory's ``run.lock`` is on one disk, that fences its writer.
 
 Machines without a shared disk each have their own lock file, so the bucket holds the lease: ``<run>/run.lease``,
 ``{"token", "host", "pid", "expires"}``. Taking it writes this process's token with a conditional write where the
-server supports one (``If-None-Match: *``), reads it back, and refuses while another live writer's lease has not
-expired (naming its host and pid); an expired lease is taken over with a warning. A thread renews it every
-:data:`RENEW_EVERY` seconds to :data:`TERM` ahead, so a writer that dies stops renewing and its lease runs out;
-it is deleted on every exit path (``release``). Between two machines that write at the same instant on a server
-without conditional writes, the read-back decides: the later token stands, and the earlier writer is refused.
+server supports one (``If-None-Match: *`` for a new lease, ``If-Match`` on the ETag of an expired one it takes
+over), reads it back, and refuses while another live writer's lease has not expired (naming its host and pid). A
+thread renews it every fifth of its term (:func:`term`, five minutes; ``DLRECIPES_LEASE_TERM`` shortens it, as the
+tests do), so a writer that dies stops renewing and its lease runs out; it is deleted on every exit path
+(``release``).
+
+**The lease fences its writer.** Each renewal is a conditional write on the ETag this process last wrote
+(``If-Match``; where the server has no conditional writes, the token is read back before and after the write), and
+so is the check the run's mirror makes before the pointer or the summary moves (:meth:`BucketLease.confirm`); any
+other file is written only while the last confirmation is younger than most of the term (:meth:`BucketLease.guard`,
+on a clock that counts a frozen machine's time: a writer paused past its term confirms before it writes again).
+A writer that finds its lease taken (a machine that took the run over while this one was paused) writes nothing
+more: :class:`LeaseLost`, one line naming the holder, and the training stops with its local checkpoints kept.
+S3 has no write conditional on another object, so between a confirmation and the write it guards there is a window
+of at most one file, never a pointer or a summary moved without one.
 """
 
 from __future__ import annotations
@@ -22,8 +32,79 @@ from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import LEASE_FILE
-TERM = 300.0  # seconds a lease holds without renewal
-RENEW_EVERY = 60.0
+
+TERM_ENV = "DLRECIPES_LEASE_TERM"
+DEFAULT_TERM = 300.0  # seconds a lease holds without renewal
+FRESH = 0.6  # a confirmation younger than this part of the term lets a file be written without another
+
+
+def term() -> float:
+    """Seconds a lease holds without renewal (``DLRECIPES_LEASE_TERM``, else five minutes)."""
+    try:
+        value = float(os.environ.get(TERM_ENV) or DEFAULT_TERM)
+    except ValueError:
+        raise UserError(f"{TERM_ENV}: {os.environ[TERM_ENV]!r} is not a number of seconds") from None
+    return value if value > 0 else DEFAULT_TERM
+
+
+def _clock() -> float:
+    """Seconds on a clock that goes on while the machine is suspended (a frozen VM), unlike ``time.monotonic``."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
+
+
+class LeaseLost(UserError):
+    """Another process took the run over while this one trained it: this one stopped writing to the bucket."""
+
+    exit_code = 1
+
+
+def is_live(held: Optional[dict]) -> bool:
+    """Whether ``held`` (a lease's contents) names a writer that may still write: not released, not expired, and not
+    a process of this machine that is gone."""
+    return (isinstance(held, dict) and not held.get("released") and _number(held.get("expires")) > time.time()
+            and not _dead_here(held))
+
+
+def describe_holder(held: dict) -> str:
+    """``machine-a (pid 4242; its lease runs 57 s more unless renewed)``."""
+    left = max(0, int(_number(held.get("expires"), time.time()) - time.time()))
+    return (f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')}; its lease runs {left} s more unless "
+            "renewed)")
+
+
+def _number(value: Any, default: float = 0.0) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def read_lease(store: Any, key: str) -> tuple[Optional[dict], str, bool]:
+    """The lease at ``key``: (its contents, None when absent, released or unreadable; its ETag; whether an object
+    is there at all)."""
+    try:
+        data, tag = store.read_tagged(key)
+    except Exception:  # unreadable: no live writer says so (a write then tells)
+        return None, "", False
+    if data is None:
+        return None, "", False
+    try:
+        lease = json.loads(data)
+    except ValueError:
+        return None, tag, True
+    return (lease if isinstance(lease, dict) and not lease.get("released") else None), tag, True
+
+
+def live_holder(store: Any, root: Any, name: str) -> Optional[dict]:
+    """The live lease on ``root/name`` (see :func:`is_live`), or None."""
+    held, _, _ = read_lease(store, root.key(name, LEASE_FILE))
+    return held if is_live(held) else None
+
+
+def refusal(root: Any, name: str, held: dict) -> UserError:
+    """The line refusing to write ``root/name`` while ``held`` is live (as the local lock refuses)."""
+    return UserError(f"run_name: {root}/{name} is being trained by {describe_holder(held)}; wait for it to end, or "
+                     "choose another run_name")
 
 
 class BucketLease:
@@ -33,67 +114,122 @@ class BucketLease:
         self.store, self.root, self.name = store, root, name
         self.key = root.key(name, LEASE_FILE)
         self.token = uuid.uuid4().hex
+        self.etag = ""  # of the lease as this process last wrote it
+        self.confirmed_at: Optional[float] = None  # _clock() at the last confirmation
+        self.lost: Optional[dict] = None  # the holder found when the lease was found taken
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the renewal and the mirror confirm one at a time
         self._thread: Optional[threading.Thread] = None
+        self._warned = False
 
-    def _read(self) -> Optional[dict]:
-        try:
-            lease = json.loads(self.store.read(self.key) or b"null")
-        except Exception:  # unreadable: no live writer says so
-            return None
-        return lease if isinstance(lease, dict) and not lease.get("released") else None
+    def _body(self) -> bytes:
+        return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+                           "expires": time.time() + term()}).encode()
 
-    def _write(self, conditional: bool) -> bool:
-        """Write this lease; ``conditional``: only where there is none (False when the server says one appeared;
-        a backend without conditional writes writes it, and the read-back decides)."""
-        body = json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                           "expires": time.time() + TERM}).encode()
-        return self.store.write(self.key, body, if_absent=conditional)
+    def _mine(self) -> bool:
+        held, tag, _ = read_lease(self.store, self.key)
+        if held is not None and held.get("token") == self.token:
+            self.etag = tag or self.etag
+            return True
+        return False
 
     def take(self) -> "BucketLease":
-        held = self._read()
-        if held is not None and held.get("expires", 0) > time.time() and not _dead_here(held):
-            self._refuse(held)
+        from dlrecipes.records.store.backend import Conflict
+
+        held, tag, exists = read_lease(self.store, self.key)
+        if is_live(held):
+            raise refusal(self.root, self.name, held)
         if held is not None:
             print(f"warning: the lease of {self.root}/{self.name} held by {held.get('host')} (pid {held.get('pid')}) "
                   "expired without being released; this process takes the run over", file=sys.stderr)
-            self._write(False)
-        elif not self._write(True):
-            self._refuse(self._read() or {})
-        mine = self._read()
-        if not mine or mine.get("token") != self.token:  # another machine wrote after this one
-            self._refuse(mine or {})
+        try:  # another machine taking the same expired lease at the same moment: one of the two writes holds
+            self.etag = self.store.write(self.key, self._body(), if_absent=not exists, if_match=tag or None)
+        except Conflict:
+            raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {}) from None
+        if not self._mine():  # another machine wrote after this one (a server without conditional writes)
+            raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {})
+        self.confirmed_at = _clock()
         self._thread = threading.Thread(target=self._renew, name="dlrecipes-lease", daemon=True)
         self._thread.start()
         return self
 
-    def _refuse(self, held: dict) -> None:
-        left = max(0, int(held.get("expires", time.time()) - time.time()))
-        raise UserError(f"run_name: {self.root}/{self.name} is being trained by {held.get('host', 'another machine')} "
-                        f"(pid {held.get('pid', '?')}; its lease runs {left} s more unless renewed); wait for it to "
-                        "end, or choose another run_name")
+    def confirm(self) -> None:
+        """Renew the lease by a write that holds only while it is still this process's (see the module docstring);
+        :class:`LeaseLost` when it is not. A server that does not answer raises what the client raised (nothing is
+        confirmed: the caller writes nothing)."""
+        from dlrecipes.records.store.backend import Conflict
+
+        with self._lock:
+            if self.lost is not None:
+                raise self.lost_error()
+            if self.store.conditional_writes and self.etag:
+                try:
+                    self.etag = self.store.write(self.key, self._body(), if_match=self.etag)
+                except Conflict:
+                    if not self._mine():  # (a retried write of this process's own lands as a conflict)
+                        self._lose()
+            else:
+                if not self._mine():
+                    self._lose()
+                self.etag = self.store.write(self.key, self._body())
+                if not self._mine():
+                    self._lose()
+            self.confirmed_at = _clock()
+
+    def guard(self) -> None:
+        """Before a file is written: :class:`LeaseLost` when the lease is gone, a confirmation when the last one is
+        not recent (a pause, a hung server), nothing otherwise."""
+        if self.lost is not None:
+            raise self.lost_error()
+        if self.confirmed_at is None or _clock() - self.confirmed_at > FRESH * term():
+            self.confirm()
+
+    def _lose(self) -> None:
+        self.lost = read_lease(self.store, self.key)[0] or {}
+        raise self.lost_error()
+
+    def lost_error(self) -> LeaseLost:
+        held = self.lost or {}
+        who = f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')})" if held else "nobody (it was deleted)"
+        return LeaseLost(f"run_name: {self.root}/{self.name}: this process's lease was taken over by {who} while it "
+                         "trained the run (paused, or cut off from the server, past the lease's term); it stopped "
+                         "writing to the bucket, and its checkpoints since are kept in its staging folder only")
 
     def _renew(self) -> None:
-        while not self._stop.wait(RENEW_EVERY):
+        while not self._stop.wait(term() / 5):
             try:
-                self._write(False)
-            except Exception as exc:  # the server went away: the upload's own warning says so; try again later
-                print(f"warning: renewing the lease of {self.root}/{self.name} failed ({type(exc).__name__})",
-                      file=sys.stderr)
+                self.confirm()
+                self._warned = False
+            except LeaseLost:
+                return  # the mirror and the training say so, at their next step
+            except Exception as exc:  # the server went away: said once an outage; tried again at the next renewal
+                if not self._warned:
+                    self._warned = True
+                    print(f"warning: renewing the lease of {self.root}/{self.name} failed ({type(exc).__name__}); "
+                          "uploads wait until it is renewed", file=sys.stderr)
 
-    def release(self) -> None:
+    def release(self, wait: float = 5.0) -> None:
+        """Stop renewing and delete the lease (where this process still holds it), waiting at most ``wait`` seconds
+        for the server: a lease not deleted expires by itself."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-        held = self._read()
-        if held is not None and held.get("token") == self.token:
-            try:  # deleted; where the backend deletes nothing, written released
-                if self.store.deletes:
-                    self.store.delete(self.key, "releasing the lease")
-                else:
-                    self.store.write(self.key, json.dumps({"released": True}).encode())
-            except Exception:  # it expires on its own
-                pass
+            self._thread.join(timeout=1)  # a renewal stuck on a hung server is a daemon: left behind
+        if self.lost is not None:
+            return
+        done = threading.Thread(target=self._delete, name="dlrecipes-lease-release", daemon=True)
+        done.start()
+        done.join(timeout=wait)
+
+    def _delete(self) -> None:
+        try:
+            if not self._mine():
+                return
+            if self.store.deletes:  # deleted; where the backend deletes nothing, written released
+                self.store.delete(self.key, "releasing the lease")
+            else:
+                self.store.write(self.key, json.dumps({"released": True}).encode())
+        except Exception:  # it expires on its own
+            pass
 
 
 def _dead_here(held: dict) -> bool:
@@ -133,12 +269,11 @@ class LeasedLock:
             self.lock.release()
 
 
-def leased(lock: Any, root: Any, name: str) -> Any:
-    """``lock`` with the bucket's lease on ``root/name`` taken too (refused while another machine writes the run)."""
-    from dlrecipes.records.store.bucket import object_store
-
+def leased(lock: Any, store: Any, root: Any, name: str) -> Any:
+    """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
+    machine writes the run)."""
     try:
-        lease = BucketLease(object_store(root), root, name).take()
+        lease = BucketLease(store, root, name).take()
     except BaseException:
         lock.release()
         raise

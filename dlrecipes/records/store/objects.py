@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun, named_by_address
-from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, staged_run, uploader
+from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, object_store, staged_run
+from dlrecipes.records.store.mirror import uploader
 
 
 class IncompleteUpload(UserError):
@@ -32,10 +33,10 @@ class BucketStore(RunStore):
     def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
                           restart: bool) -> TrainingRun:
         """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
-        bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.bucket.claim_name`),
+        bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.opening.claim_name`),
         with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the
         run's lease in the bucket, and a callback uploads the run as it goes."""
-        from dlrecipes.records.store.bucket import prepare
+        from dlrecipes.records.store.opening import prepare
         from dlrecipes.records.store.local import open_in
 
         prepare(self.root, config.run_name, resume, restart)
@@ -48,13 +49,15 @@ class BucketStore(RunStore):
         if opened.lock is not None:
             from dlrecipes.records.store.lease import leased
 
-            opened.lock = leased(opened.lock, self.root, name)
-        opened.keep_in_step = lambda: [uploader(mirror)]
+            opened.lock = leased(opened.lock, object_store(self.root), self.root, name)
+            mirror.lease = opened.lock.lease  # every write to the bucket is made under it
+        mirror.keep = config.checkpoint.keep
+        opened.keep_in_step = lambda: [uploader(mirror, config.checkpoint.upload_wait)]
         opened.stored = lambda result: _all_uploaded(result, mirror)
         return opened
 
     def check_resumable(self, name: str, first_node: bool) -> None:
-        from dlrecipes.records.store.bucket import check_run_in_bucket
+        from dlrecipes.records.store.opening import check_run_in_bucket
 
         self.check()
         check_run_in_bucket(self.root, name)
@@ -87,7 +90,10 @@ class BucketStore(RunStore):
 
 
 def _all_uploaded(result: Any, mirror: RemoteRun) -> None:
-    """A run that ends with files not uploaded: one line naming them, exit code 1."""
+    """A run that ends with files not uploaded: one line naming them, exit code 1 (a run whose lease was taken over:
+    the line naming the holder)."""
+    if mirror.lease is not None and mirror.lease.lost is not None:
+        raise mirror.lease.lost_error()
     missing = mirror.incomplete()
     if missing:
         raise IncompleteUpload(

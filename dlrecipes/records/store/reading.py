@@ -142,8 +142,24 @@ def pull_runs_dir(url: str) -> dict[Path, str]:
         run = PulledRun(root, name, local_root / name)
         listing = {key[len(name) + 1:]: value for key, value in everything.items() if key.startswith(name + "/")}
         run.pull_records(listing)
+        _copy_live_lease(run, LEASE_FILE in listing)
         urls[run.local] = run.url
     return urls
+
+
+def _copy_live_lease(run: "PulledRun", listed: bool) -> None:
+    """The run's lease beside its copy while it is live (``runs`` shows the run as running on its host, as a local
+    run's lock file does), removed when it is not."""
+    import json
+
+    from dlrecipes.records.store.lease import live_holder
+
+    copy = run.local / LEASE_FILE
+    held = live_holder(run.store(), run.root, run.name) if listed else None
+    if held is None:
+        copy.unlink(missing_ok=True)
+    else:
+        copy.write_text(json.dumps(held))
 
 
 class SweepMirror(PulledRun):

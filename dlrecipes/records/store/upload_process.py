@@ -8,7 +8,9 @@ only: ``python -m dlrecipes.records.store.upload_process``) that runs only on CP
 moved only after its checkpoint is confirmed, stay :class:`~dlrecipes.records.store.bucket.RemoteRun`'s).
 
 One request per line on the process's stdin: ``{"bucket", "key", "path"}``; one answer per line on its stdout:
-``{"error": null}`` or the error's type and first line.  The process ends when its stdin closes.  Where it cannot be
+``{"error": null}`` or the error's type and first line.  The process ends when its stdin closes, and within a
+fraction of a second of its parent's end however that ends (``kill -9`` included: it never uploads for a training
+that no longer holds the run's lease); a parent gone before the answer is written is no traceback.  Where it cannot be
 started, or stops answering, the upload runs in the mirror's thread as before (said once).
 """
 
@@ -23,6 +25,7 @@ from typing import Any, Optional
 
 LARGE = 8 * 2**20  # bytes: files this large go through the process (a checkpoint); smaller ones are not worth a trip
 NICE = 10
+PARENT_POLL = 0.2  # seconds between the upload process's looks at whether its training is still there
 
 
 class UploadProcess:
@@ -59,25 +62,39 @@ class UploadProcess:
     def _started(self) -> subprocess.Popen:
         if self._process is None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "dlrecipes.records.store.upload_process", str(self.transfer_threads)],
+                [sys.executable, "-m", "dlrecipes.records.store.upload_process", str(self.transfer_threads),
+                 str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         return self._process
 
     def _give_up(self, why: str) -> None:
-        self._failed = True
+        quiet, self._failed = self._failed, True  # after close(kill=True): the end said why
+        if quiet:
+            return
         print(f"warning: the upload process stopped ({why}); uploads go on in the training process", file=sys.stderr)
         self.close()
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """End the process: its stdin closed and waited for (it finishes the upload it has), or with ``kill`` (the
+        run's end stopped waiting for it) killed at once."""
         process, self._process = self._process, None
         if process is None:
             return
+        self._failed = self._failed or kill
         try:
+            if kill:
+                raise OSError("not waited for")
             process.stdin.close()
             process.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
+        finally:
+            for stream in (process.stdin, process.stdout):
+                try:
+                    stream.close()
+                except OSError:  # a pipe whose reader is gone
+                    pass
 
 
 def lower_priority() -> None:
@@ -93,14 +110,29 @@ def lower_priority() -> None:
         pass
 
 
-def _serve(transfer_threads: int) -> None:
+def _watch_parent(parent: int) -> None:
+    """End this process at once when ``parent`` (the training) is gone: it is then adopted by another process."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="dlrecipes-parent-watch", daemon=True).start()
+
+
+def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
     """The process: boto3 alone (the endpoint and credentials from the environment it inherited).  The signals a
     terminal or a scheduler sends the whole group (Ctrl-C, SLURM's SIGTERM) are training's to answer: this process
-    goes on uploading what it was given, and ends when training closes its stdin (or dies)."""
+    goes on uploading what it was given, and ends when training closes its stdin, or as soon as training is gone."""
     import signal
 
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if parent is not None:
+        _watch_parent(parent)
     lower_priority()
     import boto3
     from boto3.s3.transfer import TransferConfig
@@ -119,9 +151,12 @@ def _serve(transfer_threads: int) -> None:
         except Exception as exc:  # the mirror's thread warns and keeps it pending, as for its own uploads
             first = str(exc).splitlines()[0][:200] if str(exc) else ""
             answer = {"error": f"{type(exc).__name__}: {first}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):  # the training is gone: nobody to answer
+            os._exit(0)
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 10, int(sys.argv[2]) if len(sys.argv) > 2 else None)

