@@ -14,8 +14,6 @@ import pytest
 
 from .conftest import TINY_RECIPE, run_cli, write
 
-pytestmark = pytest.mark.slow  # three tiny trainings
-
 PLUGIN = '''
 from dlrecipes.registry import callbacks
 
@@ -63,6 +61,7 @@ def _provenance(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())["provenance"]
 
 
+@pytest.mark.slow  # the module's three tiny trainings
 def test_the_summary_records_versions_machine_command_commit_plugins_and_seed(runs):
     import socket
     import sys
@@ -79,12 +78,16 @@ def test_the_summary_records_versions_machine_command_commit_plugins_and_seed(ru
     assert made["recipe_file"] == str(recipe.resolve())
     assert (made["git_repo"], made["git_commit"], made["git_dirty"]) == (str(repo.resolve()), _git(repo, "rev-parse", "HEAD"),
                                                                          False)
+    assert made["git_uncommitted"] == []
+    checkout = Path(__file__).resolve().parents[1]  # the suite runs dlrecipes from its git checkout
+    assert made["dlrecipes_commit"] == _git(checkout, "rev-parse", "HEAD") != made["git_commit"]
     plugin = str((repo / "probe_plugin.py").resolve())
     import hashlib
 
     assert made["plugins"][plugin] == hashlib.sha256((repo / "probe_plugin.py").read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # the module's three tiny trainings
 def test_a_runs_recipe_trains_the_same_run_again(runs):
     """trainer.deterministic on the CPU: the second run's history is the first's, value for value; nothing
     differed, so nothing was said."""
@@ -102,6 +105,7 @@ def test_a_runs_recipe_trains_the_same_run_again(runs):
     assert _provenance(repo / "runs" / "again")["recipe_file"] == str((repo / "runs" / "first" / "recipe.yaml").resolve())
 
 
+@pytest.mark.slow  # the module's three tiny trainings
 def test_a_rerun_names_each_item_that_differs_and_runs_and_compare_show_them(runs):
     repo, _, _ = runs
     summary = repo / "runs" / "first" / "summary.json"
@@ -128,6 +132,68 @@ def test_a_rerun_names_each_item_that_differs_and_runs_and_compare_show_them(run
                                                     {"torch": metadata.version("torch"), "git_commit": commit}]
     shown = run_cli("compare", str(repo / "runs" / "first"), str(repo / "runs" / "third"))
     assert shown.returncode == 0 and "torch" in shown.stdout and "0.0.1" in shown.stdout
+
+
+def _committed(repo: Path, *files: str) -> Path:
+    """A git repository at ``repo`` whose one commit holds ``files`` (each with a line of text)."""
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        write(repo / name, f"# {name}\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", *files)
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "files")
+    return repo
+
+
+def test_a_recipe_in_no_repository_records_none_not_the_working_directorys(tmp_path, monkeypatch):
+    """Issue 63: the working directory's repository was recorded as the recipe's; it made nothing of the run."""
+    from types import SimpleNamespace
+
+    from dlrecipes.records.provenance import recipe_origin
+
+    monkeypatch.chdir(_committed(tmp_path / "elsewhere", "a.py"))
+    recipe = write(tmp_path / "loose" / "r.yaml", "name: r\n")
+    made = recipe_origin(SimpleNamespace(origin=str(recipe)), [])
+    assert made == {"recipe_file": str(recipe.resolve()), "git_repo": None, "git_commit": None, "git_dirty": None,
+                    "git_uncommitted": []}
+    assert recipe_origin(SimpleNamespace(origin=None), [])["git_repo"] is None  # a recipe given as a dict
+
+
+def test_a_plugin_the_recipes_commit_does_not_hold_makes_it_dirty_and_is_named(tmp_path):
+    """Issue 63: ``git_dirty: false`` while an imported plugin was untracked (the commit cannot make the run)."""
+    from types import SimpleNamespace
+
+    from dlrecipes.records.provenance import recipe_origin
+
+    repo = _committed(tmp_path / "project", "r.yaml", "kept.py", "changed.py")
+    config = SimpleNamespace(origin=str(repo / "r.yaml"))
+    files = [str(repo / name) for name in ("kept.py", "changed.py", "new.py")]
+    assert recipe_origin(config, files[:2])["git_dirty"] is False
+    write(repo / "new.py", "# not committed\n")
+    write(repo / "changed.py", "# changed since\n")
+    outside = str(write(tmp_path / "other" / "o.py", "# in no repository: its sha256 is all there is\n"))
+    made = recipe_origin(config, [*files, outside])
+    assert (made["git_dirty"], made["git_uncommitted"]) == (True, files[1:])
+    assert _git(repo, "status", "--porcelain", "--untracked-files=no") == "M changed.py"  # git_state's part
+
+
+def test_dlrecipes_own_checkout_is_recorded_apart_from_the_recipes(tmp_path, monkeypatch):
+    import dlrecipes
+    from dlrecipes.records import provenance
+
+    checkout = Path(dlrecipes.__file__).resolve().parents[1]
+    made = provenance.dlrecipes_checkout()
+    assert made["dlrecipes_commit"] == _git(checkout, "rev-parse", "HEAD")
+    assert made["dlrecipes_dirty"] == bool(_git(checkout, "status", "--porcelain", "--", "dlrecipes"))
+    # an installed copy (a site-packages inside some repository, its files untracked there) has no checkout
+    installed = tmp_path / "repo" / "site-packages" / "dlrecipes" / "records"
+    _committed(tmp_path / "repo", "setup.py")
+    write(installed.parent / "__init__.py", "")
+    monkeypatch.setattr(provenance, "__file__", str(installed / "provenance.py"))
+    assert provenance.dlrecipes_checkout() == {}
+    said = provenance.differences({"dlrecipes_commit": "a" * 40, "dlrecipes_dirty": False},
+                                  {"dlrecipes_commit": "b" * 40, "dlrecipes_dirty": True})
+    assert said == [f"dlrecipes commit {'b' * 40} (the run had {'a' * 40})", "dlrecipes dirty True (the run had False)"]
 
 
 def test_trackers_get_the_provenance_as_tags():

@@ -58,7 +58,7 @@ def run_tags(recipe: dict[str, Any], device: str, world_size: int,
             "dlrecipes.world_size": str(world_size)}
     for key, value in flat(provenance or {}, "dlrecipes.").items():
         if value is not None:
-            text = json.dumps(value) if isinstance(value, bool) else str(value)
+            text = json.dumps(value) if isinstance(value, (bool, list)) else str(value)
             tags[key.replace("/", ".")] = text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 3] + "..."
     return tags
 

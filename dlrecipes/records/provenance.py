@@ -10,8 +10,14 @@ again (:func:`differences`: one warning per item that is not as it was).
 - ``host``, ``world_size``, ``nodes``;
 - ``command``: the command line, or the Python call (:func:`invoked`), secrets redacted;
 - ``recipe_file``, ``git_repo``, ``git_commit`` and ``git_dirty``: the recipe's file and the git repository
-  holding it, its commit and whether it had uncommitted changes (a recipe outside any repository, or given as a
-  dict: the working directory's repository);
+  holding it, its commit and whether that commit is not all that made the run: a tracked file changed, or a
+  plugin file in the repository untracked or changed (a recipe outside any repository, or given as a dict:
+  all four ``None``: the working directory's repository says nothing about the recipe);
+- ``git_uncommitted``: the plugin files in the recipe's repository that its commit does not hold as they are
+  (untracked or changed), the reason ``git_dirty`` is true where ``git status`` shows no change;
+- ``dlrecipes_commit`` and ``dlrecipes_dirty``: where dlrecipes itself runs from a git checkout (an editable
+  install), that checkout's commit and whether its package folder has uncommitted changes (new files included);
+  absent for an installed release, which ``versions`` names;
 - ``plugins``: ``{file: sha256}`` of each plugin module the run's registries hold entries from;
 - ``seed``.
 """
@@ -27,7 +33,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from dlrecipes.core.devices import gpu_available, gpu_count
 from dlrecipes.core.secrets import redact_text
@@ -35,7 +41,10 @@ from dlrecipes.core.secrets import redact_text
 PACKAGES = {"dlrecipes": "dlrecipes", "torch": "torch", "torchvision": "torchvision", "composer": "mosaicml",
             "timm": "timm", "numpy": "numpy"}
 # the items a rerun of a run's recipe compares (what would make its numbers differ), in the order warnings say them
-COMPARED = ("versions", "cuda", "cudnn", "gpu", "git_commit", "git_dirty", "plugins", "world_size")
+COMPARED = ("versions", "cuda", "cudnn", "gpu", "git_commit", "git_dirty", "dlrecipes_commit", "dlrecipes_dirty",
+            "plugins", "world_size")
+# a dirty flag that is said with its commit where either run had none
+SAID_WITH = {"git_dirty": "git_commit", "dlrecipes_dirty": "dlrecipes_commit"}
 
 _CALL: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("dlrecipes_call", default=None)
 
@@ -75,21 +84,54 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
-def git_state(folder: Path) -> tuple[Optional[str], Optional[str], Optional[bool]]:
-    """(work tree, commit, has uncommitted changes) of the git repository holding ``folder``; Nones outside one or
-    without git."""
-    def git(*args: str) -> Optional[str]:
-        try:
-            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
+def _git(folder: Path, *args: str, strip: bool = True) -> Optional[str]:
+    """``git -C folder ARGS``'s output (``strip``: without the spaces around it), None where git fails or is
+    missing."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() if strip else done.stdout
 
-    commit = git("rev-parse", "HEAD")
+
+def git_state(folder: Path) -> tuple[Optional[str], Optional[str], Optional[bool]]:
+    """(work tree, commit, has uncommitted changes to tracked files) of the git repository holding ``folder``;
+    Nones outside one or without git."""
+    commit = _git(folder, "rev-parse", "HEAD")
     if commit is None:
         return None, None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "--show-toplevel"), commit, (bool(status) if status is not None else None)
+    status = _git(folder, "status", "--porcelain", "--untracked-files=no")
+    return _git(folder, "rev-parse", "--show-toplevel"), commit, (bool(status) if status is not None else None)
+
+
+def uncommitted(repo: str, files: Iterable[str]) -> list[str]:
+    """Those of ``files`` inside the work tree ``repo`` that its commit does not hold as they are: untracked
+    (ignored ones included: an ignored plugin is no more in the commit) or changed."""
+    root = Path(repo).resolve()
+    inside = [f for f in files if Path(f).resolve().is_relative_to(root)]
+    if not inside:
+        return []
+    status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--ignored", "--",
+                  *(str(Path(f).resolve().relative_to(root)) for f in inside), strip=False)  # " M file"
+    if status is None:
+        return []
+    named = {str((root / entry[3:]).resolve()) for entry in status.split("\0") if len(entry) > 3}
+    return [f for f in inside if str(Path(f).resolve()) in named]
+
+
+def dlrecipes_checkout() -> dict[str, Any]:
+    """``{dlrecipes_commit, dlrecipes_dirty}`` where dlrecipes runs from a git checkout (its package folder tracked
+    in the repository around it: a site-packages inside some repository is not one), else ``{}``."""
+    package = Path(__file__).resolve().parents[1]
+    if not _git(package, "ls-files", "--", "__init__.py"):
+        return {}
+    commit = _git(package, "rev-parse", "HEAD")
+    if commit is None:
+        return {}
+    status = _git(package, "status", "--porcelain", "--", ".")
+    return {"dlrecipes_commit": commit, "dlrecipes_dirty": bool(status) if status is not None else None}
 
 
 def sha256(path: Path) -> Optional[str]:
@@ -129,22 +171,28 @@ def gpu_facts(device: str) -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(0), "gpu_count": gpu_count()}
 
 
+def recipe_origin(config: Any, plugins: Iterable[str]) -> dict[str, Any]:
+    """The recipe's file, the repository holding it (none where it is in none, or a dict) and whether that
+    repository's commit is all that made the run (``git_dirty``, ``git_uncommitted``: see the module docstring)."""
+    origin = getattr(config, "origin", None)
+    recipe = Path(origin).resolve() if origin else None
+    repo, commit, dirty = git_state(recipe.parent) if recipe else (None, None, None)
+    loose = uncommitted(repo, plugins) if repo else []
+    return {"recipe_file": str(recipe) if recipe else None, "git_repo": repo, "git_commit": commit,
+            "git_dirty": True if loose else dirty, "git_uncommitted": loose}
+
+
 def collect(config: Any, device: str) -> dict[str, Any]:
     """This run's provenance (see the module docstring)."""
     from composer.utils import dist
 
     world, local = dist.get_world_size(), max(1, dist.get_local_world_size())
-    origin = getattr(config, "origin", None)
-    repo, commit, dirty = git_state(Path(origin).resolve().parent) if origin else (None, None, None)
-    if commit is None:  # a recipe outside any repository (or a dict): the working directory's, where the code is
-        repo, commit, dirty = git_state(Path.cwd())
+    plugins = plugin_files()
     return {
         "versions": versions(), **gpu_facts(device),
         "host": socket.gethostname(), "world_size": world, "nodes": max(1, world // local),
-        "command": command(),
-        "recipe_file": str(Path(origin).resolve()) if origin else None, "git_repo": repo, "git_commit": commit,
-        "git_dirty": dirty,
-        "plugins": plugin_files(), "seed": config.trainer.seed,
+        "command": command(), **recipe_origin(config, plugins), **dlrecipes_checkout(),
+        "plugins": plugins, "seed": config.trainer.seed,
     }
 
 
@@ -169,7 +217,7 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for key in dict.fromkeys([*old, *new]):
         if old.get(key) != new.get(key):
             name = key.removeprefix("versions/").replace("plugins/", "plugin ").replace("_", " ")
-            if key == "git_dirty" and (old.get("git_commit") is None or new.get("git_commit") is None):
+            if key in SAID_WITH and (old.get(SAID_WITH[key]) is None or new.get(SAID_WITH[key]) is None):
                 continue  # said with the commit
             said.append(f"{name} {shown(new.get(key))} (the run had {shown(old.get(key))})")
     return said
