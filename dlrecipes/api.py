@@ -203,10 +203,12 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
 
 def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, parallel: int = 1,
           name: Optional[str] = None, trials: Optional[int] = None, search: Optional[str] = None,
-          plugins: Sequence[str] = (), echo: Callable[[str], None] = print, nproc: int = 1):
+          plugins: Sequence[str] = (), echo: Callable[[str], None] = print, nproc: int = 1,
+          trust_checkpoint: bool = False):
     """Run a sweep (see :mod:`dlrecipes.tools.sweep`): every point validated first, then trained, ``parallel``
     at a time (each on ``nproc`` processes through ``launch``), skipping finished points and resuming stopped
-    ones. Returns (plan, summary rows, exit code)."""
+    ones; ``trust_checkpoint``: each training as ``train --trust-checkpoint`` (the checkpoints it resumes or
+    loads by ``checkpoint.load_path``, unpickled in full). Returns (plan, summary rows, exit code)."""
     from dlrecipes.config.devices import check_launch
     from dlrecipes.errors import UserError
     from dlrecipes.tools import sweep as tool
@@ -217,7 +219,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         raise RecipeError(f"--nproc: at least 1 process per training, got {nproc}")
     tool.get_ready(nproc)  # the trainings' server imports torch and Composer while the points are validated
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
-    plan.plugins, plan.nproc = list(plugins), nproc
+    plan.plugins, plan.nproc, plan.trust_checkpoint = list(plugins), nproc, trust_checkpoint
     runs_dir = None
     if plan.search == "optuna":  # its points come one by one: the ends of each range are checked instead
         base = resolve(recipe, plan.fixed, plugins)

@@ -193,13 +193,15 @@ def sweep(
     search: Optional[str] = typer.Option(None, "--search", help="random or optuna: sample key=loguniform(a,b), "
                                          "uniform(a,b), randint(a,b) or choice(a,b,...); optuna: TPE sampling and "
                                          "median pruning on the monitored metric (the optuna extra)"),
+    trust_checkpoint: bool = TrustOpt,
 ) -> None:
     """Train a grid of overrides (key=a,b,c), resumably, and print a table of the results."""
     from dlrecipes import api
     from dlrecipes.tools.describe import format_sweep
 
     plan, rows, code = _guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
-                                                  args.plugins, echo=typer.echo, nproc=nproc))
+                                                  args.plugins, echo=typer.echo, nproc=nproc,
+                                                  trust_checkpoint=trust_checkpoint))
     typer.echo(format_sweep(plan, rows))
     raise typer.Exit(code)
 

@@ -118,6 +118,25 @@ def test_a_pinned_checksum_is_checked_when_training_starts_not_at_validation(tin
     assert Distillation(str(run.best), teacher_sha256=_sha(run.best)).weights is not None
 
 
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_teacher_that_holds_objects_is_refused_with_advice_a_teacher_can_follow(tmp_path, monkeypatch, hidden):
+    """Issue 63: a teacher is always read tensors-only, so ``--trust-checkpoint``, the advice of every other
+    refused checkpoint, cannot help it: the line says to save its weights alone instead (whether the listing saw
+    the object, or the tensors-only load behind it stopped at one the listing missed)."""
+    run = _teacher_run(tmp_path)
+    torch.save({"state": {"model": _network().state_dict()}, "where": Path("x")}, run.best)
+    if hidden:
+        import dlrecipes.records.checkpoint_safety as safety
+
+        monkeypatch.setattr(safety, "unsafe_globals", lambda path: [])  # a pickle that hides its globals
+    with pytest.raises(UserError) as refused:
+        Distillation(str(run.best))
+    said = str(refused.value)
+    assert said.startswith(f"{KEY}: {run.best} holds Python objects beyond tensors (pathlib.PosixPath); a teacher is "
+                           "always read tensors-only, --trust-checkpoint or not: save its weights alone")
+    assert "pass --trust-checkpoint" not in said and "\n" not in said
+
+
 def _hand_kl(student, teacher, t):
     p = torch.softmax(teacher / t, dim=-1)
     return (p * (p.log() - torch.log_softmax(student / t, dim=-1))).sum() / len(student) * t * t

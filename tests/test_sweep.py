@@ -161,6 +161,27 @@ def test_a_failed_and_a_refused_point_each_say_why_and_the_sweep_exits_1(tiny_re
 
 
 @pytest.mark.slow
+def test_a_point_refused_for_an_untrusted_checkpoint_trains_with_the_sweeps_own_trust_checkpoint(trained_tiny,
+                                                                                                 tiny_recipe):
+    """Issue 63: the refusal says "pass --trust-checkpoint", and the sweep, which had no such option, now takes it
+    and passes it on to each point's training."""
+    import torch
+
+    start = tiny_recipe.parent / "start.pt"
+    state = torch.load(trained_tiny / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
+    torch.save({**state, "where": Path("x")}, start)  # a harmless object beyond tensors
+    args = ("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.05", f"checkpoint.load_path={start}",
+            "trainer.max_duration=1ba", "trainer.eval_subset_num_batches=1")
+    refused = run_cli(*args, timeout=600)
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+    reasons = {r["reason"] for r in _table(tiny_recipe.parent / "runs" / "tiny-sweep")}
+    assert len(reasons) == 1 and reasons.pop().endswith("If you trust the file, pass --trust-checkpoint")
+    trusted = run_cli(*args, "--trust-checkpoint", timeout=600)
+    assert trusted.returncode == 0, trusted.stdout[-3000:] + trusted.stderr[-3000:]
+    assert [r["status"] for r in _table(tiny_recipe.parent / "runs" / "tiny-sweep")] == ["done", "done"]
+
+
+@pytest.mark.slow
 def test_a_failed_trial_keeps_its_outcome_when_the_search_goes_on(tiny_recipe):
     """An Optuna search does not train a failed trial again: the next run of the sweep still shows how it ended
     (it left no run directory), recorded in the sweep's folder."""

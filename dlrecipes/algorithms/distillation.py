@@ -28,7 +28,7 @@ from composer.core.precision import get_precision_context
 from torch import nn
 
 from dlrecipes import registry
-from dlrecipes.algorithms.teacher import KEY, TeacherSource, sha256, teacher_file, teacher_source
+from dlrecipes.algorithms.teacher import KEY, SPEC_WEIGHTS, TeacherSource, sha256, teacher_file, teacher_source
 from dlrecipes.errors import UserError
 
 
@@ -61,7 +61,7 @@ def blended_loss(label_loss: torch.Tensor, student: torch.Tensor, teacher: torch
 def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[dict[str, torch.Tensor]]:
     """The teacher's state dict (keys as the bare network names them), read tensors-only, its file checked
     against the checksum validation recorded (``pinned``)."""
-    from dlrecipes.records.checkpoints import model_weights, read_checkpoint, unsafe_globals
+    from dlrecipes.records.checkpoints import UntrustedCheckpoint, model_weights, read_checkpoint
 
     checked = source.checksum_file
     if pinned and checked is not None and sha256(checked) != pinned:
@@ -69,11 +69,14 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
                         f"the file's is {sha256(checked)[:12]}...); remove teacher_sha256 to use the file as it is now")
     if source.weights is None:
         return None
-    risky = unsafe_globals(source.weights) if source.weights.is_file() else []
-    if risky:
-        raise UserError(f"{KEY}: {source.weights} holds Python objects beyond tensors ({', '.join(risky[:3])}); a "
-                        "teacher is read tensors-only: save its state_dict() instead")
-    weights = model_weights(read_checkpoint(source.weights, key=KEY), source.weights, key=KEY)
+    try:
+        state = read_checkpoint(source.weights, key=KEY)
+    except UntrustedCheckpoint as refused:  # its advice, --trust-checkpoint, is not for a teacher: say what is
+        raise UserError(f"{KEY}: {source.weights} holds Python objects beyond tensors ({', '.join(refused.found[:3])}"
+                        f"); a teacher is always read tensors-only, --trust-checkpoint or not: save its weights alone, "
+                        f"torch.save(network.state_dict(), FILE), and give the teacher as {{name: <model>, "
+                        f"<parameters>, {SPEC_WEIGHTS}: FILE}}") from None
+    weights = model_weights(state, source.weights, key=KEY)
     weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from a torch.compile'd network
     if weights and all(k.startswith("module.") for k in weights):  # a Composer classifier's: module.<layer>
         weights = {k.removeprefix("module."): v for k, v in weights.items()}

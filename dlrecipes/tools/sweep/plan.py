@@ -53,6 +53,7 @@ class SweepPlan:
     plugins: list[str] = field(default_factory=list)
     seed: int = 0  # the random search's (and Optuna's sampler's)
     nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
+    trust_checkpoint: bool = False  # each training with --trust-checkpoint (this command's word: not in sweep.yaml)
     monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
     mode: str = "max"
     trains_into: Optional[str] = None  # the points' runs_dir when it is not ``folder`` (a bucket's s3://.../<name>)

@@ -324,7 +324,8 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
                f"runs_dir={plan.trains_into or plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
-               *(["--resume"] if action == "resume" else []), *(a for p in plan.plugins for a in ("--plugin", p))]
+               *(["--resume"] if action == "resume" else []), *(["--trust-checkpoint"] if plan.trust_checkpoint else []),
+               *(a for p in plan.plugins for a in ("--plugin", p))]
     forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
     log = open(log_path(plan.folder, point.name), "a")
     log.write(f"$ {' '.join(command)}\n")
