@@ -149,9 +149,8 @@ def train(
     resume: bool = ResumeOpt,
     restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
-    verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="also Composer's console logging (config banner, metrics) and its warnings"
-    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also Composer's console logging (config banner, "
+                                 "metrics) and its warnings"),
 ) -> None:
     """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
     from dlrecipes import api
@@ -209,9 +208,8 @@ def sweep(
 @recipe_command()
 def validate(
     args: RecipeArgs,
-    device_check: bool = typer.Option(
-        True, "--device-check/--skip-device-check", help="check that this machine can run the device and precision"
-    ),
+    device_check: bool = typer.Option(True, "--device-check/--skip-device-check", help="check that this machine can "
+                                      "run the device and precision, and hold a batch and in-memory data"),
     data_check: bool = typer.Option(
         True, "--data-check/--no-data-check", help="check that the recipe's input paths exist (train always does)"
     ),

@@ -32,7 +32,10 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   ``pixels=False`` (its images are random tensors, not normalised pixels: augmentations that work on pixel
   values refuse it at validation); ``made_by="command (page)"`` (what makes its files: a missing one's error
   names it); ``source_side=fn(params)`` (``(side, which image)`` of the source images when known before
-  training, else None: validation warns when the crop upsamples them more than twice, :mod:`dlrecipes.data.source_sizes`).
+  training, else None: validation warns when the crop upsamples them more than twice, :mod:`dlrecipes.data.source_sizes`);
+  ``channels=fn(params)`` (the channels of an image the model sees) and ``held_samples=fn(params)`` (how many
+  images an in-memory dataset holds at that size when built): with ``image_side``, what validation multiplies
+  to refuse a batch or a dataset that cannot fit in this machine's memory (:func:`dlrecipes.config.checks.check_memory`).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)``,
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch) and
   ``changes_network=True`` (it changes the network's modules, as Composer's ``Algorithm.required_on_load()``
@@ -248,7 +251,8 @@ COMMON_METADATA = ("validator", "paths")
 models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
                   ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
 datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
-                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by", "source_side"))
+                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by", "source_side",
+                     "channels", "held_samples"))
 optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
                       "torch.optim.Optimizer")
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")

@@ -284,6 +284,22 @@ def test_show_names_the_override_of_a_list_written_section(tiny_recipe):
     ("run_name=" + "r" * 300, "run_name: 300 characters; at most 120"),
     ("dataset={name: synthetic, num_classes: 3}", None),  # top5 dropped from the defaults: not an error
     ("metrics=[top1, top5]", None),
+    # issue 63: values validate said ok to and training then refused (in its factory, or in torch, Composer or NumPy)
+    ("callbacks.early_stopping.patience=0", "callbacks.early_stopping.patience: expected int >= 1, got 0 (int)"),
+    ("callbacks.speed_monitor.window_size=0", "callbacks.speed_monitor.window_size: expected int >= 1, got 0 (int)"),
+    ("callbacks.torch_profiler.active=0", "callbacks.torch_profiler.active: expected int >= 1, got 0 (int)"),
+    ("callbacks.torch_profiler.wait=-1", "callbacks.torch_profiler.wait: expected int >= 0, got -1 (int)"),
+    ("callbacks.nan_monitor.max_skips=-1", "callbacks.nan_monitor.max_skips: expected int >= 0, got -1 (int)"),
+    ("algorithms.progressive_resizing.size_increment=0",
+     "algorithms.progressive_resizing.size_increment: expected int >= 1, got 0 (int)"),
+    ("algorithms.swa.anneal_steps=0", "algorithms.swa.anneal_steps: expected int >= 1, got 0 (int)"),
+    ("loggers.tensorboard.flush_interval=0", "loggers.tensorboard.flush_interval: expected int >= 1, got 0 (int)"),
+    ("trainer.seed=-1", "trainer.seed: expected int in [0, 4294967295], got -1 (int)"),
+    ("trainer.seed=4294967296", "trainer.seed: expected int in [0, 4294967295], got 4294967296 (int)"),
+    ("dataset={name: cifar10, image_size: 4}", "dataset.image_size: expected int in [8, 8192], got 4 (int)"),
+    ("dataset={name: synthetic, train_samples: 0}", "dataset.train_samples: expected int >= 1, got 0 (int)"),
+    ("checkpoint.save_interval=0ba", "checkpoint.save_interval: expected duration above zero"),
+    ("trainer.eval_interval=0", "trainer.eval_interval: expected duration such as '10ep'"),
 ])
 def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
     result = run_cli("validate", str(recipe), override)
@@ -293,6 +309,34 @@ def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
     assert result.returncode == 2 and result.stderr.startswith(f"error: {line}"), result.stderr
     lines = result.stderr.strip().splitlines()
     assert (len(lines) == 1 or _is_meaning(lines)) and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["trainer.batch_size=1000000000000"], "trainer.batch_size: one batch of 1,000,000,000,000 images of 1x8x8 float32 "
+                                           "is 238,418.6 GiB, and this machine has "),
+    (["trainer.eval_batch_size=1000000000000"], "trainer.eval_batch_size: one batch of 1,000,000,000,000 images of "),
+    (["dataset={name: synthetic, input_shape: [3, 8192, 8192], train_samples: 100000}", "trainer.batch_size=1"],
+     "dataset: synthetic holds 100,064 images of 3x8192x8192 float32 in memory, 75,048.0 GiB, and this machine has "),
+])
+def test_a_batch_or_dataset_larger_than_this_machines_memory_is_refused_by_validate(recipe, overrides, line):
+    """Issue 63: validate said ok, and training failed later allocating them; --skip-device-check (a recipe meant
+    for another machine) leaves this machine's memory out, as it does its devices."""
+    result = run_cli("validate", str(recipe), *overrides)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {line}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and " of this size fit" in result.stderr
+    assert run_cli("validate", str(recipe), *overrides, "--skip-device-check").returncode == 0
+
+
+def test_the_memory_estimate_is_the_recipes_numbers_multiplied(recipe):
+    from dlrecipes.config.checks import check_memory
+
+    config = check(recipe, "trainer.batch_size=1000", "dataset={name: cifar10, image_size: 64}")
+    image = 3 * 64 * 64 * 4
+    check_memory(config, memory=1000 * image)  # exactly fits
+    with pytest.raises(RecipeError, match=r"^trainer.batch_size: one batch of 1,000 images of 3x64x64 float32 is "
+                                          r"0.0 GiB, and this machine has 0.0 GiB of memory; at most 999 images"):
+        check_memory(config, memory=1000 * image - 1)
+    check_memory(config, processes=2, memory=500 * image)  # each of two processes loads half the batch
 
 
 def test_top_k_metrics_fit_the_data(recipe):

@@ -76,7 +76,7 @@ def ema(half_life: Optional[Duration] = "1000ba", smoothing: Optional[float] = N
 
 @algorithms.register("progressive_resizing", image_label_batch="resizes batch[0] as the images")
 def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_scale: float = 0.5,
-                         finetune_fraction: float = 0.2, delay_fraction: float = 0.5, size_increment: int = 4,
+                         finetune_fraction: float = 0.2, delay_fraction: float = 0.5, size_increment: AtLeastOne = 4,
                          resize_targets: bool = False):
     """Train on downscaled images early, growing to full size.
 
@@ -227,7 +227,8 @@ def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 
 
 @algorithms.register("swa", checkpoint_state=True)
 def swa(swa_start: Duration = "0.7dur", swa_end: Duration = "0.97dur", update_interval: Duration = "1ep",
-        schedule_swa_lr: bool = False, anneal_strategy: Literal["linear", "cos"] = "linear", anneal_steps: int = 10,
+        schedule_swa_lr: bool = False, anneal_strategy: Literal["linear", "cos"] = "linear",
+        anneal_steps: AtLeastOne = 10,
         swa_lr: Optional[float] = None):
     """Stochastic weight averaging over the end of training (Izmailov et al. 2018).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from dlrecipes.callbacks.export_options import EXPORT_FORMATS, check_export
-from dlrecipes.errors import RecipeError
+from dlrecipes.core.ranges import AtLeastOne, AtLeastZero
 from dlrecipes.registry import callbacks
 
 
@@ -24,7 +24,7 @@ def lr_monitor():
 
 
 @callbacks.register("speed_monitor")
-def speed_monitor(window_size: int = 100):
+def speed_monitor(window_size: AtLeastOne = 100):
     """Log throughput (samples and batches per second) and wall-clock time.
 
     Args:
@@ -49,7 +49,7 @@ def early_stopping(
     split: Literal["eval", "train"] = "eval",
     mode: Literal["max", "min"] = "max",
     min_delta: float = 0.0,
-    patience: int = 3,
+    patience: AtLeastOne = 3,
 ):
     """Stop after `patience` epochs in which the metric did not improve by more than min_delta.
 
@@ -65,8 +65,6 @@ def early_stopping(
     """
     from composer.callbacks import EarlyStopper
 
-    if patience < 1:
-        raise RecipeError(f"callbacks.early_stopping.patience: must be at least 1 epoch, got {patience}")
     # Composer stops once more than `patience` epochs passed since the best; ours counts the epochs without improvement
     return EarlyStopper(
         monitor=monitor, dataloader_label=split, comp=_comparison(mode), min_delta=min_delta, patience=f"{patience - 1}ep"
@@ -102,7 +100,7 @@ def threshold_stopper(
 
 
 @callbacks.register("nan_monitor")
-def nan_monitor(layout, /, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
+def nan_monitor(layout, /, action: Literal["stop", "skip"] = "stop", max_skips: AtLeastZero = 10):
     """Stop at a NaN/inf loss naming the batch (checkpoints kept), or skip that step's update.
 
     Args:
@@ -119,10 +117,10 @@ def nan_monitor(layout, /, action: Literal["stop", "skip"] = "stop", max_skips: 
 def torch_profiler(
     layout,
     /,
-    wait: int = 1,
-    warmup: int = 1,
-    active: int = 3,
-    repeat: int = 1,
+    wait: AtLeastZero = 1,
+    warmup: AtLeastZero = 1,
+    active: AtLeastOne = 3,
+    repeat: AtLeastZero = 1,
     record_shapes: bool = True,
     profile_memory: bool = True,
     with_stack: bool = False,
@@ -161,8 +159,8 @@ def best_checkpoint(layout, /, monitor: str = "top1", mode: Literal["max", "min"
 
 
 @callbacks.register("optuna_trial")
-def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
-                 warmup_evaluations: int = 1):
+def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1",
+                 startup_trials: AtLeastZero = 5, warmup_evaluations: AtLeastZero = 1):
     """Report the eval metric to an Optuna trial and stop when the median pruner prunes it.
 
     Added by `dlrecipes sweep --search optuna` (needs the optuna extra); it reports after each evaluation.
@@ -180,8 +178,6 @@ def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: 
     """
     from dlrecipes.callbacks.optuna_trial import OptunaTrial, import_optuna
 
-    if startup_trials < 0 or warmup_evaluations < 0:
-        raise RecipeError("callbacks.optuna_trial: startup_trials and warmup_evaluations are 0 or more")
     import_optuna()  # a missing extra is one line at build time, not a failure after the first epoch
     # a pruned trial's summary.json says so: its history is the run's
     return OptunaTrial(storage, study, trial, monitor, startup_trials, warmup_evaluations,

@@ -3,9 +3,10 @@ what one section implies for another (monitors, loaders, algorithms, input sizes
 
 from __future__ import annotations
 
+import os
 import re
 import typing
-from typing import Any, Collection, Union
+from typing import Any, Collection, Optional, Union
 
 from dlrecipes import registry
 from dlrecipes.config.tasks import declared_io
@@ -304,6 +305,51 @@ def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
                 raise RecipeError(f"{section}.{name}: top-{k} of {classes} classes is always 1; remove it "
                                   f"(or use a k below {classes})")
             del chosen[name]  # a default metric that would say nothing for this data
+
+
+FLOAT_BYTES = 4  # an element of the model's input batch, and of an in-memory dataset's images as it is built
+
+
+def machine_memory() -> Optional[int]:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_memory(config: RecipeConfig, processes: int = 1, memory: Optional[int] = None) -> None:
+    """Refuse what cannot fit in this machine's memory, before anything is built: one batch's input tensor (each of
+    ``processes`` loads its share of the global batch) and the images an in-memory dataset holds as it is built,
+    each a product of the recipe's numbers (float32 elements; the dataset's channels and image side where its entry
+    says them, else one channel of the side it knows), against the physical memory (``memory``: that, given).
+    A lower bound: what passes may still not fit; what is refused cannot."""
+    memory = machine_memory() if memory is None else memory
+    entry = registry.datasets.get(config.dataset.name)
+    side_of, channels_of = entry.metadata.get("image_side"), entry.metadata.get("channels")
+    if memory is None or config.task is not None or side_of is None:
+        return
+    params = _with_defaults(entry, config.dataset.params)
+    channels, side = channels_of(params) if channels_of else 1, side_of(params)
+    image = channels * side * side * FLOAT_BYTES
+    shape = f"{channels}x{side}x{side}"
+    t = config.trainer
+    for key, batch in (("trainer.batch_size", t.batch_size), ("trainer.eval_batch_size", t.eval_batch_size)):
+        share = -(-(batch or 0) // max(1, processes))
+        if share * image > memory:
+            raise RecipeError(f"{key}: one batch of {share:,} images of {shape} float32 is {_gib(share * image)}, "
+                              f"and this machine has {_gib(memory)} of memory; at most {memory // image:,} images "
+                              "of this size fit (a smaller batch, or smaller images)")
+    held_of = entry.metadata.get("held_samples")
+    held = held_of(params) if held_of else 0
+    if held * image > memory:
+        raise RecipeError(f"dataset: {config.dataset.name} holds {held:,} images of {shape} float32 in memory, "
+                          f"{_gib(held * image)}, and this machine has {_gib(memory)}; at most {memory // image:,} "
+                          "images of this size fit (fewer samples, or smaller images)")
 
 
 def check_train_options(config: RecipeConfig, resume: bool, restart: bool) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes import registry
 from dlrecipes.core.durations import Duration
-from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range
+from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range, Size
 from dlrecipes.core.secrets import redact
 from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
 
@@ -42,7 +42,8 @@ class TrainerConfig:
     eval_interval: PositiveDuration = _help("how often to evaluate", default="1ep")
     precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help("numeric precision; AMP needs a GPU", default="fp32")
     device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
-    seed: int = _help("random seed for weights, data order and augmentation", default=17)
+    seed: Annotated[int, Range(0, 2**32 - 1)] = _help("random seed for weights, data order and augmentation",
+                                                      default=17)  # NumPy's range: Composer seeds it too
     deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
     batch_size: AtLeastOne = _help("global training batch size, split evenly over all devices", default=128)
     batch_size_per_device: Optional[AtLeastOne] = _help(
@@ -63,7 +64,7 @@ class TrainerConfig:
         default="torch",
     )
     cache_dir: Optional[str] = _help("tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None)
-    cache_size: Optional[int] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
+    cache_size: Optional[Size] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
     progress_bar: bool = _help(
         "on a terminal, a live progress line per phase (a summary row per epoch is printed either way)", default=True
     )

@@ -4,7 +4,7 @@ A credential in a recipe key is refused first (:mod:`dlrecipes.core.secrets`); t
 required keys (:mod:`.schema` against :mod:`.sections`), registry names and each named
 component's parameters against its factory's signature (:mod:`.checks`), tasks (:mod:`.tasks`), input paths
 (:mod:`.paths`), batches that divide over a launcher's processes (:mod:`.devices`) and what this machine can
-run (:mod:`dlrecipes.core.devices`).
+run (:mod:`dlrecipes.core.devices`) and hold (:func:`.checks.check_memory`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dlrecipes.config.checks import (
     check_component_map,
     check_cross_fields,
     check_loss,
+    check_memory,
     check_metrics,
 )
 from dlrecipes.config.paths import check_inputs_exist, resolve_paths
@@ -38,7 +39,7 @@ def validate(recipe: LoadedRecipe, check_device: bool = True, check_data: bool =
     """Check a loaded recipe against the schema and the registries (builds nothing).
 
     ``check_device=False`` skips asking whether this machine can run the recipe's device
-    and precision (for checking a GPU recipe on a laptop); ``check_data=False``, whether its
+    and precision, and hold its batches (for checking a GPU recipe on a laptop); ``check_data=False``, whether its
     input paths exist (for checking a recipe before its data is in place).  An error about a key's value carries
     the key's meaning as its ``hint`` (the CLI prints it after the error's line).
     """
@@ -96,6 +97,7 @@ def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> Re
     check_cross_fields(config, given=set(recipe.data))
     if check_device:
         devices.check_device(config)
+        check_memory(config, distributed.world_size())  # a batch or in-memory dataset larger than this machine
     if check_data:  # last: a recipe mistake is reported before missing data
         check_inputs_exist(config)
     return config

@@ -35,8 +35,8 @@ class Range:
         return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
 
     def describe(self) -> str:
-        def number(x: float) -> str:
-            return f"{x:g}"
+        def number(x: float) -> str:  # 4294967295, not 4.29497e+09
+            return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
         if self.low is not None and self.high is not None:
             return (f"in {'(' if self.low_open else '['}{number(self.low)}, "
@@ -62,6 +62,7 @@ NonNegative = Annotated[float, Range(0)]  # weight decay, momentum-like terms th
 Probability = Annotated[float, Range(0, 1, high_open=True)]  # dropout, label smoothing: [0, 1)
 Fraction = Annotated[float, Range(0, 1, low_open=True, high_open=True)]  # a share of something: (0, 1)
 AtLeastOne = Annotated[int, Range(1)]  # counts
+AtLeastZero = Annotated[int, Range(0)]  # counts that may be none
 Size = Annotated[int, Range(1, 8192)]  # image sides and layer widths: >= 1 and not absurd
 Classes = Annotated[int, Range(2)]  # a classifier's classes: at least 2
 PositiveDuration = Annotated[Duration, Range(0, low_open=True)]  # a time that is not zero

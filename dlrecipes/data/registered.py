@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.param_docs import Doc
-from dlrecipes.core.ranges import Classes, Fraction, Size
+from dlrecipes.core.ranges import AtLeastOne, Classes, Fraction, Range, Size
 from dlrecipes.data.preprocess_params import (
     CROP_SIZE, EVAL_CROP_SIZE, HFLIP, IMAGENET_MEAN, IMAGENET_STD, MIN_SCALE, RESIZE_RATIO, RESIZE_SIZE, CropSize,
     EvalCropSize, Hflip, Mean, MinScale, ResizeRatio, ResizeSize, Std, shared_meanings,
@@ -28,7 +28,7 @@ CifarDownload = Annotated[bool, Doc("download and extract the archive into root 
                                     "missing file is an error naming it.")]
 CifarAugment = Annotated[bool, Doc("random 32x32 crops of the 4-pixel-padded training images and random left-right "
                                    "flips; false: training images as they are.")]
-CifarSize = Annotated[Size, Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
+CifarSize = Annotated[int, Range(8, 8192), Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
                                 "networks built for larger inputs, at least 8; 32 (the default) leaves them as they "
                                 "are.")]
 DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 degrees of rotation, 10% shift, "
@@ -37,6 +37,9 @@ DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 
 EvalFraction = Annotated[Fraction, Doc("share of each class's images held out for evaluation (a stratified split), in "
                                        "(0, 1).")]
 SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
+
+
+DIGITS_SAMPLES = 1797  # the embedded scans (dlrecipes/data/digits.py), each upsampled to image_size when built
 
 
 def _crop_side(params: dict) -> int:
@@ -79,7 +82,8 @@ def _check_eval_sizes(params: dict, path: str) -> None:
         )
 
 
-@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10)
+@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10,
+                   channels=lambda p: 1, held_samples=lambda p: DIGITS_SAMPLES)
 def digits(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2,
            split_seed: SplitSeed = 0):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed).
@@ -93,7 +97,8 @@ def digits(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: 
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10)
+@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10,
+                   channels=lambda p: 1)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online).
 
@@ -109,7 +114,7 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
 
 
 @datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
-                   classes=lambda p: 10)
+                   classes=lambda p: 10, channels=lambda p: 3)
 def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
             image_size: CifarSize = 32):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment.
@@ -128,7 +133,7 @@ def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment:
 
 
 @datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
-                   classes=lambda p: 100)
+                   classes=lambda p: 100, channels=lambda p: 3)
 def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augment: CifarAugment = True,
              image_size: CifarSize = 32):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10.
@@ -146,7 +151,7 @@ def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augmen
 @datasets.register(
     "image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side, validator=_check_eval_sizes,
     source_side=lambda p: folder_side(p.get("train_path")),
-    classes=_folder_classes("train_path"),
+    classes=_folder_classes("train_path"), channels=lambda p: 3,
 )
 @shared_meanings
 def image_folder(
@@ -183,7 +188,7 @@ def image_folder(
 
 @datasets.register(
     "imagenet", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
-    classes=_imagenet_classes, source_side=lambda p: folder_side(f"{p.get('root')}/train"),
+    classes=_imagenet_classes, source_side=lambda p: folder_side(f"{p.get('root')}/train"), channels=lambda p: 3,
 )
 @shared_meanings
 def imagenet(
@@ -235,7 +240,8 @@ datasets.add_variant(
 )
 
 
-@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side)
+@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side,
+                   channels=lambda p: 3)
 @shared_meanings
 def hf(
     path: str,
@@ -278,7 +284,7 @@ def hf(
 
 @datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
     "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
-    "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"))
+    "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"), channels=lambda p: 3)
 @shared_meanings
 def ffcv(
     train_path: str,
@@ -325,12 +331,13 @@ def ffcv(
 
 
 @datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),
-                   classes=lambda p: p["num_classes"], pixels=False)
+                   classes=lambda p: p["num_classes"], pixels=False, channels=lambda p: p["input_shape"][0],
+                   held_samples=lambda p: p["train_samples"] + p["eval_samples"])
 def synthetic(
     num_classes: Classes = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),
-    train_samples: int = 256,
-    eval_samples: int = 64,
+    train_samples: AtLeastOne = 256,
+    eval_samples: AtLeastOne = 64,
     seed: int = 0,
 ):
     """Random images and labels of a given shape (smoke tests and benchmarks).
@@ -387,8 +394,8 @@ def synthetic_multi_io(
     input_shape: tuple[int, int, int] = (1, 8, 8),
     classes: dict[str, int] = _SYNTHETIC_CLASSES,
     regression: tuple[str, ...] = (),
-    train_samples: int = 512,
-    eval_samples: int = 128,
+    train_samples: AtLeastOne = 512,
+    eval_samples: AtLeastOne = 128,
     noise: float = 1.0,
     seed: int = 0,
 ):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from dlrecipes.core.ranges import AtLeastOne
 from dlrecipes.errors import UserError
 from dlrecipes.registry import loggers
 
@@ -56,7 +57,7 @@ def _told(tracker, run):
 
 
 @loggers.register("tensorboard")
-def tensorboard(layout, run=None, /, log_dir: Optional[str] = None, flush_interval: int = 100):
+def tensorboard(layout, run=None, /, log_dir: Optional[str] = None, flush_interval: AtLeastOne = 100):
     """TensorBoard event files (default: <run dir>/tensorboard).
 
     Args:
