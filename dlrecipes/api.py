@@ -23,15 +23,49 @@ from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
 
 def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
          root: str | Path | None = None) -> LoadedRecipe:
-    """Read the recipe (a file, or a dict of sections standing for a file in ``root``, default the working
-    directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied) and import every plugin it
-    needs."""
-    loaded = load_recipe(recipe, overrides, root)
+    """Read the recipe (a file, a run's recorded recipe in a bucket, or a dict of sections standing for a file in
+    ``root``, default the working directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied)
+    and import every plugin it needs."""
+    local = pulled_recipe(recipe)
+    loaded = load_recipe(local, overrides, root)
+    if local is not recipe:  # `show` says where each value came from: the address, not its local copy
+        copy = Path(local).resolve()
+        loaded.sources = {key: recipe if Path(origin).resolve() == copy else origin
+                          for key, origin in loaded.sources.items()}
     imports = loaded.data.get("imports", [])
     if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
         raise RecipeError(f"imports: expected a list of module names or .py paths, got {shown(imports)}")
     load_all(imports=imports, plugins=plugins, recipe_dir=loaded.path.resolve().parent)
     return loaded
+
+
+def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mapping[str, Any]:
+    """A recipe named by its address in a bucket, ``s3://BUCKET/PREFIX/RUN/recipe.yaml`` (a run's recorded recipe,
+    as ``runs/RUN/recipe.yaml`` names one here): that file, brought here with the run's records by the run store (as
+    ``eval`` of the run reads them, so a rerun compares with the run's summary); any other recipe as it is.
+    Where it cannot be read: one line naming the address."""
+    from dlrecipes.records.layout import RECIPE_FILE
+
+    if not isinstance(recipe, str) or "://" not in recipe:
+        return recipe
+    from dlrecipes.errors import UserError
+    from dlrecipes.records.store import open_for_reading
+
+    run, _, name = recipe.rpartition("/")
+    if name != RECIPE_FILE:
+        raise RecipeError(f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
+                          f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}")
+    try:
+        read = open_for_reading(run, None)
+    except UserError as exc:  # its line names the run (or the bucket): say which recipe could not be read
+        exc.args = (f"recipe: {recipe} cannot be read: {str(exc).removeprefix('run: ')}",)
+        raise
+    local = Path(read.target) / RECIPE_FILE
+    if not read.pushes:  # not in a bucket the store knows: a path, as it always was
+        return recipe
+    if not local.is_file():  # an export directory: no recipe there
+        raise RecipeError(f"recipe: {recipe} cannot be read: {run} holds no {RECIPE_FILE} (an export?)")
+    return str(local)
 
 
 def resolve(

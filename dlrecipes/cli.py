@@ -40,7 +40,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON")
 class RecipeArgs:
     """What every recipe command is given: the recipe file, its overrides and the plugins to import."""
 
-    recipe: Optional[Path]
+    recipe: Optional[Path | str]  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
     overrides: list[str]
     plugins: list[str]
 
@@ -48,23 +48,25 @@ class RecipeArgs:
 def recipe_command(name: Optional[str] = None, required: bool = True, app: typer.Typer = app) -> Callable:
     """Register a command whose first parameter receives :class:`RecipeArgs`: the recipe argument, the
     overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
-    recipe_arg = typer.Argument(... if required else None, help="recipe YAML file" + ("" if required else
-                                " (or use --model)"), show_default=False)
+    recipe_arg = typer.Argument(... if required else None, show_default=False, help="recipe YAML file" + (
+        " (or a run's in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml)" if required else " (or use --model)"))
     overrides_arg = typer.Argument(None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to "
                                    "delete", show_default=False)
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
     def decorate(fn: Callable) -> Callable:
         own = list(inspect.signature(fn).parameters.values())[1:]
-        params = [inspect.Parameter("recipe", positional, default=recipe_arg,
-                                    annotation=Path if required else Optional[Path]),
+        params = [inspect.Parameter("recipe", positional, default=recipe_arg,  # str: Path() would make s3:// s3:/
+                                    annotation=str if required else Optional[str]),
                   inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
                   *own,
                   inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str])]
 
         @functools.wraps(fn)
         def command(**values: Any) -> Any:
-            args = RecipeArgs(values.pop("recipe"), list(values.pop("overrides") or []), list(values.pop("plugin")))
+            recipe = values.pop("recipe")
+            recipe = recipe if recipe is None or "://" in recipe else Path(recipe)  # an address: api reads it
+            args = RecipeArgs(recipe, list(values.pop("overrides") or []), list(values.pop("plugin")))
             return fn(args, **values)
 
         del command.__wrapped__  # typer reads the signature below, not fn's
@@ -226,9 +228,8 @@ def validate(
 @recipe_command()
 def show(
     args: RecipeArgs,
-    device_check: bool = typer.Option(
-        False, "--device-check/--skip-device-check", help="also check that this machine can run the device and precision"
-    ),
+    device_check: bool = typer.Option(False, "--device-check/--skip-device-check", help="also check that this "
+                                      "machine can run the device and precision"),
     explain: bool = typer.Option(False, "--explain", help="precede each key with what it means (as a YAML comment)"),
 ) -> None:
     """Print the resolved recipe, each value annotated with the file or override it came from.
@@ -241,8 +242,7 @@ def show(
 
 
 RunTargetArg = typer.Argument(..., help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file "
-                              "(then with --recipe)",
-                              show_default=False)
+                              "(then with --recipe)", show_default=False)
 CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
 RecipeOpt = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory")
 OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
