@@ -89,6 +89,11 @@ def test_a_model_spec_teacher_gets_absolute_paths_and_the_checksum_of_its_weight
     ("''", f"{KEY}: expected a run directory, a checkpoint file or a model spec"),
     ("four_classes", f"{KEY}: the teacher \\(run .*\\) predicts 4 classes and this dataset has 10"),
     ("blurpooled", f"{KEY}: run .* was trained with blurpool, which change the network's modules"),
+    # issue 63: an address was shown as s3:/... (through Path()), and said not to exist
+    ("s3://runs/exp/r1", f"{KEY}: s3://runs/exp/r1 is an address; a teacher is read from files on this machine: copy"),
+    ("{name: cnn_simple, checkpoint: 's3://runs/exp/r1/checkpoints/best.pt'}",
+     f"{KEY}.checkpoint: s3://runs/exp/r1/checkpoints/best.pt is an address; "),
+    ("{name: timm, arch: resnet18, pretrained_path: 'https://host/w.pth'}", f"{KEY}.pretrained_path: https://host/w.pth is"),
 ])
 def test_an_unusable_teacher_is_refused_at_validation_in_one_line(tiny_recipe, tmp_path, monkeypatch, teacher,
                                                                    message):
@@ -111,6 +116,8 @@ def test_a_pinned_checksum_is_checked_when_training_starts_not_at_validation(tin
     run = _teacher_run(tmp_path)
     gone = resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {tmp_path}/gone.pt, teacher_sha256: {'a' * 64}}}"])
     assert gone.algorithms["distillation"]["teacher_sha256"] == "a" * 64  # what a recorded recipe.yaml re-read does
+    with pytest.raises(RecipeError, match=f"{KEY}: s3://runs/exp/r1 is an address"):  # pinned: refused all the same
+        resolve(tiny_recipe, [f"algorithms.distillation={{teacher: s3://runs/exp/r1, teacher_sha256: {'a' * 64}}}"])
     with pytest.raises(RecipeError, match=f"{KEY}_sha256: expected 64 lowercase hex digits"):
         resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {run.path}, teacher_sha256: abc}}"])
     with pytest.raises(UserError, match=f"{KEY}: .*best.pt has changed since the recipe recorded it"):

@@ -67,6 +67,7 @@ def check_distillation_params(params: dict[str, Any], path: str) -> None:
     """The registry validator: the teacher's form (a path, or a model spec checked like ``model:``) and the
     pinned checksum's; whether the path exists is asked after paths are resolved (:func:`teacher_fits_the_run`)."""
     teacher = params.get("teacher")
+    _refuse_addresses(teacher, f"{path}.teacher")
     if isinstance(teacher, dict):
         _check_spec(teacher, f"{path}.teacher")
     elif not isinstance(teacher, str) or not teacher.strip():
@@ -76,6 +77,19 @@ def check_distillation_params(params: dict[str, Any], path: str) -> None:
     if pinned is not None and not _SHA256.match(pinned):
         raise RecipeError(f"{path}.teacher_sha256: expected 64 lowercase hex digits (a SHA-256), got {shown(pinned)}; "
                           "leave it out and validation records the teacher file's")
+
+
+def _refuse_addresses(teacher: Any, path: str) -> None:
+    """A teacher is read from files on this machine (checked, and hashed into ``teacher_sha256``, at validation):
+    an address (``s3://...``, ``https://...``) is refused as it was given (``Path()`` would show ``s3:/...``),
+    saying how to make it a file here."""
+    named = {"": teacher} if isinstance(teacher, str) else {
+        f".{key}": teacher.get(key) for key in (SPEC_WEIGHTS, "pretrained_path")} if isinstance(teacher, dict) else {}
+    for suffix, value in named.items():
+        if isinstance(value, str) and "://" in value:
+            raise RecipeError(f"{path}{suffix}: {value} is an address; a teacher is read from files on this machine: "
+                              "copy the run (its recipe.yaml and checkpoints/) or the file here first, and give its "
+                              "path")
 
 
 def _check_spec(spec: dict[str, Any], path: str) -> None:
