@@ -88,8 +88,8 @@ def _refuse_addresses(teacher: Any, path: str) -> None:
     for suffix, value in named.items():
         if isinstance(value, str) and "://" in value:
             raise RecipeError(f"{path}{suffix}: {value} is an address; a teacher is read from files on this machine: "
-                              "copy the run (its recipe.yaml and checkpoints/) or the file here first, and give its "
-                              "path")
+                              f"copy the run (its {RECIPE_FILE} and {CHECKPOINT_DIR}/) or the file here first, and "
+                              "give its path")
 
 
 def _check_spec(spec: dict[str, Any], path: str) -> None:
