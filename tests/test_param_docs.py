@@ -74,3 +74,26 @@ def test_no_meaning_names_a_parameter_that_is_not_there(group):
     stale = [f"{entry.name}.{name}" for entry in registry.REGISTRIES[group] if _builtin(entry)
              for name in entry.meanings if name not in inspect.signature(entry.factory).parameters]
     assert not stale, f"{group}: meanings of parameters the factory does not take: {stale}"
+
+
+def test_the_meanings_that_said_nothing_say_the_form_the_values_and_the_places():
+    """Issue 63: "how often to evaluate", "how often to save", "numeric precision; AMP needs a GPU", "callbacks by
+    name" and "where run directories are written" named no unit, no value, no registry, no bucket."""
+    from dlrecipes.config.meanings import key_meaning
+    from dlrecipes.core.durations import DURATION_UNITS
+    from dlrecipes.core.precision import PRECISIONS
+    from dlrecipes.records.store.bucket import SCHEMES, STAGING_ENV
+
+    load_all()
+    for key in ("trainer.eval_interval", "checkpoint.save_interval"):
+        meaning = key_meaning(key)
+        assert all(f"{example} (" in meaning for example, _ in DURATION_UNITS.values()), meaning  # every unit's form
+        assert "0 and null are refused" in meaning and "at the end of training" in meaning
+    precision = key_meaning("trainer.precision")
+    assert all(f"{name}: " in precision for name in PRECISIONS) and "needs a GPU with bfloat16 support" in precision
+    callbacks = key_meaning("callbacks")
+    assert "{name: {params}}" in callbacks and "e.g. {early_stopping: " in callbacks and "dlrecipes list callbacks" in callbacks
+    assert callbacks.endswith("registered: " + ", ".join(registry.callbacks.names()))  # from the registry itself
+    runs_dir = key_meaning("runs_dir")
+    assert all(f"{scheme}://" in runs_dir for scheme in SCHEMES) and "s3://BUCKET/PREFIX" in runs_dir
+    assert f"${STAGING_ENV}" in runs_dir and "staging" in runs_dir

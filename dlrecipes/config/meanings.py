@@ -49,7 +49,7 @@ def key_meaning(path: str, recipe: Optional[dict] = None) -> Optional[str]:
     recipe = recipe or {}
     head = parts[0]
     if len(parts) == 1:
-        return _field_help(RecipeConfig, head)
+        return _with_names(head, _field_help(RecipeConfig, head))
     if head == "loss":  # a name, or {name: ..., params}
         loss = recipe.get("loss")
         name = loss.get("name") if isinstance(loss, dict) else loss if isinstance(loss, str) else "cross_entropy"
@@ -68,6 +68,15 @@ def key_meaning(path: str, recipe: Optional[dict] = None) -> Optional[str]:
     for part in parts[1:-1]:
         cls = _dataclass_of(cls, part) if cls is not None else None
     return _field_help(cls, parts[-1]) if cls is not None else None
+
+
+def _with_names(section: str, meaning: Optional[str]) -> Optional[str]:
+    """A section of named components (algorithms, callbacks, loggers) says the names its registry holds now
+    (plugins' too, once imported), read from the registry rather than written down."""
+    reg = COMPONENT_MAPS.get(section)
+    if meaning is None or reg is None or not reg.names():
+        return meaning
+    return f"{meaning}; registered: {', '.join(reg.names())}"
 
 
 def _default_component(section: str) -> Optional[str]:

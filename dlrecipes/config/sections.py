@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes import registry
-from dlrecipes.core.durations import Duration
+from dlrecipes.core.durations import DURATION_FORM, Duration
+from dlrecipes.core.precision import precisions_meaning
 from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range, Size
 from dlrecipes.core.secrets import redact
 from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
@@ -39,8 +40,12 @@ class Component:
 @dataclass
 class TrainerConfig:
     max_duration: PositiveDuration = _help("how long to train: '10ep', '500ba', ...", default="1ep")
-    eval_interval: PositiveDuration = _help("how often to evaluate", default="1ep")
-    precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help("numeric precision; AMP needs a GPU", default="fp32")
+    eval_interval: PositiveDuration = _help(
+        f"how often to evaluate on the eval split (metrics, checkpoint.monitor, best.pt), {DURATION_FORM}; also at "
+        "the end of training when the interval does not divide it. 0 and null are refused: evaluation always runs at "
+        "least at the end (trainer.eval_subset_num_batches shortens it)",
+        default="1ep")
+    precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help(precisions_meaning(), default="fp32")
     device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
     seed: Annotated[int, Range(0, 2**32 - 1)] = _help("random seed for weights, data order and augmentation",
                                                       default=17)  # NumPy's range: Composer seeds it too
@@ -101,7 +106,11 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     save: bool = _help("write checkpoints under the run directory", default=True)
-    save_interval: PositiveDuration = _help("how often to save", default="1ep")
+    save_interval: PositiveDuration = _help(
+        f"how often to write a periodic checkpoint (checkpoints/ep<E>-ba<B>-rank0.pt, what --resume continues "
+        f"from), {DURATION_FORM}; one is also written at the end of training. 0 and null are refused: "
+        "checkpoint.save=false writes none, checkpoint.best_only=true only best.pt",
+        default="1ep")
     keep: Annotated[int, Range(-1)] = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
     monitor: Optional[str] = _help(
         "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)", default=None
@@ -160,7 +169,13 @@ class RecipeConfig:
     name: Optional[str] = _help("recipe name, used in run names (default: the file name)", default=None)
     description: str = _help("one line about what this recipe is for", default="")
     run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
-    runs_dir: str = _help("where run directories are written", default="runs")
+    runs_dir: str = _help(
+        "where run directories are written: a local folder (relative to the working directory), or a bucket, "
+        "s3://BUCKET/PREFIX (also gs://, oci://, azure://; credentials from the environment: AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL for another server), whose runs are written in a local staging folder "
+        "($DLRECIPES_STAGING_DIR, default ~/.cache/dlrecipes/staging/BUCKET/PREFIX/RUN) and uploaded as they are "
+        "written (docs/object-storage.md)",
+        default="runs")
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
     loss: Union[str, dict[str, Any]] = _help(
         "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "
@@ -194,9 +209,19 @@ class RecipeConfig:
         "fine-tuning: {freeze_backbone: 2ep, head_lr: ..., head: [names], layer_decay: ...} (null: train all alike)",
         default=None,
     )
-    algorithms: dict[str, dict[str, Any]] = _help("composer algorithms by name: {name: {params}}", default_factory=dict)
-    callbacks: dict[str, dict[str, Any]] = _help("callbacks by name: {name: {params}}", default_factory=dict)
-    loggers: dict[str, dict[str, Any]] = _help("loggers by name: {name: {params}}", default_factory=dict)
+    algorithms: dict[str, dict[str, Any]] = _help(
+        "training methods (Composer's and dlrecipes'), each by its registered name: {name: {params}} (true: its "
+        "defaults; null: off, in a recipe over a base); e.g. {label_smoothing: {smoothing: 0.1}, ema: {}}; the names "
+        "and their parameters: dlrecipes list algorithms", default_factory=dict)
+    callbacks: dict[str, dict[str, Any]] = _help(
+        "what runs at training events besides the training itself (monitors, early stopping, a profiler, an export "
+        "at the end), each a Composer Callback by its registered name: {name: {params}} (true: its defaults; null: "
+        "off, in a recipe over a base); e.g. {early_stopping: {monitor: top1, patience: 3}, lr_monitor: {}}; the names "
+        "and their parameters: dlrecipes list callbacks (a plugin registers its own)", default_factory=dict)
+    loggers: dict[str, dict[str, Any]] = _help(
+        "where metrics go besides the terminal and the run's files (MLflow, W&B, TensorBoard), each by its registered "
+        "name: {name: {params}}; e.g. {tensorboard: {}}; the names and their parameters: dlrecipes list loggers",
+        default_factory=dict)
     plots: bool = _help(
         "draw the end-of-run PNGs: loss, accuracy and lr from history.csv, and the report's confusion matrix and "
         "per-class accuracy (about a second of CPU a run); false: their CSVs only (dlrecipes plot RUN draws the "

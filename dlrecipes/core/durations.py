@@ -8,7 +8,19 @@ from typing import NewType
 Duration = NewType("Duration", str)
 """A Composer time string: ``10ep`` (epochs), ``200ba`` (batches), ``5000sp`` (samples), ``0.1dur``."""
 
-_DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ep|ba|sp|tok|dur)\s*$")
+# Each unit a duration is written in (Composer's), an example and what it counts: what the parser takes and what
+# the keys' meanings say (DURATION_FORM).
+DURATION_UNITS = {
+    "ep": ("1ep", "epochs, whole passes over the training data"),
+    "ba": ("500ba", "batches, one optimizer step each"),
+    "sp": ("10000sp", "training samples"),
+    "dur": ("0.25dur", "that fraction of trainer.max_duration"),
+    "tok": ("1000tok", "tokens, of sequence data: images have none"),
+}
+DURATION_FORM = "a duration, a number and its unit: " + ", ".join(
+    f"{example} ({meaning})" for example, meaning in DURATION_UNITS.values())
+
+_DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(%s)\s*$" % "|".join(DURATION_UNITS))
 
 
 def parse_duration(value: str) -> tuple[float, str]:

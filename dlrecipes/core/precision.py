@@ -40,9 +40,22 @@ PRECISIONS = {
 }
 
 
+def precisions_meaning() -> str:
+    """What ``trainer.precision`` means, value by value, said from the facts above (``show --explain``, validation
+    errors, the reference pages)."""
+    def said(p: Precision) -> str:
+        if not p.mixed:
+            return f"{p.name}: float32 throughout, on any device"
+        gpu = "a GPU with bfloat16 support" if p.needs_bf16 else "a GPU"
+        scaled = ", the loss scaled against float16's narrow range by a GradScaler" if p.grad_scaler else ""
+        return f"{p.name}: automatic mixed precision, {p.autocast_dtype} autocast where it is safe, needs {gpu}{scaled}"
+
+    return "numeric precision of the training step: " + "; ".join(said(p) for p in PRECISIONS.values())
+
+
 def precision_of(name: str) -> Precision:
     """The facts of ``trainer.precision`` (validated already: one of :data:`PRECISIONS`)."""
     return PRECISIONS[name]
 
 
-__all__ = ["PRECISIONS", "Precision", "precision_of"]
+__all__ = ["PRECISIONS", "Precision", "precision_of", "precisions_meaning"]
