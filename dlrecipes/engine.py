@@ -11,7 +11,8 @@ come from (each override below names the Composer method it replaces):
   loggers already take tensors (they get the metrics that way); our terminal and run log read
   the loss every ``trainer.log_interval`` batches, so the steps in between never wait.
 - **train metrics** (``state.train_metrics``) are updated from the step's own outputs on every
-  ``train_metrics_interval``-th batch (1, Composer's, by default) once the batch has trained and
+  ``train_metrics_interval``-th batch (1, Composer's, by default; and the first this process trains of each
+  epoch, one resumed in its middle too) once the batch has trained and
   accumulate over the epoch, instead of being reset, updated and synchronised every batch.  After
   each such batch their value so far is logged (device tensors; with several processes, each
   rank's own running value, so no collective per step); at the epoch's end (and at the end of
@@ -351,6 +352,7 @@ class Trainer(ComposerTrainer):
         self._closures: tuple[Any, bool] = (None, False)
         self._logged_microbatch: Any = None
         self._sample_metrics = self._record_metrics = self._metrics_pending = False
+        self._sampled_epoch = -1  # the epoch whose batches last updated the train metrics
         self._metric_updates: list[tuple[Any, Any]] = []  # this batch's (batch, outputs), applied once it trained
         self._metric_source: Any = None  # the microbatch list whose first pass is being recorded
         self._metrics_placed: Any = None
@@ -456,8 +458,13 @@ class Trainer(ComposerTrainer):
     def _train_batch(self, use_grad_scaling: bool):
         state = self.state
         interval = self.train_metrics_interval
-        self._sample_metrics = (bool(state.train_metrics) and interval > 0
-                                and int(state.timestamp.batch_in_epoch) % interval == 0)  # each epoch's first too
+        epoch = int(state.timestamp.epoch)
+        # each epoch's first batch too, and the first this process trains of an epoch resumed in its middle (its
+        # row then has the train metrics every other row has: the terminal's table keeps one header)
+        self._sample_metrics = (bool(state.train_metrics) and interval > 0 and (
+            int(state.timestamp.batch_in_epoch) % interval == 0 or epoch != self._sampled_epoch))
+        if self._sample_metrics:
+            self._sampled_epoch = epoch
         self._metric_updates, self._metric_source = [], None
         if state.auto_microbatching or state.device.dist_backend == "xla":
             # Composer's retry loop resets state.train_metrics on every attempt: they accumulate

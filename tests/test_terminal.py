@@ -206,6 +206,23 @@ def test_after_a_resume_the_table_the_done_line_and_the_records_agree(tiny_recip
     assert done and done.group(1) == f"{summary['wall_time_sec']:.1f}", (resumed.stderr[-500:], summary)
 
 
+def test_a_run_resumed_inside_an_epoch_prints_one_table_header(tiny_recipe):
+    """Issue 63: resumed from a checkpoint inside epoch 1 (checkpoint.save_interval 2ba, 3 batches an epoch), the
+    resumed epoch's row had no train metrics (only each epoch's first batch, and every train_metrics_interval-th,
+    updated them), so the next row's brought a second header. Now the first batch a process trains of an epoch
+    updates them too: one header, and every row has a value in every column."""
+    run = ["run_name=mid", "checkpoint.save_interval=2ba", "plots=false"]
+    first = run_cli("train", str(tiny_recipe), *run, "trainer.max_duration=2ba")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run_cli("train", str(tiny_recipe), *run, "trainer.max_duration=2ep", "--resume")
+    assert resumed.returncode == 0 and "ep0-ba2-rank0.pt" in resumed.stderr, resumed.stderr[-2000:]
+    lines = resumed.stdout.splitlines()[1:]
+    headers = [line for line in lines if line.startswith("epoch ")]
+    assert len(headers) == 1 and "train top1" in headers[0], resumed.stdout
+    rows = [line.split() for line in lines if not line.startswith("epoch ")]
+    assert [row[0] for row in rows] == ["1/2", "2/2"] and all("-" not in row for row in rows), resumed.stdout
+
+
 @pytest.mark.slow
 def test_the_live_line_shows_this_epoch_s_loss_and_labels_evaluation_and_the_log_is_plain(tiny_recipe):
     """One batch an epoch, the loss read back only at an epoch's first batch (log_interval 1000): every live line of
