@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoint_safety import (
     ALLOWED_GLOBALS, UntrustedCheckpoint, check_trusted, read_checkpoint, tensors_only, unsafe_globals,
 )
@@ -190,3 +191,206 @@ def test_a_runs_own_checkpoints_need_the_allowlist_and_nothing_more(trained_tiny
     assert named and named <= set(ALLOWED_GLOBALS)
     state = read_checkpoint(trained_tiny / "checkpoints" / "ep2-ba6-rank0.pt", key="--resume")
     assert state["state"]["timestamp"]["Timestamp"]["batch"] == 6 and state["state"]["optimizers"]
+
+
+# --- a checkpoint's bytes checked before any of it is loaded (issue 63, items 3 and 6) ----------------------------
+
+
+def with_records(source: Path, target: Path, change) -> Path:
+    """``source``'s archive rewritten at ``target``, each entry's bytes passed through ``change(name, data)`` (None
+    drops the entry): a file cut or altered as a disk, a copy or an attacker would."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for info in old.infolist():
+            data = change(info.filename, old.read(info.filename))
+            if data is not None:
+                new.writestr(info.filename, data)
+    return target
+
+
+def short_record(source: Path, target: Path) -> Path:
+    """``source`` with its largest tensor record cut to half its bytes (the pickle still declares them all)."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as archive:
+        largest = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size).filename
+    return with_records(source, target, lambda name, data: data[: len(data) // 2] if name == largest else data)
+
+
+def declaring(path: Path, numel: int, record: int = 4) -> Path:
+    """A torch.save archive of ``{'w': tensor}`` whose pickle declares a float storage of ``numel`` elements and
+    whose record holds ``record`` bytes (torch would build the tensor over memory past the record)."""
+    import collections
+    import io
+    import pickle
+
+    class Storage:
+        pass
+
+    class Tensor:
+        def __reduce_ex__(self, protocol):
+            return torch._utils._rebuild_tensor_v2, (Storage(), 0, (numel,), (1,), False, collections.OrderedDict())
+
+    class Declaring(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", numel) if isinstance(obj, Storage) else None
+
+    pickled = io.BytesIO()
+    Declaring(pickled, protocol=2).dump({"w": Tensor()})
+    writer = torch._C.PyTorchFileWriter(str(path))
+    for name, data in (("data.pkl", pickled.getvalue()), ("byteorder", b"little"), ("data/0", b"\0" * record),
+                       (".data/version", b"3\n")):
+        writer.write_record(name, data, len(data))
+    writer.write_end_of_file()
+    return path
+
+
+def test_a_storage_larger_than_its_record_is_refused_trusted_or_not(tmp_path, trained_tiny):
+    """The issue's file: a few hundred bytes whose pickle declares a 1 TiB tensor (torch builds it over memory past
+    the record); and a real checkpoint with a record cut short (torch reads past it: an evaluation on stray memory).
+    Refused before any load, with or without trust, in one line naming the file and the record."""
+    from dlrecipes.records.checkpoint_safety import UnreadableCheckpoint
+    from dlrecipes.records.checkpoints import loadable
+
+    huge = declaring(tmp_path / "huge.pt", 2**38)
+    assert huge.stat().st_size < 2000
+    cut = short_record(trained_tiny / "checkpoints" / "ep2-ba6-rank0.pt", tmp_path / "cut.pt")
+    for path, said in [(huge, "its tensor record data/0 holds 4 bytes where its pickle declares 1,099,511,627,776"),
+                       (cut, r"its tensor record data/\d+ holds [\d,]+ bytes where its pickle declares [\d,]+")]:
+        for trust in (False, True):
+            with pytest.raises(UnreadableCheckpoint) as refused:
+                read_checkpoint(path, trust=trust, key="--checkpoint")
+            assert re.fullmatch(rf"--checkpoint: {re.escape(str(path))} is damaged \({said}: a truncated or altered "
+                                rf"file\)", str(refused.value)), str(refused.value)
+        assert loadable(path).startswith("is damaged (its tensor record data/")  # --resume passes over it
+    assert read_checkpoint(declaring(tmp_path / "whole.pt", 3, record=12))["w"].shape == (3,)  # records that match
+
+
+# (command arguments given the run directory, the damaged file and tmp_path; the key the line names)
+LOADERS = {
+    "eval": (lambda run, bad, tmp: ["eval", str(bad)], "--checkpoint"),
+    "predict": (lambda run, bad, tmp: ["predict", str(bad), str(_image(tmp))], "--checkpoint"),
+    "export": (lambda run, bad, tmp: ["export", str(bad)], "--checkpoint"),
+    "load_path": (lambda run, bad, tmp: ["train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}",
+                                         "run_name=new", f"checkpoint.load_path={bad}"], "checkpoint.load_path"),
+    "load_path-full-state": (lambda run, bad, tmp: [
+        "train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}", "run_name=new",
+        f"checkpoint.load_path={bad}", "checkpoint.load_weights_only=false"], "checkpoint.load_path"),
+    "teacher": (lambda run, bad, tmp: [
+        "train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}", "run_name=new",
+        f"algorithms.distillation={{teacher: {{name: cnn_simple, width: 4, hidden: 16, checkpoint: {bad}}}}}"],
+        "algorithms.distillation.teacher"),
+}
+
+
+@pytest.mark.parametrize("command", list(LOADERS))
+def test_every_loader_refuses_a_short_record_even_when_trusted(tiny_run, tmp_path, command):
+    args, key = LOADERS[command]
+    bad = short_record(tiny_run / "checkpoints" / "best.pt", tiny_run / "checkpoints" / "cut.pt")
+    before = _files(tiny_run)
+    refused = run_cli(*args(tiny_run, bad, tmp_path), *([] if command == "teacher" else ["--trust-checkpoint"]))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert re.fullmatch(rf"error: {re.escape(key)}: {re.escape(str(bad))} is damaged \(its tensor record data/\d+ "
+                        r"holds [\d,]+ bytes where its pickle declares [\d,]+: a truncated or altered file\).*",
+                        refused.stderr.strip()), refused.stderr
+    assert _files(tiny_run) == before and not (tmp_path / "o" / "new").exists()
+
+
+def _deep(path: Path) -> Path:
+    """A checkpoint whose data.pkl nests lists 100,000 deep (code walking it recursively meets RecursionError)."""
+    return with_records(path, path.with_name("deep.pt"), lambda name, data: b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999
+                        + b"." if name.endswith("/data.pkl") else data)
+
+
+MALFORMED = {  # how the file is made from a real checkpoint, and the reason the line gives
+    "nested 100,000 deep": (_deep, "its pickle nests more than 100 levels deep"),
+    "a broken data.pkl": (lambda p: with_records(p, p.with_name("broken.pt"), lambda name, data: b"\x80\x02garbage"
+                                                 if name.endswith("/data.pkl") else data),
+                          "its pickle is malformed: .*"),
+    "no data.pkl": (lambda p: with_records(p, p.with_name("nopkl.pt"), lambda name, data: None
+                                           if name.endswith("/data.pkl") else data), "no data.pkl in it"),
+    "random bytes": (lambda p: (p.with_name("random.pt").write_bytes(bytes((i * 167 + 13) % 256 for i in range(5120))),
+                                p.with_name("random.pt"))[1], "unknown binary data, 5,120 bytes"),
+    "a model that is a list": (lambda p: (torch.save({"state": {"model": [torch.zeros(2)]}}, p.with_name("list.pt")),
+                                          p.with_name("list.pt"))[1],
+                               "its state/model is a list, not the model's tensors by name"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_file_is_not_a_checkpoint_in_one_line(tiny_run, tmp_path, case):
+    """Each was an unexpected error (a RecursionError, an AttributeError from Composer, a refusal that called random
+    bytes 'Python objects beyond tensors'): now one line, exit 2, for eval and for a checkpoint.load_path alike."""
+    make, why = MALFORMED[case]
+    bad = make(tiny_run / "checkpoints" / "best.pt")
+    refused = run_cli("eval", str(bad))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert re.fullmatch(rf"error: --checkpoint: {re.escape(str(bad))} is not a dlrecipes/Composer checkpoint "
+                        rf"\({why}\); nothing was changed\. Use another checkpoint .*", refused.stderr.strip()), \
+        refused.stderr
+    if case != "a model that is a list":  # that one loads as a plain state: load_path says it holds no weights
+        with pytest.raises(UserError, match=rf"^checkpoint.load_path: {re.escape(str(bad))} is not a "
+                                            rf"dlrecipes/Composer checkpoint \({why}\)$"):
+            read_checkpoint(bad, trust=True)
+
+
+def test_reading_a_resnet50_sized_checkpoint_costs_milliseconds(tmp_path):
+    """The check runs before every load: on a ResNet-50's weights with an SGD momentum buffer each (as Composer
+    saves them: 640 tensors, 195 MiB), reading the pickle and the records' sizes takes about 14 ms (2 cores, busy),
+    against hundreds for the load it guards."""
+    import time
+
+    import timm
+
+    from dlrecipes.records.checkpoint_safety import file_problem
+
+    weights = {f"module.{k}": v for k, v in timm.create_model("resnet50").state_dict().items()}
+    momentum = {k: {"momentum_buffer": v.clone()} for k, v in weights.items() if v.is_floating_point()}
+    path = tmp_path / "rn50.pt"
+    torch.save({"state": {"model": weights, "optimizers": {"SGD": {"state": momentum}}}, "rng": []}, path)
+    assert file_problem(path) is None
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        assert file_problem(path) is None
+        times.append(time.perf_counter() - started)
+    assert sorted(times)[1] < 0.2, times
+
+
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO (named pipe)", "a symbolic link to gone.pt, which does not exist"])
+def test_a_best_pt_that_is_not_a_file_is_named_for_what_it_is(tiny_run, kind):
+    import os
+
+    best = tiny_run / "checkpoints" / "best.pt"
+    best.unlink()
+    {"a directory": best.mkdir, "a FIFO (named pipe)": lambda: os.mkfifo(best)}.get(
+        kind, lambda: best.symlink_to("gone.pt"))()
+    refused = run_cli("eval", str(tiny_run))
+    assert refused.returncode == 2
+    what = kind if kind.startswith("a symbolic") else f"{kind}, not a checkpoint file"
+    assert refused.stderr.strip() == (f"error: --checkpoint: {best} is {what}; use --checkpoint latest, or a "
+                                      "checkpoint file")
+
+
+def test_eval_latest_over_a_damaged_newest_checkpoint_says_which_it_used(tiny_run, tmp_path):
+    """The newest periodic checkpoint cut short: `eval --checkpoint latest` evaluates the one before it, saying so
+    in one note naming the damaged file and why; nothing in the run changes."""
+    newest = tiny_run / "checkpoints" / "ep2-ba6-rank0.pt"
+    short_record(newest, tmp_path / "cut.pt").replace(newest)
+    before = _files(tiny_run)
+    result = run_cli("eval", str(tiny_run), "--checkpoint", "latest", "--out", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and re.fullmatch(
+        r"note: checkpoints/ep2-ba6-rank0.pt is damaged \(its tensor record data/\d+ holds [\d,]+ bytes where its "
+        r"pickle declares [\d,]+: a truncated or altered file\); using ep1-ba3-rank0.pt, the newest checkpoint that "
+        r"loads", notes[0]), notes
+    assert "ep1-ba3-rank0.pt" in result.stdout
+    assert _files(tiny_run) == before
+    newest.write_bytes(b"")
+    (tiny_run / "checkpoints" / "ep1-ba3-rank0.pt").write_bytes(b"")
+    none = run_cli("eval", str(tiny_run), "--checkpoint", "latest")
+    assert none.returncode == 2 and none.stderr.strip() == (
+        f"error: --checkpoint: no periodic checkpoint of {tiny_run} loads (ep2-ba6-rank0.pt is empty (0 bytes); "
+        "ep1-ba3-rank0.pt is empty (0 bytes)); use --checkpoint best")

@@ -144,7 +144,7 @@ def test_no_good_checkpoint_left_is_a_named_error(tiny_recipe):
     only = first.run_dir / "checkpoints" / "ep1-ba3-rank0.pt"
     only.write_bytes(b"not a checkpoint")
     config = resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=2ep"])
-    with pytest.raises(DataError, match=r"no checkpoint in .* loads \(ep1-ba3-rank0.pt is not a checkpoint "
+    with pytest.raises(DataError, match=r"no checkpoint in .* loads \(ep1-ba3-rank0.pt is not a dlrecipes/Composer checkpoint "
                                         r"\(text, 16 bytes\)\); nothing was changed"):
         build_trainer(config, prepare_run_dir(config, "ruined", resume=True), resume=True)
     assert only.read_bytes() == b"not a checkpoint"  # left where it was: a refusal changes nothing

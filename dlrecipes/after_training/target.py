@@ -4,6 +4,7 @@ with its recipe), found once: the recipe to read and the checkpoint to load (``b
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -28,7 +29,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
     checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
     periodic checkpoint that loads, read tensors-only unless ``trust``."""
-    from dlrecipes.records.checkpoints import resume_point
+    from dlrecipes.records.checkpoint_safety import not_a_file
 
     target = Path(target)
     run: Optional[RunDir]
@@ -40,20 +41,24 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
         folder = run.checkpoints
         if checkpoint == "best":
             path = run.best
-            if not path.is_file():
+            problem = not_a_file(path)
+            if problem == "is missing":
                 raise UserError(f"--checkpoint: {target} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
                                 "or it never evaluated); use --checkpoint latest, or a checkpoint file")
+            if problem is not None:
+                raise UserError(f"--checkpoint: {path} {problem}; use --checkpoint latest, or a checkpoint file")
             from dlrecipes.records.run_files import check_best_record
 
             check_best_record(run)  # best.json's and best.pt's evaluations are one
         elif checkpoint == "latest":
-            path = resume_point(folder, repair=False, trust=trust, key="--checkpoint") if folder.is_dir() else None
-            if path is None:
-                raise UserError(f"--checkpoint: {target} has no complete periodic checkpoint; use --checkpoint best")
+            path = _newest_that_loads(folder, target, trust)
         else:
             path = Path(checkpoint)
-            if not path.is_file():
+            problem = not_a_file(path)
+            if problem == "is missing":
                 raise UserError(f"--checkpoint: no checkpoint file at {path}; use best, latest or a .pt file")
+            if problem is not None:
+                raise UserError(f"--checkpoint: {path} {problem}; use best, latest or a .pt file")
     elif target.is_file():
         path, run = target, RunDir.holding(target)
     else:
@@ -65,6 +70,23 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
     else:
         raise UserError(f"{target}: a checkpoint outside a run directory needs its recipe: add --recipe RECIPE.yaml")
     return RunTarget(recipe_path, path, run)
+
+
+def _newest_that_loads(folder: Path, target: Path, trust: bool) -> Path:
+    """``--checkpoint latest``: the newest periodic checkpoint that loads; the newer ones it passes over are named,
+    with why, in one note (a run's newest checkpoint damaged is not to be evaluated in silence), and a run none of
+    whose checkpoints loads is refused naming them."""
+    from dlrecipes.records.checkpoints import newest_that_loads, skipped_note
+
+    path, skipped = newest_that_loads(folder, trust, "--checkpoint") if folder.is_dir() else (None, [])
+    if path is None and skipped:
+        named = "; ".join(f"{p.name} {why}" for p, why in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        raise UserError(f"--checkpoint: no periodic checkpoint of {target} loads ({named}); use --checkpoint best")
+    if path is None:
+        raise UserError(f"--checkpoint: {target} has no complete periodic checkpoint; use --checkpoint best")
+    if skipped:
+        print(skipped_note(skipped, path), file=sys.stderr)
+    return path
 
 
 __all__ = ["RunTarget", "find_target"]

@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable, Optional
 
 from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError
-from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
+from dlrecipes.records.checkpoint_safety import (
+    NOT_A_CHECKPOINT, UntrustedCheckpoint, file_problem, load_file, not_a_file, unsafe_globals,
+)
 from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR, PERIODIC_CHECKPOINT, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob,
@@ -165,44 +167,10 @@ def save_atomically(state, path: Path) -> None:
 
 
 def describe_damage(path: Path) -> Optional[str]:
-    """What is wrong with ``path`` as a checkpoint file before unpickling it (None: nothing seen): missing,
-    empty, another kind of file, a truncated archive."""
-    import zipfile
-
-    if not path.exists():
-        return "is missing"
-    if path.is_dir():
-        return "is a folder, not a checkpoint file"
-    size = path.stat().st_size
-    if size == 0:
-        return "is empty (0 bytes)"
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(b"PK"):  # torch.save's zip format
-        try:
-            with zipfile.ZipFile(path) as archive:
-                broken = archive.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
-            # ValueError: a flipped byte in the central directory can make a member's name invalid UTF-8;
-            # NotImplementedError: or its compression method one zipfile does not know
-            return f"is truncated or damaged (an incomplete zip archive of {size:,} bytes)"
-        return f"is damaged (its entry {broken} fails its checksum)" if broken else None
-    if head[:1] == b"\x80":  # the legacy pickle format
-        return None
-    return f"is not a checkpoint ({_kind_of(head)}, {size:,} bytes)"
-
-
-def _kind_of(head: bytes) -> str:
-    known = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
-             b"%PDF": "a PDF document", b"\x1f\x8b": "a gzip file", b"\x08": "an ONNX or protobuf file"}
-    for magic, kind in known.items():
-        if head.startswith(magic):
-            return kind
-    try:
-        head.decode("utf-8")
-        return "text"
-    except UnicodeDecodeError:
-        return "unknown binary data"
+    """What is wrong with ``path`` as a checkpoint file before unpickling it (None: nothing seen): missing, not a
+    regular file, empty, another kind of file, a truncated archive, a record failing its checksum, a malformed
+    pickle, a tensor record that does not match its declaration (:func:`~.checkpoint_safety.file_problem`)."""
+    return file_problem(path, checksums=True)
 
 
 def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Optional[str]:
@@ -219,11 +187,20 @@ def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Opti
         state = load_file(path, trust, key)
     except UntrustedCheckpoint:
         raise
-    except Exception as exc:  # truncated zip, bad pickle, missing file: all mean "not usable"
+    except Exception as exc:  # a bad pickle, a legacy file cut short, a RecursionError: all mean "not usable"
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        return f"does not load ({type(exc).__name__}{': ' + first if first else ''})"
-    if not (isinstance(state, dict) and isinstance(state.get("state"), dict) and "model" in state["state"]):
-        return "is not a Composer checkpoint (no state/model in it)"
+        return f"{NOT_A_CHECKPOINT} ({type(exc).__name__}{': ' + first if first else ''})"
+    return _not_composer(state)
+
+
+def _not_composer(state: Any) -> Optional[str]:
+    """Why a loaded ``state`` is not a Composer checkpoint whose model can be loaded, or None."""
+    inner = state.get("state") if isinstance(state, dict) else None
+    if not (isinstance(inner, dict) and "model" in inner):
+        return f"{NOT_A_CHECKPOINT} (no state/model in it)"
+    model = inner["model"]
+    if not (isinstance(model, dict) and all(isinstance(k, str) for k in model)):
+        return f"{NOT_A_CHECKPOINT} (its state/model is a {type(model).__name__}, not the model's tensors by name)"
     return None
 
 
@@ -254,9 +231,9 @@ def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False,
     """
     if not checkpoint_dir.is_dir():
         return None
-    candidates = sorted(checkpoint_dir.glob(periodic_checkpoints_glob(0)), key=checkpoint_batch, reverse=True)
     if not repair:
-        return next((c for c in candidates if loadable(c, trust, key) is None), None)
+        return newest_that_loads(checkpoint_dir, trust, key)[0]
+    candidates = sorted(checkpoint_dir.glob(periodic_checkpoints_glob(0)), key=checkpoint_batch, reverse=True)
     latest = checkpoint_dir / latest_checkpoint_name(0)
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
@@ -282,6 +259,28 @@ def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False,
         named = "; ".join(f"{path.name} {why}" for path, why in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
         raise NoCheckpointToResume(checkpoint_dir.parent, f"no checkpoint in {checkpoint_dir} loads ({named})")
     return None
+
+
+def newest_that_loads(checkpoint_dir: Path, trust: bool = False,
+                      key: str = "--checkpoint") -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    """The newest periodic checkpoint in ``checkpoint_dir`` that loads (None: none does, or there is none), and the
+    newer ones that do not, each with why (:func:`loadable`); nothing in the folder changes.  One holding objects
+    beyond tensors is refused (unless ``trust``), as :func:`resume_point` refuses it."""
+    candidates = sorted(checkpoint_dir.glob(periodic_checkpoints_glob(0)), key=checkpoint_batch, reverse=True)
+    skipped: list[tuple[Path, str]] = []
+    for candidate in candidates:
+        problem = loadable(candidate, trust, key)
+        if problem is None:
+            return candidate, skipped
+        skipped.append((candidate, problem))
+    return None, skipped
+
+
+def skipped_note(skipped: list[tuple[Path, str]], chosen: Path) -> str:
+    """The line saying which newer checkpoints ``--checkpoint latest`` passed over, and why, and which it uses."""
+    named = "; ".join(f"{CHECKPOINT_DIR}/{path.name} {why}" for path, why in skipped[:3])
+    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+    return f"note: {named}{more}; using {chosen.name}, the newest checkpoint that loads"
 
 
 class NoCheckpointToResume(DataError):
