@@ -29,7 +29,7 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
     checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
     periodic checkpoint that loads, read tensors-only unless ``trust``."""
-    from dlrecipes.records.checkpoint_safety import not_a_file
+    from dlrecipes.records.checkpoint_file import not_a_file
 
     target = Path(target)
     run: Optional[RunDir]

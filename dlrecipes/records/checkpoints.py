@@ -26,9 +26,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError
-from dlrecipes.records.checkpoint_safety import (
-    NOT_A_CHECKPOINT, UntrustedCheckpoint, file_problem, load_file, not_a_file, unsafe_globals,
-)
+from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
+from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
 from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR, PERIODIC_CHECKPOINT, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob,
