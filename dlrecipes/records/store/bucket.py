@@ -345,9 +345,12 @@ class RemoteRun:
 
     def _pull_older_than(self, newest: str) -> None:
         """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
+        from dlrecipes.records.store.safe_keys import staged_path
+
         for name in _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest):
             relative = f"{CHECKPOINT_DIR}/{name}"
-            if ((self.local / relative).is_file() or self._download(relative)) and not _damaged(self.local / relative):
+            local = staged_path(self.local, relative, f"{self.root}/{self.name}")
+            if (local.is_file() or self._download(relative)) and not _damaged(local):
                 return
 
     def incomplete(self) -> list[str]:
@@ -357,8 +360,11 @@ class RemoteRun:
     # --- down ---------------------------------------------------------------------------------------------
 
     def _download(self, relative: str) -> bool:
-        """``relative`` from the bucket into the staging folder; False when the bucket does not have it."""
-        target = self.local / relative
+        """``relative`` from the bucket into the staging folder; False when the bucket does not have it.  A key that
+        would land outside the folder is refused first (:func:`~.safe_keys.staged_path`), nothing created."""
+        from dlrecipes.records.store.safe_keys import staged_path
+
+        target = staged_path(self.local, relative, f"{self.root}/{self.name}")
         target.parent.mkdir(parents=True, exist_ok=True)
         if not self.store().download(self.key(relative), str(target)):
             return False
@@ -377,7 +383,9 @@ class RemoteRun:
             for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
                 self._download(relative)
             return None
-        name = (self.local / pointer).read_text().strip()
+        from dlrecipes.records.store.safe_keys import pointed_checkpoint
+
+        name = pointed_checkpoint(self.local / pointer, f"{self.root}/{self.name}/{pointer}", "--resume")
         checkpoint = f"{CHECKPOINT_DIR}/{name}"
         if not (self.local / checkpoint).is_file():
             if not self._download(checkpoint):

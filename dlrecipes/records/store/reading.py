@@ -8,19 +8,27 @@ the eval reports and plots; not its checkpoints or exports) and only the one che
 downloaded again. What a command writes beside the run (an eval report, an export, plots) is uploaded beside it in
 the bucket when it is done (never a checkpoint or the pointer: those are training's); an upload that fails is one
 line naming what is not there, exit code 1 (the local copy keeps it, and the next command on the run uploads it).
+
+What the bucket says is checked before it names a local file (:mod:`~.safe_keys`): the pointer must hold a plain
+checkpoint name, and each key of the listing must land under the local copy.  ``latest`` is the newest checkpoint
+that loads, as for a local run: when the pointer's does not, the older ones are brought newest first, and one note
+says which was passed over and why.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
+    is_periodic, periodic_progress,
 )
 from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, scheme_of, staging_base
+from dlrecipes.records.store.safe_keys import pointed_checkpoint, staged_path
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument
@@ -64,6 +72,8 @@ class PulledRun(RemoteRun):
             raise UserError(f"{self.url}: no run there (no {RECIPE_FILE} in the bucket); `dlrecipes runs {self.root}` "
                             "lists the runs it has")
         for relative, (size, modified) in listing.items():
+            if relative.endswith("/") and size == 0:  # a folder's marker (what some S3 consoles make): no file
+                continue
             top = relative.split("/", 1)[0]
             wanted = export_only or (top not in (CHECKPOINT_DIR, EXPORT_DIR) or relative == f"{CHECKPOINT_DIR}/"
                                      f"{REMOTE_LATEST}" or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}")
@@ -73,8 +83,10 @@ class PulledRun(RemoteRun):
 
     def _fetch(self, relative: str, size: int, modified: float, reuse: bool = False) -> None:
         """``relative`` from the bucket, its modified time kept (``runs`` orders by it); ``reuse``: a local file
-        of the bucket's size is taken as it (a checkpoint is not rewritten)."""
-        path = self.local / relative
+        of the bucket's size is taken as it (a checkpoint is not rewritten).  The key is the server's word: one that
+        would land outside the local copy is refused before anything is looked at or written
+        (:func:`~.safe_keys.staged_path`)."""
+        path = staged_path(self.local, relative, self.url)
         if not (reuse and path.is_file() and path.stat().st_size == size):
             if not self._download(relative):
                 raise UserError(f"{self.url}: {relative} went away from the bucket while it was read")
@@ -95,10 +107,12 @@ class PulledRun(RemoteRun):
             if pointer not in listing:
                 raise UserError(f"--checkpoint: {self.url} has no complete periodic checkpoint in the bucket; use "
                                 "--checkpoint best")
-            relative = f"{CHECKPOINT_DIR}/{(self.local / pointer).read_text().strip()}"
+            name = pointed_checkpoint(self.local / pointer, f"{self.url}/{pointer}", "--checkpoint")
+            relative = f"{CHECKPOINT_DIR}/{name}"
             if relative not in listing:
                 raise UserError(f"--checkpoint: {self.url}: the pointer names {relative}, which the bucket does not "
                                 "have")
+            return str(self._newest_that_loads(relative, listing))
         else:
             relative = f"{CHECKPOINT_DIR}/{Path(checkpoint).name}"
             if relative not in listing:
@@ -107,6 +121,32 @@ class PulledRun(RemoteRun):
                                 f"of: {', '.join(kept) or '(none)'}")
         self._fetch(relative, *listing[relative], reuse=True)
         return checkpoint if checkpoint in ("best", "latest") else str(self.local / relative)
+
+    def _newest_that_loads(self, pointed: str, listing: dict[str, tuple[int, float]]) -> Path:
+        """The pointer's checkpoint ``pointed``, downloaded; when it does not load, the bucket's older ones, newest
+        first, until one does, with one note naming what was skipped and why (as ``--checkpoint latest`` of a local
+        run says: :func:`~dlrecipes.records.checkpoints.skipped_note`).  One holding objects beyond tensors is not
+        damaged: it is returned, and the command refuses it unless trusted."""
+        from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint
+        from dlrecipes.records.checkpoints import loadable, skipped_note
+        newest = periodic_progress(Path(pointed))
+        older = sorted((r for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR and is_periodic(Path(r))
+                        and periodic_progress(Path(r)) < newest), key=lambda r: periodic_progress(Path(r)), reverse=True)
+        skipped: list[tuple[Path, str]] = []
+        for relative in [pointed, *older]:
+            self._fetch(relative, *listing[relative], reuse=True)
+            path = self.local / relative
+            try:
+                problem = loadable(path, False, "--checkpoint")
+            except UntrustedCheckpoint:
+                problem = None
+            if problem is None:
+                if skipped:
+                    print(skipped_note(skipped, path), file=sys.stderr)
+                return path
+            skipped.append((path, problem))
+        named = "; ".join(f"{path.name} {why}" for path, why in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        raise UserError(f"--checkpoint: no periodic checkpoint of {self.url} loads ({named}); use --checkpoint best")
 
     def _changed(self) -> list[str]:
         """What the command wrote: never a checkpoint or the pointer (those are training's to move)."""
