@@ -297,7 +297,8 @@ def test_runs_status_comes_from_the_run_s_files(tmp_path):
 
 def test_a_best_pt_that_is_not_the_one_best_json_describes_is_refused(tiny_run):
     """best.json records the SHA-256 of the best.pt it describes: another file in its place (an upload cut off or
-    landed out of order leaves one) is refused in one line, not evaluated as the best weights."""
+    landed out of order leaves one) is refused in one line, not evaluated as the best weights; with
+    --trust-checkpoint (the file is the user's) a note says so and the file is evaluated."""
     info = json.loads((tiny_run / "checkpoints" / "best.json").read_text())
     other = next(p for p in sorted((tiny_run / "checkpoints").glob("ep*-rank0.pt")) if f"-ba{info['batch']}-" not in p.name)
     shutil.copy(other, tiny_run / "checkpoints" / "best.pt")
@@ -307,3 +308,7 @@ def test_a_best_pt_that_is_not_the_one_best_json_describes_is_refused(tiny_run):
         f"error: {tiny_run / 'checkpoints' / 'best.pt'}: not the best checkpoint best.json describes (epoch "
         f"{info['epoch']}, batch {info['batch']}: another file, as an upload cut off or landed out of order leaves); "
         "resume the run (--resume) to upload its own, or give --checkpoint latest")
+    trusted = run_cli("eval", str(tiny_run), "--trust-checkpoint")  # the user vouches for the file: a note, then used
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    assert "not the best checkpoint best.json describes" in trusted.stderr and "used as given (--trust-checkpoint)" \
+        in trusted.stderr

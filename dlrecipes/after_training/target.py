@@ -47,9 +47,11 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
                                 "or it never evaluated); use --checkpoint latest, or a checkpoint file")
             if problem is not None:
                 raise UserError(f"--checkpoint: {path} {problem}; use --checkpoint latest, or a checkpoint file")
+            from dlrecipes.records.checkpoint_safety import check_trusted
             from dlrecipes.records.run_files import check_best_record
 
-            check_best_record(run)  # best.json's and best.pt's evaluations are one
+            check_trusted(path, trust, "--checkpoint")  # a file that runs code is refused as that, first
+            check_best_record(run, refuse=not trust)  # best.json's and best.pt's evaluations are one
         elif checkpoint == "latest":
             path = _newest_that_loads(folder, target, trust)
         else:

@@ -128,10 +128,11 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_best_record(run: RunDir) -> None:
+def check_best_record(run: RunDir, refuse: bool = True) -> None:
     """``best.pt`` is the file ``best.json`` describes (its SHA-256, where the run recorded one): a bucket's upload that
     was cut off, or landed out of order, leaves a best.json of one evaluation beside the best.pt of another, and
-    evaluating it would report the wrong weights. One line when they differ."""
+    evaluating it would report the wrong weights. One line when they differ; without ``refuse`` (the user vouches
+    for the file: ``--trust-checkpoint``) a note, and the file is used."""
     text = _text(run.best_info)
     if text is None:
         return
@@ -142,6 +143,11 @@ def check_best_record(run: RunDir) -> None:
     recorded = info.get("sha256") if isinstance(info, dict) else None
     if not isinstance(recorded, str) or file_digest(run.best) == recorded:
         return
-    raise DataError(f"{run.best}: not the best checkpoint {run.best_info.name} describes (epoch {info.get('epoch')}, "
-                    f"batch {info.get('batch')}: another file, as an upload cut off or landed out of order leaves); "
-                    "resume the run (--resume) to upload its own, or give --checkpoint latest")
+    what = (f"{run.best}: not the best checkpoint {run.best_info.name} describes (epoch {info.get('epoch')}, batch "
+            f"{info.get('batch')}: another file, as an upload cut off or landed out of order leaves)")
+    if not refuse:
+        import sys
+
+        print(f"note: {what}; used as given (--trust-checkpoint)", file=sys.stderr)
+        return
+    raise DataError(f"{what}; resume the run (--resume) to upload its own, or give --checkpoint latest")
