@@ -75,7 +75,11 @@ def resolve(
     """Load and validate: the recipe (a file, or a dict standing for one in ``root``) as the trainer will see it
     (nothing is built).  ``check_device``: whether this machine can run it; ``check_data``: whether its input
     paths exist."""
-    return validate(load(recipe, overrides, plugins, root), check_device=check_device, check_data=check_data)
+    from dlrecipes.records.store import store_for
+
+    config = validate(load(recipe, overrides, plugins, root), check_device=check_device, check_data=check_data)
+    store_for(config.runs_dir).check_room(config)  # a bucket's keys and staging paths fit (no network asked)
+    return config
 
 
 def show(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
@@ -124,7 +128,9 @@ def train(
     from dlrecipes.records.store import store_for
 
     config = config or resolve(recipe, overrides, plugins)
-    store_for(config.runs_dir).check()  # a bucket that cannot be used: one line before training is even imported
+    store = store_for(config.runs_dir)
+    store.check_room(config)  # (resolve checked it; a notebook's config did not pass there)
+    store.check()  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
     from dlrecipes.fit import fit
 

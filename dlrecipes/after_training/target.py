@@ -50,8 +50,12 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
             from dlrecipes.records.checkpoint_safety import check_trusted
             from dlrecipes.records.run_files import check_best_record
 
-            check_trusted(path, trust, "--checkpoint")  # a file that runs code is refused as that, first
-            check_best_record(run, refuse=not trust)  # best.json's and best.pt's evaluations are one
+            try:  # (static, no load) a file that runs code or is damaged: its load says so, with its advice
+                check_trusted(path, trust, "--checkpoint")
+            except UserError:
+                pass
+            else:
+                check_best_record(run, refuse=not trust)  # best.json's and best.pt's evaluations are one
         elif checkpoint == "latest":
             path = _newest_that_loads(folder, target, trust)
         else:

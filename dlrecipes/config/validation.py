@@ -30,6 +30,7 @@ from dlrecipes.config.sections import (
 )
 from dlrecipes.config.tasks import check_task
 from dlrecipes.core import devices, distributed
+from dlrecipes.core.addresses import check_address
 from dlrecipes.core.secrets import refusal, secret_keys
 from dlrecipes.errors import RecipeError
 from dlrecipes.recipe import LoadedRecipe
@@ -84,6 +85,7 @@ def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> Re
     if config.name is None:
         config.name = recipe.name
     config.origin = str(recipe.path) if recipe.from_file else None  # not a recipe key: where it was read from
+    check_address(config.runs_dir, "runs_dir")  # before it is read as a path: S3://b/p would make a folder S3:
     resolve_paths(config, recipe)
     _resolve_batch_size(config, given=data.get("trainer") or {})
     device_checks.check_batches_divide(config, distributed.world_size())  # under a launcher: its processes

@@ -1,5 +1,7 @@
 """The foundation every part of dlrecipes may use, and which uses none of them.
 
+- :mod:`.addresses`: what may name a run: an object store's schemes, look-alike addresses and control characters
+  refused, S3's key limit;
 - :mod:`.durations`: the recipe's time strings (``10ep``, ``200ba``, ``0.5dur``) and their parser;
 - :mod:`.distributed`: this process among the launcher's processes (rank, world size), the one
   batch-divisibility check, and agreement among the ranks (host-side reductions);

@@ -43,6 +43,9 @@ CHECKPOINT_DIR = "checkpoints"
 PERIODIC_CHECKPOINT = "ep{epoch}-ba{batch}-rank{rank}.pt"  # Composer's CheckpointSaver fills it in
 LATEST_CHECKPOINT = "latest-rank{rank}.pt"
 BEST_CHECKPOINT = "best.pt"
+# the longest path a run writes under its folder that its own numbers decide (a checkpoint of a million epochs, ten
+# billion batches and ten thousand ranks): what a bucket's key and a staging path must leave room for
+LONGEST_FILE = CHECKPOINT_DIR + "/" + PERIODIC_CHECKPOINT.format(epoch=9 * 111111, batch=9 * 1111111111, rank=9999)
 BEST_INFO = "best.json"
 REMOTE_LATEST = "latest.txt"  # in a bucket's run (runs_dir: s3://...): the newest checkpoint whose upload is confirmed
 REPORT_DIR = "report"
@@ -256,7 +259,7 @@ def beside(checkpoint: Path, folder: str) -> Path:
 
 
 __all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EXPORTED_MODELS",
-           "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE",
+           "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE", "LONGEST_FILE",
            "MLFLOW_STORE_DIR", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE",
            "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic",
            "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]

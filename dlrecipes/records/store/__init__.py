@@ -28,9 +28,12 @@ from dlrecipes.records.store.interface import (
 
 
 def store_for(runs_dir: Any) -> RunStore:
-    """The store of ``runs_dir``: a local folder, or an object store for ``s3://...``."""
+    """The store of ``runs_dir``: a local folder, or an object store for ``s3://...`` (what only looks like an address
+    refused: :func:`dlrecipes.core.addresses.check_address`)."""
+    from dlrecipes.core.addresses import check_address
     from dlrecipes.records.store.bucket import is_remote
 
+    check_address(runs_dir, "runs_dir")
     if isinstance(runs_dir, str) and is_remote(runs_dir):
         from dlrecipes.records.store.objects import BucketStore
 
@@ -44,8 +47,10 @@ def open_for_reading(target: Any, checkpoint: Optional[str] = "best") -> ReadRun
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
     local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
     records only)."""
+    from dlrecipes.core.addresses import check_address
     from dlrecipes.records.store.bucket import is_remote
 
+    check_address(target, "run")
     if not is_remote(str(target)):
         return ReadRun(target, checkpoint, str(target))
     from dlrecipes.records.store.objects import read_from_bucket

@@ -186,3 +186,48 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
         raise UserError(f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+
+
+FULL = ("InsufficientStorage", "507", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded", "QuotaExceeded",
+        "StorageFull")  # what S3-compatible servers answer a write they have no room for
+UNANSWERED = ("ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError")
+
+
+def endpoint() -> Optional[str]:
+    """``S3_ENDPOINT_URL`` (None: AWS's own), refused in one line when it is no http:// or https:// address."""
+    from dlrecipes.core.addresses import control_character
+
+    url = os.environ.get("S3_ENDPOINT_URL") or None
+    if url is None:
+        return None
+    bad = control_character(url)
+    if bad is not None:
+        raise UserError(f"S3_ENDPOINT_URL: {url!r} holds a control character ({bad}); set it to the server's address")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise UserError(f"S3_ENDPOINT_URL: {url!r} has no scheme; give http://{url} or https://{url}")
+    if scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise UserError(f"S3_ENDPOINT_URL: {url!r} is not an http:// or https:// address (give "
+                        "http://HOST:PORT or https://HOST)")
+    return url
+
+
+def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") -> Optional[UserError]:
+    """The one line for a first write to a bucket that failed in a way the user can fix (the lease's write: the
+    probe before training), or None for anything else."""
+    where = os.environ.get("S3_ENDPOINT_URL") or "AWS's default endpoint"
+    code, name = _code(exc), type(exc).__name__
+    if code in ("AccessDenied", "403", "AllAccessDisabled", "AccountProblem"):
+        return UserError(f"{key_path}: {address}: the credentials found can read the bucket but not write to it "
+                         f"({code}; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the bucket's policy)")
+    if code in FULL:
+        return UserError(f"{key_path}: {address}: the server at {where} refused the write: it is full ({code}); "
+                         "free space there, or choose another bucket")
+    if name in UNANSWERED:
+        return UserError(f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
+                         f"({name}); check that the server is up and answering")
+    if code:
+        first = str(exc).splitlines()[0][:200] if str(exc) else code
+        return UserError(f"{key_path}: {address}: the server at {where} refused the write ({first})")
+    return None
+

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from dlrecipes.core.addresses import SCHEMES, check_address, check_key_room, scheme_of, shortened  # SCHEMES: said here too
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
+    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, LONGEST_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
     is_periodic, periodic_progress,
 )
 
-SCHEMES = ("s3", "gs", "oci", "azure")  # the object stores Composer's URI factory makes (store.backend)
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
 POINTER = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
@@ -59,18 +59,12 @@ _BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server ta
                                                             "beginning and ending with a letter or digit"),
 }
 _IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+READ_TIMEOUT = 5.0  # seconds the first question to a bucket waits for its answer
 
 
 def upload_order(relative: str) -> tuple:
     """Periodic checkpoints first, oldest first; then the rest by name."""
     return (not is_periodic(Path(relative)), periodic_progress(Path(relative)), relative)
-
-
-def scheme_of(value: Any) -> Optional[str]:
-    """The object store an address names (``s3``, ``gs``, ``oci``, ``azure``), or None (a local path)."""
-    text = str(value)
-    scheme, sep, _ = text.partition("://")
-    return scheme if sep and scheme in SCHEMES else None
 
 
 def is_remote(runs_dir: Any) -> bool:
@@ -87,6 +81,7 @@ class RemoteRoot:
 
     @classmethod
     def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
+        check_address(url, key_path)
         scheme = scheme_of(url) or "s3"
         bucket, _, prefix = url[len(scheme) + 3:].partition("/")
         example = f"{scheme}://BUCKET/PREFIX"
@@ -119,6 +114,30 @@ class RemoteRoot:
     def staging(self) -> Path:
         """The local folder runs of this root are staged in."""
         return staging_base() / self.local_part()
+
+    def check_room(self, run_name: str, key_path: str = "runs_dir") -> None:
+        """One line when a run ``run_name`` here could not be written whole: its longest key over the object store's
+        limit, or its staging path over this file system's (a name over NAME_MAX bytes, a path over PATH_MAX)."""
+        check_key_room(str(self), self.key(run_name, LONGEST_FILE), key_path)
+        path = self.staging() / run_name / LONGEST_FILE
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+        long_name = next((part for part in path.parts if len(os.fsencode(part)) > name_max), None)
+        if long_name is not None:
+            raise UserError(f"{key_path}: the staging folder would hold a name of {len(os.fsencode(long_name))} bytes "
+                            f"({shortened(long_name, 30)}), over this file system's {name_max}; choose shorter prefix "
+                            f"folders or run_name for {shortened(str(self), 40)}")
+        if len(os.fsencode(str(path))) >= path_max:
+            raise UserError(f"{key_path}: a run's staging path would be {len(os.fsencode(str(path))):,} bytes, over this "
+                            f"file system's {path_max:,}; choose a shorter prefix, run_name or {STAGING_ENV} for "
+                            f"{shortened(str(self), 40)}")
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError):
+        return default
 
 
 def staging_base() -> Path:
@@ -163,10 +182,13 @@ def _ask_s3(root: RemoteRoot, key_path: str) -> None:
         from botocore.config import Config
     except ImportError as exc:
         raise UserError(f"{key_path}: {root} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
-    endpoint = os.environ.get("S3_ENDPOINT_URL", "AWS's default endpoint")
+    from dlrecipes.records.store.backend import endpoint as endpoint_url
+
+    given = endpoint_url()  # one line when S3_ENDPOINT_URL is no address
+    endpoint = given or "AWS's default endpoint"
     try:  # boto3 alone (no Composer import): the answer comes in seconds
-        client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"), config=Config(
-            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=3, read_timeout=5))
+        client = boto3.session.Session().client("s3", endpoint_url=given, config=Config(
+            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=3, read_timeout=READ_TIMEOUT))
         client.head_bucket(Bucket=root.bucket)
     except botocore.exceptions.NoCredentialsError:
         raise UserError(f"{key_path}: {root}: no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
@@ -183,6 +205,10 @@ def _ask_s3(root: RemoteRoot, key_path: str) -> None:
     except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
         raise UserError(f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): "
                         f"{type(exc).__name__}") from None
+    except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionClosedError) as exc:
+        raise UserError(f"{key_path}: {root}: the S3 endpoint {endpoint} (S3_ENDPOINT_URL) accepted the connection "
+                        f"but did not answer within {READ_TIMEOUT:g} s ({type(exc).__name__}); check that the server is "
+                        "up and answering") from None
 
 
 @dataclass

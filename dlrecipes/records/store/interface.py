@@ -116,6 +116,10 @@ class RunStore(ABC):
     def check(self) -> None:
         """Whether the runs can be written there: one line when not (a bucket: asked once per command)."""
 
+    def check_room(self, config: Any) -> None:
+        """Whether a run of ``config`` fits where it would be written (a bucket: its keys' and staging paths' limits),
+        asking no server: one line when not. A local folder's limits are the file system's, met as it writes."""
+
     @abstractmethod
     def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
                           restart: bool) -> TrainingRun:

@@ -272,9 +272,15 @@ class LeasedLock:
 def leased(lock: Any, store: Any, root: Any, name: str) -> Any:
     """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
     machine writes the run)."""
-    try:
+    from dlrecipes.records.store.backend import write_refused
+
+    try:  # the lease's write is the probe: read-only keys, a full or silent server are one line before training
         lease = BucketLease(store, root, name).take()
-    except BaseException:
+    except BaseException as exc:
         lock.release()
+        refused = write_refused(exc, f"{root}") if isinstance(exc, Exception) and not isinstance(exc, UserError) \
+            else None
+        if refused is not None:
+            raise refused from None
         raise
     return LeasedLock(lock, lease)

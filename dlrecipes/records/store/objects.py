@@ -30,6 +30,11 @@ class BucketStore(RunStore):
     def check(self) -> None:
         check_access(self.root)
 
+    def check_room(self, config: Any) -> None:
+        """The run's longest key within the object store's limit and its staging paths within this file system's
+        (:meth:`~.bucket.RemoteRoot.check_room`); a default name is as long as ``<recipe>-YYYYMMDD-HHMMSS``."""
+        self.root.check_room(config.run_name or f"{config.name}-{'0' * 8}-{'0' * 6}")
+
     def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
                           restart: bool) -> TrainingRun:
         """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
@@ -49,7 +54,12 @@ class BucketStore(RunStore):
         if opened.lock is not None:
             from dlrecipes.records.store.lease import leased
 
-            opened.lock = leased(opened.lock, object_store(self.root), self.root, name)
+            try:
+                opened.lock = leased(opened.lock, object_store(self.root), self.root, name)
+            except UserError:
+                if opened.fresh:  # nothing of it is left behind here (the staging folders made for it)
+                    _remove_fresh(opened.run.path, self.root.staging())
+                raise
             mirror.lease = opened.lock.lease  # every write to the bucket is made under it
         mirror.keep = config.checkpoint.keep
         opened.keep_in_step = lambda: [uploader(mirror, config.checkpoint.upload_wait)]
@@ -87,6 +97,23 @@ class BucketStore(RunStore):
             return mirror.incomplete()
 
         return SweepFolder(mirror.local, mirror.url, trains_into=mirror.url, after_point=mirror.push, finish=finish)
+
+
+def _remove_fresh(run: Path, staging: Path) -> None:
+    """A fresh run's staging folder removed, and the folders above it up to the staging base that it leaves empty."""
+    import shutil
+
+    from dlrecipes.records.store.bucket import staging_base
+
+    shutil.rmtree(run, ignore_errors=True)
+    base = staging_base()
+    for folder in (run.parent, *run.parent.parents):
+        if folder == base or base not in folder.parents:
+            break
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there
+            break
 
 
 def _all_uploaded(result: Any, mirror: RemoteRun) -> None:
