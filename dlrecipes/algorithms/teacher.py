@@ -17,7 +17,6 @@ training starts, not at validation (a distilled run evaluates, exports and predi
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Optional
 from dlrecipes import registry
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.records.layout import BEST_CHECKPOINT, CHECKPOINT_DIR, RECIPE_FILE, RunDir
+from dlrecipes.records.run_files import file_digest
 
 KEY = "algorithms.distillation.teacher"
 SPEC_WEIGHTS = "checkpoint"  # the key of a model spec that names its weights file
@@ -53,14 +53,6 @@ class TeacherSource:
             return self.weights
         pretrained = self.params.get("pretrained_path")
         return Path(pretrained) if isinstance(pretrained, str) else None
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_distillation_params(params: dict[str, Any], path: str) -> None:
@@ -186,7 +178,7 @@ def teacher_fits_the_run(config: Any) -> Optional[str]:
     if isinstance(teacher, str):
         params["teacher"] = str(source.weights)
     if source.checksum_file is not None:
-        params["teacher_sha256"] = sha256(source.checksum_file)
+        params["teacher_sha256"] = file_digest(source.checksum_file)
     return None
 
 
