@@ -123,10 +123,12 @@ def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: fl
     raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
 
 
-def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0) -> S3Server:
+def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max: int | None = None) -> S3Server:
     """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``; ``volume_mb``: the size of its
     volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger);
-    ``nice``: its scheduling priority (benchmarks/upload_stall.py: a server standing in for another machine's)."""
+    ``nice``: its scheduling priority (benchmarks/upload_stall.py: a server standing in for another machine's);
+    ``volume_max``: the most volumes it makes (above 8, or weed does not start; with a small ``volume_mb``, a server
+    that a few MB fill)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
@@ -138,6 +140,7 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0) -> S3Serve
     ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
     args = [*(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
+            *([f"-volume.max={volume_max}"] if volume_max else []),
             *(f"-{name}={port}" for name, port in ports.items())]
     port = ports["s3.port"]
     process = _start(args, folder)

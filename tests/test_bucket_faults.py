@@ -16,7 +16,7 @@ The adversarial matrix, one row a test:
 | read-only keys; a silent endpoint; S3_ENDPOINT_URL with  | one line naming what to fix, exit 2, before training;       | test_foreseeable_s3_... |
 | no scheme; S3://, file://; a control character; a key   | nothing left here or in the bucket; validate refuses the    |      |
 | over 1,024 bytes; a staging name over NAME_MAX          | address and length cases too                                |      |
-| a full server                                           | one line naming the server, not "unexpected"                | test_a_server_that_is_full_... |
+| a full server (SeaweedFS's bare 500; MinIO's, S3's 507) | one line naming the server, not "unexpected"                | test_a_full_server_..., test_what_other_... |
 
 The rows about what a bucket or a file says (a pointer with ``../``, keys that lead out of the staging folder, a
 checkpoint whose tensor records are shorter than its pickle declares, a damaged newest checkpoint) are
@@ -370,11 +370,35 @@ def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(s3, machi
         listener.close()
 
 
-def test_a_server_that_is_full_is_one_line():
-    """What S3-compatible servers answer a write they have no room for (MinIO's XMinioStorageFull, HTTP 507) is the
-    one line naming the server, not 'unexpected'; other refusals name their code. (SeaweedFS cannot be filled in a
-    test's time with -volume.max above 8: the answer is built as botocore gives it.)"""
-    from botocore.exceptions import ClientError
+def test_a_full_server_is_one_line_at_the_first_write(machine_a, tiny_recipe, tmp_path, monkeypatch):
+    """SeaweedFS with its volumes full (9 of 1 MB, filled with 512 kB objects) answers a write with a bare 500
+    InternalError (its reason only in its log): the run's first write, the lease's, says so in one line, exit 2, and
+    leaves nothing behind."""
+    from .s3_server import start_s3_server
+
+    full = start_s3_server(tmp_path / "full", volume_mb=1, volume_max=9)
+    try:
+        full.create_bucket("runs")
+        for i in range(100):  # full after about 18 objects
+            try:
+                full.client().put_object(Bucket="runs", Key=f"filler/{i}", Body=os.urandom(512 * 1024))
+            except Exception:
+                break
+        monkeypatch.setenv("S3_ENDPOINT_URL", full.endpoint)
+        refused = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/full", "run_name=f1", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert one_line(refused.stderr) == (
+            f"error: runs_dir: s3://runs/full: the server at {full.endpoint} failed the write (InternalError); it may "
+            "be full (SeaweedFS answers so when it has no free volume) or failing: its log says why")
+        assert not machine_a.exists() and full.keys("runs", "full/") == []
+    finally:
+        full.kill()
+
+
+def test_what_other_servers_answer_when_full_is_one_line():
+    """What other S3-compatible servers answer a write they have no room for (MinIO's XMinioStorageFull, HTTP 507)
+    is the one line naming the server, not 'unexpected'; other refusals name their code; a timeout has no code."""
+    from botocore.exceptions import ClientError, ReadTimeoutError
 
     from dlrecipes.records.store.backend import write_refused
 
@@ -384,3 +408,5 @@ def test_a_server_that_is_full_is_one_line():
     other = ClientError({"Error": {"Code": "InvalidRequest", "Message": "odd"}}, "PutObject")
     assert "refused the write (An error occurred (InvalidRequest)" in str(write_refused(other, "s3://runs/p"))
     assert write_refused(ValueError("a bug"), "s3://runs/p") is None
+    silent = ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+    assert "did not answer a write (ReadTimeoutError)" in str(write_refused(silent, "s3://runs/p"))

@@ -20,7 +20,10 @@ def test_each_scheme_composer_knows_is_a_bucket_store(address, staged, tmp_path,
     store = store_for(address)
     assert type(store).__name__ == "BucketStore" and str(store.root) == address
     assert store.root.staging() == tmp_path / staged  # no two schemes' buckets share a staging folder
-    assert type(store_for("runs")).__name__ == "LocalStore" and type(store_for("ftp://x/y")).__name__ == "LocalStore"
+    assert type(store_for("runs")).__name__ == "LocalStore"
+    with pytest.raises(UserError, match=r"^runs_dir: 'ftp://x/y' is an address, and runs cannot be kept at ftp:// "
+                                        r"ones; give a local folder or s3://BUCKET/PREFIX"):
+        store_for("ftp://x/y")  # not a local folder named "ftp:"
 
 
 @pytest.mark.parametrize("address, said", [

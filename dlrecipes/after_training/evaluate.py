@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from dlrecipes.after_training.target import RunTarget
 from dlrecipes.after_training.trained_model import trained_model
 from dlrecipes.errors import RecipeError
-from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, beside
+from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, EVAL_NAME_MAX, beside
 
 TTA_CHOICES = ("flip",)
 
@@ -50,7 +50,7 @@ def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> st
     """The report folder's name: the checkpoint, then the overrides and the TTA, made filesystem-safe."""
     parts = [target.checkpoint.stem, *overrides, *([f"tta-{tta}"] if tta else [])]
     name = re.sub(r"[^A-Za-z0-9._=+-]+", "_", ",".join(parts))
-    return name[:120]
+    return name[:EVAL_NAME_MAX]
 
 
 def flip_average(network: Any) -> Any:

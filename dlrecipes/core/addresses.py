@@ -4,7 +4,7 @@ anything reads it as a local path (``S3://b/p`` would make a folder ``S3:`` in t
 
 - a known scheme in another case or with the wrong slashes (``S3://``, ``s3:/``, ``s3:b``), or another library's
   name for it (``s3a://``, ``s3n://``, ``gcs://``): ``did you mean s3://...?``;
-- ``file://PATH``: give the plain path;
+- ``file://PATH``: give the plain path; another scheme's address (``ftp://``, ``https://``) is no place for runs;
 - control characters (a pasted line end, an escape sequence), in any address or path.
 
 The limits of an object store's keys are here too: S3 takes keys of at most 1,024 bytes (UTF-8).
@@ -54,6 +54,9 @@ def check_address(value: Any, key_path: str) -> None:
     if meant in SCHEMES and (scheme != meant or slashes != "//"):
         raise UserError(f"{key_path}: {text!r} looks like an object-store address; did you mean "
                         f"{meant}://{rest.lstrip('/')}?")
+    if slashes == "//" and scheme not in SCHEMES:  # ftp://, https://: not a folder named "ftp:"
+        raise UserError(f"{key_path}: {text!r} is an address, and runs cannot be kept at {scheme}:// ones; give a "
+                        f"local folder or {', '.join(f'{known}://BUCKET/PREFIX' for known in SCHEMES)}")
 
 
 def check_key_room(address: str, longest_key: str, key_path: str) -> None:

@@ -43,9 +43,6 @@ CHECKPOINT_DIR = "checkpoints"
 PERIODIC_CHECKPOINT = "ep{epoch}-ba{batch}-rank{rank}.pt"  # Composer's CheckpointSaver fills it in
 LATEST_CHECKPOINT = "latest-rank{rank}.pt"
 BEST_CHECKPOINT = "best.pt"
-# the longest path a run writes under its folder that its own numbers decide (a checkpoint of a million epochs, ten
-# billion batches and ten thousand ranks): what a bucket's key and a staging path must leave room for
-LONGEST_FILE = CHECKPOINT_DIR + "/" + PERIODIC_CHECKPOINT.format(epoch=9 * 111111, batch=9 * 1111111111, rank=9999)
 BEST_INFO = "best.json"
 REMOTE_LATEST = "latest.txt"  # in a bucket's run (runs_dir: s3://...): the newest checkpoint whose upload is confirmed
 REPORT_DIR = "report"
@@ -59,6 +56,8 @@ EVAL_FILE = "eval.json"
 PROFILER_DIR = "profiler"
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_STORE_DIR = "mlruns"  # the mlflow logger's file store, when no tracking_uri is given
+EVAL_NAME_MAX = 120  # characters of an evaluation's folder name at most (after_training.evaluate shortens it)
+_MOST_DIGITS = {"epoch": 6, "batch": 10, "rank": 5}  # a periodic checkpoint's numbers, as large as a run makes them
 
 _PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
 
@@ -83,6 +82,21 @@ def periodic_progress(path: Path) -> tuple[int, int]:
 def is_periodic(path: Path) -> bool:
     """Whether ``path`` is named as rank 0's periodic checkpoint."""
     return _PERIODIC.match(Path(path).name) is not None
+
+
+def longest_relative_path() -> str:
+    """The longest path, relative to a run directory, of a file the run holds (written by training or by the commands
+    after it: an evaluation's report, whose folder name has up to :data:`EVAL_NAME_MAX` characters, is the longest).
+    A bucket's key and a staging folder's path must leave room for it (``RemoteRoot.check_room``)."""
+    most = {key: "9" * digits for key, digits in _MOST_DIGITS.items()}
+    report_file = "per_class_accuracy.png"  # the longest name metrics.report (which owns it) writes in a report folder
+    report = max(EVAL_FILE, report_file, key=len)
+    return max([f"{CHECKPOINT_DIR}/{name}" for name in (PERIODIC_CHECKPOINT.format(**most), BEST_CHECKPOINT,
+                                                        BEST_INFO, REMOTE_LATEST)]
+               + [f"{EXPORT_DIR}/{name}" for name in (*EXPORTED_MODELS.values(), EXPORT_REPORT, PREPROCESS_FILE,
+                                                      CLASSES_FILE)]
+               + [REPLACED_RECIPE.format(stamp="20260101-000000"), LOG_FILE.format(rank=most["rank"]), LEASE_FILE,
+                  f"{REPORT_DIR}/{report_file}", f"{EVAL_DIR}/{'e' * EVAL_NAME_MAX}/{report}"], key=len)
 
 
 class PathView:
@@ -258,8 +272,8 @@ def beside(checkpoint: Path, folder: str) -> Path:
     return Path(checkpoint).parent / folder
 
 
-__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EXPORTED_MODELS",
-           "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE", "LONGEST_FILE",
+__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EVAL_NAME_MAX",
+           "EXPORTED_MODELS", "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE",
            "MLFLOW_STORE_DIR", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE",
            "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic",
-           "latest_checkpoint_name", "periodic_checkpoints_glob", "periodic_progress"]
+           "latest_checkpoint_name", "longest_relative_path", "periodic_checkpoints_glob", "periodic_progress"]

@@ -149,7 +149,9 @@ class S3Backend(Backend):
 
 
 def _code(exc: BaseException) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    """An S3 error's code ("" for one without an answer: a timeout's ``response`` is None)."""
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 _MADE: dict[tuple, Backend] = {}
@@ -223,6 +225,9 @@ def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") 
     if code in FULL:
         return UserError(f"{key_path}: {address}: the server at {where} refused the write: it is full ({code}); "
                          "free space there, or choose another bucket")
+    if code in ("InternalError", "500"):  # SeaweedFS full says only this (its reason is in its log)
+        return UserError(f"{key_path}: {address}: the server at {where} failed the write ({code}); it may be full "
+                         "(SeaweedFS answers so when it has no free volume) or failing: its log says why")
     if name in UNANSWERED:
         return UserError(f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
                          f"({name}); check that the server is up and answering")

@@ -38,8 +38,8 @@ from dlrecipes.core.addresses import SCHEMES, check_address, check_key_room, sch
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, LONGEST_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
-    is_periodic, periodic_progress,
+    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
+    is_periodic, longest_relative_path, periodic_progress,
 )
 
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
@@ -118,8 +118,9 @@ class RemoteRoot:
     def check_room(self, run_name: str, key_path: str = "runs_dir") -> None:
         """One line when a run ``run_name`` here could not be written whole: its longest key over the object store's
         limit, or its staging path over this file system's (a name over NAME_MAX bytes, a path over PATH_MAX)."""
-        check_key_room(str(self), self.key(run_name, LONGEST_FILE), key_path)
-        path = self.staging() / run_name / LONGEST_FILE
+        longest = longest_relative_path()
+        check_key_room(str(self), self.key(run_name, longest), key_path)
+        path = self.staging() / run_name / longest
         existing = next(p for p in (path, *path.parents) if p.exists())
         name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
         long_name = next((part for part in path.parts if len(os.fsencode(part)) > name_max), None)

@@ -59,10 +59,18 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
     if not store.deletes:  # said before anything is copied
         store.delete(root.key(name, RECIPE_FILE), why)
     keys = store.keys(root.key(name) + "/")
-    for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
-        store.copy(key, root.key(aside) + key[len(root.key(name)):])
-    for key in keys:
-        store.delete(key, why)
+    try:
+        for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
+            store.copy(key, root.key(aside) + key[len(root.key(name)):])
+        for key in keys:
+            store.delete(key, why)
+    except Exception as exc:  # read-only keys, a full or silent server: one line (the run stays where it was)
+        from dlrecipes.records.store.backend import write_refused
+
+        refused = write_refused(exc, str(root)) if not isinstance(exc, UserError) else None
+        if refused is None:
+            raise
+        raise refused from None
     why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
     print(f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
           file=sys.stderr)
