@@ -17,6 +17,8 @@ The adversarial matrix, one row a test:
 | no scheme; S3://, file://; a control character; a key   | nothing left here or in the bucket; validate refuses the    |      |
 | over 1,024 bytes; a staging name over NAME_MAX          | address and length cases too                                |      |
 | a full server (SeaweedFS's bare 500; MinIO's, S3's 507) | one line naming the server, not "unexpected"                | test_a_full_server_..., test_what_other_... |
+| an older checkpoint's upload late; a pointer's failed   | the pointer moves only forward; a failed move is retried    | test_the_pointer_moves_... |
+| a server that ignores If-Match; a deleted lease (AWS)   | renewals read the token back; a successor is seen           | test_a_server_that_ignores_... |
 
 The rows about what a bucket or a file says (a pointer with ``../``, keys that lead out of the staging folder, a
 checkpoint whose tensor records are shorter than its pickle declares, a damaged newest checkpoint) are
@@ -410,3 +412,102 @@ def test_what_other_servers_answer_when_full_is_one_line():
     assert write_refused(ValueError("a bug"), "s3://runs/p") is None
     silent = ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
     assert "did not answer a write (ReadTimeoutError)" in str(write_refused(silent, "s3://runs/p"))
+
+
+def test_the_pointer_moves_only_forward_and_a_failed_move_is_tried_again(s3, machine_a, monkeypatch):
+    """ep2's upload fails while ep3's goes up (the pointer names ep3); when ep2 goes up at the next push, the
+    pointer stays at ep3. A pointer whose own upload failed is moved at the next push, with no new checkpoint."""
+    from dlrecipes.records.store import bucket
+
+    remote = bucket.staged_run(bucket.RemoteRoot.parse("s3://runs/forward"), "f")
+    (remote.local / "checkpoints").mkdir(parents=True)
+    for name in ("ep2-ba6-rank0.pt", "ep3-ba9-rank0.pt"):
+        (remote.local / "checkpoints" / name).write_bytes(name.encode())
+    send = bucket.RemoteRun._send
+    failing = {"checkpoints/ep2-ba6-rank0.pt"}
+
+    def flaky(self, relative, size):
+        if relative in failing:
+            raise ConnectionError("the server went away")
+        return send(self, relative, size)
+
+    monkeypatch.setattr(bucket.RemoteRun, "_send", flaky)
+    remote.push()
+    pointer = lambda: s3.read("runs", "forward/f/checkpoints/latest.txt").decode().strip()  # noqa: E731
+    assert pointer() == "ep3-ba9-rank0.pt" and remote.incomplete() == ["checkpoints/ep2-ba6-rank0.pt"]
+    failing.clear()
+    remote.push()
+    assert pointer() == "ep3-ba9-rank0.pt" and remote.incomplete() == []
+    (remote.local / "checkpoints" / "ep4-ba12-rank0.pt").write_bytes(b"4")
+    failing.add("checkpoints/latest.txt")
+    remote.push()
+    assert pointer() == "ep3-ba9-rank0.pt" and remote.incomplete() == ["checkpoints/latest.txt"]
+    failing.clear()
+    remote.push()
+    assert pointer() == "ep4-ba12-rank0.pt" and remote.incomplete() == []
+
+
+class _Objects:
+    """A bucket in memory that takes If-Match and If-None-Match and ignores them (as some S3 servers do)."""
+
+    conditional_writes = True
+    deletes = True
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def read_tagged(self, key):
+        data = self.objects.get(key)
+        return data, (f'"{hash(data)}"' if data is not None else "")
+
+    def write(self, key, data, if_absent=False, if_match=None):
+        self.objects[key] = data
+        return f'"{hash(data)}"'
+
+
+def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token_back(s3, machine_a):
+    """A server that takes If-Match and ignores it is found as the lease is taken (a write on an ETag the lease
+    cannot have lands), and renewals read the token back: a successor's lease is seen, not overwritten. SeaweedFS
+    honours the conditions: its lease keeps them. An If-Match write on a deleted lease is a conflict (AWS answers
+    404 NoSuchKey there, SeaweedFS 412)."""
+    from botocore.exceptions import ClientError
+
+    from dlrecipes.records.store import backend
+    from dlrecipes.records.store.bucket import RemoteRoot, object_store
+    from dlrecipes.records.store.lease import BucketLease, LeaseLost
+
+    root = RemoteRoot.parse("s3://runs/conditions")
+    ignoring = _Objects()
+    lease = BucketLease(ignoring, root, "c").take()
+    try:
+        assert ignoring.conditional_writes is False
+        successor = {"token": "b", "host": "machine-b", "pid": 7, "expires": time.time() + 60}
+        ignoring.objects[lease.key] = json.dumps(successor).encode()
+        with pytest.raises(LeaseLost, match=r"taken over by machine-b \(pid 7\)"):
+            lease.confirm()
+        assert json.loads(ignoring.objects[lease.key]) == successor
+    finally:
+        lease.release()
+    real = BucketLease(object_store(root), root, "c").take()
+    try:
+        assert object_store(root).conditional_writes is True
+        s3.client().delete_object(Bucket="runs", Key=real.key)
+        with pytest.raises(LeaseLost, match="taken over by nobody"):
+            real.confirm()
+    finally:
+        real.release()
+
+    class Gone:  # what AWS answers an If-Match write on a key that is not there
+        bucket = "runs"
+
+        class client:
+            @staticmethod
+            def put_object(**kwargs):
+                raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "gone"}}, "PutObject")
+
+        @staticmethod
+        def get_key(key):
+            return key
+
+    with pytest.raises(backend.Conflict):
+        backend.S3Backend(Gone()).write("k", b"x", if_match='"1"')

@@ -132,7 +132,8 @@ class S3Backend(Backend):
             answer = self.store.client.put_object(Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data,
                                                   **extra)
         except Exception as exc:
-            if extra and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if extra and (_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
+                          or if_match and _code(exc) in ("NoSuchKey", "404")):  # AWS: If-Match on a deleted key
                 raise Conflict(key) from None
             if extra and _code(exc) in ("NotImplemented", "501", "InvalidArgument"):  # no conditional writes here
                 self.conditional_writes = False

@@ -319,10 +319,15 @@ class RemoteRun:
                 continue
             if self._upload(relative) and is_periodic(Path(relative)):
                 self._point_to(Path(relative).name)
+        if POINTER in self.pending and not self.abandoned:  # its move failed: tried again, to what it names here
+            self._point_to((self.local / POINTER).read_text().strip())
         for record, after in ((BEST_RECORD, (BEST,)), (SUMMARY_FILE, None)):
             if record not in changed or self.abandoned:
                 continue
-            missing = [r for r in self._changed() + self.pending if r != record and (after is None or r in after)]
+            # what it describes and is not up: what failed, and the checkpoints (not another rank's log, which
+            # its own process may still be writing)
+            missing = [r for r in self.pending + [c for c in self._changed() if c.startswith(CHECKPOINT_DIR + "/")]
+                       if r != record and (after is None or r in after)]
             if missing:  # what it describes is not up: it waits, named as not uploaded
                 if record not in self.pending:
                     self.pending.append(record)
@@ -331,7 +336,16 @@ class RemoteRun:
                 self._upload(record)
 
     def _point_to(self, checkpoint: str) -> None:
-        (self.local / POINTER).write_text(checkpoint + "\n")
+        """The pointer moved to ``checkpoint`` (only forward: an older checkpoint whose upload was late does not
+        take it back), then what ``keep`` rotated away deleted."""
+        if self.abandoned:
+            return
+        current = self.local / POINTER
+        named = current.read_text().strip() if current.is_file() else ""
+        if named and named != checkpoint and is_periodic(Path(named)) and \
+                periodic_progress(Path(named)) > periodic_progress(Path(checkpoint)):
+            return
+        current.write_text(checkpoint + "\n")
         if self._still_held(POINTER) and self._upload(POINTER):
             self._rotate(checkpoint)
 
@@ -354,7 +368,7 @@ class RemoteRun:
     def _rotate(self, newest: str) -> None:
         """``checkpoint.keep`` in the bucket: the periodic checkpoints older than the newest ``keep`` (the pointer's
         among them) deleted, now that the pointer names a newer one."""
-        if self.keep < 0 or not self.store().deletes:
+        if self.keep < 0 or not self.store().deletes or self.abandoned:
             return
         try:
             older = _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)

@@ -61,6 +61,11 @@ class LeaseLost(UserError):
     exit_code = 1
 
 
+class LeaseEnded(LeaseLost):
+    """This process released the lease (its run ended): a push still under way (a notebook's, after the end gave up
+    waiting) writes nothing more."""
+
+
 def is_live(held: Optional[dict]) -> bool:
     """Whether ``held`` (a lease's contents) names a writer that may still write: not released, not expired, and not
     a process of this machine that is gone."""
@@ -80,12 +85,9 @@ def _number(value: Any, default: float = 0.0) -> float:
 
 
 def read_lease(store: Any, key: str) -> tuple[Optional[dict], str, bool]:
-    """The lease at ``key``: (its contents, None when absent, released or unreadable; its ETag; whether an object
-    is there at all)."""
-    try:
-        data, tag = store.read_tagged(key)
-    except Exception:  # unreadable: no live writer says so (a write then tells)
-        return None, "", False
+    """The lease at ``key``: (its contents, None when absent, released or not JSON; its ETag; whether an object is
+    there at all). A read that fails raises: "no lease" is never concluded from a server that did not answer."""
+    data, tag = store.read_tagged(key)
     if data is None:
         return None, "", False
     try:
@@ -121,6 +123,7 @@ class BucketLease:
         self._lock = threading.Lock()  # the renewal and the mirror confirm one at a time
         self._thread: Optional[threading.Thread] = None
         self._warned = False
+        self._ended = False
 
     def _body(self) -> bytes:
         return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
@@ -145,13 +148,28 @@ class BucketLease:
         try:  # another machine taking the same expired lease at the same moment: one of the two writes holds
             self.etag = self.store.write(self.key, self._body(), if_absent=not exists, if_match=tag or None)
         except Conflict:
-            raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {}) from None
+            if not self._mine():  # (a retried write of this process's own lands as a conflict)
+                raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {}) from None
         if not self._mine():  # another machine wrote after this one (a server without conditional writes)
             raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {})
+        self._check_conditions()
         self.confirmed_at = _clock()
         self._thread = threading.Thread(target=self._renew, name="dlrecipes-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _check_conditions(self) -> None:
+        """A server that takes ``If-Match`` and ignores it would let a paused writer overwrite its successor's lease:
+        one write on an ETag the lease cannot have tells; where it lands, renewals read the token back instead."""
+        from dlrecipes.records.store.backend import Conflict
+
+        if not (self.store.conditional_writes and self.etag):
+            return
+        try:
+            self.etag = self.store.write(self.key, self._body(), if_match='"0"')
+        except Conflict:
+            return
+        self.store.conditional_writes = False
 
     def confirm(self) -> None:
         """Renew the lease by a write that holds only while it is still this process's (see the module docstring);
@@ -160,6 +178,8 @@ class BucketLease:
         from dlrecipes.records.store.backend import Conflict
 
         with self._lock:
+            if self._ended:
+                raise LeaseEnded(f"{self.root}/{self.name}: the lease was released")
             if self.lost is not None:
                 raise self.lost_error()
             if self.store.conditional_writes and self.etag:
@@ -179,6 +199,8 @@ class BucketLease:
     def guard(self) -> None:
         """Before a file is written: :class:`LeaseLost` when the lease is gone, a confirmation when the last one is
         not recent (a pause, a hung server), nothing otherwise."""
+        if self._ended:
+            raise LeaseEnded(f"{self.root}/{self.name}: the lease was released")
         if self.lost is not None:
             raise self.lost_error()
         if self.confirmed_at is None or _clock() - self.confirmed_at > FRESH * term():
@@ -210,7 +232,8 @@ class BucketLease:
 
     def release(self, wait: float = 5.0) -> None:
         """Stop renewing and delete the lease (where this process still holds it), waiting at most ``wait`` seconds
-        for the server: a lease not deleted expires by itself."""
+        for the server: a lease not deleted expires by itself. Nothing is written under it afterwards."""
+        self._ended = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1)  # a renewal stuck on a hung server is a daemon: left behind

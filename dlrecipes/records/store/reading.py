@@ -195,7 +195,10 @@ def _copy_live_lease(run: "PulledRun", listed: bool) -> None:
     from dlrecipes.records.store.lease import live_holder
 
     copy = run.local / LEASE_FILE
-    held = live_holder(run.store(), run.root, run.name) if listed else None
+    try:
+        held = live_holder(run.store(), run.root, run.name) if listed else None
+    except Exception:  # not read: runs shows the run by its records (a live writer's lease is said at its resume)
+        held = None
     if held is None:
         copy.unlink(missing_ok=True)
     else:

@@ -81,14 +81,14 @@ class BackgroundPush:
         with self._lock:
             self._closing = True
         self.request()
-        if not self._idle.wait(min(SAID_AFTER, wait)):
-            self._say_waiting(wait)
-            deadline = time.monotonic() + max(0.0, wait - SAID_AFTER)
-            try:
+        try:
+            if not self._idle.wait(min(SAID_AFTER, wait)):
+                self._say_waiting(wait)
+                deadline = time.monotonic() + max(0.0, wait - SAID_AFTER)
                 while not self._idle.wait(0.2) and time.monotonic() < deadline:
                     pass
-            except (KeyboardInterrupt, SystemExit):  # Ctrl-C (Composer's handler exits): the wait stops, what is
-                print("", file=sys.stderr)  # missing is named, and --resume uploads it
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C (Composer's handler exits): the wait stops, what is
+            print("", file=sys.stderr)  # missing is named, and --resume uploads it
         if not self._idle.is_set():
             self.remote.abandoned = True
             return False
