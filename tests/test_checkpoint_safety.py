@@ -335,29 +335,6 @@ def test_a_malformed_file_is_not_a_checkpoint_in_one_line(tiny_run, tmp_path, ca
             read_checkpoint(bad, trust=True)
 
 
-def test_reading_a_resnet50_sized_checkpoint_costs_milliseconds(tmp_path):
-    """The check runs before every load: on a ResNet-50's weights with an SGD momentum buffer each (as Composer
-    saves them: 640 tensors, 195 MiB), reading the pickle and the records' sizes takes 14-17 ms (2 cores, busy),
-    against hundreds for the load it guards."""
-    import time
-
-    import timm
-
-    from dlrecipes.records.checkpoint_file import file_problem
-
-    weights = {f"module.{k}": v for k, v in timm.create_model("resnet50").state_dict().items()}
-    momentum = {k: {"momentum_buffer": v.clone()} for k, v in weights.items() if v.is_floating_point()}
-    path = tmp_path / "rn50.pt"
-    torch.save({"state": {"model": weights, "optimizers": {"SGD": {"state": momentum}}}, "rng": []}, path)
-    assert file_problem(path) is None
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        assert file_problem(path) is None
-        times.append(time.perf_counter() - started)
-    assert sorted(times)[1] < 0.2, times
-
-
 @pytest.mark.parametrize("kind", ["a directory", "a FIFO (named pipe)",
                                   "a symbolic link to gone.pt, which does not exist"])
 def test_a_best_pt_that_is_not_a_file_is_named_for_what_it_is(tiny_run, kind):
