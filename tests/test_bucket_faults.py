@@ -469,8 +469,8 @@ def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token
     """A server that takes If-Match and ignores it is found as the lease is taken (a write on an ETag the lease
     cannot have lands), and renewals read the token back: a successor's lease is seen, not overwritten. SeaweedFS
     honours the conditions: its lease keeps them. An If-Match write on a deleted lease is a conflict (AWS answers
-    404 NoSuchKey there, SeaweedFS 412)."""
-    from botocore.exceptions import ClientError
+    404 NoSuchKey there, SeaweedFS 412); a boto3 too old for the conditions writes plainly and reads back."""
+    from botocore.exceptions import ClientError, ParamValidationError
 
     from dlrecipes.records.store import backend
     from dlrecipes.records.store.bucket import RemoteRoot, object_store
@@ -511,3 +511,18 @@ def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token
 
     with pytest.raises(backend.Conflict):
         backend.S3Backend(Gone()).write("k", b"x", if_match='"1"')
+
+    class OldClient(Gone):  # a boto3 before conditional writes: the parameter itself is refused
+        class client:
+            written: list = []
+
+            @classmethod
+            def put_object(cls, **kwargs):
+                if "IfMatch" in kwargs or "IfNoneMatch" in kwargs:
+                    raise ParamValidationError(report="Unknown parameter in input: \"IfMatch\"")
+                cls.written.append(kwargs["Key"])
+                return {"ETag": '"e"'}
+
+    old = backend.S3Backend(OldClient())
+    assert old.write("k", b"x", if_match='"1"') == '"e"' and old.conditional_writes is False
+    assert OldClient.client.written == ["k"]  # written plainly: the lease's read-back fences it

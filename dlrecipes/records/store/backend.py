@@ -135,8 +135,9 @@ class S3Backend(Backend):
             if extra and (_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
                           or if_match and _code(exc) in ("NoSuchKey", "404")):  # AWS: If-Match on a deleted key
                 raise Conflict(key) from None
-            if extra and _code(exc) in ("NotImplemented", "501", "InvalidArgument"):  # no conditional writes here
-                self.conditional_writes = False
+            if extra and (_code(exc) in ("NotImplemented", "501", "InvalidArgument")  # no conditional writes here
+                          or type(exc).__name__ == "ParamValidationError"):  # nor in a boto3 older than 1.35
+                self.conditional_writes = False  # (the lease reads its token back instead)
                 return self.write(key, data)
             raise
         return str(answer.get("ETag", ""))
