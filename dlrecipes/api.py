@@ -127,9 +127,11 @@ def train(
     old run under another name."""
     from dlrecipes.records.store import store_for
 
+    given = config is not None
     config = config or resolve(recipe, overrides, plugins)
     store = store_for(config.runs_dir)
-    store.check_room(config)  # (resolve checked it; a notebook's config did not pass there)
+    if given:  # a notebook's config, made without resolve(), which checks this
+        store.check_room(config)
     store.check()  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
     from dlrecipes.fit import fit

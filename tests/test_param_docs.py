@@ -82,7 +82,8 @@ def test_the_meanings_that_said_nothing_say_the_form_the_values_and_the_places()
     from dlrecipes.config.meanings import key_meaning
     from dlrecipes.core.durations import DURATION_UNITS
     from dlrecipes.core.precision import PRECISIONS
-    from dlrecipes.records.store.bucket import SCHEMES, STAGING_ENV
+    from dlrecipes.core.addresses import SCHEMES
+    from dlrecipes.records.store.bucket import STAGING_ENV
 
     load_all()
     for key in ("trainer.eval_interval", "checkpoint.save_interval"):

@@ -82,12 +82,11 @@ def _newest_that_loads(folder: Path, target: Path, trust: bool) -> Path:
     """``--checkpoint latest``: the newest periodic checkpoint that loads; the newer ones it passes over are named,
     with why, in one note (a run's newest checkpoint damaged is not to be evaluated in silence), and a run none of
     whose checkpoints loads is refused naming them."""
-    from dlrecipes.records.checkpoints import newest_that_loads, skipped_note
+    from dlrecipes.records.checkpoints import newest_that_loads, none_loads, skipped_note
 
     path, skipped = newest_that_loads(folder, trust, "--checkpoint") if folder.is_dir() else (None, [])
     if path is None and skipped:
-        named = "; ".join(f"{p.name} {why}" for p, why in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        raise UserError(f"--checkpoint: no periodic checkpoint of {target} loads ({named}); use --checkpoint best")
+        raise none_loads(target, skipped)
     if path is None:
         raise UserError(f"--checkpoint: {target} has no complete periodic checkpoint; use --checkpoint best")
     if skipped:

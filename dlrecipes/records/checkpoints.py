@@ -275,6 +275,13 @@ def newest_that_loads(checkpoint_dir: Path, trust: bool = False,
     return None, skipped
 
 
+def none_loads(where: Any, skipped: list[tuple[Path, str]]) -> UserError:
+    """The refusal of ``--checkpoint latest`` when no periodic checkpoint of the run at ``where`` loads: the ones
+    tried, each with why."""
+    named = "; ".join(f"{path.name} {why}" for path, why in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+    return UserError(f"--checkpoint: no periodic checkpoint of {where} loads ({named}); use --checkpoint best")
+
+
 def skipped_note(skipped: list[tuple[Path, str]], chosen: Path) -> str:
     """The line saying which newer checkpoints ``--checkpoint latest`` passed over, and why, and which it uses."""
     named = "; ".join(f"{CHECKPOINT_DIR}/{path.name} {why}" for path, why in skipped[:3])

@@ -114,9 +114,6 @@ def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-__all__ = ["DamagedRunFile", "read_history", "read_recipe", "read_summary"]
-
-
 def file_digest(path: Path) -> str:
     """The SHA-256 of ``path``'s bytes, hex (best.json records best.pt's: readers check that they belong together)."""
     import hashlib
@@ -151,3 +148,6 @@ def check_best_record(run: RunDir, refuse: bool = True) -> None:
         print(f"note: {what}; used as given (--trust-checkpoint)", file=sys.stderr)
         return
     raise DataError(f"{what}; resume the run (--resume) to upload its own, or give --checkpoint latest")
+
+
+__all__ = ["DamagedRunFile", "check_best_record", "file_digest", "read_history", "read_recipe", "read_summary"]

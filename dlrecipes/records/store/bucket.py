@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrecipes.core.addresses import SCHEMES, check_address, check_key_room, scheme_of, shortened  # SCHEMES: said here too
+from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, shortened
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
@@ -371,7 +371,7 @@ class RemoteRun:
         if self.keep < 0 or not self.store().deletes or self.abandoned:
             return
         try:
-            older = _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)
+            older = older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)
             for name in older[max(self.keep, 1) - 1:]:
                 if self.lease is not None:
                     self.lease.guard()
@@ -388,10 +388,10 @@ class RemoteRun:
         """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
         from dlrecipes.records.store.safe_keys import staged_path
 
-        for name in _older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest):
+        for name in older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest):
             relative = f"{CHECKPOINT_DIR}/{name}"
             local = staged_path(self.local, relative, f"{self.root}/{self.name}")
-            if (local.is_file() or self._download(relative)) and not _damaged(local):
+            if (local.is_file() or self._download(relative)) and damage(local) is None:
                 return
 
     def incomplete(self) -> list[str]:
@@ -432,7 +432,7 @@ class RemoteRun:
             if not self._download(checkpoint):
                 raise UserError(f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does "
                                 "not have")
-        if _damaged(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
+        if damage(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
             self._pull_older_than(name)
         for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
             if not (self.local / relative).is_file():
@@ -441,24 +441,23 @@ class RemoteRun:
 
     def _logs(self) -> list[str]:
         """The run's process logs in the bucket (a resume appends to them)."""
-        prefix = self.key(LOG_PREFIX)
-        return [key[len(self.key("")) + 1:] for key in self.store().keys(prefix)
-                if "/" not in key[len(self.key("")) + 1:]]
+        relatives = (key[len(self.key("")) + 1:] for key in self.store().keys(self.key(LOG_PREFIX)))
+        return [relative for relative in relatives if "/" not in relative]
 
 
-def _damaged(path: Path) -> bool:
-    """Whether a checkpoint fails to load (tensors-only); one holding objects beyond tensors is not damaged, and
-    --resume refuses it as it would a local one."""
+def damage(path: Path, key: str = "--resume") -> Optional[str]:
+    """Why a checkpoint fails to load (tensors-only), or None; one holding objects beyond tensors is not damaged:
+    the command refuses it as it would a local one."""
     from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint
     from dlrecipes.records.checkpoints import loadable
 
     try:
-        return loadable(path, False, "--resume") is not None
+        return loadable(path, False, key)
     except UntrustedCheckpoint:
-        return False
+        return None
 
 
-def _older_checkpoints(keys: list[str], newest: str) -> list[str]:
+def older_checkpoints(keys: list[str], newest: str) -> list[str]:
     """The periodic checkpoints among ``keys`` older than ``newest``, newest first (their names)."""
     names = {key.rsplit("/", 1)[-1] for key in keys}
     limit = periodic_progress(Path(newest))

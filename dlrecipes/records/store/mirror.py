@@ -57,7 +57,7 @@ def uploader(remote: RemoteRun, wait: float = 120.0):
             self.closed = True
             if dist.get_global_rank() != 0:
                 return
-            clear_incomplete(remote)  # the last push brings what an earlier end left out
+            _mark_incomplete(remote, [])  # the last push brings what an earlier end left out
             done = self.background.close(wait)  # the last push, and every one still under way, done (or given up)
             if remote.offload is not None:
                 remote.offload.close(kill=not done)
@@ -65,56 +65,50 @@ def uploader(remote: RemoteRun, wait: float = 120.0):
                 remote.abandoned = True
                 remote.pending = sorted(set(remote.pending) | set(remote._changed()), key=upload_order)
             if remote.pending:
-                mark_incomplete(remote, in_bucket=remote.lease is None or remote.lease.lost is None)
+                _name_what_is_missing(remote)
 
     return MirrorToBucket()
 
 
-def clear_incomplete(remote: RemoteRun) -> None:
-    """summary.json (local) without ``upload_incomplete``: the push that follows uploads it only once everything
-    else is in the bucket, and :func:`mark_incomplete` names again what is not."""
+def _name_what_is_missing(remote: RemoteRun) -> None:
+    """summary.json names what is not in the bucket: locally, and in the bucket too while the lease is this
+    process's and the server answers within seconds (a reader there then sees the run as incomplete, not finished)."""
+    _mark_incomplete(remote, sorted(set(remote.pending) - {SUMMARY_FILE}))
+    held = remote.lease is None or remote.lease.lost is None
+    if held and (remote.local / SUMMARY_FILE).is_file():
+        _quick_put(remote, SUMMARY_FILE)
+
+
+def _mark_incomplete(remote: RemoteRun, missing: list[str]) -> None:
+    """summary.json (local) names ``missing``, what is not in the bucket, as ``upload_incomplete`` (none: the key
+    goes; the push that follows uploads the summary only once everything else is up)."""
     import json
 
     summary = remote.local / SUMMARY_FILE
     try:
         data = json.loads(summary.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no summary yet (a run stopped in its first epoch), or not ours to fix
         return
-    if isinstance(data, dict) and "upload_incomplete" in data:
+    if not isinstance(data, dict) or data.get("upload_incomplete", []) == missing:
+        return
+    if missing:
+        data["upload_incomplete"] = missing
+    else:
         del data["upload_incomplete"]
-        summary.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def mark_incomplete(remote: RemoteRun, in_bucket: bool = True) -> None:
-    """summary.json names what is not in the bucket: locally, and with ``in_bucket`` in the bucket too when it
-    answers within seconds (a reader there then sees the run as incomplete, not as finished)."""
-    import json
-
-    summary = remote.local / SUMMARY_FILE
-    if not summary.is_file():
-        return
-    data = json.loads(summary.read_text())
-    data["upload_incomplete"] = sorted(set(remote.pending) - {SUMMARY_FILE})
     summary.write_text(json.dumps(data, indent=2) + "\n")
-    if in_bucket:
-        _quick_put(remote, SUMMARY_FILE)
 
 
-def _quick_put(remote: RemoteRun, relative: str, wait: float = 5.0) -> bool:
+def _quick_put(remote: RemoteRun, relative: str, wait: float = 5.0) -> None:
     """``relative`` uploaded from a thread of its own, waited for at most ``wait`` seconds (a hung server: left to
-    finish or fail on its own, a daemon). Whether it was confirmed."""
+    finish or fail on its own, a daemon)."""
     import threading
-
-    done: list[bool] = []
 
     def put() -> None:
         try:
             remote.store().write(remote.key(relative), (remote.local / relative).read_bytes())
-            done.append(True)
-        except Exception:
+        except Exception:  # the local summary says it all the same
             pass
 
     thread = threading.Thread(target=put, name="dlrecipes-upload-mark", daemon=True)
     thread.start()
     thread.join(timeout=wait)
-    return bool(done)

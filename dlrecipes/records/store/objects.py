@@ -58,7 +58,7 @@ class BucketStore(RunStore):
                 opened.lock = leased(opened.lock, object_store(self.root), self.root, name)
             except UserError:
                 if opened.fresh:  # nothing of it is left behind here (the staging folders made for it)
-                    _remove_fresh(opened.run.path, self.root.staging())
+                    _remove_fresh(opened.run.path)
                 raise
             mirror.lease = opened.lock.lease  # every write to the bucket is made under it
         mirror.keep = config.checkpoint.keep
@@ -99,7 +99,7 @@ class BucketStore(RunStore):
         return SweepFolder(mirror.local, mirror.url, trains_into=mirror.url, after_point=mirror.push, finish=finish)
 
 
-def _remove_fresh(run: Path, staging: Path) -> None:
+def _remove_fresh(run: Path) -> None:
     """A fresh run's staging folder removed, and the folders above it up to the staging base that it leaves empty."""
     import shutil
 

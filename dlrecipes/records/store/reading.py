@@ -25,9 +25,10 @@ from typing import Any, Optional
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
-    is_periodic, periodic_progress,
 )
-from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, scheme_of, staging_base
+from dlrecipes.records.store.bucket import (
+    RemoteRoot, RemoteRun, check_access, damage, older_checkpoints, scheme_of, staging_base,
+)
 from dlrecipes.records.store.safe_keys import pointed_checkpoint, staged_path
 
 PULLED_DIR = "pulled"
@@ -127,26 +128,21 @@ class PulledRun(RemoteRun):
         first, until one does, with one note naming what was skipped and why (as ``--checkpoint latest`` of a local
         run says: :func:`~dlrecipes.records.checkpoints.skipped_note`).  One holding objects beyond tensors is not
         damaged: it is returned, and the command refuses it unless trusted."""
-        from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint
-        from dlrecipes.records.checkpoints import loadable, skipped_note
-        newest = periodic_progress(Path(pointed))
-        older = sorted((r for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR and is_periodic(Path(r))
-                        and periodic_progress(Path(r)) < newest), key=lambda r: periodic_progress(Path(r)), reverse=True)
+        from dlrecipes.records.checkpoints import none_loads, skipped_note
+
+        in_folder = [r for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR]
+        older = [f"{CHECKPOINT_DIR}/{name}" for name in older_checkpoints(in_folder, Path(pointed).name)]
         skipped: list[tuple[Path, str]] = []
         for relative in [pointed, *older]:
             self._fetch(relative, *listing[relative], reuse=True)
             path = self.local / relative
-            try:
-                problem = loadable(path, False, "--checkpoint")
-            except UntrustedCheckpoint:
-                problem = None
+            problem = damage(path, "--checkpoint")
             if problem is None:
                 if skipped:
                     print(skipped_note(skipped, path), file=sys.stderr)
                 return path
             skipped.append((path, problem))
-        named = "; ".join(f"{path.name} {why}" for path, why in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        raise UserError(f"--checkpoint: no periodic checkpoint of {self.url} loads ({named}); use --checkpoint best")
+        raise none_loads(self.url, skipped)
 
     def _changed(self) -> list[str]:
         """What the command wrote: never a checkpoint or the pointer (those are training's to move)."""
