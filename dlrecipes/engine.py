@@ -60,7 +60,7 @@ from composer.distributed import ddp_sync_context
 from composer.loggers import Logger, LoggerDestination
 from composer.models import ComposerModel
 from composer.trainer.trainer import OOM_FOUND_ON_OTHER_RANK, TrainerMode
-from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode
+from composer.utils import dist, ensure_tuple, map_collection, model_eval_mode, reproducibility
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
@@ -421,7 +421,12 @@ class Trainer(ComposerTrainer):
         loader = self.state.dataloader
         assert loader is not None
         length = self.state.dataloader_len
+        resumed = trainer_mode == TrainerMode.TRAIN and "train" in self.state.dataset_resumption
+        if resumed and length is not None:  # the dataset starts where the checkpoint was: only the rest is left
+            length = max(0, int(length) - int(self.state.timestamp.batch_in_epoch))
         iterator = iter(loader) if length is None else itertools.islice(loader, int(length))
+        if resumed:
+            self._restore_random_state_inside_the_epoch()
         agree = not self._agree_on_batches(trainer_mode)  # ranks may run out at different batches: ask them all
         while True:
             if trainer_mode == TrainerMode.TRAIN:
@@ -437,6 +442,15 @@ class Trainer(ComposerTrainer):
             if finished:
                 return
             yield batch
+
+    def _restore_random_state_inside_the_epoch(self) -> None:
+        """A checkpoint's random state, for a run resumed inside an epoch by a dataset that resumes itself
+        (``dlrecipes.data.order``; Composer's ``dataset_resumption``): Composer restores it only at an epoch's
+        start or as it spins the loader, so here, with the epoch's iterator made as the uninterrupted run had
+        it (making it draws the workers' seed), before the first batch is trained."""
+        if self._rng_state is not None and int(self.state.timestamp.batch_in_epoch) > 0:
+            reproducibility.load_rng_state(self._rng_state)
+            self._rng_state = None
 
     # -- the optimizer closure: only there to call ``.item()`` on the loss for most optimizers --
     def _use_closures(self) -> bool:

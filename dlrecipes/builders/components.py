@@ -86,7 +86,7 @@ def build_dataloaders(
         if world_size() > 1:
             raise RecipeError("train_data/eval_data: a DataLoader passed in is used as it is and cannot be split over "
                               f"{world_size()} processes; pass its Dataset instead")
-        built = (None, None) if all(data.loaders) else _torch_loaders(data, cfg, device, train_batch, eval_batch)
+        built = (None, None) if all(data.loaders) else _torch_loaders(data, cfg, device, train_batch, eval_batch, seed)
         return data.loaders[0] or built[0], data.loaders[1] or built[1]
     if isinstance(data.train, FFCVSource):
         algorithms = algorithms or {}
@@ -105,13 +105,17 @@ def build_dataloaders(
             tensor_cache_loader(data, data.train, train_batch, True, cfg, device, seed),
             tensor_cache_loader(data, data.eval, eval_batch, False, cfg, device, seed),
         )
-    return _torch_loaders(data, cfg, device, train_batch, eval_batch)
+    return _torch_loaders(data, cfg, device, train_batch, eval_batch, seed)
 
 
-def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_batch: int, eval_batch: int):
-    """torch DataLoaders over the splits, each rank reading its share."""
+def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_batch: int, eval_batch: int,
+                   seed: int):
+    """torch DataLoaders over the splits, each rank reading its share: training in the global order
+    (:mod:`dlrecipes.data.order`: the same batches, and resumable at any batch, on any number of processes)."""
     from composer.utils import dist
     from torch.utils.data import DataLoader
+
+    from dlrecipes.data.order import ordered
 
     common = {
         "num_workers": cfg.num_workers,
@@ -122,13 +126,8 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
         raise RecipeError(
             f"trainer.batch_size: {cfg.batch_size} is larger than the training set ({len(data.train)} samples)"
         )
-    train = DataLoader(
-        data.train,
-        batch_size=train_batch,
-        sampler=dist.get_sampler(data.train, shuffle=True, drop_last=True),
-        drop_last=True,
-        **common,
-    )
+    samples = ordered(data.train, cfg.batch_size, dist.get_global_rank(), dist.get_world_size(), seed)
+    train = DataLoader(samples, batch_size=train_batch, sampler=samples.sampler, drop_last=True, **common)
     evaluation = DataLoader(
         data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common
     )

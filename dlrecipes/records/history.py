@@ -78,6 +78,7 @@ class RunHistory(Callback):
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._fit_start, self._state = time.perf_counter(), state
+        self._say_if_the_order_changes(state)
         # a resumed run starts inside an epoch without EPOCH_START: its first row counts from here
         self._epoch_start, self._sample_start = self._fit_start, int(state.timestamp.sample)
         part, self._resumed_epoch = self._resumed_epoch, None
@@ -132,10 +133,28 @@ class RunHistory(Callback):
             "seconds": time.perf_counter() - self._epoch_start,
             "samples": int(timestamp.sample) - self._sample_start if timestamp is not None else 0,
             "elapsed": self._elapsed_before + time.perf_counter() - self._fit_start,
+            "world_size": dist.get_world_size(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed_epoch = dict(state) if state.get("loss_batches") else None  # used by fit_start
+        self._trained_on = state.get("world_size")
+
+    _trained_on = None  # processes the checkpoint's run trained on (None: not resumed, or not recorded)
+
+    def _say_if_the_order_changes(self, state: State) -> None:
+        """One line, before a resumed run trains, where its loader cannot continue the order on this number of
+        processes (the torch loader's global order can: its dataset resumes itself, Composer's dataset_resumption)."""
+        world = dist.get_world_size()
+        if self._trained_on in (None, world) or state.dataset_resumption.get("train") or dist.get_global_rank():
+            return
+        t, name = self.recipe.get("trainer", {}), self.recipe.get("dataset", {}).get("name")
+        loader = "FFCV's loader" if name == "ffcv" else f"trainer.loader={t.get('loader', 'torch')}"
+        other = "" if name == "ffcv" else " (trainer.loader=torch continues on any number)"
+        print(f"note: this run trained on {self._trained_on} processes and resumes on {world}: {loader} orders "
+              f"samples by process, so from here they differ from an uninterrupted run's (in the resumed epoch some "
+              f"repeat or are left out); resume on {self._trained_on} processes to continue exactly{other}",
+              flush=True)
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         self._train_seconds = time.perf_counter() - self._epoch_start
