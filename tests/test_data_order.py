@@ -307,3 +307,16 @@ def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_samples_crops_and_wei
     assert [b["sums"] for b in got.values()] == [b["sums"] for b in expected.values()]  # the same crops and flips
     reference, weights = _weights(image_recipe, f"{loader}-whole"), _weights(image_recipe, run)
     assert [k for k in reference if not torch.equal(reference[k], weights[k])] == []
+
+
+@pytest.mark.slow
+def test_a_checkpoint_inside_an_epoch_resumes_only_with_its_batch_size(tiny_recipe):
+    first = run_cli("train", str(tiny_recipe), "run_name=b", "trainer.max_duration=2ba", "checkpoint.save_interval=1ba")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run_cli("train", str(tiny_recipe), "run_name=b", "trainer.batch_size=32", "--resume")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        "error: trainer.batch_size: the checkpoint was saved inside epoch 0 with batches of 64; resume with "
+        "trainer.batch_size=64 (the batch size can change at an epoch's end)")
+    checkpoints = tiny_recipe.parent / "runs" / "b" / "checkpoints"
+    assert (checkpoints / "ep0-ba2-rank0.pt").exists()  # nothing finished is lost
