@@ -90,7 +90,7 @@ class S3Server:
         volume server registers a moment after the S3 gateway answers)."""
         self.kill()
         self.process = _start(self.args, self.folder)
-        _wait_up(self.endpoint, self.process, self.folder)
+        _wait_up(self.endpoint, self.process, self.folder, self.args[:4] if self.args[0] == "ip" else [])
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -108,11 +108,21 @@ def _start(args: list[str], folder: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: float = 60) -> None:
+_PROBE = ("import sys, urllib.request, urllib.error\ntry:\n    urllib.request.urlopen(sys.argv[1], timeout=1)\n"
+          "except urllib.error.HTTPError:\n    pass\n")  # 403 without credentials: it answers
+
+
+def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, host: list[str] = (), timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"weed exited: {(folder / 'weed.log').read_text()[-2000:]}")
+        if host:  # asked from inside its namespace
+            probe = subprocess.run([*host, sys.executable, "-c", _PROBE, endpoint], capture_output=True)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.3)
+            continue
         try:
             urllib.request.urlopen(endpoint, timeout=1)
             return
@@ -123,12 +133,14 @@ def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, timeout: fl
     raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
 
 
-def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max: int | None = None) -> S3Server:
+def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max: int | None = None,
+                    netns: str | None = None, ip: str = "127.0.0.1") -> S3Server:
     """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``; ``volume_mb``: the size of its
     volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger);
     ``nice``: its scheduling priority (benchmarks/upload_stall.py: a server standing in for another machine's);
     ``volume_max``: the most volumes it makes (above 8, or weed does not start; with a small ``volume_mb``, a server
-    that a few MB fill)."""
+    that a few MB fill); ``netns``: the network namespace it runs in (a test host of tests/test_multihost.py), on
+    that host's address ``ip`` (its clients then run on the hosts: ``S3Server.client`` cannot reach it)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
@@ -138,15 +150,17 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max
         {"name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
          "actions": ["Read", "List"]}]}))
     ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
-    args = [*(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    host = ["ip", "netns", "exec", netns] if netns else []
+    args = [*host, *(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}",
+            f"-ip={ip}", f"-ip.bind={ip}",
             "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
             *([f"-volume.max={volume_max}"] if volume_max else []),
             *(f"-{name}={port}" for name, port in ports.items())]
     port = ports["s3.port"]
     process = _start(args, folder)
-    server = S3Server(f"http://127.0.0.1:{port}", process, folder, args)
+    server = S3Server(f"http://{ip}:{port}", process, folder, args)
     try:
-        _wait_up(server.endpoint, process, folder)
+        _wait_up(server.endpoint, process, folder, host)
     except Exception:
         server.kill()
         raise
