@@ -173,7 +173,7 @@ def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
     trained = run_cli("train", str(recipe(tmp_path, "s3://data/b")), "dataset.cache_limit=1000", "run_name=c")
     assert trained.returncode == 2 and len(trained.stderr.strip().splitlines()) == 1, trained.stderr[-2000:]
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-    with pytest.raises(UserError, match=r"dataset.remote: s3://data/b: access denied at .* \(check AWS_ACCESS_KEY_ID"):
+    with pytest.raises(UserError, match=r"dataset.remote: s3://data/b: access denied .*check AWS_ACCESS_KEY_ID"):
         open_shards("s3://data/b")
     denied = convert(source, "s3://data/other")
     assert denied.returncode == 2 and "--out: s3://data/other: access denied" in denied.stderr
@@ -218,5 +218,5 @@ def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wai
             reader.kill()
     err = reader.stderr.read().strip()
     assert reader.returncode == 2, err[-2000:]
-    assert waited < 120 and err.splitlines()[-1].startswith("error: dataset.remote: shard s3://data/stall/train/chunk-")
-    assert "did not arrive" in err and "--resume" in err
+    assert waited < 120 and err.splitlines()[-1].startswith("dataset.remote: shard s3://data/stall/train/chunk-")
+    assert "did not arrive within 4 s" in err and "--resume" in err

@@ -69,6 +69,15 @@ class ShardsPlace:
         self.address, self.key_path = str(address).rstrip("/"), key_path
         self.bucket = dataset_bucket(self.address, key_path)
 
+    def refused(self, exc: BaseException) -> UserError:
+        """The one line for a bucket that refused a read (wrong credentials, most often)."""
+        code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code", ""))
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return UserError(f"{self.key_path}: {self.address}: access denied with the credentials found ({code}; check "
+                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return UserError(f"{self.key_path}: {self.address}: the bucket refused a read ({type(exc).__name__}: {first})")
+
     def url(self, *parts: str) -> str:
         return "/".join([self.address, *parts])
 
@@ -77,14 +86,20 @@ class ShardsPlace:
 
     def read(self, name: str) -> Optional[bytes]:
         if self.bucket is not None:
-            return self.bucket.backend.read(self.key(name))
+            try:
+                return self.bucket.backend.read(self.key(name))
+            except Exception as exc:  # botocore's ClientError and the like, answered by the bucket
+                raise self.refused(exc) from None
         path = Path(self.address, name)
         return path.read_bytes() if path.is_file() else None
 
     def sizes(self, split: str) -> dict[str, int]:
         """Each file of a split with its size."""
         if self.bucket is not None:
-            listed = self.bucket.backend.listing(self.key(split) + "/")
+            try:
+                listed = self.bucket.backend.listing(self.key(split) + "/")
+            except Exception as exc:  # as read's
+                raise self.refused(exc) from None
             return {name: size for name, (size, _) in listed.items()}
         folder = Path(self.address, split)
         return {p.name: p.stat().st_size for p in folder.iterdir()} if folder.is_dir() else {}
@@ -159,6 +174,8 @@ class ShardsDataset:
     def reader(self):
         if self.stream is None or self.pid != os.getpid():
             litdata = import_litdata()
+            if str(self.storage_options.get("endpoint_url", "")).startswith("http://"):
+                allow_plain_http()
             options = {"cache_dir": self.cache_dir, "max_cache_size": self.cache_limit} if self.remote else {}
             self.stream = litdata.StreamingDataset(self.url, storage_options=self.storage_options, **options)
             self.stream[0:0]  # whole shards into the cache from now on (litdata's default for an index: byte ranges)
@@ -174,12 +191,12 @@ class ShardsDataset:
         try:
             item = self.reader()[int(index)]
             return bytes(item["image"]), int(item["label"])
-        except ChunkWaitTimeoutError as exc:
+        except ChunkWaitTimeoutError:
             shard, first, last = self.shard_of(index)
+            wait = os.environ.get("MAX_WAIT_TIME", "120")
             raise DataError(f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) did not arrive "
-                            f"in {exc.args[1] if len(exc.args) > 1 else 'the'} s litdata waits (MAX_WAIT_TIME): the "
-                            "bucket stopped answering; the run's checkpoints are kept: --resume when it answers again"
-                            ) from None
+                            f"within {wait} s (litdata's MAX_WAIT_TIME): the bucket stopped answering; the run's "
+                            "checkpoints are kept: --resume when it answers again") from None
         except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
             raise self.damaged(index, exc) from None
 
@@ -200,6 +217,17 @@ class ShardsDataset:
         except (OSError, ValueError, SyntaxError) as exc:
             raise self.damaged(index, exc) from None
         return (self.transform(image) if self.transform is not None else image), label
+
+
+def allow_plain_http() -> None:
+    """litdata 0.2.76 downloads shards through obstore, which refuses an ``http://`` endpoint (a server on this
+    network: SeaweedFS, MinIO) unless its client options say ``allow_http``; litdata builds them from one module-level
+    dict, the only place to say so (its boto3 path takes the endpoint as it is)."""
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        options["allow_http"] = "true"
 
 
 def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
