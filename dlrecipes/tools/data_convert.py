@@ -74,7 +74,7 @@ def convert_dataset(
     """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton`` (``format="ffcv"``), or
     as the tensor cache in ``out_dir`` (default: where ``trainer.loader: tensor_cache`` looks for it)."""
     if format not in CONVERT_FORMATS:
-        raise UserError(f"--format: expected {' or '.join(CONVERT_FORMATS)}, got {format!r}")
+        raise UserError(f"--format: expected {', '.join(CONVERT_FORMATS[:-1])} or {CONVERT_FORMATS[-1]}, got {format!r}")
     load_all()
     component = check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
     if format == "tensor_cache":
