@@ -109,6 +109,5 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
 
 
-__all__ = ["DatasetBucket", "ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket", "named_by_address",
-           "open_for_reading",
-           "read_records", "select_runs", "store_for"]
+__all__ = ["DatasetBucket", "ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
+           "named_by_address", "open_for_reading", "read_records", "select_runs", "store_for"]
