@@ -418,7 +418,7 @@ def compare(
     typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 
-data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV files or the tensor cache, and inspection.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV files, the tensor cache or shards; inspection.")
 app.add_typer(data_app, name="data")
 
 
@@ -427,9 +427,10 @@ def data_convert(
     ctx: typer.Context,
     dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
     params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
-    out: Optional[Path] = typer.Option(None, "--out", help="folder for train.beton and val.beton (ffcv: required), or "
-                                       "the cache's trainer.cache_dir (tensor_cache; default: where training looks)"),
-    format: str = typer.Option("ffcv", "--format", help="ffcv (.beton files) or tensor_cache (trainer.loader=tensor_cache)"),
+    out: Optional[str] = typer.Option(None, "--out", help="ffcv: the .beton files' folder; tensor_cache: its cache_dir; shards: DEST"),
+    format: str = typer.Option("ffcv", "--format", help="ffcv (.beton files), tensor_cache or shards (dataset: shards)"),
+    shard_size: str = typer.Option("64MB", help="shards: bytes per shard (64MB, 256MiB, an integer)"),
+    reencode_quality: Optional[int] = typer.Option(None, help="shards: re-encode images as JPEG of this quality"),
     cache_size: Optional[int] = typer.Option(None, help="tensor_cache: side of the cached images, as trainer.cache_size"),
     max_resolution: Optional[int] = typer.Option(256, help="ffcv: downscale images whose longer side is larger (0: keep)"),
     write_mode: str = typer.Option("smart", help="ffcv: smart, jpg, raw or proportion"),
@@ -441,22 +442,21 @@ def data_convert(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="ffcv: skip unreadable images (each is reported) instead of stopping"),
     plugin: List[str] = PluginOpt,
 ) -> None:
-    """Write a dataset's train and eval splits to FFCV .beton files (needs the ffcv extra), or as the tensor cache."""
+    """Write a dataset's train and eval splits to FFCV .beton files (the ffcv extra), the tensor cache, or shards."""
     from dlrecipes import api
-    from dlrecipes.data.ffcv_files import ConvertOptions
-    from dlrecipes.tools.data_convert import CacheOptions, options_of_other_format
+    from dlrecipes.tools.data_convert import CacheOptions, ConvertOptions, options_of_other_format, shards_options
 
     if write_mode not in ("smart", "jpg", "raw", "proportion"):
         _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
     given = [name for name in ctx.params if ctx.get_parameter_source(name).name == "COMMANDLINE"]
     _guarded(lambda: options_of_other_format(format, given))
-    options = CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
+    options = _guarded(lambda: shards_options(shard_size, reencode_quality, overwrite)) if format == "shards" else \
+        CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
         max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
         compress_probability=compress_probability, page_size=page_size, num_workers=workers, overwrite=overwrite,
         skip_bad=skip_bad)
-    parsed = _assignments(params, "dataset parameter")
-    _guarded(lambda: api.convert_dataset(dataset, parsed, out, options, plugin, echo=lambda m: typer.echo(m, err=True),
-                                         format=format))
+    _guarded(lambda: api.convert_dataset(dataset, _assignments(params, "dataset parameter"), out, options, plugin,
+                                         echo=lambda m: typer.echo(m, err=True), format=format))
 
 
 @data_app.command("inspect")

@@ -203,7 +203,10 @@ def test_data_convert_rejects_an_unknown_format_a_dataset_without_pil_images_and
     from .conftest import run_cli
 
     for args, expected in (
-        (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv or tensor_cache, got 'tensor-cache'"),
+        (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv, tensor_cache or shards, got 'tensor-cache'"),
+        (["digits", "--format", "ffcv", "--out", "x", "--shard-size", "1MB"],
+         "error: --shard-size: only with --format shards; --format ffcv reads --max-resolution, --write-mode, "
+         "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite"),
         (["digits", "--format", "tensor_cache", "--write-mode", "raw"],
          "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers and "
          "--overwrite"),

@@ -9,7 +9,7 @@ stays fast.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
@@ -328,6 +328,43 @@ def ffcv(
         preprocess=preprocess_spec("RGB", mean, std, shorter_side=round((eval_crop_size or crop_size) / resize_ratio),
                                    center_crop=(eval_crop_size or crop_size,) * 2),
     )
+
+
+@datasets.register("shards", image_side=_crop_side, validator=_check_eval_sizes, made_by=(
+    "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), e.g. dlrecipes data "
+    "convert image_folder train_path=data/pets/train val_path=data/pets/val --format shards --out s3://bucket/pets"),
+    channels=lambda p: 3)
+@shared_meanings
+def shards(
+    remote: str,
+    cache_dir: Optional[str] = None,
+    cache_limit: Union[int, str] = "100GB",
+    crop_size: CropSize = CROP_SIZE,
+    resize_size: ResizeSize = RESIZE_SIZE,
+    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
+    min_scale: MinScale = MIN_SCALE,
+    hflip: Hflip = HFLIP,
+    mean: Mean = IMAGENET_MEAN,
+    std: Std = IMAGENET_STD,
+):
+    """Dataset shards (litdata) from a bucket or a local folder, streamed through a local cache; the shards extra.
+
+    Written by `dlrecipes data convert SOURCE --format shards --out DEST`; images decoded and transformed as
+    image_folder's (sizes as image_folder). Credentials and endpoint as runs_dir takes them (S3_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE).
+
+    Args:
+        remote: where the shards are: s3://BUCKET/PREFIX (gs:// and azure:// through litdata's clients, untested) or a
+            local folder, as data convert --out wrote it.
+        cache_dir: local folder the shards of a bucket are cached in while training reads them (one subfolder per
+            split); null: ~/.cache/dlrecipes/shards/BUCKET/PREFIX. A local remote is read where it is.
+        cache_limit: most bytes each split's cache holds, as bytes or with a unit (10GB, 512MiB); older shards are
+            evicted beyond it; at least one shard (a few shards' worth streams better).
+    """
+    from dlrecipes.data.shards import build_shards
+
+    return build_shards(remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip,
+                        mean, std)
 
 
 @datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),

@@ -1,9 +1,10 @@
-"""``dlrecipes data convert``: a registered dataset's splits written as FFCV ``.beton`` files, or as the
-tensor cache that ``trainer.loader: tensor_cache`` reads (``--format tensor_cache``).
+"""``dlrecipes data convert``: a registered dataset's splits written as FFCV ``.beton`` files, as the
+tensor cache that ``trainer.loader: tensor_cache`` reads (``--format tensor_cache``), or as dataset shards that
+``dataset: {name: shards}`` streams from a bucket or a folder (``--format shards``).
 
 The recipe-level steps (plugins, validating the dataset's parameters, building it) are here;
-writing and reading the files is :mod:`dlrecipes.data.ffcv_files` and :mod:`dlrecipes.data.tensor_cache`
-(imported only for its format: FFCV need not be installed to write the tensor cache).
+writing and reading the files is :mod:`dlrecipes.data.ffcv_files`, :mod:`dlrecipes.data.tensor_cache` and
+:mod:`dlrecipes.data.shards_write` (each imported only for its format: FFCV need not be installed to write the tensor cache).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dlrecipes.data.ffcv_files import ConvertOptions, ConvertReport, RawImages, 
 from dlrecipes.errors import UserError
 from dlrecipes.plugins import load_all
 
-CONVERT_FORMATS = ("ffcv", "tensor_cache")  # FFCV .beton files; the cache trainer.loader=tensor_cache reads
+CONVERT_FORMATS = ("ffcv", "tensor_cache", "shards")  # FFCV .beton files; trainer.loader=tensor_cache's cache; shards
 
 
 @dataclass
@@ -51,6 +52,7 @@ class CacheReport:
 FORMAT_OPTIONS = {
     "ffcv": ("max_resolution", "write_mode", "jpeg_quality", "compress_probability", "page_size", "skip_bad"),
     "tensor_cache": ("cache_size",),
+    "shards": ("shard_size", "reencode_quality"),
 }
 
 
@@ -72,11 +74,13 @@ def convert_dataset(
     """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton`` (``format="ffcv"``), or
     as the tensor cache in ``out_dir`` (default: where ``trainer.loader: tensor_cache`` looks for it)."""
     if format not in CONVERT_FORMATS:
-        raise UserError(f"--format: expected {' or '.join(CONVERT_FORMATS)}, got {format!r}")
+        raise UserError(f"--format: expected {', '.join(CONVERT_FORMATS[:-1])} or {CONVERT_FORMATS[-1]}, got {format!r}")
     load_all()
     component = check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
     if format == "tensor_cache":
         return write_tensor_cache(component, out_dir, options or CacheOptions(), echo)
+    if format == "shards":
+        return write_shards(component, out_dir, options, echo)
     if out_dir is None:
         raise UserError("--out: give the folder for train.beton and val.beton")
     options = options or ConvertOptions()
@@ -131,6 +135,26 @@ def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOpti
     hint = ["trainer.loader=tensor_cache"] + [f"trainer.cache_dir={out_dir}"] * (out_dir is not None)
     echo("train from it with " + " ".join(hint + [f"trainer.cache_size={options.cache_size}"] * bool(options.cache_size)))
     return reports
+
+
+def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: bool) -> Any:
+    """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100)."""
+    from dlrecipes.data.shards import parse_bytes
+    from dlrecipes.data.shards_write import ShardsOptions
+
+    if reencode_quality is not None and not 1 <= reencode_quality <= 100:
+        raise UserError(f"--reencode-quality: expected a JPEG quality from 1 to 100, got {reencode_quality}")
+    return ShardsOptions(parse_bytes(shard_size, "--shard-size"), reencode_quality, overwrite)
+
+
+def write_shards(component, out: str | Path | None, options: Any, echo: Callable[[str], None] = print) -> list:
+    """Both splits as dataset shards at ``out`` (a local folder or ``s3://BUCKET/PREFIX``; ``options``: a
+    :class:`dlrecipes.data.shards_write.ShardsOptions`)."""
+    from dlrecipes.data.shards_write import ShardsOptions, write_shards as write
+
+    if out is None:
+        raise UserError("--out: give where the shards go: a local folder or s3://BUCKET/PREFIX")
+    return write(build_datasets(component), str(out), options or ShardsOptions(), echo)
 
 
 def _cache_report(split: str, cache_dir: Path, size: int, seconds: float, written: bool) -> CacheReport:

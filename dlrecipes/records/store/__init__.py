@@ -84,5 +84,30 @@ def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "r
     return [path for path, _ in found], {path: address for path, address in found if address is not None}
 
 
-__all__ = ["ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "named_by_address", "open_for_reading",
-           "read_records", "select_runs", "store_for"]
+class DatasetBucket:
+    """A dataset kept in an object store (``dlrecipes.data.shards``): its address (``root``: bucket, prefix,
+    ``key()``), the bucket through Composer's object-store layer (``backend``: ``upload``, ``read``, ``write``,
+    ``listing``, ``delete``), and the S3 endpoint the run store uses (``S3_ENDPOINT_URL``; None: AWS's own)."""
+
+    def __init__(self, root: Any, backend: Any, endpoint: Optional[str]):
+        self.root, self.backend, self.endpoint = root, backend, endpoint
+
+
+def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
+    """The bucket a dataset address names, asked once (one line for wrong credentials, a missing bucket, an endpoint
+    that does not answer), with the credentials and endpoint a ``runs_dir`` takes; None for a local path (what only
+    looks like an address refused: :func:`dlrecipes.core.addresses.check_address`)."""
+    from dlrecipes.core.addresses import check_address
+    from dlrecipes.records.store.backend import endpoint
+    from dlrecipes.records.store.bucket import RemoteRoot, check_access, is_remote, object_store
+
+    check_address(address, key_path)
+    if not (isinstance(address, str) and is_remote(address)):
+        return None
+    root = RemoteRoot.parse(address, key_path)
+    check_access(root, key_path)
+    return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
+
+
+__all__ = ["DatasetBucket", "ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
+           "named_by_address", "open_for_reading", "read_records", "select_runs", "store_for"]

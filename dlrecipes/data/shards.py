@@ -1,0 +1,266 @@
+"""Dataset shards (litdata's format) read from a local folder or a bucket: a map-style dataset per split whose
+samples are read by index through litdata's reader and its local cache (kept within a limit, evicting beyond it),
+decoded with PIL and transformed as image folders are.
+
+A shards dataset (written by ``dlrecipes data convert SOURCE --format shards --out DEST``,
+:mod:`dlrecipes.data.shards_write`) is ``DEST/train/`` and ``DEST/val/`` (litdata's ``chunk-*.bin`` shards and its
+``index.json``) and ``DEST/dlrecipes-shards.json`` (class names; each split's shards: file, samples, bytes), written
+last: a dataset without it was not written to the end and is refused.
+
+Bad input is one line (a :class:`~dlrecipes.errors.DataError`, exit 2): an address without a shards dataset, wrong
+credentials (asked once of the bucket before anything is built), a shard shorter than its index says or that cannot be
+read (named, with its samples), a cache limit smaller than one shard, a bucket that stops answering (litdata waits
+``MAX_WAIT_TIME`` seconds for a shard, 120 by default, then the line).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from bisect import bisect_right
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dlrecipes.data.splits import DatasetSplits
+from dlrecipes.errors import DataError, UserError
+
+META = "dlrecipes-shards.json"  # written last: its presence says the conversion finished
+SPLITS = ("train", "val")
+FORMAT = {"library": "litdata", "version": 1}
+INSTALL_HINT = "pip install 'dlrecipes[shards]' (litdata)"
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(value: Any, key_path: str) -> int:
+    """``value`` as bytes: an integer, or a string such as ``"10GB"``, ``"512MiB"`` (one line when it is neither)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = str(value).strip().upper().replace(" ", "")
+    number = text.rstrip("KMGTIB")
+    unit = text[len(number):]
+    try:
+        amount = float(number) * UNITS[unit]
+    except (ValueError, KeyError):
+        amount = 0
+    if amount < 1:
+        raise UserError(f"{key_path}: {value!r} is no size: give bytes (an integer) or a number with a unit, such as "
+                        "10GB, 512MB or 2GiB")
+    return int(amount)
+
+
+def import_litdata():
+    try:
+        import litdata
+    except ImportError as exc:
+        raise UserError(f"dataset shards need litdata: {INSTALL_HINT} ({exc})") from None
+    return litdata
+
+
+class ShardsPlace:
+    """Where a shards dataset is: a local folder, or a bucket (credentials and endpoint as ``runs_dir`` takes
+    them: :func:`dlrecipes.records.store.dataset_bucket`)."""
+
+    def __init__(self, address: str, key_path: str):
+        from dlrecipes.records.store import dataset_bucket
+
+        self.address, self.key_path = str(address).rstrip("/"), key_path
+        self.bucket = dataset_bucket(self.address, key_path)
+
+    def refused(self, exc: BaseException) -> UserError:
+        """The one line for a bucket that refused a read (wrong credentials, most often)."""
+        code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code", ""))
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return UserError(f"{self.key_path}: {self.address}: access denied with the credentials found ({code}; check "
+                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return UserError(f"{self.key_path}: {self.address}: the bucket refused a read ({type(exc).__name__}: {first})")
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.address, *parts])
+
+    def key(self, *parts: str) -> str:
+        return self.bucket.root.key(*parts)
+
+    def read(self, name: str) -> Optional[bytes]:
+        if self.bucket is not None:
+            try:
+                return self.bucket.backend.read(self.key(name))
+            except Exception as exc:  # botocore's ClientError and the like, answered by the bucket
+                raise self.refused(exc) from None
+        path = Path(self.address, name)
+        return path.read_bytes() if path.is_file() else None
+
+    def sizes(self, split: str) -> dict[str, int]:
+        """Each file of a split with its size."""
+        if self.bucket is not None:
+            try:
+                listed = self.bucket.backend.listing(self.key(split) + "/")
+            except Exception as exc:  # as read's
+                raise self.refused(exc) from None
+            return {name: size for name, (size, _) in listed.items()}
+        folder = Path(self.address, split)
+        return {p.name: p.stat().st_size for p in folder.iterdir()} if folder.is_dir() else {}
+
+    def storage_options(self) -> dict:
+        return {"endpoint_url": self.bucket.endpoint} if self.bucket is not None and self.bucket.endpoint else {}
+
+
+def read_meta(place: ShardsPlace) -> dict:
+    """The dataset's ``dlrecipes-shards.json``; one line when there is none (nothing there, or a conversion that did
+    not finish) or it is not one."""
+    data = place.read(META)
+    if data is None:
+        raise DataError(f"{place.key_path}: no shards dataset at {place.address} ({META} missing: nothing was "
+                        "converted there, or the conversion did not finish; write it with dlrecipes data convert "
+                        "SOURCE --format shards --out ADDRESS)")
+    try:
+        meta = json.loads(data)
+        assert meta["format"]["library"] == FORMAT["library"] and all(meta["splits"][s]["shards"] for s in SPLITS)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise DataError(f"{place.key_path}: {place.url(META)} is not a dlrecipes shards index; convert the dataset "
+                        "again") from None
+    return meta
+
+
+def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_limit: Optional[int]) -> None:
+    """One line for a shard missing or not of the size its index says (truncated or replaced: named, with its
+    samples), and for a cache limit smaller than the largest shard."""
+    found, start = place.sizes(split), 0
+    for shard in shards:
+        end = start + shard["samples"]
+        size = found.get(shard["file"])
+        if size != shard["bytes"]:
+            what = "is missing" if size is None else f"is {size:,} bytes where its index says {shard['bytes']:,}"
+            raise DataError(f"{place.key_path}: shard {place.url(split, shard['file'])} (samples {start}-{end - 1} of "
+                            f"{split}) {what}: truncated or damaged; convert the dataset again")
+        start = end
+    largest = max(shard["bytes"] for shard in shards)
+    if cache_limit is not None and place.bucket is not None and cache_limit < largest:
+        raise DataError(f"dataset.cache_limit: {cache_limit:,} bytes is smaller than one shard of {place.address} "
+                        f"({largest:,} bytes, {split}); give at least {largest:,} (a few shards' worth streams better)")
+
+
+class ShardsDataset:
+    """One split: ``len()`` samples, ``dataset[i] -> (image tensor, label)`` read through litdata's reader (whole
+    shards into the local cache, evicted beyond ``cache_limit``); ``shard_sizes``: samples per shard, in index order
+    (a sampler can visit shards whole)."""
+
+    def __init__(self, place: ShardsPlace, split: str, shards: Sequence[dict], transform: Any,
+                 cache_dir: Optional[str], cache_limit: Optional[int]):
+        self.url, self.split, self.key_path = place.url(split), split, place.key_path
+        self.shards = [dict(shard) for shard in shards]
+        self.shard_sizes = [int(shard["samples"]) for shard in shards]
+        self.starts = [0, *accumulate(self.shard_sizes)]
+        self.transform = transform  # the torchvision convention: Composer's RandAugment/AugMix insert theirs here
+        self.cache_dir = None if cache_dir is None else str(Path(cache_dir, split))
+        self.cache_limit, self.storage_options = cache_limit, place.storage_options()
+        self.remote = place.bucket is not None
+        self.stream, self.pid = None, None
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getstate__(self) -> dict:  # a DataLoader worker opens its own reader
+        return {**self.__dict__, "stream": None, "pid": None}
+
+    def shard_of(self, index: int) -> tuple[str, int, int]:
+        """The shard holding sample ``index``: its address and its first and last sample."""
+        k = bisect_right(self.starts, index) - 1
+        return f"{self.url}/{self.shards[k]['file']}", self.starts[k], self.starts[k + 1] - 1
+
+    def reader(self):
+        if self.stream is None or self.pid != os.getpid():
+            litdata = import_litdata()
+            if str(self.storage_options.get("endpoint_url", "")).startswith("http://"):
+                allow_plain_http()
+            options = {"cache_dir": self.cache_dir, "max_cache_size": self.cache_limit} if self.remote else {}
+            self.stream = litdata.StreamingDataset(self.url, storage_options=self.storage_options, **options)
+            self.stream[0:0]  # whole shards into the cache from now on (litdata's default for an index: byte ranges)
+            self.pid = os.getpid()
+        return self.stream
+
+    def raw(self, index: int) -> tuple[bytes, int]:
+        """Sample ``index``'s stored image bytes and label."""
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        from litdata.exceptions import ChunkWaitTimeoutError
+
+        try:
+            item = self.reader()[int(index)]
+            return bytes(item["image"]), int(item["label"])
+        except ChunkWaitTimeoutError:
+            shard, first, last = self.shard_of(index)
+            wait = os.environ.get("MAX_WAIT_TIME", "120")
+            raise DataError(f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) did not arrive "
+                            f"within {wait} s (litdata's MAX_WAIT_TIME): the bucket stopped answering; the run's "
+                            "checkpoints are kept: --resume when it answers again") from None
+        except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
+            raise self.damaged(index, exc) from None
+
+    def damaged(self, index: int, exc: BaseException) -> DataError:
+        shard, first, last = self.shard_of(index)
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        return DataError(f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at "
+                         f"sample {index} ({type(exc).__name__}: {reason}): truncated or corrupted; convert the "
+                         "dataset again")
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        data, label = self.raw(index)
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                image = opened.convert("RGB")
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise self.damaged(index, exc) from None
+        return (self.transform(image) if self.transform is not None else image), label
+
+
+def allow_plain_http() -> None:
+    """litdata 0.2.76 downloads shards through obstore, which refuses an ``http://`` endpoint (a server on this
+    network: SeaweedFS, MinIO) unless its client options say ``allow_http``; litdata builds them from one module-level
+    dict, the only place to say so (its boto3 path takes the endpoint as it is)."""
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        options["allow_http"] = "true"
+
+
+def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
+                 eval_crop_size: Optional[int], min_scale: float, hflip: bool, mean: Sequence[float],
+                 std: Sequence[float]) -> DatasetSplits:
+    """Both splits of the shards dataset at ``remote``, with image folders' transforms and preprocessing."""
+    from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.transforms import imagenet_transforms
+
+    import_litdata()
+    limit = parse_bytes(cache_limit, "dataset.cache_limit")
+    place = ShardsPlace(remote, "dataset.remote")
+    meta = read_meta(place)
+    for split in SPLITS:
+        check_shards(place, split, meta["splits"][split]["shards"], limit)
+    cache_dir = cache_dir or str(default_cache_dir(place))
+    eval_crop_size = eval_crop_size or crop_size
+    made = {split: ShardsDataset(place, split, meta["splits"][split]["shards"], imagenet_transforms(
+        crop_size if split == "train" else eval_crop_size, resize_size, min_scale, hflip, mean, std,
+        train=split == "train"), cache_dir, limit) for split in SPLITS}
+    classes = list(meta["class_names"])
+    return DatasetSplits(
+        train=made["train"], eval=made["val"], num_classes=len(classes), input_shape=(len(mean), crop_size, crop_size),
+        class_names=classes,
+        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
+                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
+                                   center_crop=(eval_crop_size, eval_crop_size)),
+    )
+
+
+def default_cache_dir(place: ShardsPlace) -> Path:
+    """``~/.cache/dlrecipes/shards/BUCKET/PREFIX`` (a bucket's dataset; a local one is read where it is)."""
+    if place.bucket is None:
+        return Path(place.address)
+    return Path.home() / ".cache" / "dlrecipes" / "shards" / place.bucket.root.local_part()

