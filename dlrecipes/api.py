@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.core import process_state
+from dlrecipes.core.distributed import adopt_torchrun, rank
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
@@ -127,6 +130,8 @@ def train(
     old run under another name."""
     from dlrecipes.records.store import store_for
 
+    if adopt_torchrun() and not resume:  # torchrun restarted the job: it goes on from its last checkpoint
+        resume, restart = _continued_after_torchrun_restart(restart)
     given = config is not None
     config = config or resolve(recipe, overrides, plugins)
     store = store_for(config.runs_dir)
@@ -137,6 +142,19 @@ def train(
     from dlrecipes.fit import fit
 
     return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
+
+
+def _continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
+    """A job torchrun restarted (``--max-restarts``: a process or a node failed) resumes its run, or starts it if
+    the failure came before the run existed: (resume, restart) for :func:`train`, said in one line."""
+    from dlrecipes.records.run_dir import RESUME_MISSING
+
+    os.environ.setdefault(RESUME_MISSING, "start")
+    if rank() == 0:
+        count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        print(f"note: torchrun restarted the job (restart {count}){' (--restart ignored)' if restart else ''}: "
+              "resuming the run from its last checkpoint", file=sys.stderr, flush=True)
+    return True, False
 
 
 @contextlib.contextmanager

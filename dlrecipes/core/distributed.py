@@ -40,6 +40,18 @@ def local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
 
 
+def adopt_torchrun() -> int:
+    """torchrun's environment (which Kubeflow's TrainJob, SkyPilot and ``srun ... torchrun`` reduce to) in the names
+    Composer reads: ``NODE_RANK`` is torchrun's ``GROUP_RANK`` (Composer would take 0 on every node: each node's
+    local rank 0 then believes it is the first node's). Returns torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0: its
+    first start, or not under torchrun)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "GROUP_RANK" not in os.environ:
+        return 0
+    if "GROUP_RANK" in os.environ:
+        os.environ["NODE_RANK"] = os.environ["GROUP_RANK"]
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
 def split_batch(global_batch: int, processes: int, key: str) -> int:
     """Each process's share of a global batch; one that does not divide evenly names ``key``."""
     if global_batch % processes:

@@ -3,6 +3,7 @@ raised, and the one line (its traceback to the run's log) for a run that failed 
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -114,8 +115,11 @@ def lost_line(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerL
     where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
         "rank 0 names the checkpoint"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]
-    return PeerLost(f"training stopped: lost {who} ({first}); {where}; when every host is back, run the same command "
-                    f"with --resume on each (run directory {run}, traceback in {log})")
+    then = ("torchrun restarts the job if it has a restart left (--max-restarts), and the run resumes; else run the "
+            "same torchrun command again" if os.environ.get("TORCHELASTIC_RUN_ID") else
+            "when every host is back, run the same command with --resume on each")
+    return PeerLost(f"training stopped: lost {who} ({first}); {where}; {then} (run directory {run}, traceback in "
+                    f"{log})")
 
 
 def failed_line(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed:
