@@ -123,3 +123,35 @@ def test_every_recipe_the_course_map_names_is_shipped():
     named = set(re.findall(r"recipes/([\w/]+\.yaml)", section))
     assert len(named) >= 8
     assert named <= {str(p.relative_to(RECIPES)) for p in ALL_RECIPES}
+
+
+def test_imagenet100_shards_trains_as_imagenet100_fast_but_from_shards():
+    fast = resolve(RECIPES / "imagenet100_fast.yaml", check_device=False, check_data=False)
+    shards = resolve(RECIPES / "imagenet100_shards.yaml", check_device=False, check_data=False)
+    assert shards.dataset.name == "shards" and shards.dataset.params["remote"].startswith("s3://")
+    for section in ("model", "trainer", "optimizer", "scheduler", "algorithms"):
+        assert getattr(shards, section) == getattr(fast, section), section
+    same = ("crop_size", "eval_crop_size", "min_scale")
+    assert {k: shards.dataset.params[k] for k in same} == {k: fast.dataset.params[k] for k in same}
+
+
+@pytest.mark.slow
+def test_imagenet100_shards_trains_two_batches_from_shards_it_was_given(tmp_path):
+    """The recipe's whole pipeline (shards, progressive resizing and the other algorithms) on CPU-sized settings."""
+    pytest.importorskip("litdata")
+    from dlrecipes.fit import fit
+
+    from .conftest import run_cli
+
+    image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
+    made = run_cli("data", "convert", "image_folder", f"train_path={tmp_path}/train", f"val_path={tmp_path}/val",
+                   "--format", "shards", "--out", str(tmp_path / "shards"))
+    assert made.returncode == 0, made.stderr[-2000:]
+    config = resolve(RECIPES / "imagenet100_shards.yaml", [
+        f"dataset.remote={tmp_path}/shards", "dataset.crop_size=64", "dataset.eval_crop_size=64",
+        "dataset.resize_size=72", "trainer.device=cpu", "trainer.precision=fp32", "trainer.batch_size=4",
+        "trainer.num_workers=0", "trainer.max_duration=2ba", "trainer.progress_bar=false",
+        "trainer.console_log_interval=100ep", "model.min_input_size=32", "checkpoint.save=false",
+        f"runs_dir={tmp_path}/runs",
+    ])
+    assert fit(config).batches == 2
