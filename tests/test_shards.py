@@ -123,6 +123,14 @@ def test_a_recipe_trains_two_batches_from_local_shards(source, tmp_path):
     trained = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s")
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "done: 2 batches" in trained.stderr or "2 batches" in trained.stderr
+    for shard in (tmp_path / "shards" / "train").glob("chunk-*.bin"):  # every image's bytes zeroed, sizes kept
+        data = shard.read_bytes()
+        shard.write_bytes(data[:64] + bytes(len(data) - 64))
+    damaged = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=d",
+                      "trainer.num_workers=1")  # read in a DataLoader worker, as training does
+    lines = damaged.stderr.strip().splitlines()
+    assert damaged.returncode == 2 and len(lines) == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-2000:]
+    assert lines[0].startswith("error: dataset.remote: shard ") and "of train) cannot be read at sample" in lines[0]
 
 
 # ------------------------------------------------------------------ a bucket (SeaweedFS)
