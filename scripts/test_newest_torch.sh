@@ -12,5 +12,7 @@ python3 -m venv "$VENV"
     --override requirements/torch-override.txt
 "$VENV/bin/python" -c "import torch, torchvision, composer, numpy; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}, composer {composer.__version__}, numpy {numpy.__version__}')"
 "$VENV/bin/python" -m pytest -m "not slow" -p no:cacheprovider "$@"
-# and the quickstart notebook in a Jupyter kernel of that venv (a notebook user's torch is often the newest)
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n 0 tests/test_notebooks.py -k quickstart_notebook "$@"
+# and the quickstart notebook in a Jupyter kernel of that venv (a notebook user's torch is often the newest), and
+# recipes/imagenet100_shards.yaml's whole pipeline (shards, progressive resizing; no compiler) trained from shards
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n 0 tests/test_notebooks.py tests/test_recipes.py \
+    -k "quickstart_notebook or imagenet100_shards_trains_two_batches" "$@"
