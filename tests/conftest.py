@@ -74,8 +74,8 @@ _KEPT = (sys.prefix, sys.base_prefix, str(REPO))  # installed packages, dlrecipe
 # (pyproject.toml turns xdist's own order off: it starts the modules with the most tests first). The SLURM job goes
 # first: it mostly waits on the scheduler, which the other worker's work fills.
 LONGEST_FIRST = ("test_slurm", "test_sync_census", "test_benchmarks", "test_sweep", "test_distributed", "test_docs_run",
-                 "test_wheelhouse", "test_ffcv", "test_train_e2e", "test_multihost", "test_cli_process", "test_remote_runs",
-                 "test_bucket_faults",
+                 "test_wheelhouse", "test_ffcv", "test_train_e2e", "test_multihost", "test_shards", "test_shards_hosts",
+                 "test_torchrun", "test_data_order", "test_cli_process", "test_remote_runs", "test_bucket_faults",
                  "test_algorithms", "test_notebooks", "test_trackers")
 
 
