@@ -38,28 +38,43 @@ def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> 
     return list(only)
 
 
-def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail"):
+def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail",
+                             turbo=None):
     """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
 
-    ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by
-    the next readable one, warns with its path, and flags it in ``dataset.unreadable``
-    (shared memory, so flags set in DataLoader workers are seen by the main process).
-    """
+    ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by the next readable one,
+    warns with its path, and flags it in ``dataset.unreadable`` (shared memory: DataLoader workers' flags are seen).
+    ``turbo`` (a :mod:`dlrecipes.data.jpeg` transform of a file's bytes) decodes with libjpeg-turbo while
+    ``transform`` (the PIL path, where Composer's RandAugment and AugMix insert their step) has no step added."""
     import multiprocessing
 
     from torchvision.datasets import ImageFolder
 
     skip = bad_images == "skip"
+    pil_steps = len(getattr(transform, "transforms", ()) or ())
 
     class _CheckedImageFolder(ImageFolder):
         def find_classes(self, directory):
             return classes, {c: i for i, c in enumerate(classes)}
 
+        def decodes_with_turbo(self) -> bool:
+            """Whether samples are decoded by libjpeg-turbo: a turbo transform, and the PIL path as it was built."""
+            steps = getattr(self.transform, "transforms", None)
+            return turbo is not None and self.transform is transform and len(steps or ()) == pil_steps
+
+        def load(self, i: int):
+            if not self.decodes_with_turbo():
+                return super().__getitem__(i)
+            path, target = self.samples[i]
+            with open(path, "rb") as f:
+                data = f.read()
+            return turbo(data), target
+
         def __getitem__(self, index):
             for attempt in range(len(self.samples)):
                 i = (index + attempt) % len(self.samples)
                 try:
-                    return super().__getitem__(i)
+                    return self.load(i)
                 except OSError as exc:  # PIL: unidentified, truncated or unreadable file
                     path = self.samples[i][0]
                     reason = str(exc).split(" (")[0] if str(exc) else type(exc).__name__
@@ -98,9 +113,12 @@ def build_image_folders(
     key: str = "dataset",
     bad_images: str = "fail",
     eval_crop_size: Optional[int] = None,
+    decode: str = "turbo",
 ) -> DatasetSplits:
     """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation
-    the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop."""
+    the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop; ``decode``: ``turbo``
+    (libjpeg-turbo, :mod:`dlrecipes.data.jpeg`) or ``pil``."""
+    from dlrecipes.data.jpeg import TurboEval, TurboTrain
     from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import imagenet_transforms
 
@@ -113,11 +131,14 @@ def build_image_folders(
         raise DataError(
             f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
         )
+    turbo = decode == "turbo"
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
-        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images),
-        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images),
+        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images,
+                                       TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None),
+        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images,
+                                      TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,

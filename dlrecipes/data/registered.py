@@ -37,6 +37,11 @@ DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 
 EvalFraction = Annotated[Fraction, Doc("share of each class's images held out for evaluation (a stratified split), in "
                                        "(0, 1).")]
 SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
+Decode = Annotated[Literal["turbo", "pil"], Doc(
+    "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/2, 1/4 "
+    "or 1/8 of its size where the crop box is that many times the crop or more (the same crops as pil within a "
+    "small tolerance, faster); pil: by PIL, as torchvision's ImageFolder does. A run with Composer's randaugment or "
+    "augmix (steps on PIL images) decodes with PIL.")]
 
 
 DIGITS_SAMPLES = 1797  # the embedded scans (dlrecipes/data/digits.py), each upsampled to image_size when built
@@ -165,6 +170,7 @@ def image_folder(
     mean: Mean = IMAGENET_MEAN,
     std: Std = IMAGENET_STD,
     bad_images: Literal["fail", "skip"] = "fail",
+    decode: Decode = "turbo",
 ):
     """Any folders of <class>/<image> for train and val.
 
@@ -182,7 +188,7 @@ def image_folder(
 
     return build_image_folders(
         train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images,
-        eval_crop_size=eval_crop_size,
+        eval_crop_size=eval_crop_size, decode=decode,
     )
 
 
@@ -201,6 +207,7 @@ def imagenet(
     subset: Literal["all", "imagenet100"] = "all",
     class_list: Optional[str] = None,
     bad_images: Literal["fail", "skip"] = "fail",
+    decode: Decode = "turbo",
 ):
     """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder).
 
@@ -230,7 +237,7 @@ def imagenet(
             raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
     return build_image_folders(
         f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, IMAGENET_MEAN, IMAGENET_STD,
-        only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size,
+        only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size, decode=decode,
     )
 
 

@@ -1,0 +1,108 @@
+"""Image folders decoded by libjpeg-turbo (dlrecipes/data/jpeg.py) against the PIL path: the same crop box and flip
+from the same seed, and pixels equal within a stated tolerance, at full size and at a reduced (DCT-scaled) size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import image_folders
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# After normalisation (1 / 255 of the range is about 0.017): the decoders and the resizes (PIL's bilinear against
+# torchvision's antialiased one, and roi_align's area mean after a reduced decode) round differently.
+FULL = {"mean": 0.01, "max": 0.05}  # decoded whole: under 1/255 on average, 3/255 at most
+REDUCED = {"mean": 0.05, "max": 0.25}  # decoded at 1/2 .. 1/8 of the size: 3/255 on average, 15/255 at most
+
+
+def photo_like(path: Path, size: tuple[int, int], seed: int) -> None:
+    """A JPEG with smooth gradients and a little noise, as photographs are (random pixels are not)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    channels = [np.sin(x / rng.uniform(8, 40) + rng.uniform(0, 6)) + np.cos(y / rng.uniform(8, 40)) for _ in range(3)]
+    pixels = (np.stack(channels, -1) * 60 + 128 + rng.normal(0, 4, (h, w, 3))).clip(0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, quality=90)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("photos")
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for i in range(3):
+                photo_like(root / split / c / f"{i}.jpg", (400 + 37 * i, 300), seed=hash((split, c, i)) % 1000)
+    return root
+
+
+def _both(folders: Path, crop: int, resize: int, min_scale: float):
+    from dlrecipes.data.image_folder import build_image_folders
+
+    args = (str(folders / "train"), str(folders / "val"), crop, resize, min_scale, True, MEAN, STD)
+    return build_image_folders(*args, decode="turbo"), build_image_folders(*args, decode="pil")
+
+
+def _difference(turbo, pil, index: int, seed: int) -> tuple[float, float]:
+    torch.manual_seed(seed)
+    a, label_a = turbo[index]
+    torch.manual_seed(seed)
+    b, label_b = pil[index]
+    assert label_a == label_b and a.shape == b.shape and a.dtype == b.dtype == torch.float32
+    diff = (a - b).abs()
+    return float(diff.mean()), float(diff.max())
+
+
+@pytest.mark.parametrize("crop, min_scale, kind", [(224, 0.9, FULL), (24, 0.5, REDUCED)],
+                         ids=["whole", "reduced"])
+def test_training_crops_equal_the_pil_paths_within_the_tolerance(folders, crop, min_scale, kind):
+    turbo, pil = _both(folders, crop, crop + 32, min_scale)
+    assert turbo.train.decodes_with_turbo() and not pil.train.decodes_with_turbo()
+    for index in range(len(turbo.train)):
+        for seed in (0, 1, 2):
+            mean, largest = _difference(turbo.train, pil.train, index, seed)
+            assert mean <= kind["mean"] and largest <= kind["max"], (index, seed, mean, largest)
+
+
+@pytest.mark.parametrize("crop, resize, kind", [(224, 256, FULL), (24, 32, REDUCED)], ids=["whole", "reduced"])
+def test_evaluation_crops_equal_the_pil_paths_within_the_tolerance(folders, crop, resize, kind):
+    turbo, pil = _both(folders, crop, resize, 0.35)
+    for index in range(len(turbo.eval)):
+        mean, largest = _difference(turbo.eval, pil.eval, index, 0)
+        assert mean <= kind["mean"] and largest <= kind["max"], (index, mean, largest)
+
+
+def test_a_reduced_decode_is_used_only_where_the_crop_box_is_that_many_times_the_crop():
+    from dlrecipes.data.jpeg import largest_scale
+
+    assert largest_scale(400, 25, jpeg=True) == 8 and largest_scale(400, 50, jpeg=True) == 4
+    assert largest_scale(400, 101, jpeg=True) == 1 and largest_scale(400, 25, jpeg=False) == 1
+
+
+def test_a_pil_step_added_by_composer_switches_the_dataset_to_pil(folders):
+    from composer.utils import add_vision_dataset_transform
+    from torchvision import transforms
+
+    turbo, _ = _both(folders, 32, 40, 0.35)
+    add_vision_dataset_transform(turbo.train, transforms.RandomGrayscale(p=1.0), is_tensor_transform=False)
+    assert not turbo.train.decodes_with_turbo()
+    image, _ = turbo.train[0]
+    assert torch.allclose(image[0] * STD[0] + MEAN[0], image[1] * STD[1] + MEAN[1], atol=1e-5)  # grey: it ran
+
+
+def test_an_unreadable_file_is_named_on_both_paths(tmp_path):
+    from dlrecipes.data.image_folder import build_image_folders
+    from dlrecipes.errors import DataError
+
+    image_folders(tmp_path, ["a"], per_class=2)
+    (tmp_path / "train" / "a" / "0.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    for decode in ("turbo", "pil"):
+        splits = build_image_folders(str(tmp_path / "train"), str(tmp_path / "val"), 16, 20, 0.35, True, MEAN, STD,
+                                     decode=decode)
+        with pytest.raises(DataError, match=r"cannot read image .*0\.jpg .*bad_images=skip"):
+            splits.train[0]
