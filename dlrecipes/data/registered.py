@@ -38,8 +38,8 @@ EvalFraction = Annotated[Fraction, Doc("share of each class's images held out fo
                                        "(0, 1).")]
 SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
 Decode = Annotated[Literal["turbo", "pil"], Doc(
-    "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/2, 1/4 "
-    "or 1/8 of its size where the crop box is that many times the crop or more (the same crops as pil within a "
+    "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/4 or 1/8 "
+    "of its size where the crop box is that many times the crop or more (the same crops as pil within a "
     "small tolerance, faster); pil: by PIL, as torchvision's ImageFolder does. A run with Composer's randaugment or "
     "augmix (steps on PIL images) decodes with PIL.")]
 
