@@ -222,6 +222,7 @@ IMAGE_RECIPE = """
 # Every loader of files, over the same 24 one-image classes (the label names the sample).
 LOADERS = {
     "torch": [],
+    "device_decode": ["dataset.decode=device"],  # the batch decoded in the training process (on the CPU here)
     "tensor_cache": ["trainer.loader=tensor_cache", "trainer.cache_dir=cache"],
     "ffcv": ["dataset={name: ffcv, train_path: ffcv/train.beton, val_path: ffcv/val.beton, crop_size: 16}",
              "trainer.num_workers=1"],
@@ -280,7 +281,8 @@ def _prepared(recipe: Path, loader: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader, stop", [("torch", "kill"), ("torch", "term"), ("tensor_cache", "kill"),
+@pytest.mark.parametrize("loader, stop", [("torch", "kill"), ("torch", "term"), ("device_decode", "kill"),
+                                          ("tensor_cache", "kill"),
                                           ("ffcv", "kill"), ("hf", "kill")])
 def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_samples_crops_and_weights(image_recipe, loader, stop):
     """SIGKILL after batch 5 (inside epoch 1 of 3 batches), or SIGTERM after batch 4 (a checkpoint at once): the

@@ -15,6 +15,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # After normalisation (1 / 255 of the range is about 0.017): the decoders and the resizes (PIL's bilinear against
 # torchvision's antialiased one, and roi_align's area mean after a reduced decode) round differently.
 FULL = {"mean": 0.01, "max": 0.05}  # decoded whole: under 1/255 on average, 3/255 at most
+DEVICE = {"mean": 0.02, "max": 0.15}  # decoded whole in a batch, each box by its area mean (roi_align)
 REDUCED = {"mean": 0.08, "max": 0.45}  # decoded at 1/4 or 1/8 of the size: 5/255 on average, 26/255 at most
 
 
@@ -106,3 +107,26 @@ def test_an_unreadable_file_is_named_on_both_paths(tmp_path):
                                      decode=decode)
         with pytest.raises(DataError, match=r"cannot read image .*0\.jpg .*bad_images=skip"):
             splits.train[0]
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_batch_decoded_on_the_device_equals_the_pil_path_within_the_tolerance(folders, split):
+    """decode: device on the CPU (the same code as on a GPU, where decode_jpeg is nvJPEG's): the workers' crops
+    and flips, decoded and cropped as one batch, against the PIL path sample by sample."""
+    from dlrecipes.data.device_decode import DecodeOnDevice, collate_encoded
+    from dlrecipes.data.image_folder import build_image_folders
+
+    args = (str(folders / "train"), str(folders / "val"), 64, 72, 0.5, True, MEAN, STD)
+    later, pil = build_image_folders(*args, decode="device"), build_image_folders(*args, decode="pil")
+    later, pil = getattr(later, split), getattr(pil, split)
+    samples, expected = [], []
+    for index in range(len(later)):
+        torch.manual_seed(index)
+        samples.append(later[index])
+        torch.manual_seed(index)
+        expected.append(pil[index])
+    images, labels = DecodeOnDevice(torch.device("cpu"), *later.device_decode[:1], MEAN, STD)(collate_encoded(samples))
+    assert labels.tolist() == [label for _, label in expected]
+    for image, (reference, _) in zip(images, expected):
+        diff = (image - reference).abs()
+        assert float(diff.mean()) <= DEVICE["mean"] and float(diff.max()) <= DEVICE["max"], (split, float(diff.mean()), float(diff.max()))

@@ -126,12 +126,29 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
         raise RecipeError(
             f"trainer.batch_size: {cfg.batch_size} is larger than the training set ({len(data.train)} samples)"
         )
+    later = getattr(data.train, "device_decode", None)  # (size, mean, std): decoded in batches on the device
+    if later:
+        from dlrecipes.data.device_decode import collate_encoded
+
+        common["collate_fn"] = collate_encoded
     samples = ordered(data.train, cfg.batch_size, dist.get_global_rank(), dist.get_world_size(), seed)
     train = DataLoader(samples, batch_size=train_batch, sampler=samples.sampler, drop_last=True, **common)
     evaluation = DataLoader(
         data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common
     )
+    if later:
+        return decoded_on_device(train, later, device), decoded_on_device(evaluation, data.eval.device_decode, device)
     return train, evaluation
+
+
+def decoded_on_device(loader, decode: tuple, device: str):
+    """``loader`` of encoded images as a Composer DataSpec that decodes each batch on the training device."""
+    from composer.core import DataSpec
+
+    from dlrecipes.data.device_decode import DecodeOnDevice, samples_in
+
+    return DataSpec(loader, batch_transforms=DecodeOnDevice(torch_device(device), *decode),
+                    get_num_samples_in_batch=samples_in)
 
 
 def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int):

@@ -39,13 +39,13 @@ def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> 
 
 
 def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail",
-                             turbo=None):
+                             turbo=None, device_decode=None):
     """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
 
     ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by the next readable one,
     warns with its path, and flags it in ``dataset.unreadable`` (shared memory: DataLoader workers' flags are seen).
-    ``turbo`` (a :mod:`dlrecipes.data.jpeg` transform of a file's bytes) decodes with libjpeg-turbo while
-    ``transform`` (the PIL path, where Composer's RandAugment and AugMix insert their step) has no step added."""
+    ``turbo`` (a transform of a file's bytes: :mod:`dlrecipes.data.jpeg`, :mod:`dlrecipes.data.device_decode`) is
+    used while ``transform`` (the PIL path, where Composer's RandAugment and AugMix insert theirs) has no step added."""
     import multiprocessing
 
     from torchvision.datasets import ImageFolder
@@ -67,8 +67,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                 return super().__getitem__(i)
             path, target = self.samples[i]
             with open(path, "rb") as f:
-                data = f.read()
-            return turbo(data), target
+                return turbo(f.read()), target
 
         def __getitem__(self, index):
             for attempt in range(len(self.samples)):
@@ -97,6 +96,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
         raise DataError(f"{key}: {exc}") from None
     # one flag per image, in shared memory: DataLoader workers (forked) mark what they skipped
     dataset.unreadable = multiprocessing.Array("b", len(dataset.samples), lock=False)
+    dataset.device_decode = device_decode or None  # (size, mean, std): the batch decoded on the training device
     return dataset
 
 
@@ -117,7 +117,8 @@ def build_image_folders(
 ) -> DatasetSplits:
     """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation
     the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop; ``decode``: ``turbo``
-    (libjpeg-turbo, :mod:`dlrecipes.data.jpeg`) or ``pil``."""
+    (libjpeg-turbo, :mod:`dlrecipes.data.jpeg`), ``device`` (in batches on the training device) or ``pil``."""
+    from dlrecipes.data.device_decode import DecodeLater
     from dlrecipes.data.jpeg import TurboEval, TurboTrain
     from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import imagenet_transforms
@@ -131,14 +132,17 @@ def build_image_folders(
         raise DataError(
             f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
         )
-    turbo = decode == "turbo"
+    turbo = decode != "pil"
+    later = decode == "device"  # the workers read and draw the crops, the training process decodes the batch
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
-        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images,
-                                       TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None),
-        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images,
-                                      TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None),
+        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images, (
+            DecodeLater(True, crop_size, min_scale, hflip, resize_size) if later else
+            TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None), later and (crop_size, mean, std)),
+        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images, (
+            DecodeLater(False, eval_crop_size, min_scale, hflip, resize_size) if later else
+            TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None), later and (eval_crop_size, mean, std)),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,

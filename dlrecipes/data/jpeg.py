@@ -79,15 +79,15 @@ def largest_scale(side: int, needed: int, jpeg: bool) -> int:
     return 1
 
 
-def resized_box(image: torch.Tensor, box: tuple[int, int, int, int], full: tuple[int, int], size: int) -> torch.Tensor:
-    """``box`` (top, left, height, width, in the full image's pixels) of ``image`` (that image decoded at a reduced
-    size), resized to ``size`` x ``size``: each output pixel the mean of bilinear samples over its area (torchvision's
+def resized_box(image: torch.Tensor, box: tuple[float, ...], full: tuple[int, int], size: int) -> torch.Tensor:
+    """``box`` (top, left, height, width, in the full image's pixels) of ``image`` (that image, decoded at a reduced
+    size or whole), resized to ``size`` x ``size``: each output pixel the mean of bilinear samples over its area (torchvision's
     ``roi_align``, which takes a box at any fraction of a pixel), rounded back to uint8."""
     from torchvision.ops import roi_align
 
     top, left, h, w = box
     fy, fx = image.shape[1] / full[0], image.shape[2] / full[1]
-    rois = torch.tensor([[0.0, left * fx, top * fy, (left + w) * fx, (top + h) * fy]])
+    rois = torch.tensor([[0.0, left * fx, top * fy, (left + w) * fx, (top + h) * fy]], device=image.device)
     out = roi_align(image[None].float(), rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
     return out[0].round_().clamp_(0, 255).to(torch.uint8)
 

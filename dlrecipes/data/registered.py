@@ -37,11 +37,13 @@ DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 
 EvalFraction = Annotated[Fraction, Doc("share of each class's images held out for evaluation (a stratified split), in "
                                        "(0, 1).")]
 SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
-Decode = Annotated[Literal["turbo", "pil"], Doc(
+Decode = Annotated[Literal["turbo", "device", "pil"], Doc(
     "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/4 or 1/8 "
     "of its size where the crop box is that many times the crop or more (the same crops as pil within a "
-    "small tolerance, faster); pil: by PIL, as torchvision's ImageFolder does. A run with Composer's randaugment or "
-    "augmix (steps on PIL images) decodes with PIL.")]
+    "small tolerance, faster); device: the loader's workers only read the files and draw the crops, and each batch "
+    "is decoded on the training device (nvJPEG on a GPU), cropped, flipped and normalised there (trainer.loader "
+    "torch); pil: by PIL, as torchvision's ImageFolder does. A run with Composer's randaugment or augmix (steps on "
+    "PIL images) decodes with PIL.")]
 
 
 DIGITS_SAMPLES = 1797  # the embedded scans (dlrecipes/data/digits.py), each upsampled to image_size when built

@@ -1,0 +1,94 @@
+"""``dataset.decode: device``: JPEGs decoded in batches on the training device (nvJPEG on a GPU).
+
+The DataLoader workers only read each file's bytes and draw its crop (:class:`DecodeLater`: the random-resized
+crop's box and the flip as :class:`~dlrecipes.data.jpeg.TurboTrain` draws them, under the sample's own seed; for
+evaluation the centre box that resizing the shorter side to ``resize_size`` and cropping ``size`` would keep). The
+training process decodes the whole batch at once on the device (``torchvision.io.decode_jpeg(list, device=...)``:
+nvJPEG on a GPU, libjpeg-turbo on the CPU, where this path runs as well and is tested), then crops each box to
+``size`` with its area's mean (``roi_align``), flips and normalises there (:class:`DecodeOnDevice`, a Composer
+``DataSpec`` batch transform). Composer's progressive resizing then resizes the batch on the device as for any
+loader. A file that is not a JPEG is decoded in the worker and crosses as pixels.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from dlrecipes.data.jpeg import RATIO, decode, header_size, resized_box
+
+
+class DecodeLater:
+    """Worker side: an image file's bytes and its crop, for :class:`DecodeOnDevice`."""
+
+    def __init__(self, train: bool, size: int, min_scale: float, hflip: bool, resize_size: int):
+        self.train, self.size, self.scale, self.hflip, self.resize_size = train, size, (min_scale, 1.0), hflip, resize_size
+
+    def box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """(top, left, height, width) in the full image's pixels: training's random box; evaluation's the region
+        torchvision's Resize(resize_size) then CenterCrop(size) keep (its rounding included)."""
+        from torchvision.transforms import RandomResizedCrop
+
+        if self.train:
+            return RandomResizedCrop.get_params(torch.empty(0, height, width), list(self.scale), list(RATIO))
+        short, long = sorted((height, width))
+        resized = (self.resize_size, int(self.resize_size * long / short))  # Resize's own rounding
+        rh, rw = resized if height <= width else resized[::-1]
+        top, left = int(round((rh - self.size) / 2.0)), int(round((rw - self.size) / 2.0))
+        fy, fx = height / rh, width / rw
+        return top * fy, left * fx, self.size * fy, self.size * fx
+
+    def __call__(self, data: bytes) -> dict[str, Any]:
+        width, height, jpeg = header_size(data)
+        top, left, h, w = self.box(width, height)
+        flip = bool(self.train and self.hflip and torch.rand(1) < 0.5)
+        sample = {"box": torch.tensor([top, left, h, w], dtype=torch.float64), "size": torch.tensor([height, width]),
+                  "flip": flip}
+        if jpeg:
+            sample["jpeg"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            sample["pixels"] = decode(data)
+        return sample
+
+
+def collate_encoded(samples: Sequence[tuple[Any, int]]):
+    """A batch of :class:`DecodeLater` samples as (their list, labels); decoded samples (a run that fell back to
+    PIL) as the default collation does."""
+    from torch.utils.data import default_collate
+
+    if not samples or not isinstance(samples[0][0], dict):
+        return default_collate(samples)
+    return [image for image, _ in samples], torch.tensor([label for _, label in samples])
+
+
+class DecodeOnDevice:
+    """Training-process side: a batch of :class:`DecodeLater` samples decoded, cropped to ``size``, flipped and
+    normalised on ``device``; any other batch (already decoded) as it is."""
+
+    def __init__(self, device: torch.device, size: int, mean: Sequence[float], std: Sequence[float]):
+        self.device, self.size = device, size
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+
+    def __call__(self, batch: Any) -> Any:
+        if not (isinstance(batch, (list, tuple)) and isinstance(batch[0], list)):
+            return batch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        items, labels = batch
+        jpegs = [item["jpeg"] for item in items if "jpeg" in item]
+        decoded = iter(decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device) if jpegs else [])
+        crops = []
+        for item in items:
+            image = next(decoded) if "jpeg" in item else item["pixels"].to(self.device)
+            box = tuple(float(v) for v in item["box"])
+            crop = resized_box(image, box, tuple(int(v) for v in item["size"]), self.size)
+            crops.append(crop.flip(-1) if item["flip"] else crop)
+        images = torch.stack(crops).float().div_(255.0)
+        return (images - self.mean) / self.std, labels.to(self.device, non_blocking=True)
+
+
+def samples_in(batch: Any) -> int:
+    """Samples in a batch before or after :class:`DecodeOnDevice`."""
+    return len(batch[1])
