@@ -30,6 +30,10 @@ step times, about 65 ms for ResNet-50 at batch 256 and 10 ms for CIFAR ResNet-18
    augmix-m5-w4-d2, ``batch_color_jitter``, ``batch_random_erasing``) on the flagship's batch at its crop size,
    under ``torch.cuda.set_sync_debug_mode("error")``: a host sync inside a batch fails the run.
 
+5. ``decode`` (about 3 minutes; benchmarks/gpu_decode.py): JPEGs decoded on the device (``dataset.decode: device``):
+   nvJPEG's batched decode alone, the device-decode loader alone, and ResNet-50 at 160 px (the flagship recipe)
+   fed by it against FFCV at 160 px (goal: the loader never the bottleneck, at least 6,000 img/s on one H100).
+
 They run in this order except that ``precision`` runs before ``flagship``; the table keeps this order.
 Sections can be chosen (``--only overhead,augment``) or skipped (``--skip flagship,precision``); ``--json``
 keeps every number.  With ``--check``, ``--only`` selects the check's sections (or cases by name) and ``--budget``
@@ -73,7 +77,7 @@ OVERHEAD_CASES = [
     ("CIFAR ResNet-18", "resnet18_cifar", 512, False),
     ("CIFAR ResNet-18", "resnet18_cifar", 512, True),
 ]
-SECTIONS = ("overhead", "overhead_compiled", "flagship", "precision", "augment")
+SECTIONS = ("overhead", "overhead_compiled", "flagship", "precision", "augment", "decode")
 
 
 class Scale:
@@ -321,6 +325,15 @@ def table(results: dict) -> str:
         lines += [f"| {r['algorithm']} {r['params'] or ''} ({r['batch']}, {r['crop']} px) | {r['img_s']:,.0f} | "
                   f"{'yes' if r['sync_gate'] else 'no (CPU)'} |" for r in results["augment"]]
         lines.append("")
+    if "decode" in results:
+        d = results["decode"]
+        nv = "-" if d["nvjpeg_img_s"] is None else format(d["nvjpeg_img_s"], ",.0f")
+        ffcv = "-" if d.get("ffcv") is None else format(d["ffcv"]["steady"], ",.0f")
+        lines += [f"| JPEGs decoded on the device ({d['crop']} px) | img/s |", "|---|---|",
+                  f"| nvJPEG batched decode alone | {nv} |",
+                  f"| device-decode loader alone, steady | {statistics.median(d['loader_epochs']):,.0f} |",
+                  f"| ResNet-50 fed by device decoding, steady epochs | {d['device_decode']['steady']:,.0f} |",
+                  f"| ResNet-50 fed by FFCV, steady epochs | {ffcv} |", ""]
     if "precision" in results:
         lines += ["| precision | model | train s | img/s | peak MiB | loss after the steps |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
@@ -377,6 +390,11 @@ def main() -> None:
         results["flagship"] = flagship(scale, args.data_dir)
     if "augment" in run:
         results["augment"] = augmentation(scale)
+    if "decode" in run:
+        from decode import nvjpeg_rate
+        from gpu_decode import decode_section
+
+        results["decode"] = decode_section(scale, args.data_dir, flagship_data, nvjpeg_rate)
     results["meta"]["seconds"] = time.perf_counter() - start
     print("\n" + table(results) + f"\n\n({results['meta']['seconds']:.0f} s)")
     if args.json:

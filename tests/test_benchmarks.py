@@ -67,7 +67,10 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert [r["algorithm"] for r in data["augment"]] == ["batch_randaugment", "batch_trivialaugment", "batch_augmix",
                                                           "batch_color_jitter", "batch_random_erasing"]
     assert all(r["img_s"] > 0 for r in data["augment"])
-    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment"]
+    decode = data["decode"]  # the device-decode path on the CPU (nvJPEG and the FFCV run: on a GPU only)
+    assert decode["nvjpeg_img_s"] is None and "ffcv" not in decode
+    assert len(decode["loader_epochs"]) == 3 and len(decode["device_decode"]["epochs"]) == 3
+    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment", "decode"]
 
 
 def test_gpu_suite_runs_the_sections_named(tmp_path):
@@ -80,7 +83,7 @@ def test_gpu_suite_runs_the_sections_named(tmp_path):
     refused = forked.run(["--device", "cpu", "--only", "augment,nope"], REPO,
                          module=str(REPO / "benchmarks" / "gpu_suite.py"))
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment)"]
+        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode)"]
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
