@@ -56,4 +56,14 @@ def ffcv_files(images: Path, out: Path, max_resolution: int) -> Path:
     return out
 
 
-__all__ = ["write_idx", "mnist_files", "cifar_batches", "ffcv_files", "image_folders"]
+def shard_files(images: Path, out: Path) -> Path:
+    """``out``: dataset shards (litdata) written from the image folders images/train and images/val."""
+    from dlrecipes.data.image_folder import build_image_folders
+    from dlrecipes.data.shards_write import ShardsOptions, write_shards
+
+    splits = build_image_folders(str(images / "train"), str(images / "val"), 16, 18, 0.35, True, (0.5,) * 3, (0.5,) * 3)
+    write_shards(splits, str(out), ShardsOptions(), echo=lambda line: None)
+    return out
+
+
+__all__ = ["write_idx", "mnist_files", "cifar_batches", "ffcv_files", "shard_files", "image_folders"]

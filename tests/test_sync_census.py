@@ -20,7 +20,7 @@ from dlrecipes.data.image_folder import imagenet100_classes
 from dlrecipes.registry import algorithms
 
 from .conftest import REPO, build_trainer, image_folders
-from .stand_in_data import cifar_batches, ffcv_files, mnist_files
+from .stand_in_data import cifar_batches, ffcv_files, mnist_files, shard_files
 from .sync_census import SyncCensus
 
 RECIPES = sorted(p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml")
@@ -38,6 +38,7 @@ def stand_ins(tmp_path_factory) -> Path:
     image_folders(root / "imagenet", [f"n{i:08d}" for i in range(4)], per_class=24, size=(44, 40))
     image_folders(root / "imagenet100", imagenet100_classes(), per_class=1, size=(44, 40))
     ffcv_files(root / "imagenet", root / "ffcv", max_resolution=40)
+    shard_files(root / "imagenet", root / "shards")
     return root
 
 
@@ -59,6 +60,9 @@ def _stand_in(recipe: str, data: Path) -> list[str]:
     if name == "ffcv":
         return [f"dataset.train_path={data / 'ffcv' / 'train.beton'}", f"dataset.val_path={data / 'ffcv' / 'val.beton'}",
                 "dataset.crop_size=16", "dataset.eval_crop_size=16", *small]
+    if name == "shards":  # progressive resizing on the batches: at 16 px, in steps of 4 (32 would round it to 0)
+        return [f"dataset.remote={data / 'shards'}", "dataset.crop_size=16", "dataset.resize_size=18",
+                "dataset.eval_crop_size=16", "algorithms.progressive_resizing.size_increment=4", *small]
     assert name in ("digits", "digits_two_view"), f"{recipe}: no stand-in for dataset {name!r}"
     return small
 

@@ -164,6 +164,9 @@ def mlflow(
     logger = MLFlowLogger(
         experiment_name=experiment_name or "dlrecipes", run_name=run_name or layout.name,
         tags=redact(tags), tracking_uri=tracking_uri, log_system_metrics=False,
+        # every value, as the other trackers and history.csv have them: Composer's default leaves out a value equal
+        # to the last one within 100 steps (an evaluation whose top-1 did not change had no point in MLflow)
+        log_duplicated_metric_every_n_steps=0,
     )
     logger.log_artifacts = log_artifacts
     return _told(logger, run)
