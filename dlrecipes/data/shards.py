@@ -1,6 +1,6 @@
 """Dataset shards (litdata's format) read from a local folder or a bucket: a map-style dataset per split whose
 samples are read by index through litdata's reader and its local cache (kept within a limit, evicting beyond it),
-decoded with PIL and transformed as image folders are.
+decoded by libjpeg-turbo (PIL where a step on PIL images was added) and transformed as image folders are.
 
 A shards dataset (written by ``dlrecipes data convert SOURCE --format shards --out DEST``,
 :mod:`dlrecipes.data.shards_write`) is ``DEST/train/`` and ``DEST/val/`` (litdata's ``chunk-*.bin`` shards and its
@@ -155,6 +155,7 @@ class ShardsDataset:
         self.shard_sizes = [int(shard["samples"]) for shard in shards]
         self.starts = [0, *accumulate(self.shard_sizes)]
         self.transform = transform  # the torchvision convention: Composer's RandAugment/AugMix insert theirs here
+        self.pil_steps = len(getattr(transform, "transforms", ()))
         self.cache_dir = None if cache_dir is None else str(Path(cache_dir, split))
         self.cache_limit, self.storage_options = cache_limit, place.storage_options()
         self.remote = place.bucket is not None
@@ -207,10 +208,17 @@ class ShardsDataset:
                          f"sample {index} ({type(exc).__name__}: {reason}): truncated or corrupted; convert the "
                          "dataset again")
 
+    turbo = None  # a dlrecipes.data.jpeg transform of the stored bytes: used while ``transform`` has no step added
+
     def __getitem__(self, index: int):
         from PIL import Image
 
         data, label = self.raw(index)
+        if self.turbo is not None and len(getattr(self.transform, "transforms", ())) == self.pil_steps:
+            try:
+                return self.turbo(data), label
+            except OSError as exc:
+                raise self.damaged(index, exc) from None
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 image = opened.convert("RGB")
@@ -235,6 +243,7 @@ def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_s
                  std: Sequence[float]) -> DatasetSplits:
     """Both splits of the shards dataset at ``remote``, with image folders' transforms and preprocessing."""
     from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.jpeg import TurboEval, TurboTrain
     from dlrecipes.data.transforms import imagenet_transforms
 
     import_litdata()
@@ -248,6 +257,8 @@ def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_s
     made = {split: ShardsDataset(place, split, meta["splits"][split]["shards"], imagenet_transforms(
         crop_size if split == "train" else eval_crop_size, resize_size, min_scale, hflip, mean, std,
         train=split == "train"), cache_dir, limit) for split in SPLITS}
+    made["train"].turbo = TurboTrain(crop_size, min_scale, hflip, mean, std)  # libjpeg-turbo, as image folders
+    made["val"].turbo = TurboEval(eval_crop_size, resize_size, mean, std)
     classes = list(meta["class_names"])
     return DatasetSplits(
         train=made["train"], eval=made["val"], num_classes=len(classes), input_shape=(len(mean), crop_size, crop_size),
