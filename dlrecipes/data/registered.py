@@ -367,8 +367,9 @@ def shards(
             local folder, as data convert --out wrote it.
         cache_dir: local folder the shards of a bucket are cached in while training reads them (one subfolder per
             split); null: ~/.cache/dlrecipes/shards/BUCKET/PREFIX. A local remote is read where it is.
-        cache_limit: most bytes each split's cache holds, as bytes or with a unit (10GB, 512MiB); older shards are
-            evicted beyond it; at least one shard (a few shards' worth streams better).
+        cache_limit: bytes each split's cache is kept near, as bytes or with a unit (10GB, 512MiB); older shards are
+            evicted beyond it (it may pass it by up to a shard); at least one shard (a few shards' worth streams
+            better).
     """
     from dlrecipes.data.shards import build_shards
 
