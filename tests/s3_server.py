@@ -25,12 +25,6 @@ PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "
          "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "iam.port")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def weed_binary() -> str | None:
     here = Path(sys.executable).parent / "weed"
     return str(here) if here.is_file() else shutil.which("weed")
@@ -149,22 +143,36 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max
          "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
         {"name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
          "actions": ["Read", "List"]}]}))
-    ports = {name: _free_port() for name in PORTS}  # every listener its own free port (weed's defaults collide)
     host = ["ip", "netns", "exec", netns] if netns else []
-    args = [*host, *(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server", f"-dir={folder / 'data'}",
-            f"-ip={ip}", f"-ip.bind={ip}",
-            "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
-            *([f"-volume.max={volume_max}"] if volume_max else []),
-            *(f"-{name}={port}" for name, port in ports.items())]
-    port = ports["s3.port"]
-    process = _start(args, folder)
-    server = S3Server(f"http://{ip}:{port}", process, folder, args)
+    for attempt in range(4):  # a port found free can be taken before weed binds it (other tests start servers too)
+        ports = _free_ports(len(PORTS))  # every listener its own free port (weed's defaults collide)
+        args = [*host, *(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server",
+                f"-dir={folder / 'data'}", f"-ip={ip}", f"-ip.bind={ip}",
+                "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
+                *([f"-volume.max={volume_max}"] if volume_max else []),
+                *(f"-{name}={port}" for name, port in zip(PORTS, ports))]
+        process = _start(args, folder)
+        server = S3Server(f"http://{ip}:{ports[PORTS.index('s3.port')]}", process, folder, args)
+        try:
+            _wait_up(server.endpoint, process, folder, host)
+            return server
+        except Exception as exc:
+            server.kill()
+            if "address already in use" not in str(exc) or attempt == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback now (held open together while chosen, so none repeats)."""
+    held = [socket.socket() for _ in range(count)]
     try:
-        _wait_up(server.endpoint, process, folder, host)
-    except Exception:
-        server.kill()
-        raise
-    return server
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 @contextmanager
