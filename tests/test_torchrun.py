@@ -22,9 +22,9 @@ def test_torchruns_group_rank_is_the_node_rank_composer_reads(monkeypatch):
 
     from dlrecipes.core.distributed import adopt_torchrun
 
-    monkeypatch.delenv("NODE_RANK", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.delenv("GROUP_RANK", raising=False)
+    for name in ("NODE_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):  # set first, so that teardown puts back its
+        monkeypatch.setenv(name, "0")  # absence: adopt_torchrun sets NODE_RANK itself, which would leak
+        monkeypatch.delenv(name)
     assert adopt_torchrun() == 0 and "NODE_RANK" not in os.environ  # not under torchrun: nothing changed
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("GROUP_RANK", "1")
