@@ -12,11 +12,15 @@ import torch
 from tests.conftest import image_folders
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-# After normalisation (1 / 255 of the range is about 0.017): the decoders and the resizes (PIL's bilinear against
-# torchvision's antialiased one, and roi_align's area mean after a reduced decode) round differently.
-FULL = {"mean": 0.01, "max": 0.05}  # decoded whole: under 1/255 on average, 3/255 at most
+# After normalisation (1 / 255 of the range is about 0.017): the decoders and the resizes (torch's uint8 antialiased
+# bilinear kernel, made to match Pillow's, and roi_align's area mean after a reduced decode) round differently.
+# Measured on these images and 48 more, 3-4 seeds each (2026-11-28): whole 0.0001 on average, 0.0175 (1/255) at most;
+# reduced up to 0.101 on average (0.40 at most: DCT scaling's block mean against Pillow's wider triangle filter, on
+# stripes a few pixels wide at the reduced size), its evaluation 0.077 (0.24). The bounds leave room for another
+# libjpeg-turbo build.
+FULL = {"mean": 0.005, "max": 0.05}  # decoded whole: under 1/255 on average, 3/255 at most
 DEVICE = {"mean": 0.02, "max": 0.15}  # decoded whole in a batch, each box by its area mean (roi_align)
-REDUCED = {"mean": 0.08, "max": 0.45}  # decoded at 1/4 or 1/8 of the size: 5/255 on average, 26/255 at most
+REDUCED = {"mean": 0.12, "max": 0.45}  # decoded at 1/4 or 1/8 of the size: 7/255 on average, 26/255 at most
 
 
 def photo_like(path: Path, size: tuple[int, int], seed: int) -> None:
@@ -35,10 +39,10 @@ def photo_like(path: Path, size: tuple[int, int], seed: int) -> None:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("photos")
-    for split in ("train", "val"):
-        for c in ("a", "b"):
-            for i in range(3):
-                photo_like(root / split / c / f"{i}.jpg", (400 + 37 * i, 300), seed=hash((split, c, i)) % 1000)
+    for s, split in enumerate(("train", "val")):
+        for k, c in enumerate(("a", "b")):
+            for i in range(3):  # the same images in every process (hash() of a str is not)
+                photo_like(root / split / c / f"{i}.jpg", (400 + 37 * i, 300), seed=100 * s + 10 * k + i)
     return root
 
 
