@@ -134,3 +134,50 @@ def test_a_batch_decoded_on_the_device_equals_the_pil_path_within_the_tolerance(
     for image, (reference, _) in zip(images, expected):
         diff = (image - reference).abs()
         assert float(diff.mean()) <= DEVICE["mean"] and float(diff.max()) <= DEVICE["max"], (split, float(diff.mean()), float(diff.max()))
+
+
+def test_progressive_resizing_sets_the_size_the_device_decode_crops_to(folders):
+    """The device path's training loader decodes at a size it is told, as FFCV's: each box is cropped once at the
+    scheduled size, and equals the full-size batch's crop of the same box resized (within the device tolerance)."""
+    from dlrecipes.algorithms.progressive_resizing import decodes_at_a_size
+    from dlrecipes.data.device_decode import DecodeOnDevice, EncodedLoader, collate_encoded
+    from dlrecipes.data.image_folder import build_image_folders
+
+    args = (str(folders / "train"), str(folders / "val"), 64, 72, 0.5, True, MEAN, STD)
+    later = build_image_folders(*args, decode="device").train
+    loader = EncodedLoader(later, batch_size=4, collate_fn=collate_encoded)
+    loader.decoder = DecodeOnDevice(torch.device("cpu"), *later.device_decode)
+    assert decodes_at_a_size(loader) and loader.full_resolution == 64
+    torch.manual_seed(0)
+    batch = next(iter(loader))
+    full, _ = loader.decoder(batch)
+    loader.set_resolution(32)
+    small, labels = loader.decoder(batch)
+    assert small.shape == (4, 3, 32, 32) and loader.full_resolution == 64 and len(labels) == 4
+    shrunk = torch.nn.functional.interpolate(full, size=(32, 32), mode="bilinear", antialias=True)
+    assert float((small - shrunk).abs().mean()) <= DEVICE["mean"] * 2  # two resamplings against one
+
+
+@pytest.mark.slow
+def test_a_training_decoded_on_the_device_follows_progressive_resizing(tmp_path):
+    from tests.conftest import run_cli, write
+
+    image_folders(tmp_path / "data", ["a", "b"], per_class=8, size=(64, 48))
+    recipe = write(tmp_path / "device.yaml", f"""
+        model: {{name: cifar_resnet18}}
+        dataset: {{name: image_folder, train_path: {tmp_path}/data/train, val_path: {tmp_path}/data/val,
+                   crop_size: 32, resize_size: 36, decode: device}}
+        trainer: {{max_duration: 3ep, batch_size: 8, num_workers: 1, progress_bar: false, device: cpu}}
+        optimizer: {{name: sgd, lr: 0.01}}
+        checkpoint: {{save: false}}
+        runs_dir: {tmp_path}/runs
+        run_name: device
+        algorithms:
+          progressive_resizing: {{initial_scale: 0.5, delay_fraction: 0.0, finetune_fraction: 0.34, size_increment: 8}}
+    """)
+    result = run_cli("train", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: 3 epochs, 6 batches" in result.stderr
+    log = (tmp_path / "runs" / "device" / "train-rank0.log").read_text()
+    resolutions = [int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line]
+    assert list(dict.fromkeys(resolutions)) == [16, 24, 32]  # set in the decoder at each epoch's start

@@ -6,8 +6,8 @@ evaluation the centre box that resizing the shorter side to ``resize_size`` and 
 training process decodes the whole batch at once on the device (``torchvision.io.decode_jpeg(list, device=...)``:
 nvJPEG on a GPU, libjpeg-turbo on the CPU, where this path runs as well and is tested), then crops each box to
 ``size`` with its area's mean (``roi_align``), flips and normalises there (:class:`DecodeOnDevice`, a Composer
-``DataSpec`` batch transform). Composer's progressive resizing then resizes the batch on the device as for any
-loader. A file that is not a JPEG is decoded in the worker and crosses as pixels.
+``DataSpec`` batch transform). Progressive resizing sets that size (:class:`EncodedLoader`'s ``set_resolution``, as
+for FFCV), so each box is cropped once at the scheduled size. A file that is not a JPEG is decoded in the worker and crosses as pixels.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch.utils.data import DataLoader
 
 from dlrecipes.data.jpeg import RATIO, decode, header_size, resized_box
 
@@ -52,6 +53,23 @@ class DecodeLater:
         return sample
 
 
+class EncodedLoader(DataLoader):
+    """The training DataLoader of :class:`DecodeLater` samples: progressive resizing sets the crop size its
+    ``decoder`` (:class:`DecodeOnDevice`) crops each batch to (``set_resolution``, as FFCV's loader has), so a batch
+    is cropped once at the scheduled size, never cropped large only to be shrunk."""
+
+    decoder: "DecodeOnDevice"
+
+    @property
+    def full_resolution(self) -> int:
+        """The crop size the recipe asks for (progressive resizing grows to it)."""
+        return self.decoder.full_size
+
+    def set_resolution(self, size: int) -> None:
+        """Crop the next batches to ``size`` (the crop boxes, drawn in the workers, do not depend on it)."""
+        self.decoder.size = int(size)
+
+
 def collate_encoded(samples: Sequence[tuple[Any, int]]):
     """A batch of :class:`DecodeLater` samples as (their list, labels); decoded samples (a run that fell back to
     PIL) as the default collation does."""
@@ -67,7 +85,7 @@ class DecodeOnDevice:
     normalised on ``device``; any other batch (already decoded) as it is."""
 
     def __init__(self, device: torch.device, size: int, mean: Sequence[float], std: Sequence[float]):
-        self.device, self.size = device, size
+        self.device, self.size, self.full_size = device, size, size
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
 
