@@ -181,3 +181,43 @@ def test_a_training_decoded_on_the_device_follows_progressive_resizing(tmp_path)
     log = (tmp_path / "runs" / "device" / "train-rank0.log").read_text()
     resolutions = [int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line]
     assert list(dict.fromkeys(resolutions)) == [16, 24, 32]  # set in the decoder at each epoch's start
+
+
+def _bogus_huffman_table(path: Path) -> None:
+    """A JPEG whose header (size) and end read whole but whose first Huffman table libjpeg-turbo refuses."""
+    data = bytearray(path.read_bytes())
+    table = data.index(b"\xff\xc4")
+    data[table + 5:table + 21] = b"\xff" * 16  # code counts that add up to more than 256
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("bad_images", ["fail", "skip"])
+def test_an_unreadable_file_decoded_on_the_device_is_named_or_skipped(tmp_path, bad_images, capfd):
+    """decode: device reads a truncated file in the worker (bad_images as on the other paths); a file whose header and
+    end are whole but whose data the device's decoder and the CPU's refuse fails the batch's decode: named in the
+    same line, or skipped (warned of once, its place the batch's next readable sample's)."""
+    from dlrecipes.data.device_decode import DecodeOnDevice, collate_encoded
+    from dlrecipes.data.image_folder import build_image_folders
+    from dlrecipes.errors import DataError
+
+    image_folders(tmp_path, ["a"], per_class=4, size=(64, 48))
+    cut = tmp_path / "train" / "a" / "0.jpg"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size * 2 // 3])
+    _bogus_huffman_table(tmp_path / "train" / "a" / "1.jpg")
+    splits = build_image_folders(str(tmp_path / "train"), str(tmp_path / "val"), 16, 20, 0.35, True, MEAN, STD,
+                                 bad_images=bad_images, decode="device")
+    decoder = DecodeOnDevice(torch.device("cpu"), *splits.train.device_decode)
+    message = r"dataset.train_path: cannot read image .*{}\.jpg \(.*\); fix or remove it, or set dataset.bad_images=skip"
+    if bad_images == "fail":
+        with pytest.raises(DataError, match=message.format(0)):
+            splits.train[0]
+        with pytest.raises(DataError, match=message.format(1)):
+            decoder(collate_encoded([splits.train[i] for i in (1, 2, 3)]))
+        return
+    samples = [splits.train[i] for i in range(4)]  # 0: the worker skips it (1's sample in its place)
+    images, labels = decoder(collate_encoded(samples))
+    assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 0, 0]
+    images_again, _ = decoder(collate_encoded(samples))
+    assert torch.equal(images[:2], images_again[:2]) and torch.equal(images[1], images[2])  # 1's place: 2's sample
+    warned = capfd.readouterr().err
+    assert warned.count("skipping unreadable image") == 2 and warned.count("1.jpg") == 1, warned

@@ -55,6 +55,19 @@ def _pil_draft(data: bytes, scale: int) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
+def unreadable(key: str, path: str, reason: str):
+    """The one line for an image that cannot be decoded (``dataset.bad_images: fail``), a DataError to raise."""
+    from dlrecipes.errors import DataError
+
+    return DataError(f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
+                     "dataset.bad_images=skip to skip unreadable images")
+
+
+def ends_whole(data: bytes) -> bool:
+    """Whether a JPEG's end marker is in its last KiB (a truncated file's is not; some writers add a trailer)."""
+    return b"\xff\xd9" in data[-1024:]
+
+
 def header_size(data: bytes) -> tuple[int, int, bool]:
     """An image's (width, height) from its header, without decoding it, and whether it is a JPEG."""
     from PIL import Image
