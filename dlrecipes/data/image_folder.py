@@ -70,9 +70,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
             path, target = self.samples[i]
             with open(path, "rb") as f:
                 sample = turbo(f.read())
-            if isinstance(sample, dict):  # decode: device: the file named, should its batch's decode fail
-                sample["path"] = path
-            return sample, target
+            return (dict(sample, path=path) if isinstance(sample, dict) else sample), target  # device: its path
 
         def __getitem__(self, index):
             for attempt in range(len(self.samples)):
@@ -86,8 +84,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                         raise unreadable(key, path, reason) from None
                     if not self.unreadable[i]:  # first time any worker meets it
                         self.unreadable[i] = 1
-                        # one write: print's two (the text, then its newline) from two workers at once could
-                        # interleave two warnings on one line
+                        # one write: print's two (text, newline) from two workers could share one line
                         sys.stderr.write(f"warning: skipping unreadable image {path} ({reason})\n")
                         sys.stderr.flush()
             raise DataError(f"{key}: none of the {len(self.samples)} images under {root} can be read")
@@ -98,8 +95,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
         raise DataError(f"{key}: {exc}") from None
     # one flag per image, in shared memory: DataLoader workers (forked) mark what they skipped
     dataset.unreadable = multiprocessing.Array("b", len(dataset.samples), lock=False)
-    # (size, mean, std, bad_images, key): the batch decoded on the training device
-    dataset.device_decode = device_decode or None
+    dataset.device_decode = device_decode or None  # (size, mean, std, bad_images, key): decoded on the device
     return dataset
 
 
