@@ -120,7 +120,7 @@ def torchvision_loader(root: Path, batch: int, workers: int, crop: int):
     return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=True)
 
 
-def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int):
+def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int, min_scale: float = 0.08):
     from torchvision.datasets import ImageFolder
 
     from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
@@ -131,7 +131,7 @@ def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution:
     if not path.exists():
         write_beton(RawImages(ImageFolder(str(root / "train"))), path,
                     ConvertOptions(max_resolution=max_resolution, write_mode="jpg", num_workers=workers))
-    source = FFCVSource(str(path), True, crop, crop / 256, 0.08, True, IMAGENET_MEAN, IMAGENET_STD)
+    source = FFCVSource(str(path), True, crop, crop / 256, min_scale, True, IMAGENET_MEAN, IMAGENET_STD)
     return FFCVLoader(source, batch, workers, torch.device("cpu"), seed=0)
 
 

@@ -222,7 +222,10 @@ IMAGE_RECIPE = """
 # Every loader of files, over the same 24 one-image classes (the label names the sample).
 LOADERS = {
     "torch": [],
-    "device_decode": ["dataset.decode=device"],  # the batch decoded in the training process (on the CPU here)
+    # the batch decoded in the training process (on the CPU here), cropped at progressive resizing's size (8 px in
+    # epoch 0, 12 in epoch 1: a resume inside epoch 1 sets 12 again, as the epoch's start did)
+    "device_decode": ["dataset.decode=device", "algorithms.progressive_resizing={initial_scale: 0.5, "
+                      "delay_fraction: 0.0, finetune_fraction: 0.0, size_increment: 4}"],
     "tensor_cache": ["trainer.loader=tensor_cache", "trainer.cache_dir=cache"],
     "ffcv": ["dataset={name: ffcv, train_path: ffcv/train.beton, val_path: ffcv/val.beton, crop_size: 16}",
              "trainer.num_workers=1"],

@@ -21,6 +21,22 @@ def decodes_at_a_size(loader: Any) -> bool:
     return hasattr(loader, "set_resolution") and hasattr(loader, "full_resolution")
 
 
+def elapsed_at_epoch_start(state: State) -> float:
+    """The fraction of training done when the current epoch started: at EPOCH_START, Composer's elapsed duration;
+    inside an epoch (a resume), the same counted without the epoch's batches, samples or tokens."""
+    from composer.core import TimeUnit
+
+    stamp, unit = state.timestamp, state.max_duration.unit if state.max_duration is not None else None
+    done = {TimeUnit.EPOCH: lambda: int(stamp.epoch),
+            TimeUnit.BATCH: lambda: int(stamp.batch) - int(stamp.batch_in_epoch),
+            TimeUnit.SAMPLE: lambda: int(stamp.sample) - int(stamp.sample_in_epoch),
+            TimeUnit.TOKEN: lambda: int(stamp.token) - int(stamp.token_in_epoch)}.get(unit)
+    if int(stamp.batch_in_epoch) == 0 or done is None:
+        elapsed = state.get_elapsed_duration()
+        return float(elapsed.value) if elapsed is not None else 0.0
+    return min(1.0, done() / state.max_duration.value)
+
+
 class ProgressiveResizing(ComposerProgressiveResizing):
     """Composer's ProgressiveResizing; with a loader that decodes at a given size, that size instead."""
 
@@ -38,15 +54,16 @@ class ProgressiveResizing(ComposerProgressiveResizing):
 
     def match(self, event: Event, state: State) -> bool:
         if decodes_at_a_size(state.train_dataloader):
-            return event == Event.EPOCH_START
+            # a run resumed inside an epoch starts no epoch: its size is set as the epoch's start set it
+            resumed_inside = event == Event.FIT_START and int(state.timestamp.batch_in_epoch) > 0
+            return event == Event.EPOCH_START or resumed_inside
         return super().match(event, state)
 
     def apply(self, event: Event, state: State, logger: Optional[Logger] = None) -> None:
         loader = state.train_dataloader
         if not decodes_at_a_size(loader):
             return super().apply(event, state, logger)
-        elapsed = state.get_elapsed_duration()
-        size = self.resolution_at(float(elapsed.value) if elapsed is not None else 0.0, loader.full_resolution)
+        size = self.resolution_at(elapsed_at_epoch_start(state), loader.full_resolution)
         loader.set_resolution(size)
         if logger is not None:
             logger.log_metrics({"progressive_resizing/resolution": size})

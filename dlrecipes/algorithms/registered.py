@@ -80,7 +80,7 @@ def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_sca
                          resize_targets: bool = False):
     """Train on downscaled images early, growing to full size.
 
-    Composer resizes the batches; FFCV decodes at the size.
+    Composer resizes the batches; FFCV and `dataset.decode: device` decode (crop) at the size.
 
     Args:
         mode: 'resize' scales the images down (nearest neighbour), 'crop' takes a random crop of the smaller size.

@@ -127,12 +127,13 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
             f"trainer.batch_size: {cfg.batch_size} is larger than the training set ({len(data.train)} samples)"
         )
     later = getattr(data.train, "device_decode", None)  # (size, mean, std): decoded in batches on the device
+    loader_type = DataLoader
     if later:
-        from dlrecipes.data.device_decode import collate_encoded
+        from dlrecipes.data.device_decode import EncodedLoader, collate_encoded
 
-        common["collate_fn"] = collate_encoded
+        common["collate_fn"], loader_type = collate_encoded, EncodedLoader
     samples = ordered(data.train, cfg.batch_size, dist.get_global_rank(), dist.get_world_size(), seed)
-    train = DataLoader(samples, batch_size=train_batch, sampler=samples.sampler, drop_last=True, **common)
+    train = loader_type(samples, batch_size=train_batch, sampler=samples.sampler, drop_last=True, **common)
     evaluation = DataLoader(
         data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common
     )
@@ -145,10 +146,12 @@ def decoded_on_device(loader, decode: tuple, device: str):
     """``loader`` of encoded images as a Composer DataSpec that decodes each batch on the training device."""
     from composer.core import DataSpec
 
-    from dlrecipes.data.device_decode import DecodeOnDevice, samples_in
+    from dlrecipes.data.device_decode import DecodeOnDevice, EncodedLoader, samples_in
 
-    return DataSpec(loader, batch_transforms=DecodeOnDevice(torch_device(device), *decode),
-                    get_num_samples_in_batch=samples_in)
+    decoder = DecodeOnDevice(torch_device(device), *decode)
+    if isinstance(loader, EncodedLoader):  # training's: progressive resizing sets the size the batches are cropped to
+        loader.decoder = decoder
+    return DataSpec(loader, batch_transforms=decoder, get_num_samples_in_batch=samples_in)
 
 
 def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int):

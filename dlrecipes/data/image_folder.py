@@ -50,6 +50,8 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
 
     from torchvision.datasets import ImageFolder
 
+    from dlrecipes.data.jpeg import unreadable
+
     skip = bad_images == "skip"
     pil_steps = len(getattr(transform, "transforms", ()) or ())
 
@@ -67,7 +69,8 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                 return super().__getitem__(i)
             path, target = self.samples[i]
             with open(path, "rb") as f:
-                return turbo(f.read()), target
+                sample = turbo(f.read())
+            return (dict(sample, path=path) if isinstance(sample, dict) else sample), target  # device: its path
 
         def __getitem__(self, index):
             for attempt in range(len(self.samples)):
@@ -78,14 +81,10 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
                     path = self.samples[i][0]
                     reason = str(exc).split(" (")[0] if str(exc) else type(exc).__name__
                     if not skip:
-                        raise DataError(
-                            f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
-                            "dataset.bad_images=skip to skip unreadable images"
-                        ) from None
+                        raise unreadable(key, path, reason) from None
                     if not self.unreadable[i]:  # first time any worker meets it
                         self.unreadable[i] = 1
-                        # one write: print's two (the text, then its newline) from two workers at once could
-                        # interleave two warnings on one line
+                        # one write: print's two (text, newline) from two workers could share one line
                         sys.stderr.write(f"warning: skipping unreadable image {path} ({reason})\n")
                         sys.stderr.flush()
             raise DataError(f"{key}: none of the {len(self.samples)} images under {root} can be read")
@@ -96,7 +95,7 @@ def build_image_folder_split(root: Path, key: str, classes: list[str], transform
         raise DataError(f"{key}: {exc}") from None
     # one flag per image, in shared memory: DataLoader workers (forked) mark what they skipped
     dataset.unreadable = multiprocessing.Array("b", len(dataset.samples), lock=False)
-    dataset.device_decode = device_decode or None  # (size, mean, std): the batch decoded on the training device
+    dataset.device_decode = device_decode or None  # (size, mean, std, bad_images, key): decoded on the device
     return dataset
 
 
@@ -139,10 +138,12 @@ def build_image_folders(
     return DatasetSplits(
         train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images, (
             DecodeLater(True, crop_size, min_scale, hflip, resize_size) if later else
-            TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None), later and (crop_size, mean, std)),
+            TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None),
+            later and (crop_size, mean, std, bad_images, f"{key}.train_path")),
         eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images, (
             DecodeLater(False, eval_crop_size, min_scale, hflip, resize_size) if later else
-            TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None), later and (eval_crop_size, mean, std)),
+            TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None),
+            later and (eval_crop_size, mean, std, bad_images, f"{key}.val_path")),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
