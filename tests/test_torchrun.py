@@ -104,9 +104,12 @@ def test_a_static_torchrun_job_is_named_after_its_agents_start(monkeypatch):
 
     _unset(monkeypatch, "TORCHELASTIC_RUN_ID")
     assert torchrun_job_name() is None
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default: the agent (our parent) lives on
     started = time.strftime("%Y%m%d-%H%M%S", time.localtime(psutil.Process(os.getppid()).create_time()))
-    assert torchrun_job_name() == started
+    for generated in ("none", "93ffa164-720f-4ebf-b5aa-161674d15212"):  # no --rdzv-id; --standalone's
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", generated)
+        assert torchrun_job_name() == started  # the agent (our parent) lives as long as the job
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "in100/job 2")
+    assert torchrun_job_name() == "in100-job-2"
 
 
 def _torchrun(host: str, tmp_path, log: str, *args: str) -> subprocess.Popen:

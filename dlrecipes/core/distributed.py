@@ -108,8 +108,8 @@ def check_launch_environment(env: Any = None) -> None:
 
 def torchrun_job_name() -> Optional[str]:
     """What names a run without a ``run_name`` under torchrun, the same on each of its restarts of one job (so that a
-    restarted job continues its run): torchrun's ``--rdzv-id`` where given, else the start time of the torchrun
-    agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the job with
+    restarted job continues its run): torchrun's ``--rdzv-id`` where given, else (``--standalone`` too) the start
+    time of the torchrun agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the job with
     a fixed ``--node-rank``). None when not under torchrun."""
     import re
     import time
@@ -117,7 +117,9 @@ def torchrun_job_name() -> Optional[str]:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
         return None
-    named = re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip(".-") if run_id != "none" else ""  # torchrun's default
+    # torchrun's own ids name nothing: "none" (no --rdzv-id) and --standalone's random UUID (one node: its agent)
+    generated = run_id == "none" or re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", run_id)
+    named = "" if generated else re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip(".-")
     if named:
         return named
     import psutil
