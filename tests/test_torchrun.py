@@ -1,6 +1,9 @@
-"""torchrun starts dlrecipes on several nodes as Kubeflow's TrainJob, SkyPilot and `srun ... torchrun` do: a real
-`torchrun --nnodes 2` on tests/test_multihost.py's two network-namespace hosts, and an elastic one
-(`--nnodes 1:2 --max-restarts 1`) that loses a host and goes on from the run's last checkpoint on the host left."""
+"""torchrun starts dlrecipes on several nodes as Kubeflow's TrainJob, SkyPilot and `srun ... torchrun` do: its
+environment in Composer's names and refused in one line where it contradicts itself; a run without a run_name named
+after the job so that a restart continues it; a real `torchrun --nnodes 2` on tests/test_multihost.py's two
+network-namespace hosts, the same with `--max-restarts 1` whose host-1 worker is SIGKILLed (torchrun restarts both
+hosts, the run ends as an uninterrupted one), and an elastic one (`--nnodes 1:2 --max-restarts 1`) that loses a
+host and goes on from the run's last checkpoint on the host left."""
 
 from __future__ import annotations
 
