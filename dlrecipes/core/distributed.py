@@ -4,6 +4,10 @@
   through ``dlrecipes launch``) puts in the environment (read from there, so that validation can
   use them before torch.distributed starts).  The device a recipe resolves to and this process's torch
   device are :mod:`dlrecipes.core.devices`'.
+- torchrun's environment in the names Composer reads (:func:`adopt_torchrun`), any launcher's checked for
+  agreement (:func:`check_launch_environment`), the name a torchrun job gives a run without a ``run_name``
+  (:func:`torchrun_job_name`), and each torchrun attempt's process group kept apart from the one before
+  (:func:`start_torchrun_group`).
 - The one check that a global batch divides over the processes (:func:`split_batch`).
 - Small reductions of host numbers over all processes, on a gloo group of their own
   (:class:`HostReducer`): the engine and the signal handling agree on numbers that live on the
@@ -42,14 +46,89 @@ def local_world_size() -> int:
 
 def adopt_torchrun() -> int:
     """torchrun's environment (which Kubeflow's TrainJob, SkyPilot and ``srun ... torchrun`` reduce to) in the names
-    Composer reads: ``NODE_RANK`` is torchrun's ``GROUP_RANK`` (Composer would take 0 on every node: each node's
-    local rank 0 then believes it is the first node's). Returns torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0: its
-    first start, or not under torchrun)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ and "GROUP_RANK" not in os.environ:
+    Composer reads: ``NODE_RANK`` is torchrun's ``GROUP_RANK`` where it is unset (Composer would take 0 on every
+    node: each node's local rank 0 then believes it is the first node's); one set to another value is refused in one
+    line, as is any launcher's environment that contradicts itself (:func:`check_launch_environment`). Returns
+    torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0: its first start, or not under torchrun)."""
+    env = os.environ
+    if "GROUP_RANK" in env:
+        group = _whole_number("GROUP_RANK", env)
+        if "NODE_RANK" not in env:
+            env["NODE_RANK"] = str(group)
+        elif _whole_number("NODE_RANK", env) != group:
+            raise UserError(f"NODE_RANK={env['NODE_RANK']} but torchrun made this node number {group} (GROUP_RANK): "
+                            "unset NODE_RANK, torchrun gives each node its rank")
+    check_launch_environment(env)
+    if "TORCHELASTIC_RUN_ID" not in env:
         return 0
-    if "GROUP_RANK" in os.environ:
-        os.environ["NODE_RANK"] = os.environ["GROUP_RANK"]
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    return int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+_LAUNCHERS = "dlrecipes launch, torchrun or composer -n"
+
+
+def _whole_number(name: str, env: Any) -> int:
+    value = env[name].strip()
+    if not value.isdigit():
+        raise UserError(f"{name}={env[name]!r} in the environment: expected a whole number (set by {_LAUNCHERS})")
+    return int(value)
+
+
+def check_launch_environment(env: Any = None) -> None:
+    """The ranks and process counts a launcher put in the environment (``env``: default this process's) agree with
+    each other: one line naming the variables where they do not, before anything starts (torch would otherwise wait
+    for processes that never come, or fail deep inside its rendezvous). Nothing set: one process, nothing to check."""
+    env = os.environ if env is None else env
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_WORLD_SIZE")
+    got = {name: _whole_number(name, env) for name in names if env.get(name, "").strip()}
+    world = got.get("WORLD_SIZE", 1)
+    if world < 1:
+        raise UserError(f"WORLD_SIZE={world} in the environment: at least 1 process")
+    if world > 1:
+        missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(name, "").strip()]
+        if missing:
+            raise UserError(f"WORLD_SIZE={world} is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'}"
+                            f" not: start the processes with {_LAUNCHERS}, which set them all")
+    pairs = [("RANK", world, "WORLD_SIZE")]
+    local_world = got.get("LOCAL_WORLD_SIZE")
+    if local_world is not None:  # the per-node checks where a launcher said how many processes a node runs
+        if not 1 <= local_world <= world or world % local_world:
+            raise UserError(f"LOCAL_WORLD_SIZE={local_world} in the environment does not divide WORLD_SIZE={world}: "
+                            "every node runs the same number of processes")
+        pairs += [("LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE"),
+                  ("NODE_RANK", world // local_world, "WORLD_SIZE/LOCAL_WORLD_SIZE nodes")]
+        if "GROUP_WORLD_SIZE" in got and got["GROUP_WORLD_SIZE"] * local_world != world:
+            raise UserError(f"WORLD_SIZE={world} in the environment but torchrun's GROUP_WORLD_SIZE="
+                            f"{got['GROUP_WORLD_SIZE']} nodes x LOCAL_WORLD_SIZE={local_world} processes")
+    for name, bound, of in pairs:
+        if name in got and got[name] >= bound:
+            raise UserError(f"{name}={got[name]} in the environment but {of} is {bound}: ranks count from 0 "
+                            f"to {bound - 1} (set by {_LAUNCHERS})")
+
+
+def torchrun_job_name() -> Optional[str]:
+    """What names a run without a ``run_name`` under torchrun, the same on each of its restarts of one job (so that a
+    restarted job continues its run): torchrun's ``--rdzv-id`` where given, else (``--standalone`` too) the start
+    time of the torchrun agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the job with
+    a fixed ``--node-rank``). None when not under torchrun."""
+    import re
+    import time
+
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    # torchrun's own ids name nothing: "none" (no --rdzv-id) and --standalone's random UUID (one node: its agent)
+    generated = run_id == "none" or re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", run_id)
+    named = "" if generated else re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip(".-")
+    if named:
+        return named
+    import psutil
+
+    try:
+        started = psutil.Process(os.getppid()).create_time()
+    except psutil.Error:
+        return None
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
 
 
 def split_batch(global_batch: int, processes: int, key: str) -> int:
@@ -265,6 +344,32 @@ class HostReducer:
         with gloo_errors():
             work = tdist.all_reduce(box, op=getattr(tdist.ReduceOp, op), group=self._group, async_op=True)
         return Pending(box, work)
+
+
+def start_torchrun_group(device: str, timeout: float) -> bool:
+    """Under torchrun with several processes, start the default process group in the store of torchrun's agent with
+    this attempt's keys apart (``TORCHELASTIC_RESTART_COUNT``); True when started here.
+
+    torch 2.7's workers reuse the agent's store across restarts without a prefix per attempt (static rendezvous
+    keeps one store for the job; pytorch/pytorch#135712): a restarted process then reads the addresses its peers
+    published before the restart and cannot connect. With a fixed set of nodes every worker restarts with the
+    same count (when one process fails the others lose it and stop too), so the count keeps the attempts apart."""
+    env = os.environ
+    if world_size() == 1 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    import torch.distributed as tdist
+    from composer.devices import DeviceCPU, DeviceGPU
+
+    if tdist.is_initialized():
+        return False
+    wait = datetime.timedelta(seconds=timeout)
+    with gloo_errors("the process group (torch.distributed)"):
+        agent = tdist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size(), is_master=False,
+                               timeout=wait)
+        store = tdist.PrefixStore(f"dlrecipes/attempt_{int(env.get('TORCHELASTIC_RESTART_COUNT') or 0)}", agent)
+        backend = (DeviceGPU if device == "gpu" else DeviceCPU).dist_backend
+        tdist.init_process_group(backend, store=store, rank=rank(), world_size=world_size(), timeout=wait)
+    return True
 
 
 def same_on_all_ranks(value: Any, device: str, timeout: float) -> Any:

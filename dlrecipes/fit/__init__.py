@@ -7,6 +7,7 @@ training ended is :mod:`dlrecipes.fit.outcome`'s.  This module is the sequence, 
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
 from dlrecipes.core import lr_scaling
 from dlrecipes.core.devices import resolve_device
-from dlrecipes.core.distributed import choose_gloo_interface, rank
+from dlrecipes.core.distributed import choose_gloo_interface, rank, start_torchrun_group
 from dlrecipes.fit.outcome import TrainingFailed, TrainResult, ended_by, outcome
 from dlrecipes.records.run_dir import find_resume_point, record_recipe
 from dlrecipes.records.store import TrainingRun, store_for
@@ -56,9 +57,11 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
     ``run_name`` is kept under another name and this one starts from the beginning.
     """
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
+    device = resolve_device(config.trainer.device)
+    start_torchrun_group(device, config.trainer.dist_timeout)  # each restart's processes among themselves
+    config = _named_after_torchrun_job(config, device)
     _check_options(config, resume, restart)
     recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
-    device = resolve_device(config.trainer.device)
     opened = store_for(config.runs_dir).open_for_training(config, recipe, device, resume, restart)
     run, failed = opened.run, True
     try:
@@ -87,6 +90,21 @@ def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = Fal
             opened.end(failed=False)
     opened.stored(result)  # a run whose files its store lacks: one line, exit code 1
     return result
+
+
+def _named_after_torchrun_job(config: RecipeConfig, device: str) -> RecipeConfig:
+    """Under torchrun, a run without a ``run_name`` is named after the job (rank 0's
+    :func:`~dlrecipes.core.distributed.torchrun_job_name`, on every rank), so that each restart of the job continues
+    the same run; elsewhere ``config`` as it is."""
+    import dataclasses
+
+    from dlrecipes.core.distributed import same_on_all_ranks, torchrun_job_name
+
+    if config.run_name or os.environ.get("TORCHELASTIC_RUN_ID") is None:
+        return config
+    job = torchrun_job_name() if rank() == 0 else None
+    job = same_on_all_ranks(job, device, config.trainer.dist_timeout)
+    return dataclasses.replace(config, run_name=f"{config.name}-{job}") if job else config
 
 
 def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
