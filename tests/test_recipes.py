@@ -129,6 +129,7 @@ def test_imagenet100_shards_trains_as_imagenet100_fast_but_from_shards():
     fast = resolve(RECIPES / "imagenet100_fast.yaml", check_device=False, check_data=False)
     shards = resolve(RECIPES / "imagenet100_shards.yaml", check_device=False, check_data=False)
     assert shards.dataset.name == "shards" and shards.dataset.params["remote"].startswith("s3://")
+    assert shards.dataset.params["decode"] == "device"  # nvJPEG on the GPU, cropped at progressive resizing's size
     for section in ("model", "trainer", "optimizer", "scheduler", "algorithms"):
         assert getattr(shards, section) == getattr(fast, section), section
     same = ("crop_size", "eval_crop_size", "min_scale")
@@ -137,7 +138,8 @@ def test_imagenet100_shards_trains_as_imagenet100_fast_but_from_shards():
 
 @pytest.mark.slow
 def test_imagenet100_shards_trains_two_batches_from_shards_it_was_given(tmp_path):
-    """The recipe's whole pipeline (shards, progressive resizing and the other algorithms) on CPU-sized settings."""
+    """The recipe's whole pipeline (shards decoded in batches on the device, progressive resizing and the other
+    algorithms) on CPU-sized settings."""
     pytest.importorskip("litdata")
     from dlrecipes.fit import fit
 

@@ -28,8 +28,9 @@ def convert(source: Path, out: str, *more: str):
 def open_shards(remote: str, **params):
     from dlrecipes.data.shards import build_shards
 
-    given = {"cache_dir": None, "cache_limit": "1GB", **params}
-    return build_shards(remote, given["cache_dir"], given["cache_limit"], 8, 10, None, 0.35, True, MEAN, STD)
+    given = {"cache_dir": None, "cache_limit": "1GB", "decode": "turbo", **params}
+    return build_shards(remote, given["cache_dir"], given["cache_limit"], 8, 10, None, 0.35, True, MEAN, STD,
+                        given["decode"])
 
 
 def assert_equal_to_source(splits, source: Path) -> None:
@@ -117,10 +118,46 @@ def test_bad_local_input_is_one_line(source, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --shard-size: '0' is no size")
 
 
+def test_shards_decoded_on_the_device_are_image_folders_decoded_there(source, tmp_path):
+    """decode: device (on the CPU: the code a GPU runs with nvJPEG): a shard's bytes give the crops, flips and batch
+    the image folders' device path gives (itself held to PIL's by test_jpeg_decode.py), bit for bit; an image whose
+    header and end read whole but whose data no decoder takes fails the batch in the shard's one line."""
+    import torch
+
+    from dlrecipes.data.device_decode import DecodeOnDevice, collate_encoded
+    from dlrecipes.data.image_folder import build_image_folders
+    from dlrecipes.errors import DataError
+    from tests.test_jpeg_decode import _bogus_huffman_table
+
+    _bogus_huffman_table(source / "train" / "a" / "1.jpg")
+    assert convert(source, str(tmp_path / "s"), "--shard-size", "3000").returncode == 0
+    shards = open_shards(str(tmp_path / "s"), decode="device")
+    folders = build_image_folders(str(source / "train"), str(source / "val"), 8, 10, 0.35, True, MEAN, STD,
+                                  decode="device")
+    for split in ("train", "eval"):
+        ours, theirs = getattr(shards, split), getattr(folders, split)
+        assert ours.device_decode[:3] == theirs.device_decode[:3]
+        indices = [i for i in range(len(ours)) if split == "eval" or i != 1]
+        decoded = []
+        for dataset in (ours, theirs):
+            samples = []
+            for i in indices:
+                torch.manual_seed(i)
+                samples.append(dataset[i])
+            decoded.append(DecodeOnDevice(torch.device("cpu"), *dataset.device_decode)(collate_encoded(samples)))
+        assert decoded[0][0].shape == (len(indices), 3, 8, 8)
+        assert torch.equal(decoded[0][0], decoded[1][0]) and torch.equal(decoded[0][1], decoded[1][1]), split
+    decoder = DecodeOnDevice(torch.device("cpu"), *shards.train.device_decode)
+    with pytest.raises(DataError, match=r"^dataset.remote: shard .*train/chunk-.*\(samples \d+-\d+ of train\) cannot be "
+                                        r"read at sample 1 \(.*\): truncated or corrupted; convert the dataset again$"):
+        decoder(collate_encoded([shards.train[i] for i in (0, 1, 2)]))
+
+
 @pytest.mark.slow
 def test_a_recipe_trains_two_batches_from_local_shards(source, tmp_path):
     assert convert(source, str(tmp_path / "shards"), "--shard-size", "3000").returncode == 0
-    trained = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s")
+    trained = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s",
+                      "dataset.decode=device")  # the workers draw the crops, the batches are decoded in training
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "done: 2 batches" in trained.stderr or "2 batches" in trained.stderr
     for shard in (tmp_path / "shards" / "train").glob("chunk-*.bin"):  # every image's bytes zeroed, sizes kept

@@ -60,7 +60,7 @@ def _stand_in(recipe: str, data: Path) -> list[str]:
     if name == "ffcv":
         return [f"dataset.train_path={data / 'ffcv' / 'train.beton'}", f"dataset.val_path={data / 'ffcv' / 'val.beton'}",
                 "dataset.crop_size=16", "dataset.eval_crop_size=16", *small]
-    if name == "shards":  # progressive resizing on the batches: at 16 px, in steps of 4 (32 would round it to 0)
+    if name == "shards":  # progressive resizing in the device decoder: at 16 px, in steps of 4 (32: a 0 px size)
         return [f"dataset.remote={data / 'shards'}", "dataset.crop_size=16", "dataset.resize_size=18",
                 "dataset.eval_crop_size=16", "algorithms.progressive_resizing.size_increment=4", *small]
     assert name in ("digits", "digits_two_view"), f"{recipe}: no stand-in for dataset {name!r}"

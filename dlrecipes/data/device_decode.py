@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from dlrecipes.data.jpeg import RATIO, decode, ends_whole, header_size, resized_box, unreadable
+from dlrecipes.data.jpeg import RATIO, damaged_in_shard, decode, ends_whole, header_size, resized_box, unreadable
 from dlrecipes.errors import DataError
 
 
@@ -46,7 +46,8 @@ class DecodeLater:
         width, height, jpeg = header_size(data)
         top, left, h, w = self.box(width, height)
         flip = bool(self.train and self.hflip and torch.rand(1) < 0.5)
-        sample = {"box": torch.tensor([top, left, h, w], dtype=torch.float64), "size": torch.tensor([height, width]),
+        # plain numbers: reading a tensor's back in the training process would be a read-back per sample there
+        sample = {"box": (float(top), float(left), float(h), float(w)), "size": (int(height), int(width)),
                   "flip": flip}
         if jpeg and ends_whole(data):
             sample["jpeg"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -101,8 +102,7 @@ class DecodeOnDevice:
         items, labels = [items[i] for i in kept], labels[kept]  # a skipped image's place: the next readable one's
         crops = []
         for item, image in zip(items, images):
-            box = tuple(float(v) for v in item["box"])
-            crop = resized_box(image, box, tuple(int(v) for v in item["size"]), self.size)
+            crop = resized_box(image, tuple(item["box"]), tuple(item["size"]), self.size)
             crops.append(crop.flip(-1) if item["flip"] else crop)
         images = torch.stack(crops).float().div_(255.0)
         return (images - self.mean) / self.std, labels.to(self.device, non_blocking=True)
@@ -128,6 +128,8 @@ class DecodeOnDevice:
                 images.append(self.decoded_alone(item))
             except OSError as exc:
                 path, reason = item.get("path", "(a sample)"), str(exc) or "cannot decode the image"
+                if "shard_sample" in item:  # a dataset shard's: converted again, not skipped
+                    raise damaged_in_shard(item["shard_sample"], reason) from None
                 if not self.skip:
                     raise unreadable(self.key, path, reason) from None
                 if path not in self.skipped:

@@ -63,6 +63,14 @@ def unreadable(key: str, path: str, reason: str):
                      "dataset.bad_images=skip to skip unreadable images")
 
 
+def damaged_in_shard(where: str, reason: str):
+    """The one line for an image in a dataset shard that cannot be decoded (``where``: the shard and sample), a
+    DataError to raise."""
+    from dlrecipes.errors import DataError
+
+    return DataError(f"{where} ({reason}): truncated or corrupted; convert the dataset again")
+
+
 def ends_whole(data: bytes) -> bool:
     """Whether a JPEG's end marker is in its last KiB (a truncated file's is not; some writers add a trailer)."""
     return b"\xff\xd9" in data[-1024:]

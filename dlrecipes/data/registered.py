@@ -355,6 +355,7 @@ def shards(
     hflip: Hflip = HFLIP,
     mean: Mean = IMAGENET_MEAN,
     std: Std = IMAGENET_STD,
+    decode: Decode = "turbo",
 ):
     """Dataset shards (litdata) from a bucket or a local folder, streamed through a local cache; the shards extra.
 
@@ -374,7 +375,7 @@ def shards(
     from dlrecipes.data.shards import build_shards
 
     return build_shards(remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip,
-                        mean, std)
+                        mean, std, decode)
 
 
 @datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),

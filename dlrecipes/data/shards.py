@@ -201,14 +201,19 @@ class ShardsDataset:
         except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
             raise self.damaged(index, exc) from None
 
-    def damaged(self, index: int, exc: BaseException) -> DataError:
+    def where(self, index: int) -> str:
+        """Sample ``index`` in an error line: its shard and the shard's samples."""
         shard, first, last = self.shard_of(index)
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
-        return DataError(f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at "
-                         f"sample {index} ({type(exc).__name__}: {reason}): truncated or corrupted; convert the "
-                         "dataset again")
+        return f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at sample {index}"
 
-    turbo = None  # a dlrecipes.data.jpeg transform of the stored bytes: used while ``transform`` has no step added
+    def damaged(self, index: int, exc: BaseException) -> DataError:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        from dlrecipes.data.jpeg import damaged_in_shard
+
+        return damaged_in_shard(self.where(index), f"{type(exc).__name__}: {reason}")
+
+    turbo = None  # a transform of the stored bytes (dlrecipes.data.jpeg, device_decode): while ``transform`` is as built
+    device_decode = None  # decode: device: (size, mean, std, bad_images, key) of the batches' decoder
 
     def __getitem__(self, index: int):
         from PIL import Image
@@ -216,9 +221,12 @@ class ShardsDataset:
         data, label = self.raw(index)
         if self.turbo is not None and len(getattr(self.transform, "transforms", ())) == self.pil_steps:
             try:
-                return self.turbo(data), label
+                sample = self.turbo(data)
             except OSError as exc:
                 raise self.damaged(index, exc) from None
+            if isinstance(sample, dict):  # decoded later, on the device: where it is, for the line if it cannot be
+                sample["shard_sample"] = self.where(index)
+            return sample, label
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 image = opened.convert("RGB")
@@ -240,10 +248,10 @@ def allow_plain_http() -> None:
 
 def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
                  eval_crop_size: Optional[int], min_scale: float, hflip: bool, mean: Sequence[float],
-                 std: Sequence[float]) -> DatasetSplits:
-    """Both splits of the shards dataset at ``remote``, with image folders' transforms and preprocessing."""
+                 std: Sequence[float], decode: str = "turbo") -> DatasetSplits:
+    """Both splits of the shards dataset at ``remote``, with image folders' transforms, decoding (``decode``: turbo,
+    device or pil, as image folders') and preprocessing."""
     from dlrecipes.data.preprocess import preprocess_spec
-    from dlrecipes.data.jpeg import TurboEval, TurboTrain
     from dlrecipes.data.transforms import imagenet_transforms
 
     import_litdata()
@@ -257,8 +265,8 @@ def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_s
     made = {split: ShardsDataset(place, split, meta["splits"][split]["shards"], imagenet_transforms(
         crop_size if split == "train" else eval_crop_size, resize_size, min_scale, hflip, mean, std,
         train=split == "train"), cache_dir, limit) for split in SPLITS}
-    made["train"].turbo = TurboTrain(crop_size, min_scale, hflip, mean, std)  # libjpeg-turbo, as image folders
-    made["val"].turbo = TurboEval(eval_crop_size, resize_size, mean, std)
+    set_decoding(made["train"], made["val"], decode, crop_size, eval_crop_size, resize_size, min_scale, hflip, mean,
+                 std)
     classes = list(meta["class_names"])
     return DatasetSplits(
         train=made["train"], eval=made["val"], num_classes=len(classes), input_shape=(len(mean), crop_size, crop_size),
@@ -268,6 +276,23 @@ def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_s
         preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
                                    center_crop=(eval_crop_size, eval_crop_size)),
     )
+
+
+def set_decoding(train: ShardsDataset, val: ShardsDataset, decode: str, crop_size: int, eval_crop_size: int,
+                 resize_size: int, min_scale: float, hflip: bool, mean: Sequence[float], std: Sequence[float]) -> None:
+    """Each split decoded as image folders are: by libjpeg-turbo in the workers (``turbo``), in batches on the
+    training device after the workers drew the crops (``device``), or by PIL (``pil``, the transforms as built)."""
+    from dlrecipes.data.device_decode import DecodeLater
+    from dlrecipes.data.jpeg import TurboEval, TurboTrain
+
+    if decode == "device":
+        train.turbo = DecodeLater(True, crop_size, min_scale, hflip, resize_size)
+        val.turbo = DecodeLater(False, eval_crop_size, min_scale, hflip, resize_size)
+        train.device_decode = (crop_size, mean, std, "fail", "dataset.remote")
+        val.device_decode = (eval_crop_size, mean, std, "fail", "dataset.remote")
+    elif decode == "turbo":
+        train.turbo = TurboTrain(crop_size, min_scale, hflip, mean, std)
+        val.turbo = TurboEval(eval_crop_size, resize_size, mean, std)
 
 
 def default_cache_dir(place: ShardsPlace) -> Path:
