@@ -4,7 +4,8 @@
     python benchmarks/decode.py [--images 400] [--crops 160,224] [--min-scale 0.25] [--json out.json]
 
 One process, one thread (torch.set_num_threads(1), no DataLoader workers): each path's cost per image on one core,
-the training transform (random-resized crop, flip, normalisation to float32) included. The images are photo-like
+the training transform (random-resized crop, flip) included; PIL and turbo also normalise to float32 in the worker,
+FFCV's pipeline does not (dlrecipes' FFCV loader normalises on the GPU). The images are photo-like
 JPEGs at quality 90 (benchmarks/data_loading.py's generator): 500x375 (about 100 KB each, as ImageNet's average),
 then the same kind stored at 256x192. PIL and turbo read the files, FFCV its .beton file written from them
 (``--max-resolution``: the side FFCV stores, 256 as ffcv-imagenet's recipes: the 500 px files re-encoded at that
