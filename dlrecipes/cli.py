@@ -432,7 +432,9 @@ def data_convert(
     shard_size: str = typer.Option("64MB", help="shards: bytes per shard (64MB, 256MiB, an integer)"),
     reencode_quality: Optional[int] = typer.Option(None, help="shards: re-encode images as JPEG of this quality"),
     cache_size: Optional[int] = typer.Option(None, help="tensor_cache: side of the cached images, as trainer.cache_size"),
-    max_resolution: Optional[int] = typer.Option(256, help="ffcv: downscale images whose longer side is larger (0: keep)"),
+    max_resolution: Optional[int] = typer.Option(
+        None, help="ffcv, shards: downscale images whose longer side is larger to it (ffcv: 256 if not given; "
+                   "shards: kept as they are if not given, else re-encoded as JPEG; 0: keep)"),
     write_mode: str = typer.Option("smart", help="ffcv: smart, jpg, raw or proportion"),
     jpeg_quality: int = typer.Option(90, help="ffcv: JPEG quality for re-encoded images"),
     compress_probability: float = typer.Option(0.5, help="ffcv: share stored as JPEG with write-mode proportion"),
@@ -444,17 +446,10 @@ def data_convert(
 ) -> None:
     """Write a dataset's train and eval splits to FFCV .beton files (the ffcv extra), the tensor cache, or shards."""
     from dlrecipes import api
-    from dlrecipes.tools.data_convert import CacheOptions, ConvertOptions, options_of_other_format, shards_options
+    from dlrecipes.tools.data_convert import convert_options
 
-    if write_mode not in ("smart", "jpg", "raw", "proportion"):
-        _fail(f"--write-mode: expected smart, jpg, raw or proportion, got {write_mode!r}")
     given = [name for name in ctx.params if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-    _guarded(lambda: options_of_other_format(format, given))
-    options = _guarded(lambda: shards_options(shard_size, reencode_quality, overwrite)) if format == "shards" else \
-        CacheOptions(cache_size, workers, overwrite) if format == "tensor_cache" else ConvertOptions(
-        max_resolution=max_resolution or None, write_mode=write_mode, jpeg_quality=jpeg_quality,
-        compress_probability=compress_probability, page_size=page_size, num_workers=workers, overwrite=overwrite,
-        skip_bad=skip_bad)
+    options = _guarded(lambda: convert_options(format, ctx.params, given))
     _guarded(lambda: api.convert_dataset(dataset, _assignments(params, "dataset parameter"), out, options, plugin,
                                          echo=lambda m: typer.echo(m, err=True), format=format))
 

@@ -75,6 +75,29 @@ def test_image_folders_as_local_shards_read_back_as_they_were(source, tmp_path):
     assert again.returncode == 2 and "already holds a dataset" in again.stderr and "--overwrite" in again.stderr
 
 
+def test_max_resolution_stores_larger_images_at_that_side_and_keeps_the_others(tmp_path):
+    """--max-resolution (as FFCV's files store ImageNet): an image whose longer side is larger is stored at that side
+    (the other in proportion), re-encoded as JPEG; one not larger is kept byte for byte."""
+    import io
+
+    from PIL import Image
+
+    source = image_folders(tmp_path / "src", ["a", "b"], per_class=2, size=(40, 30))
+    small = tmp_path / "src" / "val" / "a" / "1.jpg"
+    Image.new("RGB", (16, 12), (9, 99, 199)).save(small)
+    assert convert(source, str(tmp_path / "s"), "--max-resolution", "20").returncode == 0
+    splits = open_shards(str(tmp_path / "s"))
+    for shards in (splits.train, splits.eval):
+        for i in range(len(shards)):
+            data, _ = shards.raw(i)
+            with Image.open(io.BytesIO(data)) as image:
+                assert image.format == "JPEG" and image.size == ((16, 12) if data == small.read_bytes() else (20, 15))
+    assert any(splits.eval.raw(i)[0] == small.read_bytes() for i in range(len(splits.eval)))
+    bad = convert(source, str(tmp_path / "t"), "--max-resolution", "-1")
+    assert bad.returncode == 2 and bad.stderr.strip() == ("error: --max-resolution: expected a side in pixels (0: "
+                                                          "images kept at their size), got -1")
+
+
 def test_in_memory_images_are_stored_losslessly(tmp_path):
     import numpy as np
     from PIL import Image

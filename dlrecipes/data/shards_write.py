@@ -2,7 +2,9 @@
 ``dlrecipes data convert SOURCE --format shards --out DEST`` (:mod:`dlrecipes.data.shards` reads them).
 
 Encoded images are kept as they are (an image folder's files, a Hugging Face column's bytes); in-memory uint8 images
-(CIFAR, MNIST, the digits) are encoded losslessly as PNG; ``reencode_quality`` re-encodes every image as JPEG.  The
+(CIFAR, MNIST, the digits) are encoded losslessly as PNG; ``reencode_quality`` re-encodes every image as JPEG, and
+``max_resolution`` stores an image whose longer side is larger at that side (as FFCV's files store ImageNet, what
+makes them fast to decode), re-encoded as JPEG (at ``reencode_quality``, else 90).  The
 shards are made by litdata's writer in a temporary folder, then moved to ``DEST`` in one rename (a local folder) or
 uploaded with ``dlrecipes-shards.json`` last (a bucket): a conversion that fails leaves no dataset a reader accepts.
 """
@@ -25,11 +27,12 @@ from dlrecipes.errors import DataError, UserError
 @dataclass
 class ShardsOptions:
     """How ``--format shards`` writes: bytes per shard, JPEG quality to re-encode at (None: images kept as they are),
-    and whether an existing dataset at ``--out`` is replaced."""
+    whether an existing dataset at ``--out`` is replaced, and the longest side stored (None: as they are)."""
 
     shard_bytes: int = 64 * 10**6
     reencode_quality: Optional[int] = None
     overwrite: bool = False
+    max_resolution: Optional[int] = None
 
 
 @dataclass
@@ -47,8 +50,8 @@ class ShardsReport:
 class EncodedImages:
     """Index -> (encoded image bytes, label) over a split as a dataset factory built it."""
 
-    def __init__(self, dataset: Any, reencode_quality: Optional[int]):
-        self.dataset, self.quality = dataset, reencode_quality
+    def __init__(self, dataset: Any, reencode_quality: Optional[int], max_resolution: Optional[int] = None):
+        self.dataset, self.quality, self.max_side = dataset, reencode_quality, max_resolution
         if hasattr(dataset, "samples") and hasattr(dataset, "loader"):  # torchvision ImageFolder: the files
             self.kind, self.count = "files", len(dataset.samples)
         elif hasattr(dataset, "pil_image") and hasattr(dataset, "table"):  # a Hugging Face split: its stored bytes
@@ -83,11 +86,17 @@ class EncodedImages:
         data, label = self.stored(index)
         try:
             with Image.open(io.BytesIO(data)) as image:
-                if self.quality is None:
+                larger = self.max_side is not None and max(image.size) > self.max_side
+                if self.quality is None and not larger:
                     image.verify()
                     return data, label
+                image = image.convert("RGB")
+                if larger:  # the longer side to max_side, the other in proportion (FFCV's rounding)
+                    ratio = self.max_side / max(image.size)
+                    image = image.resize((max(1, int(image.width * ratio)), max(1, int(image.height * ratio))),
+                                         Image.Resampling.LANCZOS)
                 out = io.BytesIO()
-                image.convert("RGB").save(out, format="JPEG", quality=self.quality)
+                image.save(out, format="JPEG", quality=self.quality or 90)
                 return out.getvalue(), label
         except (OSError, ValueError, SyntaxError) as exc:
             raise DataError(f"unreadable image {self.name(index)} ({exc}); fix or remove it") from None
@@ -140,7 +149,7 @@ def write_shards(splits: Any, out: str, options: ShardsOptions, echo: Callable[[
         meta = {"format": FORMAT, "class_names": list(splits.class_names or range(splits.num_classes)), "splits": {}}
         reports = []
         for split, dataset in zip(SPLITS, (splits.train, splits.eval)):
-            source, started = EncodedImages(dataset, options.reencode_quality), time.perf_counter()
+            source, started = EncodedImages(dataset, options.reencode_quality, options.max_resolution), time.perf_counter()
             echo(f"writing {split}: {source.count} images -> {place.url(split)}")
             shards = write_split(source, Path(tmp, split), options.shard_bytes)
             meta["splits"][split] = {"samples": source.count, "shards": shards}

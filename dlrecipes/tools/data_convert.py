@@ -52,14 +52,14 @@ class CacheReport:
 FORMAT_OPTIONS = {
     "ffcv": ("max_resolution", "write_mode", "jpeg_quality", "compress_probability", "page_size", "skip_bad"),
     "tensor_cache": ("cache_size",),
-    "shards": ("shard_size", "reencode_quality"),
+    "shards": ("shard_size", "reencode_quality", "max_resolution"),
 }
 
 
 def options_of_other_format(format: str, given: Sequence[str]) -> None:
     """One line for an option given on the command line that only the other format reads (it would be ignored)."""
     for other, names in FORMAT_OPTIONS.items():
-        wrong = [name for name in names if name in given]
+        wrong = [name for name in names if name in given and name not in FORMAT_OPTIONS.get(format, ())]
         if format in FORMAT_OPTIONS and other != format and wrong:
             option = "--" + wrong[0].replace("_", "-")
             raise UserError(f"{option}: only with --format {other}; --format {format} reads "
@@ -137,14 +137,37 @@ def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOpti
     return reports
 
 
-def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: bool) -> Any:
-    """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100)."""
+def convert_options(format: str, values: dict, given: Sequence[str]) -> Any:
+    """The options ``data convert --format FORMAT`` writes with, from the command's ``values`` (one line for an option
+    of another format among ``given``, the options named on the command line, or a value out of range)."""
+    if values["write_mode"] not in ("smart", "jpg", "raw", "proportion"):
+        raise UserError(f"--write-mode: expected smart, jpg, raw or proportion, got {values['write_mode']!r}")
+    options_of_other_format(format, given)
+    if format == "shards":
+        return shards_options(values["shard_size"], values["reencode_quality"], values["overwrite"],
+                              values["max_resolution"])
+    if format == "tensor_cache":
+        return CacheOptions(values["cache_size"], values["workers"], values["overwrite"])
+    resolution = values["max_resolution"]
+    return ConvertOptions(
+        max_resolution=256 if resolution is None else resolution or None, write_mode=values["write_mode"],
+        jpeg_quality=values["jpeg_quality"], compress_probability=values["compress_probability"],
+        page_size=values["page_size"], num_workers=values["workers"], overwrite=values["overwrite"],
+        skip_bad=values["skip_bad"])
+
+
+def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: bool,
+                   max_resolution: Optional[int] = None) -> Any:
+    """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100, a negative
+    resolution); ``max_resolution`` 0 or None: images kept at their size."""
     from dlrecipes.data.shards import parse_bytes
     from dlrecipes.data.shards_write import ShardsOptions
 
     if reencode_quality is not None and not 1 <= reencode_quality <= 100:
         raise UserError(f"--reencode-quality: expected a JPEG quality from 1 to 100, got {reencode_quality}")
-    return ShardsOptions(parse_bytes(shard_size, "--shard-size"), reencode_quality, overwrite)
+    if max_resolution is not None and max_resolution < 0:
+        raise UserError(f"--max-resolution: expected a side in pixels (0: images kept at their size), got {max_resolution}")
+    return ShardsOptions(parse_bytes(shard_size, "--shard-size"), reencode_quality, overwrite, max_resolution or None)
 
 
 def write_shards(component, out: str | Path | None, options: Any, echo: Callable[[str], None] = print) -> list:
