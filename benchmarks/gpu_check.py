@@ -298,7 +298,7 @@ def _rank_env(rank: int, port: int) -> dict[str, str]:
 def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
     import torch
 
-    from dlrecipes.core import fork_server
+    from dlrecipes.runtime import fork_server
 
     out.mkdir(parents=True, exist_ok=True)
     port, procs = _free_port(), []
@@ -349,7 +349,7 @@ def _two_ranks(recipe: Path, args: list[str], out: Path, device: str) -> None:
 
 def _forked_ranks(recipe: Path, args: list[str], out: Path) -> list:
     """The two ranks of a CPU training, forked, their output in ``out``/rank<N>.out and .err."""
-    from dlrecipes.core import fork_server
+    from dlrecipes.runtime import fork_server
 
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
@@ -464,7 +464,7 @@ def _case_in_its_own_process(name: str, device: str, tmp: Path, limit: float, da
     args = ["--device", device, "--case", name, "--json", str(tmp / "row.json")]
     env = {**os.environ, DATA: str(data)}
     if device == "cpu":
-        from dlrecipes.core import fork_server
+        from dlrecipes.runtime import fork_server
 
         process = fork_server.start(args, cwd=ROOT, env=env, out=tmp / "output", module=str(Path(__file__).resolve()),
                                     new_session=True)

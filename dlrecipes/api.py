@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
-from dlrecipes.core import process_state
+from dlrecipes.runtime import process_state
 from dlrecipes.core.distributed import adopt_torchrun, rank
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
@@ -161,7 +161,7 @@ def _continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
 def invoked(argv: Sequence[str], ends_process: bool = False):
     """A context in which runs record ``argv`` as the command that started them (the CLI's ``main`` says its
     arguments, in a process of its own or not). ``ends_process``: the command is the process's own, which ends
-    with it (its exit skips the sweep of torch's and Composer's objects: :func:`dlrecipes.core.process_state.
+    with it (its exit skips the sweep of torch's and Composer's objects: :func:`dlrecipes.runtime.process_state.
     skip_the_exit_sweep`)."""
     import shlex
 

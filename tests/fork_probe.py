@@ -1,4 +1,4 @@
-"""A process that starts a training-like process of its own through dlrecipes/core/fork_server.py, as a sweep does,
+"""A process that starts a training-like process of its own through dlrecipes/runtime/fork_server.py, as a sweep does,
 for test_sweep.py's test of a sweep that was itself forked from the server.
 
     python -m tests.fork_probe driver OUT_DIR    (forked from the server by the test)
@@ -22,7 +22,7 @@ from pathlib import Path
 def driver(out: Path) -> None:
     import psutil
 
-    from dlrecipes.core import fork_server
+    from dlrecipes.runtime import fork_server
 
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

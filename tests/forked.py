@@ -1,5 +1,5 @@
 """Fresh ``dlrecipes`` processes without the imports, for tests: each is forked from a server that has imported
-torch, Composer and dlrecipes once (dlrecipes/core/fork_server.py, what sweeps use on a CPU), so it is a real
+torch, Composer and dlrecipes once (dlrecipes/runtime/fork_server.py, what sweeps use on a CPU), so it is a real
 process -- its own pid, exit code, signals, output files or terminal, plugins and working directory, killable
 with SIGKILL -- without the 5-10 s of imports a new Python pays on a 2-core machine.
 
@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrecipes.core import fork_server
-from dlrecipes.core.fork_server import Started
+from dlrecipes.runtime import fork_server
+from dlrecipes.runtime.fork_server import Started
 
 
 FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dlrecipes"
 # Parts of the package, each a list of module prefixes, in the order of the stages.
 PARTS = {
     "foundation": ["dlrecipes", "dlrecipes.errors", "dlrecipes.registry", "dlrecipes.core"],  # "dlrecipes": its __init__, a docstring
+    "runtime": ["dlrecipes.runtime"],  # the process around a run, beside the foundation
     "load+validate": ["dlrecipes.recipe", "dlrecipes.config", "dlrecipes.plugins"],
     # what recipes name by registry, and the engine: the Trainer class the builders put them in
     "components": ["dlrecipes.models", "dlrecipes.data", "dlrecipes.optim", "dlrecipes.algorithms", "dlrecipes.losses",
@@ -29,7 +30,9 @@ PARTS = {
 }
 # What each part must not import.
 FORBIDDEN = {
-    "foundation": ["load+validate", "components", "records", "build", "fit", "after training", "tools", "interface"],
+    "foundation": ["runtime", "load+validate", "components", "records", "build", "fit", "after training", "tools",
+                   "interface"],
+    "runtime": ["load+validate", "components", "records", "build", "fit", "after training", "tools", "interface"],
     "load+validate": ["components", "records", "build", "fit", "after training", "tools", "interface"],
     "components": ["build", "fit", "after training", "tools", "interface"],
     "records": ["components", "build", "fit", "after training", "tools", "interface"],
@@ -185,7 +188,7 @@ def test_the_top_level_shows_the_stages_and_little_else():
     assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "recipe", "registry"]
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == ["after_training", "algorithms", "builders", "callbacks", "config", "core", "data", "fit",
-                        "loggers", "losses", "metrics", "models", "notebook", "optim", "records", "tools"]
+                        "loggers", "losses", "metrics", "models", "notebook", "optim", "records", "runtime", "tools"]
 
 
 def test_import_dlrecipes_is_a_lazy_facade():

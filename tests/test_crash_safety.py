@@ -216,7 +216,7 @@ def test_sighup_stops_the_run_unless_nohup_ignored_it(monkeypatch):
     """Under nohup (SIGHUP ignored) a closed terminal must not stop the run; under launch, which starts the ranks
     with SIGHUP ignored so that launch survives it, the ranks are told to stop on it all the same."""
     from dlrecipes.callbacks.stop_on_signal import _handled
-    from dlrecipes.core.hangup import HANGUP_STOPS
+    from dlrecipes.runtime.hangup import HANGUP_STOPS
 
     monkeypatch.delenv(HANGUP_STOPS, raising=False)
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -236,7 +236,7 @@ def test_output_to_a_terminal_that_hung_up_goes_to_dev_null_and_an_open_one_is_l
     were a terminal when the run started are pointed at /dev/null; a SIGHUP sent by hand changes nothing."""
     import os
 
-    from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
+    from dlrecipes.runtime.hangup import leave_closed_terminal, terminal_fds
 
     assert set(terminal_fds()) <= {1, 2}
     master, slave = os.openpty()

@@ -449,7 +449,7 @@ def test_composer_asks_for_the_processor_without_a_process_of_its_own(tmp_path, 
     from composer.utils import collect_env
 
     from dlrecipes.builders.trainer import _trainer_class
-    from dlrecipes.core.composer_env import cpu_model_from_proc
+    from dlrecipes.runtime.composer_env import cpu_model_from_proc
 
     (tmp_path / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU @ 2.00GHz\n\n")
     assert cpu_model_from_proc(str(tmp_path / "cpuinfo")) == "Some CPU @ 2.00GHz"

@@ -57,7 +57,7 @@ def test_the_process_s_own_command_skips_the_exit_sweep_and_a_call_from_python_d
     import pytest
 
     from dlrecipes.cli import main
-    from dlrecipes.core import process_state
+    from dlrecipes.runtime import process_state
 
     monkeypatch.setattr(process_state, "_OWNS_PROCESS", False)  # main() below says so for this worker
     assert gc.get_freeze_count() == 0
@@ -81,7 +81,7 @@ def test_the_training_stack_is_imported_with_the_collector_paused_and_frozen_in_
     import importlib.abc
     import importlib.machinery
 
-    from dlrecipes.core import process_state
+    from dlrecipes.runtime import process_state
 
     collector_on = []
 

@@ -46,7 +46,7 @@ def runs(tmp_path_factory):
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "recipe")
-    from dlrecipes.core.process_state import kept
+    from dlrecipes.runtime.process_state import kept
 
     with kept():  # deterministic mode is torch's global flag: the test process's other tests run without it
         first = run_cli("train", str(recipe), "run_name=first", "trainer.deterministic=true",
@@ -113,7 +113,7 @@ def test_a_rerun_names_each_item_that_differs_and_runs_and_compare_show_them(run
     data["provenance"]["versions"]["torch"] = "0.0.1"
     data["provenance"]["git_commit"] = "0" * 40
     summary.write_text(json.dumps(data))
-    from dlrecipes.core.process_state import kept
+    from dlrecipes.runtime.process_state import kept
 
     with kept():  # the run's recipe is deterministic: torch's global flag, put back for the process's other tests
         rerun = run_cli("train", str(repo / "runs" / "first" / "recipe.yaml"), "run_name=third",

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -246,7 +247,7 @@ def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path, mon
 
     config = resolve(tiny_recipe)
     monkeypatch.setattr(time, "strftime", lambda fmt, *t: "20260102-030405")  # all three start in the same second
-    names = [choose_run_name(config, resume=False, device="cpu") for _ in range(3)]
+    names = [choose_run_name(config, resume=False, device="cpu", runs=Path(config.runs_dir)) for _ in range(3)]
     assert names == ["tiny-20260102-030405", "tiny-20260102-030405-2", "tiny-20260102-030405-3"]
     assert all((tmp_path / "runs" / n).is_dir() for n in names)
 

@@ -418,12 +418,12 @@ def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path)
 
 
 def test_a_forked_training_is_a_process_of_its_own(tmp_path):
-    """What a sweep's trainings get on a CPU (dlrecipes/core/fork_server.py): the sweep's working directory (a
+    """What a sweep's trainings get on a CPU (dlrecipes/runtime/fork_server.py): the sweep's working directory (a
     relative recipe path), its output appended to the log, the command's exit code and one-line error, a session
     of its own, and a kill of its own."""
     import os
 
-    from dlrecipes.core import fork_server
+    from dlrecipes.runtime import fork_server
 
     log = tmp_path / "point.log"
     log.write_text("$ the command\n")

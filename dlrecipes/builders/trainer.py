@@ -257,7 +257,7 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
 def _trainer_class():
     """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's questions about the host answered without a process
     of its own and once per process (``core/composer_env.py``: the processor's name, Composer's commit)."""
-    from dlrecipes.core.composer_env import answer_composer_here
+    from dlrecipes.runtime.composer_env import answer_composer_here
     from dlrecipes.engine import Trainer
 
     answer_composer_here()

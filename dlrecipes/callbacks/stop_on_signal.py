@@ -11,7 +11,7 @@ batch), and :class:`Preempted` ends it with one line and exit code 75 (``EX_TEMP
 later); ``--resume`` continues from that checkpoint.  A second Ctrl-C interrupts at once.
 
 SIGHUP is left alone when it was ignored when training started (``nohup``), unless ``dlrecipes
-launch`` passes it on (:mod:`dlrecipes.core.hangup`).  A hangup also points standard output and
+launch`` passes it on (:mod:`dlrecipes.runtime.hangup`).  A hangup also points standard output and
 error that are a terminal at ``/dev/null``: a closed terminal answers every write with an error,
 and the run still has a checkpoint to write.
 """
@@ -25,7 +25,7 @@ from typing import Any, Optional
 from composer.core import Callback, State
 from composer.loggers import Logger
 
-from dlrecipes.core.hangup import hangup_stops, leave_closed_terminal, terminal_fds
+from dlrecipes.runtime.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 from dlrecipes.errors import UserError
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)

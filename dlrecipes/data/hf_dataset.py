@@ -3,7 +3,7 @@
 ``dataset.path`` is a hub id (``ylecun/mnist``), a folder written by ``Dataset.save_to_disk`` or
 ``DatasetDict.save_to_disk``, or a folder of data files the library reads itself (Parquet: ``train.parquet``,
 ``test.parquet``, or ``data/train-*.parquet``, ...).  A hub id is asked of the hub once (see
-:mod:`dlrecipes.core.hub`): offline, a dataset in the local cache loads and any other fails in one line.
+:mod:`dlrecipes.runtime.hub`): offline, a dataset in the local cache loads and any other fails in one line.
 
 Images are decoded one sample at a time, as an image folder's files are, with the same sizes and transforms
 (``image_folder``'s crop_size, resize_size, ...); the class names are the label column's ``ClassLabel``
@@ -95,7 +95,7 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
                 f"{_first_line(exc)}); give a folder written by save_to_disk, or one of Parquet files"
             ) from None
     else:
-        from dlrecipes.core.hub import hub_offline_unless_reachable
+        from dlrecipes.runtime.hub import hub_offline_unless_reachable
 
         with hub_offline_unless_reachable() as online:
             try:

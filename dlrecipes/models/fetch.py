@@ -2,7 +2,7 @@
 
 Offline (no network, or ``HF_HUB_OFFLINE=1``), the Hugging Face hub retries for about a minute
 before giving up.  :func:`fetching_weights` runs the fetch in
-:func:`dlrecipes.core.hub.hub_offline_unless_reachable`, so weights already in the local cache still
+:func:`dlrecipes.runtime.hub.hub_offline_unless_reachable`, so weights already in the local cache still
 load and missing ones fail at once, with one line naming ``model.pretrained_path``, the offline alternative.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from dlrecipes.core.hub import HUB, hub_offline_unless_reachable, reachable
+from dlrecipes.runtime.hub import HUB, hub_offline_unless_reachable, reachable
 from dlrecipes.errors import DataError
 
 __all__ = ["HUB", "fetching_weights", "reachable"]

@@ -12,7 +12,7 @@ them:
 - A mistake raises a :class:`dlrecipes.errors.UserError` carrying the CLI's one-line message (shown as that
   line in a notebook); nothing calls ``sys.exit``.
 - Signal handlers, logging handlers and torch's global flags are as they were after every call
-  (:mod:`dlrecipes.core.process_state`), also when it raises.
+  (:mod:`dlrecipes.runtime.process_state`), also when it raises.
 - ``train`` takes your own ``model=``, ``train_data=`` and ``eval_data=`` objects
   (:mod:`dlrecipes.notebook.objects`); ``evaluate``, ``predict`` and ``export`` take them again for such a run.
 - Interrupting a training (the kernel's stop button, Ctrl-C) stops it at the next batch with a checkpoint and
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes import api
-from dlrecipes.core.process_state import kept
+from dlrecipes.runtime.process_state import kept
 from dlrecipes.errors import UserError, user_message
 from dlrecipes.notebook.objects import register_objects, use_objects
 
@@ -58,7 +58,7 @@ def in_python(message: str) -> str:
 
 
 def _kept(function: Callable) -> Callable:
-    """``function`` with the process's state put back after it (:func:`dlrecipes.core.process_state.kept`), and
+    """``function`` with the process's state put back after it (:func:`dlrecipes.runtime.process_state.kept`), and
     its errors worded for Python (:func:`in_python`)."""
 
     @functools.wraps(function)

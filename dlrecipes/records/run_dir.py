@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
@@ -29,11 +29,11 @@ from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 
-def choose_run_name(config: Any, resume: bool, device: str, runs: Optional[Path] = None) -> str:
-    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp, in ``runs``
-    (default ``config.runs_dir``; a bucket's run: its local staging folder).  ``resume`` with a run_name that names
-    no run is refused (rank 0), with the closest names there are."""
-    runs = Path(runs if runs is not None else config.runs_dir)
+def choose_run_name(config: Any, resume: bool, device: str, runs: Path) -> str:
+    """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp, in ``runs`` (the
+    store's folder: ``runs_dir``, or a bucket's local staging folder).  ``resume`` with a run_name that names no run
+    is refused (rank 0), with the closest names there are."""
+    runs = Path(runs)
     if config.run_name:
         if resume and rank() == 0:
             check_run_exists(runs, config.run_name)

@@ -9,7 +9,7 @@
 - :mod:`.describe`: what ``show``, ``list``, ``validate``, ``train``, ``eval``, ``predict``, ``runs``, ``compare``
   and ``sweep`` print;
 - :mod:`.sweep`: grids, random samples and Optuna searches of overrides (``sweep``; on a CPU its trainings are
-  forked from a process that imported torch and Composer once: :mod:`dlrecipes.core.fork_server`).
+  forked from a process that imported torch and Composer once: :mod:`dlrecipes.runtime.fork_server`).
 
 They may use every stage; only the interface (:mod:`dlrecipes.api`, :mod:`dlrecipes.cli`, :mod:`dlrecipes.notebook`)
 imports them."""

@@ -171,7 +171,7 @@ def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
     A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption), a closed terminal or
     ssh session sends SIGHUP to all it started: this process must outlive them so that the ranks can finish their
     checkpoint and the job step its exit code. So it ignores them while the ranks start (which inherit that: each
-    installs its handlers when training starts; SIGHUP's, because :data:`~dlrecipes.core.hangup.HANGUP_STOPS`
+    installs its handlers when training starts; SIGHUP's, because :data:`~dlrecipes.runtime.hangup.HANGUP_STOPS`
     says so), then passes each on to every rank (held for a rank until it catches it: :class:`_HeldSignals`).
     Under ``nohup`` SIGHUP stays ignored everywhere. Returns the job's exit code (:func:`_job_exit_code`).
     """
@@ -179,7 +179,7 @@ def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
     import signal
     import tempfile
 
-    from dlrecipes.core.hangup import HANGUP_STOPS, hangup_stops, leave_closed_terminal, terminal_fds
+    from dlrecipes.runtime.hangup import HANGUP_STOPS, hangup_stops, leave_closed_terminal, terminal_fds
 
     env = dict(os.environ if env is None else env)
     forwarded = (signal.SIGTERM, signal.SIGUSR1)

@@ -1,12 +1,12 @@
 """Imported by the server that sweeps on a CPU (and the tests) fork their trainings from
-(dlrecipes/core/fork_server.py), and by nothing else: it imports what a training imports and fills the caches every
+(dlrecipes/runtime/fork_server.py), and by nothing else: it imports what a training imports and fills the caches every
 training fills the same way, so that each forked training starts at its first line of work.
 
 A new Python's first training in a process (quickstart, 2 batches, on 2 cores) spends about 8 s importing
 torch and Composer, then about 4 s more the first time: Composer's algorithms, timm's optimizers, torchvision's
 transforms v2 and dlrecipes' own modules imported on the way, the processor's name Composer's Trainer asks for at
 every start (py-cpuinfo's probe, a Python process of its own, 1.2 s, where /proc/cpuinfo does not name it: see
-dlrecipes/core/composer_env.py) and matplotlib's first font. What it has then is frozen out of the cycle collector's
+dlrecipes/runtime/composer_env.py) and matplotlib's first font. What it has then is frozen out of the cycle collector's
 sight (process_state.freeze_survivors), so that no fork's full collection walks it again.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import io
 
-from dlrecipes.core.process_state import collector_paused, freeze_survivors
+from dlrecipes.runtime.process_state import collector_paused, freeze_survivors
 
 MODULES = (
     "torch", "torchvision", "torchvision.transforms.v2", "composer", "composer.algorithms", "timm", "timm.optim",
@@ -38,7 +38,7 @@ def warm() -> None:
         importlib.import_module(name)
     from composer.utils import collect_env
 
-    from dlrecipes.core.composer_env import answer_composer_here
+    from dlrecipes.runtime.composer_env import answer_composer_here
 
     answer_composer_here()  # as the builders do (/proc/cpuinfo, where it names the processor; the commit asked once)
     collect_env.get_cpu_model()  # cached for the process (functools.lru_cache): the forked trainings inherit the answer

@@ -2,7 +2,7 @@
 
 Each point trains as its own ``dlrecipes train`` (or, with ``--nproc``, ``dlrecipes launch``) under
 ``runs/<sweep name>/<point name>/``; on a CPU the trainings are forked from a process that imported torch and
-Composer once (:mod:`dlrecipes.core.fork_server`).  Running the same sweep again skips finished points, resumes
+Composer once (:mod:`dlrecipes.runtime.fork_server`).  Running the same sweep again skips finished points, resumes
 stopped or killed ones from their checkpoints and reruns failed or diverged ones.  Ctrl-C, SIGTERM or SIGHUP (a
 closed terminal) stops the running trainings as training always stops (a checkpoint, exit 75) and then the
 sweep (exit 75).  Each training's outcome is recorded as it ends, and at the end the table is written
@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from dlrecipes.core.devices import visible_gpus
-from dlrecipes.core.hangup import leave_closed_terminal, terminal_fds
+from dlrecipes.runtime.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
@@ -314,7 +314,7 @@ def get_ready(nproc: int) -> None:
     """Start the process the trainings are forked from now, so that its imports go on while the points are
     validated."""
     if forks_trainings(nproc):
-        from dlrecipes.core import fork_server
+        from dlrecipes.runtime import fork_server
 
         fork_server.start_server()
 
@@ -333,7 +333,7 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
     env = _child_env(parallel, index, plan.nproc)
     if forks_trainings(plan.nproc):
-        from dlrecipes.core import fork_server
+        from dlrecipes.runtime import fork_server
 
         process: Any = fork_server.start(command[3:], env=env, out=log_path(plan.folder, point.name), append=True,
                                          new_session=True)

@@ -85,7 +85,7 @@ def skip_the_exit_sweep() -> None:
     the rest is frozen (:func:`freeze_survivors`: left out of later sweeps); the exit still runs atexit handlers,
     flushes and closes as before. A process forked from the fork server ends without a teardown (``os._exit``), so
     it is left alone: a sweep there would only copy pages."""
-    from dlrecipes.core.fork_server import forked_from_server
+    from dlrecipes.runtime.fork_server import forked_from_server
 
     if forked_from_server():
         return
