@@ -299,6 +299,7 @@ def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> li
     import torch
 
     from dlrecipes.runtime import fork_server
+    from tests.forked import program
 
     out.mkdir(parents=True, exist_ok=True)
     port, procs = _free_port(), []
@@ -306,8 +307,8 @@ def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> li
         env = {**_rank_env(rank, port), "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
         err = out / f"rank{rank}.err"
         if device == "cpu":  # forked from a process that imported torch and Composer once (CUDA would not survive it)
-            procs.append((fork_server.start([scenario, str(out)], cwd=ROOT, env=env, out=out / f"rank{rank}.out",
-                                            err=err, module="tests.engine_ranks"), err))
+            procs.append((fork_server.start(program("tests.engine_ranks"), [scenario, str(out)], cwd=ROOT, env=env,
+                                            out=out / f"rank{rank}.out", err=err), err))
         else:
             procs.append((subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
                                            env=env, stderr=open(err, "w")), err))
@@ -350,10 +351,11 @@ def _two_ranks(recipe: Path, args: list[str], out: Path, device: str) -> None:
 def _forked_ranks(recipe: Path, args: list[str], out: Path) -> list:
     """The two ranks of a CPU training, forked, their output in ``out``/rank<N>.out and .err."""
     from dlrecipes.runtime import fork_server
+    from tests.forked import program
 
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    return [fork_server.start(["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
+    return [fork_server.start(program(), ["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
                               out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
 
 
@@ -465,9 +467,10 @@ def _case_in_its_own_process(name: str, device: str, tmp: Path, limit: float, da
     env = {**os.environ, DATA: str(data)}
     if device == "cpu":
         from dlrecipes.runtime import fork_server
+        from tests.forked import program
 
-        process = fork_server.start(args, cwd=ROOT, env=env, out=tmp / "output", module=str(Path(__file__).resolve()),
-                                    new_session=True)
+        process = fork_server.start(program(str(Path(__file__).resolve())), args, cwd=ROOT, env=env,
+                                    out=tmp / "output", new_session=True)
     else:
         with open(tmp / "output", "w") as output:
             process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, env=env, stdout=output,

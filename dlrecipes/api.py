@@ -17,11 +17,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
-from dlrecipes.runtime import process_state
 from dlrecipes.core.distributed import adopt_torchrun, rank
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
+from dlrecipes.runtime import process_state
+from dlrecipes.runtime.fork_server import Program
+
+
+def in_fork(args: list[str]) -> None:
+    """In a process forked from the server (:data:`FORKED`): what ``python -m dlrecipes ARGS`` does."""
+    import runpy
+
+    sys.argv = ["dlrecipes", *args]
+    runpy.run_module("dlrecipes", run_name="__main__", alter_sys=True)
+
+
+# the CLI as a forked process runs it (a sweep's trainings on a CPU, the tests' processes): from a server that imported
+# dlrecipes/preload.py once (named: it is imported only in the server's own process)
+FORKED = Program(main=in_fork, preload=("dlrecipes.preload",))
 
 
 def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
@@ -277,7 +291,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         raise RecipeError(f"--parallel: must be at least 1, got {parallel}")
     if nproc < 1:
         raise RecipeError(f"--nproc: at least 1 process per training, got {nproc}")
-    tool.get_ready(nproc)  # the trainings' server imports torch and Composer while the points are validated
+    tool.get_ready(nproc, FORKED)  # the trainings' server imports torch and Composer while the points are validated
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins, plan.nproc, plan.trust_checkpoint = list(plugins), nproc, trust_checkpoint
     runs_dir = None
@@ -303,7 +317,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     folder = store_for(runs_dir or "runs").sweep(plan.name)  # in a bucket: what it has of the sweep brought here
     tool.prepare_folder(plan, folder.folder.parent)
     plan.trains_into, plan.after_point = folder.trains_into, folder.after_point
-    rows, code = tool.run_sweep(plan, parallel, echo)
+    rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
     missing = folder.finish()  # in a bucket: the sweep's own files uploaded
     if missing:
         echo(f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"

@@ -23,11 +23,12 @@ def driver(out: Path) -> None:
     import psutil
 
     from dlrecipes.runtime import fork_server
+    from tests.forked import program
 
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
-    child = fork_server.start(["child", str(out)], cwd=Path.cwd(), out=out / "child.log", module="tests.fork_probe")
+    child = fork_server.start(program("tests.fork_probe"), ["child", str(out)], cwd=Path.cwd(), out=out / "child.log")
     code = child.wait(120)
     left = [p.cmdline() for p in psutil.Process().children()]
     stop = threading.Event()

@@ -7,19 +7,23 @@ Where the process is not the point, ``run_cli`` runs the CLI in the test's own p
 starts is (``python -m`` putting the working directory on sys.path, the console script), a test runs the real
 executable. ``DLRECIPES_TEST_SUBPROCESS=1`` makes each of ``run_cli``'s calls a real executable.
 
-What only tests (and benchmarks) need of the server is here, not in the package: a command run to its end with its
-output captured (:func:`run_forked`), a file's text so far, and a pseudo-terminal handed over.
+What only tests (and benchmarks) need of the server is here, not in the package: a module other than dlrecipes or a
+script run forked (:func:`program`), a command run to its end with its output captured (:func:`run_forked`), a
+file's text so far, and a pseudo-terminal handed over.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from dlrecipes.api import FORKED
 from dlrecipes.runtime import fork_server
-from dlrecipes.runtime.fork_server import Started
+from dlrecipes.runtime.fork_server import Program, Started
 
 
 FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)
@@ -35,8 +39,6 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
     DLRECIPES_TEST_FORK=0, the same command in a new Python (a ``subprocess.Popen``)."""
     env = dict(os.environ) if env is None else env
     if os.environ.get(FORK) == "0":
-        import sys
-
         if terminal is not None:
             streams = {"stdin": terminal, "stdout": terminal, "stderr": terminal}
         else:
@@ -50,7 +52,31 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
         from multiprocessing.reduction import DupFd
 
         setup = functools.partial(_on_terminal, DupFd(terminal))
-    return fork_server.start(args, cwd=cwd, env=env, out=out, err=err, module=module, setup=setup)
+    return fork_server.start(program(module, setup), args, cwd=cwd, env=env, out=out, err=err)
+
+
+def program(module: str = "dlrecipes", setup: Optional[Callable[[], None]] = None) -> Program:
+    """``python -m MODULE`` (``python MODULE`` for a ``.py`` file) as a program forked from the CLI's server, after
+    ``setup()`` where given (a picklable callable: it goes through the server with the request)."""
+    if module == "dlrecipes" and setup is None:
+        return FORKED
+    return Program(main=functools.partial(run_module, module, setup), preload=FORKED.preload)
+
+
+def run_module(module: str, setup: Optional[Callable[[], None]], args: list[str]) -> None:
+    """In the forked process: ``setup()``, then what ``python -m MODULE ARGS`` (``python MODULE ARGS``) does."""
+    import runpy
+
+    script = module.endswith(".py")
+    if script:  # python FILE puts the file's folder first on sys.path, not the working directory
+        sys.path[0] = os.path.dirname(os.path.abspath(module))
+    if setup is not None:
+        setup()
+    sys.argv = [module, *args]
+    if script:
+        runpy.run_path(module, run_name="__main__")
+    else:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def _on_terminal(handed: Any) -> None:
@@ -66,8 +92,6 @@ def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, 
     """``dlrecipes ARGS`` (``python -m MODULE ARGS``, ``python MODULE ARGS`` for a ``.py`` file) in a forked process,
     to its end: like ``subprocess.run(capture_output=True)``. With DLRECIPES_TEST_FORK=0, in a new Python."""
     if os.environ.get(FORK) == "0":
-        import sys
-
         env = dict(os.environ) if env is None else env
         return subprocess.run([sys.executable, *_python_args(module), *args], cwd=cwd, capture_output=True, text=True,
                               timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
@@ -83,7 +107,7 @@ def run_forked(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dic
 
     with tempfile.TemporaryDirectory(prefix="dlrecipes-forked-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
-        child = fork_server.start(args, cwd=cwd, env=env, out=out, err=err, module=module)
+        child = fork_server.start(program(module), args, cwd=cwd, env=env, out=out, err=err)
         if child.wait(timeout) is None:
             child.kill()
             child.wait()

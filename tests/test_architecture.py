@@ -26,7 +26,8 @@ PARTS = {
     "fit": ["dlrecipes.fit"],
     "after training": ["dlrecipes.after_training"],  # a stage beside fit: a trained run evaluated, exported, predicted
     "tools": ["dlrecipes.tools"],
-    "interface": ["dlrecipes.api", "dlrecipes.notebook", "dlrecipes.cli", "dlrecipes.__main__"],
+    "interface": ["dlrecipes.api", "dlrecipes.notebook", "dlrecipes.cli", "dlrecipes.__main__",
+                  "dlrecipes.preload"],  # preload: what the CLI's fork server imports once
 }
 # What each part must not import.
 FORBIDDEN = {
@@ -185,7 +186,7 @@ def test_no_private_name_is_imported_across_modules():
 
 def test_the_top_level_shows_the_stages_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "recipe", "registry"]
+    assert top == ["__main__", "api", "cli", "engine", "errors", "plugins", "preload", "recipe", "registry"]
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == ["after_training", "algorithms", "builders", "callbacks", "config", "core", "data", "fit",
                         "loggers", "losses", "metrics", "models", "notebook", "optim", "records", "runtime", "tools"]
@@ -540,3 +541,38 @@ def test_the_tree_check_sees_a_missing_and_an_extra_module():
 
 if __name__ == "__main__":  # python tests/test_architecture.py: the tree block for docs/architecture.md
     print(tree_block(dict(documented_tree(ARCHITECTURE_DOC.read_text()))))
+
+
+# strings naming a dlrecipes module (or package), and why each is one: the import graph above cannot see a module
+# named by string, so that a name is never a way round the layers
+NAMED_BY_STRING = {
+    ("dlrecipes.api", "dlrecipes.preload"): "multiprocessing's fork server imports its preload by name, in the server's "
+                                            "own process only (the parent would pay the imports it is there to spare)",
+    **{("dlrecipes.plugins", f"dlrecipes.{package}"): "the built-in registrations are loaded as a plugin's are, by "
+                                                      "name: validation imports no component otherwise"
+       for package in ("models", "data", "optim", "algorithms", "callbacks", "loggers", "losses", "metrics")},
+    ("dlrecipes.loggers.run_record", "dlrecipes.recipe"): "a tracker's tag key, not the module",
+    ("dlrecipes.loggers.wandb_logger", "dlrecipes.recipe"): "a tracker's tag key, not the module",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {id(node.body[0].value) for node in ast.walk(tree) if isinstance(node, kinds) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def test_no_module_names_another_by_string_but_those_listed_with_their_reason():
+    """A module is imported by an import statement (which the graph above sees), or named as ``__name__`` /
+    ``__package__`` where it names itself: a string naming another dlrecipes module is listed above, with why."""
+    named = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                target = node.value.split(":")[0]
+                if target in MODULES and target != "dlrecipes":
+                    named.add((module, target))
+    assert sorted(named - set(NAMED_BY_STRING)) == []
+    assert sorted(set(NAMED_BY_STRING) - named) == []  # a reason for a name no longer there goes too

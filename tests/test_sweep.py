@@ -423,20 +423,21 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
     of its own, and a kill of its own."""
     import os
 
+    from dlrecipes.api import FORKED
     from dlrecipes.runtime import fork_server
 
     log = tmp_path / "point.log"
     log.write_text("$ the command\n")
     (tmp_path / "r.yaml").write_text("model: {name: cnn_simple}\ndataset: {name: digits}\noptimizer: {name: nope}\n")
-    refused = fork_server.start(["validate", "r.yaml"], cwd=tmp_path, out=log, append=True, new_session=True)
+    refused = fork_server.start(FORKED, ["validate", "r.yaml"], cwd=tmp_path, out=log, append=True, new_session=True)
     assert refused.wait(120) == 2
     lines = log.read_text().splitlines()
     assert lines[0] == "$ the command" and len(lines) == 2 and lines[1].startswith("error: optimizer.name"), lines
     (tmp_path / "cwd_plugin.py").write_text("from dlrecipes.registry import losses\n\n\n"
                                             "@losses.register('from_the_cwd')\ndef from_the_cwd():\n    return None\n")
-    listed = fork_server.start(["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
+    listed = fork_server.start(FORKED, ["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
     assert listed.wait(120) == 0 and "from_the_cwd" in (tmp_path / "list.log").read_text()  # as python -m: cwd first
-    training = fork_server.start(["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
+    training = fork_server.start(FORKED, ["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
                                  cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
     deadline = time.monotonic() + 60
     while os.getsid(training.pid) != training.pid and time.monotonic() < deadline:

@@ -6,16 +6,18 @@ that live elsewhere, next to what they record, are named here and importable fro
 
 from dlrecipes.callbacks import registered  # noqa: F401  (registers the built-ins)
 
-ELSEWHERE = {
-    "RunHistory": "dlrecipes.records.history",  # history.csv, summary.json and the plots: records of the run
-    "ClassReport": "dlrecipes.metrics.report",  # the confusion matrix and per-class accuracy: a metric's table
-    "make_saver": "dlrecipes.records.checkpoints",  # the periodic saver (atomic writes): checkpoints' own rules
-}
-
 
 def __getattr__(name: str):  # imported on first use: validation and `list` stay light
-    if name in ELSEWHERE:
-        import importlib
+    if name == "RunHistory":  # history.csv, summary.json and the plots: records of the run
+        from dlrecipes.records.history import RunHistory
 
-        return getattr(importlib.import_module(ELSEWHERE[name]), name)
+        return RunHistory
+    if name == "ClassReport":  # the confusion matrix and per-class accuracy: a metric's table
+        from dlrecipes.metrics.report import ClassReport
+
+        return ClassReport
+    if name == "make_saver":  # the periodic saver (atomic writes): checkpoints' own rules
+        from dlrecipes.records.checkpoints import make_saver
+
+        return make_saver
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ NUM_CLASSES = 10
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 (1797, 8, 8) with values 0..16, labels uint8 (1797,))."""
-    with resources.files("dlrecipes.data").joinpath("digits.npz").open("rb") as f:
+    with resources.files(__package__).joinpath("digits.npz").open("rb") as f:
         data = np.load(f)
         return data["images"], data["labels"]
 

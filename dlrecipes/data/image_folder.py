@@ -18,7 +18,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 def imagenet100_classes() -> list[str]:
-    text = resources.files("dlrecipes.data").joinpath("imagenet100_classes.txt").read_text()
+    text = resources.files(__package__).joinpath("imagenet100_classes.txt").read_text()
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

@@ -26,7 +26,7 @@ HINTS = {
 @lru_cache(maxsize=None)
 def shipped(family: str) -> tuple[str, frozenset[str]]:
     """(library version the list was written from, the names)."""
-    text = resources.files("dlrecipes.models").joinpath(f"{family}_models.txt").read_text()
+    text = resources.files(__package__).joinpath(f"{family}_models.txt").read_text()
     lines = text.splitlines()
     return lines[0].removeprefix(f"# {family} ").strip(), frozenset(n for n in lines[1:] if n and not n.startswith("#"))
 
@@ -67,7 +67,7 @@ def check_arch(family: str, arch: str, path: str) -> None:
 
 def write_lists() -> None:
     """Rewrite the shipped lists from the installed libraries."""
-    folder = resources.files("dlrecipes.models")
+    folder = resources.files(__package__)
     for family in FAMILIES:
         version, names = installed(family)
         text = f"# {family} {version}\n" + "\n".join(sorted(names)) + "\n"

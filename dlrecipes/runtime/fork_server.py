@@ -12,9 +12,10 @@ A process that was itself forked from such a server (a sweep started that way, a
 the imports already: while it runs one thread, it forks its trainings itself, as the server would, instead of
 starting a second server that pays them again.
 
-What the server imports is :mod:`dlrecipes.tools.sweep.preload` (named here, imported only in the server's own
-process: this module imports nothing of dlrecipes). The tests start their processes through this module too
-(tests/forked.py: a command run to its end, a pseudo-terminal handed over).
+What a forked process runs and what the server imports first come from the caller, as a :class:`Program`: the
+``dlrecipes`` command's is :data:`dlrecipes.api.FORKED` (its server imports :mod:`dlrecipes.preload`); the
+tests start their processes with programs of their own (tests/forked.py: another module, a pseudo-terminal handed
+over). This module imports nothing of dlrecipes and names no module.
 """
 
 from __future__ import annotations
@@ -23,33 +24,49 @@ import io
 import multiprocessing
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-# what the server imports once: what a training imports, its caches filled (dlrecipes/tools/sweep/preload.py)
-PRELOAD = ("dlrecipes.tools.sweep.preload",)
+
+@dataclass(frozen=True)
+class Program:
+    """What a forked process runs: ``main(args)`` (a module-level function or a ``functools.partial`` of one: it
+    crosses to the server by reference), forked from a server that imported the modules ``preload`` names once, the
+    last of which calls :func:`mark_preloaded`. One server per process: the first program started sets its imports."""
+
+    main: Callable[[list[str]], Any]
+    preload: tuple[str, ...]
+
 
 _CONTEXT: Any = None
+_PRELOADED = False  # set in the server by its preload (mark_preloaded); its forks, and theirs, inherit it
 
 
-def _server() -> Any:
+def _server(program: Program) -> Any:
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(list(PRELOAD))
+        _CONTEXT.set_forkserver_preload(list(program.preload))
     return _CONTEXT
 
 
+def mark_preloaded() -> None:
+    """Called by a server's preload once its imports are done: this process, and every process forked from it, has
+    them."""
+    global _PRELOADED
+    _PRELOADED = True
+
+
 def forked_from_server() -> bool:
-    """Whether this process was forked from the server, or from a process that was (the server's module is imported
-    nowhere else)."""
-    return PRELOAD[0] in sys.modules
+    """Whether this process was forked from the server, or from a process that was (only a preload marks it)."""
+    return _PRELOADED
 
 
 def forks_itself() -> bool:
-    """Whether this process has what the server imports (it was forked from one: the server's module is imported
-    nowhere else) and runs one thread, so that a fork of it is what the server's would be: a fork copies only the
-    thread that calls it, and no other thread can hold a lock the copy would wait on. Linux only (/proc)."""
+    """Whether this process has what the server imports (it was forked from one) and runs one thread, so that a
+    fork of it is what the server's would be: a fork copies only the thread that calls it, and no other thread can
+    hold a lock the copy would wait on. Linux only (/proc)."""
     if not forked_from_server():
         return False
     try:
@@ -58,13 +75,14 @@ def forks_itself() -> bool:
         return False
 
 
-def start_server() -> None:
-    """Start the server now (its imports go on in the background); ``start`` would otherwise start it and wait."""
+def start_server(program: Program) -> None:
+    """Start ``program``'s server now (its imports go on in the background); ``start`` would otherwise start it and
+    wait."""
     from multiprocessing import forkserver
 
     if forks_itself():
         return
-    _server()
+    _server(program)
     forkserver.ensure_running()
 
 
@@ -128,10 +146,10 @@ def _fresh_signals() -> None:
             pass
 
 
-def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Optional[str], err: Optional[str],
-           append: bool, setup: Optional[Callable[[], None]], new_session: bool, forked_here: bool = False) -> None:
-    """In the forked process: what ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a ``.py`` file) does in
-    ``cwd`` with ``env``, after ``setup()`` where given."""
+def _child(main: Callable[[list[str]], Any], args: list[str], cwd: str, env: dict[str, str], out: Optional[str],
+           err: Optional[str], append: bool, new_session: bool, forked_here: bool = False) -> None:
+    """In the forked process: ``main(args)`` in ``cwd`` with ``env`` (the working directory first on sys.path, as
+    ``python -m`` puts it), its exit code the process's."""
     if forked_here:
         _fresh_signals()
     if new_session:
@@ -139,11 +157,7 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    script = module.endswith(".py")
-    # first on sys.path, as Python puts it (the server has the starting process's sys.path after it)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(module)) if script else os.getcwd())
-    if setup is not None:
-        setup()
+    sys.path.insert(0, os.getcwd())  # first, as Python puts it (the server has the starting process's sys.path after it)
     _stdio(out, err, append)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
@@ -151,15 +165,9 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
         import torch
 
         torch.set_num_threads(int(threads))
-    sys.argv = [module, *args]
     code = 0
     try:
-        import runpy
-
-        if script:
-            runpy.run_path(module, run_name="__main__")
-        else:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        main(list(args))
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if isinstance(stop.code, str):
@@ -172,26 +180,23 @@ def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: Opt
     raise SystemExit(code)  # through multiprocessing's own exit, which flushes and releases what it holds
 
 
-def start(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
-          out: Optional[Path] = None, err: Optional[Path] = None, append: bool = False,
-          new_session: bool = False, module: str = "dlrecipes", setup: Optional[Callable[[], None]] = None
+def start(program: Program, args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
+          out: Optional[Path] = None, err: Optional[Path] = None, append: bool = False, new_session: bool = False
           ) -> Started:
-    """Start ``python -m MODULE ARGS`` (``python MODULE ARGS`` where MODULE is a ``.py`` file) forked from the server
-    (started, and its imports paid, on first use).
+    """Start ``program.main(args)`` in a process forked from its server (started, and its imports paid, on first
+    use), or from this process where it has them and runs one thread (:func:`forks_itself`).
 
     Its stdout goes to ``out`` and its stderr to ``err`` (to ``out`` when None), appended to with ``append``.
-    ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen.
-    ``setup``, a picklable callable, runs in the new process before its output is set up (tests/forked.py hands
-    a pseudo-terminal over this way); it and what it holds go through the server with the request."""
-    here = setup is None and forks_itself()
-    context = multiprocessing.get_context("fork") if here else _server()
+    ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen."""
+    here = forks_itself()
+    context = multiprocessing.get_context("fork") if here else _server(program)
     process = context.Process(target=_child, args=(
-        module, list(args), str(cwd or os.getcwd()), dict(os.environ if env is None else env),
-        None if out is None else str(out), None if err is None else str(err), append, setup, new_session, here))
+        program.main, list(args), str(cwd or os.getcwd()), dict(os.environ if env is None else env),
+        None if out is None else str(out), None if err is None else str(err), append, new_session, here))
     process.start()
     started = Started(process)
-    started.args = [module, *args]
+    started.args = list(args)
     return started
 
 
-__all__ = ["PRELOAD", "Started", "forks_itself", "start", "start_server"]
+__all__ = ["Program", "Started", "forked_from_server", "forks_itself", "mark_preloaded", "start", "start_server"]

@@ -62,7 +62,7 @@ class UploadProcess:
     def _started(self) -> subprocess.Popen:
         if self._process is None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "dlrecipes.records.store.upload_process", str(self.transfer_threads),
+                [sys.executable, "-m", __name__, str(self.transfer_threads),
                  str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         return self._process

@@ -25,8 +25,8 @@ Three modules, one per step:
 - :mod:`dlrecipes.tools.sweep.report`: each point's outcome, the line printed as a training ends, the table
   and the plot.
 
-On a CPU the trainings are forked from a server (:mod:`dlrecipes.runtime.fork_server`) that imported, once, what
-:mod:`dlrecipes.tools.sweep.preload` imports: what a training imports.
+On a CPU the trainings are forked from a server (:mod:`dlrecipes.runtime.fork_server`) that imported, once, what a
+training imports: the program the caller gives (the CLI's, :data:`dlrecipes.api.FORKED`).
 """
 
 from __future__ import annotations

@@ -73,8 +73,10 @@ def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
     return env
 
 
-def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = print) -> tuple[list[dict], int]:
-    """Run the points not finished yet, ``parallel`` at a time; returns the summary rows and an exit code: 0 when
+def run_sweep(plan: SweepPlan, program: Any, parallel: int = 1, echo: Callable[[str], None] = print
+              ) -> tuple[list[dict], int]:
+    """Run the points not finished yet, ``parallel`` at a time (on a CPU, forked as ``program`` says: a
+    fork_server.Program, the CLI's); returns the summary rows and an exit code: 0 when
     every point finished (or was pruned), 75 when a signal stopped the sweep, else 1 (``closing_line`` says
     how many did not finish, and how)."""
     if parallel < 1:
@@ -86,7 +88,7 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
     previous = _catch_signals(stop) if _main_thread() else {}
     running: list[_Slot] = []
     try:
-        _train(plan, source, running, parallel, stop, echo)
+        _train(plan, source, running, parallel, stop, echo, program)
         if stop["signal"]:
             echo(f"sweep stopped by {signal.Signals(stop['signal']).name}: run the same command again to continue")
     finally:
@@ -104,7 +106,7 @@ def run_sweep(plan: SweepPlan, parallel: int = 1, echo: Callable[[str], None] = 
 
 
 def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], parallel: int, stop: dict[str, int],
-           echo: Callable[[str], None]) -> None:
+           echo: Callable[[str], None], program: Any) -> None:
     """Start the points as places free up, pass each signal on to the running trainings once, and record and
     report each training's outcome as it ends."""
     assert plan.folder is not None
@@ -116,7 +118,7 @@ def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], paral
             if task is None:
                 break
             free = min(set(range(parallel)) - {slot.index for slot in running})  # a finished run's place
-            running.append(_start(plan, task[0], task[1], free, parallel))
+            running.append(_start(plan, task[0], task[1], free, parallel, program))
         if not running:
             break
         if stop["count"] > forwarded:  # the children run in their own sessions: each signal reaches them once
@@ -310,16 +312,16 @@ def forks_trainings(nproc: int) -> bool:
     return nproc == 1 and not visible_gpus() and os.environ.get(FRESH_PYTHON) != "1"
 
 
-def get_ready(nproc: int) -> None:
-    """Start the process the trainings are forked from now, so that its imports go on while the points are
-    validated."""
+def get_ready(nproc: int, program: Any) -> None:
+    """Start the process the trainings are forked from now (``program``: a fork_server.Program, the CLI's), so that
+    its imports go on while the points are validated."""
     if forks_trainings(nproc):
         from dlrecipes.runtime import fork_server
 
-        fork_server.start_server()
+        fork_server.start_server(program)
 
 
-def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int) -> _Slot:
+def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, program: Any) -> _Slot:
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
@@ -335,8 +337,8 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     if forks_trainings(plan.nproc):
         from dlrecipes.runtime import fork_server
 
-        process: Any = fork_server.start(command[3:], env=env, out=log_path(plan.folder, point.name), append=True,
-                                         new_session=True)
+        process: Any = fork_server.start(program, command[3:], env=env, out=log_path(plan.folder, point.name),
+                                         append=True, new_session=True)
     else:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log, index)
