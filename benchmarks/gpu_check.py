@@ -91,6 +91,7 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     from dlrecipes import api
     from dlrecipes.builders import build_trainer
     from dlrecipes.core.devices import resolve_device
+    from dlrecipes.records.store import TrainingRun
 
     from dlrecipes.core.outputs import EVAL_LOSS
 
@@ -111,7 +112,8 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     dlrecipes.engine.Trainer = Composers if reference else ours
     try:
         config = api.resolve(recipe, overrides)
-        trainer = build_trainer(config, run_dir, config.to_dict(), resolve_device(config.trainer.device)).trainer
+        opened = TrainingRun.in_folder(config, run_dir, resolve_device(config.trainer.device))
+        trainer = build_trainer(opened).trainer
     finally:
         dlrecipes.engine.Trainer = ours
     trainer.state.callbacks.extend([*([Losses()] if record_losses else []), *callbacks])

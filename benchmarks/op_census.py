@@ -52,6 +52,7 @@ def census(overrides: list[str], steps: int = 10) -> dict:
     from dlrecipes import builders
     from dlrecipes.api import resolve
     from dlrecipes.builders import build_bench_trainer
+    from dlrecipes.records.store import TrainingRun
     from dlrecipes.core.devices import torch_device
     from dlrecipes.losses import build_loss
     from dlrecipes.tools.bench import PlainLoop, _bench_config, in_memory_batches, one_epoch
@@ -61,7 +62,8 @@ def census(overrides: list[str], steps: int = 10) -> dict:
     batches = in_memory_batches(config, 8, device)
     warmup = 3
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps + 1), config.to_dict(), "cpu")
+        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), "cpu"),
+                                      one_epoch(batches, warmup + steps + 1))
         module = copy.deepcopy(trainer.state.model.module)  # the same weights
         plain = PlainLoop(module, builders.build_optimizer(config.optimizer, module), build_loss(config.loss),
                           config.trainer.precision, None, "channels_last" in config.algorithms, device)

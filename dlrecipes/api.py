@@ -153,9 +153,10 @@ def train(
         store.check_room(config)
     store.check()  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
-    from dlrecipes.fit import fit
+    from dlrecipes.fit import RunOptions, fit, open_run
 
-    return fit(config, resume=resume, trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart)
+    options = RunOptions(resume=resume, restart=restart, trust=trust_checkpoint, verbose=verbose)
+    return fit(open_run(config, options, store))  # the run opened once, in the store checked above
 
 
 def _continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:

@@ -151,13 +151,28 @@ def tiny_run(trained_tiny: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained_tiny, tmp_path / "runs" / "tiny", symlinks=True))
 
 
-def build_trainer(config, run_dir: Path, **kwargs):
-    """:func:`dlrecipes.builders.build_trainer` as the fit stage calls it (the recipe as plain data and the device,
-    each made once, here), for a test that builds a run's Trainer by hand: the Trainer it built."""
+def build_trainer(config, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
+                  resume_from: Path | None = None):
+    """:func:`dlrecipes.builders.build_trainer` for a test that builds a run's Trainer by hand, in ``run_dir`` as it
+    is (no store, no lock), the resume point ``resume_from`` or looked up as the fit stage does: the Trainer it
+    built."""
     from dlrecipes.builders import build_trainer as build
     from dlrecipes.core.devices import resolve_device
+    from dlrecipes.records.run_dir import find_resume_point
+    from dlrecipes.records.store import RunOptions, TrainingRun
 
-    return build(config, run_dir, config.to_dict(), resolve_device(config.trainer.device), **kwargs).trainer
+    point = resume_from or (find_resume_point(Path(run_dir), config.trainer.max_duration, trust_checkpoint)
+                            if resume else None)
+    options = RunOptions(resume=resume, trust=trust_checkpoint)
+    return build(TrainingRun.in_folder(config, Path(run_dir), resolve_device(config.trainer.device), options,
+                                       point)).trainer
+
+
+def fit(config, resume: bool = False, trust_checkpoint: bool = False, verbose: bool = False, restart: bool = False):
+    """:func:`dlrecipes.fit.fit` of the run ``config`` trains, opened in its store as ``dlrecipes train`` opens it."""
+    from dlrecipes.fit import RunOptions, fit as fit_opened, open_run
+
+    return fit_opened(open_run(config, RunOptions(resume, restart, trust_checkpoint, verbose)))
 
 
 def prepare_run_dir(config, run_name: str, resume: bool) -> Path:

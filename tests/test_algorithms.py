@@ -17,7 +17,7 @@ from dlrecipes.algorithms.gradient_checkpointing import apply_gradient_checkpoin
 from dlrecipes.algorithms.layerwise_lr_decay import apply_layerwise_lr_decay, block_index
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import image_folders, write
 
@@ -237,7 +237,7 @@ def test_layer_freezing_writes_checkpoints_after_a_layer_froze(tiny_recipe):
     failed the first checkpoint after a freeze (KeyError: the id of a parameter). Three epochs, freezing from 30%:
     every epoch's checkpoint is written."""
     from dlrecipes.api import resolve
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     result = fit(resolve(tiny_recipe, ["run_name=frozen", "trainer.max_duration=3ep", "optimizer.momentum=0.9",
                                        "algorithms={layer_freezing: {freeze_start: 0.3, freeze_level: 1.0}}"]))

@@ -576,3 +576,26 @@ def test_no_module_names_another_by_string_but_those_listed_with_their_reason():
                     named.add((module, target))
     assert sorted(named - set(NAMED_BY_STRING)) == []
     assert sorted(set(NAMED_BY_STRING) - named) == []  # a reason for a name no longer there goes too
+
+
+def test_the_builder_and_the_fit_stage_take_the_opened_run_not_paths_and_flags():
+    """The run is opened once (dlrecipes.fit.open_run, in its store) and travels as that object: the builder and
+    the fit stage take it: none of their functions takes a run directory as a path, none of their public ones the
+    command's options as flags."""
+    import inspect
+
+    from dlrecipes.builders import build_bench_trainer, build_trainer
+    from dlrecipes.fit import fit
+    from dlrecipes.records.store import TrainingRun
+
+    for function in (build_trainer, build_bench_trainer, fit):
+        first = next(iter(inspect.signature(function).parameters.values()))
+        assert first.annotation in (TrainingRun, "TrainingRun"), function.__name__
+    paths = []
+    for module in ("dlrecipes.builders.trainer", "dlrecipes.builders.components", "dlrecipes.fit"):
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                flags = () if node.name.startswith("_") else ("resume", "trust_checkpoint", "verbose", "restart")
+                paths += [f"{module}.{node.name}({a.arg})" for a in [*node.args.args, *node.args.kwonlyargs]
+                          if a.arg == "run_dir" or a.arg in flags]
+    assert paths == []

@@ -9,7 +9,7 @@ import torch
 from torchmetrics import Metric
 
 from dlrecipes.api import resolve
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import run_cli, write
 

@@ -21,7 +21,7 @@ from dlrecipes.records.checkpoints import (
 from dlrecipes.errors import DataError, UserError
 from tests.conftest import build_trainer
 from tests.conftest import prepare_run_dir
-from dlrecipes.fit import fit
+from tests.conftest import fit
 from tests.conftest import run_cli
 
 

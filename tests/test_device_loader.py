@@ -8,7 +8,7 @@ import torch
 from dlrecipes.api import resolve
 from dlrecipes.data.device_loader import BatchAugment, DeviceTensorLoader, random_crop, random_hflip
 from dlrecipes.errors import RecipeError
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 
 def test_random_crop_takes_each_image_at_its_own_offset():

@@ -241,7 +241,7 @@ def test_a_distilled_run_holds_no_teacher_and_evaluates_exports_and_predicts_wit
 def test_mixups_interpolated_loss_is_the_label_term_whatever_the_order(tiny_recipe, tmp_path):
     """Mixup's interpolate_loss replaces the loss at BEFORE_BACKWARD and refuses a dict: distillation moves itself
     to the end of the algorithms at INIT and blends there, after it, whichever the recipe lists first."""
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     run = _teacher_run(tmp_path)
     for algorithms in (f"{{distillation: {{teacher: {run.path}}}, mixup: {{interpolate_loss: true}}}}",

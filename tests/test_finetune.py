@@ -10,7 +10,7 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.algorithms.finetune import default_head, head_parameter_names
 from tests.conftest import build_trainer
 from tests.conftest import prepare_run_dir
-from dlrecipes.fit import fit
+from tests.conftest import fit
 from tests.conftest import run_cli, write
 
 FINETUNE = [

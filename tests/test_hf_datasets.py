@@ -206,7 +206,7 @@ def test_data_convert_writes_ffcv_files_with_the_class_names(digits_hf, tmp_path
 @pytest.mark.slow
 def test_one_epoch_on_the_saved_digits_learns_them(tmp_path, monkeypatch, tiny_recipe):
     from dlrecipes.api import resolve
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     paths = _save(tmp_path, _digits(None), monkeypatch)
     result = fit(resolve(tiny_recipe, [

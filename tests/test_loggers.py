@@ -13,7 +13,7 @@ import pytest
 
 from dlrecipes.api import resolve
 from dlrecipes.errors import UserError
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from . import wandb_log
 from .conftest import run_cli

@@ -14,7 +14,7 @@ from dlrecipes import registry
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import run_cli
 

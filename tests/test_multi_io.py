@@ -335,7 +335,7 @@ REFUSED_FOR_THIS_TASK = {
 )
 def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
     """Algorithms not refused for reading (images, labels) batches work on (inputs..., targets...) ones."""
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     overrides = [f"algorithms.{name}=true", "trainer.max_duration=2ba", "checkpoint.save=false",
                  "checkpoint.monitor=null", "trainer.console_log_interval=100ep", *ALGORITHM_SETUP.get(name, [])]
@@ -350,7 +350,7 @@ def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
 
 @pytest.mark.slow
 def test_the_digits_recipe_learns_both_outputs(tmp_path):
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     config = resolve(RECIPES / "digits_multi_io.yaml", [
         "trainer.max_duration=4ep", "trainer.progress_bar=false", "trainer.device=cpu", "checkpoint.save=false",

@@ -28,7 +28,7 @@ from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
 from .conftest import build_trainer
 from .conftest import prepare_run_dir
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import write
 

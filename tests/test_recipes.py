@@ -49,7 +49,7 @@ def test_gpu_recipes_give_a_clear_error_on_this_machine():
 @pytest.mark.parametrize("recipe", ["resnet50_mild", "resnet50_medium", "resnet50_hot"])
 def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(recipe, tmp_path):
     """All the recipe's algorithms together, on CPU-sized settings (the hot one has ten)."""
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
     config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", [
@@ -141,7 +141,7 @@ def test_imagenet100_shards_trains_two_batches_from_shards_it_was_given(tmp_path
     """The recipe's whole pipeline (shards decoded in batches on the device, progressive resizing and the other
     algorithms) on CPU-sized settings."""
     pytest.importorskip("litdata")
-    from dlrecipes.fit import fit
+    from tests.conftest import fit
 
     from .conftest import run_cli
 

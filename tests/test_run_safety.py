@@ -19,7 +19,7 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.records.resume_check import check_resume, fixed_on_resume
 from dlrecipes.records.layout import LOCK_FILE
 from dlrecipes.records.run_lock import RunLockedError, acquire
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import REPO, run_cli
 

@@ -12,7 +12,7 @@ from PIL import Image
 from dlrecipes.api import resolve
 from dlrecipes.data.tensor_cache import CachedBatches, build_cache, center_crop, random_resized_crop
 from dlrecipes.errors import RecipeError
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 
 def _folder(root, per_class=5):

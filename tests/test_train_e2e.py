@@ -12,7 +12,7 @@ from dlrecipes.api import resolve
 from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 from .conftest import build_trainer
 from .conftest import prepare_run_dir
-from dlrecipes.fit import fit
+from tests.conftest import fit
 
 from .conftest import REPO, run_cli
 

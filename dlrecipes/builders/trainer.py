@@ -21,7 +21,7 @@ from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoint_safety import tensors_only
 from dlrecipes.records.checkpoints import make_saver
 from dlrecipes.records.layout import RunDir
-from dlrecipes.records.run_dir import find_resume_point
+from dlrecipes.records.store import TrainingRun
 from dlrecipes import registry
 from dlrecipes.registry import build_component
 
@@ -44,12 +44,12 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
 
 
 def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool,
-                   resume_from: Optional[Path] = None):
+                   resume_from: Optional[Path]):
     """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
-    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG):
-    ``resume_from`` when the caller found it already, else rank 0 looks (and refuses what
-    :func:`dlrecipes.records.run_dir.find_resume_point` refuses).  Otherwise ``checkpoint.load_path``
+    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG): ``resume_from``,
+    rank 0's, as the fit stage looked it up once (:func:`dlrecipes.records.run_dir.find_resume_point`; None: the run
+    has none yet), told to the other ranks here.  Otherwise ``checkpoint.load_path``
     gives initial weights (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole file to
     Composer.  Every file is read tensors-only, unless ``trust`` (see :mod:`dlrecipes.records.checkpoint_safety`):
     checked here first, and :func:`build_trainer` has Composer load it so.
@@ -59,8 +59,6 @@ def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, devic
 
     ckpt = config.checkpoint
     if resume:
-        if resume_from is None and rank() == 0:
-            resume_from = find_resume_point(run.path, config.trainer.max_duration, trust)
         point = same_on_all_ranks(str(resume_from) if resume_from and rank() == 0 else "", device,
                                   config.trainer.dist_timeout)
         if point:
@@ -84,7 +82,7 @@ def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, devic
     return None
 
 
-def check_free_space(run_dir: Path, model, keep: int) -> None:
+def check_free_space(run: RunDir, model, keep: int) -> None:
     """Refuse to start when the disk cannot hold the checkpoints (weights + optimizer state, about 3x)."""
     import shutil
 
@@ -93,6 +91,7 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
     tensors = [t for t in [*model.parameters(), *model.buffers()] if not isinstance(t, UninitializedParameter)]
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)  # lazy layers: not sized yet
     needed = 3 * state_bytes * max(1, min(keep, 2) if keep >= 0 else 2)
+    run_dir = run.path
     where = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # other ranks may not see it yet
     free = shutil.disk_usage(where).free
     if free < needed:
@@ -102,10 +101,10 @@ def check_free_space(run_dir: Path, model, keep: int) -> None:
         )
 
 
-def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: bool = False,
-               shown_as: Optional[str] = None) -> str:
-    """What a run prints as it starts (piped too): where it goes (``shown_as``: a bucket's address for a run staged
-    here), the data, the device, the precision."""
+def start_line(opened: TrainingRun, data, resuming: bool = False) -> str:
+    """What a run prints as it starts (piped too): whether it resumes from a checkpoint, where it goes (its address
+    for a run staged here from a bucket), the data, the device, the precision."""
+    config, device = opened.config, opened.device
     def size(split: Any) -> str:
         try:
             return f"{len(split):,}"
@@ -123,7 +122,7 @@ def start_line(config: RecipeConfig, run_dir: Path, data, device: str, resume: b
     spread = f"{processes} processes" + (f" on {nodes} nodes" if nodes > 1 else "") if processes > 1 else "1 process"
     if processes > 1 and os.environ.get("GLOO_SOCKET_IFNAME"):
         spread += f", gloo via {os.environ['GLOO_SOCKET_IFNAME']}"
-    return (f"{'resuming' if resume else 'run'} {shown_as or run_dir} | {config.dataset.name}: {size(data.train)} train, "
+    return (f"{'resuming' if resuming else 'run'} {opened.shown_as or opened.run.path} | {config.dataset.name}: {size(data.train)} train, "
             f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
 
 
@@ -135,47 +134,43 @@ class BuiltRun:
     history: Any  # the run's RunHistory, among the trainer's callbacks: how the run ended (summary.json)
 
 
-def build_trainer(config: RecipeConfig, run_dir: Path | RunDir, recipe: dict[str, Any], device: str, *,
-                  resume: bool = False, trust_checkpoint: bool = False, verbose: bool = False,
-                  resume_from: Optional[Path] = None, shown_as: Optional[str] = None,
-                  in_step: Sequence[Any] = ()) -> BuiltRun:
-    """Everything the recipe names, built and handed to a Composer Trainer (not yet fitted).
+def build_trainer(opened: TrainingRun) -> BuiltRun:
+    """Everything the opened run's recipe names, built and handed to a Composer Trainer (not yet fitted).
 
-    ``recipe``: the config as plain data (what the run's history and trackers record) and ``device``
-    (``resolve_device(config.trainer.device)``), each made once by the caller (the fit stage).
-    ``trust_checkpoint`` allows a full unpickle of the checkpoint resumed or loaded (``checkpoint.load_path``),
-    which otherwise is read tensors-only (see :mod:`dlrecipes.records.checkpoint_safety`); ``verbose`` adds
-    Composer's own console logging (its config banner and every metric at ``trainer.console_log_interval``).
-    ``in_step``: the callbacks that keep the run's store in step (a bucket's upload), after every other callback:
-    they store what the others wrote.  ``shown_as``: how the start line names the run (a bucket's address).
+    From ``opened`` (:func:`dlrecipes.fit.open_run`): the recipe (validated, and as plain data: what the run's
+    history and trackers record), the resolved device, where the run is written, the checkpoint ``--resume``
+    continues from (looked up once, by the fit stage), the options (``trust`` allows a full unpickle of the
+    checkpoint resumed or loaded, ``checkpoint.load_path``, which otherwise is read tensors-only: see
+    :mod:`dlrecipes.records.checkpoint_safety`; ``verbose`` adds Composer's own console logging, its config banner and
+    every metric at ``trainer.console_log_interval``), the callbacks that keep the run's store in step (a bucket's
+    upload; after every other callback: they store what the others wrote) and how the start line names the run.
     """
-    layout = RunDir(run_dir)  # the run directory travels as this from here on
+    config, layout, device, options = opened.config, opened.run, opened.device, opened.options
+    resume, trust = options.resume, options.trust
     data, model = _seeded_model(config)
     ckpt = config.checkpoint
     if ckpt.save:
-        check_free_space(layout.path, model, ckpt.keep)
+        check_free_space(layout, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
-    load_path = _initial_state(config, model, layout, resume and periodic, device, trust_checkpoint, resume_from)
-    loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed,
-                                         algorithms=config.algorithms)
-    run = _run_context(config, layout, recipe, device, data)
-    callbacks = [*_run_callbacks(config, run, periodic), *in_step]
-    loggers = _loggers(config, run, terminal=start_line(config, layout.path, data, device, bool(resume and load_path),
-                                                        shown_as))
+    load_path = _initial_state(config, model, layout, resume and periodic, device, trust, opened.resume_point)
+    loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed, algorithms=config.algorithms)
+    run = _run_context(config, layout, opened.recipe, device, data)
+    callbacks = [*_run_callbacks(config, run, periodic), *opened.keep_in_step()]
+    loggers = _loggers(config, run, terminal=start_line(opened, data, bool(resume and load_path)))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
-    with tensors_only(load_path, trust_checkpoint, key):
-        trainer = _trainer(config, layout, device, model, loaders, callbacks, loggers, verbose,
+    with tensors_only(load_path, trust, key):
+        trainer = _trainer(config, layout, device, model, loaders, callbacks, loggers, options.verbose,
                            load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict}, data=data)
     return BuiltRun(trainer, run.history)
 
 
-def build_bench_trainer(config: RecipeConfig, run_dir: Path, train_loader: Any, recipe: dict[str, Any], device: str):
-    """The recipe's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
+def build_bench_trainer(opened: TrainingRun, train_loader: Any):
+    """The opened run's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
     model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
-    no checkpoints and no terminal output.  ``recipe`` and ``device`` as for :func:`build_trainer`."""
+    no checkpoints and no terminal output."""
+    config, layout, device = opened.config, opened.run, opened.device
     data, model = _seeded_model(config)
-    layout = RunDir(run_dir)
-    run = _run_context(config, layout, recipe, device, data)
+    run = _run_context(config, layout, opened.recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
     return _trainer(config, layout, device, model, (train_loader, None), callbacks,
                     _loggers(config, run, terminal=None), verbose=False, load={}, max_duration="100000000ba")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 from dlrecipes.builders import build_trainer
@@ -20,15 +19,16 @@ from dlrecipes.core.devices import resolve_device
 from dlrecipes.core.distributed import choose_gloo_interface, rank, start_torchrun_group
 from dlrecipes.fit.outcome import TrainingFailed, TrainResult, ended_by, outcome
 from dlrecipes.records.run_dir import find_resume_point, record_recipe
-from dlrecipes.records.store import TrainingRun, store_for
+from dlrecipes.records.store import RunOptions, RunStore, TrainingRun, store_for
 
-__all__ = ["TrainResult", "TrainingFailed", "fit"]
+__all__ = ["RunOptions", "TrainResult", "TrainingFailed", "fit", "open_run"]
 
 
 def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
-    """With ``optimizer.scale_lr``: the lr the optimizer got, logged and said once."""
-    lr = trainer.state.optimizers[0].param_groups[0]["lr"]
-    report = lr_scaling.scaling_report(config.optimizer.params, config.trainer.batch_size, lr)
+    """With ``optimizer.scale_lr``: the lr the optimizer got (the rule's, as the builder gave it), logged and said
+    once."""
+    params, batch = config.optimizer.params, config.trainer.batch_size
+    report = lr_scaling.scaling_report(params, batch, lr_scaling.optimizer_params(params, batch).get("lr", 0.0))
     if report is None:
         return
     line, hyperparameters = report
@@ -47,41 +47,44 @@ def _report_skipped_images(trainer) -> None:
             print(f"warning: {skipped} unreadable image(s) skipped in the {label} data (paths above)", file=sys.stderr)
 
 
-def fit(config: RecipeConfig, resume: bool = False, trust_checkpoint: bool = False,
-          verbose: bool = False, restart: bool = False) -> TrainResult:
-    """Train a validated recipe; returns where the run went and its final eval metrics.
-
-    ``verbose``: Composer's own console logging too, the warnings
-    :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise), and the traceback of a
-    failure (always written to the run's log when the run directory stays).  ``restart``: the run named
-    ``run_name`` is kept under another name and this one starts from the beginning.
-    """
+def open_run(config: RecipeConfig, options: RunOptions = RunOptions(), store: RunStore | None = None) -> TrainingRun:
+    """The run ``config`` trains, opened once in its store (``store``: the command's, else ``runs_dir``'s): this
+    process among the launcher's (gloo's interface, a torchrun job's group, a run named after the job), the options
+    checked, the run named, set up and locked (see :mod:`dlrecipes.records.store`). What :func:`fit` takes."""
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
     device = resolve_device(config.trainer.device)
     start_torchrun_group(device, config.trainer.dist_timeout)  # each restart's processes among themselves
     config = _named_after_torchrun_job(config, device)
-    _check_options(config, resume, restart)
-    recipe = config.to_dict()  # the resolved recipe as plain data: compared on resume, written, recorded
-    opened = store_for(config.runs_dir).open_for_training(config, recipe, device, resume, restart)
-    run, failed = opened.run, True
+    _check_options(config, options.resume, options.restart)
+    return (store or store_for(config.runs_dir)).open_for_training(config, device, options)
+
+
+def fit(opened: TrainingRun) -> TrainResult:
+    """Train the opened run (:func:`open_run`); returns where the run went and its final eval metrics.
+
+    ``opened.options.verbose``: Composer's own console logging too, the warnings
+    :data:`dlrecipes.loggers.terminal.HARMLESS_WARNINGS` (hidden otherwise), and the traceback of a
+    failure (always written to the run's log when the run directory stays).
+    """
+    run, options, failed = opened.run, opened.options, True
     try:
         with warnings.catch_warnings(), opened.named():  # errors name a bucket's files by address
-            if not verbose:
+            if not options.verbose:
                 from dlrecipes.loggers.terminal import hide_harmless_warnings
 
                 hide_harmless_warnings()
             # under the lock (a live run's files are not touched) and before anything is written: refused here,
-            # a resume changes nothing
-            point = find_resume_point(run.path, config.trainer.max_duration, trust_checkpoint) \
-                if resume and rank() == 0 else None
+            # a resume changes nothing; looked up once, here
+            if options.resume and rank() == 0:
+                opened.resume_point = find_resume_point(run.path, opened.config.trainer.max_duration, options.trust)
             if opened.accepted and rank() == 0:
                 print(f"resuming {run.name} with changed settings: {', '.join(opened.accepted)}", file=sys.stderr)
-            record_recipe(run, recipe, resume)
-            result = _fit_in(config, opened, recipe, device, resume, trust_checkpoint, verbose, point)
+            record_recipe(run, opened.recipe, options.resume)
+            result = _fit_in(opened)
             failed = False
     except BaseException as exc:
         kept = opened.end(failed=True)
-        raised = ended_by(exc, run, kept, verbose)
+        raised = ended_by(exc, run, kept, options.verbose)
         if raised is exc:
             raise
         raise raised from exc
@@ -120,13 +123,11 @@ def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
     check_train_options(config, resume, restart)
 
 
-def _fit_in(config: RecipeConfig, opened: TrainingRun, recipe: dict[str, Any], device: str, resume: bool,
-            trust_checkpoint: bool, verbose: bool, point: Path | None) -> TrainResult:
+def _fit_in(opened: TrainingRun) -> TrainResult:
     """Build the run's Trainer (with the callbacks that keep its store in step) and ``fit()`` it; how it ended goes
     to the run's history (summary.json, kept as built), and into the result."""
-    run = opened.run
-    built = build_trainer(config, run, recipe, device, resume=resume, trust_checkpoint=trust_checkpoint,
-                          verbose=verbose, resume_from=point, shown_as=opened.shown_as, in_step=opened.keep_in_step())
+    run, config, resume = opened.run, opened.config, opened.options.resume
+    built = build_trainer(opened)
     trainer, history = built.trainer, built.history
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0

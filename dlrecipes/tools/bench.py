@@ -30,6 +30,7 @@ from dlrecipes.config import RecipeConfig
 from dlrecipes.core.devices import device_name, resolve_device, torch_device
 from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
+from dlrecipes.records.store import TrainingRun
 
 
 def in_memory_batches(config: RecipeConfig, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -180,8 +181,8 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
     batches = in_memory_batches(config, max(steps, 8), device)
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(config, Path(tmp), one_epoch(batches, warmup + steps * rounds + 1),
-                                      config.to_dict(), device_name)
+        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), device_name),
+                                      one_epoch(batches, warmup + steps * rounds + 1))
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
         module = copy.deepcopy(trainer.state.model.module)  # same initial weights (and channels-last if applied)
@@ -240,10 +241,8 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     device = torch_device(device_name)
     batches = in_memory_batches(config, 4, device)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(
-            config, Path(tmp), DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)),
-            config.to_dict(), device_name,
-        )
+        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), device_name),
+                                      DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         trainer.fit(duration=f"{warmup}ba")  # includes torch.compile's compilation when enabled

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dlrecipes.records.store.interface import (
-    ReadRun, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
+    ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
 )
 
 
@@ -109,5 +109,5 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
 
 
-__all__ = ["DatasetBucket", "ReadRun", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
+__all__ = ["DatasetBucket", "ReadRun", "RunOptions", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
            "named_by_address", "open_for_reading", "read_records", "select_runs", "store_for"]

@@ -43,11 +43,30 @@ def addressed_row(row: dict[str, Any], path: Any, addresses: Mapping[Any, str]) 
     return row
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a command treats its run: ``resume`` it, ``restart`` it (the old one kept under another name), ``trust``
+    a checkpoint's pickled Python objects (``--trust-checkpoint``), ``verbose`` output."""
+
+    resume: bool = False
+    restart: bool = False
+    trust: bool = False
+    verbose: bool = False
+
+
 @dataclass
 class TrainingRun:
-    """A run opened for training: where it is written here, how the lines name it, and how it is kept in step."""
+    """A run opened for training, once per command, and all the rest of the path needs of it: where it is written
+    here (``run``), the validated recipe (``config``) and its plain data (``recipe``, what is compared on resume,
+    written and recorded), the resolved device, the command's options, the checkpoint ``--resume`` continues from
+    (looked up once, under the lock: ``resume_point``), how the lines name the run, and how it is kept in step."""
 
     run: RunDir
+    config: Any = None  # the validated RecipeConfig
+    recipe: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"  # resolved (resolve_device)
+    options: RunOptions = RunOptions()
+    resume_point: Optional[Path] = None  # rank 0's: the checkpoint --resume continues from (None: from the start)
     shown_as: Optional[str] = None  # how the lines name the run when not by its local folder (a bucket's address)
     fresh: bool = True  # a new run: nothing of it existed before this training
     accepted: list[str] = field(default_factory=list)  # what --resume accepted as changed (check_resume)
@@ -55,6 +74,14 @@ class TrainingRun:
     keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
     stored: Callable[[Any], None] = lambda result: None  # the end's check: raises when the store lacks files
     addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
+
+    @classmethod
+    def in_folder(cls, config: Any, folder: Path, device: str, options: RunOptions = RunOptions(),
+                  resume_point: Optional[Path] = None) -> "TrainingRun":
+        """A run in ``folder`` as it is, outside any store (no name chosen, no lock, nothing kept in step): the
+        benchmarks' Trainers, and one built by hand."""
+        return cls(RunDir(folder), config=config, recipe=config.to_dict(), device=device, options=options,
+                   resume_point=resume_point)
 
     def named(self) -> Any:
         """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""
@@ -121,8 +148,7 @@ class RunStore(ABC):
         asking no server: one line when not. A local folder's limits are the file system's, met as it writes."""
 
     @abstractmethod
-    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
-                          restart: bool) -> TrainingRun:
+    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
         """The run ``config`` trains, named, set up and locked (see the module docstring)."""
 
     @abstractmethod

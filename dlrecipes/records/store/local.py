@@ -7,10 +7,10 @@ from typing import Any, Optional
 
 from dlrecipes.core.distributed import rank
 from dlrecipes.records.layout import RunDir
-from dlrecipes.records.store.interface import RunStore, SweepFolder, TrainingRun
+from dlrecipes.records.store.interface import RunOptions, RunStore, SweepFolder, TrainingRun
 
 
-def open_in(runs: Path, config: Any, recipe: dict[str, Any], device: str, resume: bool, restart: bool) -> TrainingRun:
+def open_in(runs: Path, config: Any, device: str, options: RunOptions) -> TrainingRun:
     """The run ``config`` trains, in the local folder ``runs`` (a runs folder, or a bucket's staging folder): named
     (a new default name is made now), checked for ``--resume`` before anything is written, a run set aside for
     ``--restart`` or after a failure, made and locked (rank 0)."""
@@ -20,15 +20,17 @@ def open_in(runs: Path, config: Any, recipe: dict[str, Any], device: str, resume
         choose_run_name, make_run_dir, set_aside_failed_run, set_aside_for_restart,
     )
 
+    resume, recipe = options.resume, config.to_dict()  # the resolved recipe as plain data: compared, written, recorded
     run = RunDir(runs / choose_run_name(config, resume, device, runs))
     accepted: list[str] = []
     if resume:  # before anything is built or written
         accepted = check_resume(run.path, recipe)
-    elif restart:
+    elif options.restart:
         set_aside_for_restart(run.path)
     elif config.run_name:
         set_aside_failed_run(run.path)
-    opened = TrainingRun(run, fresh=not resume and (not config.run_name or not run.path.exists()), accepted=accepted)
+    opened = TrainingRun(run, config=config, recipe=recipe, device=device, options=options,
+                         fresh=not resume and (not config.run_name or not run.path.exists()), accepted=accepted)
     if rank() == 0:
         if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
             make_run_dir(run)
@@ -42,9 +44,8 @@ class LocalStore(RunStore):
     def check(self) -> None:
         """Nothing to ask: the folder is made, or refused in one line, as the run starts."""
 
-    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
-                          restart: bool) -> TrainingRun:
-        return open_in(Path(self.runs_dir), config, recipe, device, resume, restart)
+    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
+        return open_in(Path(self.runs_dir), config, device, options)
 
     def check_resumable(self, name: str, first_node: bool) -> None:
         from dlrecipes.records.run_dir import check_run_exists

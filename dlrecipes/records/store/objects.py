@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlrecipes.errors import UserError
-from dlrecipes.records.store.interface import ReadRun, RunStore, SweepFolder, TrainingRun, named_by_address
+from dlrecipes.records.store.interface import (
+    ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, named_by_address,
+)
 from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, object_store, staged_run
 from dlrecipes.records.store.mirror import uploader
 
@@ -35,8 +37,7 @@ class BucketStore(RunStore):
         (:meth:`~.bucket.RemoteRoot.check_room`); a default name is as long as ``<recipe>-YYYYMMDD-HHMMSS``."""
         self.root.check_room(config.run_name or f"{config.name}-{'0' * 8}-{'0' * 6}")
 
-    def open_for_training(self, config: Any, recipe: dict[str, Any], device: str, resume: bool,
-                          restart: bool) -> TrainingRun:
+    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
         """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
         bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.opening.claim_name`),
         with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the
@@ -44,9 +45,9 @@ class BucketStore(RunStore):
         from dlrecipes.records.store.opening import prepare
         from dlrecipes.records.store.local import open_in
 
-        prepare(self.root, config.run_name, resume, restart)
+        prepare(self.root, config.run_name, options.resume, options.restart)
         with named_by_address({self.root.staging(): str(self.root)}):  # its records' errors name the bucket's files
-            opened = open_in(self.root.staging(), config, recipe, device, resume, restart)
+            opened = open_in(self.root.staging(), config, device, options)
         name = opened.run.name
         mirror = staged_run(self.root, name)
         opened.shown_as = f"{self.root}/{name}"
