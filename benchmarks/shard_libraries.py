@@ -18,7 +18,6 @@ Every figure is measured; a library that cannot do a thing says so in its row ("
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random

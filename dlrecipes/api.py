@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.core.distributed import adopt_torchrun, rank
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.plugins import load_all
@@ -284,7 +285,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     at a time (each on ``nproc`` processes through ``launch``), skipping finished points and resuming stopped
     ones; ``trust_checkpoint``: each training as ``train --trust-checkpoint`` (the checkpoints it resumes or
     loads by ``checkpoint.load_path``, unpickled in full). Returns (plan, summary rows, exit code)."""
-    from dlrecipes.config.devices import check_launch
+    from dlrecipes.config.device_checks import check_launch
     from dlrecipes.errors import UserError
     from dlrecipes.tools import sweep as tool
 
@@ -315,7 +316,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         runs_dir = runs_dir or config.runs_dir
     from dlrecipes.records.store import store_for
 
-    folder = store_for(runs_dir or "runs").sweep(plan.name)  # in a bucket: what it has of the sweep brought here
+    folder = store_for(runs_dir or RUNS_DIR).sweep(plan.name)  # in a bucket: what it has of the sweep brought here
     tool.prepare_folder(plan, folder.folder.parent)
     plan.trains_into, plan.after_point = folder.trains_into, folder.after_point
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
@@ -333,7 +334,7 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``), one process each with the
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
     from dlrecipes.config.checks import check_train_options
-    from dlrecipes.config.devices import check_launch
+    from dlrecipes.config.device_checks import check_launch
     from dlrecipes.records.store import store_for
     from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
 
@@ -398,7 +399,7 @@ def plot(run_dir: str | Path) -> list[Path]:
 
 
 def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = None, last: Optional[int] = None,
-            runs_dir: str | Path = "runs") -> tuple[list[dict[str, Any]], Optional[Path]]:
+            runs_dir: str | Path = RUNS_DIR) -> tuple[list[dict[str, Any]], Optional[Path]]:
     """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there.
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
@@ -415,7 +416,7 @@ def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = Non
     return summaries, plot
 
 
-def runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
+def runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[dict[str, Any]]:
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
     metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
     from dlrecipes.records.runs import describe_run

@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from dlrecipes.errors import UserError, user_message
+from dlrecipes.errors import UserError, first_line, user_message
 
 app = typer.Typer(
     add_completion=False,
@@ -134,7 +134,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         if isinstance(exc, OSError) and exc.strerror:  # the machine said no (disk full, permissions): not a bug
             where = f": {exc.filename}" if exc.filename else ""
             _fail(f"{exc.strerror}{where} ({TRACEBACK_SWITCH}=1 shows where)", code=1)
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+        first = first_line(exc, 300, "")
         _fail(f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
               f"{TRACEBACK_SWITCH}=1 shows the traceback)", code=1)
 

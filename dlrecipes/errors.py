@@ -52,6 +52,15 @@ def user_message(exc: UserError) -> str:
     return message
 
 
+def first_line(exc: BaseException, limit: int | None = None, default: str | None = None) -> str:
+    """An exception's message as one line: its first non-empty line, cut at ``limit`` characters; ``default`` (the
+    exception's type's name when None) for a message with none."""
+    line = next((text.strip() for text in str(exc).splitlines() if text.strip()), None)
+    if line is None:
+        return type(exc).__name__ if default is None else default
+    return line if limit is None else line[:limit]
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

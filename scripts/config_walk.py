@@ -95,5 +95,5 @@ def summary(entered: list[str]) -> str:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    recipe = Path(args.pop(0)) if args and not "=" in args[0] else ROOT / "recipes" / "quickstart.yaml"
+    recipe = Path(args.pop(0)) if args and "=" not in args[0] else ROOT / "recipes" / "quickstart.yaml"
     print(summary(walk(recipe, ["trainer.device=cpu", "checkpoint.save=false", *args])))

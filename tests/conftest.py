@@ -11,13 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from dlrecipes.plugins import load_builtins
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-
-
-from dlrecipes.plugins import load_builtins
-from hypothesis import settings
 
 # The suite draws the same examples every run (a failure is a bug, not bad luck); HYPOTHESIS_PROFILE=explore draws
 # new ones, to look for more.

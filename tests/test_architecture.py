@@ -525,8 +525,8 @@ def test_the_architecture_doc_lists_every_module_and_nothing_else():
         [f"missing: {p}" for p in missing] + [f"listed but not in the package (or twice): {p}" for p in extra] + \
         [f"no words: {p}" for p in wordless] + \
         (["out of order"] if not (missing or extra) and paths != expected else [])
-    assert not problems, (f"docs/architecture.md's package tree is not the package:\n  " + "\n  ".join(problems)
-                          + f"\nthe block as it should read (the new lines' words from their docstrings):\n"
+    assert not problems, ("docs/architecture.md's package tree is not the package:\n  " + "\n  ".join(problems)
+                          + "\nthe block as it should read (the new lines' words from their docstrings):\n"
                           + tree_block(dict(listed)))
 
 
@@ -599,3 +599,25 @@ def test_the_builder_and_the_fit_stage_take_the_opened_run_not_paths_and_flags()
                 paths += [f"{module}.{node.name}({a.arg})" for a in [*node.args.args, *node.args.kwonlyargs]
                           if a.arg == "run_dir" or a.arg in flags]
     assert paths == []
+
+
+def test_the_default_runs_folder_and_the_gpu_comparison_are_each_written_once():
+    """``runs`` (runs_dir's default) is dlrecipes.core.addresses.RUNS_DIR everywhere but the CLI's option defaults
+    (the CLI imports no core module); whether a resolved device is the GPU is dlrecipes.core.devices.on_gpu, but in
+    core/distributed.py, which devices.py imports; an exception's first line is dlrecipes.errors.first_line."""
+    runs, gpu, first = [], [], []
+    for module, path in MODULES.items():
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "gpu"
+                                                     for c in node.comparators):
+                gpu.append(module)
+            if isinstance(node, ast.arguments):
+                runs += [module for d in [*node.defaults, *node.kw_defaults]
+                         if isinstance(d, ast.Constant) and d.value == "runs"]
+        idioms = ("str(exc).splitlines()[0]", "str(exc).splitlines() or [", "str(exc).strip().splitlines()",
+                  "for line in str(exc).splitlines() if line.strip())")
+        if module != "dlrecipes.errors" and any(idiom in source for idiom in idioms):
+            first.append(module)
+    assert set(runs) <= {"dlrecipes.cli"} and set(gpu) <= {"dlrecipes.core.devices", "dlrecipes.core.distributed"}
+    assert first == []

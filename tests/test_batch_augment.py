@@ -108,9 +108,9 @@ def test_random_erasing_boxes_equal_torchvisions_erase():
     noise = torch.randn(images.shape)
     for value in (None, noise):
         out = batch_ops.erase(images, boxes, value)
-        for i, (t, l, h, w) in enumerate(boxes.tolist()):
-            v = torch.zeros(()) if value is None else value[i, :, t:t + h, l:l + w]
-            expected = TF.erase(images[i], t, l, h, w, v) if h else images[i]
+        for i, (t, x, h, w) in enumerate(boxes.tolist()):
+            v = torch.zeros(()) if value is None else value[i, :, t:t + h, x:x + w]
+            expected = TF.erase(images[i], t, x, h, w, v) if h else images[i]
             assert torch.equal(out[i], expected)
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import pickle
-import struct
 import tarfile
 import threading
 

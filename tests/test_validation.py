@@ -149,7 +149,7 @@ def test_values_out_of_range_are_refused(recipe, override, message):
 def _assert_user_error(result, *fragments):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 or _is_meaning(lines), result.stderr  # one message (and what its key means)
     for fragment in fragments:
         assert fragment in lines[0]

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.errors import RecipeError, UserError, first_line
 from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir, RunDir
 
 
@@ -61,7 +61,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = first_line(exc)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -44,7 +44,7 @@ from composer.core import Algorithm, Event, State, Time, TimeUnit
 from composer.loggers import Logger
 from torch import nn
 
-from dlrecipes.errors import RecipeError
+from dlrecipes.errors import RecipeError, first_line
 
 __all__ = [
     "BACKENDS", "EXPORT_FILE", "REPORT_FILE", "RebindReport", "check_traceable", "prepare_qat", "is_qat_prepared",
@@ -97,9 +97,9 @@ def check_traceable(net: nn.Module) -> None:
     try:
         torch.fx.symbolic_trace(net)
     except Exception as exc:  # tracing fails with whatever the model's forward raises on proxies
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise ValueError(
-            f"{type(net).__name__} cannot be traced by torch.fx ({type(exc).__name__}: {first_line}); "
+            f"{type(net).__name__} cannot be traced by torch.fx ({type(exc).__name__}: {first}); "
             "QAT inserts its observers into the traced graph, so the forward must not branch on tensor values"
         ) from None
 

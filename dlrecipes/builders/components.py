@@ -13,7 +13,7 @@ from typing import Any
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
 from dlrecipes.core import lr_scaling
-from dlrecipes.core.devices import torch_device
+from dlrecipes.core.devices import on_gpu, torch_device
 from dlrecipes.core.distributed import split_batch, world_size
 from dlrecipes.core.run_context import RunContext
 from dlrecipes.data.splits import DatasetSplits
@@ -119,7 +119,7 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
 
     common = {
         "num_workers": cfg.num_workers,
-        "pin_memory": device == "gpu",
+        "pin_memory": on_gpu(device),
         "persistent_workers": cfg.num_workers > 0,
     }
     if len(data.train) < cfg.batch_size:

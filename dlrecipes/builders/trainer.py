@@ -13,6 +13,7 @@ from dlrecipes.builders.components import (
     build_scheduler,
 )
 from dlrecipes.config import RecipeConfig
+from dlrecipes.core.devices import on_gpu
 from dlrecipes.core.distributed import local_world_size, rank, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
 from dlrecipes.core.precision import precision_of
@@ -113,7 +114,7 @@ def start_line(opened: TrainingRun, data, resuming: bool = False) -> str:
 
     classes = f", {data.num_classes} classes" if data.num_classes else ""
     where = device
-    if device == "gpu":
+    if on_gpu(device):
         import torch
 
         where = f"gpu ({torch.cuda.get_device_name()})"
@@ -266,7 +267,7 @@ def _trainer(config: RecipeConfig, layout: RunDir, device: str, model, loaders: 
     Trainer = _trainer_class()
     t = config.trainer
     optimizer = build_optimizer(config.optimizer, model, t.batch_size,
-                                         fused=precision_of(t.precision).fused_optimizer and device == "gpu")
+                                         fused=precision_of(t.precision).fused_optimizer and on_gpu(device))
     algorithms = build_algorithms(config.algorithms, layout)
     for algorithm in algorithms:
         if data is not None and callable(getattr(algorithm, "check_data", None)):

@@ -33,7 +33,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
 
-from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.errors import RecipeError, UserError, first_line
 from dlrecipes.records.layout import ExportDir
 
 KEY = "callbacks.export"  # the files' names: dlrecipes.records.layout (ExportDir)
@@ -87,9 +87,9 @@ def export_model(
         else:
             export_for_inference(module, fmt, str(path), sample_input=(sample,))
     except Exception as exc:  # an operator the exporter cannot translate: the user can drop this format
-        first_line = (str(exc).strip().splitlines() or [""])[0]
+        first = first_line(exc, default="")
         raise UserError(
-            f"{asked_by}: could not export this model to {fmt} ({type(exc).__name__}: {first_line}); "
+            f"{asked_by}: could not export this model to {fmt} ({type(exc).__name__}: {first}); "
             f"{_leave_out(fmt, asked_by)}"
         ) from exc
     return path

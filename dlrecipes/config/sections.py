@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, Union
 
 from dlrecipes import registry
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.core.durations import DURATION_FORM, Duration
 from dlrecipes.core.precision import precisions_meaning
 from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range, Size
@@ -175,7 +176,7 @@ class RecipeConfig:
         "AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL for another server), whose runs are written in a local staging folder "
         "($DLRECIPES_STAGING_DIR, default ~/.cache/dlrecipes/staging/BUCKET/PREFIX/RUN) and uploaded as they are "
         "written (docs/object-storage.md)",
-        default="runs")
+        default=RUNS_DIR)
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
     loss: Union[str, dict[str, Any]] = _help(
         "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "

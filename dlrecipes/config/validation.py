@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-import dlrecipes.config.devices as device_checks
+import dlrecipes.config.device_checks as device_checks
 from dlrecipes.config.checks import (
     check_component,
     check_component_map,

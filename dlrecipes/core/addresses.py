@@ -18,6 +18,7 @@ from typing import Any, Optional
 from dlrecipes.errors import UserError
 
 SCHEMES = ("s3", "gs", "oci", "azure")  # the object stores Composer's URI factory makes
+RUNS_DIR = "runs"  # where runs go when nothing says otherwise (runs_dir's default, and the commands that list runs)
 OTHER_NAMES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "az": "azure", "abfs": "azure", "abfss": "azure", "wasb": "azure",
                "wasbs": "azure"}  # what other tools call them (Hadoop's, fsspec's)
 KEY_LIMIT = 1024  # bytes an S3 key may hold (UTF-8), the strictest of the schemes

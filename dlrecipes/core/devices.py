@@ -33,6 +33,11 @@ ON_A_MACHINE_WITHOUT_GPU = (
 )
 
 
+def on_gpu(device: str) -> bool:
+    """Whether a resolved device (``resolve_device``'s ``cpu`` or ``gpu``) is the GPU: the one place that compares."""
+    return device == "gpu"
+
+
 def check_device_name(device: str, key: str) -> str:
     """``device`` when it is one of :data:`DEVICES`; any other word is refused in one line naming ``key``."""
     if device not in DEVICES:

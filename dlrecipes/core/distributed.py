@@ -27,7 +27,7 @@ import datetime
 import os
 from typing import Any, Iterator, Optional
 
-from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.errors import RecipeError, UserError, first_line
 
 def rank() -> int:
     """This process's global rank (0 without a launcher)."""
@@ -287,7 +287,7 @@ class Pending:
             try:
                 self._work.wait()
             except RuntimeError as exc:
-                first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]
+                first = first_line(exc, 200, "")
                 raise PeerLost(f"another process of this run stopped or stopped answering ({first}); "
                                "its own log or terminal says why") from None
             self._values = self._box.tolist()  # a CPU tensor: no device synchronisation

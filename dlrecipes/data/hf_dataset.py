@@ -20,7 +20,7 @@ import numpy as np
 from torchvision.datasets import VisionDataset
 
 from dlrecipes.data.splits import DatasetSplits
-from dlrecipes.errors import DataError, RecipeError, UserError, did_you_mean, shown
+from dlrecipes.errors import DataError, RecipeError, UserError, did_you_mean, first_line, shown
 
 INSTALL_HINT = "Hugging Face datasets is not installed: pip install 'dlrecipes[hf]' (or pip install datasets)"
 EVAL_SPLITS = ("validation", "test")  # what eval_split picks when the recipe names none, in this order
@@ -92,7 +92,7 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
         except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
             raise DataError(
                 f"dataset.path: cannot read {folder} as a Hugging Face dataset ({type(exc).__name__}: "
-                f"{_first_line(exc)}); give a folder written by save_to_disk, or one of Parquet files"
+                f"{first_line(exc, 200, '')}); give a folder written by save_to_disk, or one of Parquet files"
             ) from None
     else:
         from dlrecipes.runtime.hub import hub_offline_unless_reachable
@@ -101,7 +101,7 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
             try:
                 loaded = datasets.load_dataset(path, config)
             except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
-                why = (f"{type(exc).__name__}: {_first_line(exc)}" if online
+                why = (f"{type(exc).__name__}: {first_line(exc, 200, '')}" if online
                        else "offline, and not in the local cache")
                 raise DataError(
                     f"dataset.path: cannot download the Hugging Face dataset '{path}' ({why}); download it on a "
@@ -135,7 +135,7 @@ class SavedSplit:
             return datasets.Dataset.load_from_disk(str(self.folder))
         except (OSError, ValueError, IndexError, datasets.exceptions.DatasetsError) as exc:
             raise DataError(f"dataset.path: cannot read the split {self.folder} ({type(exc).__name__}: "
-                            f"{_first_line(exc)}); save the dataset again with save_to_disk") from None
+                            f"{first_line(exc, 200, '')}); save the dataset again with save_to_disk") from None
 
 
 def saved_splits(folder: Path) -> dict[str, Any]:
@@ -148,11 +148,6 @@ def saved_splits(folder: Path) -> dict[str, Any]:
         raise DataError(f"dataset.path: cannot read {folder / 'dataset_dict.json'} ({type(exc).__name__}: {exc}); "
                         "save the dataset again with save_to_disk") from None
     return {str(name): SavedSplit(folder / str(name)) for name in names}
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
 
 
 def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str) -> tuple[str, Any]:

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from dlrecipes.errors import first_line
+
 SCALES = (8, 4)  # libjpeg-turbo's DCT scaling, largest first (1/2, through PIL, cost more than it saved)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)  # RandomResizedCrop's default aspect ratios
 
@@ -40,7 +42,7 @@ def decode(data: bytes, scale: int = 1) -> torch.Tensor:
         if data[:8] == b"\x89PNG\r\n\x1a\n" or data[:4] == b"RIFF" or data[:3] == b"GIF":
             return decode_image(encoded, mode=ImageReadMode.RGB)
     except RuntimeError as exc:  # torchvision's decoders: a damaged or truncated file
-        raise OSError(str(exc).splitlines()[0] if str(exc) else "cannot decode the image") from None
+        raise OSError(first_line(exc, default="cannot decode the image")) from None
     return _pil_draft(data, 1)  # BMP, TIFF, PPM, ...: PIL reads them
 
 

@@ -321,7 +321,7 @@ def ffcv(
     from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
     from dlrecipes.data.ffcv_loader import FFCVSource
     from dlrecipes.data.preprocess import preprocess_spec
-    
+
     def source(path: str, train: bool, size: int) -> FFCVSource:
         return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
 

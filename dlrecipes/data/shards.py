@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dlrecipes.data.splits import DatasetSplits
-from dlrecipes.errors import DataError, UserError
+from dlrecipes.errors import DataError, UserError, first_line
 
 META = "dlrecipes-shards.json"  # written last: its presence says the conversion finished
 SPLITS = ("train", "val")
@@ -75,7 +75,7 @@ class ShardsPlace:
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
             return UserError(f"{self.key_path}: {self.address}: access denied with the credentials found ({code}; check "
                              "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
-        first = (str(exc).splitlines() or [""])[0][:200]
+        first = first_line(exc, 200, "")
         return UserError(f"{self.key_path}: {self.address}: the bucket refused a read ({type(exc).__name__}: {first})")
 
     def url(self, *parts: str) -> str:
@@ -207,7 +207,7 @@ class ShardsDataset:
         return f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at sample {index}"
 
     def damaged(self, index: int, exc: BaseException) -> DataError:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        reason = first_line(exc, 160)
         from dlrecipes.data.jpeg import damaged_in_shard
 
         return damaged_in_shard(self.where(index), f"{type(exc).__name__}: {reason}")

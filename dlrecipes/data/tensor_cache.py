@@ -146,9 +146,9 @@ def random_resized_crop(
     top = (torch.rand(n, generator=generator) * (h - ch + 1)).long()
     left = (torch.rand(n, generator=generator) * (w - cw + 1)).long()
     crops = [
-        F.interpolate(images[i : i + 1, :, t : t + c_h, l : l + c_w], size=(size, size), mode="bilinear",
+        F.interpolate(images[i : i + 1, :, t : t + c_h, x : x + c_w], size=(size, size), mode="bilinear",
                       align_corners=False, antialias=True)
-        for i, (t, l, c_h, c_w) in enumerate(zip(top.tolist(), left.tolist(), ch.tolist(), cw.tolist()))
+        for i, (t, x, c_h, c_w) in enumerate(zip(top.tolist(), left.tolist(), ch.tolist(), cw.tolist()))
     ]
     return torch.cat(crops)
 

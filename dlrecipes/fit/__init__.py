@@ -17,6 +17,7 @@ from dlrecipes.config import RecipeConfig
 from dlrecipes.core import lr_scaling
 from dlrecipes.core.devices import resolve_device
 from dlrecipes.core.distributed import choose_gloo_interface, rank, start_torchrun_group
+from dlrecipes.errors import first_line
 from dlrecipes.fit.outcome import TrainingFailed, TrainResult, ended_by, outcome
 from dlrecipes.records.run_dir import find_resume_point, record_recipe
 from dlrecipes.records.store import RunOptions, RunStore, TrainingRun, store_for
@@ -139,7 +140,7 @@ def _fit_in(opened: TrainingRun) -> TrainResult:
             trainer.fit()
     except BaseException as exc:  # summary.json's status and reason, written at close
         history.status = outcome(exc)
-        history.reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        history.reason = first_line(exc)
         raise
     finally:
         trainer.close()

@@ -12,7 +12,7 @@ from typing import Optional
 
 from dlrecipes.core.distributed import PeerLost, lost_peer, rank
 from dlrecipes.core.secrets import redact_text
-from dlrecipes.errors import UserError
+from dlrecipes.errors import UserError, first_line
 from dlrecipes.records.layout import RunDir
 
 
@@ -114,7 +114,7 @@ def lost_line(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerL
         point = None
     where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
         "rank 0 names the checkpoint"
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:160]
+    first = first_line(exc, 160)
     then = ("torchrun restarts the job if it has a restart left (--max-restarts), and the run resumes; else run the "
             "same torchrun command again" if os.environ.get("TORCHELASTIC_RUN_ID") else
             "when every host is back, run the same command with --resume on each")
@@ -134,6 +134,6 @@ def failed_line(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFa
         with open(log, "a") as f:
             f.write(f"\n[error]: training failed\n{text}")
         where = f"its traceback is in {log}"
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+    first = first_line(exc, 300, "")
     place = f"run directory {run}" if run is not None else "no run directory was kept (no checkpoint yet)"
     return TrainingFailed(f"training failed: {type(exc).__name__}: {first} ({place}; {where})", text)

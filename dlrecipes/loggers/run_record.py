@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from dlrecipes.core.secrets import redact, redact_text
+from dlrecipes.errors import first_line
 from dlrecipes.records.layout import RunDir
 
 ARTIFACT_CHOICES = ("files", "checkpoint", "export", "all", "none")
@@ -112,7 +113,7 @@ class RecordsTheRun:
             return call()
         except Exception as exc:  # a tracker that dropped out must not stop the training
             self._unreachable = True
-            first = redact_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:300]
+            first = redact_text(first_line(exc))[:300]
             print(f"warning: {self.tracker}: {what} failed ({type(exc).__name__}: {first}); nothing more is sent to "
                   "it, and training goes on (the run directory keeps everything)", file=sys.stderr)
             return None

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes import api
-from dlrecipes.runtime.process_state import kept
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError, user_message
 from dlrecipes.notebook.objects import register_objects, use_objects
+from dlrecipes.runtime.process_state import kept
 
 Overrides = Iterable[str] | Mapping[str, Any]
 
@@ -192,14 +193,14 @@ resolve = api.resolve
 show = api.show
 
 
-def runs(runs_dir: str | Path = "runs", last: Optional[int] = None):
+def runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None):
     """The runs under ``runs_dir``, newest first, as a pandas DataFrame indexed by run name."""
     from dlrecipes.records.frames import table_frame
 
     return table_frame(api.runs(runs_dir, last), index="name")
 
 
-def compare(run_dirs: Sequence[str | Path] = (), last: Optional[int] = None, runs_dir: str | Path = "runs"):
+def compare(run_dirs: Sequence[str | Path] = (), last: Optional[int] = None, runs_dir: str | Path = RUNS_DIR):
     """The runs side by side: (a DataFrame, one row per run with the recipe values that differ among them as
     columns; a Figure of eval top-1 against wall-clock time)."""
     from dlrecipes.records.frames import table_frame

@@ -23,6 +23,8 @@ import stat
 from pathlib import Path
 from typing import Any, Optional
 
+from dlrecipes.errors import first_line
+
 NOT_A_CHECKPOINT = "is not a dlrecipes/Composer checkpoint"
 # How deep a checkpoint's pickle may nest (a container in a container ...).  A Composer checkpoint nests 10 levels
 # (the tiny tests' run and a ResNet-50's alike: state / optimizers / SGD / state / parameter / momentum_buffer / the
@@ -283,7 +285,7 @@ def declared_storages(pickled: bytes) -> list[tuple[str, int]]:
     except _Malformed:
         raise
     except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:  # genops: a bad opcode or argument
-        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        detail = first_line(exc, 120)
         raise _Malformed(f"its pickle is malformed: {detail}") from None
     return [_storage_bytes(pid) for pid in reading.declared]
 

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from dlrecipes.errors import DataError, UserError
+from dlrecipes.errors import DataError, UserError, first_line
 from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
 
 # What a checkpoint dlrecipes writes holds besides tensors and plain containers (which torch's tensors-only loader
@@ -133,7 +133,7 @@ def check_trusted(path: Path, trust: bool = False, key: str = "checkpoint.load_p
 
 
 def _first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]
+    return first_line(exc, 200, "")
 
 
 def _refused(exc: BaseException, path: Path, key: str) -> Optional[UntrustedCheckpoint]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from dlrecipes.core.distributed import lost_peer
-from dlrecipes.errors import DataError, UserError
+from dlrecipes.errors import DataError, UserError, first_line
 from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
 from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
 from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
@@ -83,7 +83,7 @@ def checkpoint_batch(path: Path) -> int:
 
 
 def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> CheckpointSaveError:
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
     return CheckpointSaveError(
         f"checkpoint.save: writing {path} failed ({reason}); {kept}. Training stopped: fix the cause "
@@ -187,7 +187,7 @@ def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Opti
     except UntrustedCheckpoint:
         raise
     except Exception as exc:  # a bad pickle, a legacy file cut short, a RecursionError: all mean "not usable"
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        first = first_line(exc, 200, "")
         return f"{NOT_A_CHECKPOINT} ({type(exc).__name__}{': ' + first if first else ''})"
     return _not_composer(state)
 

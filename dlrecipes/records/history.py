@@ -20,7 +20,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from dlrecipes.core.devices import gpu_available
+from dlrecipes.core.devices import gpu_available, on_gpu
 from dlrecipes.core.secrets import redact
 from dlrecipes.records.layout import RunDir
 
@@ -39,7 +39,7 @@ def higher_is_better(metric: str) -> bool:
 
 def peak_memory_mb(device: str) -> float:
     """Peak CUDA memory allocated (GPU) or the process's peak resident memory (CPU), in MiB."""
-    if device == "gpu" and gpu_available():
+    if on_gpu(device) and gpu_available():
         return torch.cuda.max_memory_allocated() / 2**20
     import resource
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import os
 import shlex
 import socket
 import subprocess
@@ -35,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from dlrecipes.core.devices import gpu_available, gpu_count
+from dlrecipes.core.devices import gpu_available, gpu_count, on_gpu
 from dlrecipes.core.secrets import redact_text
 
 PACKAGES = {"dlrecipes": "dlrecipes", "torch": "torch", "torchvision": "torchvision", "composer": "mosaicml",
@@ -163,7 +162,7 @@ def plugin_files() -> dict[str, Optional[str]]:
 
 
 def gpu_facts(device: str) -> dict[str, Any]:
-    if device != "gpu" or not gpu_available():
+    if not on_gpu(device) or not gpu_available():
         return {}
     import torch
 

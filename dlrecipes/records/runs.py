@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
 from dlrecipes.records import run_files
 from dlrecipes.records.layout import RECIPE_FILE, RunDir
@@ -151,7 +152,7 @@ def _duration(seconds: Any) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def find_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[Path]:
+def find_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[Path]:
     """The run directories under ``runs_dir`` (those holding a recipe.yaml, sweeps' nested ones too), newest
     first; ``last``: only that many."""
     root = Path(runs_dir)
@@ -171,11 +172,11 @@ def newest_first(run_dirs: Sequence[Path], last: Optional[int] = None) -> list[P
     return found
 
 
-def list_runs(runs_dir: str | Path = "runs", last: Optional[int] = None) -> list[dict[str, Any]]:
+def list_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[dict[str, Any]]:
     return [describe_run(p) for p in find_runs(runs_dir, last)]
 
 
-def select_runs(run_dirs: Sequence[str | Path], last: Optional[int], runs_dir: str | Path = "runs") -> list[Path]:
+def select_runs(run_dirs: Sequence[str | Path], last: Optional[int], runs_dir: str | Path = RUNS_DIR) -> list[Path]:
     """``compare``'s selection: the directories given, or the ``last`` newest runs under ``runs_dir``."""
     if run_dirs and last is not None:
         raise UserError("give run directories or --last N, not both")

@@ -231,7 +231,7 @@ def _entry_block(name: str, description: str, card: dict[str, str], params: list
 
 def validated(recipe: Any, config: Any) -> str:
     """``validate``'s line: the recipe is valid, and what it trains; then what its GPU steps must read back."""
-    from dlrecipes.config.devices import read_back_notes
+    from dlrecipes.config.device_checks import read_back_notes
     from dlrecipes.data.source_sizes import upsampling_notes
 
     return "\n".join([f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from dlrecipes.core.devices import check_device_name, check_runs_here, torch_device
+from dlrecipes.core.devices import check_device_name, check_runs_here, on_gpu, torch_device
 from dlrecipes.errors import RecipeError, did_you_mean
 
 
@@ -116,11 +116,11 @@ def profile_model(
         "latency": {"batch_1": time_forward(model, one, warmup, repeats)},
     }
     batched = torch.randn(batch, *input_size, device=device)
-    if name == "gpu":
+    if on_gpu(name):
         torch.cuda.reset_peak_memory_stats()
     result["latency"][f"batch_{batch}"] = time_forward(model, batched, warmup, repeats)
     result["batch"] = batch
-    result["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20 if name == "gpu" else None
+    result["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20 if on_gpu(name) else None
     return result
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.records.store.interface import (
     ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
 )
@@ -70,7 +71,7 @@ def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
     return local, addresses
 
 
-def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = "runs") -> tuple[list[Path],
+def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = RUNS_DIR) -> tuple[list[Path],
                                                                                                 dict[Path, str]]:
     """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`): local copies of the runs that live in a
     bucket, and their addresses."""

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrecipes.errors import UserError
+from dlrecipes.errors import UserError, first_line
 
 
 class CannotDelete(UserError):
@@ -189,7 +189,7 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
         return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"))
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
         raise UserError(f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
-                        f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+                        f"{type(exc).__name__}: {first_line(exc, 200, '')}") from None
 
 
 FULL = ("InsufficientStorage", "507", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded", "QuotaExceeded",
@@ -234,7 +234,7 @@ def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") 
         return UserError(f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
                          f"({name}); check that the server is up and answering")
     if code:
-        first = str(exc).splitlines()[0][:200] if str(exc) else code
+        first = first_line(exc, 200, code)
         return UserError(f"{key_path}: {address}: the server at {where} refused the write ({first})")
     return None
 

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, shortened
 from dlrecipes.core.secrets import credential_home, redact_uri
-from dlrecipes.errors import UserError
+from dlrecipes.errors import UserError, first_line
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
     is_periodic, longest_relative_path, periodic_progress,
@@ -169,7 +169,7 @@ def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
         except UserError:
             raise
         except Exception as exc:
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            first = first_line(exc, 200, "")
             raise UserError(f"{key_path}: {root}: the bucket cannot be read: {type(exc).__name__}: {first}") from None
     _ANSWERED.add(asked)
 
@@ -287,7 +287,7 @@ class RemoteRun:
         if not self.warned:
             self.warned = True
             print(f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); training goes on, the upload is tried "
+                  f"{first_line(exc, 160, '')}); training goes on, the upload is tried "
                   "again at the next checkpoint and at the end", file=sys.stderr)
 
     def _send(self, relative: str, size: int) -> None:

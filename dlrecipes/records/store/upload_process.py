@@ -23,6 +23,8 @@ import sys
 import threading
 from typing import Any, Optional
 
+from dlrecipes.errors import first_line
+
 LARGE = 8 * 2**20  # bytes: files this large go through the process (a checkpoint); smaller ones are not worth a trip
 NICE = 10
 PARENT_POLL = 0.2  # seconds between the upload process's looks at whether its training is still there
@@ -149,7 +151,7 @@ def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
             client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
             answer: dict[str, Any] = {"error": None}
         except Exception as exc:  # the mirror's thread warns and keeps it pending, as for its own uploads
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            first = first_line(exc, 200, "")
             answer = {"error": f"{type(exc).__name__}: {first}"}
         try:
             sys.stdout.write(json.dumps(answer) + "\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlrecipes.core.devices import check_gpus_per_node, resolve_device
+from dlrecipes.core.devices import check_gpus_per_node, on_gpu, resolve_device
 from dlrecipes.core.distributed import split_batch
 from dlrecipes.core.precision import precision_of
 
@@ -16,7 +16,7 @@ from dlrecipes.core.precision import precision_of
 def check_launch(config: Any, nproc: int, processes: int) -> None:
     """``launch`` (and a run started by a launcher): no more processes per node than GPUs, and
     global batches that divide over all the processes."""
-    if resolve_device(config.trainer.device) == "gpu":
+    if on_gpu(resolve_device(config.trainer.device)):
         check_gpus_per_node(nproc)
     check_batches_divide(config, processes)
 
