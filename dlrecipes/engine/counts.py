@@ -44,6 +44,8 @@ class QuickTimestamp(Timestamp):
         return QuickTimestamp.of(super().copy(*args, **kwargs))
 
     def to_next_batch(self, samples: Any = 0, tokens: Any = 0, duration: Optional[datetime.timedelta] = None):
+        """Replaces ``composer.core.time.Timestamp.to_next_batch`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_the_quick_timestamp_counts_as_composers``."""
         if type(samples) is not int or type(tokens) is not int:  # Time or float counts: Composer's arithmetic
             return super().to_next_batch(samples, tokens, duration)
         duration = datetime.timedelta(seconds=0) if duration is None else duration

@@ -25,6 +25,12 @@ class DirectEngine(Engine):
     _receivers_of: tuple
 
     def run_event(self, event: Union[Event, str]):
+        """Composer's ``run_event``: the algorithms, then the callbacks (others first, then loggers), each event only
+        to the callbacks that handle it; Composer's own with the profiler, ``ENGINE_DEBUG``, at INIT or once closed.
+
+        Replaces ``composer.core.engine.Engine.run_event`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_algorithm_traces_are_logged_without_reading_the_loss_back``.
+        """
         if not isinstance(event, Event):
             event = Event(event)
         if self.state.profiler is not None or event is Event.INIT or self._is_closed or _ENGINE_DEBUG:

@@ -1,5 +1,5 @@
-"""The Trainer's life outside its steps: memory kept for reuse on a CPU, and what its close frees (the exit hook, torch's
-cache of models, the loaders' worker processes)."""
+"""The Trainer's life outside its steps: memory kept for reuse on a CPU, and what its close frees (the exit hook,
+torch's cache of models, the loaders' worker processes)."""
 
 from __future__ import annotations
 

@@ -43,6 +43,12 @@ class Loop:
 
     # -- the loop itself stays Composer's; its timestamp and batch counting get cheaper --
     def _train_loop(self) -> None:
+        """Composer's loop, with the cheaper timestamp and batch counts (and no warning for a run resumed after its
+        epoch's last batch).
+
+        Replaces ``composer.trainer.trainer.Trainer._train_loop`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_training_is_bit_identical_to_composers_trainer``.
+        """
         self.state.timestamp = QuickTimestamp.of(self.state.timestamp)
         if self._train_data_spec is not None:
             quick_counts(self._train_data_spec)
@@ -76,6 +82,12 @@ class Loop:
 
     # -- the end of the data: Composer all-reduces a device flag and reads it every batch --
     def _iter_dataloader(self, trainer_mode: TrainerMode):
+        """The batches of this epoch or evaluation; the end of the data asked of every rank on the host, and only
+        when their batch plans differ (Composer all-reduces a device flag and reads it back every batch).
+
+        Replaces ``composer.trainer.trainer.Trainer._iter_dataloader`` (Composer 0.32.1);
+        guarded by ``tests/test_engine_ranks.py::test_uneven_per_rank_data_trains_the_shorter_length_on_every_rank``.
+        """
         loader = self.state.dataloader
         assert loader is not None
         length = self.state.dataloader_len
@@ -109,8 +121,15 @@ class Loop:
         if self._rng_state is not None and int(self.state.timestamp.batch_in_epoch) > 0:
             reproducibility.load_rng_state(self._rng_state)
             self._rng_state = None
+
     # -- samples and wall time: Composer reduces on the device and reads three values --
     def _accumulate_time_across_ranks(self, num_samples, num_tokens: int, batch_time: datetime.timedelta):
+        """The batch's samples, tokens and time summed over ranks on the host (none at all when the ranks' batch
+        plans agree); Composer reduces them on the device and reads three values back.
+
+        Replaces ``composer.trainer.trainer.Trainer._accumulate_time_across_ranks`` (Composer 0.32.1);
+        guarded by ``tests/test_engine_ranks.py::test_equal_shards_take_no_host_reduction_in_a_steady_step``.
+        """
         self._in_batch = True
         if self._host.world_size == 1:
             return num_samples, num_tokens, batch_time

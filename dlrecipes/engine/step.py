@@ -64,6 +64,12 @@ class Step:
 
     # -- the optimizer closure: only there to call ``.item()`` on the loss for most optimizers --
     def _use_closures(self) -> bool:
+        """Whether the optimizer step takes a closure: only for optimizers that need one (SAM, L-BFGS), asked again
+        only when the precision, backend or optimizers change.
+
+        Replaces ``composer.trainer.trainer.Trainer._use_closures`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_training_is_bit_identical_to_composers_trainer``.
+        """
         key = (self.state.precision, self.state.device.dist_backend, tuple(map(id, self.state.optimizers)))
         if self._closures[0] != key:  # asked every batch; the answer changes only with these
             use = super()._use_closures() and any(needs_closure(o) for o in self.state.optimizers)
@@ -80,6 +86,12 @@ class Step:
 
     # -- one batch: Composer's _train_batch, then the train metrics and the loss log --
     def _train_batch(self, use_grad_scaling: bool):
+        """One batch: Composer's retry loop with auto microbatching or on XLA, else the direct step; then the train
+        metrics' updates and the losses logged (returns None: Composer's loop then skips its read-back of the loss).
+
+        Replaces ``composer.trainer.trainer.Trainer._train_batch`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_training_is_bit_identical_to_composers_trainer``.
+        """
         state = self.state
         interval = self.train_metrics_interval
         epoch = int(state.timestamp.epoch)
@@ -146,7 +158,11 @@ class Step:
 
     # -- the batch size averaged over ranks: Composer reduces it on the device and reads it back --
     def _train_microbatches(self, microbatches, total_loss_dict, ddp_sync: bool = True) -> torch.Tensor:
-        """Composer 0.32.1's ``_train_microbatches`` with the batch size counted on the host."""
+        """Composer 0.32.1's ``_train_microbatches`` with the batch size counted on the host.
+
+        Replaces ``composer.trainer.trainer.Trainer._train_microbatches`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_training_is_bit_identical_to_composers_trainer``.
+        """
         assert self._train_data_spec is not None and self.state.scaler is not None
         spec, model = self._train_data_spec, self.state.model
         # the train metrics see the first pass over these microbatches (SAM makes two); a retry
@@ -194,6 +210,12 @@ class Step:
 
     # -- one microbatch: Composer's, without the deep copy of the batch kept for the metrics --
     def _train_microbatch(self, use_grad_scaling: bool, current_batch_size, is_final_microbatch: bool):
+        """One microbatch without the deep copy of the batch Composer keeps for the train metrics (its outputs are
+        recorded for them on sampled batches instead).
+
+        Replaces ``composer.trainer.trainer.Trainer._train_microbatch`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_an_out_of_memory_retry_counts_each_batch_once_in_the_train_metrics``.
+        """
         state = self.state
         batch = state.batch
         labelled = list(batch) if isinstance(batch, (list, tuple)) else batch  # before algorithms change it
@@ -240,7 +262,11 @@ class Step:
 
     def _check_other_ranks_oom(self) -> None:
         """Composer's check after the forward pass with auto microbatching: another rank ran out of
-        memory (its flags are read back, as auto microbatching does by design)."""
+        memory (its flags are read back, as auto microbatching does by design).
+
+        Not an override: the check inline in ``composer.trainer.trainer.Trainer._train_microbatch`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_an_out_of_memory_retry_counts_each_batch_once_in_the_train_metrics``.
+        """
         device = self.state.device
         found = device.tensor_to_device(torch.tensor([0], dtype=torch.uint8))
         dist.all_reduce(found, reduce_operation="MAX")

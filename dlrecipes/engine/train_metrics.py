@@ -105,7 +105,11 @@ class TrainMetrics:
 
     def _compute_and_log_metrics(self, dataloader_label: str, metrics: dict[str, Any]):
         """Composer computes and logs the train metrics after every batch and at each epoch's end;
-        here only at the epoch's end (the call after the last batch of the data)."""
+        here only at the epoch's end (the call after the last batch of the data).
+
+        Replaces ``composer.trainer.trainer.Trainer._compute_and_log_metrics`` (Composer 0.32.1);
+        guarded by ``tests/test_engine.py::test_a_loader_without_a_length_gets_every_loss_and_the_epoch_metrics``.
+        """
         if dataloader_label != "train":
             return super()._compute_and_log_metrics(dataloader_label, metrics)
         if self._in_batch:  # the per-batch call
