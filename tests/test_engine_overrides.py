@@ -17,7 +17,8 @@ import dlrecipes.engine
 
 from .conftest import REPO
 
-REPLACES = re.compile(r"Replaces ``(composer(?:\.\w+)+)`` \(Composer 0\.32\.1\);\s+guarded by ``(tests/[\w/]+\.py)::(\w+)``")
+REPLACES = re.compile(r"Replaces ``(composer(?:\.\w+)+)`` \(Composer 0\.32\.1\);\s+guarded by\s+"
+                      r"``(tests/[\w/]+\.py)::(\w+)``")
 
 
 def _engine_classes() -> list[type]:
@@ -89,7 +90,8 @@ def test_each_override_names_the_composer_function_it_replaces_and_its_guarding_
 
 
 def test_the_check_sees_a_wrong_docstring():
-    doc = "Replaces ``composer.trainer.trainer.Trainer._train_batch`` (Composer 0.32.1);\n    guarded by ``tests/x.py::t``."
+    doc = ("Replaces ``composer.trainer.trainer.Trainer._train_batch`` (Composer 0.32.1);\n"
+           "    guarded by\n    ``tests/x.py::t``")
     assert REPLACES.search(doc).groups() == ("composer.trainer.trainer.Trainer._train_batch", "tests/x.py", "t")
     assert REPLACES.search("Composer 0.32.1's _train_batch") is None
     assert callable(_resolve("composer.trainer.trainer.Trainer._train_batch"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Union
+from typing import Any, Union
 
 from composer.core import Callback, Engine, Event
 from composer.loggers import LoggerDestination
@@ -29,7 +29,8 @@ class DirectEngine(Engine):
         to the callbacks that handle it; Composer's own with the profiler, ``ENGINE_DEBUG``, at INIT or once closed.
 
         Replaces ``composer.core.engine.Engine.run_event`` (Composer 0.32.1);
-        guarded by ``tests/test_engine.py::test_algorithm_traces_are_logged_without_reading_the_loss_back``.
+        guarded by
+        ``tests/test_engine_callbacks.py::test_every_kind_of_callback_sees_the_events_composers_trainer_gives``.
         """
         if not isinstance(event, Event):
             event = Event(event)
@@ -42,21 +43,32 @@ class DirectEngine(Engine):
             callback.run_event(event, self.state, self.logger)
         return traces
 
-    def receivers(self, event: Event) -> list[Callback]:
-        """The callbacks with a handler for ``event``: others first, then loggers (Composer's order)."""
+    def receivers(self, event: Event) -> list[Any]:
+        """The callbacks with a handler for ``event``: others first, then loggers (Composer's order).
+
+        Asked of each object as Composer's call ``callback.run_event(event, state, logger)`` finds them
+        (:func:`handles`), and kept until ``state.callbacks`` changes: a handler set on a callback's instance after
+        that list was last seen is not (Composer's own ``run_event`` with ``ENGINE_DEBUG`` or the profiler sees it).
+        """
         callbacks = self.state.callbacks
         key = tuple(map(id, callbacks))
         if getattr(self, "_receivers_of", None) != key:
             self._receivers, self._receivers_of = {}, key
         found = self._receivers.get(event)
         if found is None:
-            def handles(cb: Callback) -> bool:
-                kind = type(cb)
-                return kind.run_event is not Callback.run_event or getattr(kind, event.value) is not getattr(
-                    Callback, event.value
-                )
-
             ordered = [c for c in callbacks if not isinstance(c, LoggerDestination)]
             ordered += [c for c in callbacks if isinstance(c, LoggerDestination)]
-            found = self._receivers[event] = [c for c in ordered if handles(c)]
+            found = self._receivers[event] = [c for c in ordered if handles(c, event)]
         return found
+
+
+def handles(callback: Any, event: Event) -> bool:
+    """Whether Composer's Engine calling ``callback.run_event(event, state, logger)`` would do anything: True unless
+    that is Callback's own ``run_event`` and its handler for ``event`` Callback's no-op.  Both are looked up on the
+    object, as that call does: a duck-typed object with a ``run_event`` of its own, a mock, a handler set on the
+    instance all count; an object without ``run_event`` counts too (the call raises, as Composer's does)."""
+    run_event = getattr(callback, "run_event", None)
+    if getattr(run_event, "__func__", None) is not Callback.run_event:
+        return True
+    handler = getattr(callback, event.value, None)
+    return getattr(handler, "__func__", None) is not getattr(Callback, event.value)
