@@ -34,8 +34,8 @@ come from (each override names the Composer method it replaces):
 Auto microbatching keeps Composer's retry loop (its out-of-memory checks read flags back by
 design); XLA keeps Composer's microbatch step.  Training itself is unchanged:
 ``tests/test_engine.py`` checks bit-identical weights against Composer's Trainer (one process
-and two gloo processes), and ``scripts/composer_conformance.sh`` runs Composer's own Trainer,
-callback and logger tests against this class.  Valid for the pinned Composer 0.32.1.
+and two gloo processes), and ``scripts/composer_conformance.sh`` runs every Composer test module
+that builds a Trainer (and its callback and logger tests) against this class.  Valid for the pinned Composer 0.32.1.
 """
 
 from __future__ import annotations
