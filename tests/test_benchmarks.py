@@ -227,7 +227,7 @@ def test_op_census_finds_no_op_ours_adds_but_the_logged_loss_and_the_history():
     extra = {op: n for op, n in result["extra_per_step"].items() if n > 0}
     assert extra == {"aten.add.Tensor": 1.0, "aten.detach.default": 4.0}, result
     sites = {re.sub(r":\d+ ", " ", site) for site in result["ours_from"]}  # line numbers move with edits
-    assert sites == {"aten.add.Tensor @ history.py batch_end", "aten.detach.default @ engine.py _logged",
+    assert sites == {"aten.add.Tensor @ history.py batch_end", "aten.detach.default @ step.py _logged",
                      "aten.detach.default @ history.py batch_end"}, result["ours_from"]
 
 

@@ -1,4 +1,4 @@
-"""Our Trainer (dlrecipes/engine.py): the same training as Composer's, without host-device
+"""Our Trainer (dlrecipes/engine/): the same training as Composer's, without host-device
 synchronisation per step, train metrics from the step's own outputs, losses read back only
 at the log interval."""
 
@@ -264,18 +264,18 @@ def test_the_quick_timestamp_counts_as_composers():
 
     from composer.core import Time, Timestamp
 
-    from dlrecipes.engine import _Timestamp
+    from dlrecipes.engine import QuickTimestamp
 
-    theirs, ours = Timestamp(), _Timestamp.of(Timestamp())
+    theirs, ours = Timestamp(), QuickTimestamp.of(Timestamp())
     steps = [(3, 0, 0.5), (3, 0, None), (2, 7, 0.25)]
     for epoch in range(3):
         for samples, tokens, seconds in steps:
             duration = None if seconds is None else datetime.timedelta(seconds=seconds)
             theirs = theirs.to_next_batch(samples=samples, tokens=tokens, duration=duration)
             ours = ours.to_next_batch(samples=samples, tokens=tokens, duration=duration)
-            assert isinstance(ours, _Timestamp) and ours.state_dict() == theirs.state_dict()
+            assert isinstance(ours, QuickTimestamp) and ours.state_dict() == theirs.state_dict()
         theirs, ours = theirs.to_next_epoch(), ours.to_next_epoch()
-        assert isinstance(ours, _Timestamp) and ours.state_dict() == theirs.state_dict()
+        assert isinstance(ours, QuickTimestamp) and ours.state_dict() == theirs.state_dict()
     assert type(ours).__qualname__ == "Timestamp"  # the name Composer files it under in checkpoints
     # counts given as Time objects take Composer's own arithmetic
     ours = ours.to_next_batch(samples=Time(4, "sp"))
@@ -297,11 +297,11 @@ def test_the_quick_timestamp_counts_as_composers():
 def test_quick_batch_counts_agree_with_composers(batch):
     from composer.core import DataSpec
 
-    from dlrecipes.engine import _quick_counts
+    from dlrecipes.engine import quick_counts
 
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
     theirs, ours = DataSpec(loader), DataSpec(loader)
-    _quick_counts(ours)
+    quick_counts(ours)
     assert ours.get_num_samples_in_batch is not theirs.get_num_samples_in_batch
     assert ours.get_num_samples_in_batch(batch) == theirs.get_num_samples_in_batch(batch)
     assert ours.get_num_tokens_in_batch(batch) == theirs.get_num_tokens_in_batch(batch)
