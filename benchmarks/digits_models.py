@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dlrecipes.api import resolve
-from dlrecipes.fit import fit
+from dlrecipes.fit import fit, open_run
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -38,7 +38,7 @@ def main() -> None:
                     "checkpoint.monitor=null",
                 ]
                 start = time.perf_counter()
-                result = fit(resolve(RECIPES / "quickstart.yaml", overrides))
+                result = fit(open_run(resolve(RECIPES / "quickstart.yaml", overrides)))
                 top1 = result.eval_metrics["top1"]
                 results.setdefault(model, []).append(top1)
                 print(f"seed={seed} model={model:<10} top1={top1:.4f} wall={time.perf_counter() - start:.1f}s", flush=True)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dlrecipes.api import resolve
-from dlrecipes.fit import fit
+from dlrecipes.fit import fit, open_run
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
 STUDENT = "model={name: cnn_simple, width: 4, hidden: 16}"
@@ -38,7 +38,7 @@ def _common(runs: str, args: argparse.Namespace, seed: int, epochs: int) -> list
 
 def _train(overrides: list[str]) -> tuple[float, float, Path]:
     start = time.perf_counter()
-    result = fit(resolve(RECIPE, overrides))
+    result = fit(open_run(resolve(RECIPE, overrides)))
     return result.eval_metrics["top1"], time.perf_counter() - start, result.run_dir
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dlrecipes.api import resolve
-from dlrecipes.fit import fit
+from dlrecipes.fit import fit, open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,10 +68,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as runs:
-        result = fit(resolve(ROOT / "recipes" / "quickstart.yaml", [
+        result = fit(open_run(resolve(ROOT / "recipes" / "quickstart.yaml", [
             f"runs_dir={runs}", "run_name=tta", "trainer.progress_bar=false", "trainer.console_log_interval=1000ep",
             f"trainer.max_duration={args.epochs}ep", "checkpoint.save=false", "checkpoint.monitor=null",
-        ]))
+        ])))
         with open(result.run_dir / "history.csv") as f:
             rows = [(float(r["elapsed_sec"]), float(r["eval_top1"])) for r in csv.DictReader(f)]
     ours = next((t for t, acc in rows if acc >= args.target), None)

@@ -130,7 +130,9 @@ class Loop:
         Replaces ``composer.trainer.trainer.Trainer._accumulate_time_across_ranks`` (Composer 0.32.1);
         guarded by ``tests/test_engine_ranks.py::test_equal_shards_take_no_host_reduction_in_a_steady_step``.
         """
-        self._in_batch = True
+        # a training batch's (the evaluation loop calls this too, in eval mode): Composer's per-batch metrics call
+        # comes next, and the epoch-end one is told apart from it
+        self._in_batch = self.state.model.training
         if self._host.world_size == 1:
             return num_samples, num_tokens, batch_time
         if self._equal_on_every_rank() and not num_tokens and isinstance(num_samples, int):

@@ -112,9 +112,9 @@ class Step:
                 state.train_metrics = hidden
         else:
             losses = self._train_batch_direct(use_grad_scaling)
-        self._update_train_metrics()
-        if losses:
+        if losses:  # logged before the train metrics, as Composer's loop logs them
             self.log_losses(losses)
+        self._update_train_metrics()
         return None  # Composer's loop then skips its read-back of the loss
 
     def _train_batch_direct(self, use_grad_scaling: bool) -> dict[str, torch.Tensor]:
@@ -150,9 +150,8 @@ class Step:
                     state.scaler.step(optimizer)
                 else:
                     optimizer.step()
-        if state.device_train_microbatch_size != self._logged_microbatch:
-            self._logged_microbatch = state.device_train_microbatch_size
-            self.logger.log_metrics({MICROBATCH_KEY: state.device_train_microbatch_size})
+        # after every batch, as Composer's (its loggers count the call); the run's log keeps only changes
+        self.logger.log_metrics({MICROBATCH_KEY: state.device_train_microbatch_size})
         self.first_train_batch_complete = True
         return totals
 

@@ -33,7 +33,6 @@ class Trainer(Loop, Step, TrainMetrics, Lifecycle, ComposerTrainer):
         self.train_metrics_interval = int(train_metrics_interval)
         self._cuda = gpu_available()
         self._closures: tuple[Any, bool] = (None, False)
-        self._logged_microbatch: Any = None
         self._sample_metrics = self._record_metrics = self._metrics_pending = False
         self._sampled_epoch = -1  # the epoch whose batches last updated the train metrics
         self._metric_updates: list[tuple[Any, Any]] = []  # this batch's (batch, outputs), applied once it trained
