@@ -10,6 +10,7 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -212,6 +213,42 @@ def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str
         raise
 
 
+@dataclasses.dataclass
+class Trained:
+    """A trained run (or checkpoint, or export directory) opened for a command after training (:func:`open_trained`):
+    what the store brought here (``read``: a bucket's run as a local copy; its outputs go back beside it), the run and
+    checkpoint found in it (None for an export directory), and its recorded recipe with the command's ``overrides``,
+    validated."""
+
+    read: Any
+    found: Any = None
+    config: Optional[RecipeConfig] = None
+    overrides: list[str] = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def open_trained(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
+                 overrides: Iterable[str] = (), plugins: Sequence[str] = (), trust_checkpoint: bool = False,
+                 exports: bool = False):
+    """The one sequence of every command after training (eval, export, predict; the notebook's too): the target
+    opened where it lives (a run in a bucket: its records and that checkpoint brought here), the run and checkpoint
+    found, the training stack imported, the recipe resolved; errors inside name a bucket's files by address.
+    ``exports``: an export directory is taken as it is (no recipe, no checkpoint)."""
+    from dlrecipes.after_training.predict import is_export_dir
+    from dlrecipes.after_training.target import find_target
+    from dlrecipes.records.store import open_for_reading
+
+    read = open_for_reading(target, checkpoint)
+    with read.named():
+        if exports and is_export_dir(read.target):
+            yield Trained(read)
+            return
+        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), \
+            override_strings(overrides)
+        process_state.import_training_stack()
+        yield Trained(read, found, resolve_recorded(found, overrides, plugins), overrides)
+
+
 def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str = "best",
              recipe: Optional[str | Path] = None, tta: Optional[str] = None, out: Optional[str | Path] = None,
              plugins: Sequence[str] = (), trust_checkpoint: bool = False):
@@ -221,16 +258,10 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     ``RUN_DIR/eval/<name>/`` (a run in a bucket, ``s3://...``: read through a local copy, the report uploaded beside
     it)."""
     from dlrecipes.after_training.evaluate import evaluate_run
-    from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.store import open_for_reading
 
-    read = open_for_reading(target, checkpoint)  # a run in a bucket: its records and that checkpoint, here
-    with read.named():  # errors name a bucket's files by address
-        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), \
-            override_strings(overrides)
-        process_state.import_training_stack()
-        result = evaluate_run(found, resolve_recorded(found, overrides, plugins), overrides, tta, out, trust_checkpoint)
-    read.outputs_written("the evaluation report")
+    with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
+        result = evaluate_run(trained.found, trained.config, trained.overrides, tta, out, trust_checkpoint)
+    trained.read.outputs_written("the evaluation report")
     return result
 
 
@@ -241,18 +272,13 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``; a run in a bucket: its
     local copy's, uploaded beside the run, ``uploaded_to`` in the report)."""
     from dlrecipes.after_training.export import export_run
-    from dlrecipes.after_training.target import find_target
     from dlrecipes.records.layout import EXPORT_DIR
-    from dlrecipes.records.store import open_for_reading
 
-    read = open_for_reading(target, checkpoint)
-    with read.named():
-        found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-        process_state.import_training_stack()
-        report = export_run(found, resolve_recorded(found, overrides, plugins), formats, out, trust_checkpoint)
-    if read.pushes and out is None:  # beside the run where it lives
-        read.outputs_written("the export")
-        report["uploaded_to"] = f"{read.address}/{EXPORT_DIR}"
+    with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
+        report = export_run(trained.found, trained.config, formats, out, trust_checkpoint)
+    uploaded = trained.read.put_beside("the export", EXPORT_DIR) if out is None else None
+    if uploaded:  # a run in a bucket: the export beside it there
+        report["uploaded_to"] = uploaded
     return report
 
 
@@ -262,18 +288,11 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
     from dlrecipes.after_training import predict as tool
-    from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.store import open_for_reading
 
     tool.check_options(top_k, batch_size)  # before a network is built
-    read = open_for_reading(target, checkpoint)  # a run or an export in a bucket: a local copy
-    with read.named():
-        if tool.is_export_dir(read.target):
-            predictor = tool.export_predictor(Path(read.target))
-        else:
-            found = find_target(read.target, read.checkpoint, recipe, trust_checkpoint)
-            process_state.import_training_stack()
-            predictor = tool.run_predictor(found, resolve_recorded(found, overrides, plugins), trust_checkpoint)
+    with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint, exports=True) as trained:
+        predictor = tool.export_predictor(Path(trained.read.target)) if trained.found is None else \
+            tool.run_predictor(trained.found, trained.config, trust_checkpoint)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 

@@ -173,6 +173,13 @@ def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, t
     by_checkpoint = api.predict(url, [tmp_path / "x.png"], top_k=2, checkpoint="latest")
     assert [r["class"] for r in by_export] == [r["class"] for r in by_checkpoint] and len(by_export) == 1
     assert by_export[0]["probability"] == pytest.approx(by_checkpoint[0]["probability"], abs=1e-5)
+    import torch
+
+    from dlrecipes import notebook
+
+    inputs = torch.zeros(2, 1, 8, 8)  # the notebook's predict of tensors opens the bucket's run as the CLI does
+    by_notebook = notebook.predict(url, inputs=inputs, top_k=2, checkpoint="latest")
+    assert len(by_notebook) == 2 and {"class", "probability"} <= set(by_notebook[0])
 
     plotted = api.plot(url)
     assert {f"cmds/one/{p.name}" for p in plotted} <= set(s3.keys("runs", "cmds/one/"))

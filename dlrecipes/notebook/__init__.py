@@ -178,12 +178,10 @@ def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5
         return api.predict(target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size,
                            trust_checkpoint)
     from dlrecipes.after_training import predict as tool
-    from dlrecipes.after_training.target import find_target
-    from dlrecipes.recipe import override_strings
 
-    found, overrides = find_target(target, checkpoint, recipe, trust_checkpoint), override_strings(overrides)
-    predictor = tool.run_predictor(found, api.resolve_recorded(found, overrides, plugins), trust_checkpoint,
-                                   files=False)
+    # opened as the CLI's commands open it: a run in a bucket (s3://...) too
+    with api.open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
+        predictor = tool.run_predictor(trained.found, trained.config, trust_checkpoint, files=False)
     return tool.predict_inputs(predictor, inputs, top_k, batch_size)
 
 

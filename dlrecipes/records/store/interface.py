@@ -115,6 +115,14 @@ class ReadRun:
         """A context in which errors about this local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address({self.target: self.address} if self.pushes else {})
 
+    def put_beside(self, what: str, folder: str) -> Optional[str]:
+        """The command wrote ``folder`` inside the run's local copy (``what``: "the export"): put it beside the run
+        where it lives; its address there, or None where the run is here (a local folder: written in place)."""
+        if not self.pushes:
+            return None
+        self.push(what)
+        return f"{self.address}/{folder}"
+
     def outputs_written(self, what: str) -> None:
         """The command wrote its outputs (``what``: "the plots"): put them beside the run where it lives (one line,
         exit code 1, naming what could not be)."""
