@@ -18,7 +18,9 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from dlrecipes.data.jpeg import RATIO, damaged_in_shard, decode, ends_whole, header_size, resized_box, unreadable
+from dlrecipes.data.jpeg import (
+    RATIO, TurboEval, TurboTrain, damaged_in_shard, decode, ends_whole, header_size, resized_box, unreadable,
+)
 from dlrecipes.errors import DataError
 
 
@@ -54,6 +56,18 @@ class DecodeLater:
         else:  # not a JPEG, or a truncated one: decoded here, where a file that cannot be read is skipped or named
             sample["pixels"] = decode(data)
         return sample
+
+
+def split_decoder(decode: str, train: bool, size: int, resize_size: int, min_scale: float, hflip: bool,
+                  mean: Sequence[float], std: Sequence[float]) -> Any:
+    """A split's transform of an image file's bytes for ``dataset.decode`` (image folders and shards alike):
+    ``device``: :class:`DecodeLater` (the batch decoded on the device); ``turbo``: libjpeg-turbo's
+    (:class:`~dlrecipes.data.jpeg.TurboTrain`, :class:`~dlrecipes.data.jpeg.TurboEval`); ``pil``: None."""
+    if decode == "device":
+        return DecodeLater(train, size, min_scale, hflip, resize_size)
+    if decode == "turbo":
+        return TurboTrain(size, min_scale, hflip, mean, std) if train else TurboEval(size, resize_size, mean, std)
+    return None
 
 
 class EncodedLoader(DataLoader):

@@ -117,8 +117,7 @@ def build_image_folders(
     """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation
     the shorter side resized to ``resize_size``, then an ``eval_crop_size`` centre crop; ``decode``: ``turbo``
     (libjpeg-turbo, :mod:`dlrecipes.data.jpeg`), ``device`` (in batches on the training device) or ``pil``."""
-    from dlrecipes.data.device_decode import DecodeLater
-    from dlrecipes.data.jpeg import TurboEval, TurboTrain
+    from dlrecipes.data.device_decode import split_decoder
     from dlrecipes.data.preprocess import preprocess_spec
     from dlrecipes.data.transforms import imagenet_transforms
 
@@ -131,19 +130,17 @@ def build_image_folders(
         raise DataError(
             f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
         )
-    turbo = decode != "pil"
     later = decode == "device"  # the workers read and draw the crops, the training process decodes the batch
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
-        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images, (
-            DecodeLater(True, crop_size, min_scale, hflip, resize_size) if later else
-            TurboTrain(crop_size, min_scale, hflip, mean, std) if turbo else None),
-            later and (crop_size, mean, std, bad_images, f"{key}.train_path")),
-        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images, (
-            DecodeLater(False, eval_crop_size, min_scale, hflip, resize_size) if later else
-            TurboEval(eval_crop_size, resize_size, mean, std) if turbo else None),
-            later and (eval_crop_size, mean, std, bad_images, f"{key}.val_path")),
+        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images,
+                                       split_decoder(decode, True, crop_size, resize_size, min_scale, hflip, mean, std),
+                                       later and (crop_size, mean, std, bad_images, f"{key}.train_path")),
+        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images,
+                                      split_decoder(decode, False, eval_crop_size, resize_size, min_scale, hflip, mean,
+                                                    std),
+                                      later and (eval_crop_size, mean, std, bad_images, f"{key}.val_path")),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,

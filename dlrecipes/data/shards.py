@@ -207,9 +207,9 @@ class ShardsDataset:
         return f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at sample {index}"
 
     def damaged(self, index: int, exc: BaseException) -> DataError:
-        reason = first_line(exc, 160)
         from dlrecipes.data.jpeg import damaged_in_shard
 
+        reason = first_line(exc, 160)
         return damaged_in_shard(self.where(index), f"{type(exc).__name__}: {reason}")
 
     turbo = None  # a transform of the stored bytes (dlrecipes.data.jpeg, device_decode): while ``transform`` is as built
@@ -282,17 +282,13 @@ def set_decoding(train: ShardsDataset, val: ShardsDataset, decode: str, crop_siz
                  resize_size: int, min_scale: float, hflip: bool, mean: Sequence[float], std: Sequence[float]) -> None:
     """Each split decoded as image folders are: by libjpeg-turbo in the workers (``turbo``), in batches on the
     training device after the workers drew the crops (``device``), or by PIL (``pil``, the transforms as built)."""
-    from dlrecipes.data.device_decode import DecodeLater
-    from dlrecipes.data.jpeg import TurboEval, TurboTrain
+    from dlrecipes.data.device_decode import split_decoder
 
+    train.turbo = split_decoder(decode, True, crop_size, resize_size, min_scale, hflip, mean, std)
+    val.turbo = split_decoder(decode, False, eval_crop_size, resize_size, min_scale, hflip, mean, std)
     if decode == "device":
-        train.turbo = DecodeLater(True, crop_size, min_scale, hflip, resize_size)
-        val.turbo = DecodeLater(False, eval_crop_size, min_scale, hflip, resize_size)
         train.device_decode = (crop_size, mean, std, "fail", "dataset.remote")
         val.device_decode = (eval_crop_size, mean, std, "fail", "dataset.remote")
-    elif decode == "turbo":
-        train.turbo = TurboTrain(crop_size, min_scale, hflip, mean, std)
-        val.turbo = TurboEval(eval_crop_size, resize_size, mean, std)
 
 
 def default_cache_dir(place: ShardsPlace) -> Path:
