@@ -123,7 +123,8 @@ def start_line(opened: TrainingRun, data, resuming: bool = False) -> str:
     spread = f"{processes} processes" + (f" on {nodes} nodes" if nodes > 1 else "") if processes > 1 else "1 process"
     if processes > 1 and os.environ.get("GLOO_SOCKET_IFNAME"):
         spread += f", gloo via {os.environ['GLOO_SOCKET_IFNAME']}"
-    return (f"{'resuming' if resuming else 'run'} {opened.shown_as or opened.run.path} | {config.dataset.name}: {size(data.train)} train, "
+    where_to = opened.shown_as or opened.run.path
+    return (f"{'resuming' if resuming else 'run'} {where_to} | {config.dataset.name}: {size(data.train)} train, "
             f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
 
 
