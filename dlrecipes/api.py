@@ -10,7 +10,6 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -18,11 +17,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
+from dlrecipes.config.resolving import load_local
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.core.distributed import adopt_torchrun, rank
-from dlrecipes.errors import RecipeError, shown
+from dlrecipes.errors import RecipeError
 from dlrecipes.plugins import load_all
-from dlrecipes.recipe import LoadedRecipe, load_recipe, override_strings
+from dlrecipes.recipe import LoadedRecipe, override_strings
 from dlrecipes.runtime import process_state
 from dlrecipes.runtime.fork_server import Program
 
@@ -46,15 +46,11 @@ def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), 
     ``root``, default the working directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied)
     and import every plugin it needs."""
     local = pulled_recipe(recipe)
-    loaded = load_recipe(local, overrides, root)
+    loaded = load_local(local, overrides, plugins, root)
     if local is not recipe:  # `show` says where each value came from: the address, not its local copy
         copy = Path(local).resolve()
         loaded.sources = {key: recipe if Path(origin).resolve() == copy else origin
                           for key, origin in loaded.sources.items()}
-    imports = loaded.data.get("imports", [])
-    if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
-        raise RecipeError(f"imports: expected a list of module names or .py paths, got {shown(imports)}")
-    load_all(imports=imports, plugins=plugins, recipe_dir=loaded.path.resolve().parent)
     return loaded
 
 
@@ -194,61 +190,6 @@ def invoked(argv: Sequence[str], ends_process: bool = False):
             process_state.skip_the_exit_sweep()
 
 
-def resolve_recorded(found: Any, overrides: Sequence[str], plugins: Sequence[str]) -> RecipeConfig:
-    """The recipe of a run (or a checkpoint's ``--recipe``) with ``overrides``, validated; an error of the file
-    itself (not of an override) names the file."""
-    try:
-        return resolve(found.recipe, overrides, plugins)
-    except RecipeError as exc:
-        if str(found.recipe) in str(exc):
-            raise
-        if overrides:
-            try:
-                resolve(found.recipe, (), plugins)
-            except RecipeError:
-                pass
-            else:
-                raise  # the recipe is fine: the override is what is wrong
-        exc.args = (f"{found.recipe}: {exc}",)
-        raise
-
-
-@dataclasses.dataclass
-class Trained:
-    """A trained run (or checkpoint, or export directory) opened for a command after training (:func:`open_trained`):
-    what the store brought here (``read``: a bucket's run as a local copy; its outputs go back beside it), the run and
-    checkpoint found in it (None for an export directory), and its recorded recipe with the command's ``overrides``,
-    validated."""
-
-    read: Any
-    found: Any = None
-    config: Optional[RecipeConfig] = None
-    overrides: list[str] = dataclasses.field(default_factory=list)
-
-
-@contextlib.contextmanager
-def open_trained(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
-                 overrides: Iterable[str] = (), plugins: Sequence[str] = (), trust_checkpoint: bool = False,
-                 exports: bool = False):
-    """The one sequence of every command after training (eval, export, predict; the notebook's too): the target
-    opened where it lives (a run in a bucket: its records and that checkpoint brought here), the run and checkpoint
-    found, the training stack imported, the recipe resolved; errors inside name a bucket's files by address.
-    ``exports``: an export directory is taken as it is (no recipe, no checkpoint)."""
-    from dlrecipes.after_training.predict import is_export_dir
-    from dlrecipes.after_training.target import find_target
-    from dlrecipes.records.store import open_for_reading
-
-    read = open_for_reading(target, checkpoint)
-    with read.named():
-        if exports and is_export_dir(read.target):
-            yield Trained(read)
-            return
-        found, overrides = find_target(read.target, read.checkpoint, recipe, trust_checkpoint), \
-            override_strings(overrides)
-        process_state.import_training_stack()
-        yield Trained(read, found, resolve_recorded(found, overrides, plugins), overrides)
-
-
 def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str = "best",
              recipe: Optional[str | Path] = None, tta: Optional[str] = None, out: Optional[str | Path] = None,
              plugins: Sequence[str] = (), trust_checkpoint: bool = False):
@@ -258,9 +199,10 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     ``RUN_DIR/eval/<name>/`` (a run in a bucket, ``s3://...``: read through a local copy, the report uploaded beside
     it)."""
     from dlrecipes.after_training.evaluate import evaluate_run
+    from dlrecipes.after_training.opened import open_trained
 
     with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
-        result = evaluate_run(trained.found, trained.config, trained.overrides, tta, out, trust_checkpoint)
+        result = evaluate_run(trained, tta, out)
     trained.read.outputs_written("the evaluation report")
     return result
 
@@ -272,10 +214,11 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``; a run in a bucket: its
     local copy's, uploaded beside the run, ``uploaded_to`` in the report)."""
     from dlrecipes.after_training.export import export_run
+    from dlrecipes.after_training.opened import open_trained
     from dlrecipes.records.layout import EXPORT_DIR
 
     with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
-        report = export_run(trained.found, trained.config, formats, out, trust_checkpoint)
+        report = export_run(trained, formats, out)
     uploaded = trained.read.put_beside("the export", EXPORT_DIR) if out is None else None
     if uploaded:  # a run in a bucket: the export beside it there
         report["uploaded_to"] = uploaded
@@ -288,11 +231,12 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
     from dlrecipes.after_training import predict as tool
+    from dlrecipes.after_training.opened import open_trained
 
     tool.check_options(top_k, batch_size)  # before a network is built
     with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint, exports=True) as trained:
-        predictor = tool.export_predictor(Path(trained.read.target)) if trained.found is None else \
-            tool.run_predictor(trained.found, trained.config, trust_checkpoint)
+        folder = trained.export_folder
+        predictor = tool.export_predictor(folder) if folder is not None else tool.run_predictor(trained)
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 

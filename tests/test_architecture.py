@@ -581,21 +581,34 @@ def test_no_module_names_another_by_string_but_those_listed_with_their_reason():
 def test_the_builder_and_the_fit_stage_take_the_opened_run_not_paths_and_flags():
     """The run is opened once (dlrecipes.fit.open_run, in its store) and travels as that object: the builder and
     the fit stage take it: none of their functions takes a run directory as a path, none of their public ones the
-    command's options as flags."""
+    command's options as flags. After training likewise: what eval, export and predict take is the Trained that
+    after_training.opened.open_trained yields (not a target, a recipe and a trust flag)."""
     import inspect
 
     from dlrecipes.builders import build_bench_trainer, build_trainer
     from dlrecipes.fit import fit
     from dlrecipes.records.store import TrainingRun
 
+    from dlrecipes.after_training.evaluate import evaluate_run
+    from dlrecipes.after_training.export import export_run
+    from dlrecipes.after_training.predict import run_predictor
+    from dlrecipes.after_training.trained_model import trained_model
+
     for function in (build_trainer, build_bench_trainer, fit):
         first = next(iter(inspect.signature(function).parameters.values()))
         assert first.annotation in (TrainingRun, "TrainingRun"), function.__name__
+    for function in (evaluate_run, export_run, run_predictor, trained_model):  # after training: the opened run
+        first = next(iter(inspect.signature(function).parameters.values()))
+        assert first.annotation == "Trained", function.__name__
     paths = []
-    for module in ("dlrecipes.builders.trainer", "dlrecipes.builders.components", "dlrecipes.fit"):
+    opening = ("dlrecipes.after_training.opened", "dlrecipes.after_training.target")  # what makes the Trained
+    after = [m for m in MODULES if m.startswith("dlrecipes.after_training.") and m not in opening]
+    for module in ("dlrecipes.builders.trainer", "dlrecipes.builders.components", "dlrecipes.fit", *after):
         for node in ast.walk(ast.parse(MODULES[module].read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 flags = () if node.name.startswith("_") else ("resume", "trust_checkpoint", "verbose", "restart")
+                if module in after and not node.name.startswith("_"):  # the opened run carries these too
+                    flags += ("trust", "config", "target")
                 paths += [f"{module}.{node.name}({a.arg})" for a in [*node.args.args, *node.args.kwonlyargs]
                           if a.arg == "run_dir" or a.arg in flags]
     assert paths == []

@@ -7,8 +7,11 @@
 - :mod:`.export`: ``export``, the checkpoint as TorchScript/ONNX files, checked against the network;
 - :mod:`.predict`: ``predict``, the classes of image files (or tensors) by a run's checkpoint or an export directory.
 
-The interface (:mod:`dlrecipes.api`) reads the recorded recipe with its overrides (``resolve_recorded``, through
-the load and validate stages) and passes it in; what ``eval`` and ``predict`` print is
+- :mod:`.opened`: :func:`~.opened.open_trained`, the one sequence each of them starts with (the target opened in the
+  run store, found, its recorded recipe resolved with the command's overrides), yielding the :class:`~.opened.Trained`
+  the others take.
+
+The interface (:mod:`dlrecipes.api`) calls them; what ``eval`` and ``predict`` print is
 :mod:`dlrecipes.tools.describe`'s. These modules use the load, validate and build stages and the run's records;
 they import neither the fit stage nor the tools nor the interface.
 """

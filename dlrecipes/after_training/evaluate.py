@@ -16,12 +16,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dlrecipes.after_training.target import RunTarget
 from dlrecipes.after_training.trained_model import trained_model
 from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, EVAL_NAME_MAX, beside
+
+if TYPE_CHECKING:
+    from dlrecipes.after_training.opened import Trained
 
 TTA_CHOICES = ("flip",)
 
@@ -70,16 +73,16 @@ def flip_average(network: Any) -> Any:
     return FlipAverage(network)
 
 
-def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), tta: Optional[str] = None,
-                 out: Optional[str | Path] = None, trust: bool = False) -> EvalResult:
-    """Evaluate ``target``'s checkpoint on ``config``'s evaluation split (the run's recipe with ``overrides``);
-    write the report (metrics, confusion matrix, per-class accuracy) to ``out`` or ``RUN_DIR/eval/<name>/``."""
+def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str | Path] = None) -> EvalResult:
+    """Evaluate the opened run's checkpoint on its recipe's evaluation split (with the command's overrides); write
+    the report (metrics, confusion matrix, per-class accuracy) to ``out`` or ``RUN_DIR/eval/<name>/``."""
     from composer.utils import dist
 
     from dlrecipes.loggers.terminal import hide_harmless_warnings
     from dlrecipes.metrics.report import ClassReport, report_tables, write_report
     from dlrecipes.records.run_dir import make_writable_dir
 
+    target, config, overrides = trained.found, trained.config, trained.overrides
     if tta is not None and tta not in TTA_CHOICES:
         raise RecipeError(f"--tta: expected one of {', '.join(TTA_CHOICES)}, got '{tta}'")
     if out is not None:
@@ -90,7 +93,7 @@ def evaluate_run(target: RunTarget, config: Any, overrides: Sequence[str] = (), 
         out_dir = beside(target.checkpoint, EVAL_DIR) / _name(target, overrides, tta)
     if out is not None and dist.get_global_rank() == 0:
         make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
-    trainer, data = trained_model(target, config, trust)
+    trainer, data = trained_model(trained)
     with_network = trainer.state.model.module if trainer.state.is_model_ddp else trainer.state.model
     tables = report_tables(config.metrics)
     report = None

@@ -8,11 +8,13 @@ TorchScript and/or ONNX files, each run on real evaluation images next to the tr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dlrecipes.after_training.target import RunTarget
 from dlrecipes.after_training.trained_model import network_of, trained_model
 from dlrecipes.errors import RecipeError
+
+if TYPE_CHECKING:
+    from dlrecipes.after_training.opened import Trained
 
 
 def first_eval_images(trainer: Any, count: int):
@@ -24,10 +26,9 @@ def first_eval_images(trainer: Any, count: int):
     raise RecipeError("dataset: the evaluation split is empty: there are no images to check the export on")
 
 
-def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchscript",),
-               out: Optional[str | Path] = None, trust: bool = False,
+def export_run(trained: Trained, formats: Sequence[str] = ("torchscript",), out: Optional[str | Path] = None,
                verify_batch_size: int = 8, atol: float = 1e-4, rtol: float = 1e-4) -> dict[str, Any]:
-    """Export ``target``'s checkpoint (``config``: its run's recipe, validated) in ``formats`` to ``out`` (default ``RUN_DIR/export``); returns the
+    """Export the opened run's checkpoint in ``formats`` to ``out`` (default ``RUN_DIR/export``); returns the
     verification report (``verify.json``) with ``out_dir`` added."""
     import copy
 
@@ -41,6 +42,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
         raise RecipeError(f"--format: expected {' or '.join(EXPORT_FORMATS)} (repeatable), got {', '.join(unknown) or 'none'}")
     if "onnx" in formats:
         require_onnx("--format")
+    target = trained.found
     if out is not None:
         out_dir = Path(out)
     elif target.run is not None:
@@ -50,7 +52,7 @@ def export_run(target: RunTarget, config: Any, formats: Sequence[str] = ("torchs
     existed = out_dir.exists()
     make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     try:
-        trainer, data = trained_model(target, config, trust)
+        trainer, data = trained_model(trained)
         try:
             network = copy.deepcopy(network_of(trainer)).to("cpu").eval()
             inputs = first_eval_images(trainer, verify_batch_size)

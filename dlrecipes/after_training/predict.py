@@ -19,10 +19,13 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dlrecipes.errors import RecipeError, UserError, first_line
-from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir, RunDir
+from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir
+
+if TYPE_CHECKING:
+    from dlrecipes.after_training.opened import Trained
 
 
 Predictor = tuple[Callable[[Any], Any], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
@@ -39,12 +42,6 @@ class Predictions(list):
 
     def counted(self) -> str:
         return f"{len(self)} predicted, {len(self.skipped)} skipped"
-
-
-def is_export_dir(path: str | Path) -> bool:
-    """A folder with an export's files and no run's ``recipe.yaml``."""
-    folder = Path(path)
-    return folder.is_dir() and not RunDir(folder).is_run() and any(path.exists() for path in ExportDir(folder).files)
 
 
 def _read_json(path: Path) -> Any:
@@ -131,19 +128,19 @@ def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Calla
     return checked
 
 
-def run_predictor(target: Any, config: Any, trust: bool = False, files: bool = True) -> Predictor:
-    """The same for a run's checkpoint (``config``: its recipe, validated): the recipe's network on the
+def run_predictor(trained: Trained, files: bool = True) -> Predictor:
+    """The same for a run's checkpoint (opened by :func:`~.opened.open_trained`): its recipe's network on the
     recipe's device.  ``files=False``: for tensors given as they are (no image file to prepare)."""
     import numpy as np
     import torch
 
     from dlrecipes.after_training.trained_model import network_of, trained_model
 
-    trainer, data = trained_model(target, config, trust)
+    trainer, data = trained_model(trained)
     network = network_of(trainer).eval()
     trainer.close()
     if data.preprocess is None and files:
-        raise RecipeError(f"dataset.name: {target.recipe}'s dataset has no image files to mirror (its inputs are not "
+        raise RecipeError(f"dataset.name: {trained.found.recipe}'s dataset has no image files to mirror (its inputs are not "
                           "images read from files), so predict cannot prepare image files for it (from Python, "
                           "predict tensors with inputs=)")
     device = next(network.parameters()).device
@@ -307,5 +304,5 @@ def write_csv(rows: list[dict[str, Any]], path: Path, k: int) -> None:
         raise UserError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 
 
-__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor", "is_export_dir",
+__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor",
            "predict_files", "run_predictor", "unreadable", "write_csv"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlrecipes.errors import UserError
-from dlrecipes.records.layout import BEST_CHECKPOINT, RECIPE_FILE, RunDir
+from dlrecipes.records.layout import BEST_CHECKPOINT, RECIPE_FILE, ExportDir, RunDir
 
 CHECKPOINT_CHOICES = ("best", "latest")
 
@@ -22,6 +22,12 @@ class RunTarget:
     recipe: Path
     checkpoint: Path
     run: Optional[RunDir]  # the run it belongs to; None: a checkpoint file given with --recipe
+
+
+def is_export_dir(path: str | Path) -> bool:
+    """A folder with an export's files and no run's ``recipe.yaml``."""
+    folder = Path(path)
+    return folder.is_dir() and not RunDir(folder).is_run() and any(path.exists() for path in ExportDir(folder).files)
 
 
 def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
@@ -94,4 +100,4 @@ def _newest_that_loads(folder: Path, target: Path, trust: bool) -> Path:
     return path
 
 
-__all__ = ["RunTarget", "find_target"]
+__all__ = ["RunTarget", "find_target", "is_export_dir"]

@@ -6,22 +6,25 @@ state, no schedule, no step.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dlrecipes.after_training.target import RunTarget
 from dlrecipes.errors import RecipeError
 
+if TYPE_CHECKING:
+    from dlrecipes.after_training.opened import Trained
 
-def trained_model(target: RunTarget, config: Any, trust: bool = False):
-    """The run's network with ``target``'s checkpoint weights, in an evaluation Trainer, and the data:
-    (trainer, data). ``config``: the run's recipe (with any overrides), validated. The checkpoint (a run's
-    own too) is read tensors-only unless ``trust`` (``--trust-checkpoint``): one that holds other Python
-    objects is refused before any of it is loaded."""
+
+def trained_model(trained: Trained):
+    """The opened run's network with its checkpoint's weights, in an evaluation Trainer, and the data:
+    (trainer, data), as its recipe (with the command's overrides) says. The checkpoint (a run's own too) is read
+    tensors-only unless ``trained.trust`` (``--trust-checkpoint``): one that holds other Python objects is refused
+    before any of it is loaded."""
     from dlrecipes.builders.trainer import build_eval_trainer
     from dlrecipes.core.devices import resolve_device
     from dlrecipes.loggers.terminal import hide_harmless_warnings
     from dlrecipes.records.checkpoints import check_checkpoint
 
+    config, target, trust = trained.config, trained.found, trained.trust
     if config.task is not None:
         raise RecipeError("task: this command works on classifiers with one image input and one label; this "
                           "recipe has a task: section (several inputs/outputs)")

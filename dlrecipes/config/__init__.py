@@ -4,7 +4,9 @@
 every named component against its factory's signature.  It builds nothing and imports no torch,
 except to ask whether a GPU exists when the recipe wants one (:mod:`dlrecipes.core.devices`).  The parts:
 :mod:`.sections` (what a recipe may contain), :mod:`.schema` (the type checker), :mod:`.checks` (components and
-cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.devices` (what a launch can run).
+cross-field rules), :mod:`.tasks` (tasks), :mod:`.paths` (input paths), :mod:`.device_checks` (what a launch can
+run), :mod:`.meanings` (what each key means), :mod:`.resolving` (a recipe file here loaded with its plugins and
+validated).
 """
 
 from dlrecipes.config.checks import check_component

@@ -178,10 +178,11 @@ def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5
         return api.predict(target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size,
                            trust_checkpoint)
     from dlrecipes.after_training import predict as tool
+    from dlrecipes.after_training.opened import open_trained
 
     # opened as the CLI's commands open it: a run in a bucket (s3://...) too
-    with api.open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
-        predictor = tool.run_predictor(trained.found, trained.config, trust_checkpoint, files=False)
+    with open_trained(target, checkpoint, recipe, overrides, plugins, trust_checkpoint) as trained:
+        predictor = tool.run_predictor(trained, files=False)
     return tool.predict_inputs(predictor, inputs, top_k, batch_size)
 
 

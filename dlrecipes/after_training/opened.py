@@ -1,0 +1,61 @@
+"""The one sequence every command after training starts with (``eval``, ``export``, ``predict``; the notebook's
+predict too): :func:`open_trained` opens the target where it lives (a run in a bucket: its records and the one
+checkpoint brought here), finds the run and the checkpoint in it, imports the training stack and resolves the
+run's recorded recipe with the command's overrides, and yields one :class:`Trained`: what the rest of the command
+takes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+
+from dlrecipes.after_training.target import RunTarget, find_target, is_export_dir
+from dlrecipes.config.resolving import resolve_recorded
+from dlrecipes.recipe import override_strings
+from dlrecipes.records.store import ReadRun, open_for_reading
+from dlrecipes.runtime import process_state
+
+if TYPE_CHECKING:
+    from dlrecipes.config import RecipeConfig
+
+
+@dataclasses.dataclass
+class Trained:
+    """A trained run (or checkpoint, or export directory) opened for a command after training: what the store
+    brought here (``read``: a bucket's run as a local copy; the command's outputs go back beside it), the run and
+    checkpoint found in it (``found``; None for an export directory), its recorded recipe with the command's
+    ``overrides``, validated (``config``), and whether its checkpoints may be unpickled in full (``trust``:
+    ``--trust-checkpoint``)."""
+
+    read: ReadRun
+    found: Optional[RunTarget] = None
+    config: Optional[RecipeConfig] = None
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    trust: bool = False
+
+    @property
+    def export_folder(self) -> Optional[Path]:
+        """The export directory this command was pointed at (None: a run or a checkpoint)."""
+        return Path(self.read.target) if self.found is None else None
+
+
+@contextlib.contextmanager
+def open_trained(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
+                 overrides: Iterable[str] = (), plugins: Sequence[str] = (), trust: bool = False,
+                 exports: bool = False) -> Iterator[Trained]:
+    """``target`` (a run directory, a checkpoint file with ``recipe``, or, with ``exports``, an export directory;
+    local or ``s3://BUCKET/PREFIX/RUN``) opened for a command after training; inside, errors name a bucket's files
+    by their address."""
+    read = open_for_reading(target, checkpoint)
+    with read.named():
+        if exports and is_export_dir(read.target):
+            yield Trained(read, trust=trust)
+            return
+        found, overrides = find_target(read.target, read.checkpoint, recipe, trust), override_strings(overrides)
+        process_state.import_training_stack()
+        yield Trained(read, found, resolve_recorded(found.recipe, overrides, plugins), overrides, trust)
+
+
+__all__ = ["Trained", "open_trained"]
