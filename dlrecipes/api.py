@@ -97,6 +97,17 @@ def resolve(
     return config
 
 
+def _opened_store(config: RecipeConfig) -> Any:
+    """The run store of ``config`` (its ``runs_dir``), made once for the command: the run's keys and staging paths
+    checked to fit, then the store asked (a bucket: once), one line when it cannot be used."""
+    from dlrecipes.records.store import store_for
+
+    store = store_for(config.runs_dir)
+    store.check_room(config)
+    store.check()
+    return store
+
+
 def show(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
          check_device: bool = False, explain: bool = False) -> str:
     """The resolved recipe as YAML, each value annotated with the file or override it came from; with ``explain``,
@@ -140,16 +151,10 @@ def train(
     CLI's train, launch's ranks and a sweep's points through it, the notebook's with ``config`` resolved with its
     objects).  ``resume``: continue the run; ``restart``: train ``run_name`` again from the beginning, keeping the
     old run under another name."""
-    from dlrecipes.records.store import store_for
-
     if adopt_torchrun() and not resume:  # torchrun restarted the job: it goes on from its last checkpoint
         resume, restart = _continued_after_torchrun_restart(restart)
-    given = config is not None
-    config = config or resolve(recipe, overrides, plugins)
-    store = store_for(config.runs_dir)
-    if given:  # a notebook's config, made without resolve(), which checks this
-        store.check_room(config)
-    store.check()  # a bucket that cannot be used: one line before training is even imported
+    config = config or validate(load(recipe, overrides, plugins))
+    store = _opened_store(config)  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
     from dlrecipes.fit import RunOptions, fit, open_run
 
@@ -250,6 +255,7 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     loads by ``checkpoint.load_path``, unpickled in full). Returns (plan, summary rows, exit code)."""
     from dlrecipes.config.device_checks import check_launch
     from dlrecipes.errors import UserError
+    from dlrecipes.records.store import store_for
     from dlrecipes.tools import sweep as tool
 
     if parallel < 1:
@@ -259,9 +265,9 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     tool.get_ready(nproc, FORKED)  # the trainings' server imports torch and Composer while the points are validated
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins, plan.nproc, plan.trust_checkpoint = list(plugins), nproc, trust_checkpoint
-    runs_dir = None
+    store = None
     if plan.search == "optuna":  # its points come one by one: the ends of each range are checked instead
-        base = resolve(recipe, plan.fixed, plugins)
+        base = validate(load(recipe, plan.fixed, plugins))
         plan.monitor, plan.mode = base.checkpoint.monitor or "top1", base.checkpoint.mode
         trial = json.dumps({"storage": "optuna.journal", "study": plan.name, "trial": 0, "monitor": plan.monitor})
         checked = [(tool.point_name(values), [*tool.overrides_of(values), f"callbacks.optuna_trial={trial}"])
@@ -270,18 +276,16 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
         checked = [(point.name, point.overrides) for point in plan.points]
     for point_name, overrides in checked:
         try:
-            config = resolve(recipe, [*plan.fixed, *overrides, f"run_name={point_name}"], plugins)
+            config = validate(load(recipe, [*plan.fixed, *overrides, f"run_name={point_name}"], plugins))
+            store = store or store_for(config.runs_dir)  # the sweep's store, made once
+            store.check_room(config)
             if nproc > 1:
                 check_launch(config, nproc, nproc)  # its batches divide over the processes, which fit the GPUs
         except UserError as exc:
             exc.args = (f"sweep point {point_name}: {exc}",)
             raise
-        runs_dir = runs_dir or config.runs_dir
-    from dlrecipes.records.store import store_for
-
-    folder = store_for(runs_dir or RUNS_DIR).sweep(plan.name)  # in a bucket: what it has of the sweep brought here
-    tool.prepare_folder(plan, folder.folder.parent)
-    plan.trains_into, plan.after_point = folder.trains_into, folder.after_point
+    folder = (store or store_for(RUNS_DIR)).sweep(plan.name)  # in a bucket: what it has of the sweep brought here
+    tool.prepare_folder(plan, folder)
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
     missing = folder.finish()  # in a bucket: the sweep's own files uploaded
     if missing:
@@ -298,18 +302,16 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
     from dlrecipes.config.checks import check_train_options
     from dlrecipes.config.device_checks import check_launch
-    from dlrecipes.records.store import store_for
     from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
 
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
              *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
     overrides = override_strings(overrides)
     ranks = plan_ranks(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port, tuple(extra))
-    config = resolve(recipe, overrides, plugins)
+    config = validate(load(recipe, overrides, plugins))
     check_train_options(config, resume, restart)  # as every rank's fit would: once, before any process starts
     check_launch(config, nproc, nproc * nodes)
-    store = store_for(config.runs_dir)
-    store.check()  # a bucket, asked once here: one line before any process starts
+    store = _opened_store(config)  # a bucket, asked once here: one line before any process starts
     if resume and config.run_name:  # before any process starts: a typo starts no new run
         store.check_resumable(config.run_name, first_node=node_rank == 0)
     return run_ranks(ranks, gloo_environment(master_addr, master_port, nproc * nodes))

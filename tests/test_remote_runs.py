@@ -497,3 +497,27 @@ def test_checkpoints_go_up_from_a_process_of_their_own_and_from_training_when_it
     assert second.stderr.count("warning: the upload process stopped (OSError: no process for you)") == 1
     assert "proc/o2/checkpoints/ep2-ba6-rank0.pt" in s3.keys("runs", "proc/o2/")
     assert s3.read("runs", "proc/o2/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+
+
+def test_each_command_asks_the_bucket_once(s3, in_bucket, tiny_recipe, tmp_path, monkeypatch):
+    """The run store is made once per command and asks the bucket when first used: a training (new or resumed)
+    asks once, a comparison of two runs in one bucket asks once, each command after training once."""
+    from dlrecipes import api
+    from dlrecipes.records.store import bucket
+
+    asked: list[str] = []
+    ask = bucket._ask_s3
+    monkeypatch.setattr(bucket, "_ask_s3", lambda root, key_path: (asked.append(str(root)), ask(root, key_path)))
+    one_batch = ["runs_dir=s3://runs/once", "trainer.max_duration=1ba", "trainer.eval_interval=1ba"]
+    for name in ("a", "b"):
+        api.train(tiny_recipe, [*one_batch, f"run_name={name}"])
+        assert asked == ["s3://runs/once"], asked
+        asked.clear()
+    api.train(tiny_recipe, [*one_batch[:1], "run_name=a", "trainer.max_duration=2ba"], resume=True)
+    assert asked == ["s3://runs/once"]
+    asked.clear()
+    rows, _ = api.compare(["s3://runs/once/a", "s3://runs/once/b"])
+    assert [row["run"] for row in rows] == ["s3://runs/once/a", "s3://runs/once/b"] and len(asked) == 1, asked
+    asked.clear()
+    api.evaluate("s3://runs/once/b", checkpoint="latest")
+    assert len(asked) == 1, asked

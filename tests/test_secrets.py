@@ -186,11 +186,12 @@ def test_a_model_setting_with_a_secret_address_is_not_refused_on_resume_by_redac
 
 
 def test_a_sweep_records_its_overrides_redacted_and_compares_them_alike(tmp_path):
+    from dlrecipes.records.store import store_for
     from dlrecipes.tools.sweep.plan import SweepPlan, prepare_folder
 
     uri = f'loggers={{mlflow: {{tracking_uri: "http://bob:{PASSWORD}@h:5000"}}}}'
     plan = SweepPlan(recipe=tmp_path / "r.yaml", name="s", fixed=[uri], swept={}, seeds=1, points=[])
-    folder = prepare_folder(plan, tmp_path)
+    folder = prepare_folder(plan, store_for(tmp_path).sweep(plan.name))
     text = (folder / "sweep.yaml").read_text()
     assert PASSWORD not in text and "http://***@h:5000" in text
-    assert prepare_folder(plan, tmp_path) == folder  # the same sweep again: the same fixed settings
+    assert prepare_folder(plan, store_for(tmp_path).sweep(plan.name)) == folder  # the same sweep again: the same fixed settings

@@ -334,14 +334,15 @@ def test_parallel_launched_points_get_groups_of_gpus(monkeypatch):
 
 def test_an_optuna_study_drawn_from_other_ranges_is_one_line(tmp_path):
     from dlrecipes.errors import UserError
+    from dlrecipes.records.store import store_for
     from dlrecipes.tools.sweep import prepare_folder
     from dlrecipes.tools.sweep.run import _Search
 
     plan = plan_sweep(tmp_path / "r.yaml", ["model.width=choice(4,8)"], trials=2, search="optuna", name="s")
-    prepare_folder(plan, tmp_path / "runs")
+    prepare_folder(plan, store_for(tmp_path / "runs").sweep(plan.name))
     assert _Search(plan, print).next()[0].values["model.width"] in (4, 8)  # trial 0 asked, not trained
     other = plan_sweep(tmp_path / "r.yaml", ["model.width=choice(4,16)"], trials=2, search="optuna", name="s")
-    prepare_folder(other, tmp_path / "runs")
+    prepare_folder(other, store_for(tmp_path / "runs").sweep(other.name))
     search = _Search(other, print)
     assert search.next()[0].name.startswith("trial=0,")  # the trial left running comes first
     with pytest.raises(UserError, match="drew its trials from other ranges"):

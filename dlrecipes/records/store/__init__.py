@@ -44,10 +44,11 @@ def store_for(runs_dir: Any) -> RunStore:
     return LocalStore(runs_dir)
 
 
-def open_for_reading(target: Any, checkpoint: Optional[str] = "best") -> ReadRun:
+def open_for_reading(target: Any, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None) -> ReadRun:
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
     local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
-    records only)."""
+    records only). ``asked``: the buckets this command has asked already (a command reading several runs asks each
+    bucket once); the one asked here is added."""
     from dlrecipes.core.addresses import check_address
     from dlrecipes.records.store.bucket import is_remote
 
@@ -56,15 +57,15 @@ def open_for_reading(target: Any, checkpoint: Optional[str] = "best") -> ReadRun
         return ReadRun(target, checkpoint, str(target))
     from dlrecipes.records.store.objects import read_from_bucket
 
-    return read_from_bucket(str(target), checkpoint)
+    return read_from_bucket(str(target), checkpoint, asked)
 
 
 def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
-    """Run directories as given, each in a bucket replaced by a local copy of its records; returns them and, for
-    the copies, their addresses."""
-    local, addresses = [], {}
+    """Run directories as given, each in a bucket replaced by a local copy of its records (each bucket asked once);
+    returns them and, for the copies, their addresses."""
+    local, addresses, asked = [], {}, set()
     for target in targets:
-        read = open_for_reading(target, None)
+        read = open_for_reading(target, None, asked)
         local.append(Path(read.target))
         if read.pushes:
             addresses[Path(read.target)] = read.address

@@ -152,15 +152,10 @@ def object_store(root: RemoteRoot, key_path: str = "runs_dir") -> Any:
     return make_backend(root.scheme, root.bucket, str(root), key_path)
 
 
-_ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in this process: asked once per command
-
-
 def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
-    """Ask the bucket once (a few seconds at most): one line when the credentials, the bucket or the endpoint are
-    wrong, before anything is built or written.  A bucket that answered in this process is not asked again."""
-    asked = (os.environ.get("S3_ENDPOINT_URL", "") if root.scheme == "s3" else root.scheme, root.bucket)
-    if asked in _ANSWERED:
-        return
+    """Ask the bucket (a few seconds at most): one line when the credentials, the bucket or the endpoint are wrong,
+    before anything is built or written. Its callers ask once per command: a run store when first used
+    (:meth:`~.objects.BucketStore.check`), a read of a run, a dataset's bucket."""
     if root.scheme == "s3":
         _ask_s3(root, key_path)
     else:  # through Composer's store: a listing answers whether the bucket can be read with what this machine has
@@ -171,7 +166,6 @@ def check_access(root: RemoteRoot, key_path: str = "runs_dir") -> None:
         except Exception as exc:
             first = first_line(exc, 200, "")
             raise UserError(f"{key_path}: {root}: the bucket cannot be read: {type(exc).__name__}: {first}") from None
-    _ANSWERED.add(asked)
 
 
 def _ask_s3(root: RemoteRoot, key_path: str) -> None:

@@ -131,12 +131,12 @@ class ReadRun:
 
 @dataclass
 class SweepFolder:
-    """Where a sweep keeps its own files (``folder``: local) and where its points train (``trains_into``: None,
-    into ``folder``'s parent)."""
+    """Where a sweep keeps its own files (``folder``: local), its ``address`` where it lives, and the ``runs_dir`` its
+    points train into (``trains_into``: the folder, or the bucket's address of it)."""
 
     folder: Path
     address: str
-    trains_into: Optional[str] = None
+    trains_into: str
     after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
     finish: Callable[[], list[str]] = list  # the sweep's end: the files its store still lacks
 

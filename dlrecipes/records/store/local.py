@@ -59,4 +59,5 @@ class LocalStore(RunStore):
         return [(path, None) for path in find_runs(self.runs_dir, last)]
 
     def sweep(self, name: str) -> SweepFolder:
-        return SweepFolder(Path(self.runs_dir) / name, str(Path(self.runs_dir) / name))
+        folder = Path(self.runs_dir) / name
+        return SweepFolder(folder, str(folder), trains_into=str(folder))

@@ -28,9 +28,14 @@ class BucketStore(RunStore):
     def __init__(self, runs_dir: str):
         super().__init__(runs_dir)
         self.root = RemoteRoot.parse(runs_dir)
+        self.answered = False  # whether the bucket answered this store (one store per command: asked once)
 
     def check(self) -> None:
-        check_access(self.root)
+        """The bucket asked (:func:`~.bucket.check_access`) the first time this store needs it; a command makes one
+        store, so the bucket is asked once per command."""
+        if not self.answered:
+            check_access(self.root)
+            self.answered = True
 
     def check_room(self, config: Any) -> None:
         """The run's longest key within the object store's limit and its staging paths within this file system's
@@ -45,6 +50,7 @@ class BucketStore(RunStore):
         from dlrecipes.records.store.opening import prepare
         from dlrecipes.records.store.local import open_in
 
+        self.check()
         prepare(self.root, config.run_name, options.resume, options.restart)
         with named_by_address({self.root.staging(): str(self.root)}):  # its records' errors name the bucket's files
             opened = open_in(self.root.staging(), config, device, options)
@@ -77,7 +83,8 @@ class BucketStore(RunStore):
         from dlrecipes.records.runs import newest_first
         from dlrecipes.records.store.reading import pull_runs_dir
 
-        addresses = pull_runs_dir(str(self.root))
+        self.check()
+        addresses = pull_runs_dir(self.root)
         return [(path, addresses[path]) for path in newest_first(list(addresses), last)]
 
     def rows_shown(self, rows: list[dict[str, Any]], addresses: dict[Path, str]) -> list[dict[str, Any]]:
@@ -90,7 +97,8 @@ class BucketStore(RunStore):
         ``s3://.../<sweep>``, and its own files are uploaded after each point and at its end."""
         from dlrecipes.records.store.reading import sweep_mirror
 
-        mirror = sweep_mirror(str(self.root), name)
+        self.check()
+        mirror = sweep_mirror(self.root, name)
         mirror.pull_missing()
 
         def finish() -> list[str]:
@@ -130,13 +138,14 @@ def _all_uploaded(result: Any, mirror: RemoteRun) -> None:
             "summary says; run the same command with --resume to upload them)")
 
 
-def read_from_bucket(url: str, checkpoint: Optional[str]) -> ReadRun:
+def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[str]] = None) -> ReadRun:
     """A run (or an export) at ``url``: its records, and the one ``checkpoint`` (None: none) the command needs,
-    brought into a local copy; the command's outputs are uploaded beside it."""
+    brought into a local copy; the command's outputs are uploaded beside it. ``asked``: as
+    :func:`~.reading.open_run`'s."""
     from dlrecipes.records.layout import RECIPE_FILE
     from dlrecipes.records.store.reading import open_run
 
-    run = open_run(url)
+    run = open_run(url, asked)
     listing = run.pull_records()
     if checkpoint is not None and RECIPE_FILE in listing:  # not an export directory
         checkpoint = run.pull_checkpoint(checkpoint, listing)

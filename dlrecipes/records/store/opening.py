@@ -13,14 +13,13 @@ from typing import Any, Iterator, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import RECIPE_FILE, SUMMARY_FILE
-from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, check_access, object_store, staged_run
+from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, object_store, staged_run
 
 
 def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> None:
-    """Before a training opens its run in the bucket: check the bucket (one line if it cannot be used), refuse a
-    name it holds a run under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring the named
-    run's records and newest checkpoint that loads into the staging folder."""
-    check_access(root)
+    """Before a training opens its run in the bucket (which its store has asked: one line if it cannot be used):
+    refuse a name it holds a run under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring
+    the named run's records and newest checkpoint that loads into the staging folder."""
     if resume and not run_name:
         raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
     from dlrecipes.core.distributed import rank

@@ -157,18 +157,21 @@ class PulledRun(RemoteRun):
                                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
 
 
-def open_run(url: str) -> PulledRun:
-    """The run at ``url`` (its bucket checked first: one line when it cannot be read)."""
+def open_run(url: str, asked: Optional[set[str]] = None) -> PulledRun:
+    """The run at ``url``, its bucket asked first (one line when it cannot be read) unless it is in ``asked``: the
+    buckets a command reading several runs has asked (the one asked here is added)."""
     root, name = split_run_url(url)
-    check_access(root, KEY_PATH)
+    bucket = f"{root.scheme}://{root.bucket}"
+    if asked is None or bucket not in asked:
+        check_access(root, KEY_PATH)
+    if asked is not None:
+        asked.add(bucket)
     return PulledRun(root, name, RunDir(_pulled_root(root) / name).path)
 
 
-def pull_runs_dir(url: str) -> dict[Path, str]:
-    """Every run under ``s3://bucket/prefix`` (those with a recipe.yaml, a sweep's nested ones too), their records
-    copied here; returns the copies' folders with their bucket addresses."""
-    root = RemoteRoot.parse(url, KEY_PATH)
-    check_access(root, KEY_PATH)
+def pull_runs_dir(root: RemoteRoot) -> dict[Path, str]:
+    """Every run under ``s3://bucket/prefix`` (its store has asked the bucket; those with a recipe.yaml, a sweep's
+    nested ones too), their records copied here; returns the copies' folders with their bucket addresses."""
     local_root = _pulled_root(root)
     holder = PulledRun(root, "", local_root)
     everything = holder.store().listing(root.key("") + "/" if root.prefix else "")
@@ -225,10 +228,8 @@ class SweepMirror(PulledRun):
                 self._fetch(relative, size, modified)
 
 
-def sweep_mirror(runs_dir: str, name: str) -> SweepMirror:
-    """The sweep ``name`` under the bucket's ``runs_dir`` (checked: one line when it cannot be used)."""
-    root = RemoteRoot.parse(runs_dir)
-    check_access(root)
+def sweep_mirror(root: RemoteRoot, name: str) -> SweepMirror:
+    """The sweep ``name`` under the bucket's ``runs_dir`` (which its store has asked)."""
     return SweepMirror(root, name, root.staging() / name)
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.records.store import SweepFolder
 from dlrecipes.tools.sweep.report import short_names, value_text
 
 SWEEP_FILE = "sweep.yaml"
@@ -49,14 +50,14 @@ class SweepPlan:
     points: list[Point]
     search: Optional[str] = None
     trials: Optional[int] = None
-    folder: Optional[Path] = None  # runs_dir/<name>, set once the recipe's runs_dir is known
+    folder: Optional[Path] = None  # the sweep's folder here (runs_dir/<name>), given by its run store
     plugins: list[str] = field(default_factory=list)
     seed: int = 0  # the random search's (and Optuna's sampler's)
     nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
     trust_checkpoint: bool = False  # each training with --trust-checkpoint (this command's word: not in sweep.yaml)
     monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
     mode: str = "max"
-    trains_into: Optional[str] = None  # the points' runs_dir when it is not ``folder`` (a bucket's s3://.../<name>)
+    trains_into: Optional[str] = None  # the points' runs_dir: ``folder``, or a bucket's s3://.../<name>
     after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
 
     def record(self) -> dict[str, Any]:
@@ -240,10 +241,12 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
     return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials, seed=seed)
 
 
-def prepare_folder(plan: SweepPlan, runs_dir: Path) -> Path:
-    """``runs_dir/<name>/`` with ``sweep.yaml``. An existing folder must hold a sweep with the same fixed
-    overrides (its grid may grow or change: points already trained under their names are reused)."""
-    folder = runs_dir / plan.name
+def prepare_folder(plan: SweepPlan, store_folder: SweepFolder) -> Path:
+    """The sweep's folder as its run store gives it (:meth:`~dlrecipes.records.store.RunStore.sweep`), with
+    ``sweep.yaml``; the plan's points train where the store says (``trains_into``) and its ``after_point`` runs
+    after each. An existing folder must hold a sweep with the same fixed overrides (its grid may grow or change:
+    points already trained under their names are reused)."""
+    folder = store_folder.folder
     record = plan.record()
     existing = folder / SWEEP_FILE
     if existing.is_file():
@@ -253,7 +256,7 @@ def prepare_folder(plan: SweepPlan, runs_dir: Path) -> Path:
                             f"{before.get('recipe')}, fixed {before.get('fixed')}); give another --name")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
-    plan.folder = folder
+    plan.folder, plan.trains_into, plan.after_point = folder, store_folder.trains_into, store_folder.after_point
     return folder
 
 

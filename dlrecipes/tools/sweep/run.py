@@ -325,7 +325,7 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
-               f"runs_dir={plan.trains_into or plan.folder}", f"run_name={point.name}", "trainer.progress_bar=false",
+               f"runs_dir={plan.trains_into}", f"run_name={point.name}", "trainer.progress_bar=false",
                *(["--resume"] if action == "resume" else []), *(["--trust-checkpoint"] if plan.trust_checkpoint else []),
                *(a for p in plan.plugins for a in ("--plugin", p))]
     forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
