@@ -64,23 +64,18 @@ def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mappin
     if not isinstance(recipe, str) or "://" not in recipe:
         return recipe
     from dlrecipes.errors import UserError
-    from dlrecipes.records.store import open_for_reading
+    from dlrecipes.records.store import pull_recipe
 
     run, _, name = recipe.rpartition("/")
     if name != RECIPE_FILE:
         raise RecipeError(f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
                           f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}")
     try:
-        read = open_for_reading(run, None)
+        local = pull_recipe(run)
     except UserError as exc:  # its line names the run (or the bucket): say which recipe could not be read
         exc.args = (f"recipe: {recipe} cannot be read: {str(exc).removeprefix('run: ')}",)
         raise
-    local = Path(read.target) / RECIPE_FILE
-    if not read.pushes:  # not in a bucket the store knows: a path, as it always was
-        return recipe
-    if not local.is_file():  # an export directory: no recipe there
-        raise RecipeError(f"recipe: {recipe} cannot be read: {run} holds no {RECIPE_FILE} (an export?)")
-    return str(local)
+    return recipe if local is None else str(local)  # None: not in a bucket the store knows, a path as it always was
 
 
 def resolve(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dlrecipes.core.addresses import RUNS_DIR
+from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import (
     ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
 )
@@ -58,6 +59,22 @@ def open_for_reading(target: Any, checkpoint: Optional[str] = "best", asked: Opt
     from dlrecipes.records.store.objects import read_from_bucket
 
     return read_from_bucket(str(target), checkpoint, asked)
+
+
+def pull_recipe(run: Any) -> Optional[Path]:
+    """The recorded recipe of the run at ``run`` in a bucket, brought here with the run's records (its local copy);
+    None where ``run`` is no bucket's address. Where the run holds no recipe (an export): one line."""
+    from dlrecipes.core.addresses import check_address
+    from dlrecipes.records.layout import RECIPE_FILE
+    from dlrecipes.records.store.bucket import is_remote
+
+    check_address(run, "run")
+    if not is_remote(str(run)):
+        return None
+    local = Path(open_for_reading(run, None).target) / RECIPE_FILE
+    if not local.is_file():
+        raise UserError(f"{run} holds no {RECIPE_FILE} (an export?)")
+    return local
 
 
 def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
@@ -112,4 +129,4 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
 
 
 __all__ = ["DatasetBucket", "ReadRun", "RunOptions", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
-           "named_by_address", "open_for_reading", "read_records", "select_runs", "store_for"]
+           "named_by_address", "open_for_reading", "pull_recipe", "read_records", "select_runs", "store_for"]
