@@ -242,3 +242,14 @@ def test_upload_stall_script_at_tiny_sizes(tmp_path):
                    "--threads", "1", tmp_path=tmp_path)
     assert data["threads"] == 1 and data["checkpoints_uploaded"] >= 2 and data["local_median_s"] > 0 and data["bucket_median_s"] > 0
     assert data["ratio_median"] == data["bucket_median_s"] / data["local_median_s"]
+
+
+def test_cli_start_script_times_two_revisions_side_by_side(tmp_path):
+    data = _script("cli_start.py", "--before", "HEAD", "--after", "HEAD", "--repeats", "3", tmp_path=tmp_path,
+                   new_python=True)
+    assert [row["command"] for row in data["rows"]] == ["dlrecipes --help", "dlrecipes validate recipes/quickstart.yaml"]
+    assert all(row["before_s"] > 0 and row["after_s"] > 0 for row in data["rows"])
+    import subprocess
+
+    listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True).stdout
+    assert "cli-start-" not in listed  # its checkouts removed
