@@ -255,7 +255,7 @@ def evaluate(
     overrides: Optional[List[str]] = OverridesArg,
     checkpoint: str = CheckpointOpt,
     recipe: Optional[Path] = RecipeOpt,
-    tta: Optional[str] = typer.Option(None, "--tta", help="test-time augmentation: flip (average with mirrored images)"),
+    tta: Optional[str] = typer.Option(None, "--tta", help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) or flip_translate (airbench's level 2)"),
     out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,

@@ -183,13 +183,17 @@ A3 = {
     "scheduler.name": ("cosine", "LR decay cosine"),
     "scheduler.warmup": ("5ep", "Warmup epochs 5"),
     "loss": ("binary_cross_entropy", "BCE loss: yes, CE loss: no"),
-    "algorithms.cutmix.alpha": (1.0, "Cutmix alpha 1.0"),
+    "algorithms.mixup_cutmix.mixup_alpha": (0.1, "Mixup alpha 0.1"),
+    "algorithms.mixup_cutmix.cutmix_alpha": (1.0, "Cutmix alpha 1.0"),
+    "algorithms.mixup_cutmix.switch_prob": (0.5, "timm's Mixup: switch probability 0.5"),
+    "algorithms.mixup_cutmix.prob": (1.0, "timm's Mixup: every batch mixed"),
+    "algorithms.mixup_cutmix.label_smoothing": (0.0, "Label smoothing: no"),
     "algorithms.batch_randaugment.policy": ("rand-m6-mstd0.5-inc1", "Rand Augment 6 / 0.5"),
 }
 # what Table 1's A3 column has and the recipe leaves out: each must be named in the recipe's comments
 A3_ABSENT = {"label_smoothing", "ema", "swa", "gradient_clipping", "random_erasing", "batch_random_erasing",
-             "batch_color_jitter", "stochastic_depth", "mixup"}
-A3_DEPARTURES = ("MixUp alpha 0.1 is left out", "RandAugment runs on whole batches on the GPU",
+             "batch_color_jitter", "stochastic_depth", "mixup", "cutmix"}  # mixup_cutmix switches between the two
+A3_DEPARTURES = ("RandAugment runs on whole batches on the GPU",
                  "Mixed precision is bf16", "The warmup starts from 0")
 
 

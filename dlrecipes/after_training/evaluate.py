@@ -26,7 +26,7 @@ from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, EVAL_NAME_MAX, beside
 if TYPE_CHECKING:
     from dlrecipes.after_training.opened import Trained
 
-TTA_CHOICES = ("flip",)
+TTA_CHOICES = ("flip", "flip_translate")  # levels 1 and 2 of algorithms.tta
 
 
 @dataclass
@@ -56,21 +56,13 @@ def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> st
     return name[:EVAL_NAME_MAX]
 
 
-def flip_average(network: Any) -> Any:
-    """Test-time augmentation: a module whose logits are the mean of ``network``'s for the images and their
-    mirror images."""
-    import torch
-    from torch import nn
-
-    class FlipAverage(nn.Module):
-        def __init__(self, net: nn.Module):
-            super().__init__()
-            self.net = net
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (self.net(x) + self.net(torch.flip(x, dims=[-1]))) / 2
-
-    return FlipAverage(network)
+def _with_tta(config: Any, tta: Optional[str]) -> Optional[str]:
+    """``--tta`` puts the test-time augmentation it names in the recipe's algorithms (over the recipe's own
+    ``tta``, which the evaluation otherwise rebuilds like the training's); returns what the evaluation uses."""
+    if tta is not None:
+        config.algorithms = {**config.algorithms, "tta": {"level": TTA_CHOICES.index(tta) + 1}}
+    level = config.algorithms["tta"].get("level", 2) if "tta" in config.algorithms else 0
+    return TTA_CHOICES[level - 1] if level else None
 
 
 def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str | Path] = None) -> EvalResult:
@@ -85,6 +77,7 @@ def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str 
     target, config, overrides = trained.found, trained.config, trained.overrides
     if tta is not None and tta not in TTA_CHOICES:
         raise RecipeError(f"--tta: expected one of {', '.join(TTA_CHOICES)}, got '{tta}'")
+    tta = _with_tta(config, tta)
     if out is not None:
         out_dir = Path(out)
     elif target.run is not None:
@@ -94,14 +87,11 @@ def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str 
     if out is not None and dist.get_global_rank() == 0:
         make_writable_dir(out_dir)  # before anything is built: an --out that cannot be written is one line
     trainer, data = trained_model(trained)
-    with_network = trainer.state.model.module if trainer.state.is_model_ddp else trainer.state.model
     tables = report_tables(config.metrics)
     report = None
     if tables:
         report = ClassReport(out_dir, data.num_classes, data.class_names, tables)  # kept here: written below
         trainer.state.callbacks.append(report)
-    if tta == "flip":
-        with_network.module = flip_average(with_network.module)
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():

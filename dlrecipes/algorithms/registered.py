@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
+from dlrecipes.algorithms.factories import cutmix, mixup, mixup_cutmix, tta
 from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, default_fill, one_policy, policy_or_keys
 from dlrecipes.algorithms.support import (batch_augmix_policy, batch_randaugment_policy, check_qat_times,
                                           ghost_batch_fits, jitter_ranges, needs_bottleneck_resnet,
@@ -95,38 +96,6 @@ def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_sca
     return ProgressiveResizing(mode=mode, initial_scale=initial_scale, finetune_fraction=finetune_fraction,
                                delay_fraction=delay_fraction, size_increment=size_increment,
                                resize_targets=resize_targets)
-
-
-@algorithms.register("mixup", conflicts_with={"cutmix": "both replace the labels of every batch"},
-                     image_label_batch="mixes batch[0] as the images and batch[1] as the labels")
-def mixup(alpha: Positive = 0.2, interpolate_loss: bool = False):
-    """Train on convex combinations of pairs of examples and their labels (Zhang et al. 2017).
-
-    Args:
-        alpha: the batch's mixing weight (at most 0.5) comes from Beta(alpha, alpha): 0.2 mostly mixes in little.
-        interpolate_loss: blend the losses against both labels rather than the labels (the same for cross-entropy).
-    """
-    from composer.algorithms import MixUp
-
-    from dlrecipes.algorithms.soft_targets import without_read_backs
-
-    return without_read_backs(MixUp(alpha=alpha, interpolate_loss=interpolate_loss))
-
-
-@algorithms.register("cutmix", image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels")
-def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False):
-    """Paste a box from another image and mix the labels by area (Yun et al. 2019).
-
-    Args:
-        alpha: the pasted box's share of the image comes from Beta(alpha, alpha): 1 (the paper's) is uniform.
-        interpolate_loss: blend the losses against both labels rather than the labels (the same for cross-entropy).
-        uniform_sampling: let the box's centre fall up to half a box outside the image, so edges mix as often.
-    """
-    from composer.algorithms import CutMix
-
-    from dlrecipes.algorithms.soft_targets import without_read_backs
-
-    return without_read_backs(CutMix(alpha=alpha, interpolate_loss=interpolate_loss, uniform_sampling=uniform_sampling))
 
 
 @algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
@@ -497,3 +466,14 @@ def batch_random_erasing(p: Annotated[float, Range(0, 1)] = 0.25, scale: list[fl
 
     return BatchAugmentation("batch_random_erasing",
                              erasing={"p": p, "scale": tuple(scale), "ratio": tuple(ratio), "value": value})
+
+# the label mixing (Composer's MixUp and CutMix, timm's switching between them) and test-time augmentation (eval
+# rebuilds it, as a network's), their factories in .factories
+MIXES = "mixes batch[0] as the images and batch[1] as the labels"
+algorithms.add("mixup", mixup, image_label_batch=MIXES,
+               conflicts_with={"cutmix": "both replace the labels of every batch",
+                               "mixup_cutmix": "mixup_cutmix already MixUps the batches it does not CutMix"})
+algorithms.add("cutmix", cutmix, image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels",
+               conflicts_with={"mixup_cutmix": "mixup_cutmix already CutMixes the batches it does not MixUp"})
+algorithms.add("mixup_cutmix", mixup_cutmix, image_label_batch=MIXES)
+algorithms.add("tta", tta, changes_network=True, checkpoint_state=False)

@@ -57,6 +57,9 @@ def key_meaning(path: str, recipe: Optional[dict] = None) -> Optional[str]:
     if head in COMPONENT_SECTIONS:
         section = recipe.get(head) if isinstance(recipe.get(head), dict) else {}
         name = section.get("name") or _default_component(head)
+        nested = section.get(parts[1])
+        if len(parts) > 2 and isinstance(nested, dict):  # a component of the same kind in a key (optimizer.other)
+            return _component_meaning(COMPONENT_SECTIONS[head], nested.get("name"), parts[2])
         return _component_meaning(COMPONENT_SECTIONS[head], name, parts[1])
     maps = {**COMPONENT_MAPS, **METRIC_MAPS}
     if head in maps:

@@ -21,9 +21,10 @@ Composer's lack) live in :mod:`dlrecipes.optim.lr_schedules`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Literal, Optional
 
 from dlrecipes.core.durations import Duration, is_zero
+from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, PositiveDuration, Probability
 from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
 from dlrecipes.optim.groups import parameter_groups
@@ -155,6 +156,80 @@ def decoupled_adamw(
 
     groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
     return DecoupledAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+
+
+def _check_other(params: dict[str, Any], path: str) -> None:
+    """``other`` names a registered optimizer (not muon) with that optimizer's keys."""
+    from dlrecipes.config.checks import check_component
+
+    other = params.get("other")
+    if other is None:
+        return
+    component = check_component(other, f"{path}.other", optimizers)
+    if component.name == "muon":
+        raise RecipeError(f"{path}.other.name: the second optimizer cannot be muon itself (e.g. sgd or adamw)")
+
+
+@optimizers.register("muon", validator=_check_other)
+def muon(
+    model,
+    /,
+    lr: Positive = 0.02,
+    momentum: Probability = 0.95,
+    nesterov: bool = True,
+    weight_decay: NonNegative = 0.0,
+    ns_steps: AtLeastOne = 5,
+    ns_coefficients: Literal["quintic", "original", "polar_express", "polar_express_safer"] = "quintic",
+    adjust_lr_fn: Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]] = "match_rms_adamw",
+    conv_mode: Literal["flatten", "batched"] = "flatten",
+    normalize_weights: bool = False,
+    head: Optional[str] = "auto",
+    head_lr: Optional[Positive] = None,
+    head_weight_decay: Optional[NonNegative] = None,
+    other: Optional[dict[str, Any]] = None,
+):
+    """Muon (timm's update) on every filter and weight matrix, a second optimizer (other) on the rest.
+
+    Args:
+        lr: base learning rate of the orthogonalized filter updates (scaled per shape by adjust_lr_fn); the
+            schedule multiplies it and the second optimizer's alike. scale_lr rescales this lr only.
+        momentum: decay rate of the gradient's running average that is orthogonalized.
+        nesterov: orthogonalize gradient + momentum * (buffer - gradient) instead of the buffer.
+        weight_decay: decoupled weight decay of the filters: each step multiplies them by 1 - lr * weight_decay;
+            0 for none (the second optimizer has its own).
+        ns_steps: Newton-Schulz iterations that orthogonalize the update (more: closer to orthogonal, slower);
+            airbench94_muon uses 3 with 'original'.
+        ns_coefficients: coefficients of the Newton-Schulz iterations: 'quintic' (5 tuned steps), 'original'
+            (Keller Jordan's 3.4445, -4.7750, 2.0315 at every step), 'polar_express' or 'polar_express_safer'.
+        adjust_lr_fn: per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out,
+            in)): an AdamW-like update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in)));
+            null for none, as airbench94_muon.
+        conv_mode: how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as
+            airbench94_muon, or 'batched', each kernel position's (out, in) slice orthogonalized alone.
+        normalize_weights: before each update, rescale every filter to the Frobenius norm sqrt(out channels)
+            (airbench94_muon), so the orthogonalized step keeps one size relative to the filter.
+        head: the classifier's head, kept out of Muon and stepped by the second optimizer: 'auto' (the
+            network's last Linear, as airbench94_muon excludes its head), the name of a module (e.g.
+            'model.fc'), or null (every matrix to Muon).
+        head_lr: the head's learning rate in the second optimizer; null: the second optimizer's lr.
+        head_weight_decay: the head's weight decay in the second optimizer; null: the second optimizer's.
+        other: the second optimizer, for every trainable parameter Muon does not step (biases, norm scales,
+            1-D parameters, the head): a registered optimizer with its keys, e.g. {name: sgd, lr: 0.05,
+            momentum: 0.85, nesterov: true}; null: {name: adamw} at its defaults.
+    """
+    from dlrecipes.optim.muon import build_muon
+    from dlrecipes.registry import build_component
+
+    other = dict(other or {"name": "adamw"})
+    name = other.pop("name")
+    settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
+                "ns_steps": ns_steps, "ns_coefficients": ns_coefficients, "adjust_lr_fn": adjust_lr_fn,
+                "conv_mode": conv_mode, "normalize_weights": normalize_weights}
+
+    def build_other(subset):
+        return build_component(optimizers, name, other, "optimizer.other.name", model=subset)
+
+    return build_muon(model, settings, build_other, head, head_lr, head_weight_decay)
 
 
 # timm's optimizers by name (lamb, lars, lion, rmsproptf, adabelief, adopt, ...): signatures from the shipped

@@ -4,7 +4,8 @@ Each optimizer timm lists (``timm.optim.list_optimizers()``) is a registry entry
 (``lamb``, ``lars``, ``lion``, ``rmsproptf``, ``adabelief``, ``adopt``, ...), but for:
 
 - the names dlrecipes already has for the same torch class: ``sgd``, ``adamw``, and timm's
-  ``momentum`` / ``nesterov`` (torch SGD: dlrecipes' ``sgd`` with ``nesterov: true|false``);
+  ``momentum`` / ``nesterov`` (torch SGD: dlrecipes' ``sgd`` with ``nesterov: true|false``), and ``muon``
+  (dlrecipes' ``muon`` steps timm's Muon with a second optimizer: :mod:`dlrecipes.optim.muon`);
 - optimizers Composer's training step cannot drive or dlrecipes does not install:
   ``adahessian`` (second order: needs ``backward(create_graph=True)``), ``kron*`` (needs
   ``opt_einsum`` and compiles its kernels with torch.compile at the first step), ``bnb*``
@@ -44,7 +45,7 @@ from dlrecipes.optim.timm_meanings import args_section
 
 TABLE = "timm_optimizers.json"
 # dlrecipes' own entries for the same torch optimizer (timm's 'sgd' is torch SGD with nesterov on)
-DUPLICATES = ("sgd", "adamw", "momentum", "nesterov")
+DUPLICATES = ("sgd", "adamw", "momentum", "nesterov", "muon")  # muon: timm's update with a second optimizer
 # not drivable by Composer's step, or needing a library dlrecipes does not install
 EXCLUDED_PREFIXES = ("adahessian", "kron", "bnb", "fused")
 ALIASES = {"rmsprop_tf": "rmsproptf"}
