@@ -409,3 +409,24 @@ def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_pat
     trainer.fit()
     for name, value in recorder.net.state_dict().items():
         torch.testing.assert_close(value, straight[name], rtol=0, atol=0, msg=name)
+
+
+def test_whitening_reads_the_same_leading_images_from_either_loader():
+    """The device loader's first images and the torch loader's (its dataset read in the run's order) are the same
+    normalised, un-augmented images."""
+    from types import SimpleNamespace
+
+    from dlrecipes.callbacks.speedrun import leading_images
+    from dlrecipes.data.device_loader import BatchAugment, DeviceTensorLoader
+    from dlrecipes.data.order import GlobalOrderSampler, OrderedSamples
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
+
+    images = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    augment = BatchAugment((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), crop_padding=2, hflip=True)
+    device = DeviceTensorLoader(images, torch.arange(8), 4, augment, True)
+    dataset = TransformedTensorDataset(images, torch.arange(8), None, augment)
+    torch_loader = SimpleNamespace(dataset=OrderedSamples(dataset, GlobalOrderSampler(8, 4, 0, 1, 0)))
+    expected = (images[:5].float() / 255 - torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1)) / torch.tensor(
+        [0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    torch.testing.assert_close(leading_images(device, 5), expected)
+    torch.testing.assert_close(leading_images(torch_loader, 5), expected)

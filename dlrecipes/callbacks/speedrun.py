@@ -49,11 +49,18 @@ def first_conv(model: nn.Module) -> nn.Conv2d:
 
 
 def leading_images(loader, count: int) -> torch.Tensor:
-    """The first ``count`` training images, normalised: un-augmented from the device loader (its own method),
-    otherwise the first samples of the loader's dataset as its transform gives them."""
+    """The first ``count`` training images, normalised and not augmented: from the device loader (its own method) or
+    an in-memory dataset's uint8 images and its batch augmentation's mean and std; from any other dataset, its
+    first samples as its transform gives them."""
     if hasattr(loader, "leading_images"):
         return loader.leading_images(count)
     dataset = loader.dataset
+    dataset = getattr(dataset, "samples_of", dataset)  # the torch loader's dataset read in the run's order
+    augment = getattr(dataset, "batch_augment", None)
+    if augment is not None:
+        shape = (1, -1, 1, 1)
+        mean, std = torch.tensor(augment.mean).view(shape), torch.tensor(augment.std).view(shape)
+        return (dataset.images[:count].float() / 255.0 - mean) / std
     return torch.stack([dataset[i][0] for i in range(min(count, len(dataset)))])
 
 
@@ -92,7 +99,9 @@ def lookahead_update(slow: dict[str, torch.Tensor], model: nn.Module, decay: flo
     for name, value in model.state_dict().items():
         if value.is_floating_point():
             average = slow[name]
-            average.lerp_(value.to(average.device, average.dtype), 1 - decay)
+            if average.device != value.device or average.dtype != value.dtype:  # once: the model moved after init
+                slow[name] = average = average.to(value.device, value.dtype)
+            average.lerp_(value, 1 - decay)
             value.copy_(average)
 
 

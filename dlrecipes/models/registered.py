@@ -108,8 +108,9 @@ def airbench(num_classes: Classes = 10, in_chans: AtLeastOne = 3, widths: tuple[
              convs_per_block: Literal[2, 3] = 2, scaling_factor: float = 1 / 9, whiten_kernel: Size = 2,
              batchnorm_momentum: Probability = 0.4, batchnorm_eps: float = 1e-12,
              batchnorm_train_weight: bool = False):
-    """The network of the airbench CIFAR-10 speedruns: airbench94's by default, airbench96's with widths
-    (128, 512, 512) and convs_per_block 3; start it with the patch_whitening callback.
+    """The airbench CIFAR-10 speedruns' network: airbench94's; airbench96's with widths [128, 512, 512], 3 convs.
+
+    Its first convolution is meant to be set by the patch_whitening callback at the start of training.
 
     Args:
         num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
