@@ -430,3 +430,14 @@ def test_whitening_reads_the_same_leading_images_from_either_loader():
         [0.2, 0.25, 0.3]).view(1, 3, 1, 1)
     torch.testing.assert_close(leading_images(device, 5), expected)
     torch.testing.assert_close(leading_images(torch_loader, 5), expected)
+
+
+def test_the_batchnorm_callback_sets_the_model_s_norms_at_init():
+    from types import SimpleNamespace
+
+    from dlrecipes import registry
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    registry.callbacks.build("batchnorm", momentum=0.4, eps=1e-12, train_weight=False).init(
+        SimpleNamespace(model=model), None)
+    assert (model[1].momentum, model[1].eps, model[1].weight.requires_grad) == (0.4, 1e-12, False)
