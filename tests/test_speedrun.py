@@ -32,15 +32,15 @@ def fake_cifar(root: Path) -> Path:
     return root
 
 
-def speedrun_config(tmp_path: Path, extra=()):
+def speedrun_config(tmp_path: Path, extra=(), recipe="cifar10_speedrun", lr=11.5):
     """recipes/cifar10_speedrun.yaml on the CPU in fp32, at the test's size: batch 16, 10 steps, narrow blocks; the
     decoupled weight decay converted for batch 16 as the recipe's comment converts it for 1024."""
-    return resolve(REPO / "recipes" / "cifar10_speedrun.yaml", [
+    return resolve(REPO / "recipes" / f"{recipe}.yaml", [
         f"runs_dir={tmp_path / 'runs'}", "run_name=speedrun", "plots=false", f"dataset.root={fake_cifar(tmp_path)}",
         "dataset.download=false", "trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false",
         f"trainer.batch_size={BATCH}", f"trainer.max_duration={STEPS}ba", f"trainer.eval_interval={STEPS}ba",
         "trainer.progress_bar=false", f"model.widths=[{', '.join(map(str, WIDTHS))}]",
-        f"optimizer.weight_decay={0.0153 * BATCH / 11.5!r}", f"callbacks.patch_whitening.images={TRAIN}",
+        f"optimizer.weight_decay={0.0153 * BATCH / lr!r}", f"callbacks.patch_whitening.images={TRAIN}",
         "callbacks.patch_whitening.bias_epochs=1", *extra])
 
 
@@ -112,9 +112,13 @@ def airbench_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
 
-def airbench_run(monkeypatch, recorder):
-    """airbench's train() (lib_airbench94's hyperparameters at batch 16) from the dlrecipes run's initial weights."""
-    from airbench import lib_airbench94, utils
+def airbench_run(monkeypatch, recorder, version="94"):
+    """airbench's train() (lib_airbench9x's hyperparameters at batch 16) from the dlrecipes run's initial weights."""
+    import importlib
+
+    from airbench import utils
+
+    lib = importlib.import_module(f"airbench.lib_airbench{version}")
 
     airbench_on_cpu(monkeypatch)
     monkeypatch.setattr(utils, "CifarLoader", lambda *a, **k: None)  # its test set: unused with verbose=False
@@ -122,12 +126,12 @@ def airbench_run(monkeypatch, recorder):
 
     def make_net():
         widths = dict(zip(("block1", "block2", "block3"), WIDTHS))
-        net = lib_airbench94.make_net94(widths=widths, batchnorm_momentum=0.6)
+        net = getattr(lib, f"make_net{version}")(widths=widths, batchnorm_momentum=0.6)
         net.load_state_dict(recorder.initial)
         net.register_forward_hook(lambda m, i, out: outputs.append(out.detach().clone()) if m.training else None)
         return net
 
-    hyp = lib_airbench94.hyp["opt"]
+    hyp = lib.hyp["opt"]
     net = utils.train(ReplayLoader(recorder.batches, recorder.images), STEPS / (TRAIN // BATCH),
                       hyp["label_smoothing"], hyp["lr"], hyp["bias_scaler"], hyp["momentum"], hyp["weight_decay"],
                       1, 0, make_net, 0, False)
@@ -140,12 +144,18 @@ def summed_losses(outputs, batches):
     return torch.stack([loss(out, y) for out, y in zip(outputs, labels)])
 
 
-def test_the_recipe_trains_step_for_step_as_airbench94s_own_code(tmp_path, monkeypatch):
+# airbench96 without its cutout: Composer's cutout, the recipe's, places its square otherwise (the recipe says so)
+@pytest.mark.parametrize("recipe, version, lr, extra", [("cifar10_speedrun", "94", 11.5, []),
+                                                        ("cifar10_speedrun_96", "96", 9.0, ["~algorithms.cutout"])])
+def test_the_recipe_trains_step_for_step_as_airbench_s_own_code(tmp_path, monkeypatch, recipe, version, lr, extra):
+    """The same initial weights and batches (the ones the recipe's loader made: reflect-padded crops, alternating
+    flips): per-step losses and final weights (and batch-norm statistics) within float tolerance, through the
+    whitening, the bias frozen after epoch 0, the lookahead updates at steps 5 and 10 and the final sync."""
     recorder = Recorder(monkeypatch)
-    fit(speedrun_config(tmp_path))
+    fit(speedrun_config(tmp_path, extra, recipe, lr))
     ours = recorder.net.state_dict()
     assert len(recorder.outputs) == STEPS and [len(e) for e in recorder.batches][:2] == [4, 4]
-    net, outputs = airbench_run(monkeypatch, recorder)
+    net, outputs = airbench_run(monkeypatch, recorder, version)
     assert len(outputs) == STEPS
     theirs = summed_losses(outputs, recorder.batches)
     torch.testing.assert_close(summed_losses(recorder.outputs, recorder.batches), theirs, rtol=1e-4, atol=1e-4)
