@@ -26,8 +26,8 @@ from dlrecipes.registry import datasets
 # type (dlrecipes.core.param_docs), as the image-preprocessing ones are in preprocess_params.
 CifarDownload = Annotated[bool, Doc("download and extract the archive into root when files are missing; false: a "
                                     "missing file is an error naming it.")]
-CifarAugment = Annotated[bool, Doc("random 32x32 crops of the 4-pixel-padded training images and random left-right "
-                                   "flips; false: training images as they are.")]
+CifarAugment = Annotated[bool, Doc("random 32x32 crops of the padded training images (crop_padding, padding_mode) "
+                                   "and left-right flips (flip); false: training images as they are.")]
 CifarSize = Annotated[int, Range(8, 8192), Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
                                 "networks built for larger inputs, at least 8; 32 (the default) leaves them as they "
                                 "are.")]
@@ -133,7 +133,7 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
 def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
             image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
             flip: CifarFlip = "random"):
-    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment.
+    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad crop_padding, default 4) + flip when augment.
 
     image_size resizes the (augmented) images for networks built for larger inputs, on the GPU with
     trainer.loader=device.
@@ -154,7 +154,7 @@ def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment:
 def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augment: CifarAugment = True,
              image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
              flip: CifarFlip = "random"):
-    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10.
+    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad crop_padding) + flip when augment; as cifar10.
 
     Args:
         root: folder holding the extracted CIFAR python batches (root/cifar-100-python), where they are downloaded to
