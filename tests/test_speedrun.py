@@ -451,3 +451,17 @@ def test_the_batchnorm_callback_sets_the_model_s_norms_at_init():
     registry.callbacks.build("batchnorm", momentum=0.4, eps=1e-12, train_weight=False).init(
         SimpleNamespace(model=model), None)
     assert (model[1].momentum, model[1].eps, model[1].weight.requires_grad) == (0.4, 1e-12, False)
+
+
+def test_patch_whitening_of_a_network_without_a_whitening_layer_is_one_line():
+    from types import SimpleNamespace
+
+    from dlrecipes.callbacks.speedrun import PatchWhitening
+    from dlrecipes.data.device_loader import DeviceTensorLoader
+    from dlrecipes.errors import RecipeError
+
+    loader = DeviceTensorLoader(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4), 2, None, True)
+    state = SimpleNamespace(timestamp=SimpleNamespace(batch=0), model=torch.nn.Conv2d(3, 64, 3),
+                            train_dataloader=loader)
+    with pytest.raises(RecipeError, match=r"callbacks.patch_whitening: .* is \(64, 3, 3, 3\); .* needs \(54, 3, 3, 3\)"):
+        PatchWhitening(images=4).fit_start(state, None)

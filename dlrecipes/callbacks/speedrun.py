@@ -19,6 +19,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from torch import nn
 
+from dlrecipes.errors import RecipeError
 from dlrecipes.optim.lr_schedules import run_batches
 
 
@@ -45,7 +46,7 @@ def first_conv(model: nn.Module) -> nn.Conv2d:
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             return module
-    raise ValueError("patch_whitening: the model has no Conv2d to initialise")
+    raise RecipeError("callbacks.patch_whitening: the model has no Conv2d to initialise")
 
 
 def leading_images(loader, count: int) -> torch.Tensor:
@@ -81,9 +82,10 @@ class PatchWhitening(Callback):
         images = leading_images(state.train_dataloader, self.images).to(conv.weight.device)
         filters = patch_whitening_weights(images, conv.kernel_size[0], self.eps)
         if filters.shape != conv.weight.shape:
-            raise ValueError(f"patch_whitening: the first convolution's weight is {tuple(conv.weight.shape)}; "
-                             f"whitening its {conv.kernel_size[0]}x{conv.kernel_size[0]} patches needs "
-                             f"{tuple(filters.shape)} (2 * channels * kernel**2 filters)")
+            raise RecipeError(f"callbacks.patch_whitening: the model's first convolution's weight is "
+                              f"{tuple(conv.weight.shape)}; whitening its {conv.kernel_size[0]}x{conv.kernel_size[0]} "
+                              f"patches needs {tuple(filters.shape)} (2 * channels * kernel**2 filters), as the "
+                              "airbench model's has")
         with torch.no_grad():
             conv.weight.copy_(filters.to(conv.weight.dtype))
 

@@ -129,7 +129,10 @@ def run_batches(state: State) -> int:
         return int(duration.value)
     if duration.unit == TimeUnit.EPOCH and state.dataloader_len is not None:
         return int(duration.value) * int(state.dataloader_len)
-    raise ValueError(f"needs trainer.max_duration in batches or epochs, not {duration}")
+    from dlrecipes.errors import RecipeError
+
+    raise RecipeError(f"trainer.max_duration: the triangle schedule and lookahead need it in batches or epochs "
+                      f"('476ba', '10ep'), not {duration}")
 
 
 def upcoming_batch(state: State) -> int:
