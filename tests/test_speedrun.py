@@ -4,6 +4,7 @@ never part of dlrecipes), and each speedrun component against its definition."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import pickle
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import torch
 from dlrecipes.api import resolve
 from tests.conftest import REPO, fit
 
-airbench = pytest.importorskip("airbench")
+# the `airbench` package (0.1.8, the dev extra's): the tests against its own code need it, the rest do not
+needs_airbench = pytest.mark.skipif(importlib.util.find_spec("airbench") is None, reason="airbench is not installed")
 
 TRAIN, EVAL, BATCH, STEPS, WIDTHS = 64, 16, 16, 10, (16, 32, 32)  # 4 batches an epoch: epochs 0, 1 and half of 2
 
@@ -114,8 +116,6 @@ def airbench_on_cpu(monkeypatch):
 
 def airbench_run(monkeypatch, recorder, version="94"):
     """airbench's train() (lib_airbench9x's hyperparameters at batch 16) from the dlrecipes run's initial weights."""
-    import importlib
-
     from airbench import utils
 
     lib = importlib.import_module(f"airbench.lib_airbench{version}")
@@ -145,6 +145,7 @@ def summed_losses(outputs, batches):
 
 
 # airbench96 without its cutout: Composer's cutout, the recipe's, places its square otherwise (the recipe says so)
+@needs_airbench
 @pytest.mark.parametrize("recipe, version, lr, extra", [("cifar10_speedrun", "94", 11.5, []),
                                                         ("cifar10_speedrun_96", "96", 9.0, ["~algorithms.cutout"])])
 def test_the_recipe_trains_step_for_step_as_airbench_s_own_code(tmp_path, monkeypatch, recipe, version, lr, extra):
@@ -170,11 +171,11 @@ def kilostep(momentum):
     return 1024 * (1 + 1 / (1 - momentum))
 
 
+@needs_airbench
 @pytest.mark.parametrize("recipe, module", [("cifar10_speedrun", "lib_airbench94"),
                                             ("cifar10_speedrun_96", "lib_airbench96")])
 def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     """Each key of the recipe against the package's own `hyp` (converted where the recipe's comments say so)."""
-    import importlib
     import math
 
     hyp = importlib.import_module(f"airbench.{module}").hyp
@@ -207,11 +208,10 @@ def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     assert config.callbacks["patch_whitening"]["images"] == 5000
 
 
+@needs_airbench
 @pytest.mark.parametrize("convs, module", [(2, "lib_airbench94"), (3, "lib_airbench96")])
 def test_the_airbench_model_is_airbench_s_network(convs, module, monkeypatch):
     """The same state dict keys, and the same logits from the same weights (airbench's put on the CPU in fp32)."""
-    import importlib
-
     from dlrecipes import registry
 
     airbench_on_cpu(monkeypatch)
@@ -254,6 +254,7 @@ def test_patch_whitening_whitens_the_training_patches():
     assert not torch.allclose(patches.T @ patches / len(patches), torch.eye(12), atol=0.1)  # there was work to do
 
 
+@needs_airbench
 def test_patch_whitening_is_airbench_s_init_whitening_conv():
     from airbench.utils import init_whitening_conv
 
