@@ -34,6 +34,11 @@ step times, about 65 ms for ResNet-50 at batch 256 and 10 ms for CIFAR ResNet-18
    nvJPEG's batched decode alone, the device-decode loader alone, and ResNet-50 at 160 px (the flagship recipe)
    fed by it against FFCV at 160 px (goal: the loader never the bottleneck, at least 6,000 img/s on one H100).
 
+6. ``speedrun`` (about 2 minutes: two cold processes, one compiling; benchmarks/speedrun.py): airbench94's own
+   training code against recipes/cifar10_speedrun.yaml on the same synthetic CIFAR-10-sized data: the whole run's
+   wall time including compilation and the steady step time (goals: steps at least 0.95 of airbench's speed, the
+   whole run within 1.1x), and the same with the recipe uncompiled, as airbench's package trains.
+
 They run in this order except that ``precision`` runs before ``flagship``; the table keeps this order.
 Sections can be chosen (``--only overhead,augment``) or skipped (``--skip flagship,precision``); ``--json``
 keeps every number.  With ``--check``, ``--only`` selects the check's sections (or cases by name) and ``--budget``
@@ -77,7 +82,7 @@ OVERHEAD_CASES = [
     ("CIFAR ResNet-18", "resnet18_cifar", 512, False),
     ("CIFAR ResNet-18", "resnet18_cifar", 512, True),
 ]
-SECTIONS = ("overhead", "overhead_compiled", "flagship", "precision", "augment", "decode")
+SECTIONS = ("overhead", "overhead_compiled", "flagship", "precision", "augment", "decode", "speedrun")
 
 
 class Scale:
@@ -297,6 +302,19 @@ def augmentation(scale: Scale) -> list[dict]:
     return rows
 
 
+def speedrun(scale: Scale) -> list[dict]:
+    """benchmarks/speedrun.py: airbench94's train() and the speedrun recipe, compiled and eager (tiny: eager)."""
+    rows = []
+    for eager in (False, True) if not scale.tiny else (True,):
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "speedrun.json"
+            size = ["--tiny"] if scale.tiny else []
+            cmd = [sys.executable, str(HERE / "speedrun.py"), "--device", scale.device, *size, "--json", str(out)]
+            subprocess.run(cmd + (["--eager"] if eager else []), check=True, cwd=ROOT)
+            rows.append(json.loads(out.read_text()))
+    return rows
+
+
 def table(results: dict) -> str:
     lines = [f"device: {results['meta']['device']}; torch {results['meta']['torch']}, "
              f"Composer {results['meta']['composer']}, Python {results['meta']['python']}", ""]
@@ -334,6 +352,17 @@ def table(results: dict) -> str:
                   f"| device-decode loader alone, steady | {statistics.median(d['loader_epochs']):,.0f} |",
                   f"| ResNet-50 fed by device decoding, steady epochs | {d['device_decode']['steady']:,.0f} |",
                   f"| ResNet-50 fed by FFCV, steady epochs | {ffcv} |", ""]
+    if "speedrun" in results:
+        lines += ["| speedrun (airbench94 vs recipes/cifar10_speedrun.yaml) | imports s | whole run s | steady step ms | "
+                  "step speed ratio | whole-run ratio (with imports) |", "|---|---|---|---|---|---|"]
+        for r in results["speedrun"]:
+            how = "compiled" if r["compiled"] else "eager"
+            lines += [f"| airbench's train() | {r['import_s_airbench']:.2f} | {r['wall_s_airbench']:.2f} | "
+                      f"{r['steady_step_ms_airbench']:.2f} | | |",
+                      f"| the recipe, {how} | {r['import_s_dlrecipes']:.2f} | {r['wall_s_dlrecipes']:.2f} | "
+                      f"{r['steady_step_ms_dlrecipes']:.2f} | {r['step_speed_ratio']:.3f} | {r['wall_ratio']:.3f}x "
+                      f"({r['wall_with_imports_ratio']:.3f}x) |"]
+        lines.append("")
     if "precision" in results:
         lines += ["| precision | model | train s | img/s | peak MiB | loss after the steps |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
@@ -395,6 +424,8 @@ def main() -> None:
         from gpu_decode import decode_section
 
         results["decode"] = decode_section(scale, args.data_dir, flagship_data, nvjpeg_rate)
+    if "speedrun" in run:
+        results["speedrun"] = speedrun(scale)
     results["meta"]["seconds"] = time.perf_counter() - start
     print("\n" + table(results) + f"\n\n({results['meta']['seconds']:.0f} s)")
     if args.json:

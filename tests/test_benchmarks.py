@@ -70,7 +70,12 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     decode = data["decode"]  # the device-decode path on the CPU (nvJPEG and the FFCV run: on a GPU only)
     assert decode["nvjpeg_img_s"] is None and "ffcv" not in decode
     assert len(decode["loader_epochs"]) == 3 and len(decode["device_decode"]["epochs"]) == 3
-    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment", "decode"]
+    speedrun = data["speedrun"]  # benchmarks/speedrun.py: airbench's train() and the recipe, each in its own Python
+    assert len(speedrun) == 1 and not speedrun[0]["compiled"] and speedrun[0]["steps_per_epoch_dlrecipes"] == 4
+    assert len(speedrun[0]["epoch_s_airbench"]) == 3 and len(speedrun[0]["epoch_s_dlrecipes"]) == 3
+    assert speedrun[0]["step_speed_ratio"] > 0 and speedrun[0]["wall_ratio"] > 0
+    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment", "decode",
+                                        "speedrun"]
 
 
 def test_gpu_suite_runs_the_sections_named(tmp_path):
@@ -83,7 +88,7 @@ def test_gpu_suite_runs_the_sections_named(tmp_path):
     refused = forked.run(["--device", "cpu", "--only", "augment,nope"], REPO,
                          module=str(REPO / "benchmarks" / "gpu_suite.py"))
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode)"]
+        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode, speedrun)"]
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from dlrecipes.callbacks.export_options import EXPORT_FORMATS, check_export
-from dlrecipes.core.ranges import AtLeastOne, AtLeastZero
+from dlrecipes.core.ranges import AtLeastOne, AtLeastZero, NonNegative, Positive, Probability
 from dlrecipes.registry import callbacks
 
 
@@ -223,3 +223,53 @@ def export(
         exporter.preprocess, exporter.class_names = run.data.preprocess, run.data.class_names
         exporter.num_classes = run.data.num_classes
     return exporter
+
+
+# --- the CIFAR-10 speedruns' techniques (airbench): dlrecipes/callbacks/speedrun.py ---
+
+@callbacks.register("patch_whitening")
+def patch_whitening(images: AtLeastOne = 5000, eps: Positive = 5e-4, bias_epochs: Optional[AtLeastZero] = 3):
+    """Set the first convolution from the patch whitening of the training images; train its bias a few epochs.
+
+    Args:
+        images: how many training images (the first, un-augmented from the device loader) the patches are taken
+            from.
+        eps: added to each eigenvalue of the patches' second-moment matrix before dividing by its square root;
+            larger damps the directions of little variance.
+        bias_epochs: epochs the first convolution's bias trains, then it is frozen (airbench: 3); null: never.
+    """
+    from dlrecipes.callbacks.speedrun import PatchWhitening
+
+    return PatchWhitening(images=images, eps=eps, bias_epochs=bias_epochs)
+
+
+@callbacks.register("lookahead")
+def lookahead(interval: AtLeastOne = 5, decay: Probability = 0.95**5, power: NonNegative = 3.0, final: bool = True):
+    """Lookahead weights: every `interval` batches, average into a slow copy and continue from it.
+
+    Args:
+        interval: batches between two averagings (airbench: 5).
+        decay: the slow copy's share at the end of the run: at batch t of T it is decay * (t / T) ** power
+            (airbench: 0.95 ** 5).
+        power: exponent of the decay's growth over the run (airbench: 3); 0: decay throughout.
+        final: at the last batch the model becomes the slow copy (airbench); false: the weights as trained.
+    """
+    from dlrecipes.callbacks.speedrun import Lookahead
+
+    return Lookahead(interval=interval, decay=decay, power=power, final=final)
+
+
+@callbacks.register("batchnorm")
+def batchnorm(momentum: Optional[Probability] = None, eps: Optional[Positive] = None,
+              train_weight: Optional[bool] = None):
+    """Momentum, eps and a trained or frozen scale for every batch norm of the model; null leaves one as built.
+
+    Args:
+        momentum: torch's momentum: the share of each batch's statistics in the running ones (airbench's 0.6,
+            the old statistics' share, is torch's 0.4).
+        eps: added to the variance before its square root.
+        train_weight: train the scale (weight); false keeps it where it is (1 as built) and trains the shift only.
+    """
+    from dlrecipes.callbacks.speedrun import BatchNormSettings
+
+    return BatchNormSettings(momentum=momentum, eps=eps, train_weight=train_weight)

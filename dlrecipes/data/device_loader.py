@@ -26,9 +26,12 @@ class BatchAugment:
     crop_padding: int = 0
     hflip: bool = False
     size: Optional[int] = None
+    padding_mode: str = "zeros"  # or "reflect"
+    alternate_flip: bool = False  # hflip on alternate epochs: a seeded half of the images on even ones, the rest on odd
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+def random_crop(images: torch.Tensor, padding: int, generator: Optional[torch.Generator],
+                mode: str = "zeros") -> torch.Tensor:
     """Each image cropped back to its size at its own random offset after zero-padding.
 
     The offsets are drawn on the images' device (``generator`` lives there), so nothing waits
@@ -37,7 +40,10 @@ def random_crop(images: torch.Tensor, padding: int, generator: Optional[torch.Ge
     if padding <= 0:
         return images
     b, c, h, w = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding))
+    if mode == "reflect":
+        padded = F.pad(images.float(), (padding, padding, padding, padding), mode="reflect")
+    else:
+        padded = F.pad(images, (padding, padding, padding, padding))
     offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=images.device)
     rows = (offsets[0, :, None] + torch.arange(h, device=images.device))[:, None, :, None]
     cols = (offsets[1, :, None] + torch.arange(w, device=images.device))[:, None, None, :]
@@ -85,6 +91,10 @@ class DeviceTensorLoader:
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self.flipped_first = None
+        if augment is not None and augment.alternate_flip:  # which images are flipped on even epochs
+            order = torch.Generator().manual_seed(seed + 7_919)
+            self.flipped_first = (torch.rand(len(self.labels), generator=order) < 0.5).to(self.device)
         if augment is not None:
             shape = (1, len(augment.mean), 1, 1)
             self.mean = torch.tensor(augment.mean, device=self.device).view(shape)
@@ -117,17 +127,34 @@ class DeviceTensorLoader:
         else:
             indices = indices.to(self.device)
         generator = device_generator(self.device, 10_007 * (self.seed + 1) + self.epoch)
+        odd = self.epoch % 2 == 1
         self.epoch += 1
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = indices[start : start + self.batch_size]
-            yield self._prepare(self.images[idx], generator), self.labels[idx]
+            yield self._prepare(self.images[idx], generator, self._flips(idx, odd)), self.labels[idx]
 
-    def _prepare(self, images: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def _flips(self, idx: torch.Tensor, odd: bool) -> Optional[torch.Tensor]:
+        """Alternating flips: which of these images are flipped this epoch (None: random flips or none)."""
+        if self.flipped_first is None or not self.train:
+            return None
+        return self.flipped_first[idx] != odd
+
+    def leading_images(self, count: int) -> torch.Tensor:
+        """The first ``count`` images of the dataset, normalised and not augmented (patch whitening's)."""
+        images = self.images[:count].float()
+        if self.augment is None:
+            return images
+        return (images / 255.0 - self.mean) / self.std
+
+    def _prepare(self, images: torch.Tensor, generator: Optional[torch.Generator],
+                 flips: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.augment is None:
             return images.float()
         if self.train:
-            images = random_crop(images, self.augment.crop_padding, generator)
-            if self.augment.hflip:
+            images = random_crop(images, self.augment.crop_padding, generator, self.augment.padding_mode)
+            if flips is not None:
+                images = torch.where(flips[:, None, None, None], images.flip(3), images)
+            elif self.augment.hflip:
                 images = random_hflip(images, generator)
         images = images.float()
         if self.augment.size is not None and images.shape[-1] != self.augment.size:

@@ -26,11 +26,19 @@ from dlrecipes.registry import datasets
 # type (dlrecipes.core.param_docs), as the image-preprocessing ones are in preprocess_params.
 CifarDownload = Annotated[bool, Doc("download and extract the archive into root when files are missing; false: a "
                                     "missing file is an error naming it.")]
-CifarAugment = Annotated[bool, Doc("random 32x32 crops of the 4-pixel-padded training images and random left-right "
-                                   "flips; false: training images as they are.")]
+CifarAugment = Annotated[bool, Doc("random 32x32 crops of the padded training images (crop_padding, padding_mode) "
+                                   "and left-right flips (flip); false: training images as they are.")]
 CifarSize = Annotated[int, Range(8, 8192), Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
                                 "networks built for larger inputs, at least 8; 32 (the default) leaves them as they "
                                 "are.")]
+CifarPadding = Annotated[int, Range(0, 16), Doc("pixels each side of a training image is padded by before the random "
+                                                "32x32 crop when augment is on (airbench94: 2, airbench96: 4).")]
+CifarPaddingMode = Annotated[Literal["zeros", "reflect"], Doc("what the crop's padding holds: 'zeros' (black) or "
+                                                              "'reflect' (the image mirrored at its edge, airbench's).")]
+CifarFlip = Annotated[Literal["random", "alternate"], Doc(
+    "left-right flips when augment is on: 'random' flips each image with probability 1/2 every epoch; 'alternate' "
+    "flips a seeded half of the images on even epochs and the other half on odd ones (airbench's; "
+    "trainer.loader: device).")]
 DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 degrees of rotation, 10% shift, "
                                     "0.9-1.1 scale; a 2-pixel random shift with trainer.loader=device); false: training "
                                     "images as they are.")]
@@ -123,8 +131,9 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
 @datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
                    classes=lambda p: 10, channels=lambda p: 3)
 def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
-            image_size: CifarSize = 32):
-    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad 4) + flip when augment.
+            image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
+            flip: CifarFlip = "random"):
+    """CIFAR-10, 32x32 colour, 10 classes; random crop (pad crop_padding, default 4) + flip when augment.
 
     image_size resizes the (augmented) images for networks built for larger inputs, on the GPU with
     trainer.loader=device.
@@ -136,14 +145,16 @@ def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment:
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
     from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 
-    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size)
+    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size,
+                       (crop_padding, padding_mode, flip))
 
 
 @datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
                    classes=lambda p: 100, channels=lambda p: 3)
 def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augment: CifarAugment = True,
-             image_size: CifarSize = 32):
-    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad 4) + flip when augment; image_size as cifar10.
+             image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
+             flip: CifarFlip = "random"):
+    """CIFAR-100, 32x32 colour, 100 classes; random crop (pad crop_padding) + flip when augment; as cifar10.
 
     Args:
         root: folder holding the extracted CIFAR python batches (root/cifar-100-python), where they are downloaded to
@@ -152,7 +163,8 @@ def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augmen
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
-    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size)
+    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size,
+                       (crop_padding, padding_mode, flip))
 
 
 @datasets.register(

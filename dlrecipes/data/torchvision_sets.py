@@ -139,7 +139,9 @@ def read_class_names(folder: Path, source: CifarSource) -> Optional[list[str]]:
 
 
 def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std,
-                image_size: int = 32) -> DatasetSplits:
+                image_size: int = 32, crop: tuple[int, str, str] = (4, "zeros", "random")) -> DatasetSplits:
+    """The CIFAR splits; ``crop``: the training crop's padding and padding mode, and the flips ('random',
+    'alternate'), when ``augment``."""
     import torch
 
     from dlrecipes.data.device_loader import BatchAugment
@@ -155,13 +157,16 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
     train_x, train_y = read_cifar_batches(folder, source.train_files, source.label_key)
     test_x, test_y = read_cifar_batches(folder, source.test_files, source.label_key)
     size = None if image_size == 32 else image_size  # resized after augmentation, on the loader's device
-    train_tf = small_image_transforms(32, mean, std, crop_padding=4 if augment else 0, hflip=augment, train=True,
-                                      resize=size)
+    padding, padding_mode, flip = crop
+    padding = padding if augment else 0
+    train_tf = small_image_transforms(32, mean, std, crop_padding=padding, hflip=augment, train=True,
+                                      resize=size, padding_mode=padding_mode, alternate_flip=flip == "alternate")
     eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False, resize=size)
     return DatasetSplits(
         train=TransformedTensorDataset(
             torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf,
-            BatchAugment(tuple(mean), tuple(std), crop_padding=4 if augment else 0, hflip=augment, size=size),
+            BatchAugment(tuple(mean), tuple(std), crop_padding=padding, hflip=augment, size=size,
+                         padding_mode=padding_mode, alternate_flip=augment and flip == "alternate"),
         ),
         eval=TransformedTensorDataset(
             torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std), size=size)

@@ -16,17 +16,19 @@ MNIST_STD = (0.3081,)
 
 def small_image_transforms(
     size: int, mean: Sequence[float], std: Sequence[float], crop_padding: int, hflip: bool, train: bool,
-    resize: Optional[int] = None,
+    resize: Optional[int] = None, padding_mode: str = "zeros", alternate_flip: bool = False,
 ):
-    """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding and flip, then normalise
-    (with ``resize``: bilinearly resized first, as the on-device loader does)."""
+    """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding ('zeros' or 'reflect') and flip, then
+    normalise (with ``resize``: bilinearly resized first, as the on-device loader does).  ``alternate_flip``: no
+    flip here (the device loader flips by epoch; the torch loader refuses it)."""
     import torch
     from torchvision.transforms import v2
 
     steps = []
     if train and crop_padding > 0:
-        steps.append(v2.RandomCrop(size, padding=crop_padding))
-    if train and hflip:
+        mode = "constant" if padding_mode == "zeros" else padding_mode
+        steps.append(v2.RandomCrop(size, padding=crop_padding, padding_mode=mode))
+    if train and hflip and not alternate_flip:
         steps.append(v2.RandomHorizontalFlip())
     steps.append(v2.ToDtype(torch.float32, scale=True))
     if resize is not None and resize != size:

@@ -13,21 +13,28 @@ implementations (and torch) are imported inside the factories, so validation sta
 
 from __future__ import annotations
 
+from typing import Literal
+
 from dlrecipes.core.ranges import NonNegative, Probability
 from dlrecipes.registry import losses
 
 
 @losses.register("cross_entropy", targets="class")
-def cross_entropy(label_smoothing: Probability = 0.0):
+def cross_entropy(label_smoothing: Probability = 0.0, reduction: Literal["mean", "sum"] = "mean"):
     """Softmax cross-entropy (Composer's, for index or soft targets), optional label smoothing.
 
     Args:
         label_smoothing: the share of each target's probability spread evenly over the classes (target =
             (1 - s) * one-hot + s / classes); 0: none.
+        reduction: 'mean' averages the samples' losses over the batch; 'sum' adds them (the speedruns': the
+            gradient grows with the batch, which their learning rates are tuned for).
     """
+    from functools import partial
+
     from dlrecipes.losses.functions import smoothed, soft_cross_entropy
 
-    return smoothed(soft_cross_entropy, label_smoothing)
+    loss = soft_cross_entropy if reduction == "mean" else partial(soft_cross_entropy, reduction=reduction)
+    return smoothed(loss, label_smoothing)
 
 
 @losses.register("binary_cross_entropy", targets="class")

@@ -103,6 +103,36 @@ def cifar_preact_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
     return preact_resnet18(num_classes, in_chans)
 
 
+@models.register("airbench", input_size=(3, 32, 32), param_count=1_972_792)
+def airbench(num_classes: Classes = 10, in_chans: AtLeastOne = 3, widths: tuple[int, int, int] = (64, 256, 256),
+             convs_per_block: Literal[2, 3] = 2, scaling_factor: float = 1 / 9, whiten_kernel: Size = 2,
+             batchnorm_momentum: Probability = 0.4, batchnorm_eps: float = 1e-12,
+             batchnorm_train_weight: bool = False):
+    """The airbench CIFAR-10 speedruns' network: airbench94's; airbench96's with widths [128, 512, 512], 3 convs.
+
+    Its first convolution is meant to be set by the patch_whitening callback at the start of training.
+
+    Args:
+        num_classes: classes the model predicts (logits per image); filled from the dataset when left out.
+        in_chans: channels of the input images (1 grey, 3 RGB); filled from the dataset when left out.
+        widths: output channels of the three convolution blocks.
+        convs_per_block: 3x3 convolutions per block: 2 (airbench94), or 3 with a residual connection around the
+            last two (airbench96).
+        scaling_factor: the fixed factor the logits are multiplied by (airbench: 1/9).
+        whiten_kernel: side of the first convolution's kernel, whose 2 * in_chans * side**2 channels patch
+            whitening sets (airbench: 2).
+        batchnorm_momentum: torch's momentum of every batch norm: the share of each batch's statistics in the
+            running ones (airbench's 'batchnorm_momentum' 0.6 is the old statistics' share: torch's 0.4).
+        batchnorm_eps: added to the batch variance before its square root in every batch norm (airbench: 1e-12).
+        batchnorm_train_weight: train the batch norms' scale; false keeps it at 1 and trains the shift only
+            (airbench).
+    """
+    from dlrecipes.models.architectures.airbench import airbench_net
+
+    return airbench_net(tuple(widths), convs_per_block, num_classes, in_chans, whiten_kernel, scaling_factor,
+                        batchnorm_momentum, batchnorm_eps, batchnorm_train_weight)
+
+
 def _check_timm_arch(params: dict, path: str) -> None:
     from dlrecipes.models.arch_names import check_arch
 

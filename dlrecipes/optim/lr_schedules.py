@@ -120,3 +120,42 @@ class TimmScheduler:
                              f"{state.max_duration}); got {time}")
         batches = converted.value if key == "warmup_t" else max(1, converted.value)
         return batches / max(1, int(state.dataloader_len)) if self.per_epoch else batches
+
+
+def run_batches(state: State) -> int:
+    """The run's length in batches (``max_duration`` in batches, or in epochs times the batches per epoch)."""
+    duration = state.max_duration
+    if duration.unit == TimeUnit.BATCH:
+        return int(duration.value)
+    if duration.unit == TimeUnit.EPOCH and state.dataloader_len is not None:
+        return int(duration.value) * int(state.dataloader_len)
+    from dlrecipes.errors import RecipeError
+
+    raise RecipeError(f"trainer.max_duration: the triangle schedule and lookahead need it in batches or epochs "
+                      f"('476ba', '10ep'), not {duration}")
+
+
+def upcoming_batch(state: State) -> int:
+    """The count of the batch a rate is being set for.  Composer steps its schedules after each batch, before the
+    batch count advances, so that batch t + 1 would train at the rate of t (and batch 1 at batch 0's); the rate set
+    there is for the next batch, one more than the count.  At the Trainer's start (no batch trained in this
+    process: ``state.batch`` is None) it is the count itself."""
+    now = int(state.timestamp.batch)
+    return now if state.batch is None else now + 1
+
+
+class TriangleScheduler:
+    """Linear from ``start`` to 1 over the first ``peak`` of the run, then linear to ``end`` (the speedruns'
+    'triangle'); the peak falls on batch ``int(peak * T)`` of the run's ``T`` (stretched by scale_schedule_ratio).
+    Batch t trains at the triangle's value at t, as in the speedruns (:func:`upcoming_batch`)."""
+
+    def __init__(self, start: float, peak: float, end: float):
+        self.start, self.peak, self.end = start, peak, end
+
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        total = run_batches(state) * ssr
+        top = int(self.peak * total)
+        now = upcoming_batch(state)
+        if now < top:
+            return self.start + (1.0 - self.start) * now / top
+        return 1.0 + (self.end - 1.0) * (now - top) / max(1e-12, total - top)

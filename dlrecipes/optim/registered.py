@@ -27,7 +27,7 @@ from dlrecipes.core.durations import Duration, is_zero
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, PositiveDuration, Probability
 from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
-from dlrecipes.optim.groups import parameter_groups
+from dlrecipes.optim.groups import norm_bias_scaled, parameter_groups
 from dlrecipes.registry import optimizers, schedulers
 
 
@@ -41,6 +41,7 @@ def sgd(
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
     fused: Optional[bool] = None,
+    norm_lr_scale: Positive = 1.0,
 ):
     """torch SGD with momentum; weight decay coupled to the learning rate (L2).
 
@@ -55,10 +56,13 @@ def sgd(
             most ImageNet recipes do; false decays every parameter.
         fused: one fused kernel for the whole update (GPU); null (the default) turns it on for amp_fp16 on a
             GPU and leaves it off otherwise.
+        norm_lr_scale: the trainable batch-norm parameters train at this many times lr, their weight decay
+            divided by it so that it decays them as much as the rest (airbench's bias_scaler: 64); 1: as the rest.
     """
     import torch
 
-    groups = parameter_groups(model, weight_decay, no_decay_norm_and_bias)
+    groups = norm_bias_scaled(parameter_groups(model, weight_decay, no_decay_norm_and_bias), model, lr, weight_decay,
+                              norm_lr_scale)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, fused=fused)
 
 
@@ -333,6 +337,21 @@ def onecycle(warmup: Duration = "0.3dur", div_factor: Positive = 25.0, final_div
     from dlrecipes.optim.lr_schedules import OneCycleScheduler
 
     return OneCycleScheduler(t_warmup=warmup, div_factor=div_factor, final_div_factor=final_div_factor)
+
+
+@schedulers.register("triangle")
+def triangle(start: NonNegative = 0.2, peak: Probability = 0.23, end: NonNegative = 0.07):
+    """The speedruns' triangle: linear from start to 1 times the base rate, then linear down to end, per batch.
+
+    Args:
+        start: multiplier of the base lr at the first batch (airbench: 0.2).
+        peak: where the rate reaches the base lr, a share of the run's batches (airbench: 0.23, at batch
+            int(0.23 * batches)).
+        end: multiplier of the base lr at the run's last batch (airbench: 0.07).
+    """
+    from dlrecipes.optim.lr_schedules import TriangleScheduler
+
+    return TriangleScheduler(start=start, peak=peak, end=end)
 
 
 @schedulers.register("timm_cosine")
