@@ -198,6 +198,8 @@ def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     assert list(model["widths"]) == list(net["widths"].values())
     assert math.isclose(model["batchnorm_momentum"], 1 - net["batchnorm_momentum"])
     assert math.isclose(model["scaling_factor"], net["scaling_factor"])
+    assert config.algorithms["tta"]["level"] == net["tta_level"]  # at the one evaluation, the end, as train()'s
+    assert config.trainer.eval_interval == config.trainer.max_duration
     if "cutout" in aug:
         assert config.algorithms["cutout"]["length"] * 32 == aug["cutout"]
     else:
