@@ -210,6 +210,40 @@ def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     assert config.callbacks["patch_whitening"]["images"] == 5000
 
 
+# airbench94_muon.py's main() (github.com/KellerJordan/cifar10-airbench; not in the package, so written out here)
+MUON_PUBLISHED = {"batch_size": 2000, "epochs": 8, "bias_lr": 0.053, "head_lr": 0.67, "wd": 2e-6 * 2000,
+                  "sgd_momentum": 0.85, "muon_lr": 0.24, "muon_momentum": 0.6, "ns_steps": 3, "label_smoothing": 0.2,
+                  "whiten_bias_epochs": 3, "whiten_images": 5000, "whiten_eps": 5e-4, "tta_level": 2, "head_scale": 256}
+
+
+def test_the_muon_recipe_holds_airbench94_muon_s_settings():
+    """Each setting of airbench94_muon's main() against recipes/cifar10_speedrun_muon.yaml (as its comments
+    convert them: SGD's weight decay is wd / lr, the head's output divided by the feature width)."""
+    import math
+
+    published = MUON_PUBLISHED
+    config = resolve(REPO / "recipes" / "cifar10_speedrun_muon.yaml", check_device=False, check_data=False)
+    optimizer, other, model = config.optimizer.params, config.optimizer.params["other"], config.model.params
+    assert (config.trainer.batch_size, config.trainer.max_duration) == (published["batch_size"], "8ep")
+    assert config.trainer.eval_interval == config.trainer.max_duration
+    assert (optimizer["lr"], optimizer["momentum"], optimizer["nesterov"], optimizer["weight_decay"]) == (
+        published["muon_lr"], published["muon_momentum"], True, 0.0)
+    assert (optimizer["ns_steps"], optimizer["normalize_weights"], optimizer["head"]) == (published["ns_steps"], True,
+                                                                                          "auto")
+    assert math.isclose(optimizer["head_lr"], published["head_lr"])
+    assert math.isclose(optimizer["head_weight_decay"], published["wd"] / published["head_lr"], rel_tol=1e-12)
+    assert (other["name"], other["lr"], other["momentum"], other["nesterov"]) == (
+        "sgd", published["bias_lr"], published["sgd_momentum"], True)
+    assert math.isclose(other["weight_decay"], published["wd"] / published["bias_lr"], rel_tol=1e-12)
+    assert config.loss == {"name": "cross_entropy", "label_smoothing": published["label_smoothing"], "reduction": "sum"}
+    assert config.scheduler.name == "linear" and config.scheduler.params == {"alpha_i": 1.0, "alpha_f": 0.0}
+    assert config.callbacks == {"patch_whitening": {"images": published["whiten_images"], "eps": published["whiten_eps"],
+                                                    "bias_epochs": published["whiten_bias_epochs"]}}  # no lookahead
+    assert config.algorithms["tta"]["level"] == published["tta_level"]
+    assert math.isclose(model["scaling_factor"], 1 / published["head_scale"])
+    assert list(model["widths"]) == [64, 256, 256] and model["batchnorm_momentum"] == 1 - 0.6
+
+
 @needs_airbench
 @pytest.mark.parametrize("convs, module", [(2, "lib_airbench94"), (3, "lib_airbench96")])
 def test_the_airbench_model_is_airbench_s_network(convs, module, monkeypatch):
