@@ -49,6 +49,10 @@ def images_and_labels(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         from dlrecipes.data.torchvision_sets import CIFAR10, read_cifar_batches
 
         folder = Path(args.cifar) / CIFAR10.folder
+        missing = [name for name in (*CIFAR10.train_files, *CIFAR10.test_files) if not (folder / name).is_file()]
+        if missing:
+            sys.exit(f"speedrun: --cifar: {folder} lacks {', '.join(missing)} (CIFAR-10's python version, "
+                     "cifar-10-batches-py/, under the folder given)")
         train = read_cifar_batches(folder, CIFAR10.train_files, CIFAR10.label_key)
         test = read_cifar_batches(folder, CIFAR10.test_files, CIFAR10.label_key)
         nhwc = [x.transpose(0, 2, 3, 1) for x in (train[0], test[0])]

@@ -476,4 +476,5 @@ algorithms.add("mixup", mixup, image_label_batch=MIXES,
 algorithms.add("cutmix", cutmix, image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels",
                conflicts_with={"mixup_cutmix": "mixup_cutmix already CutMixes the batches it does not MixUp"})
 algorithms.add("mixup_cutmix", mixup_cutmix, image_label_batch=MIXES)
-algorithms.add("tta", tta, changes_network=True, checkpoint_state=False)
+algorithms.add("tta", tta, changes_network=True, checkpoint_state=False,
+               image_label_batch="averages the logits over mirrored and shifted views of batch[0] as the images")
