@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.config.resolving import load_local
@@ -25,6 +25,9 @@ from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, override_strings
 from dlrecipes.runtime import process_state
 from dlrecipes.runtime.fork_server import Program
+
+if TYPE_CHECKING:
+    from dlrecipes.records.store import RunStore
 
 
 def in_fork(args: list[str]) -> None:
@@ -92,7 +95,7 @@ def resolve(
     return config
 
 
-def _opened_store(config: RecipeConfig) -> Any:
+def _opened_store(config: RecipeConfig) -> RunStore:
     """The run store of ``config`` (its ``runs_dir``), made once for the command: the run's keys and staging paths
     checked to fit, then the store asked (a bucket: once), one line when it cannot be used."""
     from dlrecipes.records.store import store_for

@@ -634,3 +634,40 @@ def test_the_default_runs_folder_and_the_gpu_comparison_are_each_written_once():
             first.append(module)
     assert set(runs) <= {"dlrecipes.cli"} and set(gpu) <= {"dlrecipes.core.devices", "dlrecipes.core.distributed"}
     assert first == []
+
+
+# --- domain objects are named by their type -------------------------------------------------------------------
+
+TYPED_PACKAGES = ("dlrecipes.records", "dlrecipes.tools", "dlrecipes.config", "dlrecipes.core", "dlrecipes.runtime",
+                  "dlrecipes.engine", "dlrecipes.loggers", "dlrecipes.callbacks", "dlrecipes.notebook", "dlrecipes.fit",
+                  "dlrecipes.metrics", "dlrecipes.losses", "dlrecipes.registry", "dlrecipes.recipe", "dlrecipes.api",
+                  "dlrecipes.plugins")
+# Parameters that always hold one of the package's (or Composer's) own objects: a recipe (RecipeConfig), a run store
+# (RunStore, or a bucket's Backend), Composer's State, Logger and Trainer, a sweep's SweepPlan, the fork server's
+# Program.
+DOMAIN_PARAMETERS = {"config", "store", "state", "logger", "trainer", "plan", "program"}
+
+
+def _any_typed_domain_parameters() -> list[str]:
+    found = []
+    for module, path in sorted(MODULES.items()):
+        if not any(module == p or module.startswith(p + ".") for p in TYPED_PACKAGES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            found += [f"{module}:{node.lineno} {node.name}({arg.arg}: Any)" for arg in arguments
+                      if arg.arg in DOMAIN_PARAMETERS and arg.annotation is not None
+                      and ast.unparse(arg.annotation) in ("Any", "typing.Any", "Optional[Any]")]
+    return found
+
+
+def test_domain_parameters_are_not_annotated_any():
+    """A parameter named ``config``, ``store``, ``state``, ``logger``, ``trainer``, ``plan`` or ``program`` holds one
+    known type (a RecipeConfig, a RunStore or a bucket's Backend, Composer's State, Logger or Trainer, a SweepPlan, a
+    fork server's Program): annotated ``Any``, a reader (and a type checker) learns nothing of it, and the 286
+    ``Any`` of issue 65 came back one convenient annotation at a time.  The types are imported under
+    ``if TYPE_CHECKING:`` (nothing more is imported when the CLI starts) and within the layers above; where a
+    module may not import the type, the parameter takes another name or a Protocol of the module's own layer."""
+    assert not _any_typed_domain_parameters(), "\n".join(_any_typed_domain_parameters())

@@ -12,13 +12,17 @@ in checkpoints, so a resumed trial goes on at the next step.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
 from dlrecipes.errors import UserError
+
+if TYPE_CHECKING:
+    from dlrecipes.records.history import RunHistory
+
 
 INSTALL_HINT = "Optuna is not installed: pip install 'dlrecipes[optuna]' (or pip install optuna)"
 
@@ -43,7 +47,7 @@ def journal_storage(path: str):
 
 class OptunaTrial(Callback):
     def __init__(self, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
-                 warmup_evaluations: int = 1, history: Any = None):
+                 warmup_evaluations: int = 1, history: Optional[RunHistory] = None):
         self.storage_path, self.study_name, self.number, self.monitor = storage, study, trial, monitor
         self.startup_trials, self.warmup_evaluations = startup_trials, warmup_evaluations
         self.history = history  # the run's RunHistory: summary.json says a pruned run was pruned

@@ -6,14 +6,17 @@ one place that asks torch about GPUs).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dlrecipes.core.devices import check_gpus_per_node, on_gpu, resolve_device
 from dlrecipes.core.distributed import split_batch
 from dlrecipes.core.precision import precision_of
 
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
 
-def check_launch(config: Any, nproc: int, processes: int) -> None:
+
+def check_launch(config: RecipeConfig, nproc: int, processes: int) -> None:
     """``launch`` (and a run started by a launcher): no more processes per node than GPUs, and
     global batches that divide over all the processes."""
     if on_gpu(resolve_device(config.trainer.device)):
@@ -21,7 +24,7 @@ def check_launch(config: Any, nproc: int, processes: int) -> None:
     check_batches_divide(config, processes)
 
 
-def check_batches_divide(config: Any, processes: int) -> None:
+def check_batches_divide(config: RecipeConfig, processes: int) -> None:
     """The recipe's global batches split evenly over ``processes`` (a per-device batch always does)."""
     t = config.trainer
     if t.batch_size_per_device is None:
@@ -30,7 +33,7 @@ def check_batches_divide(config: Any, processes: int) -> None:
         split_batch(t.eval_batch_size, processes, "trainer.eval_batch_size")
 
 
-def read_back_notes(config: Any) -> list[str]:
+def read_back_notes(config: RecipeConfig) -> list[str]:
     """What the recipe's GPU steps must read back from the device (each a synchronisation per step: the GPU's
     queue drains before the next step can be queued), one line each; none for a CPU recipe."""
     if config.trainer.device == "cpu":

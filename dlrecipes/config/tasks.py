@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes import registry
 from dlrecipes.core.outputs import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError, did_you_mean, shown
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
+
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _RESERVED = {"total"}  # Composer logs the weighted sum as loss/train/total
@@ -40,7 +44,7 @@ def declared_io(dataset_name: str, params: dict[str, Any]) -> Optional[DataIO]:
     return io({**defaults, **params})
 
 
-def check_task(config: Any, loss_given: bool = False) -> None:
+def check_task(config: RecipeConfig, loss_given: bool = False) -> None:
     """The task against the dataset, the model, the loader, the algorithms and the monitored metrics.
 
     ``loss_given``: the recipe set the top-level ``loss:`` (which a task replaces).
@@ -123,7 +127,7 @@ def _check_output(name: str, out: Any, spec: OutputSpec, dataset: str) -> None:
             )
 
 
-def _check_batch_users(config: Any) -> None:
+def _check_batch_users(config: RecipeConfig) -> None:
     """A task's batch is (inputs..., targets...): no per-image (x, y) loader or algorithm."""
     if config.trainer.loader != "torch":
         raise RecipeError(

@@ -18,7 +18,7 @@ Torch is imported only inside the functions that ask it: ``import dlrecipes`` an
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Protocol
 
 from dlrecipes.core.distributed import local_world_size
 from dlrecipes.core.precision import precision_of
@@ -108,7 +108,27 @@ def check_gpus_per_node(processes: int) -> None:
         raise UserError(f"-n/--nproc: {processes} processes per node but this node has {available} GPU(s)")
 
 
-def check_device(config: Any) -> None:
+class _DeviceSettings(Protocol):
+    """What :func:`check_device` reads of a recipe's trainer section (``dlrecipes.config.sections.TrainerConfig``)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def device_train_microbatch_size(self) -> int | str | None: ...
+    @property
+    def fsdp(self) -> dict | None: ...
+
+
+class DeviceRecipe(Protocol):
+    """A recipe as :func:`check_device` reads it: a ``RecipeConfig`` (the foundation imports no config)."""
+
+    @property
+    def trainer(self) -> _DeviceSettings: ...
+
+
+def check_device(config: DeviceRecipe) -> None:
     """Whether this machine can run the recipe's device, precision, FSDP and microbatching."""
     t = config.trainer
     needs_gpu = (

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import copyreg
 import datetime
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from composer.core import Time, Timestamp, TimeUnit
+
+if TYPE_CHECKING:
+    from composer.core import DataSpec
 
 
 def _time(value: int, unit: TimeUnit) -> Time:
@@ -64,7 +67,7 @@ class QuickTimestamp(Timestamp):
         return made
 
 
-def quick_counts(spec: Any) -> None:
+def quick_counts(spec: DataSpec) -> None:
     """Give a DataSpec that uses Composer's default counting a shortcut for (inputs, targets) pairs.
 
     Composer's defaults walk the batch with ``isinstance`` checks against typing generics, five

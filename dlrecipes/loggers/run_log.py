@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from composer.loggers import FileLogger
 
 from dlrecipes.core.secrets import redact_text
 from dlrecipes.loggers.read_back import ReadsAtInterval
+
+if TYPE_CHECKING:
+    from composer.core import State
+    from composer.loggers import Logger
+
 
 MICROBATCH_KEY = "trainer/device_train_microbatch_size"
 # terminal control sequences: colours, clearing the line, moving the cursor (CSI ...), and the short ESC forms
@@ -32,7 +37,7 @@ class RunLogFile(ReadsAtInterval, FileLogger):
         super().__init__(*args, **kwargs)
         self.read_every = max(1, int(read_every))
 
-    def init(self, state: Any, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         """Composer's logger opens its file anew (``w+``): a resumed run appends instead, after what the run's
         earlier parts wrote (here, or brought back from its bucket)."""
         import os
@@ -67,7 +72,7 @@ class RunLogFile(ReadsAtInterval, FileLogger):
         redrawn = redrawn or "\r" in rest
         self._partial[prefix] = (rest.rsplit("\r", 1)[-1], redrawn)  # only the last drawing is kept
 
-    def close(self, state: Any, logger: Any) -> None:
+    def close(self, state: State, logger: Logger) -> None:
         for prefix, (text, redrawn) in list(self._partial.items()):
             if text and not redrawn:  # output that did not end its line: kept
                 super().write(prefix, redact_text(text) + "\n")

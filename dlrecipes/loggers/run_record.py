@@ -23,11 +23,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dlrecipes.core.secrets import redact, redact_text
 from dlrecipes.errors import first_line
 from dlrecipes.records.layout import RunDir
+
+if TYPE_CHECKING:
+    from composer.core import State
+    from composer.loggers import Logger
+
+    from dlrecipes.core.run_context import RunContext
+
 
 ARTIFACT_CHOICES = ("files", "checkpoint", "export", "all", "none")
 MAX_VALUE = 6000  # characters: MLflow's limit on a parameter's value, also plenty for the others
@@ -89,7 +96,7 @@ class RecordsTheRun:
     tracker = "tracker"  # the recipe key named in warnings, e.g. loggers.mlflow
     log_artifacts = "files"
 
-    def bind(self, run: Any) -> None:
+    def bind(self, run: RunContext) -> None:
         from dlrecipes.core.distributed import world_size
 
         # what a tracker is sent, parameters and W&B's config alike, is the recipe as recipe.yaml records it
@@ -123,7 +130,7 @@ class RecordsTheRun:
 
         return dist.get_global_rank() == 0
 
-    def fit_start(self, state: Any, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         super().fit_start(state, logger)  # type: ignore[misc]
         if self._rank_zero() and getattr(self, "record_recipe", None) is not None:
             self._guarded("logging the recipe", lambda: self.record_parameters(flat_parameters(self.record_recipe),

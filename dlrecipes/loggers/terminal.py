@@ -35,11 +35,16 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Optional, Sequence, TextIO
 
 from composer.core import State, TimeUnit
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
+
+if TYPE_CHECKING:
+
+    from dlrecipes.records.history import RunHistory
+
 
 CLEAR_LINE = "\r\x1b[K"
 SILENCED = contextvars.ContextVar("dlrecipes_report_silenced", default=False)  # see silenced()
@@ -147,7 +152,8 @@ class TerminalReport(LoggerDestination):
     """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
 
     def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
-                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None, history: Any = None):
+                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None,
+                 history: Optional[RunHistory] = None):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live and self.tty

@@ -192,9 +192,9 @@ def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Opti
     return _not_composer(state)
 
 
-def _not_composer(state: Any) -> Optional[str]:
-    """Why a loaded ``state`` is not a Composer checkpoint whose model can be loaded, or None."""
-    inner = state.get("state") if isinstance(state, dict) else None
+def _not_composer(loaded: Any) -> Optional[str]:
+    """Why ``loaded`` (what a checkpoint file holds) is not a Composer checkpoint whose model can be loaded, or None."""
+    inner = loaded.get("state") if isinstance(loaded, dict) else None
     if not (isinstance(inner, dict) and "model" in inner):
         return f"{NOT_A_CHECKPOINT} (no state/model in it)"
     model = inner["model"]

@@ -32,10 +32,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from dlrecipes.core.devices import gpu_available, gpu_count, on_gpu
 from dlrecipes.core.secrets import redact_text
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
+
 
 PACKAGES = {"dlrecipes": "dlrecipes", "torch": "torch", "torchvision": "torchvision", "composer": "mosaicml",
             "timm": "timm", "numpy": "numpy"}
@@ -170,7 +174,7 @@ def gpu_facts(device: str) -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(0), "gpu_count": gpu_count()}
 
 
-def recipe_origin(config: Any, plugins: Iterable[str]) -> dict[str, Any]:
+def recipe_origin(config: RecipeConfig, plugins: Iterable[str]) -> dict[str, Any]:
     """The recipe's file, the repository holding it (none where it is in none, or a dict) and whether that
     repository's commit is all that made the run (``git_dirty``, ``git_uncommitted``: see the module docstring)."""
     origin = getattr(config, "origin", None)
@@ -181,7 +185,7 @@ def recipe_origin(config: Any, plugins: Iterable[str]) -> dict[str, Any]:
             "git_dirty": True if loose else dirty, "git_uncommitted": loose}
 
 
-def collect(config: Any, device: str) -> dict[str, Any]:
+def collect(config: RecipeConfig, device: str) -> dict[str, Any]:
     """This run's provenance (see the module docstring)."""
     from composer.utils import dist
 
@@ -222,7 +226,7 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return said
 
 
-def rerun_warnings(config: Any, provenance: dict[str, Any]) -> list[str]:
+def rerun_warnings(config: RecipeConfig, provenance: dict[str, Any]) -> list[str]:
     """When the recipe is a run's own recipe.yaml (``dlrecipes train runs/NAME/recipe.yaml``): one warning per
     provenance item that differs from that run's (another torch, another commit), else none."""
     from dlrecipes.records.layout import RECIPE_FILE, RunDir

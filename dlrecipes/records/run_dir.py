@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
@@ -28,8 +28,12 @@ from dlrecipes.records.layout import (
 from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
+    from dlrecipes.records.run_lock import HeldLock
 
-def choose_run_name(config: Any, resume: bool, device: str, runs: Path) -> str:
+
+def choose_run_name(config: RecipeConfig, resume: bool, device: str, runs: Path) -> str:
     """The recipe's run_name; with ``resume``, the newest run of this recipe; else name + timestamp, in ``runs`` (the
     store's folder: ``runs_dir``, or a bucket's local staging folder).  ``resume`` with a run_name that names no run
     is refused (rank 0), with the closest names there are."""
@@ -164,7 +168,7 @@ def has_checkpoint(run_dir: Path) -> bool:
                                    for p in folder.iterdir())
 
 
-def discard_empty_run(run: RunDir, lock: Any) -> bool:
+def discard_empty_run(run: RunDir, lock: HeldLock) -> bool:
     """A new run that failed before its first checkpoint leaves nothing behind (rank 0, holding ``lock``): its
     directory removed, the lock released first.  Returns whether it was removed."""
     import shutil

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import RunDir
@@ -55,6 +55,15 @@ def _alive(holder: dict) -> Optional[bool]:
 
 def _describe(holder: dict) -> str:
     return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}"
+
+
+class HeldLock(Protocol):
+    """What holds a run while it trains: its :class:`RunLock`, or in a bucket that lock and the run's lease together
+    (:class:`dlrecipes.records.store.lease.LeasedLock`)."""
+
+    path: Path
+
+    def release(self) -> None: ...
 
 
 class RunLock:

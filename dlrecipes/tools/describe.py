@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from dlrecipes.after_training.evaluate import EvalResult
+    from dlrecipes.config.sections import RecipeConfig
+    from dlrecipes.fit.outcome import TrainResult
+    from dlrecipes.tools.sweep.plan import SweepPlan
 
 DEFAULT_SOURCE = "default"
 
@@ -229,7 +232,7 @@ def _entry_block(name: str, description: str, card: dict[str, str], params: list
     return "\n".join(lines)
 
 
-def validated(recipe: Any, config: Any) -> str:
+def validated(recipe: str | Path, config: RecipeConfig) -> str:
     """``validate``'s line: the recipe is valid, and what it trains; then what its GPU steps must read back."""
     from dlrecipes.config.device_checks import read_back_notes
     from dlrecipes.data.source_sizes import upsampling_notes
@@ -238,7 +241,7 @@ def validated(recipe: Any, config: Any) -> str:
                       *upsampling_notes(config), *read_back_notes(config)])
 
 
-def trained(result: Any, width: Optional[int] = None) -> str:
+def trained(result: TrainResult, width: Optional[int] = None) -> str:
     """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory; one part
     per line when wider than ``width`` (a terminal's)."""
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
@@ -366,7 +369,7 @@ def format_runs(rows: list[dict[str, Any]], width: Optional[int] = None) -> str:
     return "\n\n".join(tables)
 
 
-def format_sweep(plan: Any, rows: list[dict[str, Any]]) -> str:
+def format_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> str:
     """A sweep's table, one row per grid point, fitted to the terminal: each swept key headed by its last part
     (the line above names it in full), a mean ± std on one line, and on a narrow terminal peak memory, images/s,
     wall time and the final metric give way, in that order (summary.csv and summary.md keep them).  Below: why

@@ -20,7 +20,7 @@ No module outside this package asks whether a run is local or in a bucket (``tes
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
@@ -28,8 +28,12 @@ from dlrecipes.records.store.interface import (
     ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
 )
 
+if TYPE_CHECKING:
+    from dlrecipes.records.store.backend import Backend
+    from dlrecipes.records.store.bucket import RemoteRoot
 
-def store_for(runs_dir: Any) -> RunStore:
+
+def store_for(runs_dir: str | Path) -> RunStore:
     """The store of ``runs_dir``: a local folder, or an object store for ``s3://...`` (what only looks like an address
     refused: :func:`dlrecipes.core.addresses.check_address`)."""
     from dlrecipes.core.addresses import check_address
@@ -45,7 +49,7 @@ def store_for(runs_dir: Any) -> RunStore:
     return LocalStore(runs_dir)
 
 
-def open_for_reading(target: Any, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None) -> ReadRun:
+def open_for_reading(target: str | Path, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None) -> ReadRun:
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
     local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
     records only). ``asked``: the buckets this command has asked already (a command reading several runs asks each
@@ -61,7 +65,7 @@ def open_for_reading(target: Any, checkpoint: Optional[str] = "best", asked: Opt
     return read_from_bucket(str(target), checkpoint, asked)
 
 
-def pull_recipe(run: Any) -> Optional[Path]:
+def pull_recipe(run: str | Path) -> Optional[Path]:
     """The recorded recipe of the run at ``run`` in a bucket, brought here with the run's records (its local copy);
     None where ``run`` is no bucket's address. Where the run holds no recipe (an export): one line."""
     from dlrecipes.core.addresses import check_address
@@ -89,7 +93,7 @@ def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
     return local, addresses
 
 
-def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: Any = RUNS_DIR) -> tuple[list[Path],
+def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: str | Path = RUNS_DIR) -> tuple[list[Path],
                                                                                                 dict[Path, str]]:
     """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`): local copies of the runs that live in a
     bucket, and their addresses."""
@@ -108,7 +112,7 @@ class DatasetBucket:
     ``key()``), the bucket through Composer's object-store layer (``backend``: ``upload``, ``read``, ``write``,
     ``listing``, ``delete``), and the S3 endpoint the run store uses (``S3_ENDPOINT_URL``; None: AWS's own)."""
 
-    def __init__(self, root: Any, backend: Any, endpoint: Optional[str]):
+    def __init__(self, root: RemoteRoot, backend: Backend, endpoint: Optional[str]):
         self.root, self.backend, self.endpoint = root, backend, endpoint
 
 

@@ -17,9 +17,12 @@ import datetime
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from dlrecipes.errors import UserError, first_line
+
+if TYPE_CHECKING:
+    from composer.utils import ObjectStore
 
 
 class CannotDelete(UserError):
@@ -36,7 +39,7 @@ class Backend:
     conditional_writes = False
     deletes = False
 
-    def __init__(self, store: Any):
+    def __init__(self, store: ObjectStore):
         self.store = store
 
     def upload(self, key: str, path: str) -> None:

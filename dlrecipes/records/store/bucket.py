@@ -32,7 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, shortened
 from dlrecipes.core.secrets import credential_home, redact_uri
@@ -41,6 +41,11 @@ from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
     is_periodic, longest_relative_path, periodic_progress,
 )
+
+if TYPE_CHECKING:
+    from dlrecipes.records.store.backend import Backend
+    from dlrecipes.records.store.lease import BucketLease
+    from dlrecipes.records.store.upload_process import UploadProcess
 
 STAGING_ENV = "DLRECIPES_STAGING_DIR"
 RECORDS_FOR_RESUME = (RECIPE_FILE, SUMMARY_FILE)  # besides history.csv and the pointer's checkpoint
@@ -145,7 +150,7 @@ def staging_base() -> Path:
     return Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "dlrecipes" / "staging")
 
 
-def object_store(root: RemoteRoot, key_path: str = "runs_dir") -> Any:
+def object_store(root: RemoteRoot, key_path: str = "runs_dir") -> Backend:
     """``root``'s bucket through Composer's object-store layer (a :class:`dlrecipes.records.store.backend.Backend`)."""
     from dlrecipes.records.store.backend import make_backend
 
@@ -216,13 +221,13 @@ class RemoteRun:
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (size, mtime_ns) uploaded
     pending: list[str] = field(default_factory=list)  # relative paths whose upload failed
     warned: bool = False
-    offload: Any = None  # a training's UploadProcess (store.upload_process): its large files go up through it
-    lease: Any = None  # a training's BucketLease: every write is made under it (a sweep's own files have none)
+    offload: Optional[UploadProcess] = None  # a training's (store.upload_process): its large files go up through it
+    lease: Optional[BucketLease] = None  # a training's: every write is made under it (a sweep's own files have none)
     keep: int = -1  # checkpoint.keep: periodic checkpoints kept in the bucket once the pointer is past them
     abandoned: bool = False  # the end stopped waiting: no further file is started
-    _store: Any = None
+    _store: Optional[Backend] = None
 
-    def store(self):
+    def store(self) -> Backend:
         if self._store is None:
             self._store = object_store(self.root)
         return self._store

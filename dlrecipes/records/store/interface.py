@@ -8,9 +8,13 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional
 
 from dlrecipes.records.layout import RunDir
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
+    from dlrecipes.records.run_lock import HeldLock
 
 
 @contextmanager
@@ -62,7 +66,7 @@ class TrainingRun:
     (looked up once, under the lock: ``resume_point``), how the lines name the run, and how it is kept in step."""
 
     run: RunDir
-    config: Any = None  # the validated RecipeConfig
+    config: Optional[RecipeConfig] = None  # the validated recipe
     recipe: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"  # resolved (resolve_device)
     options: RunOptions = RunOptions()
@@ -70,20 +74,20 @@ class TrainingRun:
     shown_as: Optional[str] = None  # how the lines name the run when not by its local folder (a bucket's address)
     fresh: bool = True  # a new run: nothing of it existed before this training
     accepted: list[str] = field(default_factory=list)  # what --resume accepted as changed (check_resume)
-    lock: Any = None  # rank 0's: run.lock (in a bucket, with the run's lease); None on the other ranks
+    lock: Optional[HeldLock] = None  # rank 0's: run.lock (in a bucket, with its lease); None on the other ranks
     keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
     stored: Callable[[Any], None] = lambda result: None  # the end's check: raises when the store lacks files
     addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
 
     @classmethod
-    def in_folder(cls, config: Any, folder: Path, device: str, options: RunOptions = RunOptions(),
+    def in_folder(cls, config: RecipeConfig, folder: Path, device: str, options: RunOptions = RunOptions(),
                   resume_point: Optional[Path] = None) -> "TrainingRun":
         """A run in ``folder`` as it is, outside any store (no name chosen, no lock, nothing kept in step): the
         benchmarks' Trainers, and one built by hand."""
         return cls(RunDir(folder), config=config, recipe=config.to_dict(), device=device, options=options,
                    resume_point=resume_point)
 
-    def named(self) -> Any:
+    def named(self) -> ContextManager[None]:
         """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address(self.addresses)
 
@@ -105,13 +109,13 @@ class ReadRun:
     """What a command after training reads, here: ``target`` (a run directory, a checkpoint or an export folder)
     and the ``checkpoint`` to give it; ``address`` names it where it lives."""
 
-    target: Any
+    target: str | Path  # local: as given; a bucket's: its local copy
     checkpoint: Optional[str]
     address: str
     push: Callable[[str], None] = lambda what: None  # puts the command's outputs beside the run (a bucket's)
     pushes: bool = False  # whether the store takes the command's outputs from here (a bucket)
 
-    def named(self) -> Any:
+    def named(self) -> ContextManager[None]:
         """A context in which errors about this local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address({self.target: self.address} if self.pushes else {})
 
@@ -144,19 +148,19 @@ class SweepFolder:
 class RunStore(ABC):
     """The runs of one ``runs_dir`` (see the module docstring)."""
 
-    def __init__(self, runs_dir: Any):
+    def __init__(self, runs_dir: str | Path):
         self.runs_dir = runs_dir
 
     @abstractmethod
     def check(self) -> None:
         """Whether the runs can be written there: one line when not (a bucket: asked once per command)."""
 
-    def check_room(self, config: Any) -> None:
+    def check_room(self, config: RecipeConfig) -> None:
         """Whether a run of ``config`` fits where it would be written (a bucket: its keys' and staging paths' limits),
         asking no server: one line when not. A local folder's limits are the file system's, met as it writes."""
 
     @abstractmethod
-    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
+    def open_for_training(self, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
         """The run ``config`` trains, named, set up and locked (see the module docstring)."""
 
     @abstractmethod

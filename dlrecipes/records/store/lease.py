@@ -28,10 +28,15 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import LEASE_FILE
+
+if TYPE_CHECKING:
+    from dlrecipes.records.run_lock import RunLock
+    from dlrecipes.records.store.backend import Backend
+
 
 TERM_ENV = "DLRECIPES_LEASE_TERM"
 DEFAULT_TERM = 300.0  # seconds a lease holds without renewal
@@ -84,7 +89,7 @@ def _number(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def read_lease(store: Any, key: str) -> tuple[Optional[dict], str, bool]:
+def read_lease(store: Backend, key: str) -> tuple[Optional[dict], str, bool]:
     """The lease at ``key``: (its contents, None when absent, released or not JSON; its ETag; whether an object is
     there at all). A read that fails raises: "no lease" is never concluded from a server that did not answer."""
     data, tag = store.read_tagged(key)
@@ -97,7 +102,7 @@ def read_lease(store: Any, key: str) -> tuple[Optional[dict], str, bool]:
     return (lease if isinstance(lease, dict) and not lease.get("released") else None), tag, True
 
 
-def live_holder(store: Any, root: Any, name: str) -> Optional[dict]:
+def live_holder(store: Backend, root: Any, name: str) -> Optional[dict]:
     """The live lease on ``root/name`` (see :func:`is_live`), or None."""
     held, _, _ = read_lease(store, root.key(name, LEASE_FILE))
     return held if is_live(held) else None
@@ -112,7 +117,7 @@ def refusal(root: Any, name: str, held: dict) -> UserError:
 class BucketLease:
     """This process's lease on ``root/name`` (see the module docstring)."""
 
-    def __init__(self, store: Any, root: Any, name: str):
+    def __init__(self, store: Backend, root: Any, name: str):
         self.store, self.root, self.name = store, root, name
         self.key = root.key(name, LEASE_FILE)
         self.token = uuid.uuid4().hex
@@ -274,7 +279,7 @@ def _dead_here(held: dict) -> bool:
 class LeasedLock:
     """The run directory's local lock and the bucket's lease, released together."""
 
-    def __init__(self, lock: Any, lease: BucketLease):
+    def __init__(self, lock: RunLock, lease: BucketLease):
         self.lock, self.lease = lock, lease
 
     @property
@@ -292,7 +297,7 @@ class LeasedLock:
             self.lock.release()
 
 
-def leased(lock: Any, store: Any, root: Any, name: str) -> Any:
+def leased(lock: RunLock, store: Backend, root: Any, name: str) -> LeasedLock:
     """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
     machine writes the run)."""
     from dlrecipes.records.store.backend import write_refused

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from dlrecipes.core.distributed import rank
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.store.interface import RunOptions, RunStore, SweepFolder, TrainingRun
 
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
 
-def open_in(runs: Path, config: Any, device: str, options: RunOptions) -> TrainingRun:
+
+def open_in(runs: Path, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
     """The run ``config`` trains, in the local folder ``runs`` (a runs folder, or a bucket's staging folder): named
     (a new default name is made now), checked for ``--resume`` before anything is written, a run set aside for
     ``--restart`` or after a failure, made and locked (rank 0)."""
@@ -44,7 +47,7 @@ class LocalStore(RunStore):
     def check(self) -> None:
         """Nothing to ask: the folder is made, or refused in one line, as the run starts."""
 
-    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
+    def open_for_training(self, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
         return open_in(Path(self.runs_dir), config, device, options)
 
     def check_resumable(self, name: str, first_node: bool) -> None:

@@ -6,7 +6,7 @@ uploads in the background (:mod:`dlrecipes.records.store.upload`), read back thr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import (
@@ -14,6 +14,9 @@ from dlrecipes.records.store.interface import (
 )
 from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, object_store, staged_run
 from dlrecipes.records.store.mirror import uploader
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
 
 
 class IncompleteUpload(UserError):
@@ -37,12 +40,12 @@ class BucketStore(RunStore):
             check_access(self.root)
             self.answered = True
 
-    def check_room(self, config: Any) -> None:
+    def check_room(self, config: RecipeConfig) -> None:
         """The run's longest key within the object store's limit and its staging paths within this file system's
         (:meth:`~.bucket.RemoteRoot.check_room`); a default name is as long as ``<recipe>-YYYYMMDD-HHMMSS``."""
         self.root.check_room(config.run_name or f"{config.name}-{'0' * 8}-{'0' * 6}")
 
-    def open_for_training(self, config: Any, device: str, options: RunOptions) -> TrainingRun:
+    def open_for_training(self, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
         """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
         bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.opening.claim_name`),
         with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the

@@ -9,11 +9,14 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import RECIPE_FILE, SUMMARY_FILE
 from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, object_store, staged_run
+
+if TYPE_CHECKING:
+    from dlrecipes.records.store.backend import Backend
 
 
 def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> None:
@@ -75,7 +78,7 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
           file=sys.stderr)
 
 
-def _status_in_bucket(store: Any, root: RemoteRoot, name: str) -> Optional[str]:
+def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> Optional[str]:
     """The run's summary.json status in the bucket (None: no summary yet, or one that cannot be read)."""
     import json
 

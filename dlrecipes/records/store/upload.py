@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from dlrecipes.records.store.bucket import RemoteRun
 
 SAID_AFTER = 2.0  # seconds the end waits for its uploads before it says what it waits for
 
@@ -26,7 +29,7 @@ SAID_AFTER = 2.0  # seconds the end waits for its uploads before it says what it
 class BackgroundPush:
     """``remote.push()`` in one background thread (see the module docstring)."""
 
-    def __init__(self, remote: Any):
+    def __init__(self, remote: RemoteRun):
         self.remote = remote
         self._lock = threading.Lock()
         self._wanted = threading.Event()

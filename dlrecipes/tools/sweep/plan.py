@@ -25,7 +25,6 @@ import yaml
 from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.store import SweepFolder
-from dlrecipes.tools.sweep.report import short_names, value_text
 
 SWEEP_FILE = "sweep.yaml"
 DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
@@ -94,6 +93,22 @@ def _value(text: str, key: str) -> Any:
     from dlrecipes.recipe import parse_assignment
 
     return parse_assignment(f"{key}={text}", "sweep value")[1]
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Each key's name in a run name and a table header: its last part, or the whole path where two keys share
+    a last part."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (short if last.count(short) == 1 else k) for k, short in zip(keys, last)}
+
+
+def value_text(value: Any) -> str:
+    """A swept value as run names and tables write it."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 def point_name(values: dict[str, Any]) -> str:
@@ -262,4 +277,5 @@ def prepare_folder(plan: SweepPlan, store_folder: SweepFolder) -> Path:
 
 
 __all__ = ["DISTRIBUTION", "Point", "SEARCHES", "SWEEP_FILE", "SweepPlan", "optuna_distribution", "overrides_of",
-           "plan_sweep", "point_name", "prepare_folder", "probe_points", "split_values"]
+           "plan_sweep", "point_name", "prepare_folder", "probe_points", "short_names", "split_values",
+           "value_text"]

@@ -19,32 +19,17 @@ import signal
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from dlrecipes.records.layout import RunDir
+from dlrecipes.tools.sweep.plan import Point, SweepPlan, short_names, value_text
 
 LOG_DIR = "logs"  # in the sweep's folder: <point>.log (each training's output) and <point>.outcome.json
 FINISHED = ("done", "pruned")  # the outcomes a sweep exits 0 with: an Optuna search prunes on purpose
 _ORDER = ("diverged", "failed", "refused", "stopped", "killed", "running", "not run")  # in the closing line
 
 
-def short_names(keys: Sequence[str]) -> dict[str, str]:
-    """Each key's name in a run name and a table header: its last part, or the whole path where two keys share
-    a last part."""
-    last = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (short if last.count(short) == 1 else k) for k, short in zip(keys, last)}
-
-
-def value_text(value: Any) -> str:
-    """A swept value as run names and tables write it."""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
-def swept_keys(plan: Any) -> list[str]:
+def swept_keys(plan: SweepPlan) -> list[str]:
     """The keys that are columns of the table: the swept ones (the seed only when it is swept, not --seeds)."""
     return [k for k in plan.points[0].values if k != "trainer.seed" or not plan.seeds] if plan.points else []
 
@@ -145,14 +130,14 @@ def point_outcome(folder: Path, name: str) -> dict[str, Any]:
     return {"status": status, "reason": "" if status == "done" else str(_summary(run).get("reason") or "")}
 
 
-def unfinished(plan: Any) -> dict[str, dict[str, Any]]:
+def unfinished(plan: SweepPlan) -> dict[str, dict[str, Any]]:
     """The points that did not finish (nor were pruned), each with its outcome, in the sweep's order."""
     assert plan.folder is not None
     outcomes = {point.name: point_outcome(plan.folder, point.name) for point in plan.points}
     return {name: outcome for name, outcome in outcomes.items() if outcome["status"] not in FINISHED}
 
 
-def closing_line(plan: Any, left: dict[str, dict[str, Any]]) -> str:
+def closing_line(plan: SweepPlan, left: dict[str, dict[str, Any]]) -> str:
     """``2 of 6 points did not finish: 1 diverged, 1 failed; ...``: the sweep's last line when not all finished."""
     kinds = [outcome["status"].split(" (")[0] for outcome in left.values()]
     counts = sorted({k: kinds.count(k) for k in kinds}.items(),
@@ -188,7 +173,7 @@ def history_rows(run: RunDir) -> list[dict[str, str]]:
         return []
 
 
-def summarize(plan: Any) -> list[dict[str, Any]]:
+def summarize(plan: SweepPlan) -> list[dict[str, Any]]:
     """One row per grid point: the swept keys, then the best and final monitored metric, wall time, images/s
     and peak memory (mean ± std over the seeds, with their count), the runs' outcomes and their reasons."""
     assert plan.folder is not None
@@ -222,7 +207,7 @@ def _cell(row: dict[str, Any], metric: str, digits: str) -> str:
     return f"{text} ± {format(std, digits)}" if std is not None else text
 
 
-def table_rows(plan: Any, rows: list[dict[str, Any]], short: bool = False) -> tuple[list[str], list[list[str]]]:
+def table_rows(plan: SweepPlan, rows: list[dict[str, Any]], short: bool = False) -> tuple[list[str], list[list[str]]]:
     """The table's header and cells; ``short``: each swept key by its last part (``key_legend`` names them)."""
     keys = (["trial"] if plan.search == "optuna" else []) + swept_keys(plan)
     names = short_names(keys) if short else {k: k for k in keys}
@@ -235,12 +220,12 @@ def table_rows(plan: Any, rows: list[dict[str, Any]], short: bool = False) -> tu
     return header, body
 
 
-def key_legend(plan: Any) -> str:
+def key_legend(plan: SweepPlan) -> str:
     """``lr = optimizer.lr, width = model.width``: the full name of each key a short table header stands for."""
     return ", ".join(f"{short} = {key}" for key, short in short_names(swept_keys(plan)).items() if short != key)
 
 
-def write_summary(plan: Any, rows: list[dict[str, Any]]) -> None:
+def write_summary(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
     """``summary.csv`` (numbers, std in their own columns), ``summary.md`` (the table, with each row's
     reason) and ``summary.png``."""
     assert plan.folder is not None
@@ -273,7 +258,7 @@ def best_value(history: list[dict[str, str]], monitor: str, mode: str) -> Option
     return (max(values) if mode == "max" else min(values)) if values else None
 
 
-def finished_line(plan: Any, point: Any, outcome: dict[str, Any], seconds: float, done: int, total: int,
+def finished_line(plan: SweepPlan, point: Point, outcome: dict[str, Any], seconds: float, done: int, total: int,
                   eta: Optional[float]) -> str:
     """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
     training that did not finish (``eta``: the seconds the points left will take, None when none is left)."""
@@ -333,7 +318,7 @@ def _lines(ax: Any, keys: list[str], rows: list[dict[str, Any]], monitor: str) -
     ax.grid(alpha=0.3)
 
 
-def plot_sweep(plan: Any, rows: list[dict[str, Any]], path: Path) -> None:
+def plot_sweep(plan: SweepPlan, rows: list[dict[str, Any]], path: Path) -> None:
     """The best monitored metric against the swept key (a line per value of the other keys), or a heat map
     for two keys; beside it the evaluation curves of every run."""
     from dlrecipes.records.plots import pyplot
@@ -368,5 +353,5 @@ def plot_sweep(plan: Any, rows: list[dict[str, Any]], path: Path) -> None:
 
 
 __all__ = ["FINISHED", "LOG_DIR", "best_value", "closing_line", "finished_line", "forget_outcome", "history_rows",
-           "key_legend", "log_path", "number", "plot_sweep", "point_outcome", "record_outcome", "short_names",
-           "summarize", "swept_keys", "table_rows", "unfinished", "value_text", "write_summary"]
+           "key_legend", "log_path", "number", "plot_sweep", "point_outcome", "record_outcome", "summarize",
+           "swept_keys", "table_rows", "unfinished", "write_summary"]

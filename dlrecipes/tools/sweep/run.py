@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 import yaml
 
@@ -30,6 +30,9 @@ from dlrecipes.records.layout import RunDir
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
 from dlrecipes.tools.sweep.report import (LOG_DIR, best_value, finished_line, forget_outcome, history_rows, log_path,
                                           point_run, record_outcome, summarize, unfinished, write_summary)
+
+if TYPE_CHECKING:
+    from dlrecipes.runtime.fork_server import Program, Started
 
 OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
 
@@ -53,9 +56,9 @@ def point_state(run: RunDir) -> str:
 @dataclass
 class _Slot:
     point: Point
-    process: Any  # a subprocess.Popen, or a fork_server.Started (its interface)
+    process: subprocess.Popen | Started  # Started: a fork server's, with the part of Popen's interface used here
     started: float
-    log: Any
+    log: TextIO
     index: int = 0  # which of the --parallel places it holds (its GPUs)
 
 
@@ -73,7 +76,7 @@ def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
     return env
 
 
-def run_sweep(plan: SweepPlan, program: Any, parallel: int = 1, echo: Callable[[str], None] = print
+def run_sweep(plan: SweepPlan, program: Program, parallel: int = 1, echo: Callable[[str], None] = print
               ) -> tuple[list[dict], int]:
     """Run the points not finished yet, ``parallel`` at a time (on a CPU, forked as ``program`` says: a
     fork_server.Program, the CLI's); returns the summary rows and an exit code: 0 when
@@ -106,7 +109,7 @@ def run_sweep(plan: SweepPlan, program: Any, parallel: int = 1, echo: Callable[[
 
 
 def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], parallel: int, stop: dict[str, int],
-           echo: Callable[[str], None], program: Any) -> None:
+           echo: Callable[[str], None], program: Program) -> None:
     """Start the points as places free up, pass each signal on to the running trainings once, and record and
     report each training's outcome as it ends."""
     assert plan.folder is not None
@@ -312,7 +315,7 @@ def forks_trainings(nproc: int) -> bool:
     return nproc == 1 and not visible_gpus() and os.environ.get(FRESH_PYTHON) != "1"
 
 
-def get_ready(nproc: int, program: Any) -> None:
+def get_ready(nproc: int, program: Program) -> None:
     """Start the process the trainings are forked from now (``program``: a fork_server.Program, the CLI's), so that
     its imports go on while the points are validated."""
     if forks_trainings(nproc):
@@ -321,7 +324,7 @@ def get_ready(nproc: int, program: Any) -> None:
         fork_server.start_server(program)
 
 
-def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, program: Any) -> _Slot:
+def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, program: Program) -> _Slot:
     assert plan.folder is not None
     how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
     command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
@@ -337,7 +340,7 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     if forks_trainings(plan.nproc):
         from dlrecipes.runtime import fork_server
 
-        process: Any = fork_server.start(program, command[3:], env=env, out=log_path(plan.folder, point.name),
+        process: subprocess.Popen | Started = fork_server.start(program, command[3:], env=env, out=log_path(plan.folder, point.name),
                                          append=True, new_session=True)
     else:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
