@@ -97,7 +97,7 @@ def _global_batches(length, batch, world, epoch, resume=None, shard_sizes=None):
 def test_every_number_of_processes_trains_the_same_global_batches_each_sample_once_an_epoch():
     one = _global_batches(50, 12, 1, epoch=2)
     assert _global_batches(50, 12, 2, epoch=2) == _global_batches(50, 12, 3, epoch=2) == one
-    indices = [i for b in one for i, _ in b]
+    indices = [i for b in one for i, *_ in b]
     assert len(indices) == len(set(indices)) == 48  # 4 full batches of 12; the 2 left over are dropped
     assert _global_batches(50, 12, 1, epoch=3) != one  # each epoch its own order
 
@@ -113,8 +113,8 @@ def test_each_samples_augmentation_seed_depends_on_the_sample_not_the_process():
     seeds = {}
     for world in (1, 2, 3):
         for b in _global_batches(48, 12, world, epoch=0):
-            for index, seed in b:
-                assert seeds.setdefault(index, seed) == seed
+            for index, seed, epoch in b:
+                assert seeds.setdefault(index, seed) == seed and epoch == 0  # the key carries its epoch
     assert len(set(seeds.values())) == 48
 
 

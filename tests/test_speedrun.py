@@ -429,30 +429,106 @@ def test_cross_entropy_sum_is_torch_s_summed_smoothed_loss():
     torch.testing.assert_close(loss(logits, labels), expected)
 
 
-def test_alternate_flips_on_the_torch_loader_are_refused_in_one_line(tmp_path):
+def altflip_cifar(root: Path):
+    """The CIFAR-10 stand-in (tests/stand_in_data.py: 20 training images) with alternating flips and no crops,
+    normalised to [0, 1]: each training sample is its image or the image mirrored."""
+    from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
+    from tests.stand_in_data import cifar_batches
+
+    cifar_batches(root / CIFAR10.folder, per_batch=4)
+    return build_cifar(str(root), CIFAR10, False, True, (0.0,) * 3, (1.0,) * 3, crop=(0, "zeros", "alternate")).train
+
+
+def flips_of(images, raw) -> dict[int, bool]:
+    """{index: mirrored} of the training samples ``images``, each found among the ``raw`` images or their mirrors."""
+    found = {}
+    for image in images:
+        kept = [i for i in range(len(raw)) if torch.allclose(image, raw[i])]
+        mirrored = [i for i in range(len(raw)) if torch.allclose(image, raw[i].flip(-1))]
+        assert len(kept + mirrored) == 1
+        found[(kept + mirrored)[0]] = bool(mirrored)
+    return found
+
+
+def torch_loader_flips(train, seed: int, epoch: int, world=1, workers=0, resume=None) -> dict[int, bool]:
+    """One epoch of the torch loader's training order (batches of 4; ``world`` processes, each with ``workers``
+    DataLoader workers; ``resume``: (epoch, position) as a checkpoint records it): which images came mirrored."""
+    from torch.utils.data import DataLoader
+
+    from dlrecipes.data.order import ordered
+
+    found = {}
+    for rank in range(world):
+        samples = ordered(train, 4, rank, world, seed)
+        samples.sampler.set_epoch(epoch)
+        if resume:
+            samples.sampler.resume_at(*resume)
+        loader = DataLoader(samples, batch_size=4 // world, sampler=samples.sampler, num_workers=workers)
+        found.update(flips_of(torch.cat([x for x, _ in loader]), train.images.float() / 255))
+    return found
+
+
+def device_loader_flips(train, seed: int, epoch: int) -> dict[int, bool]:
+    from dlrecipes.data.device_loader import DeviceTensorLoader
+
+    loader = DeviceTensorLoader(train.images, train.labels, 4, train.batch_augment, True, "cpu", seed)
+    loader.epoch = epoch
+    return flips_of(torch.cat([x for x, _ in loader]), train.images.float() / 255)
+
+
+def test_alternating_flips_of_the_torch_loader_are_the_device_loader_s(tmp_path):
+    """dataset.flip: alternate with trainer.loader: torch: each image mirrored on every other epoch, the same images
+    in the same epochs as the device loader for the same seed, on any number of processes and workers."""
+    train = altflip_cifar(tmp_path)
+    for seed in (0, 3):
+        epochs = [torch_loader_flips(train, seed, epoch) for epoch in range(3)]
+        assert all(len(flips) == 20 for flips in epochs)  # every image, once an epoch
+        assert 0 < sum(epochs[0].values()) < 20  # a part of the images on even epochs...
+        assert epochs[1] == {i: not f for i, f in epochs[0].items()} and epochs[2] == epochs[0]  # ...the rest on odd
+        assert epochs == [device_loader_flips(train, seed, epoch) for epoch in range(3)]
+    assert torch_loader_flips(train, 3, 1, world=2, workers=2) == epochs[1]
+    assert torch_loader_flips(train, 0, 1) != epochs[1]  # another seed, other images
+
+
+def test_alternating_flips_of_the_torch_loader_resume_mid_epoch(tmp_path):
+    train = altflip_cifar(tmp_path)
+    whole = torch_loader_flips(train, 5, 1)
+    resumed = torch_loader_flips(train, 5, 1, world=2, resume=(1, 8))  # 2 of the epoch's 5 batches trained
+    assert len(resumed) == 12 and resumed == {i: whole[i] for i in resumed}
+
+
+def test_a_cifar_dataset_on_the_tensor_cache_loader_is_refused_in_one_line(tmp_path):
+    """The tensor cache caches image folders; for CIFAR (and its alternating flips) the line names the loaders
+    that read it."""
     from dlrecipes.errors import RecipeError
 
-    with pytest.raises(RecipeError, match="dataset.flip: 'alternate' needs trainer.loader: device"):
-        fit(speedrun_config(tmp_path, ["trainer.loader=torch"]))
+    with pytest.raises(RecipeError, match=r"trainer.loader: 'tensor_cache' caches image folders .*; for 'cifar10' "
+                                          r"use trainer.loader=device \(in-memory data\) or torch$"):
+        fit(speedrun_config(tmp_path, ["trainer.loader=tensor_cache"]))
 
 
-def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_path, monkeypatch):
+@pytest.mark.parametrize("loader, interval, stop", [("device", "1ep", "ep2-ba8"), ("torch", "2ba", "ep1-ba6")])
+def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_path, monkeypatch, loader, interval,
+                                                                         stop):
     """Lookahead's slow copy, the whitened layer, the frozen bias and the alternating flips all come back from a
-    checkpoint: resumed after epoch 2 (batch 8, after the lookahead update at 5), the run ends where it would have."""
+    checkpoint: resumed after epoch 2 (batch 8, after the lookahead update at 5), or with the torch loader inside
+    epoch 1 (batch 6: the bias frozen at epoch 1's start, which the resumed run does not see), the run ends where
+    it would have."""
     from tests.conftest import build_trainer
 
     recorder = Recorder(monkeypatch)
-    config = speedrun_config(tmp_path, ["checkpoint.save=true", "checkpoint.save_interval=1ep", "checkpoint.keep=-1"])
+    config = speedrun_config(tmp_path, [f"trainer.loader={loader}", "checkpoint.save=true",
+                                        f"checkpoint.save_interval={interval}", "checkpoint.keep=-1"])
     fit(config)
     straight = copy.deepcopy(recorder.net.state_dict())
     folder = tmp_path / "runs" / "speedrun" / "checkpoints"
-    checkpoint = next(folder.glob("ep2-ba8*.pt"))
-    for later in folder.glob("ep*-ba*.pt"):  # as if the run had stopped after batch 8
+    checkpoint = next(folder.glob(f"{stop}*.pt"))
+    for later in folder.glob("ep*-ba*.pt"):  # as if the run had stopped there
         if later != checkpoint:
             later.unlink()
     trainer = build_trainer(config, tmp_path / "runs" / "speedrun", resume=True, trust_checkpoint=True,
                             resume_from=checkpoint)
-    assert int(trainer.state.timestamp.batch) == 8
+    assert int(trainer.state.timestamp.batch) == int(stop.split("-ba")[1])
     trainer.fit()
     for name, value in recorder.net.state_dict().items():
         torch.testing.assert_close(value, straight[name], rtol=0, atol=0, msg=name)

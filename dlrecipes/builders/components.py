@@ -122,9 +122,6 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
         "pin_memory": on_gpu(device),
         "persistent_workers": cfg.num_workers > 0,
     }
-    if getattr(getattr(data.train, "batch_augment", None), "alternate_flip", False):
-        raise RecipeError("dataset.flip: 'alternate' needs trainer.loader: device (the torch loader flips each image "
-                          "at random); or set dataset.flip: random")
     if len(data.train) < cfg.batch_size:
         raise RecipeError(
             f"trainer.batch_size: {cfg.batch_size} is larger than the training set ({len(data.train)} samples)"

@@ -76,7 +76,8 @@ class PatchWhitening(Callback):
         self.bias_epochs = bias_epochs
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        if int(state.timestamp.batch) > 0:
+        if int(state.timestamp.batch) > 0:  # resumed: the weights are the checkpoint's; a run resumed inside an
+            self.epoch_start(state, logger)  # epoch has no epoch start before its next batch to freeze the bias
             return
         conv = first_conv(state.model)
         images = leading_images(state.train_dataloader, self.images).to(conv.weight.device)
@@ -90,6 +91,7 @@ class PatchWhitening(Callback):
             conv.weight.copy_(filters.to(conv.weight.dtype))
 
     def epoch_start(self, state: State, logger: Logger) -> None:
+        """The bias trained in the first ``bias_epochs`` epochs, frozen after."""
         conv = first_conv(state.model)
         if conv.bias is not None and self.bias_epochs is not None:
             conv.bias.requires_grad = int(state.timestamp.epoch) < self.bias_epochs

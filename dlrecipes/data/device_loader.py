@@ -10,6 +10,7 @@ permutation per epoch; with several processes each rank takes its own shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator, Optional
 
 import torch
@@ -57,6 +58,14 @@ def random_hflip(images: torch.Tensor, generator: Optional[torch.Generator]) -> 
     return torch.where(flip[:, None, None, None], images.flip(3), images)
 
 
+@lru_cache(maxsize=2)
+def flipped_on_even_epochs(count: int, seed: int) -> torch.Tensor:
+    """Alternating flips: which of ``count`` images are flipped on even epochs (the others on odd ones), a seeded
+    half drawn from the run's ``seed`` alone; every loader asks this (the same flips from the device loader and the
+    torch loader). Read it, never change it (it is kept for the next caller)."""
+    return torch.rand(count, generator=torch.Generator().manual_seed(seed + 7_919)) < 0.5
+
+
 def device_generator(device: torch.device, seed: int) -> Optional[torch.Generator]:
     """A generator on ``device`` seeded with ``seed`` (None on the meta device, which has none)."""
     if device.type == "meta":
@@ -93,8 +102,7 @@ class DeviceTensorLoader:
         self.epoch = 0
         self.flipped_first = None
         if augment is not None and augment.alternate_flip:  # which images are flipped on even epochs
-            order = torch.Generator().manual_seed(seed + 7_919)
-            self.flipped_first = (torch.rand(len(self.labels), generator=order) < 0.5).to(self.device)
+            self.flipped_first = flipped_on_even_epochs(len(self.labels), seed).to(self.device)
         if augment is not None:
             shape = (1, len(augment.mean), 1, 1)
             self.mean = torch.tensor(augment.mean, device=self.device).view(shape)

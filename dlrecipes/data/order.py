@@ -8,7 +8,9 @@ of its ``W`` equal parts: every step trains the same samples whatever the number
 
 Each sample's random augmentation is seeded by the seed, the epoch and the sample's index
 (:func:`sample_seed`), not by the DataLoader worker that happens to load it: a crop or flip does not depend on
-the number of workers or processes either.
+the number of workers or processes either. The key the sampler hands the dataset carries the epoch too, for a
+dataset whose samples depend on it (``sample_in_epoch``: the alternating flips of
+:class:`~dlrecipes.data.tensor_dataset.TransformedTensorDataset`).
 
 A checkpoint records how far into its epoch the run was (Composer asks the train loader's dataset for
 ``state_dict(num_samples, from_beginning)``: :class:`OrderedSamples`); a resumed run starts its epoch's order
@@ -79,7 +81,8 @@ def seeded(seed: int) -> Iterator[None]:
 
 
 class GlobalOrderSampler(DistributedSampler):
-    """This process's part of each global batch of :func:`epoch_order`, as ``(index, augmentation seed)`` keys.
+    """This process's part of each global batch of :func:`epoch_order`, as ``(index, augmentation seed, epoch)``
+    keys.
 
     A ``DistributedSampler`` so that Composer sets its epoch at each epoch's start. Its length is the whole
     epoch's; after :meth:`resume_at` the epoch it names starts at the recorded position (once)."""
@@ -106,7 +109,7 @@ class GlobalOrderSampler(DistributedSampler):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
         order = epoch_order(len(self.dataset), self.seed, self.epoch, self.shard_sizes)
         start = 0
         if self._resume is not None and self._resume[0] == self.epoch:
@@ -115,12 +118,13 @@ class GlobalOrderSampler(DistributedSampler):
         for k in range(start, self.batches):
             first = k * self.global_batch + self.rank * part
             for index in order[first:first + part].tolist():
-                yield index, sample_seed(self.seed, self.epoch, index)
+                yield index, sample_seed(self.seed, self.epoch, index), self.epoch
 
 
 class OrderedSamples(Dataset):
-    """A dataset read in :class:`GlobalOrderSampler`'s order: each key's sample loaded under its own seed, and
-    the position in the epoch kept in Composer's checkpoints. Other attributes are the dataset's."""
+    """A dataset read in :class:`GlobalOrderSampler`'s order: each key's sample loaded under its own seed (by the
+    dataset's ``sample_in_epoch(index, epoch, run seed)`` where it has one, else ``dataset[index]``), and the
+    position in the epoch kept in Composer's checkpoints. Other attributes are the dataset's."""
 
     def __init__(self, dataset: Any, sampler: GlobalOrderSampler):
         self.samples_of, self.sampler = dataset, sampler
@@ -128,10 +132,11 @@ class OrderedSamples(Dataset):
     def __len__(self) -> int:
         return len(self.samples_of)
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        index, seed = key
+    def __getitem__(self, key: tuple[int, int, int]) -> Any:
+        index, seed, epoch = key
+        in_epoch = getattr(self.samples_of, "sample_in_epoch", None)
         with seeded(seed):
-            return self.samples_of[index]
+            return self.samples_of[index] if in_epoch is None else in_epoch(index, epoch, self.sampler.seed)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("samples_of", "sampler") or name.startswith("__"):

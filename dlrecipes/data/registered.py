@@ -38,7 +38,7 @@ CifarPaddingMode = Annotated[Literal["zeros", "reflect"], Doc("what the crop's p
 CifarFlip = Annotated[Literal["random", "alternate"], Doc(
     "left-right flips when augment is on: 'random' flips each image with probability 1/2 every epoch; 'alternate' "
     "flips a seeded half of the images on even epochs and the other half on odd ones (airbench's; "
-    "trainer.loader: device).")]
+    "trainer.loader torch or device, the same images flipped in the same epochs for the same trainer.seed).")]
 DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 degrees of rotation, 10% shift, "
                                     "0.9-1.1 scale; a 2-pixel random shift with trainer.loader=device); false: training "
                                     "images as they are.")]

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import Dataset
 
-from dlrecipes.data.device_loader import BatchAugment
+from dlrecipes.data.device_loader import BatchAugment, flipped_on_even_epochs
 
 
 class TransformedTensorDataset(Dataset):
@@ -39,7 +39,20 @@ class TransformedTensorDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int):
+        return self._sample(self.images[index], index)
+
+    def sample_in_epoch(self, index: int, epoch: int, seed: int):
+        """Sample ``index`` as epoch ``epoch`` of a run seeded ``seed`` trains it (the torch loader's training
+        order, :mod:`dlrecipes.data.order`): with alternating flips (``batch_augment.alternate_flip``) the image is
+        mirrored before its transform where the device loader would mirror it, its seeded half on even epochs and
+        the other half on odd ones (:func:`~dlrecipes.data.device_loader.flipped_on_even_epochs`)."""
         image = self.images[index]
+        if self.batch_augment is not None and self.batch_augment.alternate_flip:
+            if bool(flipped_on_even_epochs(len(self), seed)[index]) != (epoch % 2 == 1):
+                image = image.flip(-1)
+        return self._sample(image, index)
+
+    def _sample(self, image: torch.Tensor, index: int):
         if self.transform is not None:
             image = self.transform(image)
         label = int(self.labels[index])

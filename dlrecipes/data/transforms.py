@@ -20,7 +20,7 @@ def small_image_transforms(
 ):
     """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding ('zeros' or 'reflect') and flip, then
     normalise (with ``resize``: bilinearly resized first, as the on-device loader does).  ``alternate_flip``: no
-    flip here (the device loader flips by epoch; the torch loader refuses it)."""
+    flip here (flipped by epoch: by the device loader, or by the dataset in the torch loader's order)."""
     import torch
     from torchvision.transforms import v2
 
