@@ -671,3 +671,39 @@ def test_domain_parameters_are_not_annotated_any():
     ``if TYPE_CHECKING:`` (nothing more is imported when the CLI starts) and within the layers above; where a
     module may not import the type, the parameter takes another name or a Protocol of the module's own layer."""
     assert not _any_typed_domain_parameters(), "\n".join(_any_typed_domain_parameters())
+
+
+def _named_in(text: str, name: str) -> bool:
+    return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text) is not None
+
+
+def _module_exists(dotted: str) -> bool:
+    return dotted in MODULES
+
+
+def test_every_package_docstring_names_its_modules_and_every_reference_resolves():
+    """What ``help(dlrecipes.X)`` says stays current, as the tree in docs/architecture.md does: each package's
+    docstring names each of its modules and subpackages, every ``:mod:`` reference in it (relative or absolute) is
+    a module, and docs/architecture.md's prose names only modules and files that exist."""
+    stale = []
+    for name, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        children = sorted(p.stem for p in path.parent.glob("*.py") if p.name != "__init__.py") + sorted(
+            p.name for p in path.parent.iterdir() if (p / "__init__.py").is_file())
+        stale += [f"{name}: its docstring does not name {child}" for child in children if not _named_in(doc, child)]
+        for ref in re.findall(r":mod:`~?([\w.]+)`", doc):
+            dotted = name + ref if ref.startswith(".") else ref
+            if not _module_exists(dotted):
+                stale.append(f"{name}: :mod:`{ref}` is no module")
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    files = {p.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.parent.rglob("*.py")
+             if not {".venv", ".git", ".venv-newest-torch"} & set(p.parts)}
+    for ref in set(re.findall(r"`([\w./]+\.py)`", text)):
+        if not any(f == ref or f.endswith("/" + ref) for f in files):
+            stale.append(f"docs/architecture.md: `{ref}` is no file")
+    for ref in set(re.findall(r"`(dlrecipes\.[\w.]+)`", text)):
+        if not (_module_exists(ref) or _module_exists(ref.rsplit(".", 1)[0])):  # a module, or a name in one
+            stale.append(f"docs/architecture.md: `{ref}` is no module")
+    assert stale == []

@@ -2,6 +2,15 @@
 
 Every run also gets the run's own callbacks (:mod:`dlrecipes.builders.trainer` adds them).  Those
 that live elsewhere, next to what they record, are named here and importable from here:
+
+Modules:
+- :mod:`.best_checkpoint`: BestCheckpoint: best.pt by the monitored evaluation metric
+- :mod:`.export_for_inference`: ExportForInference: TorchScript/ONNX files, checked against the network
+- :mod:`.export_options`: what the export callback accepts, checked at validation (no torch)
+- :mod:`.monitors`: NaNMonitor, StopOnDivergence, TorchProfilerTraces
+- :mod:`.optuna_trial`: OptunaTrial: a run as a trial of an Optuna study (report, prune)
+- :mod:`.speedrun`: the CIFAR-10 speedruns' patch whitening, lookahead and batch-norm settings
+- :mod:`.stop_on_signal`: StopOnSignal: SIGTERM, SIGUSR1, SIGINT, SIGHUP -> a checkpoint, exit 75
 """
 
 from dlrecipes.callbacks import registered  # noqa: F401  (registers the built-ins)

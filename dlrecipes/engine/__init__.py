@@ -36,6 +36,9 @@ design); XLA keeps Composer's microbatch step.  Training itself is unchanged:
 ``tests/test_engine.py`` checks bit-identical weights against Composer's Trainer (one process
 and two gloo processes), and ``scripts/composer_conformance.sh`` runs every Composer test module
 that builds a Trainer (and its callback and logger tests) against this class.  Valid for the pinned Composer 0.32.1.
+
+Modules:
+- :mod:`.lifecycle`: memory kept for reuse on a CPU; what close frees (exit hook, caches, workers)
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Losses, registered by name in :mod:`.registered`; :func:`build_loss` builds a recipe's ``loss:`` value."""
+"""Losses, registered by name in :mod:`.registered`; :func:`build_loss` builds a recipe's ``loss:`` value.
+
+Modules:
+- :mod:`.functions`: loss functions: fn(predictions, targets) -> scalar
+"""
 
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ them:
 - Interrupting a training (the kernel's stop button, Ctrl-C) stops it at the next batch with a checkpoint and
   raises ``KeyboardInterrupt`` naming it; ``train(..., resume=True)`` continues.
 - ``runs`` and ``compare`` return pandas DataFrames (the ``notebook`` extra).
+
+Modules:
+- :mod:`.samples`: what those objects yield, made into what training takes (or refused)
 """
 
 from __future__ import annotations

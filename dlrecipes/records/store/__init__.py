@@ -15,6 +15,15 @@ and kept in step with the bucket.
   the folder a sweep keeps its own files in.
 
 No module outside this package asks whether a run is local or in a bucket (``tests/test_architecture.py``).
+
+Modules:
+- :mod:`.backend`: a bucket through Composer's object-store layer (its URI factory's store)
+- :mod:`.mirror`: a training's mirror to its bucket, the end's bounded wait, upload_incomplete
+- :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files brought here
+- :mod:`.reading`: s3:// runs for the commands after training; a sweep's mirror
+- :mod:`.safe_keys`: a bucket's pointer and keys checked before they name a local file
+- :mod:`.upload`: uploads to the bucket by one background thread, never stalling training
+- :mod:`.upload_process`: large uploads from a process of their own, at a lower priority than training
 """
 
 from __future__ import annotations
