@@ -59,7 +59,7 @@ class DecodeLater:
 
 
 def split_decoder(decode: str, train: bool, size: int, resize_size: int, min_scale: float, hflip: bool,
-                  mean: Sequence[float], std: Sequence[float]) -> Any:
+                  mean: Sequence[float], std: Sequence[float]) -> DecodeLater | TurboTrain | TurboEval | None:
     """A split's transform of an image file's bytes for ``dataset.decode`` (image folders and shards alike):
     ``device``: :class:`DecodeLater` (the batch decoded on the device); ``turbo``: libjpeg-turbo's
     (:class:`~dlrecipes.data.jpeg.TurboTrain`, :class:`~dlrecipes.data.jpeg.TurboEval`); ``pil``: None."""

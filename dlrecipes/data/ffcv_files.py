@@ -13,11 +13,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import numpy as np
 
 from dlrecipes.errors import DataError, UserError
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 FFCV_INSTALL_HINT = (
     "FFCV is not installed. It builds from source: first the system packages "
@@ -50,7 +53,7 @@ def import_ffcv():
 class RawImages:
     """Index -> (HWC uint8 RGB array, label) over a dataset's original images, and a name for each."""
 
-    def __init__(self, dataset: Any):
+    def __init__(self, dataset: Dataset):
         self.dataset = dataset
         if hasattr(dataset, "samples") and hasattr(dataset, "loader"):  # torchvision ImageFolder
             self.kind = "files"

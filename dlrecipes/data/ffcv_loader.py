@@ -12,7 +12,7 @@ NCHW copy halved throughput).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from composer.core import DataSpec
 from dlrecipes.core.devices import torch_device
 from dlrecipes.core.precision import precision_of
 from dlrecipes.data.ffcv_files import import_ffcv, open_reader
+
+if TYPE_CHECKING:
+    from ffcv.loader.epoch_iterator import EpochIterator
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class FFCVLoader:
         return _closed_when_left(epoch)
 
 
-def _closed_when_left(epoch: Any) -> Iterator[Any]:
+def _closed_when_left(epoch: EpochIterator) -> Iterator[Any]:
     """FFCV's epoch, its thread stopped when the epoch is left before its end (a subset of batches, a duration in
     batches): the thread holds its epoch alive and would wait forever to hand over its next batch, with the
     epoch's batch buffers."""
@@ -148,7 +151,7 @@ def _closed_when_left(epoch: Any) -> Iterator[Any]:
             _stop(epoch)
 
 
-def _stop(epoch: Any) -> None:
+def _stop(epoch: EpochIterator) -> None:
     """The thread sees the terminate event only while its queue is full (within half a second); one at its epoch's
     end waits to hand over its last item with no timeout: a batch taken off the queue makes room for it (each
     such room costs at most one more batch's decoding)."""

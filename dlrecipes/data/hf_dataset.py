@@ -14,13 +14,16 @@ too (:meth:`ArrowImages.pil_image`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 from torchvision.datasets import VisionDataset
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError, RecipeError, UserError, did_you_mean, first_line, shown
+
+if TYPE_CHECKING:
+    import datasets
 
 INSTALL_HINT = "Hugging Face datasets is not installed: pip install 'dlrecipes[hf]' (or pip install datasets)"
 EVAL_SPLITS = ("validation", "test")  # what eval_split picks when the recipe names none, in this order
@@ -42,7 +45,7 @@ class ArrowImages(VisionDataset):
     can insert their PIL transform as they do in an image folder's.
     """
 
-    def __init__(self, table: Any, image_column: str, labels: np.ndarray, transform, name: str):
+    def __init__(self, table: datasets.Dataset, image_column: str, labels: np.ndarray, transform, name: str):
         super().__init__(name, transform=transform)
         self.table = table.select_columns([image_column])  # decode only the images
         self.image_column = image_column
@@ -129,7 +132,7 @@ class SavedSplit:
             raise DataError(f"dataset.path: cannot read {self.folder / 'state.json'} ({exc}); save the dataset "
                             "again with save_to_disk") from None
 
-    def open(self) -> Any:
+    def open(self) -> datasets.Dataset:
         datasets = import_datasets()
         try:
             return datasets.Dataset.load_from_disk(str(self.folder))
@@ -174,7 +177,7 @@ def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str)
     return name, chosen
 
 
-def check_columns(table: Any, image_column: str, label_column: str, path: str) -> Optional[list[str]]:
+def check_columns(table: datasets.Dataset, image_column: str, label_column: str, path: str) -> Optional[list[str]]:
     """Both columns exist, hold images and integer labels; returns the ``ClassLabel`` names (None: plain integers)."""
     datasets = import_datasets()
     features = table.features
@@ -197,7 +200,7 @@ def check_columns(table: Any, image_column: str, label_column: str, path: str) -
                       f"(a ClassLabel or integers); its ClassLabel columns: {', '.join(labels) or 'none'}")
 
 
-def read_labels(table: Any, label_column: str) -> np.ndarray:
+def read_labels(table: datasets.Dataset, label_column: str) -> np.ndarray:
     return np.asarray(table.with_format("numpy")[label_column], dtype=np.int64)
 
 

@@ -126,7 +126,7 @@ class OrderedSamples(Dataset):
     dataset's ``sample_in_epoch(index, epoch, run seed)`` where it has one, else ``dataset[index]``), and the
     position in the epoch kept in Composer's checkpoints. Other attributes are the dataset's."""
 
-    def __init__(self, dataset: Any, sampler: GlobalOrderSampler):
+    def __init__(self, dataset: Dataset, sampler: GlobalOrderSampler):
         self.samples_of, self.sampler = dataset, sampler
 
     def __len__(self) -> int:
@@ -177,7 +177,7 @@ class OrderedVisionSamples(OrderedSamples, VisionDataset):
         self.samples_of.transform = value
 
 
-def ordered(dataset: Any, global_batch: int, rank: int, world_size: int, seed: int) -> OrderedSamples:
+def ordered(dataset: Dataset, global_batch: int, rank: int, world_size: int, seed: int) -> OrderedSamples:
     """``dataset`` wrapped to be read in the global order (its ``shard_sizes``, if it has them, shape it)."""
     sampler = GlobalOrderSampler(len(dataset), global_batch, rank, world_size, seed,
                                  getattr(dataset, "shard_sizes", None))

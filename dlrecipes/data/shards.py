@@ -21,7 +21,7 @@ import os
 from bisect import bisect_right
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError, UserError, first_line
@@ -148,7 +148,7 @@ class ShardsDataset:
     shards into the local cache, evicted beyond ``cache_limit``); ``shard_sizes``: samples per shard, in index order
     (a sampler can visit shards whole)."""
 
-    def __init__(self, place: ShardsPlace, split: str, shards: Sequence[dict], transform: Any,
+    def __init__(self, place: ShardsPlace, split: str, shards: Sequence[dict], transform: Optional[Callable],
                  cache_dir: Optional[str], cache_limit: Optional[int]):
         self.url, self.split, self.key_path = place.url(split), split, place.key_path
         self.shards = [dict(shard) for shard in shards]

@@ -18,10 +18,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from dlrecipes.data.shards import FORMAT, META, SPLITS, ShardsPlace, import_litdata
 from dlrecipes.errors import DataError, UserError
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from dlrecipes.data.splits import DatasetSplits
 
 
 @dataclass
@@ -50,7 +55,7 @@ class ShardsReport:
 class EncodedImages:
     """Index -> (encoded image bytes, label) over a split as a dataset factory built it."""
 
-    def __init__(self, dataset: Any, reencode_quality: Optional[int], max_resolution: Optional[int] = None):
+    def __init__(self, dataset: Dataset, reencode_quality: Optional[int], max_resolution: Optional[int] = None):
         self.dataset, self.quality, self.max_side = dataset, reencode_quality, max_resolution
         if hasattr(dataset, "samples") and hasattr(dataset, "loader"):  # torchvision ImageFolder: the files
             self.kind, self.count = "files", len(dataset.samples)
@@ -135,7 +140,7 @@ def existing(place: ShardsPlace) -> bool:
     return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
 
-def write_shards(splits: Any, out: str, options: ShardsOptions, echo: Callable[[str], None] = print
+def write_shards(splits: DatasetSplits, out: str, options: ShardsOptions, echo: Callable[[str], None] = print
                  ) -> list[ShardsReport]:
     """Both splits of a built dataset (a :class:`~dlrecipes.data.splits.DatasetSplits`) as shards at ``out``."""
     import_litdata()

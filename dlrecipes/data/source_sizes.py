@@ -9,7 +9,10 @@ of the image folders (one image header read) and of Hugging Face datasets (one i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 UPSAMPLE_FACTOR = 2  # warn when the crop is more than this many times the source's side
@@ -59,7 +62,7 @@ def hf_side(params: dict) -> Optional[tuple[int, str]]:
         return None
 
 
-def upsampling_notes(config: Any) -> list[str]:
+def upsampling_notes(config: RecipeConfig) -> list[str]:
     """One warning when the recipe's crop is more than :data:`UPSAMPLE_FACTOR` times its source images' side."""
     from dlrecipes import registry
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.core.outputs import DataIO, OutputSpec
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 __all__ = ["DataIO", "DatasetSplits", "OutputSpec"]
 
@@ -14,8 +17,8 @@ __all__ = ["DataIO", "DatasetSplits", "OutputSpec"]
 class DatasetSplits:
     """A training and an evaluation split, plus what a model needs to know about them."""
 
-    train: Any  # a torch Dataset yielding (image tensor, int label), or (*inputs, *outputs) when io is set
-    eval: Any
+    train: Dataset  # a torch Dataset yielding (image tensor, int label), or (*inputs, *outputs) when io is set
+    eval: Dataset
     num_classes: int  # 0 when io is set: each output has its own
     input_shape: tuple[int, int, int]  # (channels, height, width) of one sample (of the first input when io is set)
     class_names: Optional[list[str]] = None

@@ -7,9 +7,12 @@ here (``io=``), without loading data, so this module imports torch only inside t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dlrecipes.data.splits import DataIO, DatasetSplits, OutputSpec
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def digits_two_view_io(image_size: int) -> DataIO:
@@ -21,7 +24,7 @@ def digits_two_view_io(image_size: int) -> DataIO:
     )
 
 
-def two_views(image: Any, digit: int) -> tuple:
+def two_views(image: Tensor, digit: int) -> tuple[Tensor, Tensor, int, int]:
     """A sample of the two-view digits: the left and right halves of the (transformed) image, its
     class and its parity."""
     half = image.shape[-1] // 2
