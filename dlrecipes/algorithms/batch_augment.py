@@ -19,7 +19,7 @@ Random erasing runs last, on the normalised batch, as torchvision's ``RandomEras
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from composer.core import Algorithm, Event, State
 import dlrecipes.algorithms.augment_policy as P
 from dlrecipes.algorithms.batch_ops import GEOMETRIC, OPS, constant, erase, geometry, warp
 from dlrecipes.errors import RecipeError
+
+if TYPE_CHECKING:
+    from composer.loggers import Logger
 
 
 class _Shipped:
@@ -160,7 +163,7 @@ class BatchAugmentation(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         from composer.utils import dist
 
         batch = state.batch

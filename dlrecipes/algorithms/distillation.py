@@ -19,7 +19,7 @@ logged as ``loss/train/total``, ``loss/train/labels`` and ``loss/train/distillat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,11 @@ from dlrecipes import registry
 from dlrecipes.algorithms.teacher import KEY, SPEC_WEIGHTS, TeacherSource, teacher_file, teacher_source
 from dlrecipes.records.run_files import file_digest
 from dlrecipes.errors import UserError
+
+if TYPE_CHECKING:
+    from composer.loggers import Logger
+
+    from dlrecipes.data.splits import DatasetSplits
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float, kind: str) -> torch.Tensor:
@@ -143,7 +148,7 @@ class Distillation(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.INIT, Event.BEFORE_BACKWARD)
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
             # last in the list, so last at BEFORE_BACKWARD: the label term is the loss every other algorithm made
             # (mixup's and cutmix's interpolate_loss replace it there, and refuse a dict)
@@ -164,7 +169,7 @@ class Distillation(Algorithm):
                             f"{tuple(student.shape)}; a teacher must predict the student's classes")
         state.loss = blended_loss(state.loss, student, teacher, self.temperature, self.alpha, self.kind)
 
-    def check_data(self, data: Any) -> None:
+    def check_data(self, data: DatasetSplits) -> None:
         """Before the run starts (the builder calls it with the data): build the teacher for this data's classes
         and images, so that a teacher trained for other classes or channels is refused before the start line, in
         one line naming both."""

@@ -8,12 +8,17 @@ parameter>``. A frozen parameter is never stepped again, so its state is dropped
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from composer.algorithms import LayerFreezing as ComposerLayerFreezing
 
+if TYPE_CHECKING:
+    from composer.core import Event, State
+    from composer.loggers import Logger
+    from torch.optim import Optimizer
 
-def drop_state_of_removed_params(optimizer: Any) -> int:
+
+def drop_state_of_removed_params(optimizer: Optimizer) -> int:
     """Remove ``optimizer.state`` entries of parameters in none of its param groups; returns how many."""
     kept = {id(p) for group in optimizer.param_groups for p in group["params"]}
     gone = [p for p in optimizer.state if id(p) not in kept]
@@ -25,7 +30,7 @@ def drop_state_of_removed_params(optimizer: Any) -> int:
 class LayerFreezing(ComposerLayerFreezing):
     """Composer's ``LayerFreezing`` (see the module docstring)."""
 
-    def apply(self, event: Any, state: Any, logger: Any) -> Optional[int]:
+    def apply(self, event: Event, state: State, logger: Logger) -> Optional[int]:
         result = super().apply(event, state, logger)
         for optimizer in state.optimizers or ():
             drop_state_of_removed_params(optimizer)

@@ -9,14 +9,14 @@ train loader has ``set_resolution``, the size is set at each epoch's start, by C
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Iterable, Optional
 
 from composer.algorithms import ProgressiveResizing as ComposerProgressiveResizing
 from composer.core import Event, State
 from composer.loggers import Logger
 
 
-def decodes_at_a_size(loader: Any) -> bool:
+def decodes_at_a_size(loader: Optional[Iterable]) -> bool:
     """Whether a loader decodes at a size it is told (``set_resolution`` and ``full_resolution``)."""
     return hasattr(loader, "set_resolution") and hasattr(loader, "full_resolution")
 

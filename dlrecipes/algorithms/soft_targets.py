@@ -12,15 +12,17 @@ are given :func:`ensure_targets_one_hot` below, which makes them the same way.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import torch
 from composer.algorithms import LabelSmoothing as ComposerLabelSmoothing
-from composer.core import Event, State
+from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.loss.utils import infer_target_type
 
 from dlrecipes.losses.functions import one_hot
+
+A = TypeVar("A", bound=Algorithm)  # a Composer MixUp or CutMix
 
 
 def smooth_labels(logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
@@ -40,7 +42,7 @@ def ensure_targets_one_hot(input: torch.Tensor, targets: torch.Tensor, num_class
     return targets.float()
 
 
-def without_read_backs(algorithm: Any) -> Any:
+def without_read_backs(algorithm: A) -> A:
     """A Composer MixUp or CutMix whose one-hot targets are made by :func:`ensure_targets_one_hot`."""
     import importlib
 

@@ -21,12 +21,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes import registry
 from dlrecipes.errors import RecipeError, shown
 from dlrecipes.records.layout import BEST_CHECKPOINT, CHECKPOINT_DIR, RECIPE_FILE, RunDir
 from dlrecipes.records.run_files import file_digest
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import RecipeConfig
 
 KEY = "algorithms.distillation.teacher"
 SPEC_WEIGHTS = "checkpoint"  # the key of a model spec that names its weights file
@@ -133,7 +136,7 @@ def teacher_file(path: Path) -> Path:
     raise RecipeError(f"{KEY}: run {path} has no checkpoint (no {BEST_CHECKPOINT} and no periodic one); train it first")
 
 
-def _from_run(run: Any, file: Path) -> TeacherSource:
+def _from_run(run: RunDir, file: Path) -> TeacherSource:
     """The network a teacher run's recipe.yaml names, with the class count its dataset tells."""
     from dlrecipes.config.checks import check_component, dataset_classes
     from dlrecipes.records.run_files import read_recipe
@@ -155,7 +158,7 @@ def _from_run(run: Any, file: Path) -> TeacherSource:
     return TeacherSource(model.name, params, file, classes, f"run {run.path}")
 
 
-def teacher_fits_the_run(config: Any) -> Optional[str]:
+def teacher_fits_the_run(config: RecipeConfig) -> Optional[str]:
     """``requires=`` of the algorithm (after paths are resolved): the teacher exists, is a network this run can
     use (the same class count where both are known), and is recorded: its checkpoint file and SHA-256.  A pinned
     ``teacher_sha256`` defers all that to the start of training."""
