@@ -38,10 +38,17 @@ import json
 import typing
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.core.ranges import NonNegative, Positive, Probability
 from dlrecipes.optim.timm_meanings import args_section
+
+if TYPE_CHECKING:
+    from timm.optim import OptimInfo
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from dlrecipes.registry import Registry
 
 TABLE = "timm_optimizers.json"
 # dlrecipes' own entries for the same torch optimizer (timm's 'sgd' is torch SGD with nesterov on)
@@ -67,7 +74,7 @@ def shipped() -> dict[str, Any]:
     return json.loads(Path(__file__).with_name(TABLE).read_text())  # not importlib.resources: tens of ms to import
 
 
-def register_all(registry: Any) -> None:
+def register_all(registry: Registry) -> None:
     """Register every optimizer of the table (and the aliases) in ``registry``."""
     optimizers = shipped()["optimizers"]
     source = f"{__name__} ({TABLE}, timm {shipped()['timm']})"
@@ -118,7 +125,7 @@ class TimmOptimizer:
                     for name, _, *default in self.spec["parameters"] if default}
         return {**defaults, "no_decay_norm_and_bias": False}
 
-    def __call__(self, model: Any, /, **params: Any) -> Any:
+    def __call__(self, model: nn.Module, /, **params: Any) -> Optimizer:
         bound = self.__signature__.bind(model, **params)
         bound.apply_defaults()
         arguments = {k: tuple(v) if isinstance(v, list) else v for k, v in bound.arguments.items()}  # betas
@@ -128,7 +135,7 @@ class TimmOptimizer:
         return f"<timm optimizer {self.__name__}>"
 
 
-def build(timm_name: str, model: Any, arguments: dict[str, Any]) -> Any:
+def build(timm_name: str, model: nn.Module, arguments: dict[str, Any]) -> Optimizer:
     """``timm.optim.create_optimizer_v2`` over dlrecipes' parameter groups (norms and biases apart or not)."""
     from timm.optim import create_optimizer_v2, list_optimizers
 
@@ -161,7 +168,7 @@ def installed() -> dict[str, Any]:
     return {"timm": timm.__version__, "optimizers": optimizers}
 
 
-def _parameters(info: Any) -> list[list[Any]]:
+def _parameters(info: OptimInfo) -> list[list[Any]]:
     """``[name, type, default]`` (no default: required) for each constructor argument a recipe may set."""
     cls = info.opt_class
     try:
