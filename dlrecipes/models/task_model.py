@@ -12,7 +12,7 @@ the weighted total over the evaluation set.  :mod:`dlrecipes.core.outputs` decid
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from composer.models import ComposerModel
 from torch import Tensor, nn
@@ -26,6 +26,10 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
 from dlrecipes.losses.functions import regression_pair
 from dlrecipes.core.outputs import EVAL_LOSS, output_metrics
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import Component, TaskConfig
+    from dlrecipes.data.splits import DatasetSplits
 
 # Model parameters filled from the task and the data when the factory takes them and the recipe leaves them out.
 MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")
@@ -80,11 +84,11 @@ class MultiIOModel(ComposerModel):
             per_output[EVAL_LOSS] = nn.ModuleDict({EVAL_LOSS: total})
         return nn.ModuleDict(per_output)
 
-    def forward(self, batch: Any) -> dict[str, Tensor]:
+    def forward(self, batch: Sequence[Tensor]) -> dict[str, Tensor]:
         out = self.module(*(batch[i] for i in self.input_positions))
         return self._by_name(out)
 
-    def _by_name(self, out: Any) -> dict[str, Tensor]:
+    def _by_name(self, out: Tensor | Sequence[Tensor] | dict[str, Tensor]) -> dict[str, Tensor]:
         names = list(self.specs)
         if isinstance(out, Tensor) and len(names) == 1:
             return {names[0]: out}
@@ -105,14 +109,14 @@ class MultiIOModel(ComposerModel):
             f"the model returned {type(out).__name__}; expected a dict or tuple of outputs ({', '.join(names)})"
         )
 
-    def output_losses(self, outputs: dict[str, Tensor], batch: Any) -> dict[str, Tensor]:
+    def output_losses(self, outputs: dict[str, Tensor], batch: Sequence[Tensor]) -> dict[str, Tensor]:
         """Each output's (unweighted) loss on this batch."""
         return {name: fn(outputs[name], batch[self.target_positions[name]]) for name, fn in self.loss_fns.items()}
 
     def weighted_total(self, losses: dict[str, Tensor]) -> Tensor:
         return sum(self.weights[name] * loss for name, loss in losses.items())
 
-    def loss(self, outputs: dict[str, Tensor], batch: Any, *args, **kwargs) -> dict[str, Tensor]:
+    def loss(self, outputs: dict[str, Tensor], batch: Sequence[Tensor], *args, **kwargs) -> dict[str, Tensor]:
         losses = self.output_losses(outputs, batch)
         return {**losses, "total": self.weighted_total(losses)}
 
@@ -124,7 +128,7 @@ class MultiIOModel(ComposerModel):
             for metric_name, metric in metrics.items()
         }
 
-    def update_metric(self, batch: Any, outputs: Any, metric: Metric) -> None:
+    def update_metric(self, batch: Sequence[Tensor], outputs: dict[str, Tensor], metric: Metric) -> None:
         name = metric.output_name
         n = batch[self.input_positions[0]].shape[0]
         if isinstance(metric, OutputLoss):
@@ -170,7 +174,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def build_multi_io_model(cfg: Any, data: Any, task: Any) -> MultiIOModel:
+def build_multi_io_model(cfg: Component, data: DatasetSplits, task: TaskConfig) -> MultiIOModel:
     """The recipe's network (``model:``) for its ``task:``, wrapped with per-output losses and metrics."""
 
     if data.io is None:
