@@ -24,7 +24,10 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import EVAL_DIR, EVAL_FILE, EVAL_NAME_MAX, beside
 
 if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
     from dlrecipes.after_training.opened import Trained
+    from dlrecipes.config.sections import RecipeConfig, TrainerConfig
 
 TTA_CHOICES = ("flip", "flip_translate")  # levels 1 and 2 of algorithms.tta
 
@@ -56,7 +59,7 @@ def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> st
     return name[:EVAL_NAME_MAX]
 
 
-def _with_tta(config: Any, tta: Optional[str]) -> Optional[str]:
+def _with_tta(config: RecipeConfig, tta: Optional[str]) -> Optional[str]:
     """``--tta`` puts the test-time augmentation it names in the recipe's algorithms (over the recipe's own
     ``tta``, which the evaluation otherwise rebuilds like the training's); returns what the evaluation uses."""
     if tta is not None:
@@ -111,7 +114,7 @@ def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str 
     return result
 
 
-def _eval_size(split: Any, subset_batches: Optional[int], trainer_cfg: Any) -> int:
+def _eval_size(split: Dataset, subset_batches: Optional[int], trainer_cfg: TrainerConfig) -> int:
     try:
         size = len(split)
     except TypeError:

@@ -14,10 +14,13 @@ from dlrecipes.after_training.trained_model import network_of, trained_model
 from dlrecipes.errors import RecipeError
 
 if TYPE_CHECKING:
+    import torch
+
     from dlrecipes.after_training.opened import Trained
+    from dlrecipes.engine.trainer import Trainer
 
 
-def first_eval_images(trainer: Any, count: int):
+def first_eval_images(trainer: Trainer, count: int) -> torch.Tensor:
     """The first ``count`` images of the evaluation split, as the network receives them (on the CPU)."""
     spec = trainer.state.evaluators[0].dataloader  # a Composer DataSpec: its transforms finish the batch
     for batch in spec.dataloader:

@@ -25,10 +25,14 @@ from dlrecipes.errors import RecipeError, UserError, first_line
 from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch.utils.data import Dataset
+
     from dlrecipes.after_training.opened import Trained
 
 
-Predictor = tuple[Callable[[Any], Any], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
+Predictor = tuple[Callable[["np.ndarray"], "np.ndarray"], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
 AGAIN = "export again with dlrecipes export RUN_DIR"
 
 
@@ -64,7 +68,6 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
 
 def export_predictor(folder: Path) -> Predictor:
     """(logits of a float32 NCHW array batch, preprocess spec, class names) of an export directory."""
-    import numpy as np
 
     from dlrecipes.data.preprocess import spec_problem
     from dlrecipes.errors import shown
@@ -109,12 +112,13 @@ def export_predictor(folder: Path) -> Predictor:
     raise UserError(f"{folder}: no {' or '.join(EXPORTED_MODELS.values())} in this export directory ({AGAIN})")
 
 
-def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Callable[[Any], Any]:
+def _checked(run: Callable[[np.ndarray], Any], path: Path, classes: list[str]
+             ) -> Callable[[np.ndarray], np.ndarray]:
     """``run``, failing with one line naming the model file when the model does not take the batch
     ``preprocess.json`` makes, or gives another number of classes than ``classes.json`` names."""
     import numpy as np
 
-    def checked(batch: Any) -> Any:
+    def checked(batch: np.ndarray) -> np.ndarray:
         try:
             logits = np.asarray(run(batch))
         except Exception as exc:  # the model's own error, from torch or onnxruntime
@@ -131,7 +135,6 @@ def _checked(run: Callable[[Any], Any], path: Path, classes: list[str]) -> Calla
 def run_predictor(trained: Trained, files: bool = True) -> Predictor:
     """The same for a run's checkpoint (opened by :func:`~.opened.open_trained`): its recipe's network on the
     recipe's device.  ``files=False``: for tensors given as they are (no image file to prepare)."""
-    import numpy as np
     import torch
 
     from dlrecipes.after_training.trained_model import network_of, trained_model
@@ -202,7 +205,7 @@ def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int 
     return result
 
 
-def _ranked(logits: Any, classes: list[str], k: int, **columns: list[Any]) -> list[dict[str, Any]]:
+def _ranked(logits: np.ndarray, classes: list[str], k: int, **columns: list[Any]) -> list[dict[str, Any]]:
     """One row per logit vector: ``columns``' values, the class, its probability and the ``top`` k."""
     import numpy as np
 
@@ -217,7 +220,7 @@ def _ranked(logits: Any, classes: list[str], k: int, **columns: list[Any]) -> li
     return rows
 
 
-def predict_inputs(predictor: Predictor, inputs: Any, top_k: int = 5, batch_size: int = 64) -> Predictions:
+def predict_inputs(predictor: Predictor, inputs: torch.Tensor | Dataset, top_k: int = 5, batch_size: int = 64) -> Predictions:
     """One row per input (``index``, ``class``, ``probability``, ``top``): ``inputs`` a batch tensor (N, C, H, W)
     or a Dataset of ``(input, label)`` samples, as the network takes them (no preprocessing)."""
     import numpy as np

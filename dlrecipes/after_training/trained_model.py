@@ -6,15 +6,19 @@ state, no schedule, no step.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dlrecipes.errors import RecipeError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from dlrecipes.after_training.opened import Trained
+    from dlrecipes.data.splits import DatasetSplits
+    from dlrecipes.engine.trainer import Trainer
 
 
-def trained_model(trained: Trained):
+def trained_model(trained: Trained) -> tuple[Trainer, DatasetSplits]:
     """The opened run's network with its checkpoint's weights, in an evaluation Trainer, and the data:
     (trainer, data), as its recipe (with the command's overrides) says. The checkpoint (a run's own too) is read
     tensors-only unless ``trained.trust`` (``--trust-checkpoint``): one that holds other Python objects is refused
@@ -52,7 +56,7 @@ def _first_mismatch(message: str) -> str:
     return detail[:300]
 
 
-def network_of(trainer: Any) -> Any:
+def network_of(trainer: Trainer) -> nn.Module:
     """The bare network (images in, logits out) inside an evaluation Trainer's model."""
     state = trainer.state
     composer_model = state.model.module if state.is_model_ddp else state.model
