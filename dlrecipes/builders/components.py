@@ -8,7 +8,7 @@ from the context and checks the type of what it returns.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
@@ -20,6 +20,11 @@ from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.registry import build_component
+
+if TYPE_CHECKING:
+    from composer.models import ComposerModel
+
+    from dlrecipes.config.sections import TaskConfig
 
 # Model parameters the builder fills from the dataset (and the recipe's loss) when the recipe leaves them out.
 DATA_SUPPLIED_MODEL_PARAMS = ("num_classes", "in_chans", "input_shape", "loss")
@@ -53,8 +58,9 @@ def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy
     return params
 
 
-def build_model(cfg: Component, data: DatasetSplits, loss: Any = "cross_entropy", task=None,
-                metrics: dict | None = None, train_metrics: dict | None = None):
+def build_model(cfg: Component, data: DatasetSplits, loss: Union[str, dict[str, Any]] = "cross_entropy",
+                task: Optional[TaskConfig] = None, metrics: dict | None = None, train_metrics: dict | None = None
+                ) -> ComposerModel:
     """The network wrapped as a Composer classifier with the recipe's loss and metrics.
 
     With a ``task`` (several inputs/outputs), a per-output loss and metrics wrapper instead.

@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from dlrecipes.builders.components import (
     build_algorithms, build_callbacks, build_dataloaders, build_datasets, build_loggers, build_model, build_optimizer,
@@ -25,6 +25,14 @@ from dlrecipes.records.layout import RunDir
 from dlrecipes.records.store import TrainingRun
 from dlrecipes import registry
 from dlrecipes.registry import build_component
+
+if TYPE_CHECKING:
+    from composer.models import ComposerModel
+    from torch.utils.data import Dataset
+
+    from dlrecipes.data.splits import DatasetSplits
+    from dlrecipes.engine.trainer import Trainer
+    from dlrecipes.records.history import RunHistory
 
 
 def _finetune(config: RecipeConfig, model, optimizer) -> list:
@@ -102,11 +110,11 @@ def check_free_space(run: RunDir, model, keep: int) -> None:
         )
 
 
-def start_line(opened: TrainingRun, data, resuming: bool = False) -> str:
+def start_line(opened: TrainingRun, data: DatasetSplits, resuming: bool = False) -> str:
     """What a run prints as it starts (piped too): whether it resumes from a checkpoint, where it goes (its address
     for a run staged here from a bucket), the data, the device, the precision."""
     config, device = opened.config, opened.device
-    def size(split: Any) -> str:
+    def size(split: Dataset) -> str:
         try:
             return f"{len(split):,}"
         except TypeError:  # a stream without a length
@@ -132,8 +140,8 @@ def start_line(opened: TrainingRun, data, resuming: bool = False) -> str:
 class BuiltRun:
     """What :func:`build_trainer` built that its caller uses afterwards, kept as it was built."""
 
-    trainer: Any  # the Trainer (dlrecipes.engine.Trainer), not yet fitted
-    history: Any  # the run's RunHistory, among the trainer's callbacks: how the run ended (summary.json)
+    trainer: Trainer  # dlrecipes.engine's, not yet fitted
+    history: RunHistory  # the run's, among the trainer's callbacks: how the run ended (summary.json)
 
 
 def build_trainer(opened: TrainingRun) -> BuiltRun:
@@ -166,7 +174,7 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
     return BuiltRun(trainer, run.history)
 
 
-def build_bench_trainer(opened: TrainingRun, train_loader: Any):
+def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
     """The opened run's Trainer for the benchmarks, on ``train_loader`` (batches held in memory): the same
     model, optimizer, algorithms, engine, callbacks and loggers as a run, but no evaluation,
     no checkpoints and no terminal output."""
@@ -193,7 +201,7 @@ def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], d
                       layout=layout)
 
 
-def _seeded_model(config: RecipeConfig):
+def _seeded_model(config: RecipeConfig) -> tuple[DatasetSplits, ComposerModel]:
     """The data splits and the wrapped model, built after seeding (so weights and data are seeded)."""
     from composer.utils import reproducibility
 
@@ -251,7 +259,7 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     return loggers
 
 
-def _trainer_class():
+def _trainer_class() -> type[Trainer]:
     """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's questions about the host answered without a process
     of its own and once per process (``core/composer_env.py``: the processor's name, Composer's commit)."""
     from dlrecipes.runtime.composer_env import answer_composer_here
@@ -261,8 +269,9 @@ def _trainer_class():
     return Trainer
 
 
-def _trainer(config: RecipeConfig, layout: RunDir, device: str, model, loaders: tuple, callbacks: list,
-             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None, data: Any = None):
+def _trainer(config: RecipeConfig, layout: RunDir, device: str, model: ComposerModel, loaders: tuple, callbacks: list,
+             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None,
+             data: Optional[DatasetSplits] = None) -> Trainer:
     """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
     here, before the run's start line (distillation's teacher)."""
     Trainer = _trainer_class()
@@ -301,7 +310,7 @@ def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[
 
 
 def build_eval_trainer(config: RecipeConfig, checkpoint: Path, device: str,
-                       callbacks: Sequence[Any] = (), trust: bool = False):
+                       callbacks: Sequence[Any] = (), trust: bool = False) -> tuple[Trainer, DatasetSplits]:
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
     and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
     The checkpoint is read tensors-only unless ``trust`` (the caller checked it). Returns (trainer, data)."""
