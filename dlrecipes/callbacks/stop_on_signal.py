@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from composer.core import Callback, State
 from composer.loggers import Logger
 
 from dlrecipes.runtime.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 from dlrecipes.errors import UserError
+
+if TYPE_CHECKING:
+    from composer.callbacks import CheckpointSaver
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
@@ -44,7 +47,7 @@ class Preempted(UserError):
 
 
 class StopOnSignal(Callback):
-    def __init__(self, saver: Any = None):
+    def __init__(self, saver: Optional[CheckpointSaver] = None):
         self.saver = saver
         self.received: Optional[int] = None
         self._previous: dict[int, Any] = {}

@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 import torch
-from composer.core import Callback, State
+from composer.core import Batch, Callback, State
 from composer.core.precision import get_precision_context
 from composer.loggers import Logger
 from composer.models import ComposerModel
@@ -44,7 +44,7 @@ class TrainMetricEpochs(Callback):
 class TrainMetrics:
     """The train metrics' updates and logs (a mixin of :class:`dlrecipes.engine.trainer.Trainer`)."""
 
-    def _metric_outputs(self, batch: Any) -> Any:
+    def _metric_outputs(self, batch: Batch) -> Any:  # Any: a model's outputs, as Composer's eval_forward has them
         """What the train metrics are updated with: the step's outputs, as Composer's ``eval_forward``
         returns them for models that keep ComposerModel's; other models' own ``eval_forward``, run
         in eval mode now (before the optimizer step), as Composer does."""

@@ -26,7 +26,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext
+    from multiprocessing.process import BaseProcess
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,11 @@ class Program:
     preload: tuple[str, ...]
 
 
-_CONTEXT: Any = None
+_CONTEXT: Optional[ForkServerContext] = None
 _PRELOADED = False  # set in the server by its preload (mark_preloaded); its forks, and theirs, inherit it
 
 
-def _server(program: Program) -> Any:
+def _server(program: Program) -> ForkServerContext:
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
@@ -89,7 +93,7 @@ def start_server(program: Program) -> None:
 class Started:
     """A started training, with the part of ``subprocess.Popen``'s interface a caller needs."""
 
-    def __init__(self, process: Any):
+    def __init__(self, process: BaseProcess):
         self._process = process
         self.pid: int = process.pid
         self.args: list[str] = []

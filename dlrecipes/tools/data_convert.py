@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dlrecipes import registry
 from dlrecipes.builders import build_datasets
@@ -21,6 +21,10 @@ from dlrecipes.config import COMPONENT_SECTIONS, check_component
 from dlrecipes.data.ffcv_files import ConvertOptions, ConvertReport, RawImages, write_beton
 from dlrecipes.errors import UserError
 from dlrecipes.plugins import load_all
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import Component
+    from dlrecipes.data.shards_write import ShardsOptions, ShardsReport
 
 CONVERT_FORMATS = ("ffcv", "tensor_cache", "shards")  # FFCV .beton files; trainer.loader=tensor_cache's cache; shards
 
@@ -137,7 +141,7 @@ def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOpti
     return reports
 
 
-def convert_options(format: str, values: dict, given: Sequence[str]) -> Any:
+def convert_options(format: str, values: dict, given: Sequence[str]) -> ConvertOptions | CacheOptions | ShardsOptions:
     """The options ``data convert --format FORMAT`` writes with, from the command's ``values`` (one line for an option
     of another format among ``given``, the options named on the command line, or a value out of range)."""
     if values["write_mode"] not in ("smart", "jpg", "raw", "proportion"):
@@ -157,7 +161,7 @@ def convert_options(format: str, values: dict, given: Sequence[str]) -> Any:
 
 
 def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: bool,
-                   max_resolution: Optional[int] = None) -> Any:
+                   max_resolution: Optional[int] = None) -> ShardsOptions:
     """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100, a negative
     resolution); ``max_resolution`` 0 or None: images kept at their size."""
     from dlrecipes.data.shards import parse_bytes
@@ -170,7 +174,8 @@ def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: 
     return ShardsOptions(parse_bytes(shard_size, "--shard-size"), reencode_quality, overwrite, max_resolution or None)
 
 
-def write_shards(component, out: str | Path | None, options: Any, echo: Callable[[str], None] = print) -> list:
+def write_shards(component: Component, out: str | Path | None, options: Optional[ShardsOptions],
+                 echo: Callable[[str], None] = print) -> list[ShardsReport]:
     """Both splits as dataset shards at ``out`` (a local folder or ``s3://BUCKET/PREFIX``; ``options``: a
     :class:`dlrecipes.data.shards_write.ShardsOptions`)."""
     from dlrecipes.data.shards_write import ShardsOptions, write_shards as write

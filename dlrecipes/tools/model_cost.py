@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 
 from dlrecipes.core.devices import check_device_name, check_runs_here, on_gpu, torch_device
 from dlrecipes.errors import RecipeError, did_you_mean
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import Component
+    from dlrecipes.data.splits import DatasetSplits
 
 
 def resolve_model(name: str, params: dict[str, Any], input_size: tuple[int, int, int]) -> nn.Module:
@@ -132,7 +136,7 @@ def parse_input_size(text: str) -> tuple[int, int, int]:
     return c, h, w
 
 
-def model_from_recipe(recipe_model: Any, data: Any) -> tuple[nn.Module, tuple[int, int, int]]:
+def model_from_recipe(recipe_model: Component, data: DatasetSplits) -> tuple[nn.Module, tuple[int, int, int]]:
     from dlrecipes.builders import model_params
     from dlrecipes.registry import build_component
     from dlrecipes import registry

@@ -8,13 +8,20 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional, Protocol
 
 from dlrecipes.records.layout import RunDir
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
     from dlrecipes.records.run_lock import HeldLock
+
+
+class RunEnded(Protocol):
+    """How a training ended, as the store's end check reads it (:class:`dlrecipes.fit.outcome.TrainResult`, which
+    records may not import)."""
+
+    status: str
 
 
 @contextmanager
@@ -76,7 +83,7 @@ class TrainingRun:
     accepted: list[str] = field(default_factory=list)  # what --resume accepted as changed (check_resume)
     lock: Optional[HeldLock] = None  # rank 0's: run.lock (in a bucket, with its lease); None on the other ranks
     keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
-    stored: Callable[[Any], None] = lambda result: None  # the end's check: raises when the store lacks files
+    stored: Callable[[RunEnded], None] = lambda result: None  # the end's check: raises when the store lacks files
     addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
 
     @classmethod

@@ -17,6 +17,7 @@ from dlrecipes.records.store.mirror import uploader
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
+    from dlrecipes.records.store.interface import RunEnded
 
 
 class IncompleteUpload(UserError):
@@ -128,7 +129,7 @@ def _remove_fresh(run: Path) -> None:
             break
 
 
-def _all_uploaded(result: Any, mirror: RemoteRun) -> None:
+def _all_uploaded(result: RunEnded, mirror: RemoteRun) -> None:
     """A run that ends with files not uploaded: one line naming them, exit code 1 (a run whose lease was taken over:
     the line naming the holder)."""
     if mirror.lease is not None and mirror.lease.lost is not None:
