@@ -641,11 +641,16 @@ def test_the_default_runs_folder_and_the_gpu_comparison_are_each_written_once():
 TYPED_PACKAGES = ("dlrecipes.records", "dlrecipes.tools", "dlrecipes.config", "dlrecipes.core", "dlrecipes.runtime",
                   "dlrecipes.engine", "dlrecipes.loggers", "dlrecipes.callbacks", "dlrecipes.notebook", "dlrecipes.fit",
                   "dlrecipes.metrics", "dlrecipes.losses", "dlrecipes.registry", "dlrecipes.recipe", "dlrecipes.api",
-                  "dlrecipes.plugins")
-# Parameters that always hold one of the package's (or Composer's) own objects: a recipe (RecipeConfig), a run store
-# (RunStore, or a bucket's Backend), Composer's State, Logger and Trainer, a sweep's SweepPlan, the fork server's
-# Program.
-DOMAIN_PARAMETERS = {"config", "store", "state", "logger", "trainer", "plan", "program"}
+                  "dlrecipes.plugins", "dlrecipes.data", "dlrecipes.algorithms", "dlrecipes.optim", "dlrecipes.models",
+                  "dlrecipes.after_training", "dlrecipes.builders")
+# Parameters that always hold one of the package's (or Composer's, or torch's) own objects: a recipe (RecipeConfig), a
+# run store (RunStore, or a bucket's Backend), Composer's State, Logger and Trainer, a sweep's SweepPlan, the fork
+# server's Program; a batch (Composer's Batch, or the tensors a model takes), an Optimizer, a run (RunDir, TrainingRun,
+# ...) and its layout, lock, history and checkpoint saver, a dataset's splits (DatasetSplits) or one split (a Dataset).
+# Not here: ``model``, ``dataset`` and ``loader`` (the objects a notebook user passes, checked when given) and
+# ``data`` (also a JSON value: secrets, resume_check).
+DOMAIN_PARAMETERS = {"config", "store", "state", "logger", "trainer", "plan", "program", "batch", "optimizer", "run",
+                     "layout", "lock", "history", "saver", "splits", "split"}
 
 
 def _any_typed_domain_parameters() -> list[str]:
@@ -664,9 +669,10 @@ def _any_typed_domain_parameters() -> list[str]:
 
 
 def test_domain_parameters_are_not_annotated_any():
-    """A parameter named ``config``, ``store``, ``state``, ``logger``, ``trainer``, ``plan`` or ``program`` holds one
-    known type (a RecipeConfig, a RunStore or a bucket's Backend, Composer's State, Logger or Trainer, a SweepPlan, a
-    fork server's Program): annotated ``Any``, a reader (and a type checker) learns nothing of it, and the 286
+    """A parameter named as in :data:`DOMAIN_PARAMETERS` (``config``, ``store``, ``state``, ``logger``, ``trainer``,
+    ``plan``, ``program``, ``batch``, ``optimizer``, ``run``, ...) holds one known type (a RecipeConfig, a RunStore or
+    a bucket's Backend, Composer's State, Logger, Trainer or Batch, a SweepPlan, a fork server's Program, an
+    Optimizer, a RunDir, ...): annotated ``Any``, a reader (and a type checker) learns nothing of it, and the 286
     ``Any`` of issue 65 came back one convenient annotation at a time.  The types are imported under
     ``if TYPE_CHECKING:`` (nothing more is imported when the CLI starts) and within the layers above; where a
     module may not import the type, the parameter takes another name or a Protocol of the module's own layer."""

@@ -13,7 +13,7 @@ for FFCV), so each box is cropped once at the scheduled size. A file that is not
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -22,6 +22,9 @@ from dlrecipes.data.jpeg import (
     RATIO, TurboEval, TurboTrain, damaged_in_shard, decode, ends_whole, header_size, resized_box, unreadable,
 )
 from dlrecipes.errors import DataError
+
+if TYPE_CHECKING:
+    from composer.core import Batch
 
 
 class DecodeLater:
@@ -108,7 +111,7 @@ class DecodeOnDevice:
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: Batch) -> Batch:
         if not (isinstance(batch, (list, tuple)) and isinstance(batch[0], list)):
             return batch
         items, labels = batch
@@ -174,6 +177,6 @@ class DecodeOnDevice:
         return [images[i] for i in kept], kept
 
 
-def samples_in(batch: Any) -> int:
+def samples_in(batch: Batch) -> int:
     """Samples in a batch before or after :class:`DecodeOnDevice`."""
     return len(batch[1])

@@ -7,7 +7,7 @@ import datetime
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-from composer.core import Time, Timestamp, TimeUnit
+from composer.core import Batch, Time, Timestamp, TimeUnit
 
 if TYPE_CHECKING:
     from composer.core import DataSpec
@@ -79,7 +79,7 @@ def quick_counts(spec: DataSpec) -> None:
     spec.quick_counts = True
     default_samples = spec._default_get_num_samples_in_batch
     if spec.get_num_samples_in_batch == default_samples:
-        def samples(batch: Any) -> int:
+        def samples(batch: Batch) -> int:
             if type(batch) in (tuple, list) and len(batch) == 2:
                 x, y = batch
                 if type(x) is torch.Tensor and type(y) is torch.Tensor and x.shape[0] == y.shape[0]:
