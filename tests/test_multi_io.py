@@ -225,6 +225,7 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ("trainer.loader=device", "trainer.loader: 'device' batches single (image, label) samples; with task: use trainer.loader=torch"),
         ("algorithms.mixup={}", "algorithms.mixup: mixes batch[0] as the images and batch[1] as the labels, and a task's batch is (inputs..., targets...)"),
         ("algorithms.label_smoothing={}", "algorithms.label_smoothing: smooths batch[1] as the class labels"),
+        ("algorithms.tta={}", "algorithms.tta: averages the logits over mirrored and shifted views of batch[0] as the images"),
         ("checkpoint.monitor=top1", "checkpoint.monitor: 'top1' is not an eval metric of this task; it logs loss, label/top1, label/loss, parity/top1"),
         ("callbacks.early_stopping={}", "callbacks.early_stopping.monitor: 'top1' is not an eval metric of this task"),
         ("callbacks.early_stopping={monitor: label/loss, split: train}", "callbacks.early_stopping.monitor: 'label/loss' is not a train metric of this task"),
