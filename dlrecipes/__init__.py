@@ -10,7 +10,8 @@ component packages algorithms, callbacks, data, losses, loggers, metrics, models
 (:mod:`dlrecipes.engine`, Composer's Trainer with a step that never waits for the device). Below them core (what
 every part shares), runtime (the process around a run) and errors (one line, exit code 2); records holds what a run
 leaves on disk; tools the commands that are not stages. The interface: api (one function per command), cli (the
-Typer CLI; ``python -m dlrecipes``, __main__), notebook, and preload (what the CLI's fork server imports once).
+Typer CLI, with what its commands share in cli_args; ``python -m dlrecipes``, __main__), notebook, and preload (what
+the CLI's fork server imports once).
 
 From Python (a notebook, a script): ``dlrecipes.train``, ``evaluate``, ``predict``, ``export``, ``sweep``,
 ``runs``, ``compare``, ``plot``, ``show`` and ``resolve`` (:mod:`dlrecipes.notebook`), imported on first use:

@@ -3,147 +3,21 @@ what it returns (formatted by :mod:`dlrecipes.tools`).
 
 User errors print one message and exit with code 2; torch and Composer are imported only by the
 commands that need them.  The arguments every recipe command takes (the recipe, its ``key=value``
-overrides and ``--plugin``) are declared once, by :func:`recipe_command`.
+overrides and ``--plugin``) are declared once, by :func:`dlrecipes.cli_args.recipe_command`.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import List, Optional
 
 import typer
 
-from dlrecipes.errors import UserError, first_line, user_message
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Train image classifiers from YAML recipes on MosaicML Composer.",
-)
-
-PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
-TrustOpt = typer.Option(False, "--trust-checkpoint", help="load a checkpoint that holds Python objects beyond tensors "
-                        "(a full unpickle, which can run code): only a file you trust")
-ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
-RestartOpt = typer.Option(False, "--restart", help="train run_name again from the beginning; the old run is kept "
-                          "as <run_name>.restarted-<time>")
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-@dataclass(frozen=True)
-class RecipeArgs:
-    """What every recipe command is given: the recipe file, its overrides and the plugins to import."""
-
-    recipe: Optional[Path | str]  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
-    overrides: list[str]
-    plugins: list[str]
-
-
-def recipe_command(name: Optional[str] = None, required: bool = True, app: typer.Typer = app) -> Callable:
-    """Register a command whose first parameter receives :class:`RecipeArgs`: the recipe argument, the
-    overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
-    recipe_arg = typer.Argument(... if required else None, show_default=False, help="recipe YAML file" + (
-        " (or a run's in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml)" if required else " (or use --model)"))
-    overrides_arg = typer.Argument(None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to "
-                                   "delete", show_default=False)
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-
-    def decorate(fn: Callable) -> Callable:
-        own = list(inspect.signature(fn).parameters.values())[1:]
-        params = [inspect.Parameter("recipe", positional, default=recipe_arg,  # str: Path() would make s3:// s3:/
-                                    annotation=str if required else Optional[str]),
-                  inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
-                  *own,
-                  inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str])]
-
-        @functools.wraps(fn)
-        def command(**values: Any) -> Any:
-            recipe = values.pop("recipe")
-            recipe = recipe if recipe is None or "://" in recipe else Path(recipe)  # an address: api reads it
-            args = RecipeArgs(recipe, list(values.pop("overrides") or []), list(values.pop("plugin")))
-            return fn(args, **values)
-
-        del command.__wrapped__  # typer reads the signature below, not fn's
-        command.__signature__ = inspect.Signature(params)
-        command.__annotations__ = {**fn.__annotations__, "recipe": params[0].annotation,
-                                   "overrides": params[1].annotation, "plugin": params[-1].annotation}
-        command.__annotations__.pop("args", None)
-        return app.command(name)(command)
-
-    return decorate
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        from dlrecipes.tools.describe import version_line
-
-        typer.echo(version_line())
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                 help="print the versions of dlrecipes, Composer, torch and Python, and exit"),
-) -> None:
-    """Train image classifiers from YAML recipes on MosaicML Composer."""
-
-
-def _terminal_width(stream: Any) -> Optional[int]:
-    """The terminal's width when ``stream`` is one (lines are fitted to it), else ``None`` (lines stay whole)."""
-    import shutil
-
-    return shutil.get_terminal_size().columns if stream.isatty() else None
-
-
-MAX_MESSAGE = 1000  # characters: no error line is longer than a terminal screen
-
-
-def _fail(message: str, code: int = 2, prefix: str = "error: ", hint: str = "") -> None:
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 3] + "..."
-    typer.echo(f"{prefix}{message}", err=True)
-    if hint:  # what the key means: after the one line that says what is wrong
-        typer.echo(f"  {hint[:MAX_MESSAGE]}", err=True)
-    raise typer.Exit(code=code)
-
-
-TRACEBACK_SWITCH = "DLRECIPES_TRACEBACK"  # =1: an unexpected error keeps its traceback
-
-
-def _guarded(fn: Callable[[], Any]) -> Any:
-    """``fn()``; a user error becomes its one line and exit code, and so does any other exception (a bug, or a
-    case not foreseen), which names itself and how to see its traceback."""
-    import os
-
-    try:
-        return fn()
-    except UserError as exc:
-        _fail(user_message(exc), exc.exit_code, exc.prefix, exc.hint)  # one raised in a DataLoader worker: its own line
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:
-        if os.environ.get(TRACEBACK_SWITCH) == "1":
-            raise
-        if isinstance(exc, OSError) and exc.strerror:  # the machine said no (disk full, permissions): not a bug
-            where = f": {exc.filename}" if exc.filename else ""
-            _fail(f"{exc.strerror}{where} ({TRACEBACK_SWITCH}=1 shows where)", code=1)
-        first = first_line(exc, 300, "")
-        _fail(f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
-              f"{TRACEBACK_SWITCH}=1 shows the traceback)", code=1)
-
-
-def _assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
-    from dlrecipes.recipe import parse_assignment
-
-    return dict(_guarded(lambda: [parse_assignment(item, what) for item in items or []]))
-
+from dlrecipes.cli_args import (CheckpointOpt, JsonOpt, OverridesArg, PluginOpt, RecipeArgs, RecipeOpt, RestartOpt,
+                                ResumeOpt, RunTargetArg, TrustOpt, app, assignments, guarded, recipe_command,
+                                terminal_width)
 
 @recipe_command()
 def train(
@@ -158,9 +32,9 @@ def train(
     from dlrecipes import api
     from dlrecipes.tools.describe import trained
 
-    result = _guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
+    result = guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
                                         trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart))
-    typer.echo(trained(result, _terminal_width(sys.stderr)), err=True)
+    typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
 
 
 @recipe_command()
@@ -178,7 +52,7 @@ def launch(
     """Train on several devices/nodes, one process each, after checking the setup."""
     from dlrecipes import api
 
-    code = _guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,
+    code = guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,
                                        master_addr, master_port, resume, trust_checkpoint, restart))
     raise typer.Exit(code)
 
@@ -200,7 +74,7 @@ def sweep(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_sweep
 
-    plan, rows, code = _guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
+    plan, rows, code = guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
                                                   args.plugins, echo=typer.echo, nproc=nproc,
                                                   trust_checkpoint=trust_checkpoint))
     typer.echo(format_sweep(plan, rows))
@@ -220,7 +94,7 @@ def validate(
     from dlrecipes import api
     from dlrecipes.tools.describe import validated
 
-    config = _guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check,
+    config = guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check,
                                           check_data=data_check))
     typer.echo(validated(args.recipe, config))
 
@@ -237,16 +111,8 @@ def show(
     Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
 
-    typer.echo(_guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check,
+    typer.echo(guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check,
                                          explain=explain)))
-
-
-RunTargetArg = typer.Argument(..., help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file "
-                              "(then with --recipe)", show_default=False)
-CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
-RecipeOpt = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory")
-OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
-                              show_default=False)
 
 
 @app.command("eval")
@@ -266,9 +132,9 @@ def evaluate(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_eval
 
-    result = _guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
+    result = guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
                                            trust_checkpoint))
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result, _terminal_width(sys.stdout)))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result, terminal_width(sys.stdout)))
 
 
 @app.command("export")
@@ -286,7 +152,7 @@ def export(
     preprocess.json and classes.json."""
     from dlrecipes import api
 
-    report = _guarded(lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin,
+    report = guarded(lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin,
                                          trust_checkpoint))
     typer.echo(report["out_dir"])
     if report.get("uploaded_to"):
@@ -312,13 +178,13 @@ def predict(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_predictions
 
-    rows = _guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
+    rows = guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
                                         trust_checkpoint))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         typer.echo(rows.counted(), err=True)
     else:
-        typer.echo(format_predictions(rows, out, _terminal_width(sys.stdout)))
+        typer.echo(format_predictions(rows, out, terminal_width(sys.stdout)))
 
 
 @app.command("runs")
@@ -331,7 +197,7 @@ def list_runs(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_runs
 
-    rows = _guarded(lambda: api.runs(runs_dir, last))
+    rows = guarded(lambda: api.runs(runs_dir, last))
     typer.echo(json.dumps(rows, indent=2) if as_json else format_runs(rows))
     damaged = [message for row in rows for message in row["damaged"]]
     for message in damaged:
@@ -350,8 +216,8 @@ def list_registry(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_entry, format_registry
 
-    for reg in _guarded(lambda: api.registries(group, plugin)):
-        typer.echo(_guarded(lambda: format_entry(reg, name)) if name else format_registry(reg))
+    for reg in guarded(lambda: api.registries(group, plugin)):
+        typer.echo(guarded(lambda: format_entry(reg, name)) if name else format_registry(reg))
 
 
 @recipe_command(required=False)
@@ -370,9 +236,9 @@ def profile(
     from dlrecipes import api
     from dlrecipes.tools.model_cost import format_table, parse_input_size
 
-    params = _assignments(param, "--param")
-    size = _guarded(lambda: parse_input_size(input_size))
-    result = _guarded(lambda: api.profile(args.recipe, args.overrides, args.plugins, model, params, size, batch,
+    params = assignments(param, "--param")
+    size = guarded(lambda: parse_input_size(input_size))
+    result = guarded(lambda: api.profile(args.recipe, args.overrides, args.plugins, model, params, size, batch,
                                           device, warmup, repeats))
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result, result["model"]))
 
@@ -389,7 +255,7 @@ def bench(
     from dlrecipes import api
     from dlrecipes.tools.bench import format_bench
 
-    result = _guarded(lambda: api.bench(args.recipe, args.overrides, args.plugins, steps, rounds, warmup))
+    result = guarded(lambda: api.bench(args.recipe, args.overrides, args.plugins, steps, rounds, warmup))
     typer.echo(json.dumps(result, indent=2) if as_json else format_bench(result))
 
 
@@ -398,7 +264,7 @@ def plot(run_dir: str = typer.Argument(..., help="a run directory (runs/<run_nam
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
     from dlrecipes import api
 
-    for path in _guarded(lambda: api.plot(run_dir)):
+    for path in guarded(lambda: api.plot(run_dir)):
         typer.echo(str(path))
 
 
@@ -414,7 +280,7 @@ def compare(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_comparison
 
-    summaries, plot_path = _guarded(lambda: api.compare(run_dirs or [], out, last, runs_dir))
+    summaries, plot_path = guarded(lambda: api.compare(run_dirs or [], out, last, runs_dir))
     typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 
@@ -449,8 +315,8 @@ def data_convert(
     from dlrecipes.tools.data_convert import convert_options
 
     given = [name for name in ctx.params if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-    options = _guarded(lambda: convert_options(format, ctx.params, given))
-    _guarded(lambda: api.convert_dataset(dataset, _assignments(params, "dataset parameter"), out, options, plugin,
+    options = guarded(lambda: convert_options(format, ctx.params, given))
+    guarded(lambda: api.convert_dataset(dataset, assignments(params, "dataset parameter"), out, options, plugin,
                                          echo=lambda m: typer.echo(m, err=True), format=format))
 
 
@@ -463,7 +329,7 @@ def data_inspect(
     from dlrecipes import api
     from dlrecipes.tools.data_convert import format_beton
 
-    info = _guarded(lambda: api.inspect_beton(path))
+    info = guarded(lambda: api.inspect_beton(path))
     typer.echo(json.dumps(info, indent=2) if as_json else format_beton(info))
 
 
@@ -479,7 +345,7 @@ def wheelhouse(
     from dlrecipes import api
     from dlrecipes.tools.wheelhouse import format_wheelhouse
 
-    typer.echo(format_wheelhouse(_guarded(lambda: api.wheelhouse(out, python_version, extra))))
+    typer.echo(format_wheelhouse(guarded(lambda: api.wheelhouse(out, python_version, extra))))
 
 
 def main(argv: Optional[list[str]] = None) -> None:

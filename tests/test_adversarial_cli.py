@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from .conftest import TINY_RECIPE, run_cli
-from dlrecipes.cli import MAX_MESSAGE, app
+from dlrecipes.cli import app
+from dlrecipes.cli_args import MAX_MESSAGE
 
 pytestmark = pytest.mark.slow  # the module trains one tiny run (about 3 s)
 
