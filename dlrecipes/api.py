@@ -27,7 +27,8 @@ from dlrecipes.runtime import process_state
 from dlrecipes.runtime.fork_server import Program
 
 if TYPE_CHECKING:
-    from dlrecipes.records.store import RunStore
+    from dlrecipes.records.store import RunOptions, RunStore
+    from dlrecipes.tools.launch import RankPlan
 
 
 def in_fork(args: list[str]) -> None:
@@ -298,21 +299,51 @@ def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[
            resume: bool = False, trust_checkpoint: bool = False, restart: bool = False) -> int:
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``), one process each with the
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
-    from dlrecipes.config.checks import check_train_options
-    from dlrecipes.config.device_checks import check_launch
-    from dlrecipes.tools.launch import gloo_environment, plan_ranks, run_ranks
+    from dlrecipes.records.store import RunOptions
+    from dlrecipes.tools.launch import plan_ranks
 
     extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
              *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
     overrides = override_strings(overrides)
-    ranks = plan_ranks(str(recipe), overrides, nproc, nodes, node_rank, master_addr, master_port, tuple(extra))
+    ranks = plan_ranks(("train", str(recipe), *overrides, *extra), nproc, nodes, node_rank, master_addr, master_port)
     config = validate(load(recipe, overrides, plugins))
-    check_train_options(config, resume, restart)  # as every rank's fit would: once, before any process starts
-    check_launch(config, nproc, nproc * nodes)
+    return _launched(config, RunOptions(resume=resume, restart=restart, trust=trust_checkpoint), ranks)
+
+
+def _launched(config: RecipeConfig, options: RunOptions, ranks: RankPlan) -> int:
+    """Start ``ranks`` (each trains ``config``) once what each rank's fit would refuse has been checked here, before
+    any process starts; returns the job's exit code."""
+    from dlrecipes.config.checks import check_train_options
+    from dlrecipes.config.device_checks import check_launch
+    from dlrecipes.tools.launch import gloo_environment, run_ranks
+
+    check_train_options(config, options.resume, options.restart)  # as every rank's fit would: once, here
+    check_launch(config, ranks.nproc, ranks.world_size)
     store = _opened_store(config)  # a bucket, asked once here: one line before any process starts
-    if resume and config.run_name:  # before any process starts: a typo starts no new run
-        store.check_resumable(config.run_name, first_node=node_rank == 0)
-    return run_ranks(ranks, gloo_environment(master_addr, master_port, nproc * nodes))
+    if options.resume and config.run_name:  # a typo starts no new run
+        store.check_resumable(config.run_name, first_node=ranks.node_rank == 0)
+    return run_ranks(ranks, gloo_environment(ranks.master_addr, ranks.master_port, ranks.world_size))
+
+
+def train_request(request: str | Path, nproc: int = 1):
+    """Train the run a request file hands this process (:class:`dlrecipes.records.request.RunRequest`; a sweep
+    writes one for each training it starts): its recipe as the requesting process loaded it, validated here, not
+    read or overridden again, trained with the request's options; the run records the train line the request
+    stands for. ``nproc`` 1: in this process, returning a :class:`dlrecipes.fit.TrainResult`; more: on ``nproc``
+    devices of this node, one process each opening the same request (as :func:`launch`), returning the job's exit
+    code."""
+    from dlrecipes.records.provenance import invoked as recorded
+    from dlrecipes.records.request import RunRequest
+    from dlrecipes.tools.launch import plan_ranks
+
+    given = RunRequest.read(request)
+    options = given.options
+    if nproc > 1:
+        ranks = plan_ranks(("train-request", str(Path(request).resolve())), nproc)
+        return _launched(given.config(), options, ranks)
+    with recorded(given.command):
+        return train(None, (), given.plugins, resume=options.resume, config=given.config(),
+                     trust_checkpoint=options.trust, verbose=options.verbose, restart=options.restart)
 
 
 def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),

@@ -37,6 +37,21 @@ def train(
     typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
 
 
+@app.command("train-request", hidden=True)
+def train_request(
+    request: Path = typer.Argument(..., help="a run request file, as a sweep writes one for each training"),
+    nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) on this node, as launch's"),
+) -> None:
+    """Train the run a request file hands over (a sweep's point): its recipe as loaded by the process that wrote it."""
+    from dlrecipes import api
+    from dlrecipes.tools.describe import trained
+
+    result = guarded(lambda: api.train_request(request, nproc))
+    if isinstance(result, int):  # the exit code of launch's processes
+        raise typer.Exit(result)
+    typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
+
+
 @recipe_command()
 def launch(
     args: RecipeArgs,

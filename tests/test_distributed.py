@@ -261,7 +261,7 @@ def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
 )
 def test_launch_refuses_bad_combinations(kwargs, message):
     with pytest.raises(UserError, match=message):
-        plan_ranks("r.yaml", [], **kwargs)
+        plan_ranks(("train", "r.yaml"), **kwargs)
 
 
 def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_path, monkeypatch):
@@ -271,7 +271,7 @@ def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_pat
 
     from composer.cli import launcher
 
-    plan = plan_ranks("r.yaml", ["a=1"], nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
+    plan = plan_ranks(("train", "r.yaml", "a=1"), nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
     started = []
 
     class Recorded:
@@ -292,9 +292,9 @@ def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_pat
         assert cmd == [sys.executable, "-m", "dlrecipes", *plan.command]
         assert {k: ours[k] for k in keys} == {k: env[k] for k in keys} and ours["PATH"] == "/bin"
     assert [env["RANK"] for _, env in started] == ["4", "5", "6", "7"]
-    one_node = plan_ranks("r.yaml", [], nproc=2).resolved({})  # Composer's single-node defaults
+    one_node = plan_ranks(("train", "r.yaml"), nproc=2).resolved({})  # Composer's single-node defaults
     assert one_node.master_addr == "127.0.0.1" and 1024 <= one_node.master_port <= 65535
-    assert plan_ranks("r.yaml", [], nproc=2).resolved({"MASTER_PORT": "29999"}).master_port == 29999
+    assert plan_ranks(("train", "r.yaml"), nproc=2).resolved({"MASTER_PORT": "29999"}).master_port == 29999
     bad = run_cli("launch", str(tiny_recipe), "-n", "3")
     assert bad.returncode == 2 and "does not divide evenly over 3 processes" in bad.stderr
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dlrecipes.errors import RecipeError
 from dlrecipes.tools.sweep import plan_sweep, point_name, split_values
@@ -91,6 +93,11 @@ def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
         best = json.loads((folder / name / "checkpoints" / "best.json").read_text())["value"]
         assert float(row["best"]) == pytest.approx(best) and row["status"] == "done"
     assert "| optimizer.lr | model.width | best top1 | final top1 |" in (folder / "summary.md").read_text()
+    for name in names:  # each point handed its run (no overrides parsed again): it records the line its log shows
+        logged = (folder / "logs" / f"{name}.log").read_text().splitlines()[0].removeprefix("$ ")
+        made = json.loads((folder / name / "summary.json").read_text())["provenance"]
+        assert made["command"] == logged and shlex.split(logged)[:3] == ["dlrecipes", "train", str(tiny_recipe)]
+        assert f"run_name={name}" in shlex.split(logged) and made["recipe_file"] == str(tiny_recipe.resolve())
     assert (folder / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads(json.dumps(__import__("yaml").safe_load((folder / "sweep.yaml").read_text())))["swept"] == {
         "optimizer.lr": [0.01, 0.1], "model.width": [4, 8]}
@@ -99,6 +106,37 @@ def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
     assert _table(folder) == rows
     compared = run_cli("compare", *(str(folder / n) for n in names))
     assert "model.width" in compared.stdout and "optimizer.lr" in compared.stdout  # the settings that differ
+
+
+@pytest.mark.slow
+def test_a_run_request_trains_what_its_writer_loaded_and_records_its_train_line(tiny_recipe, tmp_path):
+    """What a sweep hands each point: the recipe as the sweep loaded it, its overrides applied and the point's store
+    and name set. ``train-request`` trains it with the recipe file gone (nothing is read or parsed again) and the
+    run records the train line it stands for; the file is its owner's alone; a missing or foreign one is a line."""
+    from dlrecipes.config.resolving import load_local
+    from dlrecipes.records.request import RunRequest
+    from dlrecipes.records.store import RunOptions
+
+    overrides, runs = ["trainer.max_duration=1ep", "optimizer.lr=0.05"], tmp_path / "elsewhere"
+    given = {"runs_dir": str(runs), "run_name": "handed", "trainer": {"progress_bar": False}}
+    request = RunRequest.of(load_local(tiny_recipe, overrides), overrides, [], RunOptions(), given, "a test")
+    path = request.write(tmp_path, "handed")
+    assert path.stat().st_mode & 0o777 == 0o600 and RunRequest.read(path) == request
+    assert request.command == shlex.join(["dlrecipes", "train", str(tiny_recipe), *overrides, f"runs_dir={runs}",
+                                          "run_name=handed", "trainer.progress_bar=false"])
+    recipe_text = tiny_recipe.read_text()
+    tiny_recipe.unlink()
+    result = run_cli("train-request", str(path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((runs / "handed" / "summary.json").read_text())
+    assert summary["provenance"]["command"] == request.command and summary["status"] == "finished"
+    recorded = yaml.safe_load((runs / "handed" / "recipe.yaml").read_text())
+    assert (recorded["optimizer"]["lr"], recorded["run_name"], recorded["runs_dir"]) == (0.05, "handed", str(runs))
+    foreign = tmp_path / "tiny.yaml"
+    foreign.write_text(recipe_text)
+    for bad, said in ((tmp_path / "missing.yaml", "cannot read the run request"), (foreign, "not a run request")):
+        refused = run_cli("train-request", str(bad))
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
 
 
 @pytest.mark.slow

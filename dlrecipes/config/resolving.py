@@ -1,8 +1,8 @@
 """A recipe file on this machine read and checked as the trainer will see it: :func:`load_local` (bases and
-overrides applied, every plugin it names imported), :func:`resolve_local` (then validated), and
-:func:`resolve_recorded` (a run's recorded recipe with a command's overrides, an error of the file itself naming
-the file). The interface (:mod:`dlrecipes.api`) adds what a recipe in a bucket needs; the stage after training
-reads runs' recipes through these."""
+overrides applied, every plugin it names imported: :func:`import_plugins`), :func:`resolve_local` (then
+validated), and :func:`resolve_recorded` (a run's recorded recipe with a command's overrides, an error of the file
+itself naming the file). The interface (:mod:`dlrecipes.api`) adds what a recipe in a bucket needs; the stage
+after training reads runs' recipes through these."""
 
 from __future__ import annotations
 
@@ -22,11 +22,16 @@ def load_local(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] 
     :func:`dlrecipes.recipe.load_recipe`) with its bases and overrides applied, and every plugin it needs imported
     (its ``imports:`` and ``plugins``)."""
     loaded = load_recipe(recipe, overrides, root)
+    import_plugins(loaded, plugins)
+    return loaded
+
+
+def import_plugins(loaded: LoadedRecipe, plugins: Sequence[str] = ()) -> None:
+    """Import every plugin ``loaded`` needs: its ``imports:`` (found from its folder) and ``plugins``."""
     imports = loaded.data.get("imports", [])
     if not (isinstance(imports, list) and all(isinstance(i, str) for i in imports)):
         raise RecipeError(f"imports: expected a list of module names or .py paths, got {shown(imports)}")
     load_all(imports=imports, plugins=plugins, recipe_dir=loaded.path.resolve().parent)
-    return loaded
 
 
 def resolve_local(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = ()) -> RecipeConfig:
@@ -53,4 +58,4 @@ def resolve_recorded(recipe: str | Path, overrides: Sequence[str], plugins: Sequ
         raise
 
 
-__all__ = ["load_local", "resolve_local", "resolve_recorded"]
+__all__ = ["import_plugins", "load_local", "resolve_local", "resolve_recorded"]

@@ -53,9 +53,11 @@ class RankPlan:
 
 
 def plan_ranks(
-    recipe: str, overrides: list[str], nproc: int, nodes: int = 1, node_rank: int = 0,
-    master_addr: Optional[str] = None, master_port: Optional[int] = None, extra: tuple[str, ...] = (),
+    command: tuple[str, ...], nproc: int, nodes: int = 1, node_rank: int = 0,
+    master_addr: Optional[str] = None, master_port: Optional[int] = None,
 ) -> RankPlan:
+    """Each rank of this node runs ``python -m dlrecipes COMMAND...`` (``("train", RECIPE, *overrides)``, or
+    ``("train-request", FILE)``); the launcher's options checked, one line each."""
     if nproc < 1:
         raise UserError(f"-n/--nproc: at least 1 process per node, got {nproc}")
     if nodes < 1:
@@ -66,7 +68,7 @@ def plan_ranks(
         raise UserError("--master-addr and --master-port: required with --nodes > 1 (node 0's address and a free port)")
     if master_port is not None and not 1024 <= master_port <= 65535:
         raise UserError(f"--master-port: expected 1024..65535, got {master_port}")
-    return RankPlan(("train", recipe, *overrides, *extra), nproc, nproc * nodes, node_rank, master_addr, master_port)
+    return RankPlan(tuple(command), nproc, nproc * nodes, node_rank, master_addr, master_port)
 
 
 def _free_port() -> int:

@@ -58,6 +58,7 @@ class SweepPlan:
     mode: str = "max"
     trains_into: Optional[str] = None  # the points' runs_dir: ``folder``, or a bucket's s3://.../<name>
     after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
+    requests: Optional[Path] = None  # where each training's run request is written for it (private, temporary)
 
     def record(self) -> dict[str, Any]:
         """What sweep.yaml records (secrets redacted, as in a run's recipe.yaml; compared redacted alike)."""

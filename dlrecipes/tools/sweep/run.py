@@ -1,8 +1,10 @@
 """Running a sweep: its trainings, ``--parallel`` at a time, and the Optuna search that picks the next point.
 
-Each point trains as its own ``dlrecipes train`` (or, with ``--nproc``, ``dlrecipes launch``) under
-``runs/<sweep name>/<point name>/``; on a CPU the trainings are forked from a process that imported torch and
-Composer once (:mod:`dlrecipes.runtime.fork_server`).  Running the same sweep again skips finished points, resumes
+Each point trains as its own process (or, with ``--nproc``, processes, as ``dlrecipes launch`` starts them) under
+``runs/<sweep name>/<point name>/``, handed its run as a :class:`~dlrecipes.records.request.RunRequest` (the recipe
+with the point's overrides as the sweep loaded it; its log names the ``dlrecipes train`` line it stands for); on a
+CPU the trainings are forked from a process that imported torch and Composer once
+(:mod:`dlrecipes.runtime.fork_server`).  Running the same sweep again skips finished points, resumes
 stopped or killed ones from their checkpoints and reruns failed or diverged ones.  Ctrl-C, SIGTERM or SIGHUP (a
 closed terminal) stops the running trainings as training always stops (a checkpoint, exit 75) and then the
 sweep (exit 75).  Each training's outcome is recorded as it ends, and at the end the table is written
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 import yaml
@@ -27,6 +32,7 @@ from dlrecipes.core.devices import visible_gpus
 from dlrecipes.runtime.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
+from dlrecipes.records.request import RunRequest
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
 from dlrecipes.tools.sweep.report import (LOG_DIR, best_value, finished_line, forget_outcome, history_rows, log_path,
                                           point_run, record_outcome, summarize, unfinished, write_summary)
@@ -90,6 +96,7 @@ def run_sweep(plan: SweepPlan, program: Program, parallel: int = 1, echo: Callab
     stop = {"signal": 0, "count": 0}
     previous = _catch_signals(stop) if _main_thread() else {}
     running: list[_Slot] = []
+    plan.requests = Path(tempfile.mkdtemp(prefix="dlrecipes-sweep-"))  # the run requests: private, gone at the end
     try:
         _train(plan, source, running, parallel, stop, echo, program)
         if stop["signal"]:
@@ -101,6 +108,7 @@ def run_sweep(plan: SweepPlan, program: Program, parallel: int = 1, echo: Callab
         for slot in running:
             slot.process.wait()
             slot.log.close()
+        shutil.rmtree(plan.requests, ignore_errors=True)
     if plan.search == "optuna":  # sweep.yaml lists the trials run so far
         (plan.folder / SWEEP_FILE).write_text(yaml.safe_dump(plan.record(), sort_keys=False))
     rows = summarize(plan)
@@ -325,15 +333,14 @@ def get_ready(nproc: int, program: Program) -> None:
 
 
 def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, program: Program) -> _Slot:
-    assert plan.folder is not None
-    how = ["train"] if plan.nproc == 1 else ["launch", "-n", str(plan.nproc)]
-    command = [sys.executable, "-m", "dlrecipes", *how, str(plan.recipe), *plan.fixed, *point.overrides,
-               f"runs_dir={plan.trains_into}", f"run_name={point.name}", "trainer.progress_bar=false",
-               *(["--resume"] if action == "resume" else []), *(["--trust-checkpoint"] if plan.trust_checkpoint else []),
-               *(a for p in plan.plugins for a in ("--plugin", p))]
+    assert plan.folder is not None and plan.requests is not None
+    request = _request(plan, point, action)
+    command = [sys.executable, "-m", "dlrecipes", "train-request", str(request.write(plan.requests, point.name)),
+               *(["-n", str(plan.nproc)] if plan.nproc > 1 else [])]
     forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
     log = open(log_path(plan.folder, point.name), "a")
-    log.write(f"$ {' '.join(command)}\n")
+    line = request.command.replace("dlrecipes train ", f"dlrecipes launch -n {plan.nproc} ", 1)
+    log.write(f"$ {request.command if plan.nproc == 1 else line}\n")
     log.flush()
     # its own session: a Ctrl-C reaches the sweep, which passes it on once (a second one would interrupt at once)
     env = _child_env(parallel, index, plan.nproc)
@@ -345,6 +352,19 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     else:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log, index)
+
+
+def _request(plan: SweepPlan, point: Point, action: str) -> RunRequest:
+    """The point's run, handed to its training: the recipe with the sweep's fixed and the point's overrides, trained
+    in the sweep's folder (where its store says: ``trains_into``) under the point's name, with no progress bar."""
+    from dlrecipes.config.resolving import load_local
+    from dlrecipes.records.store import RunOptions
+
+    overrides = [*plan.fixed, *point.overrides]
+    loaded = load_local(plan.recipe, overrides, plan.plugins)
+    options = RunOptions(resume=action == "resume", trust=plan.trust_checkpoint)
+    given = {"runs_dir": plan.trains_into, "run_name": point.name, "trainer": {"progress_bar": False}}
+    return RunRequest.of(loaded, overrides, plan.plugins, options, given, f"sweep {plan.name}")
 
 
 __all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep"]
