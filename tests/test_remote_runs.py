@@ -503,11 +503,11 @@ def test_each_command_asks_the_bucket_once(s3, in_bucket, tiny_recipe, tmp_path,
     """The run store is made once per command and asks the bucket when first used: a training (new or resumed)
     asks once, a comparison of two runs in one bucket asks once, each command after training once."""
     from dlrecipes import api
-    from dlrecipes.records.store import bucket
+    from dlrecipes.records.store import access
 
     asked: list[str] = []
-    ask = bucket._ask_s3
-    monkeypatch.setattr(bucket, "_ask_s3", lambda root, key_path: (asked.append(str(root)), ask(root, key_path)))
+    ask = access._ask_s3
+    monkeypatch.setattr(access, "_ask_s3", lambda root, key_path: (asked.append(str(root)), ask(root, key_path)))
     one_batch = ["runs_dir=s3://runs/once", "trainer.max_duration=1ba", "trainer.eval_interval=1ba"]
     for name in ("a", "b"):
         api.train(tiny_recipe, [*one_batch, f"run_name={name}"])

@@ -6,9 +6,11 @@ Modules:
 - :mod:`.augment_keys`: the batch augmentations' recipe keys, checked without numpy or torch
 - :mod:`.augment_policy`: RandAugment, TrivialAugment, AugMix, color jitter: each batch's plan
 - :mod:`.batch_augment`: BatchAugmentation: strong augmentation of whole batches on the device
+- :mod:`.batch_factories`: the batch augmentations' factories, which registered.py adds by name
 - :mod:`.batch_ops`: image ops on whole uint8 batches, one parameter per sample
 - :mod:`.distillation`: knowledge distillation toward a frozen teacher
-- :mod:`.factories`: the label-mixing algorithms' and TTA's factories, which registered.py adds by name
+- :mod:`.factories`: dlrecipes' own algorithms' factories (label mixing, TTA, distillation, QAT, ...), which
+  registered.py adds by name
 - :mod:`.finetune`: finetune: the head, its learning rate, a frozen backbone at first
 - :mod:`.gradient_checkpointing`: checkpointed blocks: memory for compute
 - :mod:`.layer_freezing`: Composer's layer freezing, its checkpoints writable after a freeze

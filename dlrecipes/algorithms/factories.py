@@ -1,12 +1,15 @@
-"""Factories of the label-mixing algorithms and of test-time augmentation, which :mod:`.registered` adds by name
-(``algorithms.add``, beside the rest): light, as validation imports them; each implementation loads when a recipe
-uses it."""
+"""Factories of dlrecipes' own algorithms (the batch augmentations' are in :mod:`.batch_factories`): the label
+mixing (Composer's MixUp and CutMix without read-backs, timm's switching between them), test-time augmentation,
+layer-wise lr decay, gradient checkpointing, distillation and quantization-aware training, which :mod:`.registered`
+adds by name (``algorithms.add``, beside the rest): light, as validation imports them; each implementation loads
+when a recipe uses it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Optional, Union
 
-from dlrecipes.core.ranges import Positive, Probability, Range
+from dlrecipes.core.durations import Duration
+from dlrecipes.core.ranges import AtLeastOne, Positive, Probability, Range
 
 Share = Annotated[float, Range(0, 1)]  # a probability that may be 1
 
@@ -75,3 +78,61 @@ def tta(level: Literal[0, 1, 2] = 2, pad: Literal[1, 2] = 1):
     from dlrecipes.algorithms.tta import TestTimeAugmentation
 
     return TestTimeAugmentation(level=level, pad=pad)
+
+
+def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
+    """Smaller learning rates nearer the input: block d of D trains at lr * decay ** (D - 1 - d).
+
+    Args:
+        decay: the factor the rate shrinks by per block toward the input, in (0, 1]; 1: no decay.
+        block_depth: how many leading parts of a parameter's name make its block (2: layer1.0.conv1.weight: layer1.0).
+    """
+    from dlrecipes.algorithms.layerwise_lr_decay import LayerwiseLRDecay
+
+    return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
+
+
+def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
+    """Recompute the activations of residual blocks in backward instead of storing them (memory for compute).
+
+    Args:
+        targets: class names of the modules checkpointed; null: residual blocks (BasicBlock, Bottleneck, PreActBlock).
+        every: checkpoint every this-many-th of them, from the first (1: all; 2: every other one).
+    """
+    from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
+
+    return GradientCheckpointing(targets=targets, every=every)
+
+
+def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.0,
+                 alpha: Annotated[float, Range(0, 1)] = 0.5, kind: Literal["soft", "hard"] = "soft",
+                 teacher_sha256: Optional[str] = None):
+    """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015).
+
+    Args:
+        teacher: a run directory (best checkpoint), a run's checkpoint, or a model spec {name: ..., checkpoint: FILE}.
+        temperature: 'soft' divides both networks' logits by it (higher: softer) and multiplies the term by its square.
+        alpha: the teacher's weight: loss = (1 - alpha) * label loss + alpha * distillation loss.
+        kind: 'soft': KL divergence from the teacher's tempered probabilities; 'hard': cross-entropy on its top class.
+        teacher_sha256: the teacher file's SHA-256, recorded at validation; a given one pins it (checked at the start).
+    """
+    from dlrecipes.algorithms.distillation import Distillation
+
+    return Distillation(teacher, temperature=temperature, alpha=alpha, kind=kind, teacher_sha256=teacher_sha256)
+
+
+def qat(layout=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
+        freeze_bn: Optional[Duration] = None, freeze_observers: Optional[Duration] = None, export: bool = True):
+    """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.
+
+    Args:
+        start: when training switches to fake quantization ('0.5dur': halfway, '10ep', '500ba'), before the end.
+        backend: the int8 kernels aimed at, which also run the export: 'x86' or 'fbgemm' (x86 CPUs), 'qnnpack' (ARM).
+        freeze_bn: when the fused batch norms stop updating their running statistics, at or after start; null: never.
+        freeze_observers: when the quantization ranges (scale, zero point) stop moving, at or after start; null: never.
+        export: at the end, write the int8 TorchScript model and its accuracy report to the run's exports/.
+    """
+    from dlrecipes.algorithms.qat import QAT
+
+    export_dir = layout.exports if export and layout is not None else None
+    return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)

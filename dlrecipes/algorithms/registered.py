@@ -2,23 +2,25 @@
 
 Composer's own first: one small factory each, whose parameters mirror the Composer class's constructor (a test
 compares them) minus the batch-key plumbing, so recipes are checked without importing Composer.  Then dlrecipes'
-own, registered as a user's plugin registers its own; their implementations sit beside this file and load only
-when a recipe uses them (:mod:`.finetune` holds the frozen-backbone algorithm of ``finetune:``); what the
-factories check at validation is in :mod:`.support`.
+own, added by name with what is known of each (their factories in :mod:`.factories` and :mod:`.batch_factories`);
+their implementations sit beside this file and load only when a recipe uses them (:mod:`.finetune` holds the
+frozen-backbone algorithm of ``finetune:``); what the factories check at validation is in :mod:`.support`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from dlrecipes.algorithms.factories import cutmix, mixup, mixup_cutmix, tta
-from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, default_fill, one_policy, policy_or_keys
-from dlrecipes.algorithms.support import (batch_augmix_policy, batch_randaugment_policy, check_qat_times,
-                                          ghost_batch_fits, jitter_ranges, needs_bottleneck_resnet,
+from dlrecipes.algorithms.batch_factories import (batch_augmix, batch_color_jitter, batch_randaugment,
+                                                  batch_random_erasing, batch_trivialaugment)
+from dlrecipes.algorithms.factories import (cutmix, distillation, gradient_checkpointing, layerwise_lr_decay, mixup,
+                                            mixup_cutmix, qat, tta)
+from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, one_policy, policy_or_keys
+from dlrecipes.algorithms.support import (check_qat_times, ghost_batch_fits, needs_bottleneck_resnet,
                                           needs_pil_dataset, needs_pixels, qat_fits_the_run)
 from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
 from dlrecipes.core.durations import Duration
-from dlrecipes.core.ranges import AtLeastOne, Fraction, NonNegative, Positive, Probability, Range
+from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
 from dlrecipes.registry import algorithms
 
 
@@ -305,167 +307,25 @@ def weight_standardization(n_last_layers_ignore: int = 0):
     return WeightStandardization(n_last_layers_ignore=n_last_layers_ignore)
 
 
-@algorithms.register("layerwise_lr_decay")
-def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
-    """Smaller learning rates nearer the input: block d of D trains at lr * decay ** (D - 1 - d).
+# dlrecipes' own, their factories in .factories
+algorithms.add("layerwise_lr_decay", layerwise_lr_decay)
+algorithms.add("gradient_checkpointing", gradient_checkpointing, changes_network=True)
+algorithms.add("distillation", distillation, validator=check_distillation_params, requires=teacher_fits_the_run,
+               paths=("teacher",), image_label_batch=(
+                   "runs the teacher on batch[0] as the images and blends its loss with the labels' loss"))
+algorithms.add("qat", qat, requires=qat_fits_the_run, validator=check_qat_times, changes_network=True,
+               conflicts_with={"ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
+                               "swa": "SWA averages a copy of the network made before the QAT switch"})
 
-    Args:
-        decay: the factor the rate shrinks by per block toward the input, in (0, 1]; 1: no decay.
-        block_depth: how many leading parts of a parameter's name make its block (2: layer1.0.conv1.weight: layer1.0).
-    """
-    from dlrecipes.algorithms.layerwise_lr_decay import LayerwiseLRDecay
-
-    return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
-
-
-@algorithms.register("gradient_checkpointing", changes_network=True)
-def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
-    """Recompute the activations of residual blocks in backward instead of storing them (memory for compute).
-
-    Args:
-        targets: class names of the modules checkpointed; null: residual blocks (BasicBlock, Bottleneck, PreActBlock).
-        every: checkpoint every this-many-th of them, from the first (1: all; 2: every other one).
-    """
-    from dlrecipes.algorithms.gradient_checkpointing import GradientCheckpointing
-
-    return GradientCheckpointing(targets=targets, every=every)
-
-
-@algorithms.register("distillation", validator=check_distillation_params, requires=teacher_fits_the_run,
-                     paths=("teacher",), image_label_batch=(
-                         "runs the teacher on batch[0] as the images and blends its loss with the labels' loss"))
-def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.0,
-                 alpha: Annotated[float, Range(0, 1)] = 0.5, kind: Literal["soft", "hard"] = "soft",
-                 teacher_sha256: Optional[str] = None):
-    """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015).
-
-    Args:
-        teacher: a run directory (best checkpoint), a run's checkpoint, or a model spec {name: ..., checkpoint: FILE}.
-        temperature: 'soft' divides both networks' logits by it (higher: softer) and multiplies the term by its square.
-        alpha: the teacher's weight: loss = (1 - alpha) * label loss + alpha * distillation loss.
-        kind: 'soft': KL divergence from the teacher's tempered probabilities; 'hard': cross-entropy on its top class.
-        teacher_sha256: the teacher file's SHA-256, recorded at validation; a given one pins it (checked at the start).
-    """
-    from dlrecipes.algorithms.distillation import Distillation
-
-    return Distillation(teacher, temperature=temperature, alpha=alpha, kind=kind, teacher_sha256=teacher_sha256)
-
-
-@algorithms.register("qat", requires=qat_fits_the_run, validator=check_qat_times, changes_network=True,
-                     conflicts_with={"ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
-                                     "swa": "SWA averages a copy of the network made before the QAT switch"})
-def qat(layout=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
-        freeze_bn: Optional[Duration] = None, freeze_observers: Optional[Duration] = None, export: bool = True):
-    """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.
-
-    Args:
-        start: when training switches to fake quantization ('0.5dur': halfway, '10ep', '500ba'), before the end.
-        backend: the int8 kernels aimed at, which also run the export: 'x86' or 'fbgemm' (x86 CPUs), 'qnnpack' (ARM).
-        freeze_bn: when the fused batch norms stop updating their running statistics, at or after start; null: never.
-        freeze_observers: when the quantization ranges (scale, zero point) stop moving, at or after start; null: never.
-        export: at the end, write the int8 TorchScript model and its accuracy report to the run's exports/.
-    """
-    from dlrecipes.algorithms.qat import QAT
-
-    export_dir = layout.exports if export and layout is not None else None
-    return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)
-
-
-# --- strong augmentation of whole batches on the training device (dlrecipes/algorithms/batch_augment.py) ---
-
-@algorithms.register("batch_randaugment", conflicts_with=one_policy("batch_randaugment"),
-                     image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=needs_pixels)
-def batch_randaugment(policy: Optional[str] = None, num_ops: AtLeastOne = 2, magnitude: NonNegative = 9,
-                      num_magnitude_bins: AtLeastOne = 31, magnitude_std: NonNegative = 0.0,
-                      p: Annotated[float, Range(0, 1)] = 1.0, ops: Literal["torchvision", "timm"] = "torchvision",
-                      fill: Optional[list[float]] = None):
-    """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1.
-
-    Args:
-        policy: a timm string ('rand-m9-mstd0.5-inc1') in place of the keys below but fill; null: the keys.
-        num_ops: how many ops, each drawn at random, are applied one after another to each image.
-        magnitude: the ops' strength, 0 to num_magnitude_bins - 1 (9 of 31 bins: 30% of each op's largest).
-        num_magnitude_bins: how many steps the magnitude scale has (31: magnitude 30 is each op's largest).
-        magnitude_std: the spread of Gaussian noise on magnitude, per image and op; 0: none; .inf: uniform up to it.
-        p: the probability that each of the num_ops ops is applied to an image (1: always).
-        ops: 'torchvision' (its RandAugment's ops and magnitudes) or 'timm' (timm's, with Invert and SolarizeAdd).
-        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (timm ops: ImageNet mean).
-    """
-    from dlrecipes.algorithms.batch_augment import BatchAugmentation
-
-    return BatchAugmentation("batch_randaugment", batch_randaugment_policy(
-        policy, num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, fill))
-
-
-@algorithms.register("batch_trivialaugment", conflicts_with=one_policy("batch_trivialaugment"),
-                     image_label_batch=ON_DEVICE, requires=needs_pixels)
-def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
-    """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude.
-
-    Args:
-        num_magnitude_bins: how many steps of strength there are; each image draws one op and one step.
-        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (black).
-    """
-    import dlrecipes.algorithms.augment_policy as augment_policy
-    from dlrecipes.algorithms.batch_augment import BatchAugmentation
-
-    return BatchAugmentation("batch_trivialaugment", augment_policy.trivialaugment_policy(
-        num_magnitude_bins, default_fill(fill, "torchvision")))
-
-
-@algorithms.register("batch_augmix", conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
-                     validator=policy_or_keys("augmix"), requires=needs_pixels)
-def batch_augmix(policy: Optional[str] = None, severity: Annotated[int, Range(1, 10)] = 3, width: AtLeastOne = 3,
-                 depth: int = -1, alpha: Positive = 1.0, all_ops: bool = True, fill: Optional[list[float]] = None):
-    """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2.
-
-    Args:
-        policy: a timm string ('augmix-m5-w4-d2') in place of the keys below but fill; null: the keys.
-        severity: the ops' strength, 1 to 10: each op draws one of the `severity` weakest of 10 steps.
-        width: how many chains of ops are run on each image and mixed.
-        depth: how many ops each chain applies; -1 draws 1 to 3 per chain and image.
-        alpha: concentration of the chains' Dirichlet weights and of the Beta weight of the mix: 1 is uniform.
-        all_ops: also use brightness, color, contrast and sharpness (false: not these, which ImageNet-C tests).
-        fill: the 0-255 value (one, or per channel) of pixels geometric ops uncover; null: 0 (policy: ImageNet mean).
-    """
-    from dlrecipes.algorithms.batch_augment import BatchAugmentation
-
-    return BatchAugmentation("batch_augmix", batch_augmix_policy(policy, severity, width, depth, alpha, all_ops, fill))
-
-
-@algorithms.register("batch_color_jitter", image_label_batch=ON_DEVICE, requires=needs_pixels)
-def batch_color_jitter(brightness: NonNegative = 0.4, contrast: NonNegative = 0.4, saturation: NonNegative = 0.4,
-                       hue: Annotated[float, Range(0, 0.5)] = 0.0, p: Annotated[float, Range(0, 1)] = 1.0):
-    """Color jitter on whole batches on the device: per image, brightness, contrast, saturation, hue in random order.
-
-    Args:
-        brightness: scale brightness by a factor drawn from [1 - brightness, 1 + brightness] (at least 0); 0: off.
-        contrast: scale contrast by a factor drawn from [1 - contrast, 1 + contrast] (at least 0); 0: off.
-        saturation: scale saturation by a factor drawn from [1 - saturation, 1 + saturation] (at least 0); 0: off.
-        hue: turn the hue by an amount drawn from [-hue, hue], a fraction of the colour circle; 0: off.
-        p: the probability that an image is jittered at all.
-    """
-    from dlrecipes.algorithms.batch_augment import BatchAugmentation
-
-    ranges = jitter_ranges(brightness, contrast, saturation, hue)
-    return BatchAugmentation("batch_color_jitter", jitter={"ranges": ranges, "p": p})
-
-
-@algorithms.register("batch_random_erasing", image_label_batch=ON_DEVICE, validator=check_erasing)
-def batch_random_erasing(p: Annotated[float, Range(0, 1)] = 0.25, scale: list[float] = [0.02, 0.33],  # noqa: B006
-                         ratio: list[float] = [0.3, 3.3], value: Union[float, Literal["random"]] = 0.0):  # noqa: B006
-    """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise.
-
-    Args:
-        p: the probability that an image gets a box erased.
-        scale: [low, high]: the box's area, a fraction of the image's, is drawn uniformly from it.
-        ratio: [low, high]: the box's height / width is drawn from it (log-uniformly).
-        value: the box's fill in normalised units: a number (0: the mean colour) or 'random' (Gaussian noise per pixel).
-    """
-    from dlrecipes.algorithms.batch_augment import BatchAugmentation
-
-    return BatchAugmentation("batch_random_erasing",
-                             erasing={"p": p, "scale": tuple(scale), "ratio": tuple(ratio), "value": value})
+# strong augmentation of whole batches on the training device (.batch_augment), their factories in .batch_factories
+algorithms.add("batch_randaugment", batch_randaugment, conflicts_with=one_policy("batch_randaugment"),
+               image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=needs_pixels)
+algorithms.add("batch_trivialaugment", batch_trivialaugment, conflicts_with=one_policy("batch_trivialaugment"),
+               image_label_batch=ON_DEVICE, requires=needs_pixels)
+algorithms.add("batch_augmix", batch_augmix, conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
+               validator=policy_or_keys("augmix"), requires=needs_pixels)
+algorithms.add("batch_color_jitter", batch_color_jitter, image_label_batch=ON_DEVICE, requires=needs_pixels)
+algorithms.add("batch_random_erasing", batch_random_erasing, image_label_batch=ON_DEVICE, validator=check_erasing)
 
 # the label mixing (Composer's MixUp and CutMix, timm's switching between them) and test-time augmentation (eval
 # rebuilds it, as a network's), their factories in .factories

@@ -3,12 +3,14 @@ the loaders (torch, on-device, tensor cache, FFCV) and dataset implementations s
 
 Modules:
 - :mod:`.device_decode`: decode: device: the workers read files and draw crops, each batch decoded on the device
+- :mod:`.dataset_params`: the CIFARs', the digits' and decode keys several datasets share, declared once
 - :mod:`.device_loader`: DeviceTensorLoader: uint8 datasets kept and augmented on the device
 - :mod:`.digits`: the embedded 8x8 digits (digits.npz, shipped in the package)
 - :mod:`.ffcv_compile`: FFCV's numba pipelines, compiled once per machine
 - :mod:`.ffcv_files`: FFCV .beton files: any dataset written, one read back
 - :mod:`.ffcv_loader`: FFCV loaders for training and evaluation (Composer DataSpecs)
 - :mod:`.hf_dataset`: Hugging Face datasets (the hf extra)
+- :mod:`.image_factories`: the factories of the datasets read from image files, which registered.py adds by name
 - :mod:`.image_folder`: image folders, ImageNet, ImageNet-100 (imagenet100_classes.txt)
 - :mod:`.jpeg`: images decoded by libjpeg-turbo into tensors, at a reduced size where the crop is small
 - :mod:`.order`: the torch loader's global order: the same batches, and a resume at any batch, on any number of processes

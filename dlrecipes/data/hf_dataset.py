@@ -221,7 +221,7 @@ def build_hf_dataset(
 ) -> DatasetSplits:
     """Train and eval :class:`ArrowImages` of a Hugging Face dataset, sized as image folders are."""
     from dlrecipes.data.preprocess import preprocess_spec
-    from dlrecipes.data.transforms import imagenet_transforms
+    from dlrecipes.data.transforms import crop_settings, imagenet_transforms
 
     eval_crop_size = eval_crop_size or crop_size
     splits = load_splits(path, config)
@@ -243,8 +243,7 @@ def build_hf_dataset(
         num_classes=num_classes,
         input_shape=(len(mean), crop_size, crop_size),
         class_names=names if names is not None else [str(i) for i in range(num_classes)],
-        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
-                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
         preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
                                    center_crop=(eval_crop_size, eval_crop_size)),
     )

@@ -38,6 +38,19 @@ def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> 
     return list(only)
 
 
+def shared_classes(train_path: str, val_path: str, key: str, only: Optional[Sequence[str]] = None) -> list[str]:
+    """The class folders train_path and val_path both hold (all of them, or exactly ``only``); one line when they
+    differ."""
+    classes = find_classes(Path(train_path), f"{key}.train_path", only)
+    val_classes = find_classes(Path(val_path), f"{key}.val_path", only)
+    if val_classes != classes:
+        extra = sorted(set(val_classes) ^ set(classes))
+        raise DataError(
+            f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
+        )
+    return classes
+
+
 def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail",
                              turbo=None, device_decode=None):
     """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
@@ -119,33 +132,25 @@ def build_image_folders(
     (libjpeg-turbo, :mod:`dlrecipes.data.jpeg`), ``device`` (in batches on the training device) or ``pil``."""
     from dlrecipes.data.device_decode import split_decoder
     from dlrecipes.data.preprocess import preprocess_spec
-    from dlrecipes.data.transforms import imagenet_transforms
+    from dlrecipes.data.transforms import crop_settings, imagenet_transforms
 
     eval_crop_size = eval_crop_size or crop_size
+    classes = shared_classes(train_path, val_path, key, only_classes)
 
-    classes = find_classes(Path(train_path), f"{key}.train_path", only_classes)
-    val_classes = find_classes(Path(val_path), f"{key}.val_path", only_classes)
-    if val_classes != classes:
-        extra = sorted(set(val_classes) ^ set(classes))
-        raise DataError(
-            f"{key}: train ({train_path}) and val ({val_path}) have different class folders: {', '.join(extra[:20])}"
-        )
-    later = decode == "device"  # the workers read and draw the crops, the training process decodes the batch
-    train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
-    eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
+    def split(path: str, which: str, train: bool, size: int):
+        transform = imagenet_transforms(size, resize_size, min_scale, hflip, mean, std, train=train)
+        turbo = split_decoder(decode, train, size, resize_size, min_scale, hflip, mean, std)
+        # decode: device: the workers read and draw the crops, the training process decodes the batch
+        later = decode == "device" and (size, mean, std, bad_images, f"{key}.{which}")
+        return build_image_folder_split(Path(path), f"{key}.{which}", classes, transform, bad_images, turbo, later)
+
     return DatasetSplits(
-        train=build_image_folder_split(Path(train_path), f"{key}.train_path", classes, train_tf, bad_images,
-                                       split_decoder(decode, True, crop_size, resize_size, min_scale, hflip, mean, std),
-                                       later and (crop_size, mean, std, bad_images, f"{key}.train_path")),
-        eval=build_image_folder_split(Path(val_path), f"{key}.val_path", classes, eval_tf, bad_images,
-                                      split_decoder(decode, False, eval_crop_size, resize_size, min_scale, hflip, mean,
-                                                    std),
-                                      later and (eval_crop_size, mean, std, bad_images, f"{key}.val_path")),
+        train=split(train_path, "train_path", True, crop_size),
+        eval=split(val_path, "val_path", False, eval_crop_size),
         num_classes=len(classes),
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
-        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
-                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
         preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
                                    center_crop=(eval_crop_size, eval_crop_size)),
     )

@@ -4,55 +4,21 @@ A dataset factory takes keyword parameters from the recipe and returns a
 :class:`~dlrecipes.data.splits.DatasetSplits` (train and eval datasets yielding
 ``(image, label)``, the class count and the input shape).  The implementations (and
 torch/torchvision) are imported inside each factory so that listing and validating recipes
-stays fast.
+stays fast.  The factories of the datasets read from image files are in :mod:`.image_factories` (added by name
+here, with what is known of each); the keys several datasets share are declared once, in :mod:`.dataset_params`
+and :mod:`.preprocess_params`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
-
-from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import RecipeError
-from dlrecipes.core.param_docs import Doc
-from dlrecipes.core.ranges import AtLeastOne, Classes, Fraction, Range, Size
-from dlrecipes.data.preprocess_params import (
-    CROP_SIZE, EVAL_CROP_SIZE, HFLIP, IMAGENET_MEAN, IMAGENET_STD, MIN_SCALE, RESIZE_RATIO, RESIZE_SIZE, CropSize,
-    EvalCropSize, Hflip, Mean, MinScale, ResizeRatio, ResizeSize, Std, shared_meanings,
-)
+from dlrecipes.core.ranges import AtLeastOne, Classes, Size
+from dlrecipes.data.preprocess_params import CROP_SIZE, RESIZE_SIZE
+from dlrecipes.data.dataset_params import (CifarAugment, CifarDownload, CifarFlip, CifarPadding, CifarPaddingMode,
+                                           CifarSize, DigitsAugment, EvalFraction, SplitSeed)
+from dlrecipes.data.image_factories import ffcv, hf, image_folder, imagenet, shards
 from dlrecipes.data.source_sizes import folder_side, hf_side
 from dlrecipes.registry import datasets
-
-# Parameters two factories share (the CIFARs; the embedded digits' two layouts): each meaning written once, on its
-# type (dlrecipes.core.param_docs), as the image-preprocessing ones are in preprocess_params.
-CifarDownload = Annotated[bool, Doc("download and extract the archive into root when files are missing; false: a "
-                                    "missing file is an error naming it.")]
-CifarAugment = Annotated[bool, Doc("random 32x32 crops of the padded training images (crop_padding, padding_mode) "
-                                   "and left-right flips (flip); false: training images as they are.")]
-CifarSize = Annotated[int, Range(8, 8192), Doc("side in pixels the 32x32 images are bilinearly resized to (after augmentation) for "
-                                "networks built for larger inputs, at least 8; 32 (the default) leaves them as they "
-                                "are.")]
-CifarPadding = Annotated[int, Range(0, 16), Doc("pixels each side of a training image is padded by before the random "
-                                                "32x32 crop when augment is on (airbench94: 2, airbench96: 4).")]
-CifarPaddingMode = Annotated[Literal["zeros", "reflect"], Doc("what the crop's padding holds: 'zeros' (black) or "
-                                                              "'reflect' (the image mirrored at its edge, airbench's).")]
-CifarFlip = Annotated[Literal["random", "alternate"], Doc(
-    "left-right flips when augment is on: 'random' flips each image with probability 1/2 every epoch; 'alternate' "
-    "flips a seeded half of the images on even epochs and the other half on odd ones (airbench's; "
-    "trainer.loader torch or device, the same images flipped in the same epochs for the same trainer.seed).")]
-DigitsAugment = Annotated[bool, Doc("random affine on training images (up to 10 degrees of rotation, 10% shift, "
-                                    "0.9-1.1 scale; a 2-pixel random shift with trainer.loader=device); false: training "
-                                    "images as they are.")]
-EvalFraction = Annotated[Fraction, Doc("share of each class's images held out for evaluation (a stratified split), in "
-                                       "(0, 1).")]
-SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same seed, the same split.")]
-Decode = Annotated[Literal["turbo", "device", "pil"], Doc(
-    "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/4 or 1/8 "
-    "of its size where the crop box is that many times the crop or more (the same crops as pil within a "
-    "small tolerance, faster); device: the loader's workers only read the files and draw the crops, and each batch "
-    "is decoded on the training device (nvJPEG on a GPU), cropped, flipped and normalised there (trainer.loader "
-    "torch); pil: by PIL, as torchvision's ImageFolder does. A run with Composer's randaugment or augmix (steps on "
-    "PIL images) decodes with PIL.")]
-
 
 DIGITS_SAMPLES = 1797  # the embedded scans (dlrecipes/data/digits.py), each upsampled to image_size when built
 
@@ -167,227 +133,26 @@ def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augmen
                        (crop_padding, padding_mode, flip))
 
 
-@datasets.register(
-    "image_folder", pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side, validator=_check_eval_sizes,
-    source_side=lambda p: folder_side(p.get("train_path")),
-    classes=_folder_classes("train_path"), channels=lambda p: 3,
-)
-@shared_meanings
-def image_folder(
-    train_path: str,
-    val_path: str,
-    crop_size: CropSize = CROP_SIZE,
-    resize_size: ResizeSize = RESIZE_SIZE,
-    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
-    min_scale: MinScale = MIN_SCALE,
-    hflip: Hflip = HFLIP,
-    mean: Mean = IMAGENET_MEAN,
-    std: Std = IMAGENET_STD,
-    bad_images: Literal["fail", "skip"] = "fail",
-    decode: Decode = "turbo",
-):
-    """Any folders of <class>/<image> for train and val.
-
-    Training takes random-resized crops of crop_size + flip; evaluation resizes the shorter side to
-    resize_size and center-crops eval_crop_size (default: crop_size).
-
-    Args:
-        train_path: folder of training images, one subfolder per class (<class>/<image>); the subfolders' names
-            are the class names.
-        val_path: folder of evaluation images laid out as train_path, with the same class subfolders.
-        bad_images: what an unreadable (corrupt, truncated, empty) image does: fail stops with an error naming it;
-            skip replaces it by the next readable image and warns with its path.
-    """
-    from dlrecipes.data.image_folder import build_image_folders
-
-    return build_image_folders(
-        train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images,
-        eval_crop_size=eval_crop_size, decode=decode,
-    )
-
-
-@datasets.register(
-    "imagenet", pil_images=True, paths=("root", "class_list"), image_side=_crop_side, validator=_check_eval_sizes,
-    classes=_imagenet_classes, source_side=lambda p: folder_side(f"{p.get('root')}/train"), channels=lambda p: 3,
-)
-@shared_meanings
-def imagenet(
-    root: str = "data/imagenet",
-    crop_size: CropSize = CROP_SIZE,
-    resize_size: ResizeSize = RESIZE_SIZE,
-    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
-    min_scale: MinScale = MIN_SCALE,
-    hflip: Hflip = HFLIP,
-    subset: Literal["all", "imagenet100"] = "all",
-    class_list: Optional[str] = None,
-    bad_images: Literal["fail", "skip"] = "fail",
-    decode: Decode = "turbo",
-):
-    """ImageNet-1k laid out as root/train/<synset>/ and root/val/<synset>/ (sizes as image_folder).
-
-    subset imagenet100 keeps the 100 CMC synsets (a shipped list), class_list a file of synsets of your own.
-
-    Normalised with ImageNet's mean and standard deviation.
-
-    Args:
-        root: the ImageNet folder, holding train/<synset>/ and val/<synset>/ image folders.
-        subset: which classes are kept: all (every synset folder under root/train, 1,000 in ImageNet-1k) or
-            imagenet100 (the 100 CMC synsets, a list shipped with dlrecipes).
-        class_list: a text file of synsets, one a line, the only classes kept (it overrides subset); null: as
-            subset says.
-        bad_images: what an unreadable (corrupt, truncated, empty) image does: fail stops with an error naming it;
-            skip replaces it by the next readable image and warns with its path.
-    """
-    from pathlib import Path
-
-    from dlrecipes.data.image_folder import build_image_folders, imagenet100_classes
-    from dlrecipes.errors import DataError
-
-    classes = imagenet100_classes() if subset == "imagenet100" else None
-    if class_list is not None:
-        try:
-            classes = [c.strip() for c in Path(class_list).read_text().splitlines() if c.strip()]
-        except OSError as exc:
-            raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
-    return build_image_folders(
-        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, IMAGENET_MEAN, IMAGENET_STD,
-        only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size, decode=decode,
-    )
-
-
+# datasets read from image files, decoded and transformed as image folders are, their factories in .image_factories
+datasets.add("image_folder", image_folder, pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side,
+             validator=_check_eval_sizes, source_side=lambda p: folder_side(p.get("train_path")),
+             classes=_folder_classes("train_path"), channels=lambda p: 3)
+datasets.add("imagenet", imagenet, pil_images=True, paths=("root", "class_list"), image_side=_crop_side,
+             validator=_check_eval_sizes, classes=_imagenet_classes,
+             source_side=lambda p: folder_side(f"{p.get('root')}/train"), channels=lambda p: 3)
 datasets.add_variant(
     "imagenet100", of="imagenet", subset="imagenet100",
     description="ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file).",
 )
-
-
-@datasets.register("hf", pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side,
-                   channels=lambda p: 3)
-@shared_meanings
-def hf(
-    path: str,
-    split: str = "train",
-    eval_split: Optional[str] = None,
-    image_column: str = "image",
-    label_column: str = "label",
-    config: Optional[str] = None,
-    crop_size: CropSize = CROP_SIZE,
-    resize_size: ResizeSize = RESIZE_SIZE,
-    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
-    min_scale: MinScale = MIN_SCALE,
-    hflip: Hflip = HFLIP,
-    mean: Mean = IMAGENET_MEAN,
-    std: Std = IMAGENET_STD,
-):
-    """A Hugging Face dataset: a hub id, or a folder from save_to_disk or of Parquet files (the hf extra).
-
-    eval_split defaults to validation, else test; class names from the label column's ClassLabel; sizes as
-    image_folder.
-
-    Args:
-        path: a hub id (such as ylecun/mnist), a folder written by save_to_disk, or a folder of data files such as
-            Parquet.
-        split: name of the split training reads.
-        eval_split: name of the split evaluation reads; null: validation if the dataset has one, else test.
-        image_column: name of the column holding the images.
-        label_column: name of the column holding the integer class labels (a ClassLabel column also names the
-            classes).
-        config: name of the dataset's configuration (subset) to load, as datasets.load_dataset takes it; null:
-            its default one.
-    """
-    from dlrecipes.data.hf_dataset import build_hf_dataset
-
-    return build_hf_dataset(
-        path, split, eval_split, image_column, label_column, config, crop_size, resize_size, eval_crop_size,
-        min_scale, hflip, mean, std,
-    )
-
-
-@datasets.register("ffcv", paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
+datasets.add("hf", hf, pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side,
+             channels=lambda p: 3)
+datasets.add("ffcv", ffcv, paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
     "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
     "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"), channels=lambda p: 3)
-@shared_meanings
-def ffcv(
-    train_path: str,
-    val_path: str,
-    crop_size: CropSize = CROP_SIZE,
-    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
-    resize_ratio: ResizeRatio = RESIZE_RATIO,
-    min_scale: MinScale = MIN_SCALE,
-    hflip: Hflip = HFLIP,
-    mean: Mean = IMAGENET_MEAN,
-    std: Std = IMAGENET_STD,
-    os_cache: bool = True,
-    batches_ahead: int = 3,
-):
-    """FFCV .beton files (from `dlrecipes data convert`): crops decoded at size; needs the ffcv extra.
-
-    Args:
-        train_path: the .beton file of the training split (written by dlrecipes data convert).
-        val_path: the .beton file of the evaluation split, with the same classes.
-        os_cache: true: read the files through the operating system's page cache (fastest when they fit in
-            memory, shared by every process); false: FFCV's own per-process cache, for files larger than memory.
-        batches_ahead: how many batches FFCV's loader decodes ahead of the one training uses (more hides decoding
-            stalls, at the cost of memory).
-    """
-    from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
-    from dlrecipes.data.ffcv_loader import FFCVSource
-    from dlrecipes.data.preprocess import preprocess_spec
-
-    def source(path: str, train: bool, size: int) -> FFCVSource:
-        return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
-
-    num_classes = beton_num_classes(train_path)
-    beton_num_classes(val_path)  # fail now, naming the file, if it is missing or damaged
-    return DatasetSplits(
-        train=source(train_path, True, crop_size),
-        eval=source(val_path, False, eval_crop_size or crop_size),
-        num_classes=num_classes,
-        input_shape=(3, crop_size, crop_size),
-        class_names=beton_class_names(train_path),
-        # FFCV's centre-crop decoder: a centred square of resize_ratio of the shorter side, resized to the crop
-        preprocess=preprocess_spec("RGB", mean, std, shorter_side=round((eval_crop_size or crop_size) / resize_ratio),
-                                   center_crop=(eval_crop_size or crop_size,) * 2),
-    )
-
-
-@datasets.register("shards", image_side=_crop_side, validator=_check_eval_sizes, made_by=(
+datasets.add("shards", shards, image_side=_crop_side, validator=_check_eval_sizes, made_by=(
     "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), e.g. dlrecipes data "
     "convert image_folder train_path=data/pets/train val_path=data/pets/val --format shards --out s3://bucket/pets"),
     channels=lambda p: 3)
-@shared_meanings
-def shards(
-    remote: str,
-    cache_dir: Optional[str] = None,
-    cache_limit: Union[int, str] = "100GB",
-    crop_size: CropSize = CROP_SIZE,
-    resize_size: ResizeSize = RESIZE_SIZE,
-    eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
-    min_scale: MinScale = MIN_SCALE,
-    hflip: Hflip = HFLIP,
-    mean: Mean = IMAGENET_MEAN,
-    std: Std = IMAGENET_STD,
-    decode: Decode = "turbo",
-):
-    """Dataset shards (litdata) from a bucket or a local folder, streamed through a local cache; the shards extra.
-
-    Written by `dlrecipes data convert SOURCE --format shards --out DEST`; images decoded and transformed as
-    image_folder's (sizes as image_folder). Credentials and endpoint as runs_dir takes them (S3_ENDPOINT_URL,
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE).
-
-    Args:
-        remote: where the shards are: s3://BUCKET/PREFIX (gs:// and azure:// through litdata's clients, untested) or a
-            local folder, as data convert --out wrote it.
-        cache_dir: local folder the shards of a bucket are cached in while training reads them (one subfolder per
-            split); null: ~/.cache/dlrecipes/shards/BUCKET/PREFIX. A local remote is read where it is.
-        cache_limit: bytes each split's cache is kept near, as bytes or with a unit (10GB, 512MiB); older shards are
-            evicted beyond it (it may pass it by up to a shard); at least one shard (a few shards' worth streams
-            better).
-    """
-    from dlrecipes.data.shards import build_shards
-
-    return build_shards(remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip,
-                        mean, std, decode)
 
 
 @datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),

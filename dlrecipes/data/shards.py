@@ -246,33 +246,43 @@ def allow_plain_http() -> None:
         options["allow_http"] = "true"
 
 
-def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
-                 eval_crop_size: Optional[int], min_scale: float, hflip: bool, mean: Sequence[float],
-                 std: Sequence[float], decode: str = "turbo") -> DatasetSplits:
-    """Both splits of the shards dataset at ``remote``, with image folders' transforms, decoding (``decode``: turbo,
-    device or pil, as image folders') and preprocessing."""
-    from dlrecipes.data.preprocess import preprocess_spec
-    from dlrecipes.data.transforms import imagenet_transforms
-
+def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
+    """The shards at ``remote``: where they are, their ``dlrecipes-shards.json`` and the cache's limit in bytes, each
+    split's shards checked against it."""
     import_litdata()
     limit = parse_bytes(cache_limit, "dataset.cache_limit")
     place = ShardsPlace(remote, "dataset.remote")
     meta = read_meta(place)
     for split in SPLITS:
         check_shards(place, split, meta["splits"][split]["shards"], limit)
+    return place, meta, limit
+
+
+def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
+                 eval_crop_size: Optional[int], min_scale: float, hflip: bool, mean: Sequence[float],
+                 std: Sequence[float], decode: str = "turbo") -> DatasetSplits:
+    """Both splits of the shards dataset at ``remote``, with image folders' transforms, decoding (``decode``: turbo,
+    device or pil, as image folders') and preprocessing."""
+    from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.transforms import crop_settings, imagenet_transforms
+
+    place, meta, limit = open_shards(remote, cache_limit)
     cache_dir = cache_dir or str(default_cache_dir(place))
     eval_crop_size = eval_crop_size or crop_size
-    made = {split: ShardsDataset(place, split, meta["splits"][split]["shards"], imagenet_transforms(
-        crop_size if split == "train" else eval_crop_size, resize_size, min_scale, hflip, mean, std,
-        train=split == "train"), cache_dir, limit) for split in SPLITS}
+
+    def dataset(split: str) -> ShardsDataset:
+        size = crop_size if split == "train" else eval_crop_size
+        transform = imagenet_transforms(size, resize_size, min_scale, hflip, mean, std, train=split == "train")
+        return ShardsDataset(place, split, meta["splits"][split]["shards"], transform, cache_dir, limit)
+
+    made = {split: dataset(split) for split in SPLITS}
     set_decoding(made["train"], made["val"], decode, crop_size, eval_crop_size, resize_size, min_scale, hflip, mean,
                  std)
     classes = list(meta["class_names"])
     return DatasetSplits(
         train=made["train"], eval=made["val"], num_classes=len(classes), input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
-        augment={"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
-                 "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)},
+        augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
         preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
                                    center_crop=(eval_crop_size, eval_crop_size)),
     )

@@ -138,6 +138,22 @@ def read_class_names(folder: Path, source: CifarSource) -> Optional[list[str]]:
     return names if len(names) == source.num_classes else None
 
 
+def cifar_train_augmentation(mean, std, augment: bool, crop: tuple[int, str, str], size: Optional[int]):
+    """The CIFAR training split's augmentation: its transform of a sample (the torch loader's) and its
+    :class:`~dlrecipes.data.device_loader.BatchAugment` (the device loader's), each ``crop``'s padding, padding mode
+    and flips when ``augment``, then a resize to ``size`` (None: 32, none)."""
+    from dlrecipes.data.device_loader import BatchAugment
+    from dlrecipes.data.transforms import small_image_transforms
+
+    padding, padding_mode, flip = crop
+    padding = padding if augment else 0
+    transform = small_image_transforms(32, mean, std, crop_padding=padding, hflip=augment, train=True,
+                                       resize=size, padding_mode=padding_mode, alternate_flip=flip == "alternate")
+    batched = BatchAugment(tuple(mean), tuple(std), crop_padding=padding, hflip=augment, size=size,
+                           padding_mode=padding_mode, alternate_flip=augment and flip == "alternate")
+    return transform, batched
+
+
 def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std,
                 image_size: int = 32, crop: tuple[int, str, str] = (4, "zeros", "random")) -> DatasetSplits:
     """The CIFAR splits; ``crop``: the training crop's padding and padding mode, and the flips ('random',
@@ -157,17 +173,10 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
     train_x, train_y = read_cifar_batches(folder, source.train_files, source.label_key)
     test_x, test_y = read_cifar_batches(folder, source.test_files, source.label_key)
     size = None if image_size == 32 else image_size  # resized after augmentation, on the loader's device
-    padding, padding_mode, flip = crop
-    padding = padding if augment else 0
-    train_tf = small_image_transforms(32, mean, std, crop_padding=padding, hflip=augment, train=True,
-                                      resize=size, padding_mode=padding_mode, alternate_flip=flip == "alternate")
+    train_tf, train_batched = cifar_train_augmentation(mean, std, augment, crop, size)
     eval_tf = small_image_transforms(32, mean, std, crop_padding=0, hflip=False, train=False, resize=size)
     return DatasetSplits(
-        train=TransformedTensorDataset(
-            torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf,
-            BatchAugment(tuple(mean), tuple(std), crop_padding=padding, hflip=augment, size=size,
-                         padding_mode=padding_mode, alternate_flip=augment and flip == "alternate"),
-        ),
+        train=TransformedTensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf, train_batched),
         eval=TransformedTensorDataset(
             torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std), size=size)
         ),

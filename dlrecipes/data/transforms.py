@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -61,3 +61,11 @@ def imagenet_transforms(
         steps = [transforms.Resize(resize_size, antialias=True), transforms.CenterCrop(crop_size)]
     steps += [transforms.ToTensor(), transforms.Normalize(list(mean), list(std))]
     return transforms.Compose(steps)
+
+
+def crop_settings(crop_size: int, eval_crop_size: int, resize_size: int, min_scale: float, hflip: bool,
+                  mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+    """:func:`imagenet_transforms`' settings of a dataset of image files, as its ``DatasetSplits.augment`` records
+    them (the tensor cache decodes with them, ``data convert`` reads its resize)."""
+    return {"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
+            "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)}

@@ -21,14 +21,15 @@ Composer's lack) live in :mod:`dlrecipes.optim.lr_schedules`.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from dlrecipes.core.durations import Duration, is_zero
+from dlrecipes.core.param_docs import Doc
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, PositiveDuration, Probability
 from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
 from dlrecipes.optim.groups import norm_bias_scaled, parameter_groups
-from dlrecipes.registry import optimizers, schedulers
+from dlrecipes.registry import build_component, optimizers, schedulers
 
 
 @optimizers.register("sgd")
@@ -174,6 +175,26 @@ def _check_other(params: dict[str, Any], path: str) -> None:
         raise RecipeError(f"{path}.other.name: the second optimizer cannot be muon itself (e.g. sgd or adamw)")
 
 
+def _other_builder(other: Optional[dict[str, Any]]) -> Callable:
+    """``other`` built over the parameters Muon does not step: the optimizer it names with its keys; null: adamw."""
+    other = dict(other or {"name": "adamw"})
+    name = other.pop("name")
+    return lambda subset: build_component(optimizers, name, other, "optimizer.other.name", model=subset)
+
+
+# Muon's choices, each value's meaning beside it (dlrecipes.core.param_docs)
+NsCoefficients = Annotated[Literal["quintic", "original", "polar_express", "polar_express_safer"], Doc(
+    "coefficients of the Newton-Schulz iterations: 'quintic' (5 tuned steps), 'original' (Keller Jordan's 3.4445, "
+    "-4.7750, 2.0315 at every step), 'polar_express' or 'polar_express_safer'.")]
+AdjustLrFn = Annotated[Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]], Doc(
+    "per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out, in)): an AdamW-like "
+    "update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in))); null for none, as "
+    "airbench94_muon.")]
+ConvMode = Annotated[Literal["flatten", "batched"], Doc(
+    "how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as airbench94_muon, or "
+    "'batched', each kernel position's (out, in) slice orthogonalized alone.")]
+
+
 @optimizers.register("muon", validator=_check_other)
 def muon(
     model,
@@ -183,9 +204,9 @@ def muon(
     nesterov: bool = True,
     weight_decay: NonNegative = 0.0,
     ns_steps: AtLeastOne = 5,
-    ns_coefficients: Literal["quintic", "original", "polar_express", "polar_express_safer"] = "quintic",
-    adjust_lr_fn: Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]] = "match_rms_adamw",
-    conv_mode: Literal["flatten", "batched"] = "flatten",
+    ns_coefficients: NsCoefficients = "quintic",
+    adjust_lr_fn: AdjustLrFn = "match_rms_adamw",
+    conv_mode: ConvMode = "flatten",
     normalize_weights: bool = False,
     head: Optional[str] = "auto",
     head_lr: Optional[Positive] = None,
@@ -203,13 +224,6 @@ def muon(
             0 for none (the second optimizer has its own).
         ns_steps: Newton-Schulz iterations that orthogonalize the update (more: closer to orthogonal, slower);
             airbench94_muon uses 3 with 'original'.
-        ns_coefficients: coefficients of the Newton-Schulz iterations: 'quintic' (5 tuned steps), 'original'
-            (Keller Jordan's 3.4445, -4.7750, 2.0315 at every step), 'polar_express' or 'polar_express_safer'.
-        adjust_lr_fn: per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out,
-            in)): an AdamW-like update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in)));
-            null for none, as airbench94_muon.
-        conv_mode: how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as
-            airbench94_muon, or 'batched', each kernel position's (out, in) slice orthogonalized alone.
         normalize_weights: before each update, rescale every filter to the Frobenius norm sqrt(out channels)
             (airbench94_muon), so the orthogonalized step keeps one size relative to the filter.
         head: the classifier's head, kept out of Muon and stepped by the second optimizer: 'auto' (the
@@ -222,18 +236,11 @@ def muon(
             momentum: 0.85, nesterov: true}; null: {name: adamw} at its defaults.
     """
     from dlrecipes.optim.muon import build_muon
-    from dlrecipes.registry import build_component
 
-    other = dict(other or {"name": "adamw"})
-    name = other.pop("name")
     settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
                 "ns_steps": ns_steps, "ns_coefficients": ns_coefficients, "adjust_lr_fn": adjust_lr_fn,
                 "conv_mode": conv_mode, "normalize_weights": normalize_weights}
-
-    def build_other(subset):
-        return build_component(optimizers, name, other, "optimizer.other.name", model=subset)
-
-    return build_muon(model, settings, build_other, head, head_lr, head_weight_decay)
+    return build_muon(model, settings, _other_builder(other), head, head_lr, head_weight_decay)
 
 
 # timm's optimizers by name (lamb, lars, lion, rmsproptf, adabelief, adopt, ...): signatures from the shipped

@@ -17,6 +17,7 @@ and kept in step with the bucket.
 No module outside this package asks whether a run is local or in a bucket (``tests/test_architecture.py``).
 
 Modules:
+- :mod:`.access`: whether a bucket can be used, asked once, before anything is built or written
 - :mod:`.backend`: a bucket through Composer's object-store layer (its URI factory's store)
 - :mod:`.mirror`: a training's mirror to its bucket, the end's bounded wait, upload_incomplete
 - :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files brought here
@@ -131,7 +132,8 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     looks like an address refused: :func:`dlrecipes.core.addresses.check_address`)."""
     from dlrecipes.core.addresses import check_address
     from dlrecipes.records.store.backend import endpoint
-    from dlrecipes.records.store.bucket import RemoteRoot, check_access, is_remote, object_store
+    from dlrecipes.records.store.access import check_access
+    from dlrecipes.records.store.bucket import RemoteRoot, is_remote, object_store
 
     check_address(address, key_path)
     if not (isinstance(address, str) and is_remote(address)):

@@ -12,7 +12,8 @@ from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import (
     ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, named_by_address,
 )
-from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, check_access, object_store, staged_run
+from dlrecipes.records.store.access import check_access
+from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, object_store, staged_run
 from dlrecipes.records.store.mirror import uploader
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class BucketStore(RunStore):
         self.answered = False  # whether the bucket answered this store (one store per command: asked once)
 
     def check(self) -> None:
-        """The bucket asked (:func:`~.bucket.check_access`) the first time this store needs it; a command makes one
+        """The bucket asked (:func:`~.access.check_access`) the first time this store needs it; a command makes one
         store, so the bucket is asked once per command."""
         if not self.answered:
             check_access(self.root)

@@ -26,8 +26,9 @@ from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
 )
+from dlrecipes.records.store.access import check_access
 from dlrecipes.records.store.bucket import (
-    RemoteRoot, RemoteRun, check_access, damage, older_checkpoints, scheme_of, staging_base,
+    RemoteRoot, RemoteRun, damage, older_checkpoints, scheme_of, staging_base,
 )
 from dlrecipes.records.store.safe_keys import pointed_checkpoint, staged_path
 
