@@ -10,8 +10,6 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -19,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.config.resolving import load_local
 from dlrecipes.core.addresses import RUNS_DIR
-from dlrecipes.core.distributed import adopt_torchrun, rank
+from dlrecipes.core.distributed import adopt_torchrun
 from dlrecipes.errors import RecipeError
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, override_strings
@@ -49,6 +47,8 @@ def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), 
     """Read the recipe (a file, a run's recorded recipe in a bucket, or a dict of sections standing for a file in
     ``root``, default the working directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied)
     and import every plugin it needs."""
+    from dlrecipes.records.store import pulled_recipe
+
     local = pulled_recipe(recipe)
     loaded = load_local(local, overrides, plugins, root)
     if local is not recipe:  # `show` says where each value came from: the address, not its local copy
@@ -56,30 +56,6 @@ def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), 
         loaded.sources = {key: recipe if Path(origin).resolve() == copy else origin
                           for key, origin in loaded.sources.items()}
     return loaded
-
-
-def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mapping[str, Any]:
-    """A recipe named by its address in a bucket, ``s3://BUCKET/PREFIX/RUN/recipe.yaml`` (a run's recorded recipe,
-    as ``runs/RUN/recipe.yaml`` names one here): that file, brought here with the run's records by the run store (as
-    ``eval`` of the run reads them, so a rerun compares with the run's summary); any other recipe as it is.
-    Where it cannot be read: one line naming the address."""
-    from dlrecipes.records.layout import RECIPE_FILE
-
-    if not isinstance(recipe, str) or "://" not in recipe:
-        return recipe
-    from dlrecipes.errors import UserError
-    from dlrecipes.records.store import pull_recipe
-
-    run, _, name = recipe.rpartition("/")
-    if name != RECIPE_FILE:
-        raise RecipeError(f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
-                          f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}")
-    try:
-        local = pull_recipe(run)
-    except UserError as exc:  # its line names the run (or the bucket): say which recipe could not be read
-        exc.args = (f"recipe: {recipe} cannot be read: {str(exc).removeprefix('run: ')}",)
-        raise
-    return recipe if local is None else str(local)  # None: not in a bucket the store knows, a path as it always was
 
 
 def resolve(
@@ -151,7 +127,9 @@ def train(
     objects).  ``resume``: continue the run; ``restart``: train ``run_name`` again from the beginning, keeping the
     old run under another name."""
     if adopt_torchrun() and not resume:  # torchrun restarted the job: it goes on from its last checkpoint
-        resume, restart = _continued_after_torchrun_restart(restart)
+        from dlrecipes.records.run_dir import continued_after_torchrun_restart
+
+        resume, restart = continued_after_torchrun_restart(restart)
     config = config or validate(load(recipe, overrides, plugins))
     store = _opened_store(config)  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
@@ -159,19 +137,6 @@ def train(
 
     options = RunOptions(resume=resume, restart=restart, trust=trust_checkpoint, verbose=verbose)
     return fit(open_run(config, options, store))  # the run opened once, in the store checked above
-
-
-def _continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
-    """A job torchrun restarted (``--max-restarts``: a process or a node failed) resumes its run, or starts it if
-    the failure came before the run existed: (resume, restart) for :func:`train`, said in one line."""
-    from dlrecipes.records.run_dir import RESUME_MISSING
-
-    os.environ.setdefault(RESUME_MISSING, "start")
-    if rank() == 0:
-        count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        print(f"note: torchrun restarted the job (restart {count}){' (--restart ignored)' if restart else ''}: "
-              "resuming the run from its last checkpoint", file=sys.stderr, flush=True)
-    return True, False
 
 
 @contextlib.contextmanager
@@ -252,9 +217,6 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     at a time (each on ``nproc`` processes through ``launch``), skipping finished points and resuming stopped
     ones; ``trust_checkpoint``: each training as ``train --trust-checkpoint`` (the checkpoints it resumes or
     loads by ``checkpoint.load_path``, unpickled in full). Returns (plan, summary rows, exit code)."""
-    from dlrecipes.config.device_checks import check_launch
-    from dlrecipes.errors import UserError
-    from dlrecipes.records.store import store_for
     from dlrecipes.tools import sweep as tool
 
     if parallel < 1:
@@ -264,26 +226,8 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     tool.get_ready(nproc, FORKED)  # the trainings' server imports torch and Composer while the points are validated
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins, plan.nproc, plan.trust_checkpoint = list(plugins), nproc, trust_checkpoint
-    store = None
-    if plan.search == "optuna":  # its points come one by one: the ends of each range are checked instead
-        base = validate(load(recipe, plan.fixed, plugins))
-        plan.monitor, plan.mode = base.checkpoint.monitor or "top1", base.checkpoint.mode
-        trial = json.dumps({"storage": "optuna.journal", "study": plan.name, "trial": 0, "monitor": plan.monitor})
-        checked = [(tool.point_name(values), [*tool.overrides_of(values), f"callbacks.optuna_trial={trial}"])
-                   for values in tool.probe_points(plan)]
-    else:  # every point is checked before the first one trains
-        checked = [(point.name, point.overrides) for point in plan.points]
-    for point_name, overrides in checked:
-        try:
-            config = validate(load(recipe, [*plan.fixed, *overrides, f"run_name={point_name}"], plugins))
-            store = store or store_for(config.runs_dir)  # the sweep's store, made once
-            store.check_room(config)
-            if nproc > 1:
-                check_launch(config, nproc, nproc)  # its batches divide over the processes, which fit the GPUs
-        except UserError as exc:
-            exc.args = (f"sweep point {point_name}: {exc}",)
-            raise
-    folder = (store or store_for(RUNS_DIR)).sweep(plan.name)  # in a bucket: what it has of the sweep brought here
+    store = tool.check_points(plan)  # every point (an Optuna search: each range's ends), before the first trains
+    folder = store.sweep(plan.name)  # in a bucket: what it has of the sweep brought here
     tool.prepare_folder(plan, folder)
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
     missing = folder.finish()  # in a bucket: the sweep's own files uploaded

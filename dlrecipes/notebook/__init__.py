@@ -138,17 +138,22 @@ def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Ov
                                              target_key))
         config = validate(loaded)
         objects = {"model": model, "train_data": train_data, "eval_data": eval_data}
-        call = ", ".join([repr(recipe), repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
-                          *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
-                          *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v)])
         try:
-            with invoked(f"dlrecipes.train({call})"):  # the run's provenance records this call
+            with invoked(_train_call(recipe, overrides, objects, resume, restart)):  # the run's provenance records it
                 return api.train(None, config=config, resume=resume, trust_checkpoint=trust_checkpoint,
                                  verbose=verbose, restart=restart)  # the one train path, as the CLI's
         except Preempted as exc:
             if "SIGINT" not in str(exc):
                 raise
             raise KeyboardInterrupt(str(exc)) from None  # worded for Python by _kept
+
+
+def _train_call(recipe: Any, overrides: Overrides, objects: dict[str, Any], resume: bool, restart: bool) -> str:
+    """How a run's provenance names the :func:`train` call that started it (objects by their type)."""
+    call = ", ".join([repr(recipe), repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
+                      *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
+                      *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v)])
+    return f"dlrecipes.train({call})"
 
 
 def _with_objects(function: Callable) -> Callable:

@@ -79,6 +79,17 @@ def check_run_exists(runs: Path, name: str) -> None:
                       "starts under that name")
 
 
+def continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
+    """A job torchrun restarted (``--max-restarts``: a process or a node failed) resumes its run, or starts it if
+    the failure came before the run existed: (resume, restart) for :func:`dlrecipes.api.train`, said in one line."""
+    os.environ.setdefault(RESUME_MISSING, "start")
+    if rank() == 0:
+        count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        print(f"note: torchrun restarted the job (restart {count}){' (--restart ignored)' if restart else ''}: "
+              "resuming the run from its last checkpoint", file=sys.stderr, flush=True)
+    return True, False
+
+
 def _claim_new_name(runs: Path, stem: str) -> str:
     """``stem``, or ``stem-2``, ``stem-3``...: the first whose directory this process creates (rank 0)."""
     for count in range(1, 1000):

@@ -30,7 +30,7 @@ Modules:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
@@ -75,20 +75,33 @@ def open_for_reading(target: str | Path, checkpoint: Optional[str] = "best", ask
     return read_from_bucket(str(target), checkpoint, asked)
 
 
-def pull_recipe(run: str | Path) -> Optional[Path]:
-    """The recorded recipe of the run at ``run`` in a bucket, brought here with the run's records (its local copy);
-    None where ``run`` is no bucket's address. Where the run holds no recipe (an export): one line."""
+def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mapping[str, Any]:
+    """A recipe named by its address in a bucket, ``s3://BUCKET/PREFIX/RUN/recipe.yaml`` (a run's recorded recipe,
+    as ``runs/RUN/recipe.yaml`` names one here): that file, brought here with the run's records (as ``eval`` of the
+    run reads them, so a rerun compares with the run's summary); any other recipe as it is. Where it cannot be
+    read (no such run, an export that holds no recipe): one line naming the address."""
     from dlrecipes.core.addresses import check_address
+    from dlrecipes.errors import RecipeError
     from dlrecipes.records.layout import RECIPE_FILE
     from dlrecipes.records.store.bucket import is_remote
 
-    check_address(run, "run")
-    if not is_remote(str(run)):
-        return None
-    local = Path(open_for_reading(run, None).target) / RECIPE_FILE
+    if not isinstance(recipe, str) or "://" not in recipe:
+        return recipe
+    run, _, name = recipe.rpartition("/")
+    if name != RECIPE_FILE:
+        raise RecipeError(f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
+                          f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}")
+    try:
+        check_address(run, "run")
+        if not is_remote(run):  # not in a bucket the store knows: a path, as it always was
+            return recipe
+        local = Path(open_for_reading(run, None).target) / RECIPE_FILE
+    except UserError as exc:  # its line names the run (or the bucket): say which recipe could not be read
+        exc.args = (f"recipe: {recipe} cannot be read: {str(exc).removeprefix('run: ')}",)
+        raise
     if not local.is_file():
-        raise UserError(f"{run} holds no {RECIPE_FILE} (an export?)")
-    return local
+        raise UserError(f"recipe: {recipe} cannot be read: {run} holds no {RECIPE_FILE} (an export?)")
+    return str(local)
 
 
 def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
@@ -144,4 +157,4 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
 
 
 __all__ = ["DatasetBucket", "ReadRun", "RunOptions", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
-           "named_by_address", "open_for_reading", "pull_recipe", "read_records", "select_runs", "store_for"]
+           "named_by_address", "open_for_reading", "pulled_recipe", "read_records", "select_runs", "store_for"]

@@ -22,9 +22,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
-from dlrecipes.records.store import SweepFolder
+from dlrecipes.records.store import RunStore, SweepFolder
 
 SWEEP_FILE = "sweep.yaml"
 DISTRIBUTION = re.compile(r"^(loguniform|uniform|randint|choice)\((.*)\)$")
@@ -255,6 +256,37 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
         raise RecipeError(f"two points of the sweep get the same name '{duplicate}': give distinct values")
     recipe = Path(recipe)
     return SweepPlan(recipe, name or f"{recipe.stem}-sweep", fixed, swept, seeds, points, search, trials, seed=seed)
+
+
+def check_points(plan: SweepPlan) -> RunStore:
+    """Validate every point of ``plan`` before the first one trains (an Optuna search, whose points come one by one:
+    each range's ends instead; its monitored metric and mode taken from the recipe), each point's run checked to fit
+    its store and, on ``plan.nproc`` processes, launch's setup; an error names its point. Returns the sweep's run
+    store, made once."""
+    from dlrecipes.config.device_checks import check_launch
+    from dlrecipes.config.resolving import load_local
+    from dlrecipes.config.validation import validate
+    from dlrecipes.records.store import store_for
+
+    checked = [(point.name, point.overrides) for point in plan.points]
+    if plan.search == "optuna":
+        base = validate(load_local(plan.recipe, plan.fixed, plan.plugins))
+        plan.monitor, plan.mode = base.checkpoint.monitor or "top1", base.checkpoint.mode
+        trial = json.dumps({"storage": "optuna.journal", "study": plan.name, "trial": 0, "monitor": plan.monitor})
+        checked = [(point_name(values), [*overrides_of(values), f"callbacks.optuna_trial={trial}"])
+                   for values in probe_points(plan)]
+    store = None
+    for name, overrides in checked:
+        try:
+            config = validate(load_local(plan.recipe, [*plan.fixed, *overrides, f"run_name={name}"], plan.plugins))
+            store = store or store_for(config.runs_dir)  # the sweep's store, made once
+            store.check_room(config)
+            if plan.nproc > 1:
+                check_launch(config, plan.nproc, plan.nproc)  # its batches divide over the processes, on the GPUs
+        except UserError as exc:
+            exc.args = (f"sweep point {name}: {exc}",)
+            raise
+    return store or store_for(RUNS_DIR)
 
 
 def prepare_folder(plan: SweepPlan, store_folder: SweepFolder) -> Path:
