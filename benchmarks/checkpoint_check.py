@@ -41,15 +41,21 @@ def main() -> None:
         assert file_problem(path) is None, file_problem(path)
         times: dict[str, list[float]] = {"check": [], "globals": [], "load": []}
         for _ in range(args.rounds):
-            for name, step in (("check", lambda: file_problem(path)), ("globals", lambda: unsafe_globals(path)),
-                               ("load", lambda: load_file(path))):
+            for name, step in (
+                ("check", lambda: file_problem(path)),
+                ("globals", lambda: unsafe_globals(path)),
+                ("load", lambda: load_file(path)),
+            ):
                 started = time.perf_counter()
                 step()
                 times[name].append(time.perf_counter() - started)
     tensors = len(weights) + len(momentum)
     print(f"{args.model}: {tensors} tensors, {size / 2**20:.0f} MiB, {args.rounds} rounds (medians)")
-    for name, what in (("check", "the records' check"), ("globals", "torch's globals listing"),
-                       ("load", "the tensors-only load")):
+    for name, what in (
+        ("check", "the records' check"),
+        ("globals", "torch's globals listing"),
+        ("load", "the tensors-only load"),
+    ):
         print(f"  {what:<24} {statistics.median(times[name]) * 1000:8.1f} ms")
 
 

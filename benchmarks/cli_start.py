@@ -29,8 +29,11 @@ def checkout(rev: str, into: Path) -> Path:
     """``rev`` checked out in ``into`` (detached, removed at the end); the working tree itself for ``WORKTREE``."""
     if rev == "WORKTREE":
         return ROOT
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(into), rev], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(into), rev],
+        check=True,
+        capture_output=True,
+    )
     return into
 
 
@@ -40,7 +43,9 @@ def once(tree: Path, args: list[str]) -> float:
     done = subprocess.run([sys.executable, "-m", "dlrecipes", *args], cwd=tree, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        sys.exit(f"cli_start: dlrecipes {' '.join(args)} failed in {tree} (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        sys.exit(
+            f"cli_start: dlrecipes {' '.join(args)} failed in {tree} (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        )
     return seconds
 
 
@@ -54,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 3:
         parser.error("--repeats: at least 3 (the median of each)")
     with tempfile.TemporaryDirectory(prefix="cli-start-") as tmp:
-        trees = {label: checkout(rev, Path(tmp) / label) for label, rev in (("before", args.before), ("after", args.after))}
+        trees = {
+            label: checkout(rev, Path(tmp) / label) for label, rev in (("before", args.before), ("after", args.after))
+        }
         try:
             times: dict[tuple[str, str], list[float]] = {(c, label): [] for c in COMMANDS for label in trees}
             for label in trees:  # one run each first: bytecode compiled, files in the page cache
@@ -67,12 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for label, tree in trees.items():
                 if tree != ROOT:
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+                    subprocess.run(
+                        ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True
+                    )
     rows = []
     for name in COMMANDS:
         before, after = (statistics.median(times[(name, label)]) for label in ("before", "after"))
-        rows.append({"command": f"dlrecipes {' '.join(COMMANDS[name])}", "before_s": round(before, 3),
-                     "after_s": round(after, 3), "after/before": round(after / before, 3)})
+        rows.append(
+            {
+                "command": f"dlrecipes {' '.join(COMMANDS[name])}",
+                "before_s": round(before, 3),
+                "after_s": round(after, 3),
+                "after/before": round(after / before, 3),
+            }
+        )
     print(f"before: {args.before}   after: {args.after}   median of {args.repeats}, interleaved")
     print(f"{'command':45} {'before':>8} {'after':>8} {'after/before':>13}")
     for row in rows:

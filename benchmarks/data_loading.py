@@ -34,8 +34,15 @@ import numpy as np
 import torch
 
 
-def make_images(root: Path, count: int, classes: int, seed: int = 0, noise: int = 80,
-                size: tuple[int, int] = (500, 375), first: int = 0) -> None:
+def make_images(
+    root: Path,
+    count: int,
+    classes: int,
+    seed: int = 0,
+    noise: int = 80,
+    size: tuple[int, int] = (500, 375),
+    first: int = 0,
+) -> None:
     """JPEGs of about ``size`` (500x375: ~100 KB each at noise=80; ImageNet's JPEGs average about 110 KB;
     smoother images would decode unrealistically fast): smooth colour waves plus pixel noise, numbered from
     ``first`` (so that several processes can each write a part)."""
@@ -116,8 +123,12 @@ def torchvision_loader(root: Path, batch: int, workers: int, crop: int):
 
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD, imagenet_transforms
 
-    dataset = ImageFolder(str(root / "train"), transform=imagenet_transforms(crop, crop, 0.08, True, IMAGENET_MEAN, IMAGENET_STD, True))
-    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=True)
+    dataset = ImageFolder(
+        str(root / "train"), transform=imagenet_transforms(crop, crop, 0.08, True, IMAGENET_MEAN, IMAGENET_STD, True)
+    )
+    return DataLoader(
+        dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=True
+    )
 
 
 def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int, min_scale: float = 0.08):
@@ -129,8 +140,11 @@ def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution:
 
     path = root / f"train-{max_resolution}.beton"
     if not path.exists():
-        write_beton(RawImages(ImageFolder(str(root / "train"))), path,
-                    ConvertOptions(max_resolution=max_resolution, write_mode="jpg", num_workers=workers))
+        write_beton(
+            RawImages(ImageFolder(str(root / "train"))),
+            path,
+            ConvertOptions(max_resolution=max_resolution, write_mode="jpg", num_workers=workers),
+        )
     source = FFCVSource(str(path), True, crop, crop / 256, min_scale, True, IMAGENET_MEAN, IMAGENET_STD)
     return FFCVLoader(source, batch, workers, torch.device("cpu"), seed=0)
 
@@ -143,9 +157,18 @@ def ffcv_uint8_loader(root: Path, batch: int, workers: int, crop: int, max_resol
 
     ffcv_loader(root, batch, workers, crop, max_resolution)  # writes the file if needed
     return Loader(
-        str(root / f"train-{max_resolution}.beton"), batch_size=batch, num_workers=workers, order=OrderOption.RANDOM,
-        drop_last=True, pipelines={
-            "image": [RandomResizedCropRGBImageDecoder((crop, crop)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+        str(root / f"train-{max_resolution}.beton"),
+        batch_size=batch,
+        num_workers=workers,
+        order=OrderOption.RANDOM,
+        drop_last=True,
+        pipelines={
+            "image": [
+                RandomResizedCropRGBImageDecoder((crop, crop)),
+                RandomHorizontalFlip(),
+                ToTensor(),
+                ToTorchImage(),
+            ],
             "label": [IntDecoder(), ToTensor(), Squeeze()],
         },
     )
@@ -158,9 +181,23 @@ def tensor_cache_loader(root: Path, batch: int, workers: int, crop: int, cache_s
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     return build_tensor_cache_loader(
-        ImageFolder(str(root / "train")), batch, True, torch.device("cpu"), workers, 0, 0, 1, root / "cache",
-        cache_size, crop_size=crop, eval_crop_size=crop, resize_size=cache_size, min_scale=0.08, hflip=True,
-        mean=IMAGENET_MEAN, std=IMAGENET_STD,
+        ImageFolder(str(root / "train")),
+        batch,
+        True,
+        torch.device("cpu"),
+        workers,
+        0,
+        0,
+        1,
+        root / "cache",
+        cache_size,
+        crop_size=crop,
+        eval_crop_size=crop,
+        resize_size=cache_size,
+        min_scale=0.08,
+        hflip=True,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
     )
 
 
@@ -206,8 +243,11 @@ def main() -> None:
     parser.add_argument("--noise", type=int, default=80, help="pixel noise amplitude of the generated JPEGs")
     parser.add_argument("--data-dir", type=Path, help="reuse/keep the generated images here")
     parser.add_argument("--loaders", default="torchvision,ffcv,ffcv_uint8,tensor_cache")
-    parser.add_argument("--augment", default="none,rand-m9-mstd0.5-inc1",
-                        help="none and/or policies: timm strings (rand-..., augmix-...) or trivialaugment")
+    parser.add_argument(
+        "--augment",
+        default="none,rand-m9-mstd0.5-inc1",
+        help="none and/or policies: timm strings (rand-..., augmix-...) or trivialaugment",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -235,14 +275,24 @@ def main() -> None:
                     key = f"torchvision_pil+{policy}"
                     results[key] = measure(
                         lambda: torchvision_pil_loader(root, args.batch, args.workers, args.crop, policy),
-                        args.epochs, "none", key)
+                        args.epochs,
+                        "none",
+                        key,
+                    )
         if "torchvision" in results:
             base = results["torchvision"]
             for name, r in results.items():
-                print(f"{name:<40} first epoch {r['first_epoch'] / base['first_epoch']:.2f}x  "
-                      f"steady {r['steady'] / base['steady']:.2f}x torchvision")
-        meta = {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
-                "cores": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()}}
+                print(
+                    f"{name:<40} first epoch {r['first_epoch'] / base['first_epoch']:.2f}x  "
+                    f"steady {r['steady'] / base['steady']:.2f}x torchvision"
+                )
+        meta = {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "cores": torch.get_num_threads(),
+            "args": {k: str(v) for k, v in vars(args).items()},
+        }
         if args.json:
             args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 

@@ -38,8 +38,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def folder_rate(root: Path, crop: int, min_scale: float, decode: str, repeats: int) -> float:
     from dlrecipes.data.image_folder import build_image_folders
 
-    split = build_image_folders(str(root / "train"), str(root / "train"), crop, crop, min_scale, True, MEAN, STD,
-                                decode=decode).train
+    split = build_image_folders(
+        str(root / "train"), str(root / "train"), crop, crop, min_scale, True, MEAN, STD, decode=decode
+    ).train
     best = 0.0
     for attempt in range(repeats + 1):
         start = time.perf_counter()
@@ -75,8 +76,12 @@ def ffcv_rate(root: Path, crop: int, min_scale: float, resolution: int, repeats:
     except ImportError:
         return None
     repo = str(Path(__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", FFCV_RATE, repo, str(root), str(crop), str(min_scale),
-                          str(resolution), str(repeats)], capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", FFCV_RATE, repo, str(root), str(crop), str(min_scale), str(resolution), str(repeats)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return float(out.stdout.split()[-1])
@@ -93,7 +98,7 @@ def nvjpeg_rate(root: Path, batch: int = 128) -> float | None:
     torch.cuda.synchronize()
     start = time.perf_counter()
     for first in range(0, len(files), batch):
-        decode_jpeg(files[first:first + batch], device="cuda")
+        decode_jpeg(files[first : first + batch], device="cuda")
     torch.cuda.synchronize()
     return len(files) / (time.perf_counter() - start)
 
@@ -114,18 +119,28 @@ def main() -> None:
             root = Path(tmp) / f"{stored[0]}px"
             make_images(root, args.images, classes=10, size=stored)
             for crop in (int(c) for c in args.crops.split(",")):
-                row = {"pil": folder_rate(root, crop, args.min_scale, "pil", args.repeats),
-                       "turbo": folder_rate(root, crop, args.min_scale, "turbo", args.repeats),
-                       "ffcv": ffcv_rate(root, crop, args.min_scale, args.max_resolution, args.repeats)}
+                row = {
+                    "pil": folder_rate(root, crop, args.min_scale, "pil", args.repeats),
+                    "turbo": folder_rate(root, crop, args.min_scale, "turbo", args.repeats),
+                    "ffcv": ffcv_rate(root, crop, args.min_scale, args.max_resolution, args.repeats),
+                }
                 results[f"{stored[0]}x{stored[1]} files, {crop} px"] = row
                 ffcv = f"{row['ffcv']:,.0f}" if row["ffcv"] else "n/a (ffcv not installed)"
-                print(f"{stored[0]}x{stored[1]} files, {crop} px crops: PIL {row['pil']:,.0f}  turbo {row['turbo']:,.0f}"
-                      f" ({row['turbo'] / row['pil']:.2f}x PIL)  FFCV (stored at {args.max_resolution} px) {ffcv} "
-                      "images/s per core", flush=True)
+                print(
+                    f"{stored[0]}x{stored[1]} files, {crop} px crops: PIL {row['pil']:,.0f}  turbo {row['turbo']:,.0f}"
+                    f" ({row['turbo'] / row['pil']:.2f}x PIL)  FFCV (stored at {args.max_resolution} px) {ffcv} "
+                    "images/s per core",
+                    flush=True,
+                )
         gpu = nvjpeg_rate(Path(tmp) / "500px")
         print(f"nvJPEG batched decode: {gpu:,.0f} images/s" if gpu else "nvJPEG: no GPU here", flush=True)
-    meta = {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
-            "processor": platform.processor(), "args": {k: str(v) for k, v in vars(args).items()}}
+    meta = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results, "nvjpeg": gpu}, indent=2))
 

@@ -32,16 +32,23 @@ def main() -> None:
         for seed in args.seeds:
             for model in ("cnn_simple", "mnist_cnn"):
                 overrides = [
-                    f"model={{name: {model}}}", f"trainer.seed={seed}", f"trainer.max_duration={args.epochs}ep",
-                    f"dataset.eval_fraction={args.eval_fraction}", "trainer.progress_bar=false",
-                    "trainer.console_log_interval=1000ep", f"runs_dir={runs}", "checkpoint.save=false",
+                    f"model={{name: {model}}}",
+                    f"trainer.seed={seed}",
+                    f"trainer.max_duration={args.epochs}ep",
+                    f"dataset.eval_fraction={args.eval_fraction}",
+                    "trainer.progress_bar=false",
+                    "trainer.console_log_interval=1000ep",
+                    f"runs_dir={runs}",
+                    "checkpoint.save=false",
                     "checkpoint.monitor=null",
                 ]
                 start = time.perf_counter()
                 result = fit(open_run(resolve(RECIPES / "quickstart.yaml", overrides)))
                 top1 = result.eval_metrics["top1"]
                 results.setdefault(model, []).append(top1)
-                print(f"seed={seed} model={model:<10} top1={top1:.4f} wall={time.perf_counter() - start:.1f}s", flush=True)
+                print(
+                    f"seed={seed} model={model:<10} top1={top1:.4f} wall={time.perf_counter() - start:.1f}s", flush=True
+                )
     for model, accs in results.items():
         spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
         print(f"{model:<10} mean top1 {statistics.mean(accs):.4f} +- {spread:.4f} over {len(accs)} seeds")

@@ -30,9 +30,14 @@ TEACHER = "model={name: cnn_simple, width: 32, hidden: 128}"
 
 def _common(runs: str, args: argparse.Namespace, seed: int, epochs: int) -> list[str]:
     return [
-        f"trainer.seed={seed}", f"trainer.max_duration={epochs}ep", f"dataset.eval_fraction={args.eval_fraction}",
-        f"dataset.image_size={args.image_size}", "trainer.progress_bar=false", "trainer.console_log_interval=1000ep",
-        f"runs_dir={runs}", "trainer.device=cpu",
+        f"trainer.seed={seed}",
+        f"trainer.max_duration={epochs}ep",
+        f"dataset.eval_fraction={args.eval_fraction}",
+        f"dataset.image_size={args.image_size}",
+        "trainer.progress_bar=false",
+        "trainer.console_log_interval=1000ep",
+        f"runs_dir={runs}",
+        "trainer.device=cpu",
     ]
 
 
@@ -64,10 +69,18 @@ def main() -> None:
             for kind in args.kinds:
                 variants[f"student distilled ({kind})"] = [
                     f"algorithms.distillation={{teacher: {teacher}, kind: {kind}, temperature: {args.temperature}, "
-                    f"alpha: {args.alpha}}}"]
+                    f"alpha: {args.alpha}}}"
+                ]
             for name, extra in variants.items():
-                top1, wall, _ = _train([STUDENT, *_common(runs, args, seed, args.epochs), *extra,
-                                        "checkpoint.save=false", "checkpoint.monitor=null"])
+                top1, wall, _ = _train(
+                    [
+                        STUDENT,
+                        *_common(runs, args, seed, args.epochs),
+                        *extra,
+                        "checkpoint.save=false",
+                        "checkpoint.monitor=null",
+                    ]
+                )
                 results.setdefault(name, []).append(top1)
                 print(f"seed={seed} {name:<26} top1={top1:.4f} wall={wall:.1f}s", flush=True)
     print("\n| variant | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean +- std |")
@@ -77,7 +90,9 @@ def main() -> None:
         cells = " | ".join([f"{a:.2%}" for a in accs] + [""] * (len(args.seeds) - len(accs)))
         print(f"| {name} | {cells} | {statistics.mean(accs):.2%} +- {spread * 100:.2f} |")
     if args.json is not None:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "top1": results}, indent=1))
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "top1": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

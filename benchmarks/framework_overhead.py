@@ -42,9 +42,22 @@ def export_revision(rev: str, into: Path) -> Path:
 
 def bench(source: Path, model: str, args: argparse.Namespace, composer_step: bool) -> dict:
     """One `dlrecipes bench` run of the code under ``source``, as a dict of its JSON result."""
-    command = [sys.executable, "-m", "dlrecipes", "bench", "recipes/quickstart.yaml", "trainer.batch_size=2",
-               f"model={{name: {model}}}", "--steps", str(args.steps), "--rounds", str(args.rounds),
-               "--warmup", str(args.warmup), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "bench",
+        "recipes/quickstart.yaml",
+        "trainer.batch_size=2",
+        f"model={{name: {model}}}",
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+        "--json",
+    ]
     if composer_step:
         command += ["--plugin", str(ROOT / "tests" / "reference_engine.py")]
     env = {**os.environ, "PYTHONPATH": str(source)}
@@ -69,10 +82,15 @@ def measure(args: argparse.Namespace, base: Path | None) -> list[dict]:
             for name, source, composer_step in trainers:
                 runs[name].append(bench(source, model, args, composer_step))
         for name, found in runs.items():
-            rows.append({"model": model, "trainer": name,
-                         "ratios": [round(r["ratio"], 3) for r in found],
-                         "overhead_ms": [round(r["overhead_ms_per_step"], 3) for r in found],
-                         "median_overhead_ms": round(statistics.median(r["overhead_ms_per_step"] for r in found), 3)})
+            rows.append(
+                {
+                    "model": model,
+                    "trainer": name,
+                    "ratios": [round(r["ratio"], 3) for r in found],
+                    "overhead_ms": [round(r["overhead_ms_per_step"], 3) for r in found],
+                    "median_overhead_ms": round(statistics.median(r["overhead_ms_per_step"] for r in found), 3),
+                }
+            )
             print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -80,8 +98,7 @@ def measure(args: argparse.Namespace, base: Path | None) -> list[dict]:
 def format_row(row: dict) -> str:
     ratios = " / ".join(f"{r:.2f}" for r in row["ratios"])
     overheads = " / ".join(f"{o:.2f}" for o in row["overhead_ms"])
-    return (f"| `{row['model']}` | {row['trainer']} | {ratios} | {overheads} ms "
-            f"| {row['median_overhead_ms']:.2f} ms |")
+    return f"| `{row['model']}` | {row['trainer']} | {ratios} | {overheads} ms | {row['median_overhead_ms']:.2f} ms |"
 
 
 def main() -> None:

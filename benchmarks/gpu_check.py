@@ -75,13 +75,22 @@ class Skip(Exception):
 def _recipe(tmp: Path, device: str, extra: list[str]) -> tuple[Path, list[str]]:
     """The quickstart recipe (embedded digits, no download), short and deterministic."""
     return ROOT / "recipes" / "quickstart.yaml", [
-        f"runs_dir={tmp}/runs", "trainer.max_duration=12ba", "trainer.train_subset_num_batches=6",
-        "trainer.eval_subset_num_batches=2", f"trainer.device={device}", "trainer.deterministic=true",
-        "trainer.progress_bar=false", "checkpoint.save=false", "checkpoint.monitor=null", *extra]
+        f"runs_dir={tmp}/runs",
+        "trainer.max_duration=12ba",
+        "trainer.train_subset_num_batches=6",
+        "trainer.eval_subset_num_batches=2",
+        f"trainer.device={device}",
+        "trainer.deterministic=true",
+        "trainer.progress_bar=false",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+        *extra,
+    ]
 
 
-def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = False, callbacks=(),
-           record_losses: bool = True) -> dict:
+def _train(
+    recipe: Path, overrides: list[str], run_dir: Path, reference: bool = False, callbacks=(), record_losses: bool = True
+) -> dict:
     """Train in this process (ours, or Composer's Trainer); the weights, every batch's loss and every
     evaluation's loss (read back after each batch and evaluation, so not while a synchronisation gate is open)."""
     from composer import Trainer as ComposerTrainer
@@ -120,26 +129,35 @@ def _train(recipe: Path, overrides: list[str], run_dir: Path, reference: bool = 
     trainer.fit()
     trainer.close()
     weights = {k: v.detach().float().cpu() for k, v in trainer.state.model.state_dict().items()}
-    return {"weights": weights, "losses": losses, "eval_losses": eval_losses,
-            "micro": trainer.state.device_train_microbatch_size,
-            "train_metrics": {k: float(v) for k, v in trainer.state.train_metric_values.items()},
-            "device": str(next(iter(trainer.state.model.parameters())).device)}
+    return {
+        "weights": weights,
+        "losses": losses,
+        "eval_losses": eval_losses,
+        "micro": trainer.state.device_train_microbatch_size,
+        "train_metrics": {k: float(v) for k, v in trainer.state.train_metric_values.items()},
+        "device": str(next(iter(trainer.state.model.parameters())).device),
+    }
 
 
 def case_same_as_composer(device: str, precision: str, micro: str) -> str:
     if device == "cpu" and (precision != "fp32" or micro == "auto"):
         raise Skip("needs CUDA")
     with tempfile.TemporaryDirectory() as tmp:
-        recipe, overrides = _recipe(Path(tmp), device, [f"trainer.precision={precision}",
-                                                         f"trainer.device_train_microbatch_size={micro}"])
+        recipe, overrides = _recipe(
+            Path(tmp), device, [f"trainer.precision={precision}", f"trainer.device_train_microbatch_size={micro}"]
+        )
         ours = _train(recipe, overrides, Path(tmp) / "ours")
         theirs = _train(recipe, overrides, Path(tmp) / "theirs", reference=True)
     weight_diff = max((ours["weights"][k] - theirs["weights"][k]).abs().max().item() for k in ours["weights"])
     loss_diff = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"]))
     weight_tol, loss_tol = TOLERANCE[precision]
-    detail = (f"max abs weight diff {weight_diff:.2e} (<= {weight_tol:.0e}), max abs loss diff {loss_diff:.2e} "
-              f"(<= {loss_tol:.0e}) over {len(ours['losses'])} losses; microbatch {ours['micro']}")
-    assert len(ours["losses"]) == len(theirs["losses"]) == 12, f"{len(ours['losses'])} vs {len(theirs['losses'])} losses"
+    detail = (
+        f"max abs weight diff {weight_diff:.2e} (<= {weight_tol:.0e}), max abs loss diff {loss_diff:.2e} "
+        f"(<= {loss_tol:.0e}) over {len(ours['losses'])} losses; microbatch {ours['micro']}"
+    )
+    assert len(ours["losses"]) == len(theirs["losses"]) == 12, (
+        f"{len(ours['losses'])} vs {len(theirs['losses'])} losses"
+    )
     assert weight_diff <= weight_tol and loss_diff <= loss_tol, detail
     return detail
 
@@ -184,9 +202,15 @@ def case_sync_free_cifar(device: str) -> str:
     if device != "gpu":
         raise Skip("needs CUDA")
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = ["dataset={name: synthetic, input_shape: [3, 32, 32], num_classes: 10, train_samples: 15360, "
-                     "eval_samples: 512}", "trainer.max_duration=24ba", "trainer.progress_bar=false",
-                     "checkpoint.save=false", "checkpoint.monitor=null", f"runs_dir={tmp}/runs"]
+        overrides = [
+            "dataset={name: synthetic, input_shape: [3, 32, 32], num_classes: 10, train_samples: 15360, "
+            "eval_samples: 512}",
+            "trainer.max_duration=24ba",
+            "trainer.progress_bar=false",
+            "checkpoint.save=false",
+            "checkpoint.monitor=null",
+            f"runs_dir={tmp}/runs",
+        ]
         return _gated(ROOT / "recipes" / "cifar10_fast.yaml", overrides, Path(tmp) / "run")
 
 
@@ -205,9 +229,13 @@ def case_sync_free_flagship(device: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         data = flagship_data(scale, Path(os.environ.get(DATA) or tmp) / "flagship")  # made once, then reused
         overrides = flagship_overrides(data, scale) + [
-            "trainer.max_duration=24ba", "trainer.progress_bar=false", "checkpoint.save=false",
-            "checkpoint.monitor=null", f"runs_dir={tmp}/runs",
-            f"optimizer.lr={2.0 * 32 / 1024}"]  # the recipe's 2.0 is for batch 1024
+            "trainer.max_duration=24ba",
+            "trainer.progress_bar=false",
+            "checkpoint.save=false",
+            "checkpoint.monitor=null",
+            f"runs_dir={tmp}/runs",
+            f"optimizer.lr={2.0 * 32 / 1024}",
+        ]  # the recipe's 2.0 is for batch 1024
         return _gated(ROOT / "recipes" / "imagenet100_fast.yaml", overrides, Path(tmp) / "run")
 
 
@@ -215,11 +243,21 @@ def case_fsdp_with_train_metrics(device: str) -> str:
     if device != "gpu":
         raise Skip("needs CUDA (FSDP runs on NCCL)")
     port = _free_port()
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        recipe, overrides = _recipe(Path(tmp), device, ["trainer.fsdp={sharding_strategy: FULL_SHARD}",
-                                                         "trainer.train_metrics_interval=1"])
+        recipe, overrides = _recipe(
+            Path(tmp), device, ["trainer.fsdp={sharding_strategy: FULL_SHARD}", "trainer.train_metrics_interval=1"]
+        )
         run = _train(recipe, overrides, Path(tmp) / "run")
     top1 = run["train_metrics"].get("top1")
     assert top1 is not None and 0.0 <= top1 <= 1.0, run["train_metrics"]
@@ -234,9 +272,16 @@ def compile_setting(tmp: Path, device: str, algorithm: str) -> tuple[Path, list[
     """The quickstart recipe where compiled and eager training can differ only by rounding: no dropout (the
     model's), no data augmentation, deterministic, plain SGD (AdamW's first steps turn a rounding difference in a
     near-zero gradient into a whole step), with ``algorithm`` (a key of COMPILE_ALGORITHMS)."""
-    return _recipe(tmp, device, ["model.dropout=0", "dataset.augment=false",
-                                 "optimizer={name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}",
-                                 f"algorithms={COMPILE_ALGORITHMS[algorithm]}"])
+    return _recipe(
+        tmp,
+        device,
+        [
+            "model.dropout=0",
+            "dataset.augment=false",
+            "optimizer={name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}",
+            f"algorithms={COMPILE_ALGORITHMS[algorithm]}",
+        ],
+    )
 
 
 def loss_differences(run: dict, eager: dict) -> tuple[float, float]:
@@ -254,9 +299,11 @@ def same_as_eager(run: dict, eager: dict, algorithm: str) -> str:
     to fail it."""
     train, evals = loss_differences(run, eager)
     train_tolerance, eval_tolerance = COMPILE_TOLERANCE[algorithm]
-    detail = (f"max abs diff from eager: training loss {train:.2e} over {len(run['losses'])} steps (<= "
-              f"{train_tolerance:.0e}), eval loss {evals:.2e} over {len(run['eval_losses'])} evaluations (<= "
-              f"{eval_tolerance:.0e})")
+    detail = (
+        f"max abs diff from eager: training loss {train:.2e} over {len(run['losses'])} steps (<= "
+        f"{train_tolerance:.0e}), eval loss {evals:.2e} over {len(run['eval_losses'])} evaluations (<= "
+        f"{eval_tolerance:.0e})"
+    )
     assert train <= train_tolerance and evals <= eval_tolerance, detail
     return detail
 
@@ -293,8 +340,17 @@ def _gpus_for_two(device: str) -> None:
 
 def _rank_env(rank: int, port: int) -> dict[str, str]:
     """Rank ``rank`` of 2 on this node: the environment Composer's launcher gives a training process."""
-    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-            "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> list[dict]:
@@ -309,11 +365,31 @@ def _ranks(scenario: str, out: Path, device: str, reference: bool = False) -> li
         env = {**_rank_env(rank, port), "ENGINE_DEVICE": device, **({"REFERENCE": "1"} if reference else {})}
         err = out / f"rank{rank}.err"
         if device == "cpu":  # forked from a process that imported torch and Composer once (CUDA would not survive it)
-            procs.append((fork_server.start(program("tests.engine_ranks"), [scenario, str(out)], cwd=ROOT, env=env,
-                                            out=out / f"rank{rank}.out", err=err), err))
+            procs.append(
+                (
+                    fork_server.start(
+                        program("tests.engine_ranks"),
+                        [scenario, str(out)],
+                        cwd=ROOT,
+                        env=env,
+                        out=out / f"rank{rank}.out",
+                        err=err,
+                    ),
+                    err,
+                )
+            )
         else:
-            procs.append((subprocess.Popen([sys.executable, "-m", "tests.engine_ranks", scenario, str(out)], cwd=ROOT,
-                                           env=env, stderr=open(err, "w")), err))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tests.engine_ranks", scenario, str(out)],
+                        cwd=ROOT,
+                        env=env,
+                        stderr=open(err, "w"),
+                    ),
+                    err,
+                )
+            )
     for proc, err in procs:
         assert proc.wait(timeout=300) == 0, err.read_text()[-2000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
@@ -330,8 +406,10 @@ def case_ddp_uneven(device: str) -> str:
         assert torch.equal(value, ours[1]["params"][name]), f"ranks differ in {name}"
         assert torch.allclose(value, theirs[0]["params"][name], atol=1e-6), f"differs from Composer's in {name}"
     assert ours[0]["batches"] == theirs[0]["batches"] == 10 and ours[0]["samples"] == theirs[0]["samples"]
-    return f"{ours[0]['batches']} batches on both ranks, weights equal to Composer's; {ours[0]['reductions']} " \
-           "host reductions"
+    return (
+        f"{ours[0]['batches']} batches on both ranks, weights equal to Composer's; {ours[0]['reductions']} "
+        "host reductions"
+    )
 
 
 def _launch(recipe: Path) -> list[str]:
@@ -357,8 +435,17 @@ def _forked_ranks(recipe: Path, args: list[str], out: Path) -> list:
 
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    return [fork_server.start(program(), ["train", str(recipe), *args], cwd=ROOT, env=_rank_env(rank, port),
-                              out=out / f"rank{rank}.out", err=out / f"rank{rank}.err") for rank in range(2)]
+    return [
+        fork_server.start(
+            program(),
+            ["train", str(recipe), *args],
+            cwd=ROOT,
+            env=_rank_env(rank, port),
+            out=out / f"rank{rank}.out",
+            err=out / f"rank{rank}.err",
+        )
+        for rank in range(2)
+    ]
 
 
 def _stopped_by_sigterm(recipe: Path, args: list[str], tmp: Path, device: str) -> str:
@@ -368,8 +455,14 @@ def _stopped_by_sigterm(recipe: Path, args: list[str], tmp: Path, device: str) -
     if device == "cpu":
         ranks = _forked_ranks(recipe, args, tmp / "stopped")
     else:
-        job = subprocess.Popen([*_launch(recipe), *args], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        job = subprocess.Popen(
+            [*_launch(recipe), *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
     history = tmp / "runs" / "stopped" / "history.csv"
     deadline = time.time() + 300
     while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
@@ -392,18 +485,28 @@ def case_sigterm_and_resume(device: str) -> str:
 
     _gpus_for_two(device)
     with tempfile.TemporaryDirectory() as tmp:
-        common = [f"runs_dir={tmp}/runs", f"trainer.device={device}", "trainer.deterministic=true",
-                  "trainer.max_duration=6ep", "trainer.train_subset_num_batches=4", "trainer.eval_subset_num_batches=1",
-                  "trainer.progress_bar=false", "checkpoint.save_interval=1ep", "checkpoint.keep=-1",
-                  "checkpoint.monitor=null", "trainer.batch_size=32"]
+        common = [
+            f"runs_dir={tmp}/runs",
+            f"trainer.device={device}",
+            "trainer.deterministic=true",
+            "trainer.max_duration=6ep",
+            "trainer.train_subset_num_batches=4",
+            "trainer.eval_subset_num_batches=1",
+            "trainer.progress_bar=false",
+            "checkpoint.save_interval=1ep",
+            "checkpoint.keep=-1",
+            "checkpoint.monitor=null",
+            "trainer.batch_size=32",
+        ]
         recipe = ROOT / "recipes" / "quickstart.yaml"
         _two_ranks(recipe, ["run_name=whole", *common], Path(tmp) / "whole", device)
         out = _stopped_by_sigterm(recipe, ["run_name=stopped", *common], Path(tmp), device)
         _two_ranks(recipe, ["run_name=stopped", "--resume", *common], Path(tmp) / "resumed", device)
 
         def final(name: str) -> dict:
-            saved = torch.load(Path(tmp) / "runs" / name / "checkpoints" / "latest-rank0.pt", weights_only=False,
-                               map_location="cpu")
+            saved = torch.load(
+                Path(tmp) / "runs" / name / "checkpoints" / "latest-rank0.pt", weights_only=False, map_location="cpu"
+            )
             return saved["state"]["model"]
 
         a, b = final("whole"), final("stopped")
@@ -430,13 +533,19 @@ SECTIONS = {
     "ranks": "two GPUs: NCCL DDP on uneven loaders, a SIGTERM stop and --resume",
 }
 CASES: dict[str, Case] = {
-    **{f"same as Composer: {p}, {'accumulation' if m != 'auto' else 'auto microbatching'}":
-       Case(lambda device, p=p, m=m: case_same_as_composer(device, p, m), "engine", 45)
-       for p in ("fp32", "amp_bf16", "amp_fp16") for m in ("16", "auto")},
+    **{
+        f"same as Composer: {p}, {'accumulation' if m != 'auto' else 'auto microbatching'}": Case(
+            lambda device, p=p, m=m: case_same_as_composer(device, p, m), "engine", 45
+        )
+        for p in ("fp32", "amp_bf16", "amp_fp16")
+        for m in ("16", "auto")
+    },
     "FSDP (1 rank) with train metrics": Case(case_fsdp_with_train_metrics, "engine", 60),
     "no sync in steps 3-20: cifar10_fast": Case(case_sync_free_cifar, "sync", 60),
     "no sync in steps 3-20: imagenet100_fast on FFCV": Case(case_sync_free_flagship, "sync", 120),  # FFCV's numba
-    "trainer.compile, no algorithm (the control)": Case(lambda device: case_compile_with(device, "none"), "compile", 120),
+    "trainer.compile, no algorithm (the control)": Case(
+        lambda device: case_compile_with(device, "none"), "compile", 120
+    ),
     "trainer.compile with SAM": Case(lambda device: case_compile_with(device, "sam"), "compile", 90),  # cache warm
     "trainer.compile with EMA": Case(lambda device: case_compile_with(device, "ema"), "compile", 90),
     "2 ranks: DDP with uneven loaders": Case(case_ddp_uneven, "ranks", 120, gpus=2),
@@ -471,12 +580,19 @@ def _case_in_its_own_process(name: str, device: str, tmp: Path, limit: float, da
         from dlrecipes.runtime import fork_server
         from tests.forked import program
 
-        process = fork_server.start(program(str(Path(__file__).resolve())), args, cwd=ROOT, env=env,
-                                    out=tmp / "output", new_session=True)
+        process = fork_server.start(
+            program(str(Path(__file__).resolve())), args, cwd=ROOT, env=env, out=tmp / "output", new_session=True
+        )
     else:
         with open(tmp / "output", "w") as output:
-            process = subprocess.Popen([sys.executable, str(Path(__file__)), *args], cwd=ROOT, env=env, stdout=output,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), *args],
+                cwd=ROOT,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     try:
         if process.wait(timeout=limit) is None:  # a forked process's way of saying it
             raise subprocess.TimeoutExpired(args, limit)
@@ -503,12 +619,18 @@ def _write_json(path: Path, rows: list[dict]) -> None:
 
 def selected(only: list[str] | None = None) -> list[str]:
     """The cases of the sections named in ``only``, or whose name contains one of its texts (all without it)."""
-    return [name for name, case in CASES.items()
-            if not only or any(text == case.section or text in name for text in only)]
+    return [
+        name for name, case in CASES.items() if not only or any(text == case.section or text in name for text in only)
+    ]
 
 
-def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, json_path: Path | None = None,
-            data_dir: Path | None = None) -> list[dict]:
+def run_all(
+    device: str,
+    only: list[str] | None = None,
+    budget: float = BUDGET,
+    json_path: Path | None = None,
+    data_dir: Path | None = None,
+) -> list[dict]:
     """The selected cases, each in its own process, within ``budget`` seconds for each section; each case's line
     printed as it ends (and the JSON rewritten), then the table. Returns the rows."""
     gpus = 0
@@ -524,8 +646,10 @@ def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, 
             if device == "gpu" and gpus < case.gpus:
                 row = {"result": "skip", "detail": f"needs {case.gpus} GPUs ({gpus} here)"}
             elif left <= 0:
-                row = {"result": "fail", "detail": f"not run: the {case.section} section's {budget:.0f} s budget was "
-                                                   "spent (--budget)"}
+                row = {
+                    "result": "fail",
+                    "detail": f"not run: the {case.section} section's {budget:.0f} s budget was spent (--budget)",
+                }
             else:
                 with tempfile.TemporaryDirectory() as tmp:
                     limit = case.limit * (1 if device == "gpu" else CPU_SLOWER)
@@ -538,8 +662,11 @@ def run_all(device: str, only: list[str] | None = None, budget: float = BUDGET, 
     total = time.perf_counter() - began
     cases = f"{len(rows)} case{'s' * (len(rows) != 1)}"
     sections = len({row["section"] for row in rows})
-    print("\n" + table(rows, device) + f"\n\n{cases} in {total:.0f} s (budget {budget:.0f} s for each of "
-          f"{sections} section{'s' * (sections != 1)})", flush=True)
+    print(
+        "\n" + table(rows, device) + f"\n\n{cases} in {total:.0f} s (budget {budget:.0f} s for each of "
+        f"{sections} section{'s' * (sections != 1)})",
+        flush=True,
+    )
     return rows
 
 
@@ -549,8 +676,12 @@ def table(rows: list[dict], device: str) -> str:
     import torch
 
     name = torch.cuda.get_device_name(0) if device == "gpu" else "CPU"
-    lines = [f"engine correctness on {name}; torch {torch.__version__}, Composer {version('mosaicml')}", "",
-             "| case | result | seconds | detail |", "|---|---|---|---|"]
+    lines = [
+        f"engine correctness on {name}; torch {torch.__version__}, Composer {version('mosaicml')}",
+        "",
+        "| case | result | seconds | detail |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {r['case']} | {r['result']} | {r['seconds']:.0f} | {r['detail']} |" for r in rows]
     return "\n".join(lines)
 
@@ -559,12 +690,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--case", help="run one case in this process (what the table's runner does)")
-    parser.add_argument("--only", action="append",
-                        help="a section (" + "; ".join(f"{name}: {what}" for name, what in SECTIONS.items())
-                             + ") or text in the cases' names (repeatable)")
-    parser.add_argument("--budget", type=float, default=BUDGET,
-                        help=f"seconds for each section (default {BUDGET}); a case gets at most what is left of its "
-                             "section's")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="a section ("
+        + "; ".join(f"{name}: {what}" for name, what in SECTIONS.items())
+        + ") or text in the cases' names (repeatable)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET,
+        help=f"seconds for each section (default {BUDGET}); a case gets at most what is left of its section's",
+    )
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the flagship case's generated data here")
     parser.add_argument("--json", type=Path, help="the rows, rewritten after every case")
     args = parser.parse_args(argv)
@@ -579,8 +717,10 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(row))
         return 0
     if not selected(args.only):
-        sys.exit(f"gpu_check: no section is {' or '.join(map(repr, args.only))} and no case's name contains it "
-                 f"(the sections: {', '.join(SECTIONS)})")
+        sys.exit(
+            f"gpu_check: no section is {' or '.join(map(repr, args.only))} and no case's name contains it "
+            f"(the sections: {', '.join(SECTIONS)})"
+        )
     rows = run_all(args.device, args.only, args.budget, args.json, args.data_dir)
     return 1 if any(r["result"] == "fail" for r in rows) else 0
 

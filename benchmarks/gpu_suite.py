@@ -110,12 +110,17 @@ class Scale:
 def overhead(scale: Scale, compiled: bool) -> list[dict]:
     rows = []
     for label, model, batch, compile_ in scale.overhead_cases(compiled):
-        config = resolve(ROOT / "recipes" / "quickstart.yaml",
-                         throughput_overrides(model, scale.precision, True, compile_, batch, scale.device))
+        config = resolve(
+            ROOT / "recipes" / "quickstart.yaml",
+            throughput_overrides(model, scale.precision, True, compile_, batch, scale.device),
+        )
         result = run_bench(config, steps=scale.steps, rounds=scale.rounds, warmup=scale.warmup)
         rows.append({"case": label, **result})
-        print(f"overhead  {label:<60} plain {result['plain_img_s']:9.0f} img/s  dlrecipes "
-              f"{result['dlrecipes_img_s']:9.0f} img/s  ratio {result['ratio']:.3f}", flush=True)
+        print(
+            f"overhead  {label:<60} plain {result['plain_img_s']:9.0f} img/s  dlrecipes "
+            f"{result['dlrecipes_img_s']:9.0f} img/s  ratio {result['ratio']:.3f}",
+            flush=True,
+        )
     return rows
 
 
@@ -146,30 +151,51 @@ def loader_alone(beton: Path, scale: Scale) -> list[float]:
 def flagship_overrides(data: Path, scale: Scale) -> list[str]:
     small = ["model.min_input_size=16"] if scale.tiny else []  # timm's ResNet-50 at 32 px: a smoke run only
     return small + [
-        f"dataset.train_path={data}/train.beton", f"dataset.val_path={data}/val.beton",
-        f"dataset.crop_size={scale.crop}", f"dataset.eval_crop_size={scale.eval_crop}",
-        f"trainer.batch_size={scale.flagship_batch}", f"trainer.num_workers={scale.workers}",
-        f"trainer.device={scale.device}", f"trainer.precision={scale.precision}",
+        f"dataset.train_path={data}/train.beton",
+        f"dataset.val_path={data}/val.beton",
+        f"dataset.crop_size={scale.crop}",
+        f"dataset.eval_crop_size={scale.eval_crop}",
+        f"trainer.batch_size={scale.flagship_batch}",
+        f"trainer.num_workers={scale.workers}",
+        f"trainer.device={scale.device}",
+        f"trainer.precision={scale.precision}",
     ]
 
 
 def model_alone(data: Path, scale: Scale) -> dict:
     """The flagship's model and algorithms at its final crop size on batches already on the device."""
     shape = [3, scale.crop, scale.crop]
-    config = resolve(ROOT / "recipes" / "imagenet100_fast.yaml", flagship_overrides(data, scale) + [
-        f"dataset={{name: synthetic, input_shape: {shape}, num_classes: {scale.classes}, "
-        f"train_samples: {4 * scale.flagship_batch}, eval_samples: {scale.flagship_batch}}}",
-        "trainer.loader=device", "trainer.num_workers=0", "~algorithms.progressive_resizing",
-    ])
+    config = resolve(
+        ROOT / "recipes" / "imagenet100_fast.yaml",
+        flagship_overrides(data, scale)
+        + [
+            f"dataset={{name: synthetic, input_shape: {shape}, num_classes: {scale.classes}, "
+            f"train_samples: {4 * scale.flagship_batch}, eval_samples: {scale.flagship_batch}}}",
+            "trainer.loader=device",
+            "trainer.num_workers=0",
+            "~algorithms.progressive_resizing",
+        ],
+    )
     return measure_throughput(config, steps=scale.steps * 2, warmup=scale.warmup)
 
 
 def end_to_end(data: Path, runs: Path, scale: Scale, numba_cache: Path | None, epochs: int, name: str) -> dict:
     """``dlrecipes train`` of the flagship in its own process, numba's cache in ``numba_cache`` (None: where this
     process has it)."""
-    cmd = [sys.executable, "-m", "dlrecipes", "train", str(ROOT / "recipes" / "imagenet100_fast.yaml"),
-           *flagship_overrides(data, scale), f"trainer.max_duration={epochs}ep", "trainer.progress_bar=false",
-           "checkpoint.save=false", "checkpoint.monitor=null", f"runs_dir={runs}", f"run_name={name}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "train",
+        str(ROOT / "recipes" / "imagenet100_fast.yaml"),
+        *flagship_overrides(data, scale),
+        f"trainer.max_duration={epochs}ep",
+        "trainer.progress_bar=false",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+        f"runs_dir={runs}",
+        f"run_name={name}",
+    ]
     start = time.perf_counter()
     # a new Python on the CPU too: what numba prints as the interpreter exits is on stderr only then (not forked)
     env = {**os.environ, **({"NUMBA_CACHE_DIR": str(numba_cache)} if numba_cache else {})}
@@ -178,8 +204,13 @@ def end_to_end(data: Path, runs: Path, scale: Scale, numba_cache: Path | None, e
         raise RuntimeError(f"flagship run failed:\n{done.stderr[-3000:]}")
     with open(runs / name / "history.csv") as f:
         rates = [float(row["images_per_sec"]) for row in csv.DictReader(f)]
-    return {"epochs": rates, "first": rates[0], "steady": statistics.median(rates[1:]) if len(rates) > 1 else rates[0],
-            "process_s": time.perf_counter() - start, "numba_tracebacks": done.stderr.count("Exception ignored")}
+    return {
+        "epochs": rates,
+        "first": rates[0],
+        "steady": statistics.median(rates[1:]) if len(rates) > 1 else rates[0],
+        "process_s": time.perf_counter() - start,
+        "numba_tracebacks": done.stderr.count("Exception ignored"),
+    }
 
 
 def _make_images(root: Path, scale: Scale) -> None:
@@ -187,8 +218,10 @@ def _make_images(root: Path, scale: Scale) -> None:
     (20-30 ms each on one core: 6,000 take 2-3 minutes), each its part from a seed of its own."""
     parts = max(1, min(scale.workers, scale.images // 100))
     size = -(-scale.images // parts)
-    jobs = [(root, min(size, scale.images - k * size), scale.classes, k, 80, scale.image_size, k * size)
-            for k in range(parts)]
+    jobs = [
+        (root, min(size, scale.images - k * size), scale.classes, k, 80, scale.image_size, k * size)
+        for k in range(parts)
+    ]
     if parts == 1:
         make_images(*jobs[0])
         return
@@ -242,11 +275,17 @@ def flagship(scale: Scale, data_dir: Path | None) -> dict:
             print(f"flagship  next run, first epoch: {again['first']:.0f} img/s", flush=True)
     steady_loader = statistics.median(loader[1:]) if len(loader) > 1 else loader[0]
     bound = min(steady_loader, model["img_s"])
-    return {"loader_epochs": loader, "loader_steady": steady_loader, "model_img_s": model["img_s"],
-            "end_to_end": e2e, "next_run_first": again and again["first"], "steady_vs_bound": e2e["steady"] / bound,
-            "first_vs_steady": e2e["first"] / e2e["steady"],
-            "next_run_first_vs_steady": again and again["first"] / e2e["steady"],
-            "numba_tracebacks": e2e["numba_tracebacks"] + (again["numba_tracebacks"] if again else 0)}
+    return {
+        "loader_epochs": loader,
+        "loader_steady": steady_loader,
+        "model_img_s": model["img_s"],
+        "end_to_end": e2e,
+        "next_run_first": again and again["first"],
+        "steady_vs_bound": e2e["steady"] / bound,
+        "first_vs_steady": e2e["first"] / e2e["steady"],
+        "next_run_first_vs_steady": again and again["first"] / e2e["steady"],
+        "numba_tracebacks": e2e["numba_tracebacks"] + (again["numba_tracebacks"] if again else 0),
+    }
 
 
 def precision(scale: Scale) -> list[dict]:
@@ -254,16 +293,34 @@ def precision(scale: Scale) -> list[dict]:
     batch, steps = (8, 2) if scale.tiny else (128, 40)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "precision.json"
-        done = own_process(["--device", scale.device, "--models", models, "--batch", str(batch), "--steps", str(steps),
-                            "--json", str(out)], scale.device, script=HERE / "precision.py")
+        done = own_process(
+            [
+                "--device",
+                scale.device,
+                "--models",
+                models,
+                "--batch",
+                str(batch),
+                "--steps",
+                str(steps),
+                "--json",
+                str(out),
+            ],
+            scale.device,
+            script=HERE / "precision.py",
+        )
         if done.returncode != 0:
             raise RuntimeError(f"precision runs failed:\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
-AUGMENT_CASES = [("batch_randaugment", {"policy": "rand-m9-mstd0.5-inc1"}), ("batch_trivialaugment", {}),
-                 ("batch_augmix", {"policy": "augmix-m5-w4-d2"}), ("batch_color_jitter", {"hue": 0.1}),
-                 ("batch_random_erasing", {"value": "random"})]
+AUGMENT_CASES = [
+    ("batch_randaugment", {"policy": "rand-m9-mstd0.5-inc1"}),
+    ("batch_trivialaugment", {}),
+    ("batch_augmix", {"policy": "augmix-m5-w4-d2"}),
+    ("batch_color_jitter", {"hue": 0.1}),
+    ("batch_random_erasing", {"value": "random"}),
+]
 
 
 def augmentation(scale: Scale) -> list[dict]:
@@ -296,8 +353,16 @@ def augmentation(scale: Scale) -> list[dict]:
                 torch.cuda.set_sync_debug_mode("default")
         _sync()
         img_s = scale.steps * scale.flagship_batch / (time.perf_counter() - start)
-        rows.append({"algorithm": name, "params": params, "batch": scale.flagship_batch, "crop": scale.crop,
-                     "img_s": img_s, "sync_gate": device.type == "cuda"})
+        rows.append(
+            {
+                "algorithm": name,
+                "params": params,
+                "batch": scale.flagship_batch,
+                "crop": scale.crop,
+                "img_s": img_s,
+                "sync_gate": device.type == "cuda",
+            }
+        )
         print(f"augment   {name:<22} {params!s:<40} {img_s:9.0f} img/s", flush=True)
     return rows
 
@@ -316,57 +381,87 @@ def speedrun(scale: Scale) -> list[dict]:
 
 
 def table(results: dict) -> str:
-    lines = [f"device: {results['meta']['device']}; torch {results['meta']['torch']}, "
-             f"Composer {results['meta']['composer']}, Python {results['meta']['python']}", ""]
+    lines = [
+        f"device: {results['meta']['device']}; torch {results['meta']['torch']}, "
+        f"Composer {results['meta']['composer']}, Python {results['meta']['python']}",
+        "",
+    ]
     if "overhead" in results:
-        lines += ["| trainer overhead | plain loop img/s | dlrecipes img/s | ratio | overhead ms/step |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['case']} | {r['plain_img_s']:,.0f} | {r['dlrecipes_img_s']:,.0f} | {r['ratio']:.3f} | "
-                  f"{r['overhead_ms_per_step']:.2f} |" for r in results["overhead"]]
+        lines += [
+            "| trainer overhead | plain loop img/s | dlrecipes img/s | ratio | overhead ms/step |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['case']} | {r['plain_img_s']:,.0f} | {r['dlrecipes_img_s']:,.0f} | {r['ratio']:.3f} | "
+            f"{r['overhead_ms_per_step']:.2f} |"
+            for r in results["overhead"]
+        ]
         lines.append("")
     if "flagship" in results:
         f = results["flagship"]
         e = f["end_to_end"]
-        lines += ["| flagship (imagenet100_fast) | img/s |", "|---|---|",
-                  f"| FFCV loader alone, steady | {f['loader_steady']:,.0f} |",
-                  f"| model alone (final crop, its algorithms) | {f['model_img_s']:,.0f} |",
-                  f"| end to end, first epoch (the machine's first run: compiles FFCV's pipelines) | {e['first']:,.0f} |",
-                  f"| end to end, first epoch (the next run: pipelines from numba's cache) | "
-                  f"{'-' if f['next_run_first'] is None else format(f['next_run_first'], ',.0f')} |",
-                  f"| end to end, steady epochs (median) | {e['steady']:,.0f} |",
-                  f"| steady / min(loader, model) | {f['steady_vs_bound']:.2f} |",
-                  f"| first epoch / steady: first run, next run | {f['first_vs_steady']:.2f}, "
-                  f"{'-' if f['next_run_first_vs_steady'] is None else format(f['next_run_first_vs_steady'], '.2f')} |",
-                  f"| numba tracebacks on stderr (both runs) | {f['numba_tracebacks']} |", ""]
+        lines += [
+            "| flagship (imagenet100_fast) | img/s |",
+            "|---|---|",
+            f"| FFCV loader alone, steady | {f['loader_steady']:,.0f} |",
+            f"| model alone (final crop, its algorithms) | {f['model_img_s']:,.0f} |",
+            f"| end to end, first epoch (the machine's first run: compiles FFCV's pipelines) | {e['first']:,.0f} |",
+            f"| end to end, first epoch (the next run: pipelines from numba's cache) | "
+            f"{'-' if f['next_run_first'] is None else format(f['next_run_first'], ',.0f')} |",
+            f"| end to end, steady epochs (median) | {e['steady']:,.0f} |",
+            f"| steady / min(loader, model) | {f['steady_vs_bound']:.2f} |",
+            f"| first epoch / steady: first run, next run | {f['first_vs_steady']:.2f}, "
+            f"{'-' if f['next_run_first_vs_steady'] is None else format(f['next_run_first_vs_steady'], '.2f')} |",
+            f"| numba tracebacks on stderr (both runs) | {f['numba_tracebacks']} |",
+            "",
+        ]
     if "augment" in results:
         lines += ["| augmentation on the device (batch, crop) | img/s | under the sync gate |", "|---|---|---|"]
-        lines += [f"| {r['algorithm']} {r['params'] or ''} ({r['batch']}, {r['crop']} px) | {r['img_s']:,.0f} | "
-                  f"{'yes' if r['sync_gate'] else 'no (CPU)'} |" for r in results["augment"]]
+        lines += [
+            f"| {r['algorithm']} {r['params'] or ''} ({r['batch']}, {r['crop']} px) | {r['img_s']:,.0f} | "
+            f"{'yes' if r['sync_gate'] else 'no (CPU)'} |"
+            for r in results["augment"]
+        ]
         lines.append("")
     if "decode" in results:
         d = results["decode"]
         nv = "-" if d["nvjpeg_img_s"] is None else format(d["nvjpeg_img_s"], ",.0f")
         ffcv = "-" if d.get("ffcv") is None else format(d["ffcv"]["steady"], ",.0f")
-        lines += [f"| JPEGs decoded on the device ({d['crop']} px) | img/s |", "|---|---|",
-                  f"| nvJPEG batched decode alone | {nv} |",
-                  f"| device-decode loader alone, steady | {statistics.median(d['loader_epochs']):,.0f} |",
-                  f"| ResNet-50 fed by device decoding, steady epochs | {d['device_decode']['steady']:,.0f} |",
-                  f"| ResNet-50 fed by FFCV, steady epochs | {ffcv} |", ""]
+        lines += [
+            f"| JPEGs decoded on the device ({d['crop']} px) | img/s |",
+            "|---|---|",
+            f"| nvJPEG batched decode alone | {nv} |",
+            f"| device-decode loader alone, steady | {statistics.median(d['loader_epochs']):,.0f} |",
+            f"| ResNet-50 fed by device decoding, steady epochs | {d['device_decode']['steady']:,.0f} |",
+            f"| ResNet-50 fed by FFCV, steady epochs | {ffcv} |",
+            "",
+        ]
     if "speedrun" in results:
-        lines += ["| speedrun (airbench94 vs recipes/cifar10_speedrun.yaml) | imports s | whole run s | steady step ms | "
-                  "step speed ratio | whole-run ratio (with imports) |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| speedrun (airbench94 vs recipes/cifar10_speedrun.yaml) | imports s | whole run s | steady step ms | "
+            "step speed ratio | whole-run ratio (with imports) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in results["speedrun"]:
             how = "compiled" if r["compiled"] else "eager"
-            lines += [f"| airbench's train() | {r['import_s_airbench']:.2f} | {r['wall_s_airbench']:.2f} | "
-                      f"{r['steady_step_ms_airbench']:.2f} | | |",
-                      f"| the recipe, {how} | {r['import_s_dlrecipes']:.2f} | {r['wall_s_dlrecipes']:.2f} | "
-                      f"{r['steady_step_ms_dlrecipes']:.2f} | {r['step_speed_ratio']:.3f} | {r['wall_ratio']:.3f}x "
-                      f"({r['wall_with_imports_ratio']:.3f}x) |"]
+            lines += [
+                f"| airbench's train() | {r['import_s_airbench']:.2f} | {r['wall_s_airbench']:.2f} | "
+                f"{r['steady_step_ms_airbench']:.2f} | | |",
+                f"| the recipe, {how} | {r['import_s_dlrecipes']:.2f} | {r['wall_s_dlrecipes']:.2f} | "
+                f"{r['steady_step_ms_dlrecipes']:.2f} | {r['step_speed_ratio']:.3f} | {r['wall_ratio']:.3f}x "
+                f"({r['wall_with_imports_ratio']:.3f}x) |",
+            ]
         lines.append("")
     if "precision" in results:
-        lines += ["| precision | model | train s | img/s | peak MiB | loss after the steps |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
-                  f"{r['train_loss']:.4f} |" for r in results["precision"]]
+        lines += [
+            "| precision | model | train s | img/s | peak MiB | loss after the steps |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['config']} | {r['model']} | {r['train_s']:.1f} | {r['img_s']:,.0f} | {r['peak_memory_mb']:,.0f} | "
+            f"{r['train_loss']:.4f} |"
+            for r in results["precision"]
+        ]
     return "\n".join(lines)
 
 
@@ -374,23 +469,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run, not a measurement")
-    parser.add_argument("--only", default="", help=f"comma-separated sections to run: {','.join(SECTIONS)} "
-                                                   "(with --check: a section of the check, engine, sync, compile or ranks, or "
-                                                   "text in its cases' names)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated sections to run: {','.join(SECTIONS)} "
+        "(with --check: a section of the check, engine, sync, compile or ranks, or "
+        "text in its cases' names)",
+    )
     parser.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {','.join(SECTIONS)}")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the generated flagship images here")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--check", action="store_true",
-                        help="run the engine's correctness matrix instead (benchmarks/gpu_check.py), not the speed suite")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run the engine's correctness matrix instead (benchmarks/gpu_check.py), not the speed suite",
+    )
     parser.add_argument("--budget", type=float, help="with --check: seconds for each section (default 300)")
     args = parser.parse_args()
     if args.check:
         import gpu_check
 
-        forwarded = {"--device": args.device, "--json": args.json, "--only": args.only or None,
-                     "--budget": args.budget, "--data-dir": args.data_dir}
-        sys.exit(gpu_check.main([str(x) for key, value in forwarded.items() if value is not None
-                                 for x in (key, value)]))
+        forwarded = {
+            "--device": args.device,
+            "--json": args.json,
+            "--only": args.only or None,
+            "--budget": args.budget,
+            "--data-dir": args.data_dir,
+        }
+        sys.exit(
+            gpu_check.main([str(x) for key, value in forwarded.items() if value is not None for x in (key, value)])
+        )
     only, skip = (set(filter(None, text.split(","))) for text in (args.only, args.skip))
     unknown = sorted((only | skip) - set(SECTIONS))
     if unknown:
@@ -401,11 +509,19 @@ def main() -> None:
 
     scale = Scale(args.tiny, args.device)
     run = [section for section in SECTIONS if (not only or section in only) and section not in skip]
-    results: dict = {"meta": {
-        "device": torch.cuda.get_device_name(0) if args.device == "gpu" else f"CPU ({platform.processor() or 'cpu'})",
-        "torch": torch.__version__, "composer": composer.__version__, "python": platform.python_version(),
-        "tiny": args.tiny, "date": time.strftime("%Y-%m-%d"), "sections": run,
-    }}
+    results: dict = {
+        "meta": {
+            "device": torch.cuda.get_device_name(0)
+            if args.device == "gpu"
+            else f"CPU ({platform.processor() or 'cpu'})",
+            "torch": torch.__version__,
+            "composer": composer.__version__,
+            "python": platform.python_version(),
+            "tiny": args.tiny,
+            "date": time.strftime("%Y-%m-%d"),
+            "sections": run,
+        }
+    }
     start = time.perf_counter()
     for compiled, section in ((False, "overhead"), (True, "overhead_compiled")):
         if section in run:  # one table: eager rows, then compiled ones

@@ -35,9 +35,14 @@ def overrides(model: str, precision: str, channels_last: bool, compile_: bool, b
     out = [
         f"model={spec}",
         f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, train_samples: {4 * batch}, eval_samples: {batch}}}",
-        f"trainer.batch_size={batch}", f"trainer.precision={precision}", f"trainer.device={device}",
-        "trainer.loader=device", "trainer.num_workers=0", f"trainer.compile={'true' if compile_ else 'false'}",
-        "optimizer={name: decoupled_sgdw, lr: 0.1, momentum: 0.9, weight_decay: 5.0e-5}", "scheduler=constant",
+        f"trainer.batch_size={batch}",
+        f"trainer.precision={precision}",
+        f"trainer.device={device}",
+        "trainer.loader=device",
+        "trainer.num_workers=0",
+        f"trainer.compile={'true' if compile_ else 'false'}",
+        "optimizer={name: decoupled_sgdw, lr: 0.1, momentum: 0.9, weight_decay: 5.0e-5}",
+        "scheduler=constant",
         "algorithms={channels_last: {}}" if channels_last else "algorithms={}",
     ]
     return out
@@ -57,22 +62,32 @@ def main() -> None:
     args = parser.parse_args()
     import composer
 
-    meta = {"torch": torch.__version__, "composer": composer.__version__, "python": platform.python_version(),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+    meta = {
+        "torch": torch.__version__,
+        "composer": composer.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
     print(json.dumps(meta), flush=True)
     rows = []
-    grid = itertools.product(args.models.split(","), args.precisions.split(","), args.channels_last.split(","),
-                             args.compile.split(","))
+    grid = itertools.product(
+        args.models.split(","), args.precisions.split(","), args.channels_last.split(","), args.compile.split(",")
+    )
     for model, precision, cl, comp in grid:
         batch = args.batch or MODELS[model][3]
-        config = resolve(ROOT / "recipes" / "quickstart.yaml",
-                         overrides(model, precision, cl == "on", comp == "on", batch, args.device))
+        config = resolve(
+            ROOT / "recipes" / "quickstart.yaml",
+            overrides(model, precision, cl == "on", comp == "on", batch, args.device),
+        )
         result = measure_throughput(config, steps=args.steps, warmup=args.warmup)
         row = {"model": model, "precision": precision, "channels_last": cl, "compile": comp, **result}
         rows.append(row)
-        print(f"{model:<15} {precision:<9} channels_last={cl:<3} compile={comp:<3} batch {batch:5d}: "
-              f"{result['img_s']:9.0f} img/s  {result['step_ms']:8.1f} ms/step"
-              + (f"  peak {result['peak_memory_mb']:.0f} MiB" if result["peak_memory_mb"] else ""), flush=True)
+        print(
+            f"{model:<15} {precision:<9} channels_last={cl:<3} compile={comp:<3} batch {batch:5d}: "
+            f"{result['img_s']:9.0f} img/s  {result['step_ms']:8.1f} ms/step"
+            + (f"  peak {result['peak_memory_mb']:.0f} MiB" if result["peak_memory_mb"] else ""),
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
 

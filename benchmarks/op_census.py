@@ -22,9 +22,15 @@ from pathlib import Path
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
-CASE = ["model={name: cifar_resnet18}", "trainer.device=cpu", "trainer.loader=device", "trainer.num_workers=0",
-        "optimizer={name: decoupled_sgdw, lr: 0.1, momentum: 0.9, weight_decay: 5.0e-5}", "scheduler=constant",
-        "algorithms={channels_last: {}}"]
+CASE = [
+    "model={name: cifar_resnet18}",
+    "trainer.device=cpu",
+    "trainer.loader=device",
+    "trainer.num_workers=0",
+    "optimizer={name: decoupled_sgdw, lr: 0.1, momentum: 0.9, weight_decay: 5.0e-5}",
+    "scheduler=constant",
+    "algorithms={channels_last: {}}",
+]
 
 
 class OpCounter(TorchDispatchMode):
@@ -41,7 +47,9 @@ class OpCounter(TorchDispatchMode):
         while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
             frame = frame.f_back
         if frame is not None:
-            self.where[(str(func), f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}")] += 1
+            self.where[
+                (str(func), f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}")
+            ] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -62,11 +70,19 @@ def census(overrides: list[str], steps: int = 10) -> dict:
     batches = in_memory_batches(config, 8, device)
     warmup = 3
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), "cpu"),
-                                      one_epoch(batches, warmup + steps + 1))
+        trainer = build_bench_trainer(
+            TrainingRun.in_folder(config, Path(tmp), "cpu"), one_epoch(batches, warmup + steps + 1)
+        )
         module = copy.deepcopy(trainer.state.model.module)  # the same weights
-        plain = PlainLoop(module, builders.build_optimizer(config.optimizer, module), build_loss(config.loss),
-                          config.trainer.precision, None, "channels_last" in config.algorithms, device)
+        plain = PlainLoop(
+            module,
+            builders.build_optimizer(config.optimizer, module),
+            build_loss(config.loss),
+            config.trainer.precision,
+            None,
+            "channels_last" in config.algorithms,
+            device,
+        )
         for i in range(warmup):
             plain.step(*batches[i % len(batches)])
         plain_ops = OpCounter()
@@ -89,22 +105,34 @@ def census(overrides: list[str], steps: int = 10) -> dict:
         trainer.close()
     differing = sorted({op for op in set(plain_ops.ops) | set(ours.ops) if plain_ops.ops[op] != ours.ops[op]})
     return {
-        "steps": steps, "batch": len(batches[0][1]), "train_metrics_interval": config.trainer.train_metrics_interval,
-        "plain_ops_per_step": sum(plain_ops.ops.values()) / steps, "ours_ops_per_step": sum(ours.ops.values()) / steps,
+        "steps": steps,
+        "batch": len(batches[0][1]),
+        "train_metrics_interval": config.trainer.train_metrics_interval,
+        "plain_ops_per_step": sum(plain_ops.ops.values()) / steps,
+        "ours_ops_per_step": sum(ours.ops.values()) / steps,
         "extra_per_step": {op: (ours.ops[op] - plain_ops.ops[op]) / steps for op in differing},
         # the differing ops' sites outside the model's forward, the loss and backward (which both loops run)
-        "ours_from": {f"{op} @ {where}": n / steps for (op, where), n in sorted(ours.where.items())
-                      if op in differing and not where.endswith((" forward", " _train_microbatch_direct",
-                                                                 " soft_cross_entropy"))},
+        "ours_from": {
+            f"{op} @ {where}": n / steps
+            for (op, where), n in sorted(ours.where.items())
+            if op in differing and not where.endswith((" forward", " _train_microbatch_direct", " soft_cross_entropy"))
+        },
     }
 
 
 def format_census(result: dict) -> str:
-    lines = [f"ops per step (batch {result['batch']}, {result['steps']} steps, train metrics every "
-             f"{result['train_metrics_interval']} batches): plain loop {result['plain_ops_per_step']:.1f}, "
-             f"dlrecipes {result['ours_ops_per_step']:.1f}", "", "| op | dlrecipes - plain, per step |", "|---|---|"]
+    lines = [
+        f"ops per step (batch {result['batch']}, {result['steps']} steps, train metrics every "
+        f"{result['train_metrics_interval']} batches): plain loop {result['plain_ops_per_step']:.1f}, "
+        f"dlrecipes {result['ours_ops_per_step']:.1f}",
+        "",
+        "| op | dlrecipes - plain, per step |",
+        "|---|---|",
+    ]
     lines += [f"| {op} | {n:+.1f} |" for op, n in result["extra_per_step"].items()]
-    lines += ["", "where ours come from, outside the forward, loss and backward (per step):"] + [f"  {n:5.1f}  {k}" for k, n in result["ours_from"].items()]
+    lines += ["", "where ours come from, outside the forward, loss and backward (per step):"] + [
+        f"  {n:5.1f}  {k}" for k, n in result["ours_from"].items()
+    ]
     return "\n".join(lines)
 
 
@@ -115,10 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-metrics-interval", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    data = (f"dataset={{name: synthetic, input_shape: [3, 32, 32], num_classes: 10, train_samples: {8 * args.batch}, "
-            f"eval_samples: {args.batch}}}")
-    result = census([data, f"trainer.batch_size={args.batch}",
-                     f"trainer.train_metrics_interval={args.train_metrics_interval}"], args.steps)
+    data = (
+        f"dataset={{name: synthetic, input_shape: [3, 32, 32], num_classes: 10, train_samples: {8 * args.batch}, "
+        f"eval_samples: {args.batch}}}"
+    )
+    result = census(
+        [data, f"trainer.batch_size={args.batch}", f"trainer.train_metrics_interval={args.train_metrics_interval}"],
+        args.steps,
+    )
     print(format_census(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

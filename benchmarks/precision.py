@@ -31,17 +31,28 @@ MODELS = {
 
 def configs(device: str, batch: int) -> list[tuple[str, list[str]]]:
     micro = batch // 4
-    rows = [("fp32", ["trainer.precision=fp32"]),
-            (f"fp32 + accumulation (microbatch {micro})", ["trainer.precision=fp32", f"trainer.device_train_microbatch_size={micro}"])]
+    rows = [
+        ("fp32", ["trainer.precision=fp32"]),
+        (
+            f"fp32 + accumulation (microbatch {micro})",
+            ["trainer.precision=fp32", f"trainer.device_train_microbatch_size={micro}"],
+        ),
+    ]
     if device == "gpu":
-        rows += [("amp_fp16", ["trainer.precision=amp_fp16"]), ("amp_bf16", ["trainer.precision=amp_bf16"]),
-                 (f"amp_bf16 + accumulation (microbatch {micro})",
-                  ["trainer.precision=amp_bf16", f"trainer.device_train_microbatch_size={micro}"])]
+        rows += [
+            ("amp_fp16", ["trainer.precision=amp_fp16"]),
+            ("amp_bf16", ["trainer.precision=amp_bf16"]),
+            (
+                f"amp_bf16 + accumulation (microbatch {micro})",
+                ["trainer.precision=amp_bf16", f"trainer.device_train_microbatch_size={micro}"],
+            ),
+        ]
     return rows
 
 
-def own_process(args: list[str], device: str, env: dict[str, str] | None = None,
-                script: Path | None = None) -> subprocess.CompletedProcess:
+def own_process(
+    args: list[str], device: str, env: dict[str, str] | None = None, script: Path | None = None
+) -> subprocess.CompletedProcess:
     """``python -m dlrecipes ARGS`` (``python SCRIPT ARGS``) in ROOT, to its end, output captured: a new Python on
     GPUs; on the CPU, forked from a process that imported torch and Composer once (the imports are not what a CPU
     run measures; peak memory is still its own process's; CUDA would not survive the fork)."""
@@ -70,13 +81,24 @@ def main() -> None:
             for label, extra in configs(args.device, args.batch):
                 run = f"{model}-{len(results)}"
                 command = [
-                    "train", str(ROOT / "recipes" / "quickstart.yaml"),
-                    f"model={spec}", f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, "
+                    "train",
+                    str(ROOT / "recipes" / "quickstart.yaml"),
+                    f"model={spec}",
+                    f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, "
                     f"train_samples: {args.steps * args.batch}, eval_samples: {args.batch}}}",
-                    f"trainer.batch_size={args.batch}", "trainer.max_duration=1ep", f"trainer.device={args.device}",
-                    "trainer.loader=device", "trainer.num_workers=0", "trainer.progress_bar=false",
-                    "trainer.console_log_interval=1000ep", "checkpoint.save=false", "checkpoint.monitor=null",
-                    "scheduler=constant", f"runs_dir={runs}", f"run_name={run}", *extra,
+                    f"trainer.batch_size={args.batch}",
+                    "trainer.max_duration=1ep",
+                    f"trainer.device={args.device}",
+                    "trainer.loader=device",
+                    "trainer.num_workers=0",
+                    "trainer.progress_bar=false",
+                    "trainer.console_log_interval=1000ep",
+                    "checkpoint.save=false",
+                    "checkpoint.monitor=null",
+                    "scheduler=constant",
+                    f"runs_dir={runs}",
+                    f"run_name={run}",
+                    *extra,
                 ]
                 start = time.perf_counter()
                 done = own_process(command, args.device)
@@ -87,12 +109,21 @@ def main() -> None:
                 summary = json.loads((Path(runs) / run / "summary.json").read_text())
                 with open(Path(runs) / run / "history.csv") as f:
                     last = list(csv.DictReader(f))[-1]
-                row = {"model": model, "config": label, "train_s": float(last["elapsed_sec"]), "process_s": wall,
-                       "img_s": float(last["images_per_sec"]), "peak_memory_mb": summary["peak_memory_mb"],
-                       "train_loss": float(last["train_loss"])}
+                row = {
+                    "model": model,
+                    "config": label,
+                    "train_s": float(last["elapsed_sec"]),
+                    "process_s": wall,
+                    "img_s": float(last["images_per_sec"]),
+                    "peak_memory_mb": summary["peak_memory_mb"],
+                    "train_loss": float(last["train_loss"]),
+                }
                 results.append(row)
-                print(f"{model:<15} {label:<38} train {row['train_s']:6.1f}s  {row['img_s']:7.1f} img/s  "
-                      f"peak {row['peak_memory_mb']:7.0f} MiB  loss {row['train_loss']:.4f}", flush=True)
+                print(
+                    f"{model:<15} {label:<38} train {row['train_s']:6.1f}s  {row['img_s']:7.1f} img/s  "
+                    f"peak {row['peak_memory_mb']:7.0f} MiB  loss {row['train_loss']:.4f}",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

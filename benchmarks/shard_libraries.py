@@ -122,8 +122,13 @@ def bench_litdata(samples: list[tuple[bytes, int]], work: Path) -> dict:
     total = sum(len(d) for d, _ in samples)
 
     def dataset(tag: str, limit=None, shuffle=False):
-        return StreamingDataset(remote, cache_dir=str(work / f"lit-{tag}"), storage_options=opts, shuffle=shuffle,
-                                max_cache_size=limit or "100GB")
+        return StreamingDataset(
+            remote,
+            cache_dir=str(work / f"lit-{tag}"),
+            storage_options=opts,
+            shuffle=shuffle,
+            max_cache_size=limit or "100GB",
+        )
 
     seq = dataset("seq")
     t_seq, n = timed(lambda: sum(1 for _ in seq))
@@ -144,11 +149,16 @@ def bench_litdata(samples: list[tuple[bytes, int]], work: Path) -> dict:
     with CacheWatch(str(work / "lit-cached")) as watch:
         t_cached, got = timed(lambda: [cached[i] for i in order])
     exact = all(got[k]["image"] == samples[i][0] and got[k]["label"] == samples[i][1] for k, i in enumerate(order))
-    return {"sequential": n / t_seq, "random (byte ranges)": ranged_rate,
-            "random (chunk cache)": len(order) / t_whole,
-            "random (chunk cache, limit)": len(order) / t_cached, "random equals source": exact,
-            "cache limit": limit, "cache peak": watch.peak,
-            "resume": resume_litdata(StreamingDataLoader, lambda: dataset("res", shuffle=True))}
+    return {
+        "sequential": n / t_seq,
+        "random (byte ranges)": ranged_rate,
+        "random (chunk cache)": len(order) / t_whole,
+        "random (chunk cache, limit)": len(order) / t_cached,
+        "random equals source": exact,
+        "cache limit": limit,
+        "cache peak": watch.peak,
+        "resume": resume_litdata(StreamingDataLoader, lambda: dataset("res", shuffle=True)),
+    }
 
 
 def resume_litdata(loader_cls, make) -> bool:
@@ -172,16 +182,23 @@ def bench_streaming(samples: list[tuple[bytes, int]], work: Path) -> dict:
     from streaming.base.util import clean_stale_shared_memory
 
     remote = f"s3://{BUCKET}/streaming"
-    with MDSWriter(out=(str(work / "mds-out"), remote), columns={"image": "bytes", "label": "int"},
-                   size_limit=CHUNK_BYTES) as writer:
+    with MDSWriter(
+        out=(str(work / "mds-out"), remote), columns={"image": "bytes", "label": "int"}, size_limit=CHUNK_BYTES
+    ) as writer:
         for data, label in samples:
             writer.write({"image": data, "label": label})
     total = sum(len(d) for d, _ in samples)
 
     def dataset(tag: str, limit=None, shuffle=False):
         clean_stale_shared_memory()
-        return StreamingDataset(remote=remote, local=str(work / f"mds-{tag}"), shuffle=shuffle, batch_size=16,
-                                cache_limit=limit, shuffle_seed=0)
+        return StreamingDataset(
+            remote=remote,
+            local=str(work / f"mds-{tag}"),
+            shuffle=shuffle,
+            batch_size=16,
+            cache_limit=limit,
+            shuffle_seed=0,
+        )
 
     seq = dataset("seq")
     t_seq, n = timed(lambda: sum(1 for _ in seq))
@@ -194,10 +211,15 @@ def bench_streaming(samples: list[tuple[bytes, int]], work: Path) -> dict:
     with CacheWatch(str(work / "mds-cached")) as watch:
         t_cached, got = timed(lambda: [cached[i] for i in order])
     exact = all(got[k]["image"] == samples[i][0] and got[k]["label"] == samples[i][1] for k, i in enumerate(order))
-    return {"sequential": n / t_seq, "random (chunk cache)": len(order) / t_rand,
-            "random (chunk cache, limit)": len(order) / t_cached, "random equals source": exact,
-            "cache limit": limit, "cache peak": watch.peak,
-            "resume": resume_streaming(StreamingDataLoader, lambda: dataset("res", shuffle=True))}
+    return {
+        "sequential": n / t_seq,
+        "random (chunk cache)": len(order) / t_rand,
+        "random (chunk cache, limit)": len(order) / t_cached,
+        "random equals source": exact,
+        "cache limit": limit,
+        "cache peak": watch.peak,
+        "resume": resume_streaming(StreamingDataLoader, lambda: dataset("res", shuffle=True)),
+    }
 
 
 def resume_streaming(loader_cls, make) -> bool:
@@ -230,15 +252,23 @@ def bench_webdataset(samples: list[tuple[bytes, int]], work: Path) -> dict:
     upload_folder(str(out), "webdataset")
     client = s3_client()
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="webdataset/")["Contents"])
-    urls = [f"pipe:curl -s -f '{client.generate_presigned_url('get_object', Params={'Bucket': BUCKET, 'Key': k}, ExpiresIn=3600)}'"
-            for k in keys]
+    urls = [
+        f"pipe:curl -s -f '{client.generate_presigned_url('get_object', Params={'Bucket': BUCKET, 'Key': k}, ExpiresIn=3600)}'"
+        for k in keys
+    ]
     (work / "wds-seq").mkdir()
     seq = wds.WebDataset(urls, cache_dir=str(work / "wds-seq"), shardshuffle=False).to_tuple("jpg", "cls")
     t_seq, got = timed(lambda: list(seq))
     exact = all(got[i][0] == samples[i][0] and int(got[i][1]) == samples[i][1] for i in range(len(samples)))
-    return {"sequential": len(got) / t_seq, "random (chunk cache)": "no (iterable only)",
-            "random (chunk cache, limit)": "no", "random equals source": f"sequential: {exact}",
-            "cache limit": "no (whole shards cached)", "cache peak": "-", "resume": "no (no loader state)"}
+    return {
+        "sequential": len(got) / t_seq,
+        "random (chunk cache)": "no (iterable only)",
+        "random (chunk cache, limit)": "no",
+        "random equals source": f"sequential: {exact}",
+        "cache limit": "no (whole shards cached)",
+        "cache peak": "-",
+        "resume": "no (no loader state)",
+    }
 
 
 BENCHES = {"litdata": bench_litdata, "streaming": bench_streaming, "webdataset": bench_webdataset}
@@ -279,12 +309,30 @@ def main() -> None:
             server.create_bucket(BUCKET)
             for spec in args.lib:
                 name, folder = spec.split("=", 1)
-                env = {**os.environ, **server.env(), "PYTHONPATH": f"{folder}:{ROOT}", "AWS_ENDPOINT_URL": server.endpoint,
-                       "AWS_ALLOW_HTTP": "true"}
+                env = {
+                    **os.environ,
+                    **server.env(),
+                    "PYTHONPATH": f"{folder}:{ROOT}",
+                    "AWS_ENDPOINT_URL": server.endpoint,
+                    "AWS_ALLOW_HTTP": "true",
+                }
                 work = tmp / f"work-{name}"
                 work.mkdir()
-                done = subprocess.run([sys.executable, __file__, "--worker", name, "--work", str(work),
-                                       "--image-dir", str(tmp / "images")], env=env, capture_output=True, text=True)
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        name,
+                        "--work",
+                        str(work),
+                        "--image-dir",
+                        str(tmp / "images"),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
                 result = json.loads(lines[-1][7:]) if lines else {"error": done.stderr.strip()[-3000:]}
                 result["installed MB"] = installed_size(folder) / 1e6

@@ -51,16 +51,22 @@ def images_and_labels(args) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         folder = Path(args.cifar) / CIFAR10.folder
         missing = [name for name in (*CIFAR10.train_files, *CIFAR10.test_files) if not (folder / name).is_file()]
         if missing:
-            sys.exit(f"speedrun: --cifar: {folder} lacks {', '.join(missing)} (CIFAR-10's python version, "
-                     "cifar-10-batches-py/, under the folder given)")
+            sys.exit(
+                f"speedrun: --cifar: {folder} lacks {', '.join(missing)} (CIFAR-10's python version, "
+                "cifar-10-batches-py/, under the folder given)"
+            )
         train = read_cifar_batches(folder, CIFAR10.train_files, CIFAR10.label_key)
         test = read_cifar_batches(folder, CIFAR10.test_files, CIFAR10.label_key)
         nhwc = [x.transpose(0, 2, 3, 1) for x in (train[0], test[0])]
         return nhwc[0][: args.images], train[1][: args.images], nhwc[1], test[1]
     rng = np.random.default_rng(0)
     n_test = max(16, args.images // 5)
-    return (rng.integers(0, 256, (args.images, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, args.images),
-            rng.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n_test))
+    return (
+        rng.integers(0, 256, (args.images, 32, 32, 3), dtype=np.uint8),
+        rng.integers(0, 10, args.images),
+        rng.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8),
+        rng.integers(0, 10, n_test),
+    )
 
 
 def write_data(root: Path, data) -> None:
@@ -72,8 +78,10 @@ def write_data(root: Path, data) -> None:
     (root / "cifar10").mkdir(parents=True)
     classes = [str(i) for i in range(10)]
     for name, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
-        torch.save({"images": torch.from_numpy(x), "labels": torch.from_numpy(y.astype(np.int64)), "classes": classes},
-                   root / "cifar10" / f"{name}.pt")
+        torch.save(
+            {"images": torch.from_numpy(x), "labels": torch.from_numpy(y.astype(np.int64)), "classes": classes},
+            root / "cifar10" / f"{name}.pt",
+        )
     folder = root / "dl" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     parts = np.array_split(np.arange(len(train_x)), 5)
@@ -146,15 +154,26 @@ def airbench_side(args, root: Path) -> dict:
 
     os.chdir(root)  # train() opens its test set as the folder 'cifar10'
     start = time.perf_counter()
-    loader = utils.CifarLoader("cifar10", train=True, batch_size=args.batch, aug=lib_airbench94.hyp["aug"],
-                               altflip=True)
-    widths = dict(zip(("block1", "block2", "block3"), args.widths)) if args.widths else lib_airbench94.hyp["net"]["widths"]
-    lib_airbench94.train94(timed(loader), epochs=args.epochs, make_net=functools.partial(lib_airbench94.make_net94,
-                                                                                     widths=widths), verbose=False)
+    loader = utils.CifarLoader(
+        "cifar10", train=True, batch_size=args.batch, aug=lib_airbench94.hyp["aug"], altflip=True
+    )
+    widths = (
+        dict(zip(("block1", "block2", "block3"), args.widths)) if args.widths else lib_airbench94.hyp["net"]["widths"]
+    )
+    lib_airbench94.train94(
+        timed(loader),
+        epochs=args.epochs,
+        make_net=functools.partial(lib_airbench94.make_net94, widths=widths),
+        verbose=False,
+    )
     sync(args.device)
     end = time.perf_counter()
-    return {"wall_s": end - start, "import_s": imports, "epoch_s": [b - a for a, b in zip(marks, marks[1:] + [end])],
-            "steps_per_epoch": len(loader)}
+    return {
+        "wall_s": end - start,
+        "import_s": imports,
+        "epoch_s": [b - a for a, b in zip(marks, marks[1:] + [end])],
+        "steps_per_epoch": len(loader),
+    }
 
 
 def dlrecipes_side(args, root: Path) -> dict:
@@ -171,10 +190,18 @@ def dlrecipes_side(args, root: Path) -> dict:
     steps_per_epoch = args.images // args.batch
     steps = math.ceil(steps_per_epoch * args.epochs)
     overrides = [
-        f"dataset.root={root / 'dl'}", "dataset.download=false", f"trainer.device={args.device}",
-        f"trainer.batch_size={args.batch}", f"trainer.max_duration={steps}ba", f"trainer.eval_interval={steps}ba",
-        "trainer.eval_subset_num_batches=1", "trainer.progress_bar=false", f"runs_dir={root / 'runs'}",
-        "run_name=speedrun", "plots=false", f"optimizer.weight_decay={0.0153 * args.batch / 11.5!r}",
+        f"dataset.root={root / 'dl'}",
+        "dataset.download=false",
+        f"trainer.device={args.device}",
+        f"trainer.batch_size={args.batch}",
+        f"trainer.max_duration={steps}ba",
+        f"trainer.eval_interval={steps}ba",
+        "trainer.eval_subset_num_batches=1",
+        "trainer.progress_bar=false",
+        f"runs_dir={root / 'runs'}",
+        "run_name=speedrun",
+        "plots=false",
+        f"optimizer.weight_decay={0.0153 * args.batch / 11.5!r}",
         f"callbacks.patch_whitening.images={min(5000, args.images)}",
     ]
     if args.widths:
@@ -188,13 +215,17 @@ def dlrecipes_side(args, root: Path) -> dict:
     wall = time.perf_counter() - start
     with open(root / "runs" / "speedrun" / "history.csv") as f:
         rates = [float(row["images_per_sec"]) for row in csv.DictReader(f)]
-    return {"wall_s": wall, "import_s": imports, "epoch_s": [steps_per_epoch * args.batch / rate for rate in rates],
-            "steps_per_epoch": steps_per_epoch}
+    return {
+        "wall_s": wall,
+        "import_s": imports,
+        "epoch_s": [steps_per_epoch * args.batch / rate for rate in rates],
+        "steps_per_epoch": steps_per_epoch,
+    }
 
 
 def steady_step_s(side: dict, epochs: float) -> float:
     """The median whole epoch after the first, over its steps (the first when there is no other)."""
-    whole = side["epoch_s"][1:int(epochs)] or side["epoch_s"][:1]
+    whole = side["epoch_s"][1 : int(epochs)] or side["epoch_s"][:1]
     return statistics.median(whole) / side["steps_per_epoch"]
 
 
@@ -205,8 +236,22 @@ def one_side(args) -> None:
 
 
 def run_side(name: str, args, root: Path) -> dict:
-    cmd = [sys.executable, __file__, "--side", name, "--root", str(root), "--device", args.device,
-           "--images", str(args.images), "--batch", str(args.batch), "--epochs", str(args.epochs)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--side",
+        name,
+        "--root",
+        str(root),
+        "--device",
+        args.device,
+        "--images",
+        str(args.images),
+        "--batch",
+        str(args.batch),
+        "--epochs",
+        str(args.epochs),
+    ]
     cmd += ["--widths", *map(str, args.widths)] if args.widths else []
     cmd += ["--eager"] if args.eager else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -240,21 +285,28 @@ def main() -> None:
         sides = {name: run_side(name, args, root) for name in ("airbench", "dlrecipes")}
     ours, theirs = sides["dlrecipes"], sides["airbench"]
     result = {
-        "device": args.device, "images": args.images, "batch": args.batch, "epochs": args.epochs,
-        "widths": args.widths or [64, 256, 256], "compiled": args.device == "gpu" and not args.eager,
-        "data": args.cifar or "synthetic", **{f"{k}_{name}": v for name, side in sides.items() for k, v in side.items()},
+        "device": args.device,
+        "images": args.images,
+        "batch": args.batch,
+        "epochs": args.epochs,
+        "widths": args.widths or [64, 256, 256],
+        "compiled": args.device == "gpu" and not args.eager,
+        "data": args.cifar or "synthetic",
+        **{f"{k}_{name}": v for name, side in sides.items() for k, v in side.items()},
         "steady_step_ms_airbench": 1e3 * steady_step_s(theirs, args.epochs),
         "steady_step_ms_dlrecipes": 1e3 * steady_step_s(ours, args.epochs),
     }
     result["step_speed_ratio"] = result["steady_step_ms_airbench"] / result["steady_step_ms_dlrecipes"]
     result["wall_ratio"] = ours["wall_s"] / theirs["wall_s"]
     result["wall_with_imports_ratio"] = (ours["wall_s"] + ours["import_s"]) / (theirs["wall_s"] + theirs["import_s"])
-    print(f"{'':12} {'imports s':>10} {'whole run s':>12} {'steady step ms':>15}\n"
-          f"{'airbench':12} {theirs['import_s']:10.2f} {theirs['wall_s']:12.2f} {result['steady_step_ms_airbench']:15.2f}\n"
-          f"{'dlrecipes':12} {ours['import_s']:10.2f} {ours['wall_s']:12.2f} {result['steady_step_ms_dlrecipes']:15.2f}\n"
-          f"steady step speed, dlrecipes / airbench: {result['step_speed_ratio']:.3f} (goal on a GPU: >= 0.95)\n"
-          f"whole run, dlrecipes / airbench: {result['wall_ratio']:.3f}x (goal on a GPU: <= 1.1x); "
-          f"with the imports: {result['wall_with_imports_ratio']:.3f}x")
+    print(
+        f"{'':12} {'imports s':>10} {'whole run s':>12} {'steady step ms':>15}\n"
+        f"{'airbench':12} {theirs['import_s']:10.2f} {theirs['wall_s']:12.2f} {result['steady_step_ms_airbench']:15.2f}\n"
+        f"{'dlrecipes':12} {ours['import_s']:10.2f} {ours['wall_s']:12.2f} {result['steady_step_ms_dlrecipes']:15.2f}\n"
+        f"steady step speed, dlrecipes / airbench: {result['step_speed_ratio']:.3f} (goal on a GPU: >= 0.95)\n"
+        f"whole run, dlrecipes / airbench: {result['wall_ratio']:.3f}x (goal on a GPU: <= 1.1x); "
+        f"with the imports: {result['wall_with_imports_ratio']:.3f}x"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

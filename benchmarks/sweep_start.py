@@ -26,21 +26,38 @@ MODES = {"forked": "0", "new Python": "1"}
 
 def sweep(folder: Path, mode: str, points: int, batches: int) -> dict:
     lrs = ",".join(f"{0.001 * (i + 1):g}" for i in range(points))
-    cmd = [sys.executable, "-m", "dlrecipes", "sweep", str(ROOT / "recipes" / "quickstart.yaml"), f"optimizer.lr={lrs}",
-           "trainer.max_duration=1ep", f"trainer.train_subset_num_batches={batches}",
-           f"trainer.eval_subset_num_batches={batches}", f"runs_dir={folder}", "--name", "start"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "sweep",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        f"optimizer.lr={lrs}",
+        "trainer.max_duration=1ep",
+        f"trainer.train_subset_num_batches={batches}",
+        f"trainer.eval_subset_num_batches={batches}",
+        f"runs_dir={folder}",
+        "--name",
+        "start",
+    ]
     env = {**os.environ, "DLRECIPES_SWEEP_FRESH_PYTHON": MODES[mode]}
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        sys.exit(f"sweep_start: the {mode} sweep failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        sys.exit(
+            f"sweep_start: the {mode} sweep failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     with open(folder / "start" / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     if [row["status"] for row in rows] != ["done"] * points:
         sys.exit(f"sweep_start: the {mode} sweep's points did not all finish: {[row['status'] for row in rows]}")
-    return {"mode": mode, "seconds": seconds, "per_point": seconds / points,
-            "results": {row["optimizer.lr"]: [row["best"], row["final"]] for row in rows}}
+    return {
+        "mode": mode,
+        "seconds": seconds,
+        "per_point": seconds / points,
+        "results": {row["optimizer.lr"]: [row["best"], row["final"]] for row in rows},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| trainings started | sweep of {args.points} points | per point |\n|---|---|---|")
     for row in rows:
         print(f"| {row['mode']} | {row['seconds']:.1f} s | {row['per_point']:.1f} s |")
-    print(f"\nnew Python / forked: {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; "
-          f"the points' results {'are the same' if same else 'DIFFER'} in both modes")
+    print(
+        f"\nnew Python / forked: {rows[1]['seconds'] / rows[0]['seconds']:.2f}x; "
+        f"the points' results {'are the same' if same else 'DIFFER'} in both modes"
+    )
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "same_results": same}, indent=2))
     return 0 if same else 1

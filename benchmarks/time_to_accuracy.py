@@ -39,8 +39,9 @@ def plain_loop(epochs: int, target: float, seed: int = 17) -> tuple[float | None
     train_dl = DataLoader(data.train, batch_size=64, shuffle=True, drop_last=True)
     eval_dl = DataLoader(data.eval, batch_size=64)
     opt = torch.optim.AdamW(param_groups_weight_decay(model, 1e-4), lr=3e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=epochs * len(train_dl), pct_start=0.25,
-                                                div_factor=25, final_div_factor=1e4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=3e-3, total_steps=epochs * len(train_dl), pct_start=0.25, div_factor=25, final_div_factor=1e4
+    )
     start, curve, reached = time.perf_counter(), [], None
     for _ in range(epochs):
         model.train()
@@ -68,17 +69,31 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as runs:
-        result = fit(open_run(resolve(ROOT / "recipes" / "quickstart.yaml", [
-            f"runs_dir={runs}", "run_name=tta", "trainer.progress_bar=false", "trainer.console_log_interval=1000ep",
-            f"trainer.max_duration={args.epochs}ep", "checkpoint.save=false", "checkpoint.monitor=null",
-        ])))
+        result = fit(
+            open_run(
+                resolve(
+                    ROOT / "recipes" / "quickstart.yaml",
+                    [
+                        f"runs_dir={runs}",
+                        "run_name=tta",
+                        "trainer.progress_bar=false",
+                        "trainer.console_log_interval=1000ep",
+                        f"trainer.max_duration={args.epochs}ep",
+                        "checkpoint.save=false",
+                        "checkpoint.monitor=null",
+                    ],
+                )
+            )
+        )
         with open(result.run_dir / "history.csv") as f:
             rows = [(float(r["elapsed_sec"]), float(r["eval_top1"])) for r in csv.DictReader(f)]
     ours = next((t for t, acc in rows if acc >= args.target), None)
     plain, plain_rows = plain_loop(args.epochs, args.target)
     fmt = lambda t: f"{t:.1f}s" if t is not None else "not reached"  # noqa: E731
     print(f"dlrecipes quickstart: {args.target:.0%} after {fmt(ours)}; final {rows[-1][1]:.4f} at {rows[-1][0]:.1f}s")
-    print(f"plain PyTorch loop  : {args.target:.0%} after {fmt(plain)}; final {plain_rows[-1][1]:.4f} at {plain_rows[-1][0]:.1f}s")
+    print(
+        f"plain PyTorch loop  : {args.target:.0%} after {fmt(plain)}; final {plain_rows[-1][1]:.4f} at {plain_rows[-1][0]:.1f}s"
+    )
     print("per epoch (s, top-1): dlrecipes", [(round(t, 1), round(a, 4)) for t, a in rows])
     print("per epoch (s, top-1): plain    ", [(round(t, 1), round(a, 4)) for t, a in plain_rows])
 

@@ -62,10 +62,20 @@ def run(runs_dir: str, name: str, hidden: int, steps: int, every: int) -> list[f
         "model={name: cnn_simple, width: 64, hidden: %d, in_chans: 3}" % hidden,
         "dataset={name: synthetic, num_classes: 10, input_shape: [3, 32, 32], train_samples: %d, eval_samples: 16}"
         % (16 * steps),
-        f"trainer.max_duration={steps}ba", "trainer.batch_size=16", "trainer.num_workers=0", "trainer.device=cpu",
-        "trainer.progress_bar=false", "trainer.eval_interval=1000ep", f"checkpoint.save_interval={every}ba",
-        "checkpoint.keep=2", "plots=false", "callbacks={step_timer: {}}", f"runs_dir={runs_dir}", f"run_name={name}",
-        "metrics=[top1]", "train_metrics=[]",
+        f"trainer.max_duration={steps}ba",
+        "trainer.batch_size=16",
+        "trainer.num_workers=0",
+        "trainer.device=cpu",
+        "trainer.progress_bar=false",
+        "trainer.eval_interval=1000ep",
+        f"checkpoint.save_interval={every}ba",
+        "checkpoint.keep=2",
+        "plots=false",
+        "callbacks={step_timer: {}}",
+        f"runs_dir={runs_dir}",
+        f"run_name={name}",
+        "metrics=[top1]",
+        "train_metrics=[]",
     ]
     api.train(ROOT / "recipes" / "base" / "defaults.yaml", overrides)
     times = list(STEP_TIMES)
@@ -79,12 +89,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10, help="batches between checkpoints")
     parser.add_argument("--rounds", type=int, default=2, help="local and mirrored runs, alternated, this many each")
-    parser.add_argument("--server-nice", type=int, default=0,
-                        help="the server's nice value: 19 stands in for a server on another machine (0: it competes "
-                             "with training for this machine's cores, as it would not in use)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch's threads for training (0: torch's default, every core); fewer leave cores free, "
-                             "as a GPU machine's training does")
+    parser.add_argument(
+        "--server-nice",
+        type=int,
+        default=0,
+        help="the server's nice value: 19 stands in for a server on another machine (0: it competes "
+        "with training for this machine's cores, as it would not in use)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch's threads for training (0: torch's default, every core); fewer leave cores free, "
+        "as a GPU machine's training does",
+    )
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -110,16 +128,27 @@ def main() -> None:
             uploaded = [k for k in server.keys("bench", "runs/bucket0/checkpoints/") if k.endswith(".pt")]
         finally:
             server.kill()
-    result = {"hidden": args.hidden, "steps": args.steps, "every": args.every, "rounds": args.rounds,
-              "server_nice": args.server_nice, "threads": args.threads or None,
-              "checkpoint_mb": size / max(count, 1) / 2**20, "checkpoints_uploaded": len(uploaded),
-              "local_median_s": statistics.median(local), "bucket_median_s": statistics.median(bucket),
-              "local_mean_s": statistics.fmean(local), "bucket_mean_s": statistics.fmean(bucket)}
+    result = {
+        "hidden": args.hidden,
+        "steps": args.steps,
+        "every": args.every,
+        "rounds": args.rounds,
+        "server_nice": args.server_nice,
+        "threads": args.threads or None,
+        "checkpoint_mb": size / max(count, 1) / 2**20,
+        "checkpoints_uploaded": len(uploaded),
+        "local_median_s": statistics.median(local),
+        "bucket_median_s": statistics.median(bucket),
+        "local_mean_s": statistics.fmean(local),
+        "bucket_mean_s": statistics.fmean(bucket),
+    }
     result["ratio_median"] = result["bucket_median_s"] / result["local_median_s"]
     result["ratio_mean"] = result["bucket_mean_s"] / result["local_mean_s"]
-    print(f"checkpoint {result['checkpoint_mb']:.0f} MB, {len(uploaded)} uploaded; step time median "
-          f"{result['local_median_s'] * 1e3:.1f} ms local, {result['bucket_median_s'] * 1e3:.1f} ms mirrored "
-          f"(x{result['ratio_median']:.3f}); mean x{result['ratio_mean']:.3f}")
+    print(
+        f"checkpoint {result['checkpoint_mb']:.0f} MB, {len(uploaded)} uploaded; step time median "
+        f"{result['local_median_s'] * 1e3:.1f} ms local, {result['bucket_median_s'] * 1e3:.1f} ms mirrored "
+        f"(x{result['ratio_median']:.3f}); mean x{result['ratio_mean']:.3f}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
 

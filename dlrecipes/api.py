@@ -42,8 +42,12 @@ def in_fork(args: list[str]) -> None:
 FORKED = Program(main=in_fork, preload=("dlrecipes.preload",))
 
 
-def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-         root: str | Path | None = None) -> LoadedRecipe:
+def load(
+    recipe: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    root: str | Path | None = None,
+) -> LoadedRecipe:
     """Read the recipe (a file, a run's recorded recipe in a bucket, or a dict of sections standing for a file in
     ``root``, default the working directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied)
     and import every plugin it needs."""
@@ -53,14 +57,19 @@ def load(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), 
     loaded = load_local(local, overrides, plugins, root)
     if local is not recipe:  # `show` says where each value came from: the address, not its local copy
         copy = Path(local).resolve()
-        loaded.sources = {key: recipe if Path(origin).resolve() == copy else origin
-                          for key, origin in loaded.sources.items()}
+        loaded.sources = {
+            key: recipe if Path(origin).resolve() == copy else origin for key, origin in loaded.sources.items()
+        }
     return loaded
 
 
 def resolve(
-    recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-    check_device: bool = True, check_data: bool = True, root: str | Path | None = None,
+    recipe: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    check_device: bool = True,
+    check_data: bool = True,
+    root: str | Path | None = None,
 ) -> RecipeConfig:
     """Load and validate: the recipe (a file, or a dict standing for one in ``root``) as the trainer will see it
     (nothing is built).  ``check_device``: whether this machine can run it; ``check_data``: whether its input
@@ -83,8 +92,13 @@ def _opened_store(config: RecipeConfig) -> RunStore:
     return store
 
 
-def show(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-         check_device: bool = False, explain: bool = False) -> str:
+def show(
+    recipe: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    check_device: bool = False,
+    explain: bool = False,
+) -> str:
     """The resolved recipe as YAML, each value annotated with the file or override it came from; with ``explain``,
     each key preceded by what it means (a comment: the output is still a recipe).
 
@@ -159,9 +173,16 @@ def invoked(argv: Sequence[str], ends_process: bool = False):
             process_state.skip_the_exit_sweep()
 
 
-def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str = "best",
-             recipe: Optional[str | Path] = None, tta: Optional[str] = None, out: Optional[str | Path] = None,
-             plugins: Sequence[str] = (), trust_checkpoint: bool = False):
+def evaluate(
+    target: str | Path,
+    overrides: Iterable[str] = (),
+    checkpoint: str = "best",
+    recipe: Optional[str | Path] = None,
+    tta: Optional[str] = None,
+    out: Optional[str | Path] = None,
+    plugins: Sequence[str] = (),
+    trust_checkpoint: bool = False,
+):
     """Evaluate a run's checkpoint (``checkpoint``: best, latest or a path) on its recipe's evaluation split with
     ``overrides``, no training step; ``target`` is a run directory or a checkpoint file (then with ``recipe``).
     Returns a :class:`dlrecipes.after_training.evaluate.EvalResult`; the report goes to ``out`` or
@@ -176,9 +197,16 @@ def evaluate(target: str | Path, overrides: Iterable[str] = (), checkpoint: str 
     return result
 
 
-def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overrides: Iterable[str] = (),
-           checkpoint: str = "best", recipe: Optional[str | Path] = None, out: Optional[str | Path] = None,
-           plugins: Sequence[str] = (), trust_checkpoint: bool = False) -> dict[str, Any]:
+def export(
+    target: str | Path,
+    formats: Sequence[str] = ("torchscript",),
+    overrides: Iterable[str] = (),
+    checkpoint: str = "best",
+    recipe: Optional[str | Path] = None,
+    out: Optional[str | Path] = None,
+    plugins: Sequence[str] = (),
+    trust_checkpoint: bool = False,
+) -> dict[str, Any]:
     """Export a run's checkpoint as TorchScript and/or ONNX, checked against the network on evaluation images,
     with ``preprocess.json`` and ``classes.json``, to ``out`` (default ``RUN_DIR/export``; a run in a bucket: its
     local copy's, uploaded beside the run, ``uploaded_to`` in the report)."""
@@ -194,9 +222,18 @@ def export(target: str | Path, formats: Sequence[str] = ("torchscript",), overri
     return report
 
 
-def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
-            checkpoint: str = "best", recipe: Optional[str | Path] = None, overrides: Iterable[str] = (),
-            plugins: Sequence[str] = (), batch_size: int = 64, trust_checkpoint: bool = False) -> list[dict[str, Any]]:
+def predict(
+    target: str | Path,
+    files: Sequence[str | Path],
+    top_k: int = 5,
+    out: Optional[str | Path] = None,
+    checkpoint: str = "best",
+    recipe: Optional[str | Path] = None,
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    batch_size: int = 64,
+    trust_checkpoint: bool = False,
+) -> list[dict[str, Any]]:
     """The classes of image files (and folders of them) by a run's checkpoint or an export directory: one row
     per readable file (path, class, probability, the top ``top_k``); written as CSV to ``out`` when given."""
     from dlrecipes.after_training import predict as tool
@@ -209,10 +246,19 @@ def predict(target: str | Path, files: Sequence[str | Path], top_k: int = 5, out
     return tool.predict_files(predictor, files, top_k, out, batch_size)
 
 
-def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, parallel: int = 1,
-          name: Optional[str] = None, trials: Optional[int] = None, search: Optional[str] = None,
-          plugins: Sequence[str] = (), echo: Callable[[str], None] = print, nproc: int = 1,
-          trust_checkpoint: bool = False):
+def sweep(
+    recipe: str | Path,
+    assignments: Sequence[str] = (),
+    seeds: int = 0,
+    parallel: int = 1,
+    name: Optional[str] = None,
+    trials: Optional[int] = None,
+    search: Optional[str] = None,
+    plugins: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+    nproc: int = 1,
+    trust_checkpoint: bool = False,
+):
     """Run a sweep (see :mod:`dlrecipes.tools.sweep`): every point validated first, then trained, ``parallel``
     at a time (each on ``nproc`` processes through ``launch``), skipping finished points and resuming stopped
     ones; ``trust_checkpoint``: each training as ``train --trust-checkpoint`` (the checkpoints it resumes or
@@ -232,22 +278,38 @@ def sweep(recipe: str | Path, assignments: Sequence[str] = (), seeds: int = 0, p
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
     missing = folder.finish()  # in a bucket: the sweep's own files uploaded
     if missing:
-        echo(f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"
-             f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)")
+        echo(
+            f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)"
+        )
         code = code or 1
     return plan, rows, code
 
 
-def launch(recipe: str | Path, overrides: Sequence[str] = (), plugins: Sequence[str] = (), nproc: int = 1,
-           nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None, master_port: Optional[int] = None,
-           resume: bool = False, trust_checkpoint: bool = False, restart: bool = False) -> int:
+def launch(
+    recipe: str | Path,
+    overrides: Sequence[str] = (),
+    plugins: Sequence[str] = (),
+    nproc: int = 1,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    resume: bool = False,
+    trust_checkpoint: bool = False,
+    restart: bool = False,
+) -> int:
     """Check the setup, then train on ``nproc`` devices of this node (of ``nodes``), one process each with the
     environment Composer's launcher gives its ranks (:mod:`dlrecipes.tools.launch`); returns the job's exit code."""
     from dlrecipes.records.store import RunOptions
     from dlrecipes.tools.launch import plan_ranks
 
-    extra = (*(["--resume"] if resume else []), *(["--restart"] if restart else []),
-             *(["--trust-checkpoint"] if trust_checkpoint else []), *(a for p in plugins for a in ("--plugin", p)))
+    extra = (
+        *(["--resume"] if resume else []),
+        *(["--restart"] if restart else []),
+        *(["--trust-checkpoint"] if trust_checkpoint else []),
+        *(a for p in plugins for a in ("--plugin", p)),
+    )
     overrides = override_strings(overrides)
     ranks = plan_ranks(("train", str(recipe), *overrides, *extra), nproc, nodes, node_rank, master_addr, master_port)
     config = validate(load(recipe, overrides, plugins))
@@ -286,14 +348,30 @@ def train_request(request: str | Path, nproc: int = 1):
         ranks = plan_ranks(("train-request", str(Path(request).resolve())), nproc)
         return _launched(given.config(), options, ranks)
     with recorded(given.command):
-        return train(None, (), given.plugins, resume=options.resume, config=given.config(),
-                     trust_checkpoint=options.trust, verbose=options.verbose, restart=options.restart)
+        return train(
+            None,
+            (),
+            given.plugins,
+            resume=options.resume,
+            config=given.config(),
+            trust_checkpoint=options.trust,
+            verbose=options.verbose,
+            restart=options.restart,
+        )
 
 
-def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-            model: Optional[str] = None, params: Optional[dict[str, Any]] = None,
-            input_size: tuple[int, int, int] = (3, 224, 224), batch: int = 32, device: str = "auto",
-            warmup: int = 3, repeats: int = 10) -> dict[str, Any]:
+def profile(
+    recipe: Optional[str | Path] = None,
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    model: Optional[str] = None,
+    params: Optional[dict[str, Any]] = None,
+    input_size: tuple[int, int, int] = (3, 224, 224),
+    batch: int = 32,
+    device: str = "auto",
+    warmup: int = 3,
+    repeats: int = 10,
+) -> dict[str, Any]:
     """Parameters, size, MACs/FLOPs, latency and peak memory of a recipe's model, or of ``model`` by name, on
     ``device`` (auto: a GPU when this machine has one; cpu; gpu)."""
     from dlrecipes.core.devices import check_device_name, check_runs_here
@@ -313,8 +391,14 @@ def profile(recipe: Optional[str | Path] = None, overrides: Iterable[str] = (), 
     return {**model_cost.profile_model(net, size, batch, device, warmup, repeats), "model": title}
 
 
-def bench(recipe: str | Path, overrides: Iterable[str] = (), plugins: Sequence[str] = (), steps: int = 30,
-          rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
+def bench(
+    recipe: str | Path,
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    steps: int = 30,
+    rounds: int = 5,
+    warmup: int = 5,
+) -> dict[str, Any]:
     """Images/s through dlrecipes/Composer and through a plain PyTorch loop on the same model and batches."""
     config = resolve(recipe, overrides, plugins)
     process_state.import_training_stack()
@@ -336,8 +420,12 @@ def plot(run_dir: str | Path) -> list[Path]:
     return paths
 
 
-def compare(run_dirs: Sequence[str | Path] = (), out: Optional[str | Path] = None, last: Optional[int] = None,
-            runs_dir: str | Path = RUNS_DIR) -> tuple[list[dict[str, Any]], Optional[Path]]:
+def compare(
+    run_dirs: Sequence[str | Path] = (),
+    out: Optional[str | Path] = None,
+    last: Optional[int] = None,
+    runs_dir: str | Path = RUNS_DIR,
+) -> tuple[list[dict[str, Any]], Optional[Path]]:
     """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there.
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
@@ -367,8 +455,15 @@ def runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[di
         return store.rows_shown([describe_run(path) for path, _ in found], addresses)
 
 
-def convert_dataset(dataset: str, params: dict[str, Any], out: str | Path | None, options: Any = None,
-                    plugins: Sequence[str] = (), echo: Callable[[str], None] = print, format: str = "ffcv") -> list:
+def convert_dataset(
+    dataset: str,
+    params: dict[str, Any],
+    out: str | Path | None,
+    options: Any = None,
+    plugins: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+    format: str = "ffcv",
+) -> list:
     """Write a registered dataset's train and eval splits as FFCV ``.beton`` files in ``out`` (``options``: a
     ``ConvertOptions``), or with ``format="tensor_cache"`` as the tensor cache that ``trainer.loader: tensor_cache``
     reads, in ``out`` (its ``trainer.cache_dir``; None: where training looks by default; ``options``: a

@@ -15,9 +15,24 @@ from typing import List, Optional
 
 import typer
 
-from dlrecipes.cli_args import (CheckpointOpt, JsonOpt, OverridesArg, PluginOpt, RecipeArgs, RecipeOpt, RestartOpt,
-                                ResumeOpt, RunTargetArg, TrustOpt, app, assignments, guarded, recipe_command,
-                                terminal_width)
+from dlrecipes.cli_args import (
+    CheckpointOpt,
+    JsonOpt,
+    OverridesArg,
+    PluginOpt,
+    RecipeArgs,
+    RecipeOpt,
+    RestartOpt,
+    ResumeOpt,
+    RunTargetArg,
+    TrustOpt,
+    app,
+    assignments,
+    guarded,
+    recipe_command,
+    terminal_width,
+)
+
 
 @recipe_command()
 def train(
@@ -25,15 +40,25 @@ def train(
     resume: bool = ResumeOpt,
     restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="also Composer's console logging (config banner, "
-                                 "metrics) and its warnings"),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="also Composer's console logging (config banner, metrics) and its warnings"
+    ),
 ) -> None:
     """Train a recipe (validated first; nothing is built if the recipe is wrong)."""
     from dlrecipes import api
     from dlrecipes.tools.describe import trained
 
-    result = guarded(lambda: api.train(args.recipe, args.overrides, args.plugins, resume=resume,
-                                        trust_checkpoint=trust_checkpoint, verbose=verbose, restart=restart))
+    result = guarded(
+        lambda: api.train(
+            args.recipe,
+            args.overrides,
+            args.plugins,
+            resume=resume,
+            trust_checkpoint=trust_checkpoint,
+            verbose=verbose,
+            restart=restart,
+        )
+    )
     typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
 
 
@@ -67,8 +92,21 @@ def launch(
     """Train on several devices/nodes, one process each, after checking the setup."""
     from dlrecipes import api
 
-    code = guarded(lambda: api.launch(args.recipe, args.overrides, args.plugins, nproc, nodes, node_rank,
-                                       master_addr, master_port, resume, trust_checkpoint, restart))
+    code = guarded(
+        lambda: api.launch(
+            args.recipe,
+            args.overrides,
+            args.plugins,
+            nproc,
+            nodes,
+            node_rank,
+            master_addr,
+            master_port,
+            resume,
+            trust_checkpoint,
+            restart,
+        )
+    )
     raise typer.Exit(code)
 
 
@@ -78,20 +116,38 @@ def sweep(
     seeds: int = typer.Option(0, "--seeds", help="train each grid point with N seeds (trainer.seed 1..N)"),
     parallel: int = typer.Option(1, "--parallel", help="trainings at once (CPU threads split; one GPU each)"),
     nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) per training, through launch"),
-    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"),
+    name: Optional[str] = typer.Option(
+        None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"
+    ),
     trials: Optional[int] = typer.Option(None, "--trials", help="with --search: how many points to train"),
-    search: Optional[str] = typer.Option(None, "--search", help="random or optuna: sample key=loguniform(a,b), "
-                                         "uniform(a,b), randint(a,b) or choice(a,b,...); optuna: TPE sampling and "
-                                         "median pruning on the monitored metric (the optuna extra)"),
+    search: Optional[str] = typer.Option(
+        None,
+        "--search",
+        help="random or optuna: sample key=loguniform(a,b), "
+        "uniform(a,b), randint(a,b) or choice(a,b,...); optuna: TPE sampling and "
+        "median pruning on the monitored metric (the optuna extra)",
+    ),
     trust_checkpoint: bool = TrustOpt,
 ) -> None:
     """Train a grid of overrides (key=a,b,c), resumably, and print a table of the results."""
     from dlrecipes import api
     from dlrecipes.tools.describe import format_sweep
 
-    plan, rows, code = guarded(lambda: api.sweep(args.recipe, args.overrides, seeds, parallel, name, trials, search,
-                                                  args.plugins, echo=typer.echo, nproc=nproc,
-                                                  trust_checkpoint=trust_checkpoint))
+    plan, rows, code = guarded(
+        lambda: api.sweep(
+            args.recipe,
+            args.overrides,
+            seeds,
+            parallel,
+            name,
+            trials,
+            search,
+            args.plugins,
+            echo=typer.echo,
+            nproc=nproc,
+            trust_checkpoint=trust_checkpoint,
+        )
+    )
     typer.echo(format_sweep(plan, rows))
     raise typer.Exit(code)
 
@@ -99,8 +155,11 @@ def sweep(
 @recipe_command()
 def validate(
     args: RecipeArgs,
-    device_check: bool = typer.Option(True, "--device-check/--skip-device-check", help="check that this machine can "
-                                      "run the device and precision, and hold a batch and in-memory data"),
+    device_check: bool = typer.Option(
+        True,
+        "--device-check/--skip-device-check",
+        help="check that this machine can run the device and precision, and hold a batch and in-memory data",
+    ),
     data_check: bool = typer.Option(
         True, "--data-check/--no-data-check", help="check that the recipe's input paths exist (train always does)"
     ),
@@ -109,16 +168,20 @@ def validate(
     from dlrecipes import api
     from dlrecipes.tools.describe import validated
 
-    config = guarded(lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check,
-                                          check_data=data_check))
+    config = guarded(
+        lambda: api.resolve(args.recipe, args.overrides, args.plugins, check_device=device_check, check_data=data_check)
+    )
     typer.echo(validated(args.recipe, config))
 
 
 @recipe_command()
 def show(
     args: RecipeArgs,
-    device_check: bool = typer.Option(False, "--device-check/--skip-device-check", help="also check that this "
-                                      "machine can run the device and precision"),
+    device_check: bool = typer.Option(
+        False,
+        "--device-check/--skip-device-check",
+        help="also check that this machine can run the device and precision",
+    ),
     explain: bool = typer.Option(False, "--explain", help="precede each key with what it means (as a YAML comment)"),
 ) -> None:
     """Print the resolved recipe, each value annotated with the file or override it came from.
@@ -126,8 +189,9 @@ def show(
     Showing a recipe does not depend on the machine: a GPU recipe shows on a laptop."""
     from dlrecipes import api
 
-    typer.echo(guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check,
-                                         explain=explain)))
+    typer.echo(
+        guarded(lambda: api.show(args.recipe, args.overrides, args.plugins, check_device=device_check, explain=explain))
+    )
 
 
 @app.command("eval")
@@ -136,7 +200,11 @@ def evaluate(
     overrides: Optional[List[str]] = OverridesArg,
     checkpoint: str = CheckpointOpt,
     recipe: Optional[Path] = RecipeOpt,
-    tta: Optional[str] = typer.Option(None, "--tta", help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) or flip_translate (airbench's level 2)"),
+    tta: Optional[str] = typer.Option(
+        None,
+        "--tta",
+        help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) or flip_translate (airbench's level 2)",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
@@ -147,8 +215,9 @@ def evaluate(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_eval
 
-    result = guarded(lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin,
-                                           trust_checkpoint))
+    result = guarded(
+        lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin, trust_checkpoint)
+    )
     typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result, terminal_width(sys.stdout)))
 
 
@@ -167,8 +236,9 @@ def export(
     preprocess.json and classes.json."""
     from dlrecipes import api
 
-    report = guarded(lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin,
-                                         trust_checkpoint))
+    report = guarded(
+        lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin, trust_checkpoint)
+    )
     typer.echo(report["out_dir"])
     if report.get("uploaded_to"):
         typer.echo(f"uploaded to {report['uploaded_to']}")
@@ -176,8 +246,11 @@ def export(
 
 @app.command("predict")
 def predict(
-    target: str = typer.Argument(..., help="a run directory, a checkpoint (with --recipe) or an export directory "
-                                 "(or s3://BUCKET/PREFIX/RUN)", show_default=False),
+    target: str = typer.Argument(
+        ...,
+        help="a run directory, a checkpoint (with --recipe) or an export directory (or s3://BUCKET/PREFIX/RUN)",
+        show_default=False,
+    ),
     files: List[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
     top_k: int = typer.Option(5, "--top-k", help="how many classes to show per file"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the predictions as CSV"),
@@ -193,8 +266,9 @@ def predict(
     from dlrecipes import api
     from dlrecipes.tools.describe import format_predictions
 
-    rows = guarded(lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size,
-                                        trust_checkpoint))
+    rows = guarded(
+        lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size, trust_checkpoint)
+    )
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         typer.echo(rows.counted(), err=True)
@@ -223,7 +297,9 @@ def list_runs(
 
 @app.command("list")
 def list_registry(
-    group: Optional[str] = typer.Argument(None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"),
+    group: Optional[str] = typer.Argument(
+        None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"
+    ),
     name: Optional[str] = typer.Argument(None, help="one entry of the group, in full", show_default=False),
     plugin: List[str] = PluginOpt,
 ) -> None:
@@ -238,7 +314,9 @@ def list_registry(
 @recipe_command(required=False)
 def profile(
     args: RecipeArgs,
-    model: Optional[str] = typer.Option(None, "--model", help="registry model, timm/<arch>, torchvision/<arch> or a timm name"),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="registry model, timm/<arch>, torchvision/<arch> or a timm name"
+    ),
     param: List[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
     input_size: str = typer.Option("3,224,224", "--input-size", help="C,H,W (with --model)"),
     batch: int = typer.Option(32, "--batch", help="batch size for the second latency figure"),
@@ -253,8 +331,11 @@ def profile(
 
     params = assignments(param, "--param")
     size = guarded(lambda: parse_input_size(input_size))
-    result = guarded(lambda: api.profile(args.recipe, args.overrides, args.plugins, model, params, size, batch,
-                                          device, warmup, repeats))
+    result = guarded(
+        lambda: api.profile(
+            args.recipe, args.overrides, args.plugins, model, params, size, batch, device, warmup, repeats
+        )
+    )
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result, result["model"]))
 
 
@@ -275,7 +356,9 @@ def bench(
 
 
 @app.command()
-def plot(run_dir: str = typer.Argument(..., help="a run directory (runs/<run_name>, or s3://BUCKET/PREFIX/RUN)")) -> None:
+def plot(
+    run_dir: str = typer.Argument(..., help="a run directory (runs/<run_name>, or s3://BUCKET/PREFIX/RUN)"),
+) -> None:
     """Redraw a run's loss, accuracy and learning-rate plots from its history.csv."""
     from dlrecipes import api
 
@@ -299,7 +382,9 @@ def compare(
     typer.echo(json.dumps(summaries, indent=2) if as_json else format_comparison(summaries, plot_path))
 
 
-data_app = typer.Typer(no_args_is_help=True, help="Prepare datasets: FFCV files, the tensor cache or shards; inspection.")
+data_app = typer.Typer(
+    no_args_is_help=True, help="Prepare datasets: FFCV files, the tensor cache or shards; inspection."
+)
 app.add_typer(data_app, name="data")
 
 
@@ -308,21 +393,31 @@ def data_convert(
     ctx: typer.Context,
     dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
     params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
-    out: Optional[str] = typer.Option(None, "--out", help="ffcv: the .beton files' folder; tensor_cache: its cache_dir; shards: DEST"),
-    format: str = typer.Option("ffcv", "--format", help="ffcv (.beton files), tensor_cache or shards (dataset: shards)"),
+    out: Optional[str] = typer.Option(
+        None, "--out", help="ffcv: the .beton files' folder; tensor_cache: its cache_dir; shards: DEST"
+    ),
+    format: str = typer.Option(
+        "ffcv", "--format", help="ffcv (.beton files), tensor_cache or shards (dataset: shards)"
+    ),
     shard_size: str = typer.Option("64MB", help="shards: bytes per shard (64MB, 256MiB, an integer)"),
     reencode_quality: Optional[int] = typer.Option(None, help="shards: re-encode images as JPEG of this quality"),
-    cache_size: Optional[int] = typer.Option(None, help="tensor_cache: side of the cached images, as trainer.cache_size"),
+    cache_size: Optional[int] = typer.Option(
+        None, help="tensor_cache: side of the cached images, as trainer.cache_size"
+    ),
     max_resolution: Optional[int] = typer.Option(
-        None, help="ffcv, shards: downscale images whose longer side is larger to it (ffcv: 256 if not given; "
-                   "shards: kept as they are if not given, else re-encoded as JPEG; 0: keep)"),
+        None,
+        help="ffcv, shards: downscale images whose longer side is larger to it (ffcv: 256 if not given; "
+        "shards: kept as they are if not given, else re-encoded as JPEG; 0: keep)",
+    ),
     write_mode: str = typer.Option("smart", help="ffcv: smart, jpg, raw or proportion"),
     jpeg_quality: int = typer.Option(90, help="ffcv: JPEG quality for re-encoded images"),
     compress_probability: float = typer.Option(0.5, help="ffcv: share stored as JPEG with write-mode proportion"),
     page_size: int = typer.Option(1 << 23, help="ffcv: FFCV page size in bytes"),
     workers: int = typer.Option(-1, help="writer or decoding processes (-1: all cores)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace existing files (tensor_cache: even up to date)"),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="ffcv: skip unreadable images (each is reported) instead of stopping"),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="ffcv: skip unreadable images (each is reported) instead of stopping"
+    ),
     plugin: List[str] = PluginOpt,
 ) -> None:
     """Write a dataset's train and eval splits to FFCV .beton files (the ffcv extra), the tensor cache, or shards."""
@@ -331,8 +426,17 @@ def data_convert(
 
     given = [name for name in ctx.params if ctx.get_parameter_source(name).name == "COMMANDLINE"]
     options = guarded(lambda: convert_options(format, ctx.params, given))
-    guarded(lambda: api.convert_dataset(dataset, assignments(params, "dataset parameter"), out, options, plugin,
-                                         echo=lambda m: typer.echo(m, err=True), format=format))
+    guarded(
+        lambda: api.convert_dataset(
+            dataset,
+            assignments(params, "dataset parameter"),
+            out,
+            options,
+            plugin,
+            echo=lambda m: typer.echo(m, err=True),
+            format=format,
+        )
+    )
 
 
 @data_app.command("inspect")
@@ -354,7 +458,9 @@ def wheelhouse(
     python_version: Optional[str] = typer.Option(
         None, "--python-version", help="the target's Python, e.g. 3.12 (default: this one)"
     ),
-    extra: List[str] = typer.Option([], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"),
+    extra: List[str] = typer.Option(
+        [], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"
+    ),
 ) -> None:
     """Collect wheels of everything dlrecipes needs except torch, for an offline machine with its own torch."""
     from dlrecipes import api

@@ -24,11 +24,18 @@ app = typer.Typer(
 )
 
 PluginOpt = typer.Option([], "--plugin", help="import this module or .py file first (repeatable)")
-TrustOpt = typer.Option(False, "--trust-checkpoint", help="load a checkpoint that holds Python objects beyond tensors "
-                        "(a full unpickle, which can run code): only a file you trust")
+TrustOpt = typer.Option(
+    False,
+    "--trust-checkpoint",
+    help="load a checkpoint that holds Python objects beyond tensors "
+    "(a full unpickle, which can run code): only a file you trust",
+)
 ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
-RestartOpt = typer.Option(False, "--restart", help="train run_name again from the beginning; the old run is kept "
-                          "as <run_name>.restarted-<time>")
+RestartOpt = typer.Option(
+    False,
+    "--restart",
+    help="train run_name again from the beginning; the old run is kept as <run_name>.restarted-<time>",
+)
 JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 
@@ -36,7 +43,9 @@ JsonOpt = typer.Option(False, "--json", help="print JSON")
 class RecipeArgs:
     """What every recipe command is given: the recipe file, its overrides and the plugins to import."""
 
-    recipe: Optional[Path | str]  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
+    recipe: Optional[
+        Path | str
+    ]  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
     overrides: list[str]
     plugins: list[str]
 
@@ -44,19 +53,30 @@ class RecipeArgs:
 def recipe_command(name: Optional[str] = None, required: bool = True, app: typer.Typer = app) -> Callable:
     """Register a command whose first parameter receives :class:`RecipeArgs`: the recipe argument, the
     overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
-    recipe_arg = typer.Argument(... if required else None, show_default=False, help="recipe YAML file" + (
-        " (or a run's in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml)" if required else " (or use --model)"))
-    overrides_arg = typer.Argument(None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to "
-                                   "delete", show_default=False)
+    recipe_arg = typer.Argument(
+        ... if required else None,
+        show_default=False,
+        help="recipe YAML file"
+        + (" (or a run's in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml)" if required else " (or use --model)"),
+    )
+    overrides_arg = typer.Argument(
+        None, help="key.path=value overrides (YAML values), key.path=null, or ~key.path to delete", show_default=False
+    )
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
     def decorate(fn: Callable) -> Callable:
         own = list(inspect.signature(fn).parameters.values())[1:]
-        params = [inspect.Parameter("recipe", positional, default=recipe_arg,  # str: Path() would make s3:// s3:/
-                                    annotation=str if required else Optional[str]),
-                  inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
-                  *own,
-                  inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str])]
+        params = [
+            inspect.Parameter(
+                "recipe",
+                positional,
+                default=recipe_arg,  # str: Path() would make s3:// s3:/
+                annotation=str if required else Optional[str],
+            ),
+            inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
+            *own,
+            inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str]),
+        ]
 
         @functools.wraps(fn)
         def command(**values: Any) -> Any:
@@ -67,20 +87,28 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
 
         del command.__wrapped__  # typer reads the signature below, not fn's
         command.__signature__ = inspect.Signature(params)
-        command.__annotations__ = {**fn.__annotations__, "recipe": params[0].annotation,
-                                   "overrides": params[1].annotation, "plugin": params[-1].annotation}
+        command.__annotations__ = {
+            **fn.__annotations__,
+            "recipe": params[0].annotation,
+            "overrides": params[1].annotation,
+            "plugin": params[-1].annotation,
+        }
         command.__annotations__.pop("args", None)
         return app.command(name)(command)
 
     return decorate
 
 
-RunTargetArg = typer.Argument(..., help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file "
-                              "(then with --recipe)", show_default=False)
+RunTargetArg = typer.Argument(
+    ...,
+    help="a run directory (runs/<name> or s3://BUCKET/PREFIX/RUN), or a checkpoint file (then with --recipe)",
+    show_default=False,
+)
 CheckpointOpt = typer.Option("best", "--checkpoint", help="best, latest, or a checkpoint file of the run")
 RecipeOpt = typer.Option(None, "--recipe", help="the recipe, for a checkpoint outside a run directory")
-OverridesArg = typer.Argument(None, help="changes to the run's recipe, as key.path=value (YAML values)",
-                              show_default=False)
+OverridesArg = typer.Argument(
+    None, help="changes to the run's recipe, as key.path=value (YAML values)", show_default=False
+)
 
 
 def print_version(value: bool) -> None:
@@ -93,8 +121,13 @@ def print_version(value: bool) -> None:
 
 @app.callback()
 def _options(
-    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                 help="print the versions of dlrecipes, Composer, torch and Python, and exit"),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=print_version,
+        is_eager=True,
+        help="print the versions of dlrecipes, Composer, torch and Python, and exit",
+    ),
 ) -> None:
     """Train image classifiers from YAML recipes on MosaicML Composer."""
 
@@ -139,8 +172,11 @@ def guarded(fn: Callable[[], Any]) -> Any:
             where = f": {exc.filename}" if exc.filename else ""
             fail(f"{exc.strerror}{where} ({TRACEBACK_SWITCH}=1 shows where)", code=1)
         first = first_line(exc, 300, "")
-        fail(f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
-              f"{TRACEBACK_SWITCH}=1 shows the traceback)", code=1)
+        fail(
+            f"{type(exc).__name__}{': ' + first if first else ''} (unexpected: please report it; "
+            f"{TRACEBACK_SWITCH}=1 shows the traceback)",
+            code=1,
+        )
 
 
 def assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
@@ -149,6 +185,24 @@ def assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
     return dict(guarded(lambda: [parse_assignment(item, what) for item in items or []]))
 
 
-__all__ = ["CheckpointOpt", "JsonOpt", "MAX_MESSAGE", "OverridesArg", "PluginOpt", "RecipeArgs", "RecipeOpt",
-           "RestartOpt", "ResumeOpt", "RunTargetArg", "TRACEBACK_SWITCH", "TrustOpt", "app", "assignments", "fail",
-           "guarded", "print_version", "recipe_command", "terminal_width"]
+__all__ = [
+    "CheckpointOpt",
+    "JsonOpt",
+    "MAX_MESSAGE",
+    "OverridesArg",
+    "PluginOpt",
+    "RecipeArgs",
+    "RecipeOpt",
+    "RestartOpt",
+    "ResumeOpt",
+    "RunTargetArg",
+    "TRACEBACK_SWITCH",
+    "TrustOpt",
+    "app",
+    "assignments",
+    "fail",
+    "guarded",
+    "print_version",
+    "recipe_command",
+    "terminal_width",
+]

@@ -86,8 +86,10 @@ def parse_yaml(text: str, origin: str) -> Any:
     except RecursionError:
         raise RecipeError(f"{origin}: nested too deeply to read; a recipe needs a few levels") from None
     if expanded - written > MAX_VALUES:
-        raise RecipeError(f"{origin}: its aliases expand to more than {MAX_VALUES:,} values (about {expanded:.3g}); "
-                          "a recipe needs a few hundred: write the values out, or use fewer nested aliases")
+        raise RecipeError(
+            f"{origin}: its aliases expand to more than {MAX_VALUES:,} values (about {expanded:.3g}); "
+            "a recipe needs a few hundred: write the values out, or use fewer nested aliases"
+        )
     return data
 
 
@@ -138,8 +140,10 @@ def read_yaml_file(path: Path) -> dict:
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
     if cut_short(text):
-        raise RecipeError(f"{path}: cut short: a run's recipe ends with the line {RUN_RECIPE_END.strip()!r}, and this "
-                          "one stops before it; restore it from a copy (or delete its first line to use it as it is)")
+        raise RecipeError(
+            f"{path}: cut short: a run's recipe ends with the line {RUN_RECIPE_END.strip()!r}, and this "
+            "one stops before it; restore it from a copy (or delete its first line to use it as it is)"
+        )
     data = parse_yaml(text, str(path))
     if data is None:
         return {}
@@ -162,8 +166,11 @@ class LoadedRecipe:
         return self.path.stem
 
 
-def load_recipe(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] | Mapping[str, Any] = (),
-                root: str | Path | None = None) -> LoadedRecipe:
+def load_recipe(
+    recipe: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    root: str | Path | None = None,
+) -> LoadedRecipe:
     """Read ``recipe`` (a file, or a recipe as a Python mapping), merge its ``base:`` files in order (the recipe
     last), then ``overrides``: ``key=value`` strings, or a mapping of key paths to values
     (``{"optimizer.lr": 0.1}``).
@@ -191,6 +198,7 @@ def load_recipe(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str]
 def plain_recipe(recipe: Mapping[str, Any]) -> dict:
     """A recipe given as a mapping, copied as the plain data a YAML file holds; a value YAML cannot hold (an
     object, a tensor, a function) is refused naming its key path."""
+
     def plain(value: Any, path: str) -> Any:
         if isinstance(value, Mapping):
             out = {}
@@ -205,8 +213,10 @@ def plain_recipe(recipe: Mapping[str, Any]) -> dict:
             return value
         if isinstance(value, Path):
             return str(value)
-        raise RecipeError(f"{path}: a recipe holds what a YAML file can (strings, numbers, lists, mappings), got "
-                          f"{type(value).__name__} {shown(value, 40)}; pass a model or data object as model=/train_data= instead")
+        raise RecipeError(
+            f"{path}: a recipe holds what a YAML file can (strings, numbers, lists, mappings), got "
+            f"{type(value).__name__} {shown(value, 40)}; pass a model or data object as model=/train_data= instead"
+        )
 
     return plain(recipe, "")
 
@@ -215,11 +225,15 @@ def override_strings(overrides: Iterable[str] | Mapping[str, Any]) -> list[str]:
     """Overrides as ``key=value`` strings; a mapping's values are written as YAML.  A bare string is refused: it
     would be read character by character."""
     if isinstance(overrides, str):
-        raise RecipeError(f"overrides: expected a list of key=value strings or a dict, got the string "
-                          f"{overrides[:60]!r} (write [{overrides[:60]!r}])")
+        raise RecipeError(
+            f"overrides: expected a list of key=value strings or a dict, got the string "
+            f"{overrides[:60]!r} (write [{overrides[:60]!r}])"
+        )
     if isinstance(overrides, Mapping):
-        return [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-                for key, value in overrides.items()]
+        return [
+            f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for key, value in overrides.items()
+        ]
     items = list(overrides)
     wrong = next((item for item in items if not isinstance(item, str)), None)
     if wrong is not None:
@@ -345,8 +359,6 @@ def _walk(data: dict, keys: list[str], override: str, create: bool) -> dict | No
             return None
         if not isinstance(child, dict):
             where = ".".join(keys[: i + 1])
-            raise RecipeError(
-                f"override '{override}': '{where}' is a {type(child).__name__}, not a section"
-            )
+            raise RecipeError(f"override '{override}': '{where}' is a {type(child).__name__}, not a section")
         node = child
     return node

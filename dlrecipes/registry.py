@@ -92,12 +92,7 @@ class Entry:
     def parameters(self) -> dict[str, inspect.Parameter]:
         """Keyword parameters a recipe may set (``*args``/``**kwargs`` excluded)."""
         params = inspect.signature(self.factory).parameters
-        return {
-            n: p
-            for n, p in params.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        }
-
+        return {n: p for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 class Registry:
@@ -158,9 +153,11 @@ class Registry:
         def variant(*args: Any, **params: Any) -> Any:
             return base.factory(*args, **{**defaults, **params})
 
-        variant.__signature__ = signature.replace(parameters=[
-            p.replace(default=defaults[p.name]) if p.name in defaults else p for p in signature.parameters.values()
-        ])
+        variant.__signature__ = signature.replace(
+            parameters=[
+                p.replace(default=defaults[p.name]) if p.name in defaults else p for p in signature.parameters.values()
+            ]
+        )
         variant.__wrapped__ = base.factory  # its annotations, read in its module (typing.get_type_hints)
         variant.__annotations__ = dict(base.factory.__annotations__)
         variant.__name__ = variant.__qualname__ = name
@@ -179,7 +176,9 @@ class Registry:
                     f"not a registered name: pass it again ({keyword} of dlrecipes.train, evaluate or predict) in "
                     f"this process"
                 ) from None
-            valid = ", ".join(sorted(n for n in self._entries if not n.startswith(OBJECT_PREFIX))) or "(none registered)"
+            valid = (
+                ", ".join(sorted(n for n in self._entries if not n.startswith(OBJECT_PREFIX))) or "(none registered)"
+            )
             raise RecipeError(
                 f"{key_path}: unknown {self.what} '{name}'{did_you_mean(str(name), self._entries)}. "
                 f"Valid {self.group}: {valid}"
@@ -248,23 +247,54 @@ def _source_of(factory: Callable) -> str:
 
 COMMON_METADATA = ("validator", "paths")
 
-models = Registry("models", "model", "a torch.nn.Module producing class logits", "torch.nn.Module",
-                  ("input_size", "param_count", "pretrained", "example_params", "multi_io"))
-datasets = Registry("datasets", "dataset", "a dlrecipes.data.DatasetSplits", "dlrecipes.data.splits.DatasetSplits",
-                    ("image_side", "in_memory", "pil_images", "io", "classes", "pixels", "made_by", "source_side",
-                     "channels", "held_samples"))
-optimizers = Registry("optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)",
-                      "torch.optim.Optimizer")
+models = Registry(
+    "models",
+    "model",
+    "a torch.nn.Module producing class logits",
+    "torch.nn.Module",
+    ("input_size", "param_count", "pretrained", "example_params", "multi_io"),
+)
+datasets = Registry(
+    "datasets",
+    "dataset",
+    "a dlrecipes.data.DatasetSplits",
+    "dlrecipes.data.splits.DatasetSplits",
+    (
+        "image_side",
+        "in_memory",
+        "pil_images",
+        "io",
+        "classes",
+        "pixels",
+        "made_by",
+        "source_side",
+        "channels",
+        "held_samples",
+    ),
+)
+optimizers = Registry(
+    "optimizers", "optimizer", "a torch.optim.Optimizer (given the param groups)", "torch.optim.Optimizer"
+)
 schedulers = Registry("schedulers", "scheduler", "a composer ComposerScheduler", "collections.abc.Callable")
-algorithms = Registry("algorithms", "algorithm", "a composer Algorithm", "composer.core.Algorithm",
-                      ("conflicts_with", "requires", "image_label_batch", "changes_network", "checkpoint_state",
-                       "reads_back"))
+algorithms = Registry(
+    "algorithms",
+    "algorithm",
+    "a composer Algorithm",
+    "composer.core.Algorithm",
+    ("conflicts_with", "requires", "image_label_batch", "changes_network", "checkpoint_state", "reads_back"),
+)
 callbacks = Registry("callbacks", "callback", "a composer Callback", "composer.core.Callback")
 loggers = Registry("loggers", "logger", "a composer LoggerDestination", "composer.loggers.LoggerDestination")
-losses = Registry("losses", "loss", "a function (predictions, targets) -> scalar loss tensor",
-                  "collections.abc.Callable", ("targets",))
-metrics = Registry("metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric",
-                   ("report", "top_k"))
+losses = Registry(
+    "losses",
+    "loss",
+    "a function (predictions, targets) -> scalar loss tensor",
+    "collections.abc.Callable",
+    ("targets",),
+)
+metrics = Registry(
+    "metrics", "metric", "a torchmetrics Metric (given the class count)", "torchmetrics.Metric", ("report", "top_k")
+)
 
 REGISTRIES: dict[str, Registry] = {
     r.group: r for r in (models, datasets, optimizers, schedulers, algorithms, callbacks, loggers, losses, metrics)

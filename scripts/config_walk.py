@@ -78,8 +78,11 @@ def _stage(module: str) -> str:
     sys.path.insert(0, str(ROOT))
     from tests.test_architecture import PARTS
 
-    best = max(((p, part) for part, prefixes in PARTS.items() for p in prefixes
-                if module == p or module.startswith(p + ".")), key=lambda pp: len(pp[0]), default=("", "?"))
+    best = max(
+        ((p, part) for part, prefixes in PARTS.items() for p in prefixes if module == p or module.startswith(p + ".")),
+        key=lambda pp: len(pp[0]),
+        default=("", "?"),
+    )
     return best[1]
 
 
@@ -88,7 +91,9 @@ def summary(entered: list[str]) -> str:
     stages, stage_climbs = _visits([_stage(m) for m in entered])
     lines = [" -> ".join(runs), "", "visits per module:"]
     lines += [f"  {module}: {count}" for module, count in Counter(runs).most_common()]
-    lines.append(f"modules entered: {len(set(runs))}; visits: {len(runs)}; climbs back into a module left before: {climbs}")
+    lines.append(
+        f"modules entered: {len(set(runs))}; visits: {len(runs)}; climbs back into a module left before: {climbs}"
+    )
     lines.append(f"stages: {' -> '.join(stages)}; climbs back into a stage left before: {stage_climbs}")
     return "\n".join(lines)
 

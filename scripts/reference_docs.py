@@ -36,8 +36,10 @@ def _text(text: object) -> str:
     as written: outside its `code spans`, `<model>` or `<run dir>` would otherwise be read as an HTML tag and
     vanish from the page, and a `*` would start emphasis."""
     parts = re.split(r"(`[^`]*`)", " ".join(str(text).split()))
-    return "".join(_code(part[1:-1]) if i % 2 else re.sub(r"([\\*|])", r"\\\1", html.escape(part, quote=False))
-                   for i, part in enumerate(parts))
+    return "".join(
+        _code(part[1:-1]) if i % 2 else re.sub(r"([\\*|])", r"\\\1", html.escape(part, quote=False))
+        for i, part in enumerate(parts)
+    )
 
 
 def _code(text: object) -> str:
@@ -67,10 +69,16 @@ def recipe_page() -> str:
     from dlrecipes.config.schema import type_name
     from dlrecipes.config.sections import RecipeConfig
 
-    lines = [GENERATED, "", "# Recipe keys", "",
-             "Every key a recipe can set, as `dlrecipes validate` checks it. Components (`model`, `dataset`,",
-             "`optimizer`, `scheduler`, `algorithms`, `callbacks`, `loggers`, `loss`, `metrics`) take the",
-             "parameters of the registry entry they name: see [Components](components.md).", ""]
+    lines = [
+        GENERATED,
+        "",
+        "# Recipe keys",
+        "",
+        "Every key a recipe can set, as `dlrecipes validate` checks it. Components (`model`, `dataset`,",
+        "`optimizer`, `scheduler`, `algorithms`, `callbacks`, `loggers`, `loss`, `metrics`) take the",
+        "parameters of the registry entry they name: see [Components](components.md).",
+        "",
+    ]
     sections: list[tuple[str, type]] = []
     lines += ["## Top level", "", "| key | type | default | what it is |", "|---|---|---|---|"]
     hints = typing.get_type_hints(RecipeConfig, include_extras=True)
@@ -80,14 +88,18 @@ def recipe_page() -> str:
         target = kind if dataclasses.is_dataclass(kind) else (inner[0] if inner else None)
         if target is not None and target.__name__ != "Component":
             sections.append((field.name, target))
-        lines.append(f"| {_code(field.name)} | {_text(type_name(kind))} | {_default(field)} | "
-                     f"{_text(field.metadata.get('help', ''))} |")
+        lines.append(
+            f"| {_code(field.name)} | {_text(type_name(kind))} | {_default(field)} | "
+            f"{_text(field.metadata.get('help', ''))} |"
+        )
     for name, cls in sections:
         lines += ["", f"## {name}", "", "| key | type | default | what it is |", "|---|---|---|---|"]
         section_hints = typing.get_type_hints(cls, include_extras=True)
         for field in dataclasses.fields(cls):
-            lines.append(f"| {_code(f'{name}.{field.name}')} | {_text(type_name(section_hints[field.name]))} | "
-                         f"{_default(field)} | {_text(field.metadata.get('help', ''))} |")
+            lines.append(
+                f"| {_code(f'{name}.{field.name}')} | {_text(type_name(section_hints[field.name]))} | "
+                f"{_default(field)} | {_text(field.metadata.get('help', ''))} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -97,10 +109,16 @@ def components_page() -> str:
 
     for package in BUILT_IN_PACKAGES:  # the built-ins only: plugins vary from one install to another
         importlib.import_module(f"dlrecipes.{package}.registered")
-    lines = [GENERATED, "", "# Components", "",
-             "Every built-in entry of each registry, with its parameters and what each means: what `dlrecipes list` "
-             "prints (`dlrecipes list GROUP NAME`: one entry).",
-             "A recipe names an entry and sets its parameters, e.g. `optimizer: {name: adamw, lr: 0.001}`.", ""]
+    lines = [
+        GENERATED,
+        "",
+        "# Components",
+        "",
+        "Every built-in entry of each registry, with its parameters and what each means: what `dlrecipes list` "
+        "prints (`dlrecipes list GROUP NAME`: one entry).",
+        "A recipe names an entry and sets its parameters, e.g. `optimizer: {name: adamw, lr: 0.001}`.",
+        "",
+    ]
     for group, registry in REGISTRIES.items():
         entries = [e for e in registry if e.factory.__module__.startswith("dlrecipes.")]
         lines += [f"## {group}", ""]
@@ -110,8 +128,9 @@ def components_page() -> str:
             meanings = entry.meanings
             if params:
                 lines += ["| parameter | type | default | what it is |", "|---|---|---|---|"]
-                lines += [f"| {_code(p)} | {_text(t)} | {_code(d)} | {_text(meanings.get(p, ''))} |"
-                          for p, t, d in params]
+                lines += [
+                    f"| {_code(p)} | {_text(t)} | {_code(d)} | {_text(meanings.get(p, ''))} |" for p, t, d in params
+                ]
                 lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -132,16 +151,32 @@ def cli_page() -> str:
                 command(cmd.get_command(Context(cmd), name), f"{path} {name}")
             return
         context = Context(cmd, info_name=path)
-        lines.extend([f"## `{path}`", "", _text(inspect.cleandoc(cmd.help or "").split("\n\n")[0]), "",
-                      "```", f"{path} {' '.join(cmd.collect_usage_pieces(context))}".replace("{", "").replace("}", "")
-                      .upper().replace(path.upper(), path).rstrip(), "```", ""])
+        lines.extend(
+            [
+                f"## `{path}`",
+                "",
+                _text(inspect.cleandoc(cmd.help or "").split("\n\n")[0]),
+                "",
+                "```",
+                f"{path} {' '.join(cmd.collect_usage_pieces(context))}".replace("{", "")
+                .replace("}", "")
+                .upper()
+                .replace(path.upper(), path)
+                .rstrip(),
+                "```",
+                "",
+            ]
+        )
         rows = []
         for param in cmd.params:
             if param.name == "help":
                 continue
             option = getattr(param, "param_type_name", "") == "option"
-            names = ", ".join(_code(o) for o in [*param.opts, *param.secondary_opts]) if option else \
-                _code((param.name or "").upper())
+            names = (
+                ", ".join(_code(o) for o in [*param.opts, *param.secondary_opts])
+                if option
+                else _code((param.name or "").upper())
+            )
             default = param.default if not callable(param.default) else None
             shown = "" if default in (None, (), [], False) or not option else _code(default)
             rows.append(f"| {names} | {_text(getattr(param, 'help', '') or '')} | {shown} |")
@@ -162,8 +197,13 @@ def notebook_page(path: Path) -> str:
     import json
 
     cells = json.loads(path.read_text())["cells"]
-    lines = [GENERATED, "", f"*This page is the repository's `notebooks/{path.name}` as text: open the notebook "
-             f"itself in Jupyter or Colab to run it (see [Notebooks](../notebooks.md)).*", ""]
+    lines = [
+        GENERATED,
+        "",
+        f"*This page is the repository's `notebooks/{path.name}` as text: open the notebook "
+        f"itself in Jupyter or Colab to run it (see [Notebooks](../notebooks.md)).*",
+        "",
+    ]
     for cell in cells:
         source = "".join(cell["source"]).rstrip()
         lines.extend([source, ""] if cell["cell_type"] == "markdown" else ["```python", source, "```", ""])
@@ -171,9 +211,16 @@ def notebook_page(path: Path) -> str:
 
 
 def pages() -> dict[Path, str]:
-    notebooks = {DOCS / "notebooks" / f"{p.stem}.md": notebook_page(p) for p in sorted((REPO / "notebooks").glob("*.ipynb"))}
-    return {DOCS / "reference" / "recipe.md": recipe_page(), DOCS / "reference" / "components.md": components_page(),
-            DOCS / "reference" / "cli.md": cli_page(), DOCS / "benchmarks.md": benchmarks_page(), **notebooks}
+    notebooks = {
+        DOCS / "notebooks" / f"{p.stem}.md": notebook_page(p) for p in sorted((REPO / "notebooks").glob("*.ipynb"))
+    }
+    return {
+        DOCS / "reference" / "recipe.md": recipe_page(),
+        DOCS / "reference" / "components.md": components_page(),
+        DOCS / "reference" / "cli.md": cli_page(),
+        DOCS / "benchmarks.md": benchmarks_page(),
+        **notebooks,
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -72,10 +72,28 @@ _KEPT = (sys.prefix, sys.base_prefix, str(REPO))  # installed packages, dlrecipe
 # first: with --dist loadfile each module runs whole on one worker, so the last to start must be a short one, or one worker ends alone
 # (pyproject.toml turns xdist's own order off: it starts the modules with the most tests first). The SLURM job goes
 # first: it mostly waits on the scheduler, which the other worker's work fills.
-LONGEST_FIRST = ("test_slurm", "test_sync_census", "test_benchmarks", "test_sweep", "test_distributed", "test_docs_run",
-                 "test_wheelhouse", "test_ffcv", "test_train_e2e", "test_multihost", "test_shards", "test_shards_hosts",
-                 "test_torchrun", "test_data_order", "test_cli_process", "test_remote_runs", "test_bucket_faults",
-                 "test_algorithms", "test_notebooks", "test_trackers")
+LONGEST_FIRST = (
+    "test_slurm",
+    "test_sync_census",
+    "test_benchmarks",
+    "test_sweep",
+    "test_distributed",
+    "test_docs_run",
+    "test_wheelhouse",
+    "test_ffcv",
+    "test_train_e2e",
+    "test_multihost",
+    "test_shards",
+    "test_shards_hosts",
+    "test_torchrun",
+    "test_data_order",
+    "test_cli_process",
+    "test_remote_runs",
+    "test_bucket_faults",
+    "test_algorithms",
+    "test_notebooks",
+    "test_trackers",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -150,8 +168,9 @@ def tiny_run(trained_tiny: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained_tiny, tmp_path / "runs" / "tiny", symlinks=True))
 
 
-def build_trainer(config, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False,
-                  resume_from: Path | None = None):
+def build_trainer(
+    config, run_dir: Path, resume: bool = False, trust_checkpoint: bool = False, resume_from: Path | None = None
+):
     """:func:`dlrecipes.builders.build_trainer` for a test that builds a run's Trainer by hand, in ``run_dir`` as it
     is (no store, no lock), the resume point ``resume_from`` or looked up as the fit stage does: the Trainer it
     built."""
@@ -160,11 +179,13 @@ def build_trainer(config, run_dir: Path, resume: bool = False, trust_checkpoint:
     from dlrecipes.records.run_dir import find_resume_point
     from dlrecipes.records.store import RunOptions, TrainingRun
 
-    point = resume_from or (find_resume_point(Path(run_dir), config.trainer.max_duration, trust_checkpoint)
-                            if resume else None)
+    point = resume_from or (
+        find_resume_point(Path(run_dir), config.trainer.max_duration, trust_checkpoint) if resume else None
+    )
     options = RunOptions(resume=resume, trust=trust_checkpoint)
-    return build(TrainingRun.in_folder(config, Path(run_dir), resolve_device(config.trainer.device), options,
-                                       point)).trainer
+    return build(
+        TrainingRun.in_folder(config, Path(run_dir), resolve_device(config.trainer.device), options, point)
+    ).trainer
 
 
 def fit(config, resume: bool = False, trust_checkpoint: bool = False, verbose: bool = False, restart: bool = False):
@@ -184,17 +205,18 @@ def prepare_run_dir(config, run_name: str, resume: bool) -> Path:
     return run.path
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300, module: bool = True,
-            subprocess_: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: int = 300, module: bool = True, subprocess_: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``dlrecipes ARGS`` and capture its output, exit code and all.
 
-    In this process by default: the same ``main`` the console script runs, with stdout and stderr captured,
-    the working directory and signal handlers restored afterwards, and whatever escapes ``main`` written as a
-    traceback with exit code 1, as Python would. A call with the fault-injection plugin (it kills or signals its
-process) gets a process of its own, forked from a server that has imported everything once (tests/forked.py).
-``subprocess_=True`` (one test per command keeps the real
-    process contract under test) or ``module=False`` (any command) starts a real process; so does every call
-    when DLRECIPES_TEST_SUBPROCESS=1.
+        In this process by default: the same ``main`` the console script runs, with stdout and stderr captured,
+        the working directory and signal handlers restored afterwards, and whatever escapes ``main`` written as a
+        traceback with exit code 1, as Python would. A call with the fault-injection plugin (it kills or signals its
+    process) gets a process of its own, forked from a server that has imported everything once (tests/forked.py).
+    ``subprocess_=True`` (one test per command keeps the real
+        process contract under test) or ``module=False`` (any command) starts a real process; so does every call
+        when DLRECIPES_TEST_SUBPROCESS=1.
     """
     in_process = module and not subprocess_ and os.environ.get("DLRECIPES_TEST_SUBPROCESS") != "1"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -261,8 +283,11 @@ def _forget_plugins(new_modules: set[str]) -> None:
     from dlrecipes.registry import REGISTRIES
 
     installed = (sys.prefix, sys.base_prefix, str(REPO / "dlrecipes"))
-    dropped = {name for name in new_modules
-               if not str(getattr(sys.modules.get(name), "__file__", None) or sys.prefix).startswith(installed)}
+    dropped = {
+        name
+        for name in new_modules
+        if not str(getattr(sys.modules.get(name), "__file__", None) or sys.prefix).startswith(installed)
+    }
     for registry in REGISTRIES.values():
         for name, entry in list(registry._entries.items()):
             if getattr(entry.factory, "__module__", None) in dropped:

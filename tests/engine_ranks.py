@@ -95,18 +95,31 @@ def trainer(loader, callbacks=(), **kwargs):
         from dlrecipes.engine import Trainer
 
     memory = InMemoryLogger()
-    made = Trainer(model=model(), train_dataloader=loader, max_duration=kwargs.pop("max_duration", "2ep"),
-                   optimizers=None, device=os.environ.get("ENGINE_DEVICE", "cpu"), loggers=[memory],
-                   callbacks=list(callbacks),
-                   progress_bar=False, log_to_console=False, seed=1, **kwargs)
+    made = Trainer(
+        model=model(),
+        train_dataloader=loader,
+        max_duration=kwargs.pop("max_duration", "2ep"),
+        optimizers=None,
+        device=os.environ.get("ENGINE_DEVICE", "cpu"),
+        loggers=[memory],
+        callbacks=list(callbacks),
+        progress_bar=False,
+        log_to_console=False,
+        seed=1,
+        **kwargs,
+    )
     return made, memory
 
 
 def result(made, memory, **extra):
     losses = [float(v) for v in memory.get_timeseries("loss/train/total")["loss/train/total"]]
-    return {"params": {k: v.detach().cpu().clone() for k, v in made.state.model.state_dict().items()},
-            "batches": int(made.state.timestamp.batch), "samples": int(made.state.timestamp.sample),
-            "losses": losses, **extra}
+    return {
+        "params": {k: v.detach().cpu().clone() for k, v in made.state.model.state_dict().items()},
+        "batches": int(made.state.timestamp.batch),
+        "samples": int(made.state.timestamp.sample),
+        "losses": losses,
+        **extra,
+    }
 
 
 def uneven(out: Path) -> dict:
@@ -150,8 +163,9 @@ def nan_stop(out: Path) -> dict:
 
     dataset = data(40)
     loader = DataLoader(dataset, batch_size=4, sampler=shard(dataset, shuffle=False))
-    made, memory = trainer(loader, callbacks=[NaNAt(rank=1, batch=3), NaNMonitor(out, action="stop")],
-                           max_duration="1ep")
+    made, memory = trainer(
+        loader, callbacks=[NaNAt(rank=1, batch=3), NaNMonitor(out, action="stop")], max_duration="1ep"
+    )
     made.fit()
     return result(made, memory)
 

@@ -31,8 +31,16 @@ def _die() -> None:
 
 
 @callbacks.register("fault_injection")
-def fault_injection(kill_at_batch: int = -1, kill_in_save: int = -1, kill_before_link: int = -1, fail_save: int = -1,
-                    signal_at_batch: int = -1, signal_name: str = "SIGTERM", signal_rank: int = -1, kill_rank: int = -1):
+def fault_injection(
+    kill_at_batch: int = -1,
+    kill_in_save: int = -1,
+    kill_before_link: int = -1,
+    fail_save: int = -1,
+    signal_at_batch: int = -1,
+    signal_name: str = "SIGTERM",
+    signal_rank: int = -1,
+    kill_rank: int = -1,
+):
     """Kill the process or fail a checkpoint write at a chosen point (tests only)."""
     import torch
     from composer.core import Callback

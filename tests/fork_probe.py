@@ -37,15 +37,26 @@ def driver(out: Path) -> None:
     with_a_thread = fork_server.forks_itself()
     stop.set()
     thread.join()
-    (out / "driver.json").write_text(json.dumps({"pid": os.getpid(), "code": code, "children_left": left,
-                                                  "forks_itself_with_a_thread": with_a_thread}))
+    (out / "driver.json").write_text(
+        json.dumps(
+            {"pid": os.getpid(), "code": code, "children_left": left, "forks_itself_with_a_thread": with_a_thread}
+        )
+    )
 
 
 def child(out: Path) -> None:
     handlers = {name: signal.getsignal(getattr(signal, name)) for name in ("SIGTERM", "SIGINT", "SIGPIPE")}
-    (out / "child.json").write_text(json.dumps({
-        "ppid": os.getppid(), "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-        "handlers": {name: h.name if isinstance(h, signal.Handlers) else h.__name__ for name, h in handlers.items()}}))
+    (out / "child.json").write_text(
+        json.dumps(
+            {
+                "ppid": os.getppid(),
+                "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                "handlers": {
+                    name: h.name if isinstance(h, signal.Handlers) else h.__name__ for name, h in handlers.items()
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,15 @@ from dlrecipes.runtime.fork_server import Program, Started
 FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)
 
 
-def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[Path] = None,
-          env: Optional[dict[str, str]] = None, terminal: Optional[int] = None, module: str = "dlrecipes"
-          ) -> Started | subprocess.Popen:
+def start(
+    args: list[str],
+    cwd: Path,
+    out: Optional[Path] = None,
+    err: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+    terminal: Optional[int] = None,
+    module: str = "dlrecipes",
+) -> Started | subprocess.Popen:
     """``python -m MODULE ARGS`` (``dlrecipes ARGS`` by default; ``python MODULE ARGS`` for a ``.py`` file) forked
     from the server: a Popen-like handle
     (``pid``, ``poll()``, ``wait()``, ``returncode``, ``send_signal()``, ``kill()``); its output to the files
@@ -42,10 +48,13 @@ def start(args: list[str], cwd: Path, out: Optional[Path] = None, err: Optional[
         if terminal is not None:
             streams = {"stdin": terminal, "stdout": terminal, "stderr": terminal}
         else:
-            streams = {"stdout": open(out, "w") if out else None,  # stderr to stdout's file without its own, as forked
-                       "stderr": open(err, "w") if err else (subprocess.STDOUT if out else None)}
-        return subprocess.Popen([sys.executable, *_python_args(module), *args], cwd=cwd,
-                                env={**env, "PYTHONUNBUFFERED": "1"}, **streams)
+            streams = {
+                "stdout": open(out, "w") if out else None,  # stderr to stdout's file without its own, as forked
+                "stderr": open(err, "w") if err else (subprocess.STDOUT if out else None),
+            }
+        return subprocess.Popen(
+            [sys.executable, *_python_args(module), *args], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"}, **streams
+        )
     setup = None
     if terminal is not None:  # handed over through the server with the request
         import functools
@@ -87,19 +96,32 @@ def _on_terminal(handed: Any) -> None:
     os.close(fd)
 
 
-def run(args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None,
-        module: str = "dlrecipes") -> subprocess.CompletedProcess:
+def run(
+    args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None, module: str = "dlrecipes"
+) -> subprocess.CompletedProcess:
     """``dlrecipes ARGS`` (``python -m MODULE ARGS``, ``python MODULE ARGS`` for a ``.py`` file) in a forked process,
     to its end: like ``subprocess.run(capture_output=True)``. With DLRECIPES_TEST_FORK=0, in a new Python."""
     if os.environ.get(FORK) == "0":
         env = dict(os.environ) if env is None else env
-        return subprocess.run([sys.executable, *_python_args(module), *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
+        return subprocess.run(
+            [sys.executable, *_python_args(module), *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+        )
     return run_forked(args, cwd=cwd, env=env, timeout=timeout, module=module)
 
 
-def run_forked(args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
-               timeout: Optional[float] = None, module: str = "dlrecipes") -> subprocess.CompletedProcess:
+def run_forked(
+    args: list[str],
+    *,
+    cwd: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+    timeout: Optional[float] = None,
+    module: str = "dlrecipes",
+) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` forked from the server (whatever DLRECIPES_TEST_FORK says) to its end, as
     ``subprocess.run(capture_output=True, text=True)`` gives it: the exit code, stdout and stderr; past ``timeout``
     seconds it is killed and ``subprocess.TimeoutExpired`` raised."""

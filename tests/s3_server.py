@@ -21,8 +21,19 @@ from typing import Iterator
 
 ACCESS_KEY, SECRET_KEY = "dlrecipes-test", "dlrecipes-test-secret"
 READ_ONLY_KEY, READ_ONLY_SECRET = "dlrecipes-reader", "dlrecipes-reader-secret"  # may read and list, not write
-PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-         "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "iam.port")
+PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "s3.port.iceberg",
+    "s3.port.lance",
+    "iam.port",
+)
 
 
 def weed_binary() -> str | None:
@@ -41,8 +52,12 @@ class S3Server:
     args: list[str]
 
     def env(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> dict[str, str]:
-        return {"S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": access_key,
-                "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": access_key,
+            "AWS_SECRET_ACCESS_KEY": secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def client(self):
         """One boto3 client per server and process (making one costs tens of milliseconds; the tests read often)."""
@@ -51,8 +66,12 @@ class S3Server:
         made = _CLIENTS.get((self.endpoint, os.getpid()))
         if made is None:
             made = _CLIENTS[(self.endpoint, os.getpid())] = boto3.client(
-                "s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
-                aws_secret_access_key=SECRET_KEY)
+                "s3",
+                endpoint_url=self.endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=ACCESS_KEY,
+                aws_secret_access_key=SECRET_KEY,
+            )
         return made
 
     def create_bucket(self, bucket: str, timeout: float = 60) -> None:
@@ -98,12 +117,15 @@ class S3Server:
 
 
 def _start(args: list[str], folder: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=open(folder / "weed.log", "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        args, stdout=open(folder / "weed.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
-_PROBE = ("import sys, urllib.request, urllib.error\ntry:\n    urllib.request.urlopen(sys.argv[1], timeout=1)\n"
-          "except urllib.error.HTTPError:\n    pass\n")  # 403 without credentials: it answers
+_PROBE = (
+    "import sys, urllib.request, urllib.error\ntry:\n    urllib.request.urlopen(sys.argv[1], timeout=1)\n"
+    "except urllib.error.HTTPError:\n    pass\n"
+)  # 403 without credentials: it answers
 
 
 def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, host: list[str] = (), timeout: float = 60) -> None:
@@ -127,8 +149,14 @@ def _wait_up(endpoint: str, process: subprocess.Popen, folder: Path, host: list[
     raise RuntimeError(f"weed's S3 did not answer in {timeout} s: {(folder / 'weed.log').read_text()[-2000:]}")
 
 
-def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max: int | None = None,
-                    netns: str | None = None, ip: str = "127.0.0.1") -> S3Server:
+def start_s3_server(
+    folder: Path,
+    volume_mb: int = 64,
+    nice: int = 0,
+    volume_max: int | None = None,
+    netns: str | None = None,
+    ip: str = "127.0.0.1",
+) -> S3Server:
     """``weed server`` with its S3 gateway on free loopback ports, data in ``folder``; ``volume_mb``: the size of its
     volumes (it makes a handful: objects of hundreds of MB, as benchmarks/upload_stall.py writes, need larger);
     ``nice``: its scheduling priority (benchmarks/upload_stall.py: a server standing in for another machine's);
@@ -138,19 +166,42 @@ def start_s3_server(folder: Path, volume_mb: int = 64, nice: int = 0, volume_max
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
-    config.write_text(json.dumps({"identities": [
-        {"name": "tests", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-         "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
-        {"name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
-         "actions": ["Read", "List"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "tests",
+                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    },
+                    {
+                        "name": "reader",
+                        "credentials": [{"accessKey": READ_ONLY_KEY, "secretKey": READ_ONLY_SECRET}],
+                        "actions": ["Read", "List"],
+                    },
+                ]
+            }
+        )
+    )
     host = ["ip", "netns", "exec", netns] if netns else []
     for attempt in range(4):  # a port found free can be taken before weed binds it (other tests start servers too)
         ports = _free_ports(len(PORTS))  # every listener its own free port (weed's defaults collide)
-        args = [*host, *(["nice", "-n", str(nice)] if nice else []), weed_binary(), "server",
-                f"-dir={folder / 'data'}", f"-ip={ip}", f"-ip.bind={ip}",
-                "-master.telemetry=false", f"-master.volumeSizeLimitMB={volume_mb}", "-s3", f"-s3.config={config}",
-                *([f"-volume.max={volume_max}"] if volume_max else []),
-                *(f"-{name}={port}" for name, port in zip(PORTS, ports))]
+        args = [
+            *host,
+            *(["nice", "-n", str(nice)] if nice else []),
+            weed_binary(),
+            "server",
+            f"-dir={folder / 'data'}",
+            f"-ip={ip}",
+            f"-ip.bind={ip}",
+            "-master.telemetry=false",
+            f"-master.volumeSizeLimitMB={volume_mb}",
+            "-s3",
+            f"-s3.config={config}",
+            *([f"-volume.max={volume_max}"] if volume_max else []),
+            *(f"-{name}={port}" for name, port in zip(PORTS, ports)),
+        ]
         process = _start(args, folder)
         server = S3Server(f"http://{ip}:{ports[PORTS.index('s3.port')]}", process, folder, args)
         try:
@@ -202,4 +253,3 @@ def use_server(server: S3Server, monkeypatch, staging: Path, **more: str) -> Non
     folder, and ``more`` variables."""
     for name, value in {**server.env(), "DLRECIPES_STAGING_DIR": str(staging), **more}.items():
         monkeypatch.setenv(name, value)
-

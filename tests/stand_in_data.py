@@ -34,8 +34,10 @@ def cifar_batches(folder: Path, per_batch: int = 6) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {"data": rng.integers(0, 255, (per_batch, 3072), dtype=np.uint8),
-                 "labels": [i % 10 for i in range(per_batch)]}
+        batch = {
+            "data": rng.integers(0, 255, (per_batch, 3072), dtype=np.uint8),
+            "labels": [i % 10 for i in range(per_batch)],
+        }
         with open(folder / name, "wb") as f:
             pickle.dump(batch, f)
     with open(folder / "batches.meta", "wb") as f:  # as in the real archive: names as bytes in python 2 pickles

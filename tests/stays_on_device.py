@@ -28,8 +28,11 @@ class StaysOnDevice(TorchDispatchMode):
         out = func(*args, **kwargs)
         devices = {t.device.type for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)}
         self.ops.append(str(func))
-        arriving = func is torch.ops.aten._to_copy.default and kwargs.get("non_blocking") and \
-            getattr(kwargs.get("device"), "type", kwargs.get("device")) == self.device
+        arriving = (
+            func is torch.ops.aten._to_copy.default
+            and kwargs.get("non_blocking")
+            and getattr(kwargs.get("device"), "type", kwargs.get("device")) == self.device
+        )
         if func in READS_BACK or (devices - {self.device} and not arriving):
             self.left.append((str(func), devices))
         return out

@@ -34,9 +34,20 @@ from composer.core import Callback
 from torch.utils._python_dispatch import TorchDispatchMode
 
 READ_BACKS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
-DATA_DEPENDENT = {"aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
-                  "aten::unique_dim", "aten::_unique2", "aten::_unique", "aten::unique_consecutive",
-                  "aten::repeat_interleave.Tensor", "aten::bincount", "aten::histc", "aten::masked_scatter"}
+DATA_DEPENDENT = {
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::nonzero_static",
+    "aten::masked_select",
+    "aten::unique_dim",
+    "aten::_unique2",
+    "aten::_unique",
+    "aten::unique_consecutive",
+    "aten::repeat_interleave.Tensor",
+    "aten::bincount",
+    "aten::histc",
+    "aten::masked_scatter",
+}
 
 
 # (file, function) of a frame on the stack -> why what it reads back is a host tensor in a GPU run too
@@ -44,8 +55,10 @@ HOST_SIDE = {
     ("torch/utils/data/_utils/fetch.py", "fetch"): "a DataLoader's samples, made on the host (in workers or here)",
     ("torch/optim/optimizer.py", "_get_value"): "an optimizer's step counter, kept on the host unless capturable",
     ("timm/optim/_helpers.py", "_get_value"): "a timm optimizer's step counter, made on the host (device='cpu')",
-    ("composer/algorithms/blurpool/blurpool_layers.py", "_padding_for_filt_2d_same"):
-        "int(torch.div(h, 2)) of two Python ints: a tensor made on the host",
+    (
+        "composer/algorithms/blurpool/blurpool_layers.py",
+        "_padding_for_filt_2d_same",
+    ): "int(torch.div(h, 2)) of two Python ints: a tensor made on the host",
     ("composer/algorithms/colout/colout.py", "colout_batch"): "torch.randperm of the image's side, made on the host",
     ("dlrecipes/algorithms/augment_policy.py", "_binned"): "torchvision's magnitude table, a linspace made on the host",
 }
@@ -56,8 +69,9 @@ def _host_side() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if code.co_name in _HOST_FUNCTIONS and any(code.co_filename.endswith(path) and code.co_name == name
-                                                   for path, name in HOST_SIDE):
+        if code.co_name in _HOST_FUNCTIONS and any(
+            code.co_filename.endswith(path) and code.co_name == name for path, name in HOST_SIDE
+        ):
             return True
         frame = frame.f_back
     return False
@@ -78,9 +92,17 @@ class _DataDependentOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name()
-        if name.split(".")[0] in DATA_DEPENDENT or name in DATA_DEPENDENT or (
-                name.startswith("aten::index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                                       for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()))):
+        if (
+            name.split(".")[0] in DATA_DEPENDENT
+            or name in DATA_DEPENDENT
+            or (
+                name.startswith("aten::index")
+                and any(
+                    isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                    for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ())
+                )
+            )
+        ):
             self.census.record(f"op {name}")
         return func(*args, **(kwargs or {}))
 
@@ -116,6 +138,7 @@ class SyncCensus(Callback):
         census = self
         self._originals = {name: getattr(torch.Tensor, name) for name in READ_BACKS + ("to", "cuda")}
         for name in READ_BACKS:
+
             def counted(tensor, *args, __name=name, __original=self._originals[name], **kwargs):
                 census.record(f"read-back Tensor.{__name}")
                 return __original(tensor, *args, **kwargs)
@@ -124,7 +147,12 @@ class SyncCensus(Callback):
 
         def to(tensor, *args, __original=self._originals["to"], **kwargs):
             moves = any(isinstance(a, (torch.device, str)) for a in args) or "device" in kwargs
-            if moves and "/torch/" not in sys._getframe(1).f_code.co_filename and not kwargs.get("non_blocking") and not (len(args) > 1 and isinstance(args[1], bool) and args[1]):
+            if (
+                moves
+                and "/torch/" not in sys._getframe(1).f_code.co_filename
+                and not kwargs.get("non_blocking")
+                and not (len(args) > 1 and isinstance(args[1], bool) and args[1])
+            ):
                 census.record("blocking copy Tensor.to")
             return __original(tensor, *args, **kwargs)
 

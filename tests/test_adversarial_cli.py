@@ -51,8 +51,11 @@ def tiny(path: Path, runs: Path, name: str | None = "base") -> Path:
 
 
 def checksums(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 def other_models_checkpoint(path: Path) -> None:
@@ -81,11 +84,18 @@ def cut_at_a_line_end(path: Path) -> None:
     path.write_text(text[: text.rindex("\n", 0, len(text) // 2) + 1])
 
 
-YAML_DAMAGE = {**DAMAGE, "list": lambda p: p.write_text("- a\n- b\n"), "invalid": lambda p: p.write_text("model: [x\n"),
-               "cut-at-a-line-end": cut_at_a_line_end}
-CSV_DAMAGE = {"truncated": DAMAGE["truncated"], "png": DAMAGE["png"],
-              "wrong-row": lambda p: p.write_text(p.read_text() + "3,0.5\n"),
-              "not-numbers": lambda p: p.write_text(p.read_text().replace("\n2,", "\ntwo,", 1))}
+YAML_DAMAGE = {
+    **DAMAGE,
+    "list": lambda p: p.write_text("- a\n- b\n"),
+    "invalid": lambda p: p.write_text("model: [x\n"),
+    "cut-at-a-line-end": cut_at_a_line_end,
+}
+CSV_DAMAGE = {
+    "truncated": DAMAGE["truncated"],
+    "png": DAMAGE["png"],
+    "wrong-row": lambda p: p.write_text(p.read_text() + "3,0.5\n"),
+    "not-numbers": lambda p: p.write_text(p.read_text().replace("\n2,", "\ntwo,", 1)),
+}
 CHECKPOINT_DAMAGE = {**DAMAGE, "other-model": other_models_checkpoint}
 IMAGE = "image.png"
 
@@ -109,8 +119,12 @@ COMMANDS = {
     "plot": ["plot", "{run}"],
     "resume": ["train", "{tmp}/tiny.yaml", "--resume"],
 }
-DAMAGES = {"checkpoints/best.pt": CHECKPOINT_DAMAGE, "summary.json": JSON_DAMAGE, "history.csv": CSV_DAMAGE,
-           "recipe.yaml": YAML_DAMAGE}
+DAMAGES = {
+    "checkpoints/best.pt": CHECKPOINT_DAMAGE,
+    "summary.json": JSON_DAMAGE,
+    "history.csv": CSV_DAMAGE,
+    "recipe.yaml": YAML_DAMAGE,
+}
 
 
 def invoke(args: list[str]):
@@ -198,8 +212,9 @@ def test_resume_refusals_name_the_way_on(run, tmp_path):
         check_run_exists(run.parent, "bsae")
     finally:
         del os.environ["DLRECIPES_RESUME_MISSING"]
-    shorter = assert_refused(invoke(["train", str(recipe), "--resume", "run_name=base", "trainer.max_duration=1ep"]),
-                             "trainer.max_duration")
+    shorter = assert_refused(
+        invoke(["train", str(recipe), "--resume", "run_name=base", "trainer.max_duration=1ep"]), "trainer.max_duration"
+    )
     assert "shorter than what base has trained (2 epochs, 6 batches" in shorter
     both = assert_refused(invoke(["train", str(recipe), "--resume", "--restart", "run_name=base"]), "--restart")
     again = assert_refused(invoke(["train", str(recipe), "run_name=base"]), "already holds a run")
@@ -218,11 +233,13 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(monkeyp
     result = invoke(["runs"])
     assert result.exit_code == 1 and result.stderr.strip() == (
         "error: ValueError: something nobody foresaw (unexpected: please report it; DLRECIPES_TRACEBACK=1 shows the "
-        "traceback)")
+        "traceback)"
+    )
     monkeypatch.setattr(api, "runs", lambda *a, **k: open("/no/such/folder/file"))
     result = invoke(["runs"])  # the machine said no: not a bug to report
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: No such file or directory: /no/such/folder/file (DLRECIPES_TRACEBACK=1 shows where)")
+        "error: No such file or directory: /no/such/folder/file (DLRECIPES_TRACEBACK=1 shows where)"
+    )
     monkeypatch.setattr(api, "runs", broken)
     monkeypatch.setenv("DLRECIPES_TRACEBACK", "1")
     assert isinstance(invoke(["runs"]).exception, ValueError)
@@ -235,8 +252,8 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(run):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         f"error: --checkpoint: {best} is truncated or damaged (an incomplete zip archive of 5,000 bytes); nothing was "
-        "changed. Use another checkpoint of the run (--checkpoint best, latest or a file in its checkpoints/ folder)"]
-
+        "changed. Use another checkpoint of the run (--checkpoint best, latest or a file in its checkpoints/ folder)"
+    ]
 
 
 def test_resume_leaves_a_live_runs_files_alone(run, tmp_path):
@@ -251,7 +268,8 @@ def test_resume_leaves_a_live_runs_files_alone(run, tmp_path):
     lock = run_lock.acquire(run)  # this process holds it: a live holder
     try:
         assert "is in use by another training run" in assert_refused(
-            invoke(["train", str(tmp_path / "tiny.yaml"), "--resume"]), "run_name")
+            invoke(["train", str(tmp_path / "tiny.yaml"), "--resume"]), "run_name"
+        )
         assert checksums(run.parent) == {**before, "base/run.lock": checksums(run.parent)["base/run.lock"]}
     finally:
         lock.release()
@@ -304,28 +322,33 @@ def bucket_run(s3, trained, tmp_path, monkeypatch) -> str:
 
 # Every file and command of the matrix, each with one kind of damage (what the kind changes is read from the local
 # copy, as above; the store's side is the same for all), and a checkpoint of another model and invalid YAML besides.
-BUCKET_CASES = [*dict.fromkeys((relative, "truncated", command) for relative, _, command in CASES),
-                ("checkpoints/best.pt", "other-model", "eval"), ("recipe.yaml", "invalid", "resume")]
+BUCKET_CASES = [
+    *dict.fromkeys((relative, "truncated", command) for relative, _, command in CASES),
+    ("checkpoints/best.pt", "other-model", "eval"),
+    ("recipe.yaml", "invalid", "resume"),
+]
 
 
-@pytest.mark.parametrize("relative, how, command", BUCKET_CASES,
-                         ids=[f"{c}-{r.split('/')[-1]}-{h}" for r, h, c in BUCKET_CASES])
-def test_a_damaged_file_in_a_bucket_is_one_line_naming_it_there_and_changes_nothing(s3, bucket_run, tmp_path,
-                                                                                      relative, how, command):
+@pytest.mark.parametrize(
+    "relative, how, command", BUCKET_CASES, ids=[f"{c}-{r.split('/')[-1]}-{h}" for r, h, c in BUCKET_CASES]
+)
+def test_a_damaged_file_in_a_bucket_is_one_line_naming_it_there_and_changes_nothing(
+    s3, bucket_run, tmp_path, relative, how, command
+):
     """As above, the run in a bucket: the line names the damaged object by its address, the bucket unchanged."""
     from PIL import Image
 
     Image.new("L", (8, 8), 255).save(tmp_path / IMAGE)
     runs = bucket_run.rsplit("/", 1)[0]
     tiny(tmp_path / "tiny.yaml", runs)  # type: ignore[arg-type]
-    key = f"{runs[len('s3://adv/'):]}/base/{relative}"
+    key = f"{runs[len('s3://adv/') :]}/base/{relative}"
     damaged = tmp_path / "damaged" / relative
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(s3.read("adv", key))
     DAMAGES[relative][how](damaged)
     s3.client().upload_file(str(damaged), "adv", key)
-    before = bucket_checksums(s3, runs[len("s3://adv/"):])
+    before = bucket_checksums(s3, runs[len("s3://adv/") :])
     args = [a.format(run=bucket_run, runs=runs, tmp=tmp_path) for a in COMMANDS[command]]
     line = assert_refused(invoke(args), f"{bucket_run}/{relative}")
-    assert bucket_checksums(s3, runs[len("s3://adv/"):]) == before, line
+    assert bucket_checksums(s3, runs[len("s3://adv/") :]) == before, line
     assert not (tmp_path / "compare.png").exists()

@@ -58,10 +58,14 @@ TEACHER_DAMAGE = {
     "empty": (lambda best: best.write_bytes(b""), "best.pt"),
     "truncated": (lambda best: best.write_bytes(best.read_bytes()[: best.stat().st_size // 2]), "best.pt"),
     "other-model": (other_models_checkpoint, "do not fit"),
-    "other-classes": (lambda best: _reshaped(best, 2, "last", lambda s: (5, *s[1:])),
-                      "predicts 5 classes and this dataset has 10"),
-    "other-input": (lambda best: _reshaped(best, 4, "first", lambda s: (s[0], 3, *s[2:])),
-                    "takes 3-channel images and this dataset's have 1 channels"),
+    "other-classes": (
+        lambda best: _reshaped(best, 2, "last", lambda s: (5, *s[1:])),
+        "predicts 5 classes and this dataset has 10",
+    ),
+    "other-input": (
+        lambda best: _reshaped(best, 4, "first", lambda s: (s[0], 3, *s[2:])),
+        "takes 3-channel images and this dataset's have 1 channels",
+    ),
 }
 
 
@@ -85,8 +89,10 @@ def test_a_damaged_or_unfitting_teacher_is_one_line_before_the_run_starts(traine
 
 # --- Hugging Face sources -------------------------------------------------------------------------------------
 
-needs_hf = pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
-                              reason="Hugging Face datasets is not installed (pip install -e '.[hf]')")
+needs_hf = pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None,
+    reason="Hugging Face datasets is not installed (pip install -e '.[hf]')",
+)
 
 
 @pytest.fixture
@@ -99,8 +105,9 @@ def hf_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     datasets.disable_progress_bars()
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"]),
-                                  "caption": datasets.Value("string")})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"]), "caption": datasets.Value("string")}
+    )
 
     def split(n: int, broken: bool = False):
         images = [Image.fromarray(np.full((8, 8, 3), 30 * i, np.uint8)) for i in range(n)]
@@ -108,32 +115,39 @@ def hf_folder(tmp_path, monkeypatch):
         table = datasets.Dataset.from_dict(rows, features=features)
         if broken:
             table = table.cast_column("image", datasets.Image(decode=False))
-            table = table.map(lambda row, i: {"image": {"bytes": b"not an image" if i == 1 else row["image"]["bytes"],
-                                                        "path": None}}, with_indices=True)
+            table = table.map(
+                lambda row, i: {"image": {"bytes": b"not an image" if i == 1 else row["image"]["bytes"], "path": None}},
+                with_indices=True,
+            )
             table = table.cast_column("image", datasets.Image())
         return table
 
     folder = tmp_path / "hf"
-    datasets.DatasetDict({"train": split(8), "validation": split(4), "test": split(0),
-                          "broken": split(4, broken=True)}).save_to_disk(str(folder))
+    datasets.DatasetDict(
+        {"train": split(8), "validation": split(4), "test": split(0), "broken": split(4, broken=True)}
+    ).save_to_disk(str(folder))
     return folder
 
 
 HF_CASES = {
-    "empty-split": ({"eval_split": "test"}, "dataset.eval_split: the 'test' split of {path} is empty (0 rows); name a "
-                                            "split with samples: train, validation, broken"),
+    "empty-split": (
+        {"eval_split": "test"},
+        "dataset.eval_split: the 'test' split of {path} is empty (0 rows); name a "
+        "split with samples: train, validation, broken",
+    ),
     "missing-split": ({"split": "trian"}, "dataset.split: {path} has no split 'trian' (did you mean 'train'?)"),
     "wrong-column": ({"label_column": "caption"}, "dataset.label_column: column 'caption' of {path} holds"),
     "unreadable-image": ({"split": "broken"}, "cannot decode the image of row 1 of {path}:broken"),
-    "offline-hub-id": ({"path": "nobody-here/no-such-dataset"}, "dataset.path: cannot download the Hugging Face dataset "
-                                                               "'nobody-here/no-such-dataset' (offline"),
+    "offline-hub-id": (
+        {"path": "nobody-here/no-such-dataset"},
+        "dataset.path: cannot download the Hugging Face dataset 'nobody-here/no-such-dataset' (offline",
+    ),
 }
 
 
 @needs_hf
 @pytest.mark.parametrize("case", list(HF_CASES))
-def test_a_bad_hugging_face_source_is_one_line_and_leaves_nothing(trained_tiny, tmp_path, hf_folder, monkeypatch,
-                                                                   case):
+def test_a_bad_hugging_face_source_is_one_line_and_leaves_nothing(trained_tiny, tmp_path, hf_folder, monkeypatch, case):
     params, said = HF_CASES[case]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     runs = tmp_path / "runs"
@@ -163,14 +177,18 @@ def test_validation_warns_when_the_crop_upsamples_the_source_images(tmp_path, hf
     recipe = _recipe(tmp_path / "tiny.yaml")
     result = invoke(["validate", str(recipe), f"dataset={{name: hf, path: {hf_folder}}}"])
     assert result.exit_code == 0, result.output
-    assert (f"warning: dataset.crop_size=224 is 28x the source images' side (8 px, {hf_folder} (train[0])): each "
-            "image is upsampled, which costs time and adds no detail; set dataset.crop_size (and resize_size) near 8"
-            ) in result.output
-    quiet = invoke(["validate", str(recipe), f"dataset={{name: hf, path: {hf_folder}, crop_size: 16, resize_size: 16}}"])
+    assert (
+        f"warning: dataset.crop_size=224 is 28x the source images' side (8 px, {hf_folder} (train[0])): each "
+        "image is upsampled, which costs time and adds no detail; set dataset.crop_size (and resize_size) near 8"
+    ) in result.output
+    quiet = invoke(
+        ["validate", str(recipe), f"dataset={{name: hf, path: {hf_folder}, crop_size: 16, resize_size: 16}}"]
+    )
     assert quiet.exit_code == 0 and "warning" not in quiet.output
 
 
 # --- objects from Python ----------------------------------------------------------------------------------------
+
 
 class Net(nn.Module):
     """A tiny classifier of 1x8x8 images whose forward returns what ``out`` says."""
@@ -198,29 +216,62 @@ class Samples(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if self.kind == "raising":
             raise ValueError("disk on fire")
-        return {"pairs": lambda: (self.x[i], int(self.y[i])), "dicts": lambda: {"image": self.x[i], "label": int(self.y[i])},
-                "odd-keys": lambda: {"pixels": self.x[i], "cls": int(self.y[i])},
-                "strings": lambda: f"sample {i}"}[self.kind]()
+        return {
+            "pairs": lambda: (self.x[i], int(self.y[i])),
+            "dicts": lambda: {"image": self.x[i], "label": int(self.y[i])},
+            "odd-keys": lambda: {"pixels": self.x[i], "cls": int(self.y[i])},
+            "strings": lambda: f"sample {i}",
+        }[self.kind]()
 
 
-SETTINGS = {"trainer.max_duration": "1ba", "trainer.batch_size": 4, "trainer.num_workers": 0,
-            "trainer.progress_bar": False, "plots": False}
+SETTINGS = {
+    "trainer.max_duration": "1ba",
+    "trainer.batch_size": 4,
+    "trainer.num_workers": 0,
+    "trainer.progress_bar": False,
+    "plots": False,
+}
 
 OBJECT_CASES = {
-    "tuple": (dict(model=Net("tuple")), RecipeError, "model=: forward returned a tuple of 2 (Tensor(4, 3), "
-              "Tensor(4, 3)); training needs the class logits alone"),
-    "dict": (dict(model=Net("dict")), RecipeError, "model=: forward returned a dict (keys: logits); training needs "
-             "the class logits, a (batch, classes) tensor: return them (e.g. out['logits'] or out.logits)"),
-    "shape": (dict(model=Net("shape")), RecipeError, "model=: forward returned a tensor of shape (4, 3, 1) for a "
-              "batch of 4; training needs the class logits, shape (4, 3)"),
-    "odd-keys": (dict(train_data=Samples(8, "odd-keys")), RecipeError, "train_data=: its samples are dicts with keys "
-                 "'pixels', 'cls' and no usual image key; name it with input_key=..."),
-    "wrong-key": (dict(train_data=Samples(8, "dicts"), input_key="img"), RecipeError,
-                  "input_key='img': train_data='s samples have no such key; they have 'image', 'label'"),
-    "strings": (dict(train_data=Samples(8, "strings")), RecipeError, "train_data=: its samples are str; expected "
-                "(image tensor, int label) pairs, or dicts with an image and a label key"),
-    "raising": (dict(train_data=Samples(8, "raising")), DataError, "train_data=: reading its first sample raised "
-                "ValueError: disk on fire"),
+    "tuple": (
+        dict(model=Net("tuple")),
+        RecipeError,
+        "model=: forward returned a tuple of 2 (Tensor(4, 3), Tensor(4, 3)); training needs the class logits alone",
+    ),
+    "dict": (
+        dict(model=Net("dict")),
+        RecipeError,
+        "model=: forward returned a dict (keys: logits); training needs "
+        "the class logits, a (batch, classes) tensor: return them (e.g. out['logits'] or out.logits)",
+    ),
+    "shape": (
+        dict(model=Net("shape")),
+        RecipeError,
+        "model=: forward returned a tensor of shape (4, 3, 1) for a "
+        "batch of 4; training needs the class logits, shape (4, 3)",
+    ),
+    "odd-keys": (
+        dict(train_data=Samples(8, "odd-keys")),
+        RecipeError,
+        "train_data=: its samples are dicts with keys "
+        "'pixels', 'cls' and no usual image key; name it with input_key=...",
+    ),
+    "wrong-key": (
+        dict(train_data=Samples(8, "dicts"), input_key="img"),
+        RecipeError,
+        "input_key='img': train_data='s samples have no such key; they have 'image', 'label'",
+    ),
+    "strings": (
+        dict(train_data=Samples(8, "strings")),
+        RecipeError,
+        "train_data=: its samples are str; expected "
+        "(image tensor, int label) pairs, or dicts with an image and a label key",
+    ),
+    "raising": (
+        dict(train_data=Samples(8, "raising")),
+        DataError,
+        "train_data=: reading its first sample raised ValueError: disk on fire",
+    ),
     "empty": (dict(train_data=Samples(0)), DataError, "train_data=: the dataset is empty (len() is 0)"),
 }
 
@@ -248,12 +299,25 @@ def test_dict_samples_and_a_loader_with_workers_over_them_train(tmp_path):
     import dlrecipes
 
     loader = torch.utils.data.DataLoader(Samples(16, "dicts"), batch_size=4, num_workers=2)
-    result = dlrecipes.train(None, {**SETTINGS, "runs_dir": str(tmp_path / "runs"), "trainer.max_duration": "2ba"},
-                             model=Net(), train_data=loader, eval_data=Samples(4, "dicts"), quiet=True)
+    result = dlrecipes.train(
+        None,
+        {**SETTINGS, "runs_dir": str(tmp_path / "runs"), "trainer.max_duration": "2ba"},
+        model=Net(),
+        train_data=loader,
+        eval_data=Samples(4, "dicts"),
+        quiet=True,
+    )
     assert result.status == "finished" and result.batches == 2 and "top1" in result.eval_metrics
-    named = dlrecipes.train(None, {**SETTINGS, "runs_dir": str(tmp_path / "runs")}, model=Net(), quiet=True,
-                            train_data=Samples(8, "odd-keys"), eval_data=Samples(4, "odd-keys"), input_key="pixels",
-                            target_key="cls")
+    named = dlrecipes.train(
+        None,
+        {**SETTINGS, "runs_dir": str(tmp_path / "runs")},
+        model=Net(),
+        quiet=True,
+        train_data=Samples(8, "odd-keys"),
+        eval_data=Samples(4, "odd-keys"),
+        input_key="pixels",
+        target_key="cls",
+    )
     assert named.status == "finished"
 
 
@@ -262,7 +326,12 @@ def test_a_recipe_given_as_a_dict_trains_with_its_base_found_from_root(tmp_path)
     import dlrecipes
 
     write(tmp_path / "recipes" / "tiny.yaml", TINY_RECIPE)
-    recipe = {"base": "tiny.yaml", "name": "mine", "trainer": {"max_duration": "2ba"}, "runs_dir": str(tmp_path / "runs")}
+    recipe = {
+        "base": "tiny.yaml",
+        "name": "mine",
+        "trainer": {"max_duration": "2ba"},
+        "runs_dir": str(tmp_path / "runs"),
+    }
     result = dlrecipes.train(recipe, root=tmp_path / "recipes", quiet=True)
     assert result.status == "finished" and result.run_dir.name.startswith("mine-") and result.batches == 2
     with pytest.raises(RecipeError, match=r"^the recipe dict: base: file not found: tiny.yaml \(looked for "):
@@ -274,7 +343,11 @@ def test_a_recipe_given_as_a_dict_trains_with_its_base_found_from_root(tmp_path)
 def test_errors_from_python_name_keyword_arguments_not_flags():
     from dlrecipes.notebook import in_python
 
-    assert in_python("training failed: X (no run directory; rerun with --verbose to see its traceback)") == \
-        "training failed: X (no run directory; rerun with verbose=True to see its traceback)"
-    assert in_python("use --checkpoint latest, or --resume; --trust-checkpoint to load it") == \
-        "use checkpoint='latest', or resume=True; trust_checkpoint=True to load it"
+    assert (
+        in_python("training failed: X (no run directory; rerun with --verbose to see its traceback)")
+        == "training failed: X (no run directory; rerun with verbose=True to see its traceback)"
+    )
+    assert (
+        in_python("use --checkpoint latest, or --resume; --trust-checkpoint to load it")
+        == "use checkpoint='latest', or resume=True; trust_checkpoint=True to load it"
+    )

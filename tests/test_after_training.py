@@ -41,16 +41,19 @@ def _digit_folders(root: Path, per_class_train: int = 40, per_class_val: int = 1
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("after")
     _digit_folders(root / "data")
-    recipe = write(root / "folders.yaml", f"""
+    recipe = write(
+        root / "folders.yaml",
+        f"""
         model: {{name: cnn_simple, width: 8, hidden: 32}}
         dataset: {{name: image_folder, train_path: data/train, val_path: data/val, crop_size: 12, resize_size: 14,
                    min_scale: 0.5}}
         trainer: {{max_duration: 4ep, batch_size: 16, num_workers: 0, progress_bar: false, device: cpu}}
         optimizer: {{name: adamw, lr: 0.01}}
         checkpoint: {{save_interval: 1ep, keep: 2, monitor: top1}}
-        runs_dir: {root / 'runs'}
+        runs_dir: {root / "runs"}
         run_name: folders
-    """)
+    """,
+    )
     result = run_cli("train", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     return root, root / "runs" / "folders"
@@ -76,8 +79,9 @@ def test_eval_gives_the_run_s_own_evaluation(trained, tmp_path):
     assert round(latest["metrics"]["loss"], 4) == round(float(last["eval_loss"]), 4)
     assert latest["images"] == 4 * 12
     best = _eval_json(str(run_dir))
-    assert round(best["metrics"]["top1"], 4) == round(json.loads((run_dir / "checkpoints" / "best.json").read_text())
-                                                        ["value"], 4)
+    assert round(best["metrics"]["top1"], 4) == round(
+        json.loads((run_dir / "checkpoints" / "best.json").read_text())["value"], 4
+    )
     report = Path(best["out_dir"])
     assert report == run_dir / "eval" / "best" and (report / "confusion_matrix.csv").is_file()
     matrix = list(csv.reader(open(report / "confusion_matrix.csv")))[1:]
@@ -88,8 +92,15 @@ def test_eval_gives_the_run_s_own_evaluation(trained, tmp_path):
     assert rebatched["metrics"]["top1"] == pytest.approx(best["metrics"]["top1"])
     alone = tmp_path / "model.pt"
     shutil.copy(run_dir / "checkpoints" / "best.pt", alone)
-    lone = run_cli("eval", str(alone), "--recipe", str(run_dir / "recipe.yaml"), "--trust-checkpoint",
-                   "--out", str(tmp_path / "report"))
+    lone = run_cli(
+        "eval",
+        str(alone),
+        "--recipe",
+        str(run_dir / "recipe.yaml"),
+        "--trust-checkpoint",
+        "--out",
+        str(tmp_path / "report"),
+    )
     assert lone.returncode == 0, lone.stderr[-2000:]
     assert f"top1={best['metrics']['top1']:.4f}" in lone.stdout and "img/s" in lone.stdout
     assert (tmp_path / "report" / "per_class_accuracy.csv").is_file()
@@ -117,8 +128,10 @@ def test_eval_errors_are_one_line(trained, tmp_path):
         ((str(run_dir), "trainer.eval_batch_size=0"), "trainer.eval_batch_size"),
     ]:
         result = run_cli("eval", *args)
-        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, \
-            (args, result.stderr[-1500:])
+        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, (
+            args,
+            result.stderr[-1500:],
+        )
     lone = tmp_path / "x.pt"
     shutil.copy(run_dir / "checkpoints" / "best.pt", lone)
     result = run_cli("eval", str(lone))
@@ -133,8 +146,15 @@ def test_predict_agrees_with_eval_and_skips_unreadable_files(trained, tmp_path):
     result = run_cli("predict", str(run_dir), str(root / "data" / "val"), "--top-k", "3", "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(open(out)))
-    assert len(rows) == 48 and list(rows[0]) == ["path", "class", "probability", "class_2", "probability_2",
-                                                 "class_3", "probability_3"]
+    assert len(rows) == 48 and list(rows[0]) == [
+        "path",
+        "class",
+        "probability",
+        "class_2",
+        "probability_2",
+        "class_3",
+        "probability_3",
+    ]
     accuracy = sum(Path(r["path"]).parent.name == r["class"] for r in rows) / len(rows)
     assert accuracy == pytest.approx(best["metrics"]["top1"])
     assert all(float(r["probability"]) >= float(r["probability_2"]) >= float(r["probability_3"]) for r in rows)
@@ -181,15 +201,20 @@ def test_export_is_usable_without_dlrecipes(trained, tmp_path):
     result = run_cli("export", str(run_dir), "--out", str(tmp_path / "export"))
     assert result.returncode == 0, result.stderr[-2000:]
     export = tmp_path / "export"
-    assert {p.name for p in export.iterdir()} >= {"model.torchscript.pt", "preprocess.json", "classes.json",
-                                                  "verify.json"}
+    assert {p.name for p in export.iterdir()} >= {
+        "model.torchscript.pt",
+        "preprocess.json",
+        "classes.json",
+        "verify.json",
+    }
     assert json.loads((export / "verify.json").read_text())["passed"]
     assert json.loads((export / "classes.json").read_text()) == CLASSES
     spec = json.loads((export / "preprocess.json").read_text())
     assert spec["resize"] == {"shorter_side": 14} and spec["center_crop"] == [12, 12] and spec["channels"] == "RGB"
     files = sorted(str(p) for p in (root / "data" / "val").rglob("*.png"))
-    fresh = subprocess.run([sys.executable, "-c", FRESH, str(export), *files], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=300)
+    fresh = subprocess.run(
+        [sys.executable, "-c", FRESH, str(export), *files], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     by_predict = json.loads(run_cli("predict", str(run_dir), *files, "--json").stdout)
     assert json.loads(fresh.stdout) == [row["class"] for row in by_predict]
@@ -198,8 +223,9 @@ def test_export_is_usable_without_dlrecipes(trained, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime")),
-                    reason="pip install 'dlrecipes[onnx]'")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime")), reason="pip install 'dlrecipes[onnx]'"
+)
 def test_predict_from_an_onnx_export_gives_the_run_s_classes_and_probabilities(trained, tmp_path):
     """The ONNX export runs with onnxruntime, without the recipe's code: the same classes as predict on the run,
     the same probabilities to ONNX's float tolerance. (At the fixture's 12x12 crops cnn_simple pools 3x3 features
@@ -209,15 +235,18 @@ def test_predict_from_an_onnx_export_gives_the_run_s_classes_and_probabilities(t
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert refused.stderr.strip().splitlines()[-1].startswith("error: --format: could not export this model to onnx")
     assert refused.stderr.strip().endswith("export without --format onnx")
-    recipe = write(tmp_path / "mnist_size.yaml", f"""
+    recipe = write(
+        tmp_path / "mnist_size.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 16}}
         dataset: {{name: image_folder, train_path: {root}/data/train, val_path: {root}/data/val, crop_size: 28,
                    resize_size: 28}}
         trainer: {{max_duration: 1ep, batch_size: 16, num_workers: 0, progress_bar: false, device: cpu}}
         checkpoint: {{save_interval: 1ep, monitor: top1}}
-        runs_dir: {tmp_path / 'runs'}
+        runs_dir: {tmp_path / "runs"}
         run_name: onnx
-    """)
+    """,
+    )
     assert run_cli("train", str(recipe)).returncode == 0
     run_dir = tmp_path / "runs" / "onnx"
     result = run_cli("export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "onnx"))
@@ -286,8 +315,13 @@ def test_runs_status_comes_from_the_run_s_files(tmp_path):
     run("gone", checkpoint=True, lock={"host": socket.gethostname(), "pid": 2**22 + 12345})
     rows = {r["run"]: r for r in list_runs(tmp_path)}
     assert {name: r["status"] for name, r in rows.items()} == {
-        "done": "done", "diverged": "diverged", "stopped": "stopped (resumable)", "killed": "killed (resumable)",
-        "killed_early": "killed", "running": f"running (pid {os.getpid()})", "gone": "killed (resumable)",
+        "done": "done",
+        "diverged": "diverged",
+        "stopped": "stopped (resumable)",
+        "killed": "killed (resumable)",
+        "killed_early": "killed",
+        "running": f"running (pid {os.getpid()})",
+        "gone": "killed (resumable)",
     }
     assert rows["done"]["epochs"] == "5/5" and rows["done"]["wall_time"] == "1:02:05"
     assert rows["killed"]["epochs"] == "0/5"
@@ -300,15 +334,20 @@ def test_a_best_pt_that_is_not_the_one_best_json_describes_is_refused(tiny_run):
     landed out of order leaves one) is refused in one line, not evaluated as the best weights; with
     --trust-checkpoint (the file is the user's) a note says so and the file is evaluated."""
     info = json.loads((tiny_run / "checkpoints" / "best.json").read_text())
-    other = next(p for p in sorted((tiny_run / "checkpoints").glob("ep*-rank0.pt")) if f"-ba{info['batch']}-" not in p.name)
+    other = next(
+        p for p in sorted((tiny_run / "checkpoints").glob("ep*-rank0.pt")) if f"-ba{info['batch']}-" not in p.name
+    )
     shutil.copy(other, tiny_run / "checkpoints" / "best.pt")
     result = run_cli("eval", str(tiny_run))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip() == (
         f"error: {tiny_run / 'checkpoints' / 'best.pt'}: not the best checkpoint best.json describes (epoch "
         f"{info['epoch']}, batch {info['batch']}: another file, as an upload cut off or landed out of order leaves); "
-        "resume the run (--resume) to upload its own, or give --checkpoint latest")
+        "resume the run (--resume) to upload its own, or give --checkpoint latest"
+    )
     trusted = run_cli("eval", str(tiny_run), "--trust-checkpoint")  # the user vouches for the file: a note, then used
     assert trusted.returncode == 0, trusted.stderr[-2000:]
-    assert "not the best checkpoint best.json describes" in trusted.stderr and "used as given (--trust-checkpoint)" \
-        in trusted.stderr
+    assert (
+        "not the best checkpoint best.json describes" in trusted.stderr
+        and "used as given (--trust-checkpoint)" in trusted.stderr
+    )

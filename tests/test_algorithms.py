@@ -42,11 +42,17 @@ SETUP = {
     "randaugment": ["PIL_DATA"],
     "augmix": ["PIL_DATA"],
     # the batch policies work on pixels: a dataset that says how it normalises (synthetic noise does not)
-    **{name: ["PIL_DATA"] for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")},
+    **{
+        name: ["PIL_DATA"]
+        for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")
+    },
     "ghost_batchnorm": ["algorithms.ghost_batchnorm={ghost_batch_size: 4}"],
     "distillation": ["TEACHER"],
-    "swa": ["trainer.max_duration=2ep", "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
-            "trainer.train_subset_num_batches=1"],
+    "swa": [
+        "trainer.max_duration=2ep",
+        "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
+        "trainer.train_subset_num_batches=1",
+    ],
 }
 
 
@@ -59,7 +65,9 @@ def small_recipe(tmp_path):
 
 def _image_folder(root):
     image_folders(root, ("a", "b"), per_class=8, size=(40, 30))
-    return [f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, crop_size: 32, resize_size: 36}}"]
+    return [
+        f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, crop_size: 32, resize_size: 36}}"
+    ]
 
 
 def _teacher(root) -> str:
@@ -115,7 +123,10 @@ def test_parameters_round_trip_through_validation(name, small_recipe, tmp_path):
 
 
 def test_unknown_algorithm_parameter_suggests(small_recipe):
-    with pytest.raises(RecipeError, match=r"algorithms.label_smoothing.smothing: unknown parameter of algorithm 'label_smoothing' \(did you mean 'smoothing'\?\)"):
+    with pytest.raises(
+        RecipeError,
+        match=r"algorithms.label_smoothing.smothing: unknown parameter of algorithm 'label_smoothing' \(did you mean 'smoothing'\?\)",
+    ):
         resolve(small_recipe, ["algorithms.label_smoothing={smothing: 0.1}"])
 
 
@@ -124,17 +135,36 @@ def test_unknown_algorithm_parameter_suggests(small_recipe):
     [
         (["algorithms.mixup=true", "algorithms.cutmix=true"], "algorithms: mixup and cutmix cannot be used together"),
         (["algorithms.ema=true", "algorithms.swa=true"], "algorithms: ema and swa cannot be used together"),
-        (["algorithms.stochastic_depth=true"], "algorithms.stochastic_depth: drops torchvision ResNet Bottleneck blocks"),
-        (["algorithms.stochastic_depth=true", "model={name: torchvision, arch: resnet18, min_input_size: 32}"],
-         "use model {name: torchvision, arch: resnet50}"),
-        (["algorithms.ghost_batchnorm=true"], "algorithms.ghost_batchnorm: ghost_batch_size=32 is larger than the batch each device sees (8)"),
-        (["algorithms.randaugment=true"], "algorithms.randaugment: augments PIL images before ToTensor, and dataset "
-         "'synthetic' yields tensors; use algorithms.batch_randaugment, which does it on whole batches"),
-        (["algorithms.augmix=true", "trainer.loader=device"], "algorithms.augmix: augments PIL images before ToTensor, "
-         "and the device loader yields batches of tensors; use algorithms.batch_augmix"),
-        *(([f"algorithms.{name}=true"], f"algorithms.{name}: works on pixel values (it undoes the loader's normalisation), "
-           "and dataset 'synthetic' yields random tensors")
-          for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")),
+        (
+            ["algorithms.stochastic_depth=true"],
+            "algorithms.stochastic_depth: drops torchvision ResNet Bottleneck blocks",
+        ),
+        (
+            ["algorithms.stochastic_depth=true", "model={name: torchvision, arch: resnet18, min_input_size: 32}"],
+            "use model {name: torchvision, arch: resnet50}",
+        ),
+        (
+            ["algorithms.ghost_batchnorm=true"],
+            "algorithms.ghost_batchnorm: ghost_batch_size=32 is larger than the batch each device sees (8)",
+        ),
+        (
+            ["algorithms.randaugment=true"],
+            "algorithms.randaugment: augments PIL images before ToTensor, and dataset "
+            "'synthetic' yields tensors; use algorithms.batch_randaugment, which does it on whole batches",
+        ),
+        (
+            ["algorithms.augmix=true", "trainer.loader=device"],
+            "algorithms.augmix: augments PIL images before ToTensor, "
+            "and the device loader yields batches of tensors; use algorithms.batch_augmix",
+        ),
+        *(
+            (
+                [f"algorithms.{name}=true"],
+                f"algorithms.{name}: works on pixel values (it undoes the loader's normalisation), "
+                "and dataset 'synthetic' yields random tensors",
+            )
+            for name in ("batch_randaugment", "batch_trivialaugment", "batch_augmix", "batch_color_jitter")
+        ),
     ],
 )
 def test_conflicts_and_prerequisites_fail_at_validation(small_recipe, overrides, message):
@@ -144,10 +174,14 @@ def test_conflicts_and_prerequisites_fail_at_validation(small_recipe, overrides,
 
 # --- layer-wise learning-rate decay ------------------------------------------------------
 
+
 def _net():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 4, 3), torch.nn.Flatten(),
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Conv2d(4, 4, 3),
+        torch.nn.Flatten(),
         torch.nn.LazyLinear(2),
     )
 
@@ -173,7 +207,9 @@ def test_layerwise_lr_decay_through_the_trainer_scales_the_schedule(small_recipe
     from .conftest import build_trainer
     from .conftest import prepare_run_dir
 
-    config = resolve(small_recipe, ["algorithms.layerwise_lr_decay={decay: 0.5}", "scheduler={name: linear, alpha_f: 0.5}"])
+    config = resolve(
+        small_recipe, ["algorithms.layerwise_lr_decay={decay: 0.5}", "scheduler={name: linear, alpha_f: 0.5}"]
+    )
     trainer = build_trainer(config, prepare_run_dir(config, "lwd", resume=False))
     try:
         groups = trainer.state.optimizers[0].param_groups
@@ -192,6 +228,7 @@ def test_layerwise_lr_decay_through_the_trainer_scales_the_schedule(small_recipe
 
 
 # --- gradient checkpointing ----------------------------------------------------------------
+
 
 def _saved_bytes(model, x):
     total = [0]
@@ -239,8 +276,20 @@ def test_layer_freezing_writes_checkpoints_after_a_layer_froze(tiny_recipe):
     from dlrecipes.api import resolve
     from tests.conftest import fit
 
-    result = fit(resolve(tiny_recipe, ["run_name=frozen", "trainer.max_duration=3ep", "optimizer.momentum=0.9",
-                                       "algorithms={layer_freezing: {freeze_start: 0.3, freeze_level: 1.0}}"]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                "run_name=frozen",
+                "trainer.max_duration=3ep",
+                "optimizer.momentum=0.9",
+                "algorithms={layer_freezing: {freeze_start: 0.3, freeze_level: 1.0}}",
+            ],
+        )
+    )
     assert result.status == "finished" and result.epochs == 3
     assert sorted(p.name for p in (result.run_dir / "checkpoints").glob("ep*-rank0.pt")) == [
-        "ep1-ba3-rank0.pt", "ep2-ba6-rank0.pt", "ep3-ba9-rank0.pt"]
+        "ep1-ba3-rank0.pt",
+        "ep2-ba6-rank0.pt",
+        "ep3-ba9-rank0.pt",
+    ]

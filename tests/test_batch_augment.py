@@ -62,14 +62,22 @@ def _reference(name: str, image: torch.Tensor, v: float, fill):
 
 # values per sample: the extremes of the policies' ranges, signs, and values in between
 VALUES = {
-    "ShearX": [0.3, -0.25, 0.99, 0.0, -0.99, 0.131], "ShearY": [0.3, -0.2, 0.5, 0.1, -0.99, 0.99],
-    "TranslateX": [5, -7, 0, 14, -32, 32], "TranslateY": [3, -9, 1, 10, -32, 32],
+    "ShearX": [0.3, -0.25, 0.99, 0.0, -0.99, 0.131],
+    "ShearY": [0.3, -0.2, 0.5, 0.1, -0.99, 0.99],
+    "TranslateX": [5, -7, 0, 14, -32, 32],
+    "TranslateY": [3, -9, 1, 10, -32, 32],
     "Rotate": [30.0, -17.5, 135.0, 90.0, -135.0, 2.7],
-    "Brightness": [0.1, 1.9, 1.0, 1.37, 0.01, 1.99], "Color": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99],
-    "Contrast": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99], "Sharpness": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99],
-    "Posterize": [4, 8, 2, 6, 0, 1], "Solarize": [128.0, 255.0, 0.0, 77.0, 229.5, 12.75],
+    "Brightness": [0.1, 1.9, 1.0, 1.37, 0.01, 1.99],
+    "Color": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99],
+    "Contrast": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99],
+    "Sharpness": [0.1, 1.9, 0.0, 1.37, 0.01, 1.99],
+    "Posterize": [4, 8, 2, 6, 0, 1],
+    "Solarize": [128.0, 255.0, 0.0, 77.0, 229.5, 12.75],
     "Hue": [0.1, -0.3, 0.5, -0.5, 0.0, 0.05],
-    "AutoContrast": [0] * 6, "Equalize": [0] * 6, "Invert": [0] * 6, "Identity": [0] * 6,
+    "AutoContrast": [0] * 6,
+    "Equalize": [0] * 6,
+    "Invert": [0] * 6,
+    "Identity": [0] * 6,
 }
 
 
@@ -109,7 +117,7 @@ def test_random_erasing_boxes_equal_torchvisions_erase():
     for value in (None, noise):
         out = batch_ops.erase(images, boxes, value)
         for i, (t, x, h, w) in enumerate(boxes.tolist()):
-            v = torch.zeros(()) if value is None else value[i, :, t:t + h, x:x + w]
+            v = torch.zeros(()) if value is None else value[i, :, t : t + h, x : x + w]
             expected = TF.erase(images[i], t, x, h, w, v) if h else images[i]
             assert torch.equal(out[i], expected)
 
@@ -117,9 +125,14 @@ def test_random_erasing_boxes_equal_torchvisions_erase():
 # --- the policies' values and sampling ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table, reference, bins", [
-    ("randaugment", v2.RandAugment, 31), ("trivialaugment", v2.TrivialAugmentWide, 31), ("augmix", v2.AugMix, 10),
-])
+@pytest.mark.parametrize(
+    "table, reference, bins",
+    [
+        ("randaugment", v2.RandAugment, 31),
+        ("trivialaugment", v2.TrivialAugmentWide, 31),
+        ("augmix", v2.AugMix, 10),
+    ],
+)
 def test_op_values_are_torchvisions_magnitudes(table, reference, bins):
     """Every op's value at every bin is the magnitude torchvision's policy passes (translations truncated)."""
     space = getattr(reference, "_AUGMENTATION_SPACE")
@@ -153,8 +166,15 @@ def test_randaugment_draws_each_op_uniformly_with_random_signs():
 
 def test_timm_string_draws_half_the_ops_and_noisy_magnitudes():
     keys = parse_timm("rand-m9-mstd0.5-inc1")
-    assert keys == {"kind": "randaugment", "num_ops": 2, "magnitude": 9.0, "num_magnitude_bins": 11,
-                    "magnitude_std": 0.5, "p": 0.5, "ops": "timm"}
+    assert keys == {
+        "kind": "randaugment",
+        "num_ops": 2,
+        "magnitude": 9.0,
+        "num_magnitude_bins": 11,
+        "magnitude_std": 0.5,
+        "p": 0.5,
+        "ops": "timm",
+    }
     policy = P.randaugment_policy(2, 9.0, 11, 0.5, 0.5, "timm", P.IMAGENET_FILL)
     rng = np.random.default_rng(2)
     ids, _ = P.draw_layer(policy, rng, 20_000, (32, 32))
@@ -164,12 +184,28 @@ def test_timm_string_draws_half_the_ops_and_noisy_magnitudes():
     assert stats.binomtest(int((levels >= 10).sum()), len(levels), 1 - top).pvalue > 1e-3
     below = levels[levels < 10]
     assert stats.kstest(below, lambda x: stats.norm.cdf(x, 9, 0.5) / top).pvalue > 1e-3
-    assert set(policy.ops) == {"AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd",
-                               "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX",
-                               "TranslateY"}  # timm's _RAND_INCREASING_TRANSFORMS
+    assert set(policy.ops) == {
+        "AutoContrast",
+        "Equalize",
+        "Invert",
+        "Rotate",
+        "Posterize",
+        "Solarize",
+        "SolarizeAdd",
+        "Color",
+        "Contrast",
+        "Brightness",
+        "Sharpness",
+        "ShearX",
+        "ShearY",
+        "TranslateX",
+        "TranslateY",
+    }  # timm's _RAND_INCREASING_TRANSFORMS
 
 
-@pytest.mark.parametrize("bad", ["rand-m9-mstd0.5", "rand-m9-inc1-x3", "auto-m9", "augmix-m5-b1", "rand-m9-mmax20-inc1"])
+@pytest.mark.parametrize(
+    "bad", ["rand-m9-mstd0.5", "rand-m9-inc1-x3", "auto-m9", "augmix-m5-b1", "rand-m9-mmax20-inc1"]
+)
 def test_unsupported_timm_strings_are_refused_by_name(bad):
     with pytest.raises(RecipeError, match="policy"):
         parse_timm(bad)
@@ -227,9 +263,11 @@ def test_random_erasing_boxes_follow_torchvisions_sampling():
 def test_each_op_runs_once_per_layer_whatever_the_batch_size(monkeypatch):
     calls = Counter()
     for name, op in list(batch_ops.OPS.items()):
+
         def counted(images, v, fill=None, op=op, name=name):
             calls[name] += 1
             return op(images, v, fill)
+
         monkeypatch.setitem(batch_ops.OPS, name, counted)
     policy = P.randaugment_policy(2, 9, 31, 0.0, 1.0, "torchvision", (0,))
     images = _images(n=256, h=16, w=16)
@@ -249,16 +287,22 @@ def _algorithm(name: str, **params):
     return registry.algorithms.get(name).factory(**params)
 
 
-@pytest.mark.parametrize("name, params", [
-    ("batch_randaugment", {"policy": "rand-m9-mstd0.5-inc1"}), ("batch_trivialaugment", {}),
-    ("batch_augmix", {"policy": "augmix-m5-w4-d2"}), ("batch_augmix", {}), ("batch_color_jitter", {"hue": 0.2}),
-    ("batch_random_erasing", {"value": "random"}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("batch_randaugment", {"policy": "rand-m9-mstd0.5-inc1"}),
+        ("batch_trivialaugment", {}),
+        ("batch_augmix", {"policy": "augmix-m5-w4-d2"}),
+        ("batch_augmix", {}),
+        ("batch_color_jitter", {"hue": 0.2}),
+        ("batch_random_erasing", {"value": "random"}),
+    ],
+)
 def test_normalised_batches_keep_dtype_layout_and_are_a_function_of_the_draws(name, params):
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     loader = v2.Compose([v2.Normalize(mean, std)])  # what normalization_of reads
     pixels = _images(n=8, h=16, w=16)
-    batch = ((pixels.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1))
+    batch = (pixels.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     batch = batch.contiguous(memory_format=torch.channels_last)
     algorithm = _algorithm(name, **params)
     first = algorithm.augment(batch, P.batch_rng(17, 0, 5, name), lambda: loader)
@@ -313,14 +357,17 @@ def test_the_batch_index_and_seed_choose_the_draws():
     a resumed run (same seed, same batch counter) draws what the uninterrupted one drew."""
     draw = lambda *key: P.batch_rng(*key).random(4).tolist()  # noqa: E731
     assert draw(1, 0, 7, "a") == draw(1, 0, 7, "a")
-    assert len({str(draw(*k)) for k in [(1, 0, 7, "a"), (2, 0, 7, "a"), (1, 1, 7, "a"), (1, 0, 8, "a"),
-                                        (1, 0, 7, "b")]}) == 5
+    assert (
+        len({str(draw(*k)) for k in [(1, 0, 7, "a"), (2, 0, 7, "a"), (1, 1, 7, "a"), (1, 0, 8, "a"), (1, 0, 7, "b")]})
+        == 5
+    )
 
 
 def test_validation_takes_a_timm_string_or_keys_and_refuses_both(tmp_path):
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
-    ok = run_cli("validate", str(recipe), "algorithms.batch_randaugment={policy: rand-m9-mstd0.5-inc1}",
-                 "algorithms.mixup={}")
+    ok = run_cli(
+        "validate", str(recipe), "algorithms.batch_randaugment={policy: rand-m9-mstd0.5-inc1}", "algorithms.mixup={}"
+    )
     assert ok.returncode == 0, ok.stderr
     both = run_cli("validate", str(recipe), "algorithms.batch_randaugment={policy: rand-m9-inc1, num_ops: 3}")
     assert both.returncode != 0 and "not both" in both.stderr
@@ -330,8 +377,12 @@ def test_validation_takes_a_timm_string_or_keys_and_refuses_both(tmp_path):
 
 # --- training with every loader -------------------------------------------------------------------
 
-STRONG = ["algorithms.batch_randaugment={policy: rand-m9-mstd0.5-inc1}", "algorithms.batch_color_jitter={hue: 0.1}",
-          "algorithms.batch_random_erasing={value: random}", "algorithms.cutmix={}"]
+STRONG = [
+    "algorithms.batch_randaugment={policy: rand-m9-mstd0.5-inc1}",
+    "algorithms.batch_color_jitter={hue: 0.1}",
+    "algorithms.batch_random_erasing={value: random}",
+    "algorithms.cutmix={}",
+]
 
 
 @pytest.fixture
@@ -372,16 +423,20 @@ def test_trains_with_the_tensor_cache(tmp_path, augmented):
     from tests.conftest import image_folders
 
     data = image_folders(tmp_path / "data", ["a", "b"], per_class=4)
-    recipe = write(tmp_path / "r.yaml", f"""
+    recipe = write(
+        tmp_path / "r.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 16}}
-        dataset: {{name: image_folder, train_path: {data / 'train'}, val_path: {data / 'val'}, crop_size: 16,
+        dataset: {{name: image_folder, train_path: {data / "train"}, val_path: {data / "val"}, crop_size: 16,
                    resize_size: 18}}
         trainer: {{max_duration: 1ep, batch_size: 4, num_workers: 0, progress_bar: false, device: cpu,
                    loader: tensor_cache}}
         optimizer: {{name: sgd, lr: 0.05}}
-        """)
-    result = run_cli("train", str(recipe), f"runs_dir={tmp_path / 'runs'}", "algorithms.batch_augmix={}",
-                     "algorithms.mixup={}")
+        """,
+    )
+    result = run_cli(
+        "train", str(recipe), f"runs_dir={tmp_path / 'runs'}", "algorithms.batch_augmix={}", "algorithms.mixup={}"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     _check_augmented(augmented, ["batch_augmix"], 2)
 
@@ -392,8 +447,10 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     with the weights of the run that was never stopped."""
     plugin = str(REPO / "tests" / "fault_injection.py")
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE.replace("save_interval: 1ep", "save_interval: 2ba"))
-    recipe.write_text(recipe.read_text().replace("  device: cpu\n", "  device: cpu\n  deterministic: true\n  loader: device\n")
-                      + f"runs_dir: {tmp_path / 'runs'}\ncallbacks: {{fault_injection: {{}}}}\n")
+    recipe.write_text(
+        recipe.read_text().replace("  device: cpu\n", "  device: cpu\n  deterministic: true\n  loader: device\n")
+        + f"runs_dir: {tmp_path / 'runs'}\ncallbacks: {{fault_injection: {{}}}}\n"
+    )
     strong = ["algorithms.batch_trivialaugment={}", "algorithms.batch_random_erasing={value: random, p: 0.5}"]
 
     def train(run: str, *extra: str):
@@ -404,8 +461,12 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = train("killed", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    weights = [torch.load(tmp_path / "runs" / run / "checkpoints" / "latest-rank0.pt", map_location="cpu",
-                          weights_only=False)["state"]["model"] for run in ("whole", "killed")]
+    weights = [
+        torch.load(tmp_path / "runs" / run / "checkpoints" / "latest-rank0.pt", map_location="cpu", weights_only=False)[
+            "state"
+        ]["model"]
+        for run in ("whole", "killed")
+    ]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
@@ -416,16 +477,28 @@ def test_trains_with_ffcv(tmp_path, augmented):
 
     data = image_folders(tmp_path / "data", ["a", "b"], per_class=8)
     out = tmp_path / "ffcv"
-    converted = run_cli("data", "convert", "image_folder", f"train_path={data / 'train'}",
-                        f"val_path={data / 'val'}", "--out", str(out), "--workers", "1")
+    converted = run_cli(
+        "data",
+        "convert",
+        "image_folder",
+        f"train_path={data / 'train'}",
+        f"val_path={data / 'val'}",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    )
     assert converted.returncode == 0, converted.stderr[-2000:]
-    recipe = write(tmp_path / "r.yaml", f"""
+    recipe = write(
+        tmp_path / "r.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 16}}
-        dataset: {{name: ffcv, train_path: {out / 'train.beton'}, val_path: {out / 'val.beton'}, crop_size: 16}}
+        dataset: {{name: ffcv, train_path: {out / "train.beton"}, val_path: {out / "val.beton"}, crop_size: 16}}
         trainer: {{max_duration: 1ep, batch_size: 4, num_workers: 1, progress_bar: false, device: cpu}}
         optimizer: {{name: sgd, lr: 0.05}}
         checkpoint: {{save: false}}
-        """)
+        """,
+    )
     result = run_cli("train", str(recipe), f"runs_dir={tmp_path / 'runs'}", *STRONG)
     assert result.returncode == 0, result.stderr[-2000:]
     _check_augmented(augmented, ["batch_randaugment", "batch_color_jitter", "batch_random_erasing"], 4)

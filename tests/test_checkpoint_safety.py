@@ -15,7 +15,12 @@ import torch
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.checkpoint_safety import (
-    ALLOWED_GLOBALS, UntrustedCheckpoint, check_trusted, read_checkpoint, tensors_only, unsafe_globals,
+    ALLOWED_GLOBALS,
+    UntrustedCheckpoint,
+    check_trusted,
+    read_checkpoint,
+    tensors_only,
+    unsafe_globals,
 )
 
 from .conftest import TINY_RECIPE, run_cli, write
@@ -48,9 +53,13 @@ def poison(checkpoint: Path, marker: Path) -> None:
 
 def _files(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (and where each link points), by content."""
-    return {p.relative_to(folder).as_posix(): (f"-> {p.readlink()}" if p.is_symlink() else
-                                               hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        p.relative_to(folder).as_posix(): (
+            f"-> {p.readlink()}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+        )
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 @pytest.fixture
@@ -73,19 +82,48 @@ def _image(tmp_path: Path) -> Path:
 # (command arguments given the run directory, a recipe, an image and tmp_path; the key and file the line names)
 COMMANDS = {
     "eval": (lambda run, recipe, image, tmp: ["eval", str(run)], "--checkpoint", "best.pt"),
-    "eval-latest": (lambda run, recipe, image, tmp: ["eval", str(run), "--checkpoint", "latest"], "--checkpoint",
-                    "ep2-ba6-rank0.pt"),
+    "eval-latest": (
+        lambda run, recipe, image, tmp: ["eval", str(run), "--checkpoint", "latest"],
+        "--checkpoint",
+        "ep2-ba6-rank0.pt",
+    ),
     "predict": (lambda run, recipe, image, tmp: ["predict", str(run), str(image)], "--checkpoint", "best.pt"),
     "export": (lambda run, recipe, image, tmp: ["export", str(run)], "--checkpoint", "best.pt"),
-    "resume": (lambda run, recipe, image, tmp: ["train", str(recipe), f"runs_dir={run.parent}", "run_name=tiny",
-                                                "plots=true", "--resume"], "--resume", "ep2-ba6-rank0.pt"),
-    "load_path": (lambda run, recipe, image, tmp: ["train", str(recipe), f"runs_dir={tmp / 'other'}", "run_name=new",
-                                                   f"checkpoint.load_path={run / 'checkpoints' / 'best.pt'}"],
-                  "checkpoint.load_path", "best.pt"),
-    "load_path-full-state": (lambda run, recipe, image, tmp: [
-        "train", str(recipe), f"runs_dir={tmp / 'other'}", "run_name=new",
-        f"checkpoint.load_path={run / 'checkpoints' / 'best.pt'}", "checkpoint.load_weights_only=false"],
-        "checkpoint.load_path", "best.pt"),
+    "resume": (
+        lambda run, recipe, image, tmp: [
+            "train",
+            str(recipe),
+            f"runs_dir={run.parent}",
+            "run_name=tiny",
+            "plots=true",
+            "--resume",
+        ],
+        "--resume",
+        "ep2-ba6-rank0.pt",
+    ),
+    "load_path": (
+        lambda run, recipe, image, tmp: [
+            "train",
+            str(recipe),
+            f"runs_dir={tmp / 'other'}",
+            "run_name=new",
+            f"checkpoint.load_path={run / 'checkpoints' / 'best.pt'}",
+        ],
+        "checkpoint.load_path",
+        "best.pt",
+    ),
+    "load_path-full-state": (
+        lambda run, recipe, image, tmp: [
+            "train",
+            str(recipe),
+            f"runs_dir={tmp / 'other'}",
+            "run_name=new",
+            f"checkpoint.load_path={run / 'checkpoints' / 'best.pt'}",
+            "checkpoint.load_weights_only=false",
+        ],
+        "checkpoint.load_path",
+        "best.pt",
+    ),
 }
 
 
@@ -98,8 +136,11 @@ def test_every_command_refuses_a_checkpoint_that_runs_code(poisoned, tmp_path, c
     refused = run_cli(*args(run, recipe, _image(tmp_path), tmp_path))
     assert refused.returncode == 2, refused.stderr[-2000:]
     path = run / "checkpoints" / name
-    assert re.fullmatch(rf"error: {re.escape(key)}: {re.escape(str(path))} holds Python objects beyond tensors "
-                        rf"\({re.escape(PAYLOAD)}\); .*pass --trust-checkpoint", refused.stderr.strip()), refused.stderr
+    assert re.fullmatch(
+        rf"error: {re.escape(key)}: {re.escape(str(path))} holds Python objects beyond tensors "
+        rf"\({re.escape(PAYLOAD)}\); .*pass --trust-checkpoint",
+        refused.stderr.strip(),
+    ), refused.stderr
     assert not marker.exists()  # nothing of the file ran
     assert _files(run) == before  # nothing renamed as damaged, no report, no export, no new checkpoint
     assert not (tmp_path / "other" / "new").exists()
@@ -159,8 +200,14 @@ def test_a_run_with_state_keeping_algorithms_and_callbacks_passes_and_resumes_ex
     """EMA's averaged weights, a timm optimizer's state (LAMB), early stopping's and the speed monitor's state: the
     checkpoints of such a run hold nothing beyond the allowlist, Composer's loader reads them tensors-only, and
     --resume (no flag) ends with the weights, EMA state and optimizer state of the run trained straight through."""
-    args = ["train", str(tiny_recipe), "optimizer={name: lamb, lr: 0.01}", "algorithms.ema={}",
-            "callbacks.early_stopping={patience: 5}", "callbacks.speed_monitor={}"]
+    args = [
+        "train",
+        str(tiny_recipe),
+        "optimizer={name: lamb, lr: 0.01}",
+        "algorithms.ema={}",
+        "callbacks.early_stopping={patience: 5}",
+        "callbacks.speed_monitor={}",
+    ]
     straight = run_cli(*args, "run_name=straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
     first = run_cli(*args, "run_name=kept", "trainer.max_duration=1ep")
@@ -172,11 +219,14 @@ def test_a_run_with_state_keeping_algorithms_and_callbacks_passes_and_resumes_ex
     resumed = run_cli(*args, "run_name=kept", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stderr and "ep1-ba3-rank0.pt" in resumed.stderr
-    ours, reference = (read_checkpoint(tmp_path / "runs" / name / "checkpoints" / "ep2-ba6-rank0.pt", key="--resume")
-                       ["state"] for name in ("kept", "straight"))
+    ours, reference = (
+        read_checkpoint(tmp_path / "runs" / name / "checkpoints" / "ep2-ba6-rank0.pt", key="--resume")["state"]
+        for name in ("kept", "straight")
+    )
     assert [name for name, _ in ours["algorithms"]] == ["EMA"] and ours["optimizers"]
-    mine, theirs = (_tensors({k: state[k] for k in ("model", "algorithms", "optimizers")})
-                    for state in (ours, reference))
+    mine, theirs = (
+        _tensors({k: state[k] for k in ("model", "algorithms", "optimizers")}) for state in (ours, reference)
+    )
     assert mine.keys() == theirs.keys() and any("ema" in k.lower() for k in mine)
     assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
 
@@ -239,8 +289,12 @@ def declaring(path: Path, numel: int, record: int = 4) -> Path:
     pickled = io.BytesIO()
     Declaring(pickled, protocol=2).dump({"w": Tensor()})
     writer = torch._C.PyTorchFileWriter(str(path))
-    for name, data in (("data.pkl", pickled.getvalue()), ("byteorder", b"little"), ("data/0", b"\0" * record),
-                       (".data/version", b"3\n")):
+    for name, data in (
+        ("data.pkl", pickled.getvalue()),
+        ("byteorder", b"little"),
+        ("data/0", b"\0" * record),
+        (".data/version", b"3\n"),
+    ):
         writer.write_record(name, data, len(data))
     writer.write_end_of_file()
     return path
@@ -256,13 +310,18 @@ def test_a_storage_larger_than_its_record_is_refused_trusted_or_not(tmp_path, tr
     huge = declaring(tmp_path / "huge.pt", 2**38)
     assert huge.stat().st_size < 2000
     cut = short_record(trained_tiny / "checkpoints" / "ep2-ba6-rank0.pt", tmp_path / "cut.pt")
-    for path, said in [(huge, "its tensor record data/0 holds 4 bytes where its pickle declares 1,099,511,627,776"),
-                       (cut, r"its tensor record data/\d+ holds [\d,]+ bytes where its pickle declares [\d,]+")]:
+    for path, said in [
+        (huge, "its tensor record data/0 holds 4 bytes where its pickle declares 1,099,511,627,776"),
+        (cut, r"its tensor record data/\d+ holds [\d,]+ bytes where its pickle declares [\d,]+"),
+    ]:
         for trust in (False, True):
             with pytest.raises(UnreadableCheckpoint) as refused:
                 read_checkpoint(path, trust=trust, key="--checkpoint")
-            assert re.fullmatch(rf"--checkpoint: {re.escape(str(path))} is damaged \({said}: a truncated or altered "
-                                rf"file\)", str(refused.value)), str(refused.value)
+            assert re.fullmatch(
+                rf"--checkpoint: {re.escape(str(path))} is damaged \({said}: a truncated or altered "
+                rf"file\)",
+                str(refused.value),
+            ), str(refused.value)
         assert loadable(path).startswith("is damaged (its tensor record data/")  # --resume passes over it
     assert read_checkpoint(declaring(tmp_path / "whole.pt", 3, record=12))["w"].shape == (3,)  # records that match
 
@@ -272,15 +331,37 @@ LOADERS = {
     "eval": (lambda run, bad, tmp: ["eval", str(bad)], "--checkpoint"),
     "predict": (lambda run, bad, tmp: ["predict", str(bad), str(_image(tmp))], "--checkpoint"),
     "export": (lambda run, bad, tmp: ["export", str(bad)], "--checkpoint"),
-    "load_path": (lambda run, bad, tmp: ["train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}",
-                                         "run_name=new", f"checkpoint.load_path={bad}"], "checkpoint.load_path"),
-    "load_path-full-state": (lambda run, bad, tmp: [
-        "train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}", "run_name=new",
-        f"checkpoint.load_path={bad}", "checkpoint.load_weights_only=false"], "checkpoint.load_path"),
-    "teacher": (lambda run, bad, tmp: [
-        "train", str(write(tmp / "tiny.yaml", TINY_RECIPE)), f"runs_dir={tmp / 'o'}", "run_name=new",
-        f"algorithms.distillation={{teacher: {{name: cnn_simple, width: 4, hidden: 16, checkpoint: {bad}}}}}"],
-        "algorithms.distillation.teacher"),
+    "load_path": (
+        lambda run, bad, tmp: [
+            "train",
+            str(write(tmp / "tiny.yaml", TINY_RECIPE)),
+            f"runs_dir={tmp / 'o'}",
+            "run_name=new",
+            f"checkpoint.load_path={bad}",
+        ],
+        "checkpoint.load_path",
+    ),
+    "load_path-full-state": (
+        lambda run, bad, tmp: [
+            "train",
+            str(write(tmp / "tiny.yaml", TINY_RECIPE)),
+            f"runs_dir={tmp / 'o'}",
+            "run_name=new",
+            f"checkpoint.load_path={bad}",
+            "checkpoint.load_weights_only=false",
+        ],
+        "checkpoint.load_path",
+    ),
+    "teacher": (
+        lambda run, bad, tmp: [
+            "train",
+            str(write(tmp / "tiny.yaml", TINY_RECIPE)),
+            f"runs_dir={tmp / 'o'}",
+            "run_name=new",
+            f"algorithms.distillation={{teacher: {{name: cnn_simple, width: 4, hidden: 16, checkpoint: {bad}}}}}",
+        ],
+        "algorithms.distillation.teacher",
+    ),
 }
 
 
@@ -291,30 +372,50 @@ def test_every_loader_refuses_a_short_record_even_when_trusted(tiny_run, tmp_pat
     before = _files(tiny_run)
     refused = run_cli(*args(tiny_run, bad, tmp_path), *([] if command == "teacher" else ["--trust-checkpoint"]))
     assert refused.returncode == 2, refused.stderr[-2000:]
-    assert re.fullmatch(rf"error: {re.escape(key)}: {re.escape(str(bad))} is damaged \(its tensor record data/\d+ "
-                        r"holds [\d,]+ bytes where its pickle declares [\d,]+: a truncated or altered file\).*",
-                        refused.stderr.strip()), refused.stderr
+    assert re.fullmatch(
+        rf"error: {re.escape(key)}: {re.escape(str(bad))} is damaged \(its tensor record data/\d+ "
+        r"holds [\d,]+ bytes where its pickle declares [\d,]+: a truncated or altered file\).*",
+        refused.stderr.strip(),
+    ), refused.stderr
     assert _files(tiny_run) == before and not (tmp_path / "o" / "new").exists()
 
 
 def _deep(path: Path) -> Path:
     """A checkpoint whose data.pkl nests lists 100,000 deep (code walking it recursively meets RecursionError)."""
-    return with_records(path, path.with_name("deep.pt"), lambda name, data: b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999
-                        + b"." if name.endswith("/data.pkl") else data)
+    return with_records(
+        path,
+        path.with_name("deep.pt"),
+        lambda name, data: b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"." if name.endswith("/data.pkl") else data,
+    )
 
 
 MALFORMED = {  # how the file is made from a real checkpoint, and the reason the line gives
     "nested 100,000 deep": (_deep, "its pickle nests more than 100 levels deep"),
-    "a broken data.pkl": (lambda p: with_records(p, p.with_name("broken.pt"), lambda name, data: b"\x80\x02garbage"
-                                                 if name.endswith("/data.pkl") else data),
-                          "its pickle is malformed: .*"),
-    "no data.pkl": (lambda p: with_records(p, p.with_name("nopkl.pt"), lambda name, data: None
-                                           if name.endswith("/data.pkl") else data), "no data.pkl in it"),
-    "random bytes": (lambda p: (p.with_name("random.pt").write_bytes(bytes((i * 167 + 13) % 256 for i in range(5120))),
-                                p.with_name("random.pt"))[1], "unknown binary data, 5,120 bytes"),
-    "a model that is a list": (lambda p: (torch.save({"state": {"model": [torch.zeros(2)]}}, p.with_name("list.pt")),
-                                          p.with_name("list.pt"))[1],
-                               "its state/model is a list, not the model's tensors by name"),
+    "a broken data.pkl": (
+        lambda p: with_records(
+            p, p.with_name("broken.pt"), lambda name, data: b"\x80\x02garbage" if name.endswith("/data.pkl") else data
+        ),
+        "its pickle is malformed: .*",
+    ),
+    "no data.pkl": (
+        lambda p: with_records(
+            p, p.with_name("nopkl.pt"), lambda name, data: None if name.endswith("/data.pkl") else data
+        ),
+        "no data.pkl in it",
+    ),
+    "random bytes": (
+        lambda p: (
+            p.with_name("random.pt").write_bytes(bytes((i * 167 + 13) % 256 for i in range(5120))),
+            p.with_name("random.pt"),
+        )[1],
+        "unknown binary data, 5,120 bytes",
+    ),
+    "a model that is a list": (
+        lambda p: (torch.save({"state": {"model": [torch.zeros(2)]}}, p.with_name("list.pt")), p.with_name("list.pt"))[
+            1
+        ],
+        "its state/model is a list, not the model's tensors by name",
+    ),
 }
 
 
@@ -326,29 +427,37 @@ def test_a_malformed_file_is_not_a_checkpoint_in_one_line(tiny_run, tmp_path, ca
     bad = make(tiny_run / "checkpoints" / "best.pt")
     refused = run_cli("eval", str(bad))
     assert refused.returncode == 2, refused.stderr[-2000:]
-    assert re.fullmatch(rf"error: --checkpoint: {re.escape(str(bad))} is not a dlrecipes/Composer checkpoint "
-                        rf"\({why}\); nothing was changed\. Use another checkpoint .*", refused.stderr.strip()), \
-        refused.stderr
+    assert re.fullmatch(
+        rf"error: --checkpoint: {re.escape(str(bad))} is not a dlrecipes/Composer checkpoint "
+        rf"\({why}\); nothing was changed\. Use another checkpoint .*",
+        refused.stderr.strip(),
+    ), refused.stderr
     if case != "a model that is a list":  # that one loads as a plain state: load_path says it holds no weights
-        with pytest.raises(UserError, match=rf"^checkpoint.load_path: {re.escape(str(bad))} is not a "
-                                            rf"dlrecipes/Composer checkpoint \({why}\)$"):
+        with pytest.raises(
+            UserError,
+            match=rf"^checkpoint.load_path: {re.escape(str(bad))} is not a "
+            rf"dlrecipes/Composer checkpoint \({why}\)$",
+        ):
             read_checkpoint(bad, trust=True)
 
 
-@pytest.mark.parametrize("kind", ["a directory", "a FIFO (named pipe)",
-                                  "a symbolic link to gone.pt, which does not exist"])
+@pytest.mark.parametrize(
+    "kind", ["a directory", "a FIFO (named pipe)", "a symbolic link to gone.pt, which does not exist"]
+)
 def test_a_best_pt_that_is_not_a_file_is_named_for_what_it_is(tiny_run, kind):
     import os
 
     best = tiny_run / "checkpoints" / "best.pt"
     best.unlink()
     {"a directory": best.mkdir, "a FIFO (named pipe)": lambda: os.mkfifo(best)}.get(
-        kind, lambda: best.symlink_to("gone.pt"))()
+        kind, lambda: best.symlink_to("gone.pt")
+    )()
     refused = run_cli("eval", str(tiny_run))
     assert refused.returncode == 2
     what = kind if kind.startswith("a symbolic") else f"{kind}, not a checkpoint file"
-    assert refused.stderr.strip() == (f"error: --checkpoint: {best} is {what}; use --checkpoint latest, or a "
-                                      "checkpoint file")
+    assert refused.stderr.strip() == (
+        f"error: --checkpoint: {best} is {what}; use --checkpoint latest, or a checkpoint file"
+    )
 
 
 def test_eval_latest_over_a_damaged_newest_checkpoint_says_which_it_used(tiny_run, tmp_path):
@@ -367,7 +476,8 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_says_which_it_used(tiny_ru
     none = run_cli("eval", str(tiny_run), "--checkpoint", "latest")
     assert none.returncode == 2 and none.stderr.strip() == (
         f"error: --checkpoint: no periodic checkpoint of {tiny_run} loads (ep2-ba6-rank0.pt is empty (0 bytes); "
-        "ep1-ba3-rank0.pt is empty (0 bytes)); use --checkpoint best")
+        "ep1-ba3-rank0.pt is empty (0 bytes)); use --checkpoint best"
+    )
 
 
 def assert_skipped_the_damaged_newest(stderr: str) -> None:
@@ -377,5 +487,6 @@ def assert_skipped_the_damaged_newest(stderr: str) -> None:
     assert len(notes) == 1 and re.fullmatch(
         r"note: checkpoints/ep2-ba6-rank0.pt is damaged \(its tensor record data/\d+ holds [\d,]+ bytes where its "
         r"pickle declares [\d,]+: a truncated or altered file\); using ep1-ba3-rank0.pt, the newest checkpoint that "
-        r"loads", notes[0]), notes
-
+        r"loads",
+        notes[0],
+    ), notes

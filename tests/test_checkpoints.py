@@ -93,8 +93,11 @@ def test_composer_checkpoints_load_tensors_only(tiny_recipe):
 def test_a_checkpoint_with_python_objects_needs_trust(tmp_path):
     path = tmp_path / "foreign.pt"
     torch.save({"state_dict": Net(3).state_dict(), "extra": Smuggled(1)}, path)
-    with pytest.raises(UserError, match=r"checkpoint.load_path: .*foreign.pt holds Python objects beyond tensors "
-                                        r"\(tests.test_checkpoints.Smuggled\).*--trust-checkpoint"):
+    with pytest.raises(
+        UserError,
+        match=r"checkpoint.load_path: .*foreign.pt holds Python objects beyond tensors "
+        r"\(tests.test_checkpoints.Smuggled\).*--trust-checkpoint",
+    ):
         read_checkpoint(path)
     with pytest.raises(UserError, match=r"foreign.pt holds Python objects beyond tensors"):
         check_trusted(path)  # wherever it lies: a run's own folder is no reason to trust a file
@@ -108,8 +111,11 @@ def test_a_new_head_needs_an_ignore_rule_and_the_error_says_so(tmp_path):
     torch.save(Net(10).state_dict(), path)  # a bare network's state dict, as timm/torchvision write
     model = Wrapped(3)
     weights = model_weights(read_checkpoint(path), path)
-    with pytest.raises(UserError, match=r"module.fc.weight \(10, 8\) vs the model's \(3, 8\).*"
-                                        r"load_ignore_keys \(e.g. \['module.fc.\*'\]\)"):
+    with pytest.raises(
+        UserError,
+        match=r"module.fc.weight \(10, 8\) vs the model's \(3, 8\).*"
+        r"load_ignore_keys \(e.g. \['module.fc.\*'\]\)",
+    ):
         load_model_weights(model, weights, path)
     report = load_model_weights(model, weights, path, ignore=["state/model/module.fc.*"])
     assert report["ignored"] == ["module.fc.bias", "module.fc.weight"]
@@ -122,7 +128,9 @@ def test_strict_loading_names_missing_and_unexpected_keys(tmp_path):
     path = tmp_path / "partial.pt"
     torch.save({"body.weight": torch.zeros(8, 4), "other.weight": torch.zeros(1)}, path)
     weights = model_weights(read_checkpoint(path), path)
-    with pytest.raises(UserError, match=r"missing from the file: module.body.bias.*not in the model: module.other.weight"):
+    with pytest.raises(
+        UserError, match=r"missing from the file: module.body.bias.*not in the model: module.other.weight"
+    ):
         load_model_weights(Wrapped(3), weights, path)
     report = load_model_weights(Wrapped(3), weights, path, strict=False)
     assert "module.fc.weight" in report["missing"]
@@ -135,13 +143,19 @@ def test_cli_refuses_an_untrusted_full_state_and_accepts_it_with_the_flag(tiny_r
     state = torch.load(source.run_dir / "checkpoints" / "best.pt", weights_only=False)
     state["smuggled"] = Smuggled(2)
     torch.save(state, foreign)
-    args = ["train", str(tiny_recipe), "run_name=continued", f"checkpoint.load_path={foreign}",
-            "checkpoint.load_weights_only=false"]
+    args = [
+        "train",
+        str(tiny_recipe),
+        "run_name=continued",
+        f"checkpoint.load_path={foreign}",
+        "checkpoint.load_weights_only=false",
+    ]
     refused = run_cli(*args)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--trust-checkpoint" in refused.stderr.strip().splitlines()[-1]
-    config = resolve(tiny_recipe, ["run_name=continued2", f"checkpoint.load_path={foreign}",
-                                   "checkpoint.load_weights_only=false"])
+    config = resolve(
+        tiny_recipe, ["run_name=continued2", f"checkpoint.load_path={foreign}", "checkpoint.load_weights_only=false"]
+    )
     trainer = build_trainer(config, prepare_run_dir(config, "continued2", resume=False), trust_checkpoint=True)
     try:
         assert int(trainer.state.timestamp.batch) == 3  # the full state: time and optimizer too
@@ -160,10 +174,13 @@ def test_a_truncated_load_path_is_named(tmp_path):
         read_checkpoint(path, trust=True)
 
 
-@pytest.mark.parametrize("cause, raised", [
-    ("[gloo/transport/tcp/pair.cc:525] Read error [192.0.2.2]:46213: Connection reset by peer", RuntimeError),
-    ("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0", "save_error"),
-])
+@pytest.mark.parametrize(
+    "cause, raised",
+    [
+        ("[gloo/transport/tcp/pair.cc:525] Read error [192.0.2.2]:46213: Connection reset by peer", RuntimeError),
+        ("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0", "save_error"),
+    ],
+)
 def test_a_save_that_loses_another_process_is_a_lost_peer_not_a_disk_error(tmp_path, monkeypatch, cause, raised):
     """A checkpoint's collective that finds another host gone must end the run as stopped (resumable), not as a
     failed write that asks to free disk space."""

@@ -25,8 +25,18 @@ from .conftest import RECIPES, run_cli
 pytestmark = pytest.mark.slow  # a fresh Python per command (a few seconds each)
 
 TIMING = re.compile(r"\b\d[\d,.]*\s*(img/s|s|ms|MB|GB)\b|\b\d+\.\d+e[-+]\d+\b")
-TIMING_KEYS = {"img_s", "images_per_sec", "seconds", "elapsed_sec", "time_s", "wall_s", "latency_ms",
-               "throughput", "images_per_second", "duration_s"}
+TIMING_KEYS = {
+    "img_s",
+    "images_per_sec",
+    "seconds",
+    "elapsed_sec",
+    "time_s",
+    "wall_s",
+    "latency_ms",
+    "throughput",
+    "images_per_second",
+    "duration_s",
+}
 
 
 def _both(*args: str, cwd: Path | None = None) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -70,8 +80,9 @@ def test_commands_that_read_a_finished_run(trained_tiny, digit_png, tmp_path):
     assert (tmp_path / "export" / "model.torchscript.pt").is_file()
     copy = Path(shutil.copytree(trained_tiny, tmp_path / "runs" / "tiny"))
     drawn = run_cli("plot", str(copy), subprocess_=True)
-    assert drawn.returncode == 0 and all(Path(line.split()[-1]).is_file() for line in drawn.stdout.splitlines()), \
+    assert drawn.returncode == 0 and all(Path(line.split()[-1]).is_file() for line in drawn.stdout.splitlines()), (
         drawn.stderr[-2000:]
+    )
 
 
 def test_commands_that_read_a_recipe(tiny_recipe):
@@ -86,31 +97,36 @@ def test_training_and_a_sweep(tiny_recipe, tmp_path):
     inside = run_cli("train", str(tiny_recipe), *one, "run_name=inside")
     child = run_cli("train", str(tiny_recipe), *one, "run_name=child", subprocess_=True)
     assert inside.returncode == child.returncode == 0, child.stderr[-2000:]
-    assert [line.split()[0] for line in inside.stderr.splitlines()] == \
-        [line.split()[0] for line in child.stderr.splitlines()]  # the same lines, each starting alike
+    assert [line.split()[0] for line in inside.stderr.splitlines()] == [
+        line.split()[0] for line in child.stderr.splitlines()
+    ]  # the same lines, each starting alike
     runs = tiny_recipe.parent / "runs"
     assert (runs / "inside" / "summary.json").is_file() and (runs / "child" / "summary.json").is_file()
     # a sweep whose every point fails exits non-zero from a real process too
-    swept = run_cli("sweep", str(tiny_recipe), "optimizer.lr=[1e12]", *one, "trainer.log_interval=1",
-                    subprocess_=True)
+    swept = run_cli("sweep", str(tiny_recipe), "optimizer.lr=[1e12]", *one, "trainer.log_interval=1", subprocess_=True)
     assert swept.returncode != 0 and "Traceback" not in swept.stderr, swept.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args, names", [
-    (["train", "{recipe}", "trainer.bogus=1"], "trainer.bogus"),
-    (["eval", "{missing}"], "no such run directory or checkpoint file"),
-    (["predict", "{missing}", "x.png"], "{missing}"),
-    (["validate", str(RECIPES / "no-such-recipe.yaml")], "no-such-recipe.yaml"),
-])
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["train", "{recipe}", "trainer.bogus=1"], "trainer.bogus"),
+        (["eval", "{missing}"], "no such run directory or checkpoint file"),
+        (["predict", "{missing}", "x.png"], "{missing}"),
+        (["validate", str(RECIPES / "no-such-recipe.yaml")], "no-such-recipe.yaml"),
+    ],
+)
 def test_a_user_error_is_one_line_and_exit_2(args, names, tiny_recipe, tmp_path):
     fill = {"recipe": str(tiny_recipe), "missing": str(tmp_path / "nope")}
     args = [a.format(**fill) for a in args]
     names = names.format(**fill)
     inside, child = _both(*args)
-    script = subprocess.run([str(Path(sys.executable).parent / "dlrecipes"), *args], capture_output=True, text=True,
-                            timeout=300)
+    script = subprocess.run(
+        [str(Path(sys.executable).parent / "dlrecipes"), *args], capture_output=True, text=True, timeout=300
+    )
     for result in (inside, child, script):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], \
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], (
             result.stderr[-2000:]
+        )
     assert inside.stderr == child.stderr == script.stderr

@@ -24,11 +24,14 @@ PLUGIN = str(REPO / "tests" / "fault_injection.py")
 def crash_recipe(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("crash")
     path = write(root / "crash.yaml", TINY_RECIPE)
-    path.write_text(path.read_text().replace("max_duration: 2ep", "max_duration: 3ep")
-                    .replace("train_subset_num_batches: 3", "train_subset_num_batches: 4")
-                    .replace("save_interval: 1ep", "save_interval: 2ba")
-                    + f"runs_dir: {root / 'runs'}\n"
-                    + "callbacks: {fault_injection: {}}\n")
+    path.write_text(
+        path.read_text()
+        .replace("max_duration: 2ep", "max_duration: 3ep")
+        .replace("train_subset_num_batches: 3", "train_subset_num_batches: 4")
+        .replace("save_interval: 1ep", "save_interval: 2ba")
+        + f"runs_dir: {root / 'runs'}\n"
+        + "callbacks: {fault_injection: {}}\n"
+    )
     path.write_text(path.read_text().replace("  device: cpu\n", "  device: cpu\n  deterministic: true\n"))
     return path
 
@@ -124,14 +127,25 @@ def test_killed_at_random_moments_still_ends_with_the_same_weights(crash_recipe,
     monkeypatch.setenv("DLRECIPES_RESUME_MISSING", "start")
     rng = random.Random(7)
     checkpoints = crash_recipe.parent / "runs" / "random-kills" / "checkpoints"
-    args = ["train", str(crash_recipe), "run_name=random-kills", "--plugin", PLUGIN, "callbacks.slow_batches={seconds: 0.4}"]
+    args = [
+        "train",
+        str(crash_recipe),
+        "run_name=random-kills",
+        "--plugin",
+        PLUGIN,
+        "callbacks.slow_batches={seconds: 0.4}",
+    ]
     kills = []  # per start: (the batch it resumed from, whether it had trained and saved when killed)
     for attempt in range(3):
         resumed_from = _saved_batch(checkpoints)
         # a process of its own (forked from one that imported everything: the random delay falls in the build or
         # training, not in 5-10 s of imports)
-        process = forked.start([*args, *(["--resume"] if attempt else [])], REPO, crash_recipe.parent / "out.txt",
-                               crash_recipe.parent / "err.txt")
+        process = forked.start(
+            [*args, *(["--resume"] if attempt else [])],
+            REPO,
+            crash_recipe.parent / "out.txt",
+            crash_recipe.parent / "err.txt",
+        )
         launched = time.monotonic()
         deadline = launched + rng.uniform(0.5, 6.0) if attempt == 0 else math.inf
         trained = False
@@ -176,13 +190,18 @@ def test_a_signal_saves_at_the_next_batch_and_resume_ends_identically(crash_reci
     import json
 
     run = f"signalled-{name}"
-    stopped = _train(crash_recipe, run, "callbacks.fault_injection.signal_at_batch=5",
-                     f"callbacks.fault_injection.signal_name={name}")
+    stopped = _train(
+        crash_recipe,
+        run,
+        "callbacks.fault_injection.signal_at_batch=5",
+        f"callbacks.fault_injection.signal_name={name}",
+    )
     run_dir = crash_recipe.parent / "runs" / run
     checkpoint = run_dir / "checkpoints" / "ep1-ba5-rank0.pt"
     assert stopped.returncode == 75, stopped.stderr[-2000:]
     assert stopped.stderr.strip().splitlines()[-1] == (
-        f"stopped by {name} after batch 5 (epoch 2): checkpoint {checkpoint}; continue with --resume")
+        f"stopped by {name} after batch 5 (epoch 2): checkpoint {checkpoint}; continue with --resume"
+    )
     assert _batch(checkpoint.parent / "latest-rank0.pt") == 5 and "Traceback" not in stopped.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["reason"].startswith(f"stopped by {name}")

@@ -42,8 +42,12 @@ def test_digits_split_is_stratified_disjoint_and_shaped():
 
 
 def test_synthetic_is_deterministic():
-    a = registry.datasets.build("synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1)
-    b = registry.datasets.build("synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1)
+    a = registry.datasets.build(
+        "synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1
+    )
+    b = registry.datasets.build(
+        "synthetic", num_classes=3, input_shape=(3, 8, 8), train_samples=10, eval_samples=4, seed=1
+    )
     assert torch.equal(a.train.tensors[0], b.train.tensors[0]) and len(a.eval) == 4
     assert a.train.tensors[1].max() < 3
 
@@ -66,8 +70,12 @@ def test_image_folder_train_and_eval_sizes_are_separate(tmp_path):
     """MosaicML's mild recipe shape: small training crops, larger evaluation centre crops."""
     _jpegs(tmp_path, ["cat", "dog"], size=(40, 30))
     data = registry.datasets.build(
-        "image_folder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
-        crop_size=12, eval_crop_size=20, resize_size=24,
+        "image_folder",
+        train_path=str(tmp_path / "train"),
+        val_path=str(tmp_path / "val"),
+        crop_size=12,
+        eval_crop_size=20,
+        resize_size=24,
     )
     assert data.train[0][0].shape == (3, 12, 12) and data.eval[0][0].shape == (3, 20, 20)
     assert data.input_shape == (3, 12, 12)
@@ -80,13 +88,19 @@ def test_an_eval_crop_larger_than_the_resize_is_refused_at_validation(tmp_path):
 
     from .conftest import write
 
-    recipe = write(tmp_path / "r.yaml", f"""
+    recipe = write(
+        tmp_path / "r.yaml",
+        f"""
 description: sizes
 model: {{name: cifar_resnet18}}
 dataset: {{name: imagenet, root: {tmp_path}, crop_size: 176, eval_crop_size: 240, resize_size: 232}}
-""")
-    with pytest.raises(RecipeError, match=r"dataset.eval_crop_size: a 240 px evaluation centre crop does not fit .* "
-                                          r"dataset.resize_size=232"):
+""",
+    )
+    with pytest.raises(
+        RecipeError,
+        match=r"dataset.eval_crop_size: a 240 px evaluation centre crop does not fit .* "
+        r"dataset.resize_size=232",
+    ):
         resolve(recipe, check_device=False)
 
 
@@ -107,15 +121,18 @@ def _bad_image_recipe(tmp_path, bad_images):
     (tmp_path / "train" / "dog" / "1.jpg").write_bytes(good[: len(good) // 3])  # truncated
     from tests.conftest import write
 
-    return write(tmp_path / "bad.yaml", f"""
+    return write(
+        tmp_path / "bad.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 8}}
         dataset: {{name: image_folder, train_path: train, val_path: val, crop_size: 8, resize_size: 10,
                    bad_images: {bad_images}}}
-        runs_dir: {tmp_path / 'runs'}
+        runs_dir: {tmp_path / "runs"}
         trainer: {{max_duration: 3ep, batch_size: 4, num_workers: 2, progress_bar: false, device: cpu}}
         optimizer: {{name: sgd, lr: 0.01}}
         checkpoint: {{save: false}}
-    """)
+    """,
+    )
 
 
 def test_unreadable_images_fail_by_default_naming_the_file(tmp_path):
@@ -137,8 +154,11 @@ def test_unreadable_images_can_be_skipped_and_counted(tmp_path):
     # on its stderr
     result = forked.run(["train", str(_bad_image_recipe(tmp_path, "skip"))], REPO)
     assert result.returncode == 0, result.stderr[-1500:]
-    warned = {line.split("image ")[1].split(" (")[0] for line in result.stderr.splitlines()
-              if line.startswith("warning: skipping unreadable image")}
+    warned = {
+        line.split("image ")[1].split(" (")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("warning: skipping unreadable image")
+    }
     assert warned == {str(tmp_path / "train" / "cat" / "0.jpg"), str(tmp_path / "train" / "dog" / "1.jpg")}
     assert "warning: 2 unreadable image(s) skipped in the train data" in result.stderr
     assert "done: 3 epochs" in result.stderr  # two workers, three epochs: still counted once each
@@ -169,7 +189,10 @@ def test_imagenet100_uses_the_shipped_synsets_and_lists_missing_ones(tmp_path):
 
 
 def test_mnist_reads_idx_files_and_names_missing_ones(tmp_path):
-    with pytest.raises(DataError, match=r"mnist not found \(download is off\)[\s\S]*train-images-idx3-ubyte[\s\S]*t10k-labels-idx1-ubyte"):
+    with pytest.raises(
+        DataError,
+        match=r"mnist not found \(download is off\)[\s\S]*train-images-idx3-ubyte[\s\S]*t10k-labels-idx1-ubyte",
+    ):
         registry.datasets.build("mnist", root=str(tmp_path), download=False)
     raw = tmp_path / "MNIST" / "raw"
     rng = np.random.default_rng(0)
@@ -244,8 +267,13 @@ def test_cifar_resized_for_larger_networks_on_either_loader(tmp_path, monkeypatc
     from dlrecipes.builders import device_loader
 
     archive = _cifar_archive(tmp_path)
-    source = torchvision_sets.CIFAR10.__class__(**{**torchvision_sets.CIFAR10.__dict__, "url": f"{http_server}/{archive.name}",
-                                                   "md5": hashlib.md5(archive.read_bytes()).hexdigest()})
+    source = torchvision_sets.CIFAR10.__class__(
+        **{
+            **torchvision_sets.CIFAR10.__dict__,
+            "url": f"{http_server}/{archive.name}",
+            "md5": hashlib.md5(archive.read_bytes()).hexdigest(),
+        }
+    )
     monkeypatch.setattr(torchvision_sets, "CIFAR10", source)
     data = registry.datasets.build("cifar10", root=str(tmp_path / "root"), download=True, image_size=48)
     assert data.input_shape == (3, 48, 48)

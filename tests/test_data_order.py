@@ -72,13 +72,18 @@ def batches(log: Path) -> dict[int, dict]:
         for line in file.read_text().splitlines():
             row = json.loads(line)
             parts[row["batch"]][row["rank"]] = row
-    return {b: {"epoch": next(iter(ranks.values()))["epoch"],
-                "ids": sum((ranks[r]["ids"] for r in sorted(ranks)), []),
-                "sums": sum((ranks[r]["sums"] for r in sorted(ranks)), [])}
-            for b, ranks in sorted(parts.items())}
+    return {
+        b: {
+            "epoch": next(iter(ranks.values()))["epoch"],
+            "ids": sum((ranks[r]["ids"] for r in sorted(ranks)), []),
+            "sums": sum((ranks[r]["sums"] for r in sorted(ranks)), []),
+        }
+        for b, ranks in sorted(parts.items())
+    }
 
 
 # -- the order itself --------------------------------------------------------------------------------------------
+
 
 def _global_batches(length, batch, world, epoch, resume=None, shard_sizes=None):
     from dlrecipes.data.order import GlobalOrderSampler
@@ -91,7 +96,7 @@ def _global_batches(length, batch, world, epoch, resume=None, shard_sizes=None):
             sampler.resume_at(*resume)
         per_rank.append(list(sampler))
     part = batch // world
-    return [sum((keys[k * part:(k + 1) * part] for keys in per_rank), []) for k in range(len(per_rank[0]) // part)]
+    return [sum((keys[k * part : (k + 1) * part] for keys in per_rank), []) for k in range(len(per_rank[0]) // part)]
 
 
 def test_every_number_of_processes_trains_the_same_global_batches_each_sample_once_an_epoch():
@@ -126,7 +131,7 @@ def test_shards_are_read_a_few_at_a_time():
     assert sorted(order.tolist()) == list(range(120))
     window = SHARD_WINDOW * 10
     for first in range(0, 120, window):  # each stretch of the order reads only SHARD_WINDOW shards
-        assert len({i // 10 for i in order[first:first + window].tolist()}) == SHARD_WINDOW
+        assert len({i // 10 for i in order[first : first + window].tolist()}) == SHARD_WINDOW
 
 
 def test_a_sample_is_loaded_under_its_own_seed_and_the_training_random_state_is_left_as_it_was():
@@ -158,6 +163,7 @@ def test_a_sample_is_loaded_under_its_own_seed_and_the_training_random_state_is_
 
 # -- resumes, recorded batch by batch --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def order_recipe(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("order")
@@ -171,8 +177,9 @@ def order_recipe(tmp_path_factory) -> Path:
 def whole_on_two(order_recipe) -> dict:
     """2 epochs of 4 global batches on 2 processes, uninterrupted."""
     root = order_recipe.parent
-    _forked_ranks(root, str(order_recipe), "run_name=whole2", f"callbacks.batch_log.path={root}/out/whole2",
-                  tag="whole2")
+    _forked_ranks(
+        root, str(order_recipe), "run_name=whole2", f"callbacks.batch_log.path={root}/out/whole2", tag="whole2"
+    )
     return batches(root / "out" / "whole2")
 
 
@@ -224,11 +231,16 @@ LOADERS = {
     "torch": [],
     # the batch decoded in the training process (on the CPU here), cropped at progressive resizing's size (8 px in
     # epoch 0, 12 in epoch 1: a resume inside epoch 1 sets 12 again, as the epoch's start did)
-    "device_decode": ["dataset.decode=device", "algorithms.progressive_resizing={initial_scale: 0.5, "
-                      "delay_fraction: 0.0, finetune_fraction: 0.0, size_increment: 4}"],
+    "device_decode": [
+        "dataset.decode=device",
+        "algorithms.progressive_resizing={initial_scale: 0.5, "
+        "delay_fraction: 0.0, finetune_fraction: 0.0, size_increment: 4}",
+    ],
     "tensor_cache": ["trainer.loader=tensor_cache", "trainer.cache_dir=cache"],
-    "ffcv": ["dataset={name: ffcv, train_path: ffcv/train.beton, val_path: ffcv/val.beton, crop_size: 16}",
-             "trainer.num_workers=1"],
+    "ffcv": [
+        "dataset={name: ffcv, train_path: ffcv/train.beton, val_path: ffcv/val.beton, crop_size: 16}",
+        "trainer.num_workers=1",
+    ],
     "hf": ["dataset={name: hf, path: hf, crop_size: 16, resize_size: 16}"],
 }
 
@@ -242,7 +254,8 @@ def _hugging_face_copy(root: Path) -> None:
     for split, name in (("train", "train"), ("val", "validation")):
         files = sorted((root / "data" / split).glob("*/*.jpg"))
         splits[name] = datasets.Dataset.from_dict(
-            {"image": [str(f) for f in files], "label": list(range(len(files)))}, features=features)
+            {"image": [str(f) for f in files], "label": list(range(len(files)))}, features=features
+        )
     datasets.DatasetDict(splits).save_to_disk(str(root / "hf"))
 
 
@@ -260,9 +273,17 @@ def image_recipe(tmp_path_factory) -> Path:
 
 def _train(recipe: Path, run: str, *extra: str):
     root = recipe.parent
-    return run_cli("train", str(recipe), f"run_name={run}", f"callbacks.batch_log.path={root}/{run}",
-                   "callbacks.batch_log.ids=labels", "--plugin", str(REPO / "tests" / "fault_injection.py"), *extra,
-                   cwd=root)
+    return run_cli(
+        "train",
+        str(recipe),
+        f"run_name={run}",
+        f"callbacks.batch_log.path={root}/{run}",
+        "callbacks.batch_log.ids=labels",
+        "--plugin",
+        str(REPO / "tests" / "fault_injection.py"),
+        *extra,
+        cwd=root,
+    )
 
 
 def _weights(recipe: Path, run: str) -> dict:
@@ -275,8 +296,18 @@ def _prepared(recipe: Path, loader: str) -> list[str]:
     root = recipe.parent
     if loader == "ffcv" and not (root / "ffcv").exists():
         pytest.importorskip("ffcv")
-        made = run_cli("data", "convert", "image_folder", "train_path=data/train", "val_path=data/val", "--out",
-                       "ffcv", "--workers", "1", cwd=root)
+        made = run_cli(
+            "data",
+            "convert",
+            "image_folder",
+            "train_path=data/train",
+            "val_path=data/val",
+            "--out",
+            "ffcv",
+            "--workers",
+            "1",
+            cwd=root,
+        )
         assert made.returncode == 0, made.stderr[-2000:]
     if loader == "hf" and not (root / "hf").exists():
         _hugging_face_copy(root)
@@ -284,9 +315,17 @@ def _prepared(recipe: Path, loader: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader, stop", [("torch", "kill"), ("torch", "term"), ("device_decode", "kill"),
-                                          ("tensor_cache", "kill"),
-                                          ("ffcv", "kill"), ("hf", "kill")])
+@pytest.mark.parametrize(
+    "loader, stop",
+    [
+        ("torch", "kill"),
+        ("torch", "term"),
+        ("device_decode", "kill"),
+        ("tensor_cache", "kill"),
+        ("ffcv", "kill"),
+        ("hf", "kill"),
+    ],
+)
 def test_a_run_stopped_inside_an_epoch_resumes_to_the_same_samples_crops_and_weights(image_recipe, loader, stop):
     """SIGKILL after batch 5 (inside epoch 1 of 3 batches), or SIGTERM after batch 4 (a checkpoint at once): the
     resumed run trains the uninterrupted run's batches, the same samples in the same order, each crop and flip
@@ -322,6 +361,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_only_with_its_batch_size(tiny_reci
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
     assert resumed.stderr.strip().splitlines()[-1] == (
         "error: trainer.batch_size: the checkpoint was saved inside epoch 0 with batches of 64; resume with "
-        "trainer.batch_size=64 (the batch size can change at an epoch's end)")
+        "trainer.batch_size=64 (the batch size can change at an epoch's end)"
+    )
     checkpoints = tiny_recipe.parent / "runs" / "b" / "checkpoints"
     assert (checkpoints / "ep0-ba2-rank0.pt").exists()  # nothing finished is lost

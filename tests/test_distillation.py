@@ -33,9 +33,11 @@ def _teacher_run(root: Path, dataset: dict | None = None, algorithms: dict | Non
     """A run directory as training leaves it, as far as a teacher needs: recipe.yaml and a best checkpoint."""
     run = RunDir(root / "teacher")
     run.checkpoints.mkdir(parents=True)
-    recipe = {"model": {"name": "cnn_simple", "width": 4, "hidden": 16},
-              "dataset": dataset or {"name": "digits", "image_size": 8, "augment": False},
-              "algorithms": algorithms or {}}
+    recipe = {
+        "model": {"name": "cnn_simple", "width": 4, "hidden": 16},
+        "dataset": dataset or {"name": "digits", "image_size": 8, "augment": False},
+        "algorithms": algorithms or {},
+    }
     run.recipe.write_text(yaml.safe_dump(recipe))
     weights = {f"module.{k}": v for k, v in _network().state_dict().items()}
     torch.save({"state": {"model": weights}}, run.best)
@@ -51,52 +53,70 @@ def _state(images, student, loss, algorithms=()):
     from composer.core.precision import Precision
     from composer.devices import DeviceCPU
 
-    return SimpleNamespace(batch=(images, torch.zeros(len(images), dtype=torch.long)), outputs=student, loss=loss,
-                           precision=Precision.FP32, precision_config=None, device=DeviceCPU(),
-                           algorithms=list(algorithms))
+    return SimpleNamespace(
+        batch=(images, torch.zeros(len(images), dtype=torch.long)),
+        outputs=student,
+        loss=loss,
+        precision=Precision.FP32,
+        precision_config=None,
+        device=DeviceCPU(),
+        algorithms=list(algorithms),
+    )
 
 
 def test_validation_records_the_teachers_checkpoint_and_checksum(tiny_recipe, tmp_path):
     run = _teacher_run(tmp_path)
     expected = {"teacher": str(run.best), "teacher_sha256": _sha(run.best)}
     for given in (run.path, run.best):
-        assert resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {given}}}"]).algorithms["distillation"] \
+        assert (
+            resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {given}}}"]).algorithms["distillation"]
             == expected
+        )
     # a path in the recipe file is relative to it; written into the run's recipe.yaml as the file and its sha256
     recipe = tmp_path / "student.yaml"
     recipe.write_text(tiny_recipe.read_text() + "algorithms: {distillation: {teacher: teacher, kind: hard}}\n")
     assert resolve(recipe).to_dict()["algorithms"]["distillation"] == {**expected, "kind": "hard"}
 
 
-def test_a_model_spec_teacher_gets_absolute_paths_and_the_checksum_of_its_weights(tiny_recipe, tmp_path,
-                                                                                   monkeypatch):
+def test_a_model_spec_teacher_gets_absolute_paths_and_the_checksum_of_its_weights(tiny_recipe, tmp_path, monkeypatch):
     torch.save(_network().state_dict(), tmp_path / "weights.pt")
     monkeypatch.chdir(tmp_path)
     got = resolve(tiny_recipe, ["algorithms.distillation.teacher={name: cnn_simple, width: 4, checkpoint: weights.pt}"])
     assert got.algorithms["distillation"] == {
         "teacher": {"name": "cnn_simple", "width": 4, "checkpoint": str(tmp_path / "weights.pt")},
-        "teacher_sha256": _sha(tmp_path / "weights.pt")}
+        "teacher_sha256": _sha(tmp_path / "weights.pt"),
+    }
 
 
-@pytest.mark.parametrize("teacher, message", [
-    ("missing", f"{KEY}: .*missing does not exist; give a run directory"),
-    ("not_a_run", f"{KEY}: .*not_a_run is not a run directory"),
-    ("loose.pt", f"{KEY}: .*loose.pt is not in a run directory's checkpoints/ folder, so its network is unknown"),
-    ("{name: cnn_simple, width: 4}", f"{KEY}: the teacher has no trained weights"),
-    ("{name: cnn_simpel}", f"{KEY}.name: unknown model 'cnn_simpel'"),
-    ("{name: cnn_simple, widht: 4, checkpoint: loose.pt}", f"{KEY}.widht: unknown parameter"),
-    ("3", f"{KEY}: expected str or mapping, got 3"),
-    ("''", f"{KEY}: expected a run directory, a checkpoint file or a model spec"),
-    ("four_classes", f"{KEY}: the teacher \\(run .*\\) predicts 4 classes and this dataset has 10"),
-    ("blurpooled", f"{KEY}: run .* was trained with blurpool, which change the network's modules"),
-    # issue 63: an address was shown as s3:/... (through Path()), and said not to exist
-    ("s3://runs/exp/r1", f"{KEY}: s3://runs/exp/r1 is an address; a teacher is read from files on this machine: copy"),
-    ("{name: cnn_simple, checkpoint: 's3://runs/exp/r1/checkpoints/best.pt'}",
-     f"{KEY}.checkpoint: s3://runs/exp/r1/checkpoints/best.pt is an address; "),
-    ("{name: timm, arch: resnet18, pretrained_path: 'https://host/w.pth'}", f"{KEY}.pretrained_path: https://host/w.pth is"),
-])
-def test_an_unusable_teacher_is_refused_at_validation_in_one_line(tiny_recipe, tmp_path, monkeypatch, teacher,
-                                                                   message):
+@pytest.mark.parametrize(
+    "teacher, message",
+    [
+        ("missing", f"{KEY}: .*missing does not exist; give a run directory"),
+        ("not_a_run", f"{KEY}: .*not_a_run is not a run directory"),
+        ("loose.pt", f"{KEY}: .*loose.pt is not in a run directory's checkpoints/ folder, so its network is unknown"),
+        ("{name: cnn_simple, width: 4}", f"{KEY}: the teacher has no trained weights"),
+        ("{name: cnn_simpel}", f"{KEY}.name: unknown model 'cnn_simpel'"),
+        ("{name: cnn_simple, widht: 4, checkpoint: loose.pt}", f"{KEY}.widht: unknown parameter"),
+        ("3", f"{KEY}: expected str or mapping, got 3"),
+        ("''", f"{KEY}: expected a run directory, a checkpoint file or a model spec"),
+        ("four_classes", f"{KEY}: the teacher \\(run .*\\) predicts 4 classes and this dataset has 10"),
+        ("blurpooled", f"{KEY}: run .* was trained with blurpool, which change the network's modules"),
+        # issue 63: an address was shown as s3:/... (through Path()), and said not to exist
+        (
+            "s3://runs/exp/r1",
+            f"{KEY}: s3://runs/exp/r1 is an address; a teacher is read from files on this machine: copy",
+        ),
+        (
+            "{name: cnn_simple, checkpoint: 's3://runs/exp/r1/checkpoints/best.pt'}",
+            f"{KEY}.checkpoint: s3://runs/exp/r1/checkpoints/best.pt is an address; ",
+        ),
+        (
+            "{name: timm, arch: resnet18, pretrained_path: 'https://host/w.pth'}",
+            f"{KEY}.pretrained_path: https://host/w.pth is",
+        ),
+    ],
+)
+def test_an_unusable_teacher_is_refused_at_validation_in_one_line(tiny_recipe, tmp_path, monkeypatch, teacher, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not_a_run").mkdir()
     (tmp_path / "loose.pt").write_bytes(b"x")
@@ -114,7 +134,9 @@ def test_an_unusable_teacher_is_refused_at_validation_in_one_line(tiny_recipe, t
 
 def test_a_pinned_checksum_is_checked_when_training_starts_not_at_validation(tiny_recipe, tmp_path):
     run = _teacher_run(tmp_path)
-    gone = resolve(tiny_recipe, [f"algorithms.distillation={{teacher: {tmp_path}/gone.pt, teacher_sha256: {'a' * 64}}}"])
+    gone = resolve(
+        tiny_recipe, [f"algorithms.distillation={{teacher: {tmp_path}/gone.pt, teacher_sha256: {'a' * 64}}}"]
+    )
     assert gone.algorithms["distillation"]["teacher_sha256"] == "a" * 64  # what a recorded recipe.yaml re-read does
     with pytest.raises(RecipeError, match=f"{KEY}: s3://runs/exp/r1 is an address"):  # pinned: refused all the same
         resolve(tiny_recipe, [f"algorithms.distillation={{teacher: s3://runs/exp/r1, teacher_sha256: {'a' * 64}}}"])
@@ -139,8 +161,10 @@ def test_a_teacher_that_holds_objects_is_refused_with_advice_a_teacher_can_follo
     with pytest.raises(UserError) as refused:
         Distillation(str(run.best))
     said = str(refused.value)
-    assert said.startswith(f"{KEY}: {run.best} holds Python objects beyond tensors (pathlib.PosixPath); a teacher is "
-                           "always read tensors-only, --trust-checkpoint or not: save its weights alone")
+    assert said.startswith(
+        f"{KEY}: {run.best} holds Python objects beyond tensors (pathlib.PosixPath); a teacher is "
+        "always read tensors-only, --trust-checkpoint or not: save its weights alone"
+    )
     assert "pass --trust-checkpoint" not in said and "\n" not in said
 
 
@@ -178,16 +202,25 @@ def test_the_teacher_follows_the_runs_memory_format(tmp_path):
 
     algorithm = Distillation(str(_teacher_run(tmp_path).path))
     images = torch.randn(2, 1, 8, 8)
-    algorithm.apply(Event.BEFORE_BACKWARD, _state(images, torch.randn(2, 10), torch.tensor(1.0), [ChannelsLast()]), None)
+    algorithm.apply(
+        Event.BEFORE_BACKWARD, _state(images, torch.randn(2, 10), torch.tensor(1.0), [ChannelsLast()]), None
+    )
     weight = algorithm.teacher.features[3].weight  # (8, 4, 3, 3)
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
     assert algorithm.state_dict() == {}
 
 
-@pytest.mark.parametrize("shape, classes, said", [
-    ((1, 8, 8), 4, r"predicts 10 classes and this dataset has 4; a teacher must be trained on the student's classes"),
-    ((3, 8, 8), 10, r"takes 1-channel images and this dataset's have 3 channels"),
-])
+@pytest.mark.parametrize(
+    "shape, classes, said",
+    [
+        (
+            (1, 8, 8),
+            4,
+            r"predicts 10 classes and this dataset has 4; a teacher must be trained on the student's classes",
+        ),
+        ((3, 8, 8), 10, r"takes 1-channel images and this dataset's have 3 channels"),
+    ],
+)
 def test_a_teacher_for_other_classes_or_channels_is_refused_before_the_run_naming_both(tmp_path, shape, classes, said):
     """Checked when the data is built (Distillation.check_data, before the start line), and at the first batch
     when the builder did not (a Trainer made by hand)."""
@@ -210,20 +243,31 @@ def _tensor_elements(value) -> int:
 
 
 @pytest.mark.slow
-def test_a_distilled_run_holds_no_teacher_and_evaluates_exports_and_predicts_without_it(trained_tiny, tiny_recipe,
-                                                                                        tmp_path):
+def test_a_distilled_run_holds_no_teacher_and_evaluates_exports_and_predicts_without_it(
+    trained_tiny, tiny_recipe, tmp_path
+):
     from PIL import Image
 
     from dlrecipes import api
 
     teacher = Path(shutil.copytree(trained_tiny, tmp_path / "teacher", symlinks=True))
-    result = api.train(tiny_recipe, ["run_name=student", "trainer.max_duration=1ep",
-                                     "trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1",
-                                     f"algorithms.distillation={{teacher: {teacher}, temperature: 2}}"])
+    result = api.train(
+        tiny_recipe,
+        [
+            "run_name=student",
+            "trainer.max_duration=1ep",
+            "trainer.train_subset_num_batches=1",
+            "trainer.eval_subset_num_batches=1",
+            f"algorithms.distillation={{teacher: {teacher}, temperature: 2}}",
+        ],
+    )
     run = RunDir(result.run_dir)
     recorded = yaml.safe_load(run.recipe.read_text())["algorithms"]["distillation"]
-    assert recorded == {"teacher": str(RunDir(teacher).best), "temperature": 2.0,
-                        "teacher_sha256": _sha(RunDir(teacher).best)}
+    assert recorded == {
+        "teacher": str(RunDir(teacher).best),
+        "temperature": 2.0,
+        "teacher_sha256": _sha(RunDir(teacher).best),
+    }
     ours = torch.load(run.best, map_location="cpu", weights_only=False)
     plain = torch.load(RunDir(trained_tiny).best, map_location="cpu", weights_only=False)  # the same network
     assert set(ours["state"]["model"]) == set(plain["state"]["model"])
@@ -244,10 +288,21 @@ def test_mixups_interpolated_loss_is_the_label_term_whatever_the_order(tiny_reci
     from tests.conftest import fit
 
     run = _teacher_run(tmp_path)
-    for algorithms in (f"{{distillation: {{teacher: {run.path}}}, mixup: {{interpolate_loss: true}}}}",
-                       f"{{cutmix: {{interpolate_loss: true}}, distillation: {{teacher: {run.path}}}}}"):
-        result = fit(resolve(tiny_recipe, ["trainer.max_duration=2ba", "checkpoint.save=false",
-                                           "checkpoint.monitor=null", f"algorithms={algorithms}"]))
+    for algorithms in (
+        f"{{distillation: {{teacher: {run.path}}}, mixup: {{interpolate_loss: true}}}}",
+        f"{{cutmix: {{interpolate_loss: true}}, distillation: {{teacher: {run.path}}}}}",
+    ):
+        result = fit(
+            resolve(
+                tiny_recipe,
+                [
+                    "trainer.max_duration=2ba",
+                    "checkpoint.save=false",
+                    "checkpoint.monitor=null",
+                    f"algorithms={algorithms}",
+                ],
+            )
+        )
         assert result.batches == 2
 
 
@@ -279,8 +334,9 @@ def _cases():
 
 
 @pytest.mark.parametrize("student_dtype, teacher_dtype, kind, in_autocast", list(_cases()))
-def test_the_distillation_loss_of_half_precision_logits_is_computed_in_float32(student_dtype, teacher_dtype, kind,
-                                                                                in_autocast):
+def test_the_distillation_loss_of_half_precision_logits_is_computed_in_float32(
+    student_dtype, teacher_dtype, kind, in_autocast
+):
     """Whatever the two logits' dtypes, and whether or not the loss is computed under autocast: a float32 loss
     equal to the one of both logits cast to float32 (a loss in bf16, or softmaxes of bf16 logits, are off by far
     more than the tolerance), and a backward that gives the student's logits a finite gradient in their dtype."""
@@ -299,10 +355,12 @@ def test_the_distillation_loss_of_half_precision_logits_is_computed_in_float32(s
 
 
 @pytest.mark.parametrize("teacher_in_autocast", [True, False], ids=["half-teacher", "float32-teacher"])
-@pytest.mark.parametrize("precision, dtype", [("amp_bf16", torch.bfloat16), ("amp_fp16", torch.float16)],
-                         ids=["amp_bf16", "amp_fp16"])
-def test_a_step_under_cpu_autocast_blends_a_float32_loss_and_trains_the_student(tmp_path, monkeypatch, precision,
-                                                                                dtype, teacher_in_autocast):
+@pytest.mark.parametrize(
+    "precision, dtype", [("amp_bf16", torch.bfloat16), ("amp_fp16", torch.float16)], ids=["amp_bf16", "amp_fp16"]
+)
+def test_a_step_under_cpu_autocast_blends_a_float32_loss_and_trains_the_student(
+    tmp_path, monkeypatch, precision, dtype, teacher_in_autocast
+):
     """The training step as the engine runs it, the student's forward and loss under CPU autocast and the
     algorithm at BEFORE_BACKWARD outside it: with the teacher's precision context made CPU autocast (what it is
     on a GPU: half-precision teacher logits) or Composer's own (nothing on the CPU: float32 ones), the blended
@@ -334,6 +392,8 @@ def test_a_step_under_cpu_autocast_blends_a_float32_loss_and_trains_the_student(
     assert torch.allclose(state.loss["distillation"], distill, rtol=1e-6, atol=1e-6)
     assert torch.allclose(state.loss["total"], 0.6 * label_loss + 0.4 * distill, rtol=1e-6, atol=1e-6)
     state.loss["total"].backward()
-    assert all(p.grad is not None and p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()
-               for p in student_net.parameters())
+    assert all(
+        p.grad is not None and p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()
+        for p in student_net.parameters()
+    )
     assert all(p.grad is None for p in algorithm.teacher.parameters())

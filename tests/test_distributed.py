@@ -86,7 +86,9 @@ def _ddp_recipe(folder: Path) -> Path:
     write(folder / "ddp_plugin.py", PLUGIN)
     path = write(folder / "ddp.yaml", RECIPE)
     (folder / "out").mkdir()
-    path.write_text(path.read_text() + f"runs_dir: {folder}/runs\ncallbacks: {{record_ranks: {{folder: {folder}/out}}}}\n")
+    path.write_text(
+        path.read_text() + f"runs_dir: {folder}/runs\ncallbacks: {{record_ranks: {{folder: {folder}/out}}}}\n"
+    )
     return path
 
 
@@ -110,8 +112,19 @@ def uninterrupted(tmp_path_factory) -> list[dict]:
 
 
 def _launch(tmp_path, *args, nproc=2, extra=(), timeout=240, tag="a"):
-    cmd = [COMPOSER, "-n", str(nproc), *extra, "--stdout", f"{tmp_path}/{tag}-out{{rank}}.txt",
-           "--stderr", f"{tmp_path}/{tag}-err{{rank}}.txt", str(REPO / "cli.py"), "train", *args]
+    cmd = [
+        COMPOSER,
+        "-n",
+        str(nproc),
+        *extra,
+        "--stdout",
+        f"{tmp_path}/{tag}-out{{rank}}.txt",
+        "--stderr",
+        f"{tmp_path}/{tag}-err{{rank}}.txt",
+        str(REPO / "cli.py"),
+        "train",
+        *args,
+    ]
     return subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), timeout
 
 
@@ -127,11 +140,22 @@ def _forked_ranks(tmp_path, *args, world=2, timeout=240, tag="a", command="train
     port, started = _free_port(), time.monotonic()
     ranks = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(world), "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        ranks.append(forked.start([command, *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
-                                  tmp_path / f"{tag}-err{rank}.txt", env))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+        }
+        ranks.append(
+            forked.start(
+                [command, *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt", tmp_path / f"{tag}-err{rank}.txt", env
+            )
+        )
     try:
         for process in ranks:
             process.wait(max(1.0, timeout - (time.monotonic() - started)))
@@ -185,8 +209,13 @@ def test_distillation_under_ddp_keeps_the_ranks_identical_and_the_teacher_out_of
 
     torch.manual_seed(0)
     torch.save(CNNSimple(10, 1, width=8, hidden=8).state_dict(), tmp_path / "teacher.pt")
-    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=distilled", "algorithms.distillation="
-                  f"{{teacher: {{name: cnn_simple, width: 8, hidden: 8, checkpoint: {tmp_path / 'teacher.pt'}}}}}")
+    _forked_ranks(
+        tmp_path,
+        str(ddp_recipe),
+        "run_name=distilled",
+        "algorithms.distillation="
+        f"{{teacher: {{name: cnn_simple, width: 8, hidden: 8, checkpoint: {tmp_path / 'teacher.pt'}}}}}",
+    )
     _same_params(_ranks(tmp_path, 2))
     run = RunDir(tmp_path / "runs" / "distilled")
     with open(run.history) as f:
@@ -216,7 +245,11 @@ def _free_port() -> int:
 def test_two_nodes_of_two_processes_on_loopback(ddp_recipe, tmp_path):
     port = _free_port()
     node = lambda rank: _launch(  # noqa: E731
-        tmp_path, str(ddp_recipe), "run_name=nodes", tag=f"node{rank}", timeout=300,
+        tmp_path,
+        str(ddp_recipe),
+        "run_name=nodes",
+        tag=f"node{rank}",
+        timeout=300,
         extra=("--world_size", "4", "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port)),
     )
     nodes = [node(0), node(1)]
@@ -245,8 +278,13 @@ def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
     config = resolve(tiny_recipe, ["optimizer={name: sgd, lr: 0.1, scale_lr: sqrt, reference_batch_size: 16}"])
     optimizer = build_optimizer(config.optimizer, torch.nn.Linear(2, 2), config.trainer.batch_size)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)  # batch 64 = 4 x 16
-    result = run_cli("train", str(tiny_recipe), "optimizer={name: sgd, lr: 0.1, scale_lr: linear, reference_batch_size: 32}",
-                     "trainer.max_duration=1ba", "run_name=scaled")
+    result = run_cli(
+        "train",
+        str(tiny_recipe),
+        "optimizer={name: sgd, lr: 0.1, scale_lr: linear, reference_batch_size: 32}",
+        "trainer.max_duration=1ba",
+        "run_name=scaled",
+    )
     assert "optimizer.lr scaled (linear) from the reference batch 32 to the global batch 64: 0.2" in result.stderr
 
 
@@ -255,7 +293,10 @@ def test_scaled_learning_rate_reaches_the_optimizer(tiny_recipe):
     [
         ({"nproc": 0}, "at least 1 process"),
         ({"nproc": 2, "nodes": 2}, "--master-addr and --master-port: required"),
-        ({"nproc": 2, "nodes": 2, "node_rank": 2, "master_addr": "10.0.0.1", "master_port": 29500}, "--node-rank: must be 0..1"),
+        (
+            {"nproc": 2, "nodes": 2, "node_rank": 2, "master_addr": "10.0.0.1", "master_port": 29500},
+            "--node-rank: must be 0..1",
+        ),
         ({"nproc": 1, "master_port": 80}, "--master-port: expected 1024..65535"),
     ],
 )
@@ -271,7 +312,9 @@ def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_pat
 
     from composer.cli import launcher
 
-    plan = plan_ranks(("train", "r.yaml", "a=1"), nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500)
+    plan = plan_ranks(
+        ("train", "r.yaml", "a=1"), nproc=4, nodes=2, node_rank=1, master_addr="10.1.1.1", master_port=29500
+    )
     started = []
 
     class Recorded:
@@ -279,13 +322,33 @@ def test_launch_starts_each_rank_as_composers_launcher_does(tiny_recipe, tmp_pat
             started.append((cmd, dict(os.environ)))
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
-    launcher._launch_processes(nproc=4, world_size=8, base_rank=4, node_rank=1, master_addr="10.1.1.1",
-                               master_port=29500, module_mode=True, command_mode=False, training_script="dlrecipes",
-                               stdout_file_format=str(tmp_path / "out{rank}"), stderr_file_format=None,
-                               training_script_args=["train", "r.yaml", "a=1"], processes={})
+    launcher._launch_processes(
+        nproc=4,
+        world_size=8,
+        base_rank=4,
+        node_rank=1,
+        master_addr="10.1.1.1",
+        master_port=29500,
+        module_mode=True,
+        command_mode=False,
+        training_script="dlrecipes",
+        stdout_file_format=str(tmp_path / "out{rank}"),
+        stderr_file_format=None,
+        training_script_args=["train", "r.yaml", "a=1"],
+        processes={},
+    )
     base = {"PATH": "/bin", "MASTER_ADDR": "elsewhere"}  # what the command line gives wins, as in Composer's
-    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    keys = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PYTHONUNBUFFERED",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    )
     assert len(started) == 4
     for local, (cmd, env) in enumerate(started):
         ours = plan.resolved(base).environment(base, local)
@@ -307,8 +370,11 @@ def _ranks_running(tmp_path, *programs: str):
     for rank, program in enumerate(programs):
         log = tmp_path / f"rank{rank}.txt" if rank else None
         with open(log or "/dev/null", "w") as out:
-            process = subprocess.Popen([sys.executable, "-c", program], stdout=out if rank else None,
-                                       stderr=subprocess.STDOUT if rank else None)
+            process = subprocess.Popen(
+                [sys.executable, "-c", program],
+                stdout=out if rank else None,
+                stderr=subprocess.STDOUT if rank else None,
+            )
         ranks.append(_Rank(rank, process, str(log) if log else None))
     return ranks
 
@@ -320,8 +386,11 @@ def test_when_a_rank_fails_launch_ends_the_others_and_exits_with_its_code(tmp_pa
 
     from dlrecipes.tools.launch import _job_exit_code, _report, _supervise
 
-    ranks = _ranks_running(tmp_path, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
-                           "import sys; print('data/x.jpg: unreadable'); sys.exit(3)")
+    ranks = _ranks_running(
+        tmp_path,
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+        "import sys; print('data/x.jpg: unreadable'); sys.exit(3)",
+    )
     began = time.monotonic()
     _supervise(ranks, grace=0.5)
     assert time.monotonic() - began < 20 and ranks[0].process.returncode == -9 and ranks[0].ended_by_launch
@@ -365,10 +434,21 @@ def test_slurm_template_starts_one_launcher_per_node_with_its_rank(tmp_path):
     for path, body in stubs.items():
         path.write_text(f"#!/bin/bash\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-node-[a-b]",
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8"}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), "recipes/x.yaml",
-                           "model={name: cifar_resnet18}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "gpu-node-[a-b]",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), "recipes/x.yaml", "model={name: cifar_resnet18}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert len(calls) == 2
@@ -401,8 +481,13 @@ def test_a_direct_launch_is_checked_like_dlrecipes_launch(tiny_recipe, monkeypat
 @pytest.mark.slow
 def test_two_processes_train_bit_identically_to_composers_trainer(ddp_recipe, tmp_path, uninterrupted):
     """Our Trainer (host-side reductions over gloo) against Composer's own, 2 ranks, 2 microbatches each."""
-    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=reference", *UNINTERRUPTED,
-                  f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'reference_engine.py'}]")
+    _forked_ranks(
+        tmp_path,
+        str(ddp_recipe),
+        "run_name=reference",
+        *UNINTERRUPTED,
+        f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'reference_engine.py'}]",
+    )
     reference = _ranks(tmp_path, 2)
     _same_params(uninterrupted + reference)  # all four: each rank, both trainers
     assert [r["seen"] for r in uninterrupted] == [r["seen"] for r in reference]
@@ -415,8 +500,9 @@ def _finish(proc_timeout):
 
 
 @pytest.mark.slow
-def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(ddp_recipe, tmp_path,
-                                                                                           uninterrupted):
+def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_identically(
+    ddp_recipe, tmp_path, uninterrupted
+):
     """Rank 1 alone gets SIGTERM after batch 3 of 8 (2 epochs of 4).  The ranks learn of it through a
     reduction started at batch 3's end and read at batch 4's (no step waits for it), so both stop
     after batch 4, rank 0 writes the checkpoint, and --resume ends with the uninterrupted run's weights."""
@@ -444,10 +530,21 @@ def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, 
     import signal
     import time
 
-    cmd = [sys.executable, "-m", "dlrecipes", "launch", str(ddp_recipe), "-n", "2", "run_name=slurm",
-           "trainer.max_duration=400ep", "checkpoint.save_interval=50ep"]
-    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "launch",
+        str(ddp_recipe),
+        "-n",
+        "2",
+        "run_name=slurm",
+        "trainer.max_duration=400ep",
+        "checkpoint.save_interval=50ep",
+    ]
+    job = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     history = tmp_path / "runs" / "slurm" / "history.csv"
     deadline = time.time() + 240
     while not (history.exists() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
@@ -477,8 +574,16 @@ def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_
     """Rank 1 is SIGKILLed after batch 6 of 8 (a checkpoint every 2 batches); the launcher stops
     rank 0; --resume continues from batch 4 and ends where an uninterrupted run ends."""
     common = [*UNINTERRUPTED, "checkpoint.save_interval=2ba", FAULTS]
-    code, out = _finish(_launch(tmp_path, str(ddp_recipe), "run_name=killed", *common,
-                                "callbacks.fault_injection={kill_at_batch: 6, kill_rank: 1}", tag="b"))
+    code, out = _finish(
+        _launch(
+            tmp_path,
+            str(ddp_recipe),
+            "run_name=killed",
+            *common,
+            "callbacks.fault_injection={kill_at_batch: 6, kill_rank: 1}",
+            tag="b",
+        )
+    )
     assert code != 0 and "exited with code" in out, out[-2000:]  # rank 1 killed; rank 0 lost its peer
     latest = tmp_path / "runs" / "killed" / "checkpoints" / "latest-rank0.pt"
     assert "-ba4-" in latest.resolve().name or "-ba6-" in latest.resolve().name  # batch 6's save may not have run
@@ -492,8 +597,14 @@ def test_kill_9_of_one_rank_then_resume_ends_with_the_uninterrupted_weights(ddp_
 def test_batch_size_per_device_scales_the_global_batch_and_the_lr_with_the_processes(ddp_recipe, tmp_path):
     """The scaling tutorial's rule as one switch: 2 per device on 2 processes is a global batch of 4,
     and scale_lr (linear, tuned at batch 2) doubles the learning rate."""
-    _forked_ranks(tmp_path, str(ddp_recipe), "run_name=perdev", "~trainer.batch_size", "trainer.batch_size_per_device=2",
-                  "optimizer={name: sgd, lr: 0.05, scale_lr: linear, reference_batch_size: 2}")
+    _forked_ranks(
+        tmp_path,
+        str(ddp_recipe),
+        "run_name=perdev",
+        "~trainer.batch_size",
+        "trainer.batch_size_per_device=2",
+        "optimizer={name: sgd, lr: 0.05, scale_lr: linear, reference_batch_size: 2}",
+    )
     said = (tmp_path / "a-out0.txt").read_text() + (tmp_path / "a-err0.txt").read_text()
     assert "optimizer.lr scaled (linear) from the reference batch 2 to the global batch 4: 0.1" in said
     records = _ranks(tmp_path, 2)
@@ -520,7 +631,11 @@ def test_a_signal_before_a_process_catches_it_is_held_until_it_does(tmp_path):
 
     from dlrecipes.tools.launch import _HeldSignals
 
-    child = subprocess.Popen([sys.executable, "-c", """
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """
 import pathlib, signal, sys, time
 folder = pathlib.Path(sys.argv[1])
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as a rank starts: launch ignored it while starting the launcher
@@ -533,7 +648,10 @@ deadline = time.time() + 30
 while not got and time.time() < deadline:
     time.sleep(0.01)
 (folder / "result").write_text("signalled" if got else "nothing came")
-""", str(tmp_path)])
+""",
+            str(tmp_path),
+        ]
+    )
     deadline = time.time() + 30
     while not (tmp_path / "ignoring").exists() and time.time() < deadline:
         time.sleep(0.01)

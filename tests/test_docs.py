@@ -81,7 +81,7 @@ def test_every_recipe_command_in_the_docs_validates(path, command, error):
     from dlrecipes.errors import UserError
 
     words = shlex.split(command, comments=True)
-    words = words[words.index("dlrecipes") + 2:] if "dlrecipes" in words else words[2:]
+    words = words[words.index("dlrecipes") + 2 :] if "dlrecipes" in words else words[2:]
     recipe, overrides, plugins = None, [], []
     skip_next = False
     for i, word in enumerate(words):
@@ -102,13 +102,25 @@ def test_every_recipe_command_in_the_docs_validates(path, command, error):
         resolve(REPO / recipe, overrides, [str(REPO / p) for p in plugins], check_device=False, check_data=False)
         return
     with pytest.raises(UserError) as raised:
-        resolve(REPO / recipe, overrides, [str(REPO / p) for p in plugins], check_device="device" in error.lower()
-                or "gpu" in error.lower(), check_data=False)
+        resolve(
+            REPO / recipe,
+            overrides,
+            [str(REPO / p) for p in plugins],
+            check_device="device" in error.lower() or "gpu" in error.lower(),
+            check_data=False,
+        )
     assert str(raised.value).startswith(error.removesuffix("...").removesuffix(", ").strip()[:60]), str(raised.value)
 
 
-@pytest.mark.parametrize("override", ["trainer.device=gpu", "trainer.precision=amp_bf16",
-                                      "trainer.device_train_microbatch_size=auto", "trainer.fsdp={}"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.device=gpu",
+        "trainer.precision=amp_bf16",
+        "trainer.device_train_microbatch_size=auto",
+        "trainer.fsdp={}",
+    ],
+)
 def test_a_gpu_recipe_checked_without_a_gpu_points_at_skip_device_check(override, monkeypatch):
     """The README's tour validates a GPU recipe; on a laptop each "needs a GPU" error says how to check the
     rest of the recipe there, in its one line."""
@@ -122,8 +134,9 @@ def test_a_gpu_recipe_checked_without_a_gpu_points_at_skip_device_check(override
         resolve(REPO / "recipes" / "quickstart.yaml", ["trainer.device=auto", override], check_data=False)
     message = str(raised.value)
     assert "--skip-device-check" in message and "\n" not in message and len(message) < 1000, message
-    resolve(REPO / "recipes" / "quickstart.yaml", ["trainer.device=auto", override], check_device=False,
-            check_data=False)
+    resolve(
+        REPO / "recipes" / "quickstart.yaml", ["trainer.device=auto", override], check_device=False, check_data=False
+    )
 
 
 def test_validate_without_a_gpu_says_so_in_one_line_and_skip_device_check_passes():
@@ -135,14 +148,16 @@ def test_validate_without_a_gpu_says_so_in_one_line_and_skip_device_check_passes
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith("error: trainer.device: ") and result.stderr.count("\n") == 1, result.stderr
     assert "--skip-device-check" in result.stderr and len(result.stderr) < 1000
-    result = subprocess.run([*command, "--skip-device-check"], cwd=REPO, capture_output=True, text=True,
-                            timeout=120, env=hidden)
+    result = subprocess.run(
+        [*command, "--skip-device-check"], cwd=REPO, capture_output=True, text=True, timeout=120, env=hidden
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_reference_pages_match_the_code():
-    result = subprocess.run([sys.executable, "scripts/reference_docs.py", "--check"], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "scripts/reference_docs.py", "--check"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -154,9 +169,14 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 def site(tmp_path_factory) -> Path:
     """The docs site, built as CI and `mkdocs build --strict` build it."""
     site = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-                            cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return site
 
@@ -167,8 +187,11 @@ def test_the_site_builds_strictly(site):
 
 
 @pytest.mark.skipif(NO_MKDOCS, reason="the docs extra is not installed (pip install -e '.[docs]')")
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium): "
-                                             "the built site is not rendered as a reader sees it")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (apt-get install -y chromium): "
+    "the built site is not rendered as a reader sees it",
+)
 def test_the_site_shows_what_the_markdown_says(site):
     """Every page of the built site, rendered by headless Chromium, shows its Markdown's code (blocks and
     spans), its placeholders (`<model>`, `&lt;run dir&gt;`) and its tables cell by cell: nothing swallowed as an
@@ -190,8 +213,9 @@ def test_the_site_shows_what_the_markdown_says(site):
             continue
         for table, shown in zip(tables, shown_tables):
             for row, shown_row in zip(table, shown):
-                problems += [f"{name}: table cell {cell!r} shows as {got!r}" for cell, got in zip(row, shown_row)
-                             if cell != got]
+                problems += [
+                    f"{name}: table cell {cell!r} shows as {got!r}" for cell, got in zip(row, shown_row) if cell != got
+                ]
             if [len(r) for r in table] != [len(r) for r in shown]:
                 problems.append(f"{name}: table starting {table[0]} has other rows or columns on the page")
     assert not problems, "\n".join(problems[:40])
@@ -311,9 +335,21 @@ def _render_in_chromium(urls: list[str]) -> dict[str, str]:
         os.dup2(inherited[0], 3)
         os.dup2(inherited[1], 4)
 
-    browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-                                "--host-resolver-rules=MAP * ~NOTFOUND", "about:blank"], preexec_fn=on_fds_3_and_4,
-                               close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    browser = subprocess.Popen(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "about:blank",
+        ],
+        preexec_fn=on_fds_3_and_4,
+        close_fds=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     os.close(to_chromium)
     os.close(from_chromium)
     commands, replies = os.fdopen(chromium_in, "wb", buffering=0), os.fdopen(chromium_out, "rb", buffering=0)
@@ -322,8 +358,12 @@ def _render_in_chromium(urls: list[str]) -> dict[str, str]:
     def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
         nonlocal pending
         number = next(counter)
-        commands.write(json.dumps({"id": number, "method": method, "params": params or {},
-                                   **({"sessionId": session} if session else {})}).encode() + b"\0")
+        commands.write(
+            json.dumps(
+                {"id": number, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+            ).encode()
+            + b"\0"
+        )
         while True:
             while b"\0" not in pending:
                 chunk = replies.read(1 << 16)
@@ -345,8 +385,10 @@ def _render_in_chromium(urls: list[str]) -> dict[str, str]:
         for url in urls:
             call("Page.navigate", {"url": url}, session)
             deadline = time.monotonic() + 30
-            while not (evaluate("location.href", session) == url
-                       and evaluate("document.readyState", session) in ("interactive", "complete")):
+            while not (
+                evaluate("location.href", session) == url
+                and evaluate("document.readyState", session) in ("interactive", "complete")
+            ):
                 assert time.monotonic() < deadline, f"chromium did not load {url}"
                 time.sleep(0.01)
             doms[url] = evaluate("document.documentElement.outerHTML", session)

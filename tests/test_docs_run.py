@@ -49,8 +49,7 @@ from .conftest import REPO, image_folders
 NEEDS = re.compile(r"\bneeds\b.*?\b(GPUs?|network|cluster)\b")
 RUN_ELSEWHERE = re.compile(r"\b(tests/test_\w+\.py) runs it\b")
 MEASUREMENT = re.compile(r"\ba measurement of minutes\b")
-TINY_TRAINING = ["trainer.max_duration=1ep", "trainer.train_subset_num_batches=2",
-                 "trainer.eval_subset_num_batches=2"]
+TINY_TRAINING = ["trainer.max_duration=1ep", "trainer.train_subset_num_batches=2", "trainer.eval_subset_num_batches=2"]
 TINY = {  # appended to a documented command whose real run takes minutes
     ("dlrecipes", "train"): TINY_TRAINING,
     ("dlrecipes", "sweep"): TINY_TRAINING,
@@ -59,7 +58,7 @@ TINY = {  # appended to a documented command whose real run takes minutes
 }
 NOT_RUN_HERE = {  # pages whose commands this test leaves alone, and why
     "docs/benchmarks.md": "generated from BENCHMARKS.md: a record of measurements (each command took minutes or "
-                          "a GPU); tests/test_benchmarks.py runs the scripts at tiny sizes",
+    "a GPU); tests/test_benchmarks.py runs the scripts at tiny sizes",
 }
 CHECKOUT = ["recipes", "examples", "benchmarks", "scripts", "tests", "requirements", "cli.py", "pyproject.toml"]
 
@@ -90,7 +89,7 @@ def commands(page: str) -> list[Command]:
         if fence is None:
             fence = number
             continue
-        language, body, start = lines[fence - 1][3:].strip(), lines[fence:number - 1], fence
+        language, body, start = lines[fence - 1][3:].strip(), lines[fence : number - 1], fence
         fence = None
         above = next((lines[i].strip() for i in range(start - 2, -1, -1) if lines[i].strip()), "")
         block_needs = NEEDS.search(above) if above.startswith("<!--") else None
@@ -126,7 +125,7 @@ def _comment(line: str) -> str:
         elif char in "'\"":
             quote = char
         elif char == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[i + 1:].strip()
+            return line[i + 1 :].strip()
     return ""
 
 
@@ -174,8 +173,9 @@ def _run(command: Command, workspace: Path, timeout: int = 300) -> tuple[int, st
             return 124, _read(out), _read(err) + f"\n(killed after {timeout} s)"
         return child.returncode, _read(out), _read(err)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "-c", shlex.join(words)], cwd=workspace, capture_output=True, text=True,
-                            timeout=timeout, env=env)
+    result = subprocess.run(
+        ["bash", "-c", shlex.join(words)], cwd=workspace, capture_output=True, text=True, timeout=timeout, env=env
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -191,8 +191,10 @@ def run_page(page: str, workspace: Path) -> tuple[list[str], dict[str, tuple[int
         expected = 2 if command.error else 0
         shown = command.error.removesuffix("...").removesuffix(", ").strip()[:60]
         if code != expected or (shown and not err.startswith(f"error: {shown}")):
-            failures.append(f"{page}:{command.line}: `{command.text}` exited {code} (expected {expected}"
-                            f"{', error: ' + shown if shown else ''}):\n{(out + err)[-1500:]}")
+            failures.append(
+                f"{page}:{command.line}: `{command.text}` exited {code} (expected {expected}"
+                f"{', error: ' + shown if shown else ''}):\n{(out + err)[-1500:]}"
+            )
     return failures, results
 
 
@@ -239,9 +241,11 @@ def test_a_docs_page_runs_as_written(page, tour, tmp_path):
     shutil.copytree(tour[0], workspace, symlinks=True)
     failures, _ = run_page(page, workspace)
     assert not failures, "\n\n".join(failures)
-    written = {"docs/after-training.md": ["preds.csv", "runs/quickstart/export/model.onnx"],
-               "docs/seeing-the-run.md": ["compare.png"],
-               "docs/fast-data-loading.md": ["data/pets/.dlrecipes-cache/train-256.npy", "data/pets_ffcv/train.beton"],
-               "docs/recipes.md": ["runs/exp1/checkpoints/best.pt", "runs/exp2/summary.json"]}
+    written = {
+        "docs/after-training.md": ["preds.csv", "runs/quickstart/export/model.onnx"],
+        "docs/seeing-the-run.md": ["compare.png"],
+        "docs/fast-data-loading.md": ["data/pets/.dlrecipes-cache/train-256.npy", "data/pets_ffcv/train.beton"],
+        "docs/recipes.md": ["runs/exp1/checkpoints/best.pt", "runs/exp2/summary.json"],
+    }
     missing = [name for name in written.get(page, []) if not (workspace / name).exists()]
     assert not missing, f"{page}: its commands should have written {missing}"

@@ -104,6 +104,7 @@ class CountReadBacks(Callback):
 
     def _install(self):
         for name, original in self.originals.items():
+
             def counted(tensor, *args, __name=name, __original=original, **kwargs):
                 if self.active:
                     self.counts[__name] = self.counts.get(__name, 0) + 1
@@ -144,9 +145,15 @@ def test_steady_state_steps_never_read_back_from_the_device(tiny_recipe, tmp_pat
     come from the on-device loader, so its steps are counted too (a DataLoader's per-sample work
     on host tensors would be counted as well, though it never waits for a device)."""
     counter = CountReadBacks(start=2, stop=21)
-    overrides = ["trainer.max_duration=24ba", "trainer.train_subset_num_batches=-1", "trainer.log_interval=25",
-                 "trainer.loader=device",
-                 "trainer.train_metrics_interval=1", "checkpoint.save=false", "checkpoint.monitor=null"]
+    overrides = [
+        "trainer.max_duration=24ba",
+        "trainer.train_subset_num_batches=-1",
+        "trainer.log_interval=25",
+        "trainer.loader=device",
+        "trainer.train_metrics_interval=1",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+    ]
     try:
         trainer = _fit(tiny_recipe, tmp_path / "run", overrides, callbacks=[counter])
     finally:
@@ -159,8 +166,13 @@ def test_steady_state_steps_never_read_back_from_the_device(tiny_recipe, tmp_pat
 def test_composers_own_step_reads_back_every_batch(tiny_recipe, tmp_path):
     """The same count through Composer's Trainer, so the test above would notice a regression."""
     counter = CountReadBacks(start=2, stop=12)
-    overrides = ["trainer.max_duration=14ba", "trainer.train_subset_num_batches=-1", "trainer.loader=device",
-                 "checkpoint.save=false", "checkpoint.monitor=null"]
+    overrides = [
+        "trainer.max_duration=14ba",
+        "trainer.train_subset_num_batches=-1",
+        "trainer.loader=device",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+    ]
     import dlrecipes.engine
 
     ours = dlrecipes.engine.Trainer
@@ -189,8 +201,16 @@ def test_every_batch_loss_is_logged_and_read_back_at_the_interval(tiny_recipe, t
         return original(values)
 
     monkeypatch.setattr(read_back_module, "read_back", spy)
-    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=5",
-                                                    "trainer.log_interval=4", "checkpoint.save=false"])
+    trainer = _fit(
+        tiny_recipe,
+        tmp_path / "run",
+        [
+            "trainer.max_duration=2ep",
+            "trainer.train_subset_num_batches=5",
+            "trainer.log_interval=4",
+            "checkpoint.save=false",
+        ],
+    )
     log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
     steps = [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line]
     assert steps == list(range(10))  # every batch, at the step's start count, as Composer logs it
@@ -226,8 +246,15 @@ def _top1_over(inputs, batches) -> float:
 @pytest.mark.slow
 def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, tmp_path):
     inputs = _TrainMetricInputs()
-    config = api.resolve(tiny_recipe, ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=6",
-                                        "trainer.train_metrics_interval=4", "checkpoint.save=false"])
+    config = api.resolve(
+        tiny_recipe,
+        [
+            "trainer.max_duration=2ep",
+            "trainer.train_subset_num_batches=6",
+            "trainer.train_metrics_interval=4",
+            "checkpoint.save=false",
+        ],
+    )
     trainer = build_trainer(config, tmp_path / "run")
     trainer.state.callbacks.append(inputs)
     trainer.fit()
@@ -236,7 +263,9 @@ def test_train_metrics_come_from_sampled_steps_and_cover_the_epoch(tiny_recipe, 
     for name in ("top1", "top5"):  # every 4th of each epoch's 6 batches, each epoch's first
         assert [batch for batch, _, _ in inputs.updates[name]] == [0, 4, 6, 10]
     # the value kept is the second epoch's: its two sampled batches (2 x 64 samples) together
-    assert float(trainer.state.train_metric_values["top1"]) == pytest.approx(_top1_over(inputs.updates["top1"], {6, 10}))
+    assert float(trainer.state.train_metric_values["top1"]) == pytest.approx(
+        _top1_over(inputs.updates["top1"], {6, 10})
+    )
     log = (tmp_path / "run" / "train-rank0.log").read_text()
     assert log.count("metrics/train/top1") == 4 + 2  # after each sampled batch, and each epoch's value
 
@@ -248,10 +277,13 @@ def test_train_metrics_can_be_switched_off(tiny_recipe, tmp_path):
     assert "metrics/train/" not in (tmp_path / "run" / "train-rank0.log").read_text()
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("trainer.log_interval", 0, "trainer.log_interval: expected int >= 1, got 0"),
-    ("trainer.train_metrics_interval", -1, "trainer.train_metrics_interval: expected int >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("trainer.log_interval", 0, "trainer.log_interval: expected int >= 1, got 0"),
+        ("trainer.train_metrics_interval", -1, "trainer.train_metrics_interval: expected int >= 0, got -1"),
+    ],
+)
 def test_intervals_are_validated(tiny_recipe, key, value, message):
     from dlrecipes.errors import RecipeError
 
@@ -319,27 +351,48 @@ def _linear_classifier():
 
 def _tensors(samples: int = 24):
     g = torch.Generator().manual_seed(0)
-    return torch.utils.data.TensorDataset(torch.randn(samples, 6, generator=g), torch.randint(0, 3, (samples,), generator=g))
+    return torch.utils.data.TensorDataset(
+        torch.randn(samples, 6, generator=g), torch.randint(0, 3, (samples,), generator=g)
+    )
 
 
 def _direct(loader, callbacks=(), **kwargs):
     from composer.loggers import InMemoryLogger
 
     memory = InMemoryLogger()
-    made = Trainer(model=_linear_classifier(), train_dataloader=loader, device="cpu", loggers=[memory],
-                   callbacks=list(callbacks), progress_bar=False, log_to_console=False, seed=1,
-                   **{"max_duration": "2ep", **kwargs})
+    made = Trainer(
+        model=_linear_classifier(),
+        train_dataloader=loader,
+        device="cpu",
+        loggers=[memory],
+        callbacks=list(callbacks),
+        progress_bar=False,
+        log_to_console=False,
+        seed=1,
+        **{"max_duration": "2ep", **kwargs},
+    )
     return made, memory
 
 
-@pytest.mark.parametrize("stopper, epochs", [
-    ("threshold_stopper={threshold: -1.0, monitor: top1, split: train}", 1),  # reached at the first epoch's end
-    ("early_stopping={monitor: top1, split: train, patience: 1, min_delta: 10.0}", 2),  # never improves by 10
-])
+@pytest.mark.parametrize(
+    "stopper, epochs",
+    [
+        ("threshold_stopper={threshold: -1.0, monitor: top1, split: train}", 1),  # reached at the first epoch's end
+        ("early_stopping={monitor: top1, split: train, patience: 1, min_delta: 10.0}", 2),  # never improves by 10
+    ],
+)
 @pytest.mark.slow
 def test_stoppers_watch_train_metrics(tiny_recipe, tmp_path, stopper, epochs):
-    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=4ep", f"callbacks.{stopper}",
-                                                    "checkpoint.save=false", "trainer.train_metrics_interval=2"])
+    trainer = _fit(
+        tiny_recipe,
+        tmp_path / "run",
+        [
+            "trainer.max_duration=4ep",
+            f"callbacks.{stopper}",
+            "checkpoint.save=false",
+            "trainer.train_metrics_interval=2",
+        ],
+    )
     assert int(trainer.state.timestamp.epoch) == epochs
     assert set(trainer.state.train_metric_values) == {"top1", "top5"}
 
@@ -347,15 +400,21 @@ def test_stoppers_watch_train_metrics(tiny_recipe, tmp_path, stopper, epochs):
 def test_a_train_split_monitor_needs_train_metrics(tiny_recipe):
     from dlrecipes.errors import RecipeError
 
-    with pytest.raises(RecipeError, match=r"callbacks.early_stopping.monitor: split 'train' .* trainer.train_metrics_interval is 0"):
+    with pytest.raises(
+        RecipeError, match=r"callbacks.early_stopping.monitor: split 'train' .* trainer.train_metrics_interval is 0"
+    ):
         api.resolve(tiny_recipe, ["callbacks.early_stopping={split: train}", "trainer.train_metrics_interval=0"])
 
 
 @pytest.mark.slow
 def test_a_run_ending_inside_an_epoch_logs_its_losses_and_train_metrics(tiny_recipe, tmp_path):
     inputs = _TrainMetricInputs()
-    trainer = _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=5ba", "checkpoint.save=false",
-                                                    "trainer.train_metrics_interval=1"], callbacks=[inputs])
+    trainer = _fit(
+        tiny_recipe,
+        tmp_path / "run",
+        ["trainer.max_duration=5ba", "checkpoint.save=false", "trainer.train_metrics_interval=1"],
+        callbacks=[inputs],
+    )
     assert int(trainer.state.timestamp.batch) == 5 and int(trainer.state.timestamp.epoch) == 1
     log = (tmp_path / "run" / "train-rank0.log").read_text().splitlines()
     assert [int(line.split("batch=")[1].split("]")[0]) for line in log if "loss/train/total" in line] == [0, 1, 2, 3, 4]
@@ -375,8 +434,11 @@ def test_a_loader_without_a_length_gets_every_loss_and_the_epoch_metrics():
         def __iter__(self):
             return iter(self.loader)
 
-    made, memory = _direct(NoLength(torch.utils.data.DataLoader(_tensors(20), batch_size=4)),
-                           device_train_microbatch_size=4, max_duration="12ba")
+    made, memory = _direct(
+        NoLength(torch.utils.data.DataLoader(_tensors(20), batch_size=4)),
+        device_train_microbatch_size=4,
+        max_duration="12ba",
+    )
     made.fit()
     assert int(made.state.timestamp.epoch) == 2 and int(made.state.timestamp.batch) == 12  # epochs of 5, then 2
     assert len(memory.get_timeseries("loss/train/total")["loss/train/total"]) == 12
@@ -417,8 +479,12 @@ def test_an_out_of_memory_retry_counts_each_batch_once_in_the_train_metrics():
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (a test)")
 
     oom = OutOfMemoryOnce()
-    made, _ = _direct(torch.utils.data.DataLoader(_tensors(24), batch_size=8), callbacks=[oom],
-                      max_duration="1ep", device_train_microbatch_size=4)
+    made, _ = _direct(
+        torch.utils.data.DataLoader(_tensors(24), batch_size=8),
+        callbacks=[oom],
+        max_duration="1ep",
+        device_train_microbatch_size=4,
+    )
     made.state.auto_microbatching = True  # Composer allows 'auto' only on a GPU; its retry loop runs anywhere
     counted = []
     metric = made.state.train_metrics["MulticlassAccuracy"]
@@ -523,14 +589,34 @@ def test_algorithm_traces_are_logged_without_reading_the_loss_back(tiny_recipe, 
     reads, passed_on = [], []
     original = read_back_module.read_back
     monkeypatch.setattr(read_back_module, "read_back", lambda values: reads.append(len(values)) or original(values))
-    monkeypatch.setattr(FileLogger, "log_traces", lambda self, traces: passed_on.extend(
-        "trace" for name in traces if name == "algorithm_traces/LabelSmoothing/Event.BEFORE_LOSS"))
+    monkeypatch.setattr(
+        FileLogger,
+        "log_traces",
+        lambda self, traces: passed_on.extend(
+            "trace" for name in traces if name == "algorithm_traces/LabelSmoothing/Event.BEFORE_LOSS"
+        ),
+    )
     log_metrics = FileLogger.log_metrics
-    monkeypatch.setattr(FileLogger, "log_metrics", lambda self, metrics, step=None: (
-        passed_on.extend("loss" for name in metrics if name == "loss/train/total"), log_metrics(self, metrics, step)))
-    _fit(tiny_recipe, tmp_path / "run", ["trainer.max_duration=6ba", "trainer.train_subset_num_batches=-1",
-                                         "trainer.log_interval=25", "checkpoint.save=false", "checkpoint.monitor=null",
-                                         "algorithms={label_smoothing: {smoothing: 0.1}}"])
+    monkeypatch.setattr(
+        FileLogger,
+        "log_metrics",
+        lambda self, metrics, step=None: (
+            passed_on.extend("loss" for name in metrics if name == "loss/train/total"),
+            log_metrics(self, metrics, step),
+        ),
+    )
+    _fit(
+        tiny_recipe,
+        tmp_path / "run",
+        [
+            "trainer.max_duration=6ba",
+            "trainer.train_subset_num_batches=-1",
+            "trainer.log_interval=25",
+            "checkpoint.save=false",
+            "checkpoint.monitor=null",
+            "algorithms={label_smoothing: {smoothing: 0.1}}",
+        ],
+    )
     assert reads and reads[0] >= 6  # the first read-back takes all six losses: at the end, not at each batch's trace
     assert passed_on == ["trace", "loss"] * 6  # each batch's trace, then its loss, in order
 
@@ -549,8 +635,11 @@ def test_trainings_in_one_process_leave_no_model_or_optimizer_alive(tiny_recipe,
         gc.collect()
         objects = gc.get_objects()
         kinds = [type(o) for o in objects]  # (isinstance asks some objects of torch.distributed for a deprecated class)
-        return (sum(issubclass(k, Trainer) for k in kinds), sum(issubclass(k, CNNSimple) for k in kinds),
-                sum(issubclass(k, torch.optim.Optimizer) for k in kinds))
+        return (
+            sum(issubclass(k, Trainer) for k in kinds),
+            sum(issubclass(k, CNNSimple) for k in kinds),
+            sum(issubclass(k, torch.optim.Optimizer) for k in kinds),
+        )
 
     before = alive()
     for index in range(3):

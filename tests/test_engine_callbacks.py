@@ -74,9 +74,16 @@ def _events(trainer_class: type) -> tuple[list, list]:
 
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
-    trainer = trainer_class(model=ComposerClassifier(model_module, num_classes=3), device="cpu", seed=1,
-                            train_dataloader=torch.utils.data.DataLoader(data, batch_size=4), max_duration="2ba",
-                            callbacks=callbacks, progress_bar=False, log_to_console=False)
+    trainer = trainer_class(
+        model=ComposerClassifier(model_module, num_classes=3),
+        device="cpu",
+        seed=1,
+        train_dataloader=torch.utils.data.DataLoader(data, batch_size=4),
+        max_duration="2ba",
+        callbacks=callbacks,
+        progress_bar=False,
+        log_to_console=False,
+    )
     trainer.fit()
     trainer.close()
     mocked_events = [call.args[0].value for call in mocked.run_event.call_args_list]

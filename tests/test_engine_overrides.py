@@ -17,8 +17,10 @@ import dlrecipes.engine
 
 from .conftest import REPO
 
-REPLACES = re.compile(r"Replaces ``(composer(?:\.\w+)+)`` \(Composer 0\.32\.1\);\s+guarded by\s+"
-                      r"``(tests/[\w/]+\.py)::(\w+)``")
+REPLACES = re.compile(
+    r"Replaces ``(composer(?:\.\w+)+)`` \(Composer 0\.32\.1\);\s+guarded by\s+"
+    r"``(tests/[\w/]+\.py)::(\w+)``"
+)
 
 
 def _engine_classes() -> list[type]:
@@ -38,8 +40,12 @@ def _overrides() -> list[tuple[type, str]]:
             if not inspect.isfunction(value):
                 continue
             private = name.startswith("_") and not name.startswith("__")
-            if private and (hasattr(ComposerTrainer, name) or hasattr(Engine, name)) or \
-                    name == "run_event" and issubclass(cls, Engine):
+            if (
+                private
+                and (hasattr(ComposerTrainer, name) or hasattr(Engine, name))
+                or name == "run_event"
+                and issubclass(cls, Engine)
+            ):
                 found.append((cls, name))
     return found
 
@@ -64,8 +70,17 @@ def _test_names(path: str) -> set[str]:
 
 def test_the_overrides_are_found():
     names = {name for _, name in _overrides()}
-    assert {"_train_loop", "_iter_dataloader", "_train_batch", "_train_microbatches", "_train_microbatch",
-            "_use_closures", "_compute_and_log_metrics", "_accumulate_time_across_ranks", "run_event"} <= names
+    assert {
+        "_train_loop",
+        "_iter_dataloader",
+        "_train_batch",
+        "_train_microbatches",
+        "_train_microbatch",
+        "_use_closures",
+        "_compute_and_log_metrics",
+        "_accumulate_time_across_ranks",
+        "run_event",
+    } <= names
 
 
 def test_each_override_names_the_composer_function_it_replaces_and_its_guarding_test():
@@ -90,8 +105,10 @@ def test_each_override_names_the_composer_function_it_replaces_and_its_guarding_
 
 
 def test_the_check_sees_a_wrong_docstring():
-    doc = ("Replaces ``composer.trainer.trainer.Trainer._train_batch`` (Composer 0.32.1);\n"
-           "    guarded by\n    ``tests/x.py::t``")
+    doc = (
+        "Replaces ``composer.trainer.trainer.Trainer._train_batch`` (Composer 0.32.1);\n"
+        "    guarded by\n    ``tests/x.py::t``"
+    )
     assert REPLACES.search(doc).groups() == ("composer.trainer.trainer.Trainer._train_batch", "tests/x.py", "t")
     assert REPLACES.search("Composer 0.32.1's _train_batch") is None
     assert callable(_resolve("composer.trainer.trainer.Trainer._train_batch"))

@@ -24,19 +24,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, out: Path, world: int = 2, timeout: float = 120, env: Optional[dict] = None,
-              stop_on_error: bool = False):
+def run_ranks(
+    scenario: str,
+    out: Path,
+    world: int = 2,
+    timeout: float = 120,
+    env: Optional[dict] = None,
+    stop_on_error: bool = False,
+):
     """Start ``world`` processes of the scenario; returns [(exit code, stderr)] and, per rank, the
     seconds until it had ended (rank 0 first)."""
     out.mkdir(parents=True, exist_ok=True)
     port, procs, start = _free_port(), [], time.monotonic()
     for rank in range(world):
-        rank_env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(world), "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(env or {})}
+        rank_env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
         # a process of its own, forked from one that has imported torch and Composer (tests/forked.py)
-        procs.append(forked.start([scenario, str(out)], REPO, out / f".out{rank}", out / f".err{rank}", rank_env,
-                                  module="tests.engine_ranks"))
+        procs.append(
+            forked.start(
+                [scenario, str(out)],
+                REPO,
+                out / f".out{rank}",
+                out / f".err{rank}",
+                rank_env,
+                module="tests.engine_ranks",
+            )
+        )
     results, ended = [], []
     try:
         for rank, proc in enumerate(procs):
@@ -108,7 +131,9 @@ def test_a_nan_on_one_rank_stops_every_rank_with_one_line(tmp_path):
     results, seconds = run_ranks("nan_stop", tmp_path, timeout=90)
     assert [code for code, _ in results] == [2, 2]
     for _, err in results:
-        assert err.strip().splitlines()[-1].startswith("error: nan_monitor: the loss is not finite at batch 4 (epoch 1)")
+        assert (
+            err.strip().splitlines()[-1].startswith("error: nan_monitor: the loss is not finite at batch 4 (epoch 1)")
+        )
         assert "Traceback" not in err
 
 
@@ -129,5 +154,7 @@ def test_a_gloo_interface_that_does_not_exist_is_one_line_naming_gloo_socket_ifn
     for code, err in results:
         assert code == 2, err[-1500:]
         line = err.strip().splitlines()[-1]
-        assert line.startswith("error: the process group (torch.distributed, gloo) could not connect") and \
-            "GLOO_SOCKET_IFNAME=nosuchif0" in line, line
+        assert (
+            line.startswith("error: the process group (torch.distributed, gloo) could not connect")
+            and "GLOO_SOCKET_IFNAME=nosuchif0" in line
+        ), line

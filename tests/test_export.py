@@ -29,10 +29,13 @@ needs_onnx = pytest.mark.skipif(
 )
 
 # the tiny recipe with a model ONNX can export at 8x8 (cnn_simple's 7x7 adaptive pool cannot)
-EXPORT_RECIPE = TINY_RECIPE.replace("{name: cnn_simple, width: 4, hidden: 16}", "{name: mnist_cnn, width: 4}") + """
+EXPORT_RECIPE = (
+    TINY_RECIPE.replace("{name: cnn_simple, width: 4, hidden: 16}", "{name: mnist_cnn, width: 4}")
+    + """
     callbacks:
       export: {formats: [torchscript, onnx], batch_size: 1, verify_batch_size: 12}
 """
+)
 
 
 def _tiny_network():
@@ -68,7 +71,8 @@ def test_a_run_writes_both_files_and_they_compute_what_the_trained_model_compute
     report = json.loads((export_dir / "verify.json").read_text())
     assert report["passed"] and report["inputs"] == {"source": "eval", "shape": [12, 1, 8, 8]}
     assert [(r["format"], r["file"], r["passed"]) for r in report["results"]] == [
-        ("torchscript", "model.torchscript.pt", True), ("onnx", "model.onnx", True),
+        ("torchscript", "model.torchscript.pt", True),
+        ("onnx", "model.onnx", True),
     ]
     assert all(0 <= r["max_abs_diff"] <= 1e-4 for r in report["results"])
     assert "export: model.torchscript.pt max |diff|" in capsys.readouterr().err
@@ -120,10 +124,17 @@ def test_a_run_that_never_evaluates_checks_on_training_images(tmp_path):
 @needs_onnx
 @pytest.mark.slow
 def test_the_digits_export_recipe_trains_and_exports(tmp_path):
-    result = train(RECIPES / "digits_export.yaml", [
-        f"runs_dir={tmp_path}/runs", "trainer.max_duration=1ep", "trainer.train_subset_num_batches=2",
-        "trainer.eval_subset_num_batches=1", "trainer.progress_bar=false", "model.width=4",
-    ])
+    result = train(
+        RECIPES / "digits_export.yaml",
+        [
+            f"runs_dir={tmp_path}/runs",
+            "trainer.max_duration=1ep",
+            "trainer.train_subset_num_batches=2",
+            "trainer.eval_subset_num_batches=1",
+            "trainer.progress_bar=false",
+            "model.width=4",
+        ],
+    )
     report = json.loads((result.run_dir / "export" / "verify.json").read_text())
     assert report["passed"] and {r["format"] for r in report["results"]} == {"torchscript", "onnx"}
     assert report["inputs"]["shape"] == [32, 1, 28, 28]
@@ -155,8 +166,11 @@ def test_a_mismatch_is_an_error_and_is_recorded(tmp_path, monkeypatch):
         return run_exported(path, fmt, inputs) + (1e-2 if fmt == "onnx" else 0.0)
 
     monkeypatch.setattr(export, "run_exported", off_by_a_little)
-    with pytest.raises(ExportMismatchError, match=r"callbacks.export: the onnx export .*model.onnx disagrees with the "
-                       r"trained model: max \|diff\| 0.01 on 4 eval images exceeds atol=0.0001"):
+    with pytest.raises(
+        ExportMismatchError,
+        match=r"callbacks.export: the onnx export .*model.onnx disagrees with the "
+        r"trained model: max \|diff\| 0.01 on 4 eval images exceeds atol=0.0001",
+    ):
         export_and_verify(_tiny_network(), tmp_path, ["torchscript", "onnx"], torch.randn(4, 1, 12, 12))
     report = json.loads((tmp_path / "verify.json").read_text())
     assert not report["passed"] and [r["passed"] for r in report["results"]] == [True, False]
@@ -170,8 +184,9 @@ def test_a_mismatch_at_the_end_of_a_run_exits_2_without_traceback(tmp_path, monk
 
     recipe = write(tmp_path / "tiny.yaml", EXPORT_RECIPE)
     run = exporter.run_exported
-    monkeypatch.setattr(exporter, "run_exported",
-                        lambda path, fmt, inputs: run(path, fmt, inputs) + (0.5 if fmt == "onnx" else 0))
+    monkeypatch.setattr(
+        exporter, "run_exported", lambda path, fmt, inputs: run(path, fmt, inputs) + (0.5 if fmt == "onnx" else 0)
+    )
     out = run_cli("train", str(recipe), f"runs_dir={tmp_path}/runs")  # main's exit code and stderr, in this process
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "error: callbacks.export: the onnx export" in out.stderr and "max |diff| 0.5" in out.stderr
@@ -210,13 +225,22 @@ def test_missing_onnxruntime_exits_2_without_traceback(tmp_path):
     assert "pip install 'dlrecipes[onnx]'" in out.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ("callbacks.export.formats=[]", "callbacks.export.formats: give each of torchscript, onnx at most once, at least"),
-    ("callbacks.export.formats=[onnx, onnx]", "callbacks.export.formats: give each of torchscript, onnx at most once"),
-    ("callbacks.export.formats=[tflite]", r"callbacks.export.formats\[0\]: expected one of 'torchscript', 'onnx'"),
-    ("callbacks.export.verify_batch_size=0", "callbacks.export.verify_batch_size: must be at least 1, got 0"),
-    ("callbacks.export.atol=-1", "callbacks.export.atol: must be 0 or more, got -1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "callbacks.export.formats=[]",
+            "callbacks.export.formats: give each of torchscript, onnx at most once, at least",
+        ),
+        (
+            "callbacks.export.formats=[onnx, onnx]",
+            "callbacks.export.formats: give each of torchscript, onnx at most once",
+        ),
+        ("callbacks.export.formats=[tflite]", r"callbacks.export.formats\[0\]: expected one of 'torchscript', 'onnx'"),
+        ("callbacks.export.verify_batch_size=0", "callbacks.export.verify_batch_size: must be at least 1, got 0"),
+        ("callbacks.export.atol=-1", "callbacks.export.atol: must be 0 or more, got -1"),
+    ],
+)
 def test_export_settings_are_validated(tmp_path, override, message):
     recipe = write(tmp_path / "tiny.yaml", EXPORT_RECIPE)
     with pytest.raises(RecipeError, match=message):
@@ -224,6 +248,7 @@ def test_export_settings_are_validated(tmp_path, override, message):
 
 
 # --- model cards -------------------------------------------------------------------------------
+
 
 def _built_parameter_count(name: str) -> int:
     return sum(p.numel() for p in registry.models.build(name).parameters())
@@ -260,10 +285,14 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 
 @needs_onnx
 def test_a_model_a_format_cannot_take_fails_at_the_first_batch_not_after_training(tmp_path):
-    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE + """
+    recipe = write(
+        tmp_path / "tiny.yaml",
+        TINY_RECIPE
+        + """
     callbacks:
       export: {formats: [torchscript, onnx]}
-""")
+""",
+    )
     result = run_cli("train", str(recipe), f"runs_dir={tmp_path}/runs", "run_name=untranslatable")
     assert result.returncode == 2 and "Traceback" not in result.stderr.split("error:")[-1]
     last = result.stderr.strip().splitlines()[-1]

@@ -52,7 +52,9 @@ def _image_folder(root: Path):
 def beton(tmp_path_factory) -> Path:
     root = _folder(tmp_path_factory.mktemp("src") / "train")
     path = tmp_path_factory.mktemp("beton") / "train.beton"
-    report = write_beton(RawImages(_image_folder(root)), path, ConvertOptions(write_mode="raw", num_workers=1), list(CLASSES))
+    report = write_beton(
+        RawImages(_image_folder(root)), path, ConvertOptions(write_mode="raw", num_workers=1), list(CLASSES)
+    )
     assert report.samples == 18 and path.exists() and Path(f"{path}.json").exists()
     return path
 
@@ -197,8 +199,12 @@ def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path)
     paths = []
     for write_mode in ("jpg", "raw"):
         paths.append(str(tmp_path / f"{write_mode}.beton"))
-        write_beton(RawImages(_image_folder(root)), Path(paths[-1]), ConvertOptions(write_mode=write_mode, num_workers=1),
-                    list(CLASSES))
+        write_beton(
+            RawImages(_image_folder(root)),
+            Path(paths[-1]),
+            ConvertOptions(write_mode=write_mode, num_workers=1),
+            list(CLASSES),
+        )
     cache = tmp_path / "numba"
     script = tmp_path / "decode_twice.py"
     script.write_text(_DECODE_TWICE)
@@ -206,8 +212,11 @@ def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path)
     for switch, new_python in (("0", False), ("1", False), ("1", True)):
         env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), CACHE_SWITCH: switch}
         if new_python:  # what a process prints as it exits (numba's messages were) reaches stderr only here
-            runs.append(subprocess.run([sys.executable, str(script), *paths], capture_output=True, text=True,
-                                       timeout=600, env=env))
+            runs.append(
+                subprocess.run(
+                    [sys.executable, str(script), *paths], capture_output=True, text=True, timeout=600, env=env
+                )
+            )
         else:  # forked from the server that imported torch and Composer (not numba, not FFCV: imported here)
             runs.append(forked.run(paths, cwd=tmp_path, timeout=600, env=env, module=str(script)))
     ffcvs, first, second = (json.loads(run.stdout.splitlines()[-1]) for run in runs)
@@ -277,7 +286,9 @@ def test_without_a_writable_cache_location_pipelines_compile_uncached(beton, mon
 
 
 def test_progressive_resizing_schedule_matches_composers_rule(beton):
-    loader = FFCVLoader(_source(beton, train=True, size=224), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=0)
+    loader = FFCVLoader(
+        _source(beton, train=True, size=224), batch_size=6, num_workers=1, device=torch.device("cpu"), seed=0
+    )
     from dlrecipes.algorithms.progressive_resizing import ProgressiveResizing, decodes_at_a_size
 
     assert decodes_at_a_size(loader) and loader.full_resolution == 224
@@ -315,8 +326,17 @@ def test_cli_convert_inspect_and_train_through_ffcv_with_decoder_resizing(tmp_pa
     _folder(tmp_path / "imgs" / "train", per_class=8)
     _folder(tmp_path / "imgs" / "val", per_class=2)
     out = tmp_path / "ffcv"
-    args = ["data", "convert", "image_folder", f"train_path={tmp_path}/imgs/train", f"val_path={tmp_path}/imgs/val",
-            "--out", str(out), "--workers", "1"]
+    args = [
+        "data",
+        "convert",
+        "image_folder",
+        f"train_path={tmp_path}/imgs/train",
+        f"val_path={tmp_path}/imgs/val",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    ]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "24 samples written" in first.stderr and "6 samples written" in first.stderr
@@ -325,7 +345,9 @@ def test_cli_convert_inspect_and_train_through_ffcv_with_decoder_resizing(tmp_pa
     assert run_cli(*args, "--overwrite").returncode == 0
     shown = run_cli("data", "inspect", str(out / "train.beton"))
     assert "24 samples" in shown.stdout and "ant: 8" in shown.stdout
-    recipe = write(tmp_path / "ffcv.yaml", f"""
+    recipe = write(
+        tmp_path / "ffcv.yaml",
+        f"""
         model: {{name: cifar_resnet18}}
         dataset: {{name: ffcv, train_path: {out}/train.beton, val_path: {out}/val.beton, crop_size: 32}}
         trainer: {{max_duration: 3ep, batch_size: 8, num_workers: 1, progress_bar: false, device: cpu}}
@@ -335,11 +357,14 @@ def test_cli_convert_inspect_and_train_through_ffcv_with_decoder_resizing(tmp_pa
         run_name: ffcv
         algorithms:
           progressive_resizing: {{initial_scale: 0.5, delay_fraction: 0.0, finetune_fraction: 0.34, size_increment: 8}}
-    """)
+    """,
+    )
     result = run_cli("train", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: 3 epochs, 9 batches" in result.stderr
     assert "Exception ignored" not in result.stderr  # numba's finalizer tracebacks came with recompiling
     log = (tmp_path / "runs" / "ffcv" / "train-rank0.log").read_text()
-    resolutions = [int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line]
+    resolutions = [
+        int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line
+    ]
     assert list(dict.fromkeys(resolutions)) == [16, 24, 32]  # one value per epoch (the file log repeats lines)

@@ -14,8 +14,11 @@ from tests.conftest import fit
 from tests.conftest import run_cli, write
 
 FINETUNE = [
-    "model={name: mnist_cnn, width: 4}", "dataset.image_size=28",
-    "finetune={freeze_backbone: 1ep, head_lr: 0.5}", "checkpoint.save=false", "~checkpoint.monitor",
+    "model={name: mnist_cnn, width: 4}",
+    "dataset.image_size=28",
+    "finetune={freeze_backbone: 1ep, head_lr: 0.5}",
+    "checkpoint.save=false",
+    "~checkpoint.monitor",
 ]
 
 
@@ -54,8 +57,10 @@ def test_the_backbone_stays_frozen_for_its_epochs_then_trains(tiny_recipe):
 
 
 def test_named_heads_and_layer_decay_shape_the_learning_rates(tiny_recipe):
-    config = resolve(tiny_recipe, [*FINETUNE, "finetune.head=[classifier.*]", "finetune.layer_decay=0.5",
-                                   "finetune.freeze_backbone=0ep"])
+    config = resolve(
+        tiny_recipe,
+        [*FINETUNE, "finetune.head=[classifier.*]", "finetune.layer_decay=0.5", "finetune.freeze_backbone=0ep"],
+    )
     trainer = build_trainer(config, prepare_run_dir(config, "decay", resume=False))
     try:
         groups = trainer.state.optimizers[0].param_groups
@@ -66,12 +71,15 @@ def test_named_heads_and_layer_decay_shape_the_learning_rates(tiny_recipe):
         trainer.close()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("finetune.head_lr=0", "finetune.head_lr: expected float > 0 or null, got 0"),
-    ("finetune.layer_decay=1.5", r"finetune.layer_decay: expected float in \(0, 1\] or null, got 1.5"),
-    ("finetune.freeze_backbone=soon", "finetune.freeze_backbone"),
-    ("finetune.heads=[fc]", "finetune.heads"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("finetune.head_lr=0", "finetune.head_lr: expected float > 0 or null, got 0"),
+        ("finetune.layer_decay=1.5", r"finetune.layer_decay: expected float in \(0, 1\] or null, got 1.5"),
+        ("finetune.freeze_backbone=soon", "finetune.freeze_backbone"),
+        ("finetune.heads=[fc]", "finetune.heads"),
+    ],
+)
 def test_bad_finetune_settings_name_the_key(tiny_recipe, override, message):
     with pytest.raises(RecipeError, match=message):
         resolve(tiny_recipe, [*FINETUNE, override])
@@ -81,8 +89,11 @@ def test_bad_finetune_settings_name_the_key(tiny_recipe, override, message):
 
 def test_a_head_that_matches_nothing_is_named_before_training(tiny_recipe):
     config = resolve(tiny_recipe, [*FINETUNE, "finetune.head=[fc]"])
-    with pytest.raises(RecipeError, match=r"finetune.head: no module of the model matches \['fc'\]; "
-                                          r"its top-level modules are: features, classifier"):
+    with pytest.raises(
+        RecipeError,
+        match=r"finetune.head: no module of the model matches \['fc'\]; "
+        r"its top-level modules are: features, classifier",
+    ):
         build_trainer(config, prepare_run_dir(config, "nohead", resume=False))
 
 
@@ -97,15 +108,18 @@ def test_timm_heads_are_found_from_the_model():
 def test_finetuning_our_checkpoint_onto_a_new_class_count(tiny_recipe, tmp_path):
     source = fit(resolve(tiny_recipe, ["run_name=source"]))
     best = source.run_dir / "checkpoints" / "best.pt"
-    recipe = write(tmp_path / "new_head.yaml", f"""
+    recipe = write(
+        tmp_path / "new_head.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 16}}
         dataset: {{name: synthetic, num_classes: 3, input_shape: [1, 8, 8], train_samples: 64, eval_samples: 32}}
-        runs_dir: {tmp_path / 'runs'}
+        runs_dir: {tmp_path / "runs"}
         trainer: {{max_duration: 2ep, batch_size: 32, progress_bar: false, device: cpu}}
         optimizer: {{name: sgd, lr: 0.05}}
         checkpoint: {{load_path: {best}, save: false}}
         finetune: {{freeze_backbone: 1ep, head_lr: 0.1}}
-    """)
+    """,
+    )
     refused = run_cli("train", str(recipe))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == (

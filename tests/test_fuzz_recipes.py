@@ -30,11 +30,21 @@ def _paths(node, prefix=()):
 
 PATHS = list(_paths(VALID))
 ODD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
     st.sampled_from(["-1ep", "0ba", "1e999", "nan", "~", "../../etc", "cnn_simple", "auto"]),
 )
-MUTATION = st.tuples(st.sampled_from(["delete", "rename", "replace"]), st.sampled_from(PATHS), ODD_VALUES, st.text(min_size=1, max_size=4))
+MUTATION = st.tuples(
+    st.sampled_from(["delete", "rename", "replace"]),
+    st.sampled_from(PATHS),
+    ODD_VALUES,
+    st.text(min_size=1, max_size=4),
+)
 
 
 def _apply(recipe: dict, mutation) -> dict:
@@ -127,8 +137,14 @@ def _check(path: Path, recipe: dict | None = None) -> None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(MUTATION, min_size=1, max_size=3))
 # Always, whatever hypothesis draws: recipes that are accepted (each value kept as given) and garbage that is not.
-@example([("replace", ("trainer", "device"), "auto", ""), ("replace", ("model", "hidden"), 363, ""),
-          ("replace", ("algorithms", "ema"), True, ""), ("replace", ("checkpoint", "monitor"), None, "")])
+@example(
+    [
+        ("replace", ("trainer", "device"), "auto", ""),
+        ("replace", ("model", "hidden"), 363, ""),
+        ("replace", ("algorithms", "ema"), True, ""),
+        ("replace", ("checkpoint", "monitor"), None, ""),
+    ]
+)
 @example([("replace", ("model",), "cnn_simple", "")])  # a section given by its name alone (found by hypothesis)
 @example([("rename", ("trainer", "num_workers"), None, "X")])  # unknown keys are refused, not dropped
 @example([("rename", ("model", "width"), None, "X")])

@@ -45,10 +45,12 @@ def _save(root, source, monkeypatch) -> dict:
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "hf-cache"))
     datasets.disable_progress_bars()
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
-    splits = datasets.DatasetDict({
-        split: datasets.Dataset.from_dict({"image": list(images), "label": labels.tolist()}, features=features)
-        for split, (images, labels) in source.items()
-    })
+    splits = datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict({"image": list(images), "label": labels.tolist()}, features=features)
+            for split, (images, labels) in source.items()
+        }
+    )
     splits.save_to_disk(str(root / "saved"))
     (root / "parquet").mkdir()
     for split, table in splits.items():
@@ -115,8 +117,9 @@ def test_data_convert_writes_the_tensor_cache_training_finds_up_to_date(digits_h
     source, paths = digits_hf
     params = {"path": str(paths["saved"]), "crop_size": SIZE, "resize_size": SIZE, "hflip": False}
     lines: list[str] = []
-    reports = api.convert_dataset("hf", params, None, CacheOptions(num_workers=1), echo=lines.append,
-                                  format="tensor_cache")
+    reports = api.convert_dataset(
+        "hf", params, None, CacheOptions(num_workers=1), echo=lines.append, format="tensor_cache"
+    )
     data = _build(paths["saved"])
     for report, (split, dataset, train) in zip(reports, (("train", data.train, True), ("test", data.eval, False))):
         images, labels = source[split]
@@ -132,13 +135,19 @@ def test_data_convert_writes_the_tensor_cache_training_finds_up_to_date(digits_h
     assert f"caching train: {len(source['train'][1])} images -> {reports[0].images}" in lines
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("image_column=img", "error: dataset.image_column: {path} has no column 'img' (did you mean 'image'?); "
-                         "its columns: image, label"),
-    ("label_column=digit", "error: dataset.label_column: {path} has no column 'digit'; its columns: image, label"),
-    ("image_column=label", "error: dataset.image_column: column 'label' of {path} holds ClassLabel("),
-    ("eval_split=validaton", "error: dataset.eval_split: {path} has no split 'validaton'; its splits: train, test"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "image_column=img",
+            "error: dataset.image_column: {path} has no column 'img' (did you mean 'image'?); "
+            "its columns: image, label",
+        ),
+        ("label_column=digit", "error: dataset.label_column: {path} has no column 'digit'; its columns: image, label"),
+        ("image_column=label", "error: dataset.image_column: column 'label' of {path} holds ClassLabel("),
+        ("eval_split=validaton", "error: dataset.eval_split: {path} has no split 'validaton'; its splits: train, test"),
+    ],
+)
 def test_a_wrong_column_or_split_is_one_line_naming_the_key_and_what_exists(digits_hf, tmp_path, override, expected):
     _, paths = digits_hf
     result = run_cli("data", "convert", "hf", f"path={paths['saved']}", override, "--out", str(tmp_path / "out"))
@@ -176,13 +185,20 @@ def test_a_folder_without_data_files_is_named(tmp_path):
 
 
 def test_validating_an_hf_recipe_does_not_import_datasets(tmp_path):
-    recipe = write(tmp_path / "hf.yaml", TINY_RECIPE.replace(
-        "dataset: {name: digits, image_size: 8, augment: false}",
-        "dataset: {name: hf, path: nobody-here/digits, crop_size: 8, resize_size: 8}"))
-    code = ("import sys; from dlrecipes.api import resolve; resolve(sys.argv[1], []); "
-            "assert 'datasets' not in sys.modules, 'datasets imported'")
-    done = subprocess.run([sys.executable, "-c", code, str(recipe)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    recipe = write(
+        tmp_path / "hf.yaml",
+        TINY_RECIPE.replace(
+            "dataset: {name: digits, image_size: 8, augment: false}",
+            "dataset: {name: hf, path: nobody-here/digits, crop_size: 8, resize_size: 8}",
+        ),
+    )
+    code = (
+        "import sys; from dlrecipes.api import resolve; resolve(sys.argv[1], []); "
+        "assert 'datasets' not in sys.modules, 'datasets imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(recipe)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -192,8 +208,20 @@ def test_data_convert_writes_ffcv_files_with_the_class_names(digits_hf, tmp_path
 
     source, paths = digits_hf
     out = tmp_path / "ffcv"
-    result = run_cli("data", "convert", "hf", f"path={paths['saved']}", f"crop_size={SIZE}", f"resize_size={SIZE}",
-                     "--out", str(out), "--workers", "1", "--write-mode", "raw")
+    result = run_cli(
+        "data",
+        "convert",
+        "hf",
+        f"path={paths['saved']}",
+        f"crop_size={SIZE}",
+        f"resize_size={SIZE}",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--write-mode",
+        "raw",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for split, beton in (("train", "train.beton"), ("test", "val.beton")):
         info = inspect_beton(out / beton)
@@ -209,12 +237,22 @@ def test_one_epoch_on_the_saved_digits_learns_them(tmp_path, monkeypatch, tiny_r
     from tests.conftest import fit
 
     paths = _save(tmp_path, _digits(None), monkeypatch)
-    result = fit(resolve(tiny_recipe, [
-        f"dataset={{name: hf, path: {paths['saved']}, crop_size: 8, resize_size: 8, min_scale: 1.0, hflip: false}}",
-        "model={name: cnn_simple, width: 16, hidden: 64}", "optimizer={name: adamw, lr: 0.002}",
-        "trainer.loader=tensor_cache", f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.max_duration=1ep",
-        "trainer.batch_size=16", "trainer.train_subset_num_batches=-1", "trainer.eval_subset_num_batches=-1",
-        "run_name=hf",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                f"dataset={{name: hf, path: {paths['saved']}, crop_size: 8, resize_size: 8, min_scale: 1.0, hflip: false}}",
+                "model={name: cnn_simple, width: 16, hidden: 64}",
+                "optimizer={name: adamw, lr: 0.002}",
+                "trainer.loader=tensor_cache",
+                f"trainer.cache_dir={tmp_path / 'cache'}",
+                "trainer.max_duration=1ep",
+                "trainer.batch_size=16",
+                "trainer.train_subset_num_batches=-1",
+                "trainer.eval_subset_num_batches=-1",
+                "run_name=hf",
+            ],
+        )
+    )
     assert result.batches == 1437 // 16
     assert result.eval_metrics["top1"] >= 0.7  # chance is 0.1 (it reached 0.9 when written)

@@ -63,8 +63,7 @@ def _difference(turbo, pil, index: int, seed: int) -> tuple[float, float]:
     return float(diff.mean()), float(diff.max())
 
 
-@pytest.mark.parametrize("crop, min_scale, kind", [(224, 0.9, FULL), (24, 0.5, REDUCED)],
-                         ids=["whole", "reduced"])
+@pytest.mark.parametrize("crop, min_scale, kind", [(224, 0.9, FULL), (24, 0.5, REDUCED)], ids=["whole", "reduced"])
 def test_training_crops_equal_the_pil_paths_within_the_tolerance(folders, crop, min_scale, kind):
     turbo, pil = _both(folders, crop, crop + 32, min_scale)
     assert turbo.train.decodes_with_turbo() and not pil.train.decodes_with_turbo()
@@ -107,8 +106,9 @@ def test_an_unreadable_file_is_named_on_both_paths(tmp_path):
     image_folders(tmp_path, ["a"], per_class=2)
     (tmp_path / "train" / "a" / "0.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     for decode in ("turbo", "pil"):
-        splits = build_image_folders(str(tmp_path / "train"), str(tmp_path / "val"), 16, 20, 0.35, True, MEAN, STD,
-                                     decode=decode)
+        splits = build_image_folders(
+            str(tmp_path / "train"), str(tmp_path / "val"), 16, 20, 0.35, True, MEAN, STD, decode=decode
+        )
         with pytest.raises(DataError, match=r"cannot read image .*0\.jpg .*bad_images=skip"):
             splits.train[0]
 
@@ -133,7 +133,11 @@ def test_a_batch_decoded_on_the_device_equals_the_pil_path_within_the_tolerance(
     assert labels.tolist() == [label for _, label in expected]
     for image, (reference, _) in zip(images, expected):
         diff = (image - reference).abs()
-        assert float(diff.mean()) <= DEVICE["mean"] and float(diff.max()) <= DEVICE["max"], (split, float(diff.mean()), float(diff.max()))
+        assert float(diff.mean()) <= DEVICE["mean"] and float(diff.max()) <= DEVICE["max"], (
+            split,
+            float(diff.mean()),
+            float(diff.max()),
+        )
 
 
 def test_progressive_resizing_sets_the_size_the_device_decode_crops_to(folders):
@@ -163,7 +167,9 @@ def test_a_training_decoded_on_the_device_follows_progressive_resizing(tmp_path)
     from tests.conftest import run_cli, write
 
     image_folders(tmp_path / "data", ["a", "b"], per_class=8, size=(64, 48))
-    recipe = write(tmp_path / "device.yaml", f"""
+    recipe = write(
+        tmp_path / "device.yaml",
+        f"""
         model: {{name: cifar_resnet18}}
         dataset: {{name: image_folder, train_path: {tmp_path}/data/train, val_path: {tmp_path}/data/val,
                    crop_size: 32, resize_size: 36, decode: device}}
@@ -174,12 +180,15 @@ def test_a_training_decoded_on_the_device_follows_progressive_resizing(tmp_path)
         run_name: device
         algorithms:
           progressive_resizing: {{initial_scale: 0.5, delay_fraction: 0.0, finetune_fraction: 0.34, size_increment: 8}}
-    """)
+    """,
+    )
     result = run_cli("train", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: 3 epochs, 6 batches" in result.stderr
     log = (tmp_path / "runs" / "device" / "train-rank0.log").read_text()
-    resolutions = [int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line]
+    resolutions = [
+        int(float(line.rsplit(":", 1)[1])) for line in log.splitlines() if "progressive_resizing/resolution" in line
+    ]
     assert list(dict.fromkeys(resolutions)) == [16, 24, 32]  # set in the decoder at each epoch's start
 
 
@@ -187,7 +196,7 @@ def _bogus_huffman_table(path: Path) -> None:
     """A JPEG whose header (size) and end read whole but whose first Huffman table libjpeg-turbo refuses."""
     data = bytearray(path.read_bytes())
     table = data.index(b"\xff\xc4")
-    data[table + 5:table + 21] = b"\xff" * 16  # code counts that add up to more than 256
+    data[table + 5 : table + 21] = b"\xff" * 16  # code counts that add up to more than 256
     path.write_bytes(bytes(data))
 
 
@@ -204,10 +213,22 @@ def test_an_unreadable_file_decoded_on_the_device_is_named_or_skipped(tmp_path, 
     cut = tmp_path / "train" / "a" / "0.jpg"
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size * 2 // 3])
     _bogus_huffman_table(tmp_path / "train" / "a" / "1.jpg")
-    splits = build_image_folders(str(tmp_path / "train"), str(tmp_path / "val"), 16, 20, 0.35, True, MEAN, STD,
-                                 bad_images=bad_images, decode="device")
+    splits = build_image_folders(
+        str(tmp_path / "train"),
+        str(tmp_path / "val"),
+        16,
+        20,
+        0.35,
+        True,
+        MEAN,
+        STD,
+        bad_images=bad_images,
+        decode="device",
+    )
     decoder = DecodeOnDevice(torch.device("cpu"), *splits.train.device_decode)
-    message = r"dataset.train_path: cannot read image .*{}\.jpg \(.*\); fix or remove it, or set dataset.bad_images=skip"
+    message = (
+        r"dataset.train_path: cannot read image .*{}\.jpg \(.*\); fix or remove it, or set dataset.bad_images=skip"
+    )
     if bad_images == "fail":
         with pytest.raises(DataError, match=message.format(0)):
             splits.train[0]

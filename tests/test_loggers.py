@@ -34,10 +34,19 @@ def logged_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loggers")
     recipe = write(tmp / "tiny.yaml", TINY_RECIPE)
     os.environ["WANDB_SILENT"] = "true"
-    result = fit(resolve(recipe, [
-        f"runs_dir={tmp}/runs", "run_name=logged", "trainer.console_log_interval=1ep", "trainer.log_interval=2", "plots=true",
-        "loggers={tensorboard: {}, wandb: {offline: true, project: dlrecipes-test, tags: [ci]}, mlflow: {}}",
-    ]))
+    result = fit(
+        resolve(
+            recipe,
+            [
+                f"runs_dir={tmp}/runs",
+                "run_name=logged",
+                "trainer.console_log_interval=1ep",
+                "trainer.log_interval=2",
+                "plots=true",
+                "loggers={tensorboard: {}, wandb: {offline: true, project: dlrecipes-test, tags: [ci]}, mlflow: {}}",
+            ],
+        )
+    )
     return result.run_dir, _history_csv(result.run_dir)
 
 
@@ -45,15 +54,27 @@ def test_history_csv_has_a_row_per_epoch_with_every_column(logged_run, tmp_path)
     from dlrecipes.api import evaluate
 
     run_dir, rows = logged_run
-    assert list(rows[0]) == ["epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5",
-                             "images_per_sec", "elapsed_sec"]
+    assert list(rows[0]) == [
+        "epoch",
+        "step",
+        "lr",
+        "train_loss",
+        "eval_loss",
+        "eval_top1",
+        "eval_top5",
+        "images_per_sec",
+        "elapsed_sec",
+    ]
     assert [int(r["epoch"]) for r in rows] == [1, 2] and [int(r["step"]) for r in rows] == [3, 6]
     for r in rows:
         assert all(math.isfinite(float(v)) for v in r.values())
         assert float(r["images_per_sec"]) > 0
         # each epoch's evaluation columns are that epoch's checkpoint evaluated again, apart from the run
-        again = evaluate(run_dir, checkpoint=str(run_dir / "checkpoints" / f"ep{r['epoch']}-ba{r['step']}-rank0.pt"),
-                         out=tmp_path / f"ep{r['epoch']}")
+        again = evaluate(
+            run_dir,
+            checkpoint=str(run_dir / "checkpoints" / f"ep{r['epoch']}-ba{r['step']}-rank0.pt"),
+            out=tmp_path / f"ep{r['epoch']}",
+        )
         assert again.images == 128  # eval_subset_num_batches: 2 of 64
         for column, metric in (("eval_loss", "loss"), ("eval_top1", "top1"), ("eval_top5", "top5")):
             assert float(r[column]) == pytest.approx(again.metrics[metric], abs=1e-5), (r, again.metrics)
@@ -114,8 +135,11 @@ def test_summary_and_plots_are_written(logged_run):
 def test_plots_false_writes_the_csvs_and_no_png_and_plot_draws_them_later(tiny_recipe):
     run_dir = fit(resolve(tiny_recipe, ["run_name=quiet", "plots=false", "trainer.max_duration=1ep"])).run_dir
     assert (run_dir / "history.csv").is_file() and (run_dir / "summary.json").is_file()
-    assert {p.name for p in (run_dir / "report").iterdir()} == {"confusion_matrix.csv", "per_class_accuracy.csv",
-                                                                "report.json"}
+    assert {p.name for p in (run_dir / "report").iterdir()} == {
+        "confusion_matrix.csv",
+        "per_class_accuracy.csv",
+        "report.json",
+    }
     assert not list(run_dir.rglob("*.png"))
     assert run_cli("plot", str(run_dir)).returncode == 0
     assert sorted(p.name for p in run_dir.glob("*.png")) == ["accuracy.png", "loss.png", "lr.png"]
@@ -148,10 +172,18 @@ def test_plots_on_each_history_shape(logged_run, tmp_path):
         assert [p.name for p in plot_history(run_dir)] == ["loss.png", "accuracy.png", "lr.png"]
         assert all(_is_png(run_dir / p) for p in ("loss.png", "accuracy.png", "lr.png")), name
     matrix = [[3, 1, 0], [0, 0, 0], [1, 0, 2]]  # class 1 never came up
-    written = write_report(tmp_path / "report", {"matrix": matrix, "epoch": 1, "batch": 3}, ["a", "b", "c"],
-                           ["confusion_matrix", "per_class_accuracy"])
-    assert sorted(p.name for p in written) == ["confusion_matrix.csv", "confusion_matrix.png",
-                                               "per_class_accuracy.csv", "per_class_accuracy.png"]
+    written = write_report(
+        tmp_path / "report",
+        {"matrix": matrix, "epoch": 1, "batch": 3},
+        ["a", "b", "c"],
+        ["confusion_matrix", "per_class_accuracy"],
+    )
+    assert sorted(p.name for p in written) == [
+        "confusion_matrix.csv",
+        "confusion_matrix.png",
+        "per_class_accuracy.csv",
+        "per_class_accuracy.png",
+    ]
     assert all(p.stat().st_size > 0 for p in written)
     accuracy = list(csv.DictReader(open(tmp_path / "report" / "per_class_accuracy.csv")))
     assert [r["accuracy"] for r in accuracy] == ["0.750000", "", "0.666667"]

@@ -49,7 +49,7 @@ def test_smoothing_also_applies_to_dense_targets_as_mixup_makes_them():
 def test_focal_loss_down_weights_easy_samples_and_is_cross_entropy_at_gamma_0():
     assert torch.allclose(build_loss({"name": "focal", "gamma": 0.0})(LOGITS, LABELS), F.cross_entropy(LOGITS, LABELS))
     p = F.softmax(LOGITS, dim=1)[torch.arange(4), LABELS]
-    expected = (-(1 - p) ** 2 * p.log()).mean()
+    expected = (-((1 - p) ** 2) * p.log()).mean()
     assert torch.allclose(build_loss("focal")(LOGITS, LABELS), expected)
 
 
@@ -68,8 +68,15 @@ def _metric(name, **params):
 def test_metrics_compute_what_their_names_say():
     # predictions (argmax): [0, 2, 0, 1] against the labels [0, 2, 1, 0]
     values = {}
-    for name, params in [("top1", {}), ("macro_f1", {}), ("micro_f1", {}), ("precision", {}), ("recall", {}),
-                         ("accuracy", {"top_k": 2}), ("accuracy", {"average": "macro"})]:
+    for name, params in [
+        ("top1", {}),
+        ("macro_f1", {}),
+        ("micro_f1", {}),
+        ("precision", {}),
+        ("recall", {}),
+        ("accuracy", {"top_k": 2}),
+        ("accuracy", {"average": "macro"}),
+    ]:
         metric = _metric(name, **params)
         metric.update(LOGITS, LABELS)
         values[(name, *params.values())] = float(metric.compute())
@@ -91,8 +98,10 @@ def test_metrics_compute_what_their_names_say():
         ("metrics={f1: {average: median}}", "metrics.f1.average: expected one of 'macro', 'micro', 'weighted'"),
         ("train_metrics=[confusion_matrix]", "train_metrics.confusion_matrix: a table written for the best evaluation"),
         ("checkpoint.monitor=macro_f1", "checkpoint.monitor: 'macro_f1' is not an eval metric of this run"),
-        ("callbacks.early_stopping={monitor: recall, split: train}",
-         "callbacks.early_stopping.monitor: 'recall' is not a train metric of this run"),
+        (
+            "callbacks.early_stopping={monitor: recall, split: train}",
+            "callbacks.early_stopping.monitor: 'recall' is not a train metric of this run",
+        ),
     ],
 )
 def test_loss_and_metric_mistakes_name_the_key_path(tiny_recipe, override, message):
@@ -109,11 +118,20 @@ def test_a_monitored_metric_must_be_one_the_run_computes(tiny_recipe):
 
 @pytest.mark.slow
 def test_a_run_logs_the_named_metrics_and_writes_the_best_evaluation_s_tables(tiny_recipe, tmp_path):
-    result = fit(resolve(tiny_recipe, [
-        "loss={name: focal, gamma: 1.5, label_smoothing: 0.05}", "metrics=[top1, macro_f1, confusion_matrix, per_class_accuracy]",
-        "train_metrics=[top1, recall]", "checkpoint.monitor=macro_f1", "trainer.max_duration=3ep", "run_name=named",
-        "plots=true",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                "loss={name: focal, gamma: 1.5, label_smoothing: 0.05}",
+                "metrics=[top1, macro_f1, confusion_matrix, per_class_accuracy]",
+                "train_metrics=[top1, recall]",
+                "checkpoint.monitor=macro_f1",
+                "trainer.max_duration=3ep",
+                "run_name=named",
+                "plots=true",
+            ],
+        )
+    )
     assert {"top1", "macro_f1", "loss"} == set(result.eval_metrics)
     report = result.run_dir / "report"
     with open(report / "confusion_matrix.csv") as f:
@@ -135,7 +153,9 @@ def test_a_run_logs_the_named_metrics_and_writes_the_best_evaluation_s_tables(ti
     history = list(csv.DictReader(open(result.run_dir / "history.csv")))
     top1_at_best = float(next(r for r in history if int(r["epoch"]) == best["epoch"])["eval_top1"])
     assert sum(counts[i][i] for i in range(10)) / sum(map(sum, counts)) == pytest.approx(top1_at_best, abs=1e-6)
-    assert (report / "confusion_matrix.png").stat().st_size > 0 and (report / "per_class_accuracy.png").stat().st_size > 0
+    assert (report / "confusion_matrix.png").stat().st_size > 0 and (
+        report / "per_class_accuracy.png"
+    ).stat().st_size > 0
 
 
 def test_list_shows_the_losses_and_metrics(tmp_path):
@@ -165,13 +185,19 @@ def test_a_plugin_can_add_a_loss(tmp_path, tiny_recipe):
 
 def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
     """`loss: bce`, `loss: {name: bce}` and `loss: {name: bce, label_smoothing: 0.0}` are one recipe."""
-    same = [resolve(tiny_recipe, [override]).loss for override in (
-        "loss=binary_cross_entropy", "loss={name: binary_cross_entropy}",
-        "loss={name: binary_cross_entropy, label_smoothing: 0.0}",
-    )]
+    same = [
+        resolve(tiny_recipe, [override]).loss
+        for override in (
+            "loss=binary_cross_entropy",
+            "loss={name: binary_cross_entropy}",
+            "loss={name: binary_cross_entropy, label_smoothing: 0.0}",
+        )
+    ]
     assert same == ["binary_cross_entropy"] * 3
-    assert resolve(tiny_recipe, ["loss={name: focal, label_smoothing: 0.1}"]).loss == {"name": "focal",
-                                                                                        "label_smoothing": 0.1}
+    assert resolve(tiny_recipe, ["loss={name: focal, label_smoothing: 0.1}"]).loss == {
+        "name": "focal",
+        "label_smoothing": 0.1,
+    }
 
 
 @pytest.mark.slow

@@ -30,8 +30,9 @@ def test_each_batch_is_a_mixup_or_a_cutmix_at_the_switch_rate():
     batch changes every pixel to one convex mix; CutMix's share is switch_prob; a MixUp's lam is Beta(0.1, 0.1):
     mostly near 0 or 1; a CutMix's lam is the kept area's share, and the labels are mixed by it."""
     np.random.seed(0)
-    algorithm = MixUpCutMix(mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.0,
-                            correct_lam=True)
+    algorithm = MixUpCutMix(
+        mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.0, correct_lam=True
+    )
     images = torch.stack([torch.zeros(1, 8, 8), torch.ones(1, 8, 8)])  # image 0 all 0, image 1 all 1
     labels = torch.tensor([0, 1])
     cutmixes, mixup_lams = 0, []
@@ -58,8 +59,9 @@ def test_the_same_draws_as_timms_own_mixup():
 
     images, labels = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 0, 1])
     timm_mixup = Mixup(mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, label_smoothing=0.1, num_classes=4)
-    algorithm = MixUpCutMix(mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.1,
-                            correct_lam=True)
+    algorithm = MixUpCutMix(
+        mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.1, correct_lam=True
+    )
     for seed in range(6):
         np.random.seed(seed)
         x, y = mixed(algorithm, images, labels)
@@ -72,8 +74,9 @@ def test_an_odd_batch_is_refused_and_it_conflicts_with_mixup_and_cutmix(tiny_rec
     from dlrecipes.api import resolve
     from dlrecipes.errors import RecipeError
 
-    algorithm = MixUpCutMix(mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.0,
-                            correct_lam=True)
+    algorithm = MixUpCutMix(
+        mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, prob=1.0, label_smoothing=0.0, correct_lam=True
+    )
     with pytest.raises(ValueError, match="even batch"):
         mixed(algorithm, torch.randn(3, 1, 4, 4), torch.tensor([0, 1, 2]))
     for other in ("mixup", "cutmix"):

@@ -92,7 +92,9 @@ def test_the_model_loss_comes_from_the_recipe():
     params = model_params(Component("torchvision", {"arch": "resnet18"}), data, "binary_cross_entropy")
     assert params["loss"] == "binary_cross_entropy"
     with pytest.raises(RecipeError, match="model.loss: 'cross_entropy' differs from the recipe's loss"):
-        model_params(Component("torchvision", {"arch": "resnet18", "loss": "cross_entropy"}), data, "binary_cross_entropy")
+        model_params(
+            Component("torchvision", {"arch": "resnet18", "loss": "cross_entropy"}), data, "binary_cross_entropy"
+        )
 
 
 @pytest.mark.parametrize("family", ["timm", "torchvision"])
@@ -140,8 +142,11 @@ def test_an_offline_pretrained_fetch_fails_at_once_naming_pretrained_path(monkey
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    with pytest.raises(DataError, match=r"model.pretrained: cannot download the pretrained weights of timm "
-                                        r"'resnet18' \(offline, and not in the local cache\); .* model.pretrained_path"):
+    with pytest.raises(
+        DataError,
+        match=r"model.pretrained: cannot download the pretrained weights of timm "
+        r"'resnet18' \(offline, and not in the local cache\); .* model.pretrained_path",
+    ):
         registry.models.build("timm", arch="resnet18", num_classes=10, pretrained=True)
     assert time.perf_counter() - start < 5
     start = time.perf_counter()

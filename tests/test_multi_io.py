@@ -62,8 +62,10 @@ def _model_and_batch(config, batch_size=16):
     torch.manual_seed(0)
     data = build_datasets(config.dataset)
     model = build_model(config.model, data, task=config.task)
-    batch = [torch.stack([torch.as_tensor(s[i]) for s in (data.train[j] for j in range(batch_size))])
-             for i in range(len(data.train[0]))]
+    batch = [
+        torch.stack([torch.as_tensor(s[i]) for s in (data.train[j] for j in range(batch_size))])
+        for i in range(len(data.train[0]))
+    ]
     return model, batch, data
 
 
@@ -100,7 +102,8 @@ def test_per_output_losses_and_their_weighted_total(task_recipe):
     assert set(losses) == {"label", "parity", "value", "total"}
     expected = {
         "label": F.cross_entropy(outputs["label"], label),
-        "parity": F.binary_cross_entropy_with_logits(outputs["parity"], F.one_hot(parity, 2).float(), reduction="sum") / 16,
+        "parity": F.binary_cross_entropy_with_logits(outputs["parity"], F.one_hot(parity, 2).float(), reduction="sum")
+        / 16,
         "value": F.mse_loss(outputs["value"].squeeze(1), value),
     }
     for name, loss in expected.items():
@@ -115,7 +118,14 @@ def test_eval_metrics_are_named_per_output_and_the_total_is_the_weighted_sum(tas
     model.eval()
     metrics = model.get_metrics(is_train=False)
     assert list(metrics) == [
-        "label/top1", "label/loss", "parity/top1", "parity/loss", "value/mse", "value/mae", "value/loss", "loss",
+        "label/top1",
+        "label/loss",
+        "parity/top1",
+        "parity/loss",
+        "value/mse",
+        "value/mae",
+        "value/loss",
+        "loss",
     ]
     assert list(model.get_metrics(is_train=True)) == ["label/top1", "parity/top1", "value/mse", "value/mae"]
     seen = []  # (batch, outputs) for the independent counts below
@@ -126,7 +136,9 @@ def test_eval_metrics_are_named_per_output_and_the_total_is_the_weighted_sum(tas
             for metric in metrics.values():
                 model.update_metric(half, outputs, metric)
     values = {name: float(m.compute()) for name, m in metrics.items()}
-    assert values["loss"] == pytest.approx(values["label/loss"] + 0.5 * values["parity/loss"] + 2.0 * values["value/loss"])
+    assert values["loss"] == pytest.approx(
+        values["label/loss"] + 0.5 * values["parity/loss"] + 2.0 * values["value/loss"]
+    )
     assert values["value/mse"] == pytest.approx(values["value/loss"], rel=1e-5)  # mse loss, mse metric
     # each metric over the 48 samples of both batches, counted here from the outputs
     joined = {name: torch.cat([out[name] for _, out in seen]) for name in ("label", "parity", "value")}
@@ -175,7 +187,7 @@ def test_datasets_yield_what_they_declare(entry):
     assert len(sample) == len(data.io.inputs) + len(data.io.outputs)
     for x, shape in zip(sample, data.io.inputs.values()):
         assert tuple(x.shape) == shape and x.dtype == torch.float32
-    for y, spec in zip(sample[len(data.io.inputs):], data.io.outputs.values()):
+    for y, spec in zip(sample[len(data.io.inputs) :], data.io.outputs.values()):
         assert (0 <= int(y) < spec.size) if spec.kind == "class" else torch.as_tensor(y).dtype == torch.float32
 
 
@@ -205,30 +217,81 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("task.inputs=[left]", "task.inputs: dataset 'synthetic_multi_io' yields 2 inputs (left, right) and the task names 1; add right"),
-        ("task.inputs=[left, rihgt]", "task.inputs: 'rihgt' is not one of the inputs of dataset 'synthetic_multi_io' (did you mean 'right'?)"),
+        (
+            "task.inputs=[left]",
+            "task.inputs: dataset 'synthetic_multi_io' yields 2 inputs (left, right) and the task names 1; add right",
+        ),
+        (
+            "task.inputs=[left, rihgt]",
+            "task.inputs: 'rihgt' is not one of the inputs of dataset 'synthetic_multi_io' (did you mean 'right'?)",
+        ),
         ("task.inputs=[left, left]", "task.inputs: left named more than once"),
-        ("dataset.classes={label: 4}", "task.outputs: 'parity' is not one of the outputs of dataset 'synthetic_multi_io'"),
-        ("~task.outputs.value", "task.outputs: dataset 'synthetic_multi_io' yields 3 outputs (label, parity, value) and the task names 2; add value"),
-        ("task.outputs.label.loss=crossentropy", "task.outputs.label.loss: unknown loss 'crossentropy' (did you mean 'cross_entropy'?)"),
-        ("task.outputs.label.loss=mse", "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a class label; use binary_cross_entropy, cross_entropy, focal"),
-        ("task.outputs.value.loss=cross_entropy", "task.outputs.value.loss: 'cross_entropy' does not fit output 'value'"),
+        (
+            "dataset.classes={label: 4}",
+            "task.outputs: 'parity' is not one of the outputs of dataset 'synthetic_multi_io'",
+        ),
+        (
+            "~task.outputs.value",
+            "task.outputs: dataset 'synthetic_multi_io' yields 3 outputs (label, parity, value) and the task names 2; add value",
+        ),
+        (
+            "task.outputs.label.loss=crossentropy",
+            "task.outputs.label.loss: unknown loss 'crossentropy' (did you mean 'cross_entropy'?)",
+        ),
+        (
+            "task.outputs.label.loss=mse",
+            "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a class label; use binary_cross_entropy, cross_entropy, focal",
+        ),
+        (
+            "task.outputs.value.loss=cross_entropy",
+            "task.outputs.value.loss: 'cross_entropy' does not fit output 'value'",
+        ),
         ("task.outputs.label.weight=-1", "task.outputs.label.weight: must be 0 or more, got -1.0"),
         ("task.outputs.label.wieght=1", "task.outputs.label.wieght: unknown key (did you mean 'weight'?)"),
-        ("task.outputs.label.num_classes=5", "task.outputs.label.num_classes: 5 does not match dataset 'synthetic_multi_io', whose output 'label' has 4 classes"),
+        (
+            "task.outputs.label.num_classes=5",
+            "task.outputs.label.num_classes: 5 does not match dataset 'synthetic_multi_io', whose output 'label' has 4 classes",
+        ),
         ("task.outputs.value.num_classes=2", "task.outputs.value.num_classes: output 'value' is a regression target"),
-        ("task.outputs={label: {weight: 0}, parity: {weight: 0, loss: cross_entropy}, value: {weight: 0, loss: mse}}", "task.outputs: every weight is 0"),
-        ("~task", "task: dataset 'synthetic_multi_io' yields inputs (left, right) and outputs (label, parity, value); declare them under task:"),
-        ("dataset={name: digits, image_size: 8}", "task: dataset 'digits' yields (image, label) pairs; a task needs a dataset that declares its inputs and outputs (digits_two_view, synthetic_multi_io)"),
-        ("model={name: cnn_simple}", "model.name: 'cnn_simple' takes one image and returns one set of logits; with task: use a multi-input model (fusion_cnn)"),
+        (
+            "task.outputs={label: {weight: 0}, parity: {weight: 0, loss: cross_entropy}, value: {weight: 0, loss: mse}}",
+            "task.outputs: every weight is 0",
+        ),
+        (
+            "~task",
+            "task: dataset 'synthetic_multi_io' yields inputs (left, right) and outputs (label, parity, value); declare them under task:",
+        ),
+        (
+            "dataset={name: digits, image_size: 8}",
+            "task: dataset 'digits' yields (image, label) pairs; a task needs a dataset that declares its inputs and outputs (digits_two_view, synthetic_multi_io)",
+        ),
+        (
+            "model={name: cnn_simple}",
+            "model.name: 'cnn_simple' takes one image and returns one set of logits; with task: use a multi-input model (fusion_cnn)",
+        ),
         ("loss=binary_cross_entropy", "loss: with task:, each output names its own loss (task.outputs.<name>.loss)"),
-        ("trainer.loader=device", "trainer.loader: 'device' batches single (image, label) samples; with task: use trainer.loader=torch"),
-        ("algorithms.mixup={}", "algorithms.mixup: mixes batch[0] as the images and batch[1] as the labels, and a task's batch is (inputs..., targets...)"),
+        (
+            "trainer.loader=device",
+            "trainer.loader: 'device' batches single (image, label) samples; with task: use trainer.loader=torch",
+        ),
+        (
+            "algorithms.mixup={}",
+            "algorithms.mixup: mixes batch[0] as the images and batch[1] as the labels, and a task's batch is (inputs..., targets...)",
+        ),
         ("algorithms.label_smoothing={}", "algorithms.label_smoothing: smooths batch[1] as the class labels"),
-        ("algorithms.tta={}", "algorithms.tta: averages the logits over mirrored and shifted views of batch[0] as the images"),
-        ("checkpoint.monitor=top1", "checkpoint.monitor: 'top1' is not an eval metric of this task; it logs loss, label/top1, label/loss, parity/top1"),
+        (
+            "algorithms.tta={}",
+            "algorithms.tta: averages the logits over mirrored and shifted views of batch[0] as the images",
+        ),
+        (
+            "checkpoint.monitor=top1",
+            "checkpoint.monitor: 'top1' is not an eval metric of this task; it logs loss, label/top1, label/loss, parity/top1",
+        ),
         ("callbacks.early_stopping={}", "callbacks.early_stopping.monitor: 'top1' is not an eval metric of this task"),
-        ("callbacks.early_stopping={monitor: label/loss, split: train}", "callbacks.early_stopping.monitor: 'label/loss' is not a train metric of this task"),
+        (
+            "callbacks.early_stopping={monitor: label/loss, split: train}",
+            "callbacks.early_stopping.monitor: 'label/loss' is not a train metric of this task",
+        ),
         ("task.inputs=[left, total]", "task.inputs: 'total' is not a usable name"),
         ("dataset.classes={label: 1, parity: 2}", "dataset.classes.label: needs at least 2 classes, got 1"),
     ],
@@ -240,9 +303,13 @@ def test_task_mistakes_name_the_key_path(task_recipe, override, message):
 
 
 def test_model_level_algorithms_and_monitors_are_accepted(task_recipe):
-    config = check(task_recipe, "algorithms={ema: {half_life: 10ba}, gradient_clipping: {}}",
-                   "callbacks.early_stopping={monitor: loss, mode: min}", "checkpoint.monitor=value/mae",
-                   "checkpoint.mode=min")
+    config = check(
+        task_recipe,
+        "algorithms={ema: {half_life: 10ba}, gradient_clipping: {}}",
+        "callbacks.early_stopping={monitor: loss, mode: min}",
+        "checkpoint.monitor=value/mae",
+        "checkpoint.mode=min",
+    )
     assert set(config.algorithms) == {"ema", "gradient_clipping"}
 
 
@@ -273,10 +340,15 @@ def _assert_user_error(result, *fragments):
 
 
 def test_cli_task_mistakes_exit_2_naming_the_key(task_recipe):
-    _assert_user_error(run_cli("validate", str(task_recipe), "task.outputs.parity.loss=bce"),
-                       "error: task.outputs.parity.loss: unknown loss 'bce'", "Valid losses:")
-    _assert_user_error(run_cli("train", str(task_recipe), "task.inputs=[left, middle]"),
-                       "task.inputs: 'middle' is not one of the inputs of dataset 'synthetic_multi_io'")
+    _assert_user_error(
+        run_cli("validate", str(task_recipe), "task.outputs.parity.loss=bce"),
+        "error: task.outputs.parity.loss: unknown loss 'bce'",
+        "Valid losses:",
+    )
+    _assert_user_error(
+        run_cli("train", str(task_recipe), "task.inputs=[left, middle]"),
+        "task.inputs: 'middle' is not one of the inputs of dataset 'synthetic_multi_io'",
+    )
 
 
 # --- training --------------------------------------------------------------------------------
@@ -290,15 +362,25 @@ def test_cli_training_logs_per_output_metrics_in_history_summary_and_best_checkp
     with open(run / "history.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
-    for column in ("train_label/loss", "train_parity/loss", "train_value/loss", "eval_label/top1",
-                   "eval_parity/top1", "eval_value/mse", "eval_value/mae", "eval_label/loss"):
+    for column in (
+        "train_label/loss",
+        "train_parity/loss",
+        "train_value/loss",
+        "eval_label/top1",
+        "eval_parity/top1",
+        "eval_value/mse",
+        "eval_value/mae",
+        "eval_label/loss",
+    ):
         assert column in rows[0], column
     last = {k: float(v) for k, v in rows[-1].items()}
     # the totals are the weighted sums of the per-output losses
     assert last["eval_loss"] == pytest.approx(
-        last["eval_label/loss"] + 0.5 * last["eval_parity/loss"] + 2.0 * last["eval_value/loss"], rel=1e-4)
+        last["eval_label/loss"] + 0.5 * last["eval_parity/loss"] + 2.0 * last["eval_value/loss"], rel=1e-4
+    )
     assert last["train_loss"] == pytest.approx(
-        last["train_label/loss"] + 0.5 * last["train_parity/loss"] + 2.0 * last["train_value/loss"], rel=1e-4)
+        last["train_label/loss"] + 0.5 * last["train_parity/loss"] + 2.0 * last["train_value/loss"], rel=1e-4
+    )
     # it learns: 4 classes and a regression target in [-1, 1] (variance 1/3), from noisy inputs
     first = {k: float(v) for k, v in rows[0].items()}
     assert last["eval_label/top1"] > 0.8 and last["eval_parity/top1"] > 0.85
@@ -310,16 +392,25 @@ def test_cli_training_logs_per_output_metrics_in_history_summary_and_best_checkp
     best = json.loads((run / "checkpoints" / "best.json").read_text())
     assert best["monitor"] == "label/top1" and best["value"] == max(float(r["eval_label/top1"]) for r in rows)
     log = (run / "train-rank0.log").read_text()
-    for name in ("metrics/eval/label/top1", "metrics/eval/value/mae", "metrics/train/parity/top1",
-                 "loss/train/label", "loss/train/value", "loss/train/total"):
+    for name in (
+        "metrics/eval/label/top1",
+        "metrics/eval/value/mae",
+        "metrics/train/parity/top1",
+        "loss/train/label",
+        "loss/train/value",
+        "loss/train/total",
+    ):
         assert name in log, name
 
 
 # What an algorithm needs beyond the task recipe (as in test_algorithms.py)
 ALGORITHM_SETUP = {
     "ghost_batchnorm": ["algorithms.ghost_batchnorm={ghost_batch_size: 4}"],
-    "swa": ["trainer.max_duration=2ep", "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
-            "trainer.train_subset_num_batches=1"],
+    "swa": [
+        "trainer.max_duration=2ep",
+        "algorithms.swa={swa_start: 0ep, swa_end: 2ep, update_interval: 1ep}",
+        "trainer.train_subset_num_batches=1",
+    ],
     "gradient_checkpointing": ["algorithms.gradient_checkpointing={targets: [Sequential]}"],  # no residual blocks here
 }
 
@@ -338,8 +429,14 @@ def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
     """Algorithms not refused for reading (images, labels) batches work on (inputs..., targets...) ones."""
     from tests.conftest import fit
 
-    overrides = [f"algorithms.{name}=true", "trainer.max_duration=2ba", "checkpoint.save=false",
-                 "checkpoint.monitor=null", "trainer.console_log_interval=100ep", *ALGORITHM_SETUP.get(name, [])]
+    overrides = [
+        f"algorithms.{name}=true",
+        "trainer.max_duration=2ba",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+        "trainer.console_log_interval=100ep",
+        *ALGORITHM_SETUP.get(name, []),
+    ]
     if name in REFUSED_FOR_THIS_TASK:  # a prerequisite this model or a task cannot meet: refused by name
         with pytest.raises(RecipeError, match=REFUSED_FOR_THIS_TASK[name]):
             resolve(task_recipe, overrides)
@@ -353,9 +450,17 @@ def test_every_algorithm_a_task_accepts_trains_two_batches(name, task_recipe):
 def test_the_digits_recipe_learns_both_outputs(tmp_path):
     from tests.conftest import fit
 
-    config = resolve(RECIPES / "digits_multi_io.yaml", [
-        "trainer.max_duration=4ep", "trainer.progress_bar=false", "trainer.device=cpu", "checkpoint.save=false",
-        "checkpoint.monitor=null", f"runs_dir={tmp_path}", "run_name=digits",
-    ])
+    config = resolve(
+        RECIPES / "digits_multi_io.yaml",
+        [
+            "trainer.max_duration=4ep",
+            "trainer.progress_bar=false",
+            "trainer.device=cpu",
+            "checkpoint.save=false",
+            "checkpoint.monitor=null",
+            f"runs_dir={tmp_path}",
+            "run_name=digits",
+        ],
+    )
     result = fit(config)
     assert result.eval_metrics["digit/top1"] > 0.85 and result.eval_metrics["parity/top1"] > 0.85

@@ -49,8 +49,14 @@ def two_hosts():
 
 def _on_host(ns: str, args: list[str], cwd, log) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "dlrecipes", *args], cwd=cwd, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "dlrecipes", *args],
+        cwd=cwd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _launch_both(hosts, recipe, tmp_path, *overrides: str, master: str = "192.0.2.1") -> list[subprocess.Popen]:
@@ -58,16 +64,37 @@ def _launch_both(hosts, recipe, tmp_path, *overrides: str, master: str = "192.0.
     procs = []
     for rank, (ns, _, _) in enumerate(hosts):
         log = open(tmp_path / f"host{rank}.log", "w")
-        procs.append(_on_host(ns, ["launch", "-n", "1", "--nodes", "2", "--node-rank", str(rank), "--master-addr",
-                                   master, "--master-port", str(port), str(recipe), *overrides], tmp_path, log))
+        procs.append(
+            _on_host(
+                ns,
+                [
+                    "launch",
+                    "-n",
+                    "1",
+                    "--nodes",
+                    "2",
+                    "--node-rank",
+                    str(rank),
+                    "--master-addr",
+                    master,
+                    "--master-port",
+                    str(port),
+                    str(recipe),
+                    *overrides,
+                ],
+                tmp_path,
+                log,
+            )
+        )
     return procs
 
 
 @pytest.mark.slow
 def test_two_hosts_train_with_no_interface_set(two_hosts, ddp_recipe, tmp_path):
     start = time.time()
-    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=two", "trainer.max_duration=2ep",
-                         "trainer.dist_timeout=20")
+    procs = _launch_both(
+        two_hosts, ddp_recipe, tmp_path, "run_name=two", "trainer.max_duration=2ep", "trainer.dist_timeout=20"
+    )
     codes = [p.wait(timeout=240) for p in procs]
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
     assert codes == [0, 0], "\n---\n".join(log[-2500:] for log in logs)
@@ -85,7 +112,9 @@ def test_two_hosts_train_with_no_interface_set(two_hosts, ddp_recipe, tmp_path):
 @pytest.mark.slow
 def test_a_wrong_master_address_is_one_line_on_both_hosts_within_the_timeout(two_hosts, ddp_recipe, tmp_path):
     start = time.time()
-    procs = _launch_both(two_hosts, ddp_recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=5", master="192.0.2.9")
+    procs = _launch_both(
+        two_hosts, ddp_recipe, tmp_path, "run_name=wrong", "trainer.dist_timeout=5", master="192.0.2.9"
+    )
     codes = [p.wait(timeout=120) for p in procs]
     took = time.time() - start
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]

@@ -18,8 +18,9 @@ from .conftest import run_cli
 
 def tiny_net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(2, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.Flatten(),
-                               torch.nn.Linear(6, 3))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(2, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.Flatten(), torch.nn.Linear(6, 3)
+    )
 
 
 def grads(net, seed):
@@ -47,8 +48,20 @@ def test_the_update_is_near_orthogonal():
     factor U V^T."""
     for coefficients, steps, spread in (("original", 3, 0.5), ("quintic", 5, 0.3)):
         net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
-        opt = build_optimizer(Component("muon", {"lr": 0.1, "momentum": 0.0, "nesterov": False, "adjust_lr_fn": None,
-                                                 "ns_steps": steps, "ns_coefficients": coefficients}), net)
+        opt = build_optimizer(
+            Component(
+                "muon",
+                {
+                    "lr": 0.1,
+                    "momentum": 0.0,
+                    "nesterov": False,
+                    "adjust_lr_fn": None,
+                    "ns_steps": steps,
+                    "ns_coefficients": coefficients,
+                },
+            ),
+            net,
+        )
         torch.manual_seed(1)
         for p in net.parameters():
             p.grad = torch.randn_like(p)
@@ -69,10 +82,24 @@ def test_two_steps_equal_airbenchs_muon_and_sgd_by_hand():
     net = tiny_net()
     ref = copy.deepcopy(net)
     lr, m, sgd_lr, sgd_m, wd, head_lr, head_wd = 0.2, 0.6, 0.05, 0.85, 0.01, 0.5, 0.002
-    opt = build_optimizer(Component("muon", {
-        "lr": lr, "momentum": m, "nesterov": True, "ns_steps": 3, "ns_coefficients": "original",
-        "adjust_lr_fn": None, "normalize_weights": True, "head_lr": head_lr, "head_weight_decay": head_wd,
-        "other": {"name": "sgd", "lr": sgd_lr, "momentum": sgd_m, "nesterov": True, "weight_decay": wd}}), net)
+    opt = build_optimizer(
+        Component(
+            "muon",
+            {
+                "lr": lr,
+                "momentum": m,
+                "nesterov": True,
+                "ns_steps": 3,
+                "ns_coefficients": "original",
+                "adjust_lr_fn": None,
+                "normalize_weights": True,
+                "head_lr": head_lr,
+                "head_weight_decay": head_wd,
+                "other": {"name": "sgd", "lr": sgd_lr, "momentum": sgd_m, "nesterov": True, "weight_decay": wd},
+            },
+        ),
+        net,
+    )
     buffers = {}
     for seed in (1, 2):
         grads(net, seed)
@@ -153,17 +180,34 @@ def test_the_head_is_the_last_linear_a_named_module_or_none():
     assert [p.shape for p in split_parameters(net, "0")[0]] == [torch.Size([3, 6])]  # the conv as the head
 
 
-@pytest.mark.parametrize("override, message, hint", [
-    ("optimizer={name: muon, other: {name: sgd, momentom: 0.9}}", "optimizer.other.momentom: unknown parameter", ""),
-    ("optimizer={name: muon, other: {name: sgdd}}", "optimizer.other.name: unknown optimizer 'sgdd'", ""),
-    ("optimizer={name: muon, other: {name: muon}}", "optimizer.other.name: the second optimizer cannot be muon", ""),
-    ("optimizer={name: muon, other: {name: sgd, lr: -1}}", "optimizer.other.lr: expected float > 0",
-     "optimizer.other.lr: base learning rate"),  # sgd's lr, explained
-    ("optimizer={name: muon, other: {name: sgd, nesterov: 3}}", "optimizer.other.nesterov: expected bool",
-     "optimizer.other.nesterov: Nesterov momentum"),
-    ("optimizer={name: muon, other: {lr: 0.1}}", "optimizer.other.name: missing required key", ""),
-    ("optimizer={name: muon, ns_coefficients: cubic}", "optimizer.ns_coefficients", "Newton-Schulz"),
-])
+@pytest.mark.parametrize(
+    "override, message, hint",
+    [
+        (
+            "optimizer={name: muon, other: {name: sgd, momentom: 0.9}}",
+            "optimizer.other.momentom: unknown parameter",
+            "",
+        ),
+        ("optimizer={name: muon, other: {name: sgdd}}", "optimizer.other.name: unknown optimizer 'sgdd'", ""),
+        (
+            "optimizer={name: muon, other: {name: muon}}",
+            "optimizer.other.name: the second optimizer cannot be muon",
+            "",
+        ),
+        (
+            "optimizer={name: muon, other: {name: sgd, lr: -1}}",
+            "optimizer.other.lr: expected float > 0",
+            "optimizer.other.lr: base learning rate",
+        ),  # sgd's lr, explained
+        (
+            "optimizer={name: muon, other: {name: sgd, nesterov: 3}}",
+            "optimizer.other.nesterov: expected bool",
+            "optimizer.other.nesterov: Nesterov momentum",
+        ),
+        ("optimizer={name: muon, other: {lr: 0.1}}", "optimizer.other.name: missing required key", ""),
+        ("optimizer={name: muon, ns_coefficients: cubic}", "optimizer.ns_coefficients", "Newton-Schulz"),
+    ],
+)
 def test_bad_sub_keys_are_one_line_exit_2(tiny_recipe, override, message, hint):
     result = run_cli("validate", str(tiny_recipe), override, "--skip-device-check")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -191,14 +235,20 @@ def test_a_run_with_muon_resumes_both_optimizers_states(tiny_recipe):
         def batch_start(self, state, logger):
             if int(state.timestamp.batch) == 3:  # the first epoch's checkpoint is written
                 optimizer = state.optimizers[0]
-                kept["state"] = {name: optimizer.state[p]["momentum_buffer"].clone()
-                                 for name, p in state.model.named_parameters()}
+                kept["state"] = {
+                    name: optimizer.state[p]["momentum_buffer"].clone() for name, p in state.model.named_parameters()
+                }
                 kept["lrs"] = [g["lr"] for g in optimizer.param_groups]
                 raise KeyboardInterrupt
 
-    config = resolve(tiny_recipe, [
-        "optimizer={name: muon, lr: 0.05, normalize_weights: true, other: {name: sgd, lr: 0.02, momentum: 0.8}}",
-        "scheduler={name: linear}", "~checkpoint.monitor"])
+    config = resolve(
+        tiny_recipe,
+        [
+            "optimizer={name: muon, lr: 0.05, normalize_weights: true, other: {name: sgd, lr: 0.02, momentum: 0.8}}",
+            "scheduler={name: linear}",
+            "~checkpoint.monitor",
+        ],
+    )
     for resume in (False, True):
         run_dir = prepare_run_dir(config, "muon", resume=resume)
         point = resume_point(run_dir / "checkpoints", repair=False) if resume else None
@@ -223,9 +273,21 @@ def test_a_run_with_muon_resumes_both_optimizers_states(tiny_recipe):
 
 def test_the_second_optimizer_keeps_its_own_no_decay_groups_and_the_head_its_own():
     net = tiny_net()
-    opt = build_optimizer(Component("muon", {"weight_decay": 0.1, "head_lr": 0.3, "other": {
-        "name": "sgd", "lr": 0.05, "weight_decay": 0.01, "no_decay_norm_and_bias": True}}), net)
+    opt = build_optimizer(
+        Component(
+            "muon",
+            {
+                "weight_decay": 0.1,
+                "head_lr": 0.3,
+                "other": {"name": "sgd", "lr": 0.05, "weight_decay": 0.01, "no_decay_norm_and_bias": True},
+            },
+        ),
+        net,
+    )
     groups = [({id(p) for p in g["params"]}, g["lr"], g["weight_decay"]) for g in opt.param_groups]
-    assert groups == [({id(net[0].weight)}, 0.02, 0.1),  # the decay group held only the head: gone
-                      ({id(net[0].bias), id(net[1].weight), id(net[1].bias)}, 0.05, 0.0),
-                      ({id(net[3].bias)}, 0.3, 0.0), ({id(net[3].weight)}, 0.3, 0.01)]  # the head: its lr
+    assert groups == [
+        ({id(net[0].weight)}, 0.02, 0.1),  # the decay group held only the head: gone
+        ({id(net[0].bias), id(net[1].weight), id(net[1].bias)}, 0.05, 0.0),
+        ({id(net[3].bias)}, 0.3, 0.0),
+        ({id(net[3].weight)}, 0.3, 0.01),
+    ]  # the head: its lr

@@ -23,8 +23,9 @@ def runs(tmp_path_factory) -> Path:
     recipe = write(root / "tiny.yaml", TINY_RECIPE)
     common = ["trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1", f"runs_dir={root / 'runs'}"]
     for name, duration, lr in (("a", "1ep", "0.05"), (LONG_RUN, "2ep", "0.1")):
-        result = run_cli("train", str(recipe), *common, f"run_name={name}", f"trainer.max_duration={duration}",
-                         f"optimizer.lr={lr}")
+        result = run_cli(
+            "train", str(recipe), *common, f"run_name={name}", f"trainer.max_duration={duration}", f"optimizer.lr={lr}"
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     return root / "runs"
 
@@ -90,15 +91,17 @@ def test_eval_predict_and_export_lines_fit(runs, tmp_path, tmp_path_factory):
     Image.new("L", (8, 8), 200).save(photo)
     predicted = _screen(["predict", str(runs / LONG_RUN), str(photo), "--top-k", "10"], base)
     start = predicted.index(str(photo))  # the path alone, the classes below it
-    classes = " ".join(predicted[start + 1:-1]).split()
-    assert sorted(classes[::2]) == [str(d) for d in range(10)] and all(re.fullmatch(r"0\.\d{3}", p)
-                                                                        for p in classes[1::2])
+    classes = " ".join(predicted[start + 1 : -1]).split()
+    assert sorted(classes[::2]) == [str(d) for d in range(10)] and all(
+        re.fullmatch(r"0\.\d{3}", p) for p in classes[1::2]
+    )
     assert predicted[-1] == "1 predicted, 0 skipped"
 
     exported = _screen(["export", str(runs / LONG_RUN), "--out", str(tmp_path / "export")], base)
     assert exported[0] == "export: passed vs the trained model on 8 eval images"
-    assert exported[1] == "  (atol 0.0001, rtol 0.0001)" and re.fullmatch(r"  model.torchscript.pt max \|diff\| \S+",
-                                                                           exported[2])
+    assert exported[1] == "  (atol 0.0001, rtol 0.0001)" and re.fullmatch(
+        r"  model.torchscript.pt max \|diff\| \S+", exported[2]
+    )
     assert exported[3:] == [f"  {tmp_path / 'export'}", str(tmp_path / "export")]
 
 
@@ -114,8 +117,10 @@ def test_list_models_shows_every_card_and_parameter(columns):
     text = " ".join(" ".join(lines).split())
     (models,) = registries("models")
     for entry in models:
-        for value in [*model_card(entry).values(), *(f"{p}: {t} = {d}" for p, t, d in
-                                                     describe_parameters(models, entry.name))]:
+        for value in [
+            *model_card(entry).values(),
+            *(f"{p}: {t} = {d}" for p, t, d in describe_parameters(models, entry.name)),
+        ]:
             if columns == COLUMNS:  # in a table, a value may wrap inside its cell
                 assert " ".join(value.split()) in text, (entry.name, value)
     assert ("┏" in "".join(lines)) == (columns == 200)
@@ -137,9 +142,21 @@ def test_format_comparison_at_80_columns_keeps_every_setting():
     from dlrecipes.tools.describe import format_comparison
 
     settings = {f"optimizer.setting_number_{i}": [0.1 * i, 0.2 * i] for i in range(5)}
-    summaries = [{"run": f"run-{n}", "status": "finished", "recipe": "recipes/quickstart.yaml", "precision": "fp32",
-                  "batch_size": 64, "wall_time_sec": 12.5, "images_per_sec": 1234.5, "best_top1": 0.9876,
-                  "epochs": 12, "settings": {k: v[n] for k, v in settings.items()}} for n in range(2)]
+    summaries = [
+        {
+            "run": f"run-{n}",
+            "status": "finished",
+            "recipe": "recipes/quickstart.yaml",
+            "precision": "fp32",
+            "batch_size": 64,
+            "wall_time_sec": 12.5,
+            "images_per_sec": 1234.5,
+            "best_top1": 0.9876,
+            "epochs": 12,
+            "settings": {k: v[n] for k, v in settings.items()},
+        }
+        for n in range(2)
+    ]
     lines = format_comparison(summaries, None, width=COLUMNS).splitlines()
     assert all(len(line) <= COLUMNS for line in lines) and not any("…" in line for line in lines)
     headers = [cell.strip() for line in lines if line.startswith("┃") for cell in line.split("┃")[1:-1]]

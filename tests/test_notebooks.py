@@ -49,8 +49,9 @@ def _execute(name: str, folder: Path, before: str = BEFORE, after: tuple[str, ..
     for cell, tag in zip(added, ["test-before", *(f"test-after-{i}" for i in range(len(after)))]):
         cell.metadata["tags"] = [tag]
     nb.cells = [added[0], *nb.cells, *added[1:]]
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}},
-                            store_widget_state=True).execute()
+    nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}, store_widget_state=True
+    ).execute()
     return nb
 
 
@@ -92,7 +93,9 @@ print(json.dumps({"best_epoch_top1": float(result.history["eval_top1"].max()), "
     bar = next(s["state"] for s in states.values() if s["model_name"] == "FloatProgressModel")
     label = next(s["state"] for s in states.values() if s["model_name"] == "LabelModel")
     assert widget and bar["value"] == 1.0 and bar["bar_style"] == "success" and label["value"].startswith("done: 3")
-    table = next(o.data["text/html"] for o in train.outputs if "dlrecipes-epochs" in o.get("data", {}).get("text/html", ""))
+    table = next(
+        o.data["text/html"] for o in train.outputs if "dlrecipes-epochs" in o.get("data", {}).get("text/html", "")
+    )
     assert table.count("<tr>") == 4 and ">3/3<" in table  # header + one row per epoch, updated in place
     assert kinds.count("display_data") == 2, kinds  # the widget and the table: no new output per refresh
     summary = train.outputs[-1].data["text/html"]
@@ -101,7 +104,9 @@ print(json.dumps({"best_epoch_top1": float(result.history["eval_top1"].max()), "
     assert _history_rows(history) == 3 and "eval_top1" in history and "train_loss" in history
     assert "image/png" in _tagged(nb, "plot").outputs[0].data
     assert re.search(r"true class (\d) \| predicted \d \(0\.\d+\)", _outputs_text(_tagged(nb, "predict")))
-    assert "model.torchscript.pt" in _outputs_text(_tagged(nb, "export")) and "passed" in _outputs_text(_tagged(nb, "export"))
+    assert "model.torchscript.pt" in _outputs_text(_tagged(nb, "export")) and "passed" in _outputs_text(
+        _tagged(nb, "export")
+    )
     assert "nb-quickstart" in _outputs_text(_tagged(nb, "runs"))
     kept = json.loads(_outputs_text(_tagged(nb, "test-after-0")))
     assert kept["state_kept"], kept
@@ -157,8 +162,11 @@ def test_own_model_notebook_trains_resumes_compares_and_stops_on_interrupt(tmp_p
     assert "object:data" in _outputs_text(train) and "2 epochs" in train.outputs[-1].data["text/html"]
     resumed = _tagged(nb, "resume").outputs[-1].data["text/html"]
     assert _history_rows(resumed) == 4 and "resuming" in _outputs_text(_tagged(nb, "resume"))
-    predicted = re.search(r"best checkpoint: (\d+) of 360 evaluation digits right \((0\.\d+); best eval top-1 in the "
-                          r"history: (0\.\d+)\)", _outputs_text(_tagged(nb, "predict")))
+    predicted = re.search(
+        r"best checkpoint: (\d+) of 360 evaluation digits right \((0\.\d+); best eval top-1 in the "
+        r"history: (0\.\d+)\)",
+        _outputs_text(_tagged(nb, "predict")),
+    )
     assert predicted and predicted.group(2) == predicted.group(3), _outputs_text(_tagged(nb, "predict"))
     compare = _tagged(nb, "compare")
     assert not [o for o in compare.outputs if o.output_type in ("stream", "display_data")]  # quiet=True
@@ -180,8 +188,11 @@ def test_objects_of_another_process_are_asked_for_again():
     from dlrecipes.errors import RecipeError
     from dlrecipes.registry import models
 
-    with pytest.raises(RecipeError, match=r"model\.name: 'object:Net' is a model that was passed to dlrecipes\.train "
-                                          r"as a Python object.*pass it again \(model= of dlrecipes\.train"):
+    with pytest.raises(
+        RecipeError,
+        match=r"model\.name: 'object:Net' is a model that was passed to dlrecipes\.train "
+        r"as a Python object.*pass it again \(model= of dlrecipes\.train",
+    ):
         models.get("object:Net", "model.name")
     assert not any(name.startswith("object:") for name in models.names())
 
@@ -232,7 +243,9 @@ def test_a_script_prints_what_the_piped_cli_prints(tiny_recipe, tmp_path):
     by_script = _report_of(run([], tmp_path, env=None, module="train_script"))
     by_cli = _report_of(run(["train", str(tiny_recipe), "run_name=by-cli"], tmp_path))
     assert len(by_cli) == 4 and by_cli[1].startswith("epoch  loss")  # start line, header, two epochs
-    assert [line.replace("by-cli", "RUN") for line in by_cli] == [line.replace("by-script", "RUN") for line in by_script]
+    assert [line.replace("by-cli", "RUN") for line in by_cli] == [
+        line.replace("by-script", "RUN") for line in by_script
+    ]
 
 
 def _report_of(completed) -> list[str]:
@@ -258,10 +271,20 @@ def test_a_dataloader_and_a_composer_model_are_used_as_they_are(capsys, tmp_path
     data = TensorDataset(images, labels)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
     model = ComposerClassifier(net, num_classes=2)
-    result = dlrecipes.train(None, {"trainer.max_duration": "2ep", "trainer.batch_size": 64, "trainer.num_workers": 0,
-                                    "runs_dir": str(tmp_path / "runs"), "run_name": "loader"},
-                             model=model, train_data=DataLoader(data, batch_size=12, shuffle=True), eval_data=data,
-                             quiet=True)
+    result = dlrecipes.train(
+        None,
+        {
+            "trainer.max_duration": "2ep",
+            "trainer.batch_size": 64,
+            "trainer.num_workers": 0,
+            "runs_dir": str(tmp_path / "runs"),
+            "run_name": "loader",
+        },
+        model=model,
+        train_data=DataLoader(data, batch_size=12, shuffle=True),
+        eval_data=data,
+        quiet=True,
+    )
     assert result.batches == 2 * 96 // 12 and result.epochs == 2  # the loader's 8 batches an epoch, not 96 // 64
     assert set(result.metrics) >= {"MulticlassAccuracy"}  # the ComposerClassifier's own metric, not top1/top5
     assert list(result.history["epoch"]) == [1, 2] and capsys.readouterr() == ("", "")

@@ -16,7 +16,9 @@ from dlrecipes.config import Component
 
 @pytest.fixture
 def net():
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4, 2)
+    )
 
 
 @pytest.mark.parametrize("name", registry.optimizers.names())
@@ -48,6 +50,7 @@ def test_amp_fp16_gets_a_fused_optimizer_whose_scaler_step_reads_nothing_back(na
     """A fused optimizer takes GradScaler's inf/NaN flag on the device; any other optimizer makes
     GradScaler.step read it back (.item(), a wait for the GPU) every step.  Shown with the CPU's
     GradScaler, which follows the same code."""
+
     def scaler_step_reads(optimizer) -> int:
         scaler = torch.amp.GradScaler("cpu")
         scaler.scale(net(torch.randn(2, 1, 3, 3)).sum()).backward()
@@ -165,18 +168,25 @@ def test_a_timm_optimizer_is_timms_class_with_the_recipes_settings(net):
     assert type(build_optimizer(Component("lion", {}), net)).__name__ == Lion.__name__
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optimizer={name: lamb, momentum: 0.9}",
-     r"optimizer.momentum: unknown parameter of optimizer 'lamb'\. Valid parameters: lr, bias_correction, betas, eps, "
-     r"weight_decay, .*trust_clip.*, no_decay_norm_and_bias"),
-    ("optimizer={name: lars, trust_cof: 0.01}",
-     r"optimizer.trust_cof: unknown parameter of optimizer 'lars' \(did you mean 'trust_coeff'\?\)"),
-    ("optimizer={name: lion, betas: [0.9]}", r"optimizer.betas: expected a list of 2 values, got \[0.9\]"),
-    ("optimizer={name: adopt, betas: [0.9, 1.5]}", r"optimizer.betas\[1\]: expected float in \[0, 1\), got 1.5"),
-    ("optimizer={name: rmsproptf, weight_decay: -1}", r"optimizer.weight_decay: expected float >= 0, got -1"),
-    ("optimizer={name: sgdp}", r"optimizer.lr: missing required parameter of optimizer 'sgdp' \(float > 0\)"),
-    ("optimizer={name: lamp}", r"optimizer.name: unknown optimizer 'lamp' \(did you mean 'lamb'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "optimizer={name: lamb, momentum: 0.9}",
+            r"optimizer.momentum: unknown parameter of optimizer 'lamb'\. Valid parameters: lr, bias_correction, betas, eps, "
+            r"weight_decay, .*trust_clip.*, no_decay_norm_and_bias",
+        ),
+        (
+            "optimizer={name: lars, trust_cof: 0.01}",
+            r"optimizer.trust_cof: unknown parameter of optimizer 'lars' \(did you mean 'trust_coeff'\?\)",
+        ),
+        ("optimizer={name: lion, betas: [0.9]}", r"optimizer.betas: expected a list of 2 values, got \[0.9\]"),
+        ("optimizer={name: adopt, betas: [0.9, 1.5]}", r"optimizer.betas\[1\]: expected float in \[0, 1\), got 1.5"),
+        ("optimizer={name: rmsproptf, weight_decay: -1}", r"optimizer.weight_decay: expected float >= 0, got -1"),
+        ("optimizer={name: sgdp}", r"optimizer.lr: missing required parameter of optimizer 'sgdp' \(float > 0\)"),
+        ("optimizer={name: lamp}", r"optimizer.name: unknown optimizer 'lamp' \(did you mean 'lamb'"),
+    ],
+)
 def test_timm_optimizer_keys_are_validated_like_any_entry(tiny_recipe, override, message):
     from dlrecipes.api import resolve
     from dlrecipes.errors import RecipeError
@@ -208,10 +218,17 @@ def test_finetune_layer_decay_and_head_lr_with_a_timm_optimizer(tiny_recipe):
     from .conftest import build_trainer
     from .conftest import prepare_run_dir
 
-    config = resolve(tiny_recipe, [
-        "model={name: mnist_cnn, width: 4}", "dataset.image_size=28", "checkpoint.save=false", "~checkpoint.monitor",
-        "finetune={head_lr: 0.5, layer_decay: 0.5}",
-        "optimizer={name: lamb, lr: 0.1, weight_decay: 0.05, no_decay_norm_and_bias: true}"])
+    config = resolve(
+        tiny_recipe,
+        [
+            "model={name: mnist_cnn, width: 4}",
+            "dataset.image_size=28",
+            "checkpoint.save=false",
+            "~checkpoint.monitor",
+            "finetune={head_lr: 0.5, layer_decay: 0.5}",
+            "optimizer={name: lamb, lr: 0.1, weight_decay: 0.05, no_decay_norm_and_bias: true}",
+        ],
+    )
     trainer = build_trainer(config, prepare_run_dir(config, "decay", resume=False))
     try:
         groups = trainer.state.optimizers[0].param_groups
@@ -233,8 +250,14 @@ def _composer_lrs(sched, groups, batches: int, per_epoch_len: int = 10, ssr: flo
 
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in groups]
     opt = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, groups)], lr=groups[0])
-    state = State(model=torch.nn.Linear(1, 1), rank_zero_seed=0, run_name="t", device=DeviceCPU(),
-                  max_duration=f"{batches // per_epoch_len}ep", optimizers=opt)
+    state = State(
+        model=torch.nn.Linear(1, 1),
+        rank_zero_seed=0,
+        run_name="t",
+        device=DeviceCPU(),
+        max_duration=f"{batches // per_epoch_len}ep",
+        optimizers=opt,
+    )
     state.set_dataloader(list(range(per_epoch_len)), "train", dataloader_len=Time.from_batch(per_epoch_len))
     state.timestamp = Timestamp()
     lambda_lr = compile_composer_scheduler(sched, state, ssr)
@@ -256,8 +279,9 @@ def _timm_lrs(cls, groups, batches: int, per_epoch_len: int = 0, **kwargs):
     """The same from timm's own scheduler stepped by hand as timm's train.py does: step_update(n) after the n-th
     update, or step(epoch + 1) after each epoch; a group's lower rate given as its lr_scale (timm's layer decay)."""
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in groups]
-    opt = torch.optim.SGD([{"params": [p], "lr": groups[0], "lr_scale": lr / groups[0]}
-                           for p, lr in zip(params, groups)], lr=groups[0])
+    opt = torch.optim.SGD(
+        [{"params": [p], "lr": groups[0], "lr_scale": lr / groups[0]} for p, lr in zip(params, groups)], lr=groups[0]
+    )
     sched = cls(opt, t_in_epochs=bool(per_epoch_len), **kwargs)
     if not per_epoch_len:  # timm's train.py applies lr_scale from the first step on
         sched.step_update(0)
@@ -273,14 +297,37 @@ def _timm_lrs(cls, groups, batches: int, per_epoch_len: int = 0, **kwargs):
     return lrs
 
 
-@pytest.mark.parametrize("params, timm_kwargs", [
-    ({"warmup": "2ep", "warmup_lr_init": 1e-3, "lr_min": 1e-4},
-     {"t_initial": 100, "warmup_t": 20, "warmup_lr_init": 1e-3, "lr_min": 1e-4}),
-    ({"warmup": "15ba", "warmup_prefix": True, "cycle": "0.3dur", "cycle_limit": 3, "cycle_decay": 0.5, "k_decay": 2.0},
-     {"t_initial": 30, "warmup_t": 15, "warmup_prefix": True, "cycle_limit": 3, "cycle_decay": 0.5, "k_decay": 2.0}),
-    ({"cycle": "2ep", "cycle_mul": 2.0, "cycle_limit": 3, "lr_min": 0.01},
-     {"t_initial": 20, "cycle_mul": 2.0, "cycle_limit": 3, "lr_min": 0.01}),
-])
+@pytest.mark.parametrize(
+    "params, timm_kwargs",
+    [
+        (
+            {"warmup": "2ep", "warmup_lr_init": 1e-3, "lr_min": 1e-4},
+            {"t_initial": 100, "warmup_t": 20, "warmup_lr_init": 1e-3, "lr_min": 1e-4},
+        ),
+        (
+            {
+                "warmup": "15ba",
+                "warmup_prefix": True,
+                "cycle": "0.3dur",
+                "cycle_limit": 3,
+                "cycle_decay": 0.5,
+                "k_decay": 2.0,
+            },
+            {
+                "t_initial": 30,
+                "warmup_t": 15,
+                "warmup_prefix": True,
+                "cycle_limit": 3,
+                "cycle_decay": 0.5,
+                "k_decay": 2.0,
+            },
+        ),
+        (
+            {"cycle": "2ep", "cycle_mul": 2.0, "cycle_limit": 3, "lr_min": 0.01},
+            {"t_initial": 20, "cycle_mul": 2.0, "cycle_limit": 3, "lr_min": 0.01},
+        ),
+    ],
+)
 def test_timm_cosine_sets_the_rates_timms_own_scheduler_sets(params, timm_kwargs):
     from timm.scheduler import CosineLRScheduler
 
@@ -295,15 +342,23 @@ def test_timm_step_per_batch_and_per_epoch_set_the_rates_timms_own_scheduler_set
     from timm.scheduler import StepLRScheduler
 
     groups = [0.2, 0.1]
-    ours = _composer_lrs(schedule("timm_step", decay="3ep", decay_rate=0.5, warmup="1ep", warmup_lr_init=0.01,
-                                  warmup_prefix=False), groups, 100)
-    theirs = _timm_lrs(StepLRScheduler, groups, 100, decay_t=30, decay_rate=0.5, warmup_t=10, warmup_lr_init=0.01,
-                       warmup_prefix=False)
+    ours = _composer_lrs(
+        schedule("timm_step", decay="3ep", decay_rate=0.5, warmup="1ep", warmup_lr_init=0.01, warmup_prefix=False),
+        groups,
+        100,
+    )
+    theirs = _timm_lrs(
+        StepLRScheduler, groups, 100, decay_t=30, decay_rate=0.5, warmup_t=10, warmup_lr_init=0.01, warmup_prefix=False
+    )
     assert flat(ours) == pytest.approx(flat(theirs), rel=1e-9)
-    per_epoch = _composer_lrs(schedule("timm_step", decay="3ep", decay_rate=0.5, warmup="2ep", warmup_lr_init=0.01,
-                                       per_epoch=True), groups, 100)
-    by_epoch = _timm_lrs(StepLRScheduler, groups, 100, per_epoch_len=10, decay_t=3, decay_rate=0.5, warmup_t=2,
-                         warmup_lr_init=0.01)
+    per_epoch = _composer_lrs(
+        schedule("timm_step", decay="3ep", decay_rate=0.5, warmup="2ep", warmup_lr_init=0.01, per_epoch=True),
+        groups,
+        100,
+    )
+    by_epoch = _timm_lrs(
+        StepLRScheduler, groups, 100, per_epoch_len=10, decay_t=3, decay_rate=0.5, warmup_t=2, warmup_lr_init=0.01
+    )
     assert flat(per_epoch) == pytest.approx(flat(by_epoch), rel=1e-9)
     assert len({lr[0] for lr in per_epoch[10:20]}) == 1  # held for the epoch, as timm's train.py holds it
 
@@ -315,8 +370,9 @@ def test_timm_cosine_per_epoch_and_with_scale_schedule_ratio():
     theirs = _timm_lrs(CosineLRScheduler, [0.1], 100, per_epoch_len=10, t_initial=10, warmup_t=2, warmup_lr_init=1e-4)
     assert flat(ours) == pytest.approx(flat(theirs), rel=1e-9)
     halved = _composer_lrs(schedule("timm_cosine", warmup="10ba", cycle="4ep"), [0.1], 50, ssr=0.5)  # warmup kept
-    assert flat(halved) == pytest.approx(flat(_timm_lrs(CosineLRScheduler, [0.1], 50, t_initial=20, warmup_t=10)),
-                                         rel=1e-9)
+    assert flat(halved) == pytest.approx(
+        flat(_timm_lrs(CosineLRScheduler, [0.1], 50, t_initial=20, warmup_t=10)), rel=1e-9
+    )
 
 
 @pytest.mark.slow
@@ -344,9 +400,14 @@ def test_a_run_with_lamb_and_timms_cosine_trains_each_batch_at_timms_rate_and_re
             if int(state.timestamp.batch) == 3:  # the first epoch's checkpoint is written
                 raise KeyboardInterrupt
 
-    config = resolve(tiny_recipe, [
-        "optimizer={name: lamb, lr: 0.01, weight_decay: 0.02, no_decay_norm_and_bias: true}",
-        "scheduler={name: timm_cosine, warmup: 2ba, warmup_lr_init: 0.001, lr_min: 0.0001}", "~checkpoint.monitor"])
+    config = resolve(
+        tiny_recipe,
+        [
+            "optimizer={name: lamb, lr: 0.01, weight_decay: 0.02, no_decay_norm_and_bias: true}",
+            "scheduler={name: timm_cosine, warmup: 2ba, warmup_lr_init: 0.001, lr_min: 0.0001}",
+            "~checkpoint.monitor",
+        ],
+    )
     for resume in (False, True):
         run_dir = prepare_run_dir(config, "lamb", resume=resume)
         point = resume_point(run_dir / "checkpoints", repair=False) if resume else None

@@ -62,8 +62,13 @@ def _builtin(entry: registry.Entry) -> bool:
 @pytest.mark.parametrize("group", list(registry.REGISTRIES))
 def test_every_builtin_parameter_has_a_meaning(group):
     load_all()
-    missing = [f"{entry.name}.{name}" for entry in registry.REGISTRIES[group] if _builtin(entry)
-               for name in entry.parameters if not entry.meanings.get(name)]
+    missing = [
+        f"{entry.name}.{name}"
+        for entry in registry.REGISTRIES[group]
+        if _builtin(entry)
+        for name in entry.parameters
+        if not entry.meanings.get(name)
+    ]
     assert not missing, f"{group}: parameters without a meaning (an Args: line or a Doc annotation): {missing}"
 
 
@@ -71,8 +76,13 @@ def test_every_builtin_parameter_has_a_meaning(group):
 def test_no_meaning_names_a_parameter_that_is_not_there(group):
     """An Args: line for a parameter the factory does not take is a renamed or removed key's leftover."""
     load_all()
-    stale = [f"{entry.name}.{name}" for entry in registry.REGISTRIES[group] if _builtin(entry)
-             for name in entry.meanings if name not in inspect.signature(entry.factory).parameters]
+    stale = [
+        f"{entry.name}.{name}"
+        for entry in registry.REGISTRIES[group]
+        if _builtin(entry)
+        for name in entry.meanings
+        if name not in inspect.signature(entry.factory).parameters
+    ]
     assert not stale, f"{group}: meanings of parameters the factory does not take: {stale}"
 
 
@@ -93,7 +103,11 @@ def test_the_meanings_that_said_nothing_say_the_form_the_values_and_the_places()
     precision = key_meaning("trainer.precision")
     assert all(f"{name}: " in precision for name in PRECISIONS) and "needs a GPU with bfloat16 support" in precision
     callbacks = key_meaning("callbacks")
-    assert "{name: {params}}" in callbacks and "e.g. {early_stopping: " in callbacks and "dlrecipes list callbacks" in callbacks
+    assert (
+        "{name: {params}}" in callbacks
+        and "e.g. {early_stopping: " in callbacks
+        and "dlrecipes list callbacks" in callbacks
+    )
     assert callbacks.endswith("registered: " + ", ".join(registry.callbacks.names()))  # from the registry itself
     runs_dir = key_meaning("runs_dir")
     assert all(f"{scheme}://" in runs_dir for scheme in SCHEMES) and "s3://BUCKET/PREFIX" in runs_dir

@@ -37,8 +37,12 @@ def test_recipe_imports_a_local_file_relative_to_the_recipe_and_trains_with_it(t
     write(tmp_path / "plugins" / "my_models.py", PLUGIN_MODEL)
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
     result = run_cli(
-        "train", str(recipe), "imports=[plugins/my_models.py]", "model={name: plugin_mlp, hidden: 8}",
-        f"runs_dir={tmp_path}/runs", "trainer.max_duration=1ep",
+        "train",
+        str(recipe),
+        "imports=[plugins/my_models.py]",
+        "model={name: plugin_mlp, hidden: 8}",
+        f"runs_dir={tmp_path}/runs",
+        "trainer.max_duration=1ep",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: 1 epochs, 3 batches" in result.stderr
@@ -48,8 +52,17 @@ def test_cli_plugin_option_imports_a_module(tmp_path):
     write(tmp_path / "my_plugin_pkg" / "__init__.py", PLUGIN_MODEL)
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
     # `python -m` puts the working directory on sys.path, as an installed package would be
-    result = run_cli("validate", str(recipe), "model.name=plugin_mlp", "~model.width", "~model.hidden",
-                     "--plugin", "my_plugin_pkg", cwd=tmp_path, subprocess_=True)
+    result = run_cli(
+        "validate",
+        str(recipe),
+        "model.name=plugin_mlp",
+        "~model.width",
+        "~model.hidden",
+        "--plugin",
+        "my_plugin_pkg",
+        cwd=tmp_path,
+        subprocess_=True,
+    )
     assert result.returncode == 0, result.stderr
     listing = run_cli("list", "models", "--plugin", "my_plugin_pkg", cwd=tmp_path, subprocess_=True).stdout
     assert "plugin_mlp" in listing and "A two-layer perceptron" in listing
@@ -62,7 +75,10 @@ def test_a_failing_plugin_names_itself_and_its_error(tmp_path):
     recipe = write(tmp_path / "r.yaml", TINY_RECIPE)
     result = run_cli("validate", str(recipe), "imports=[./broken.py]")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "imports: plugin './broken.py' failed to import: ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in result.stderr
+    assert (
+        "imports: plugin './broken.py' failed to import: ModuleNotFoundError: No module named 'not_a_real_module_xyz'"
+        in result.stderr
+    )
     missing = run_cli("validate", str(recipe), "--plugin", "no_such_plugin_module")
     assert missing.returncode == 2 and "--plugin: plugin 'no_such_plugin_module' failed to import" in missing.stderr
 
@@ -71,7 +87,9 @@ def test_two_plugins_claiming_one_name_are_both_named(tmp_path, isolated_registr
     write(tmp_path / "one.py", PLUGIN_MODEL)
     write(tmp_path / "two.py", PLUGIN_MODEL)
     plugins.import_plugin("one.py", tmp_path, "imports")
-    with pytest.raises(PluginError, match=r"two models are registered as 'plugin_mlp': one from .*one\.py.*, one from .*two\.py"):
+    with pytest.raises(
+        PluginError, match=r"two models are registered as 'plugin_mlp': one from .*one\.py.*, one from .*two\.py"
+    ):
         plugins.import_plugin("two.py", tmp_path, "imports")
     with pytest.raises(PluginError, match="two models are registered as 'cnn_simple'"):
         registry.models.add("cnn_simple", lambda: None, source="a plugin")
@@ -80,22 +98,29 @@ def test_two_plugins_claiming_one_name_are_both_named(tmp_path, isolated_registr
 def test_entry_points_register_factories_and_modules(tmp_path, monkeypatch, isolated_registries):
     from importlib.metadata import entry_points
 
-    write(tmp_path / "ep_plugin" / "__init__.py", PLUGIN_MODEL + '''
+    write(
+        tmp_path / "ep_plugin" / "__init__.py",
+        PLUGIN_MODEL
+        + '''
 
 def shout():
     """An optimizer-less callback factory registered by entry point name."""
     from composer.callbacks import LRMonitor
     return LRMonitor()
-''')
+''',
+    )
     dist = tmp_path / "ep_plugin-1.0.dist-info"
     write(dist / "METADATA", "Metadata-Version: 2.1\nName: ep-plugin\nVersion: 1.0\n")
-    write(dist / "entry_points.txt", """
+    write(
+        dist / "entry_points.txt",
+        """
         [dlrecipes.callbacks]
         loud_lr = ep_plugin:shout
 
         [dlrecipes.models]
         whatever = ep_plugin
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     scans = []
     monkeypatch.setattr(plugins, "entry_points", lambda **kw: scans.append(kw) or entry_points(**kw))
@@ -144,8 +169,15 @@ def test_a_plugin_algorithm_that_changes_the_network_is_rebuilt_for_eval(tmp_pat
     write(tmp_path / "wrap_head.py", PLUGIN_NETWORK_ALGORITHM)
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
     recipe.write_text(recipe.read_text() + f"runs_dir: {tmp_path / 'runs'}\n")
-    trained = run_cli("train", str(recipe), f"imports=[{tmp_path / 'wrap_head.py'}]", "algorithms.wrap_head=true",
-                      "trainer.max_duration=1ep", "run_name=wrapped", cwd=tmp_path)
+    trained = run_cli(
+        "train",
+        str(recipe),
+        f"imports=[{tmp_path / 'wrap_head.py'}]",
+        "algorithms.wrap_head=true",
+        "trainer.max_duration=1ep",
+        "run_name=wrapped",
+        cwd=tmp_path,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     evaluated = run_cli("eval", str(tmp_path / "runs" / "wrapped"), "--checkpoint", "latest", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -90,7 +90,8 @@ def _in_every_mode(folder: Path) -> dict[str, tuple[Path, Path]]:
     exif[0x0112] = 6
     rgb.transpose(Image.Transpose.ROTATE_90).save(folder / "exif_rotated.jpg", exif=exif, quality=100, subsampling=0)
     Image.open(folder / "exif_rotated.jpg").transpose(Image.Transpose.ROTATE_270).convert("L").save(
-        folder / "upright_plain.png")  # the JPEG's own pixels (it is lossy), upright
+        folder / "upright_plain.png"
+    )  # the JPEG's own pixels (it is lossy), upright
     made["EXIF orientation"] = (folder / "exif_rotated.jpg", folder / "upright_plain.png")
     # an animation: the digit, then its negative
     Image.fromarray(grey).save(folder / "animated.gif", save_all=True, append_images=[Image.fromarray(255 - grey)])
@@ -126,10 +127,12 @@ def test_every_mode_and_bit_depth_is_predicted_as_its_plain_8_bit_picture(run_di
     for what, (path, reference) in made.items():
         row, expected = rows[str(path)], rows[str(reference)]
         got = _probabilities(row)
-        if row["class"] != expected["class"] or any(abs(got[c] - p) > 1e-5 for c, p in
-                                                    _probabilities(expected).items()):
-            wrong.append((what, row["class"], round(row["probability"], 4), expected["class"],
-                          round(expected["probability"], 4)))
+        if row["class"] != expected["class"] or any(
+            abs(got[c] - p) > 1e-5 for c, p in _probabilities(expected).items()
+        ):
+            wrong.append(
+                (what, row["class"], round(row["probability"], 4), expected["class"], round(expected["probability"], 4))
+            )
     assert wrong == [], wrong  # (mode, class, probability, the plain picture's class and probability)
 
 
@@ -147,7 +150,9 @@ def test_an_image_too_large_to_decode_safely_is_named_and_skipped(export, tmp_pa
     rows = api.predict(export, [tmp_path / "huge.png", tmp_path / "small.png", tmp_path / "large.png"])
     assert [row["path"] for row in rows] == [str(tmp_path / "small.png")]
     assert [(path.name, "too large to decode safely" in why) for path, why in rows.skipped] == [
-        ("huge.png", True), ("large.png", True)]
+        ("huge.png", True),
+        ("large.png", True),
+    ]
     err = capsys.readouterr().err
     for name, pixels in (("huge.png", "2500"), ("large.png", "1200")):
         (line,) = [line for line in err.splitlines() if name in line]
@@ -164,7 +169,9 @@ def test_some_files_skipped_the_rows_end_with_a_count_line(export, tmp_path, cap
     (tmp_path / "notes.png").write_text("not an image")
     rows = api.predict(export, [tmp_path / "digit.png", tmp_path / "notes.png", tmp_path / "digt.png"])
     assert len(rows) == 1 and [(p.name, why) for p, why in rows.skipped] == [
-        ("notes.png", "not an image file Pillow can read"), ("digt.png", "no such file (did you mean 'digit.png'?)")]
+        ("notes.png", "not an image file Pillow can read"),
+        ("digt.png", "no such file (did you mean 'digit.png'?)"),
+    ]
     assert format_predictions(rows).splitlines()[-1] == "1 predicted, 2 skipped"
     assert format_predictions(rows, "p.csv").splitlines()[-1] == "1 predicted, 2 skipped; written to p.csv"
     assert capsys.readouterr().err.count("warning: skipping") == 2
@@ -183,7 +190,8 @@ def test_nothing_predicted_is_exit_code_2_naming_each_file(export, tmp_path):
     assert result.stderr.splitlines() == [
         f"warning: skipping {tmp_path / 'digti.png'}: no such file (did you mean 'digit.png'?)",
         f"warning: skipping {tmp_path / 'gone' / 'x.png'}: no such file (and no folder {tmp_path / 'gone'})",
-        "error: 0 predicted, 2 skipped: no file could be read (each is named above)"]
+        "error: 0 predicted, 2 skipped: no file could be read (each is named above)",
+    ]
     some = run_cli("predict", str(export), str(tmp_path / "digit.png"), str(tmp_path / "digti.png"), "--json")
     assert some.returncode == 0, some.stderr[-2000:]
     assert [row["path"] for row in json.loads(some.stdout)] == [str(tmp_path / "digit.png")]
@@ -212,25 +220,38 @@ DAMAGE = [
     ("preprocess.json", '{"channels": "L",', "not valid JSON (Expecting property name"),
     ("preprocess.json", b"\xff\xfe\x00", "cannot be read as JSON text"),
     ("preprocess.json", "[1, 2]", "expected a JSON object (mapping), got a list"),
-    ("preprocess.json", '{"channels": "L", "resize": {"size": [8, 8]}, "scale": 255, "std": [1]}',
-     "missing key(s) mean"),
-    ("preprocess.json", '{"channels": "XYZ", "resize": {"size": [8, 8]}, "scale": 255, "mean": [0], "std": [1]}',
-     "channels: expected one of L, RGB, got 'XYZ'"),
-    ("preprocess.json", '{"channels": "L", "resize": {"size": [8]}, "scale": 255, "mean": [0], "std": [1]}',
-     "resize: expected"),
-    ("preprocess.json", '{"channels": "L", "resize": {"size": [8, 8]}, "scale": 255, "mean": [0, 0], "std": [1]}',
-     "mean: expected a list of 1 number(s)"),
-    ("preprocess.json", None, "an export directory needs preprocess.json and classes.json; preprocess.json is "
-                              "missing"),
+    (
+        "preprocess.json",
+        '{"channels": "L", "resize": {"size": [8, 8]}, "scale": 255, "std": [1]}',
+        "missing key(s) mean",
+    ),
+    (
+        "preprocess.json",
+        '{"channels": "XYZ", "resize": {"size": [8, 8]}, "scale": 255, "mean": [0], "std": [1]}',
+        "channels: expected one of L, RGB, got 'XYZ'",
+    ),
+    (
+        "preprocess.json",
+        '{"channels": "L", "resize": {"size": [8]}, "scale": 255, "mean": [0], "std": [1]}',
+        "resize: expected",
+    ),
+    (
+        "preprocess.json",
+        '{"channels": "L", "resize": {"size": [8, 8]}, "scale": 255, "mean": [0, 0], "std": [1]}',
+        "mean: expected a list of 1 number(s)",
+    ),
+    ("preprocess.json", None, "an export directory needs preprocess.json and classes.json; preprocess.json is missing"),
     ("classes.json", "not json", "not valid JSON (Expecting value at line 1, column 1)"),
     ("classes.json", '{"0": "zero"}', "expected a list of class names (strings) in logit order"),
-    ("classes.json", '["a", "b", "c"]', "model.torchscript.pt: gives logits of shape [1, 10] for 1 image(s), but "
-                                        "classes.json names 3 classes"),
+    (
+        "classes.json",
+        '["a", "b", "c"]',
+        "model.torchscript.pt: gives logits of shape [1, 10] for 1 image(s), but classes.json names 3 classes",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, content, expected", DAMAGE,
-                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(DAMAGE)])
+@pytest.mark.parametrize("name, content, expected", DAMAGE, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(DAMAGE)])
 def test_a_damaged_export_directory_is_one_error_naming_the_file(export, tmp_path, name, content, expected):
     from PIL import Image
 
@@ -259,8 +280,10 @@ def test_damaged_export_and_unwritable_out_are_one_line_on_the_command_line(expo
     assert result.stderr.splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith(f"error: {folder / 'model.torchscript.pt'}: not a TorchScript model")
     (tmp_path / "taken").write_text("a file where --out wants a folder")
-    for out, expected in ((tmp_path / "taken" / "p.csv", f"{tmp_path / 'taken'} is a file, not a folder"),
-                          (tmp_path, "is a folder; give a file name such as")):
+    for out, expected in (
+        (tmp_path / "taken" / "p.csv", f"{tmp_path / 'taken'} is a file, not a folder"),
+        (tmp_path, "is a folder; give a file name such as"),
+    ):
         result = run_cli("predict", str(export), str(tmp_path / "digit.png"), "--out", str(out))
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert result.stderr.splitlines() == [f"error: --out: {result.stderr.strip().split('--out: ', 1)[1]}"]

@@ -79,19 +79,22 @@ def _validated(tmp_path, dataset: str):
     return validate(load_recipe(recipe, []), check_device=False, check_data=False)
 
 
-@pytest.mark.parametrize("dataset, message", [
-    (f"{_FOLDERS}, min_scale: 2", r"dataset\.min_scale: expected float in \(0, 1\], got 2"),
-    (f"{_FOLDERS}, min_scale: 0", r"dataset\.min_scale: expected float in \(0, 1\], got 0"),
-    (f"{_FOLDERS}, crop_size: 0", r"dataset\.crop_size: expected int in \[1, 8192\], got 0"),
-    (f"{_FOLDERS}, resize_size: -256", r"dataset\.resize_size: expected int in \[1, 8192\], got -256"),
-    (f"{_FOLDERS}, eval_crop_size: 0", r"dataset\.eval_crop_size: expected null or int in \[1, 8192\], got 0"),
-    (f"{_FOLDERS}, mean: [0.5]", r"dataset\.mean: expected a list of 3 values, got \[0\.5\]"),
-    (f"{_FOLDERS}, mean: [123.7, 116.3, 103.5]", r"dataset\.mean\[0\]: expected float in \[0, 1\], got 123\.7"),
-    (f"{_FOLDERS}, hflip: 3", r"dataset\.hflip: expected bool, got 3"),
-    (f"{_FFCV}, std: [0.2, 0, 0.2]", r"dataset\.std\[1\]: expected float in \(0, 1\], got 0"),
-    (f"{_FFCV}, resize_ratio: 1.2", r"dataset\.resize_ratio: expected float in \(0, 1\], got 1\.2"),
-    ("{name: imagenet, min_scale: 1.5", r"dataset\.min_scale: expected float in \(0, 1\], got 1\.5"),
-])
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        (f"{_FOLDERS}, min_scale: 2", r"dataset\.min_scale: expected float in \(0, 1\], got 2"),
+        (f"{_FOLDERS}, min_scale: 0", r"dataset\.min_scale: expected float in \(0, 1\], got 0"),
+        (f"{_FOLDERS}, crop_size: 0", r"dataset\.crop_size: expected int in \[1, 8192\], got 0"),
+        (f"{_FOLDERS}, resize_size: -256", r"dataset\.resize_size: expected int in \[1, 8192\], got -256"),
+        (f"{_FOLDERS}, eval_crop_size: 0", r"dataset\.eval_crop_size: expected null or int in \[1, 8192\], got 0"),
+        (f"{_FOLDERS}, mean: [0.5]", r"dataset\.mean: expected a list of 3 values, got \[0\.5\]"),
+        (f"{_FOLDERS}, mean: [123.7, 116.3, 103.5]", r"dataset\.mean\[0\]: expected float in \[0, 1\], got 123\.7"),
+        (f"{_FOLDERS}, hflip: 3", r"dataset\.hflip: expected bool, got 3"),
+        (f"{_FFCV}, std: [0.2, 0, 0.2]", r"dataset\.std\[1\]: expected float in \(0, 1\], got 0"),
+        (f"{_FFCV}, resize_ratio: 1.2", r"dataset\.resize_ratio: expected float in \(0, 1\], got 1\.2"),
+        ("{name: imagenet, min_scale: 1.5", r"dataset\.min_scale: expected float in \(0, 1\], got 1\.5"),
+    ],
+)
 def test_a_bad_value_is_refused_naming_its_key(tmp_path, dataset, message):
     with pytest.raises(RecipeError, match=message):
         _validated(tmp_path, dataset)

@@ -83,8 +83,20 @@ def test_profile_speaks_the_recipes_device_words():
     ``cuda`` included) is refused in one line that names the valid ones."""
     import torch
 
-    auto = run_cli("profile", "--model", "cifar_resnet18", "--input-size", "3,32,32", "--batch", "2", "--repeats", "1",
-                   "--warmup", "0", "--json")
+    auto = run_cli(
+        "profile",
+        "--model",
+        "cifar_resnet18",
+        "--input-size",
+        "3,32,32",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    )
     assert auto.returncode == 0, auto.stderr
     assert json.loads(auto.stdout)["device"] == ("gpu" if torch.cuda.is_available() else "cpu")
     for word in ("cuda", "GPU"):

@@ -37,11 +37,15 @@ def runs(tmp_path_factory):
     then its recipe.yaml trained again as ``again``."""
     repo = tmp_path_factory.mktemp("project")
     write(repo / "probe_plugin.py", PLUGIN)
-    recipe = write(repo / "tiny.yaml", textwrap.dedent(TINY_RECIPE).lstrip() + textwrap.dedent(f"""
+    recipe = write(
+        repo / "tiny.yaml",
+        textwrap.dedent(TINY_RECIPE).lstrip()
+        + textwrap.dedent(f"""
         imports: [probe_plugin.py]
         callbacks: {{provenance_probe: {{}}}}
-        runs_dir: {repo / 'runs'}
-        """))
+        runs_dir: {repo / "runs"}
+        """),
+    )
     (repo / ".gitignore").write_text("runs/\n")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
@@ -49,8 +53,9 @@ def runs(tmp_path_factory):
     from dlrecipes.runtime.process_state import kept
 
     with kept():  # deterministic mode is torch's global flag: the test process's other tests run without it
-        first = run_cli("train", str(recipe), "run_name=first", "trainer.deterministic=true",
-                        "trainer.max_duration=1ep", cwd=repo)
+        first = run_cli(
+            "train", str(recipe), "run_name=first", "trainer.deterministic=true", "trainer.max_duration=1ep", cwd=repo
+        )
         again = run_cli("train", str(repo / "runs" / "first" / "recipe.yaml"), "run_name=again", cwd=repo)
     assert first.returncode == 0, first.stderr[-2000:]
     assert again.returncode == 0, again.stderr[-2000:]
@@ -68,16 +73,26 @@ def test_the_summary_records_versions_machine_command_commit_plugins_and_seed(ru
 
     repo, recipe, _ = runs
     made = _provenance(repo / "runs" / "first")
-    assert made["versions"] == {"dlrecipes": metadata.version("dlrecipes"), "torch": metadata.version("torch"),
-                                "torchvision": metadata.version("torchvision"), "composer": metadata.version("mosaicml"),
-                                "timm": metadata.version("timm"), "numpy": metadata.version("numpy"),
-                                "python": ".".join(map(str, sys.version_info[:3]))}
+    assert made["versions"] == {
+        "dlrecipes": metadata.version("dlrecipes"),
+        "torch": metadata.version("torch"),
+        "torchvision": metadata.version("torchvision"),
+        "composer": metadata.version("mosaicml"),
+        "timm": metadata.version("timm"),
+        "numpy": metadata.version("numpy"),
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
     assert "cuda" not in made and "gpu" not in made  # a CPU run
     assert (made["host"], made["world_size"], made["nodes"], made["seed"]) == (socket.gethostname(), 1, 1, 17)
-    assert made["command"].endswith(f"train {recipe} run_name=first trainer.deterministic=true trainer.max_duration=1ep")
+    assert made["command"].endswith(
+        f"train {recipe} run_name=first trainer.deterministic=true trainer.max_duration=1ep"
+    )
     assert made["recipe_file"] == str(recipe.resolve())
-    assert (made["git_repo"], made["git_commit"], made["git_dirty"]) == (str(repo.resolve()), _git(repo, "rev-parse", "HEAD"),
-                                                                         False)
+    assert (made["git_repo"], made["git_commit"], made["git_dirty"]) == (
+        str(repo.resolve()),
+        _git(repo, "rev-parse", "HEAD"),
+        False,
+    )
     assert made["git_uncommitted"] == []
     checkout = Path(__file__).resolve().parents[1]  # the suite runs dlrecipes from its git checkout
     assert made["dlrecipes_commit"] == _git(checkout, "rev-parse", "HEAD") != made["git_commit"]
@@ -102,7 +117,9 @@ def test_a_runs_recipe_trains_the_same_run_again(runs):
 
     assert history("again") == history("first") and len(history("first")) == 1
     assert "warning" not in again.stderr
-    assert _provenance(repo / "runs" / "again")["recipe_file"] == str((repo / "runs" / "first" / "recipe.yaml").resolve())
+    assert _provenance(repo / "runs" / "again")["recipe_file"] == str(
+        (repo / "runs" / "first" / "recipe.yaml").resolve()
+    )
 
 
 @pytest.mark.slow  # the module's three tiny trainings
@@ -116,20 +133,31 @@ def test_a_rerun_names_each_item_that_differs_and_runs_and_compare_show_them(run
     from dlrecipes.runtime.process_state import kept
 
     with kept():  # the run's recipe is deterministic: torch's global flag, put back for the process's other tests
-        rerun = run_cli("train", str(repo / "runs" / "first" / "recipe.yaml"), "run_name=third",
-                        "trainer.max_duration=1ba", cwd=repo)
+        rerun = run_cli(
+            "train",
+            str(repo / "runs" / "first" / "recipe.yaml"),
+            "run_name=third",
+            "trainer.max_duration=1ba",
+            cwd=repo,
+        )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     commit = _git(repo, "rev-parse", "HEAD")
     warnings = [line for line in rerun.stderr.splitlines() if line.startswith("warning:")]
-    assert warnings == [f"warning: first was trained differently: torch {metadata.version('torch')} (the run had 0.0.1)",
-                        f"warning: first was trained differently: git commit {commit} (the run had {'0' * 40})"]
+    assert warnings == [
+        f"warning: first was trained differently: torch {metadata.version('torch')} (the run had 0.0.1)",
+        f"warning: first was trained differently: git commit {commit} (the run had {'0' * 40})",
+    ]
     listed = json.loads(run_cli("runs", str(repo / "runs"), "--json").stdout)
     rows = {row["run"]: row for row in listed}
     assert rows["first"]["torch"] == "0.0.1" and rows["third"]["torch"] == metadata.version("torch")
     assert rows["third"]["commit"] == commit[:8] and rows["third"]["provenance"]["seed"] == 17
-    compared = json.loads(run_cli("compare", str(repo / "runs" / "first"), str(repo / "runs" / "third"), "--json").stdout)
-    assert [r["environment"] for r in compared] == [{"torch": "0.0.1", "git_commit": "0" * 40},
-                                                    {"torch": metadata.version("torch"), "git_commit": commit}]
+    compared = json.loads(
+        run_cli("compare", str(repo / "runs" / "first"), str(repo / "runs" / "third"), "--json").stdout
+    )
+    assert [r["environment"] for r in compared] == [
+        {"torch": "0.0.1", "git_commit": "0" * 40},
+        {"torch": metadata.version("torch"), "git_commit": commit},
+    ]
     shown = run_cli("compare", str(repo / "runs" / "first"), str(repo / "runs" / "third"))
     assert shown.returncode == 0 and "torch" in shown.stdout and "0.0.1" in shown.stdout
 
@@ -154,8 +182,13 @@ def test_a_recipe_in_no_repository_records_none_not_the_working_directorys(tmp_p
     monkeypatch.chdir(_committed(tmp_path / "elsewhere", "a.py"))
     recipe = write(tmp_path / "loose" / "r.yaml", "name: r\n")
     made = recipe_origin(SimpleNamespace(origin=str(recipe)), [])
-    assert made == {"recipe_file": str(recipe.resolve()), "git_repo": None, "git_commit": None, "git_dirty": None,
-                    "git_uncommitted": []}
+    assert made == {
+        "recipe_file": str(recipe.resolve()),
+        "git_repo": None,
+        "git_commit": None,
+        "git_dirty": None,
+        "git_uncommitted": [],
+    }
     assert recipe_origin(SimpleNamespace(origin=None), [])["git_repo"] is None  # a recipe given as a dict
 
 
@@ -191,15 +224,27 @@ def test_dlrecipes_own_checkout_is_recorded_apart_from_the_recipes(tmp_path, mon
     write(installed.parent / "__init__.py", "")
     monkeypatch.setattr(provenance, "__file__", str(installed / "provenance.py"))
     assert provenance.dlrecipes_checkout() == {}
-    said = provenance.differences({"dlrecipes_commit": "a" * 40, "dlrecipes_dirty": False},
-                                  {"dlrecipes_commit": "b" * 40, "dlrecipes_dirty": True})
+    said = provenance.differences(
+        {"dlrecipes_commit": "a" * 40, "dlrecipes_dirty": False},
+        {"dlrecipes_commit": "b" * 40, "dlrecipes_dirty": True},
+    )
     assert said == [f"dlrecipes commit {'b' * 40} (the run had {'a' * 40})", "dlrecipes dirty True (the run had False)"]
 
 
 def test_trackers_get_the_provenance_as_tags():
     from dlrecipes.loggers.run_record import run_tags
 
-    tags = run_tags({"name": "r"}, "cpu", 1, {"versions": {"torch": "2.7.0"}, "git_commit": "abc", "git_dirty": True,
-                                             "plugins": {}, "cuda": None})
-    assert tags == {"dlrecipes.recipe": "r", "dlrecipes.device": "cpu", "dlrecipes.world_size": "1",
-                    "dlrecipes.versions.torch": "2.7.0", "dlrecipes.git_commit": "abc", "dlrecipes.git_dirty": "true"}
+    tags = run_tags(
+        {"name": "r"},
+        "cpu",
+        1,
+        {"versions": {"torch": "2.7.0"}, "git_commit": "abc", "git_dirty": True, "plugins": {}, "cuda": None},
+    )
+    assert tags == {
+        "dlrecipes.recipe": "r",
+        "dlrecipes.device": "cpu",
+        "dlrecipes.world_size": "1",
+        "dlrecipes.versions.torch": "2.7.0",
+        "dlrecipes.git_commit": "abc",
+        "dlrecipes.git_dirty": "true",
+    }

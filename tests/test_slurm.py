@@ -21,6 +21,8 @@ from .conftest import REPO, TINY_RECIPE, write
 from .s3_server import serving
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
+
+
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -42,8 +44,10 @@ def _pid(path: Path) -> int | None:
 def slurm(tmp_path_factory):
     missing = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
     if missing or os.geteuid() != 0:
-        pytest.skip(f"a real SLURM needs root and {', '.join(missing) or 'the daemons'} (apt-get install slurmctld "
-                    "slurmd slurm-client munge)")
+        pytest.skip(
+            f"a real SLURM needs root and {', '.join(missing) or 'the daemons'} (apt-get install slurmctld "
+            "slurmd slurm-client munge)"
+        )
     root = tmp_path_factory.mktemp("slurm")
     for sub in ("state", "spool", "log"):
         (root / sub).mkdir()
@@ -52,7 +56,9 @@ def slurm(tmp_path_factory):
     key.chmod(0o400)
     host = socket.gethostname()
     ctld_port, d_port = _free_ports(2)
-    conf = write(root / "slurm.conf", f"""
+    conf = write(
+        root / "slurm.conf",
+        f"""
         ClusterName=dlrtest
         SlurmctldHost={host}(127.0.0.1)
         SlurmUser=root
@@ -79,13 +85,25 @@ def slurm(tmp_path_factory):
         MinJobAge=600
         NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
         PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
-    """)
+    """,
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     started = []
     try:
-        subprocess.run(["munged", "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
-                        f"--pid-file={root}/munged.pid", f"--log-file={root}/log/munged.log",
-                        f"--seed-file={root}/munge.seed"], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "munged",
+                "--force",
+                f"--socket={root}/munge.sock",
+                f"--key-file={key}",
+                f"--pid-file={root}/munged.pid",
+                f"--log-file={root}/log/munged.log",
+                f"--seed-file={root}/munge.seed",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         started.append(root / "munged.pid")
         for daemon in ("slurmctld", "slurmd"):
             subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True, env=env, timeout=30)
@@ -97,7 +115,9 @@ def slurm(tmp_path_factory):
                 break
             time.sleep(1)
         else:
-            pytest.skip(f"the one-node SLURM did not become idle: {(root / 'log' / 'slurmctld.log').read_text()[-1500:]}")
+            pytest.skip(
+                f"the one-node SLURM did not become idle: {(root / 'log' / 'slurmctld.log').read_text()[-1500:]}"
+            )
     except (subprocess.CalledProcessError, OSError) as exc:
         _stop(started)
         pytest.skip(f"cannot start SLURM here: {getattr(exc, 'stderr', exc)}")
@@ -138,26 +158,46 @@ def test_the_time_limit_signal_requeues_the_job_which_finishes_the_run_on_anothe
     the same processes, at a known epoch instead of 5-35 s into a 1-minute limit): the run stops with a
     checkpoint, the script requeues its own job, and the second start finishes the run from the bucket."""
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
-    recipe.write_text(recipe.read_text() + f"runs_dir: s3://runs/slurm\nimports: [{REPO / 'tests' / 'fault_injection.py'}]\n"
-                      "callbacks: {slow_batches: {seconds: 0.05}}\n")
+    recipe.write_text(
+        recipe.read_text() + f"runs_dir: s3://runs/slurm\nimports: [{REPO / 'tests' / 'fault_injection.py'}]\n"
+        "callbacks: {slow_batches: {seconds: 0.05}}\n"
+    )
     # each start of the job stages the run on a disk of its own: only the bucket carries it from one to the next
-    node = write(tmp_path / "dlrecipes-on-a-node", f"""#!/bin/bash
+    node = write(
+        tmp_path / "dlrecipes-on-a-node",
+        f"""#!/bin/bash
         export DLRECIPES_STAGING_DIR={tmp_path}/disk-of-start-${{SLURM_RESTART_COUNT:-0}}
-        exec {REPO / '.venv' / 'bin' / 'dlrecipes'} "$@"
-    """)
+        exec {REPO / ".venv" / "bin" / "dlrecipes"} "$@"
+    """,
+    )
     node.chmod(0o755)
     out = tmp_path / "slurm-%j.out"
     # 40 epochs of 3 batches of at least 50 ms: at least 4 s of training left when the signal comes after epoch 2
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--time=5", f"--chdir={REPO}", f"--output={out}",
-         f"--export=ALL,DLRECIPES={node}", str(REPO / "scripts" / "slurm" / "train.sbatch"),
-         str(recipe), "trainer.max_duration=40ep", "checkpoint.save_interval=5ep", "checkpoint.keep=2"],
-        capture_output=True, text=True, env={**slurm, **bucket.env()}, timeout=60)
+        [
+            "sbatch",
+            "--parsable",
+            "--time=5",
+            f"--chdir={REPO}",
+            f"--output={out}",
+            f"--export=ALL,DLRECIPES={node}",
+            str(REPO / "scripts" / "slurm" / "train.sbatch"),
+            str(recipe),
+            "trainer.max_duration=40ep",
+            "checkpoint.save_interval=5ep",
+            "checkpoint.keep=2",
+        ],
+        capture_output=True,
+        text=True,
+        env={**slurm, **bucket.env()},
+        timeout=60,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     deadline = time.time() + 180
-    while time.time() < deadline and not any(len(h.read_text().splitlines()) >= 3
-                                             for h in tmp_path.glob("disk-of-start-0/**/history.csv")):
+    while time.time() < deadline and not any(
+        len(h.read_text().splitlines()) >= 3 for h in tmp_path.glob("disk-of-start-0/**/history.csv")
+    ):
         time.sleep(0.2)
     signalled = subprocess.run(["scancel", "--signal=USR1", job], env=slurm, capture_output=True, text=True, timeout=30)
     assert signalled.returncode == 0, signalled.stderr
@@ -169,8 +209,9 @@ def test_the_time_limit_signal_requeues_the_job_which_finishes_the_run_on_anothe
             # first instance's credential was revoked: slurmd would refuse the launch ("Job credential revoked": a
             # credential made no later than the revocation, to the second) and fail the job
             time.sleep(2)
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, capture_output=True,
-                           timeout=30)
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, capture_output=True, timeout=30
+            )
         if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             break
         time.sleep(0.5)

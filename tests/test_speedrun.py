@@ -28,8 +28,10 @@ def fake_cifar(root: Path) -> Path:
     rng = np.random.default_rng(0)
     sizes = {f"data_batch_{i}": n for i, n in zip(range(1, 6), (16, 12, 12, 12, 12))} | {"test_batch": EVAL}
     for name, n in sizes.items():
-        batch = {"data": rng.integers(0, 256, (n, 3 * 32 * 32), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, n).tolist()}
+        batch = {
+            "data": rng.integers(0, 256, (n, 3 * 32 * 32), dtype=np.uint8),
+            "labels": rng.integers(0, 10, n).tolist(),
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
     return root
 
@@ -37,13 +39,28 @@ def fake_cifar(root: Path) -> Path:
 def speedrun_config(tmp_path: Path, extra=(), recipe="cifar10_speedrun", lr=11.5):
     """recipes/cifar10_speedrun.yaml on the CPU in fp32, at the test's size: batch 16, 10 steps, narrow blocks; the
     decoupled weight decay converted for batch 16 as the recipe's comment converts it for 1024."""
-    return resolve(REPO / "recipes" / f"{recipe}.yaml", [
-        f"runs_dir={tmp_path / 'runs'}", "run_name=speedrun", "plots=false", f"dataset.root={fake_cifar(tmp_path)}",
-        "dataset.download=false", "trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false",
-        f"trainer.batch_size={BATCH}", f"trainer.max_duration={STEPS}ba", f"trainer.eval_interval={STEPS}ba",
-        "trainer.progress_bar=false", f"model.widths=[{', '.join(map(str, WIDTHS))}]",
-        f"optimizer.weight_decay={0.0153 * BATCH / lr!r}", f"callbacks.patch_whitening.images={TRAIN}",
-        "callbacks.patch_whitening.bias_epochs=1", *extra])
+    return resolve(
+        REPO / "recipes" / f"{recipe}.yaml",
+        [
+            f"runs_dir={tmp_path / 'runs'}",
+            "run_name=speedrun",
+            "plots=false",
+            f"dataset.root={fake_cifar(tmp_path)}",
+            "dataset.download=false",
+            "trainer.device=cpu",
+            "trainer.precision=fp32",
+            "trainer.compile=false",
+            f"trainer.batch_size={BATCH}",
+            f"trainer.max_duration={STEPS}ba",
+            f"trainer.eval_interval={STEPS}ba",
+            "trainer.progress_bar=false",
+            f"model.widths=[{', '.join(map(str, WIDTHS))}]",
+            f"optimizer.weight_decay={0.0153 * BATCH / lr!r}",
+            f"callbacks.patch_whitening.images={TRAIN}",
+            "callbacks.patch_whitening.bias_epochs=1",
+            *extra,
+        ],
+    )
 
 
 class Recorder:
@@ -59,8 +76,9 @@ class Recorder:
         def recorded_net(*args, **kwargs):
             self.net = build(*args, **kwargs)
             self.initial = copy.deepcopy(self.net.state_dict())
-            self.net.register_forward_hook(lambda m, i, out: self.outputs.append(out.detach().clone())
-                                           if m.training else None)
+            self.net.register_forward_hook(
+                lambda m, i, out: self.outputs.append(out.detach().clone()) if m.training else None
+            )
             return self.net
 
         def recorded_iter(loader):
@@ -132,9 +150,20 @@ def airbench_run(monkeypatch, recorder, version="94"):
         return net
 
     hyp = lib.hyp["opt"]
-    net = utils.train(ReplayLoader(recorder.batches, recorder.images), STEPS / (TRAIN // BATCH),
-                      hyp["label_smoothing"], hyp["lr"], hyp["bias_scaler"], hyp["momentum"], hyp["weight_decay"],
-                      1, 0, make_net, 0, False)
+    net = utils.train(
+        ReplayLoader(recorder.batches, recorder.images),
+        STEPS / (TRAIN // BATCH),
+        hyp["label_smoothing"],
+        hyp["lr"],
+        hyp["bias_scaler"],
+        hyp["momentum"],
+        hyp["weight_decay"],
+        1,
+        0,
+        make_net,
+        0,
+        False,
+    )
     return net, outputs
 
 
@@ -146,8 +175,10 @@ def summed_losses(outputs, batches):
 
 # airbench96 without its cutout: Composer's cutout, the recipe's, places its square otherwise (the recipe says so)
 @needs_airbench
-@pytest.mark.parametrize("recipe, version, lr, extra", [("cifar10_speedrun", "94", 11.5, []),
-                                                        ("cifar10_speedrun_96", "96", 9.0, ["~algorithms.cutout"])])
+@pytest.mark.parametrize(
+    "recipe, version, lr, extra",
+    [("cifar10_speedrun", "94", 11.5, []), ("cifar10_speedrun_96", "96", 9.0, ["~algorithms.cutout"])],
+)
 def test_the_recipe_trains_step_for_step_as_airbench_s_own_code(tmp_path, monkeypatch, recipe, version, lr, extra):
     """The same initial weights and batches (the ones the recipe's loader made: reflect-padded crops, alternating
     flips): per-step losses and final weights (and batch-norm statistics) within float tolerance, through the
@@ -172,8 +203,9 @@ def kilostep(momentum):
 
 
 @needs_airbench
-@pytest.mark.parametrize("recipe, module", [("cifar10_speedrun", "lib_airbench94"),
-                                            ("cifar10_speedrun_96", "lib_airbench96")])
+@pytest.mark.parametrize(
+    "recipe, module", [("cifar10_speedrun", "lib_airbench94"), ("cifar10_speedrun_96", "lib_airbench96")]
+)
 def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     """Each key of the recipe against the package's own `hyp` (converted where the recipe's comments say so)."""
     import math
@@ -190,11 +222,17 @@ def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
     assert math.isclose(optimizer["lr"], opt["lr"] / kilostep(opt["momentum"]), rel_tol=1e-12)
     assert math.isclose(optimizer["weight_decay"], opt["weight_decay"] * opt["batch_size"] / opt["lr"], rel_tol=1e-12)
     assert (optimizer["momentum"], optimizer["nesterov"], optimizer["norm_lr_scale"]) == (
-        opt["momentum"], True, opt["bias_scaler"])
+        opt["momentum"],
+        True,
+        opt["bias_scaler"],
+    )
     assert config.loss == {"name": "cross_entropy", "label_smoothing": opt["label_smoothing"], "reduction": "sum"}
     assert config.callbacks["patch_whitening"]["bias_epochs"] == opt["whiten_bias_epochs"]
     assert (dataset["crop_padding"], dataset["flip"], dataset["padding_mode"]) == (
-        aug["translate"], "alternate" if aug["flip"] else None, "reflect")
+        aug["translate"],
+        "alternate" if aug["flip"] else None,
+        "reflect",
+    )
     assert list(model["widths"]) == list(net["widths"].values())
     assert math.isclose(model["batchnorm_momentum"], 1 - net["batchnorm_momentum"])
     assert math.isclose(model["scaling_factor"], net["scaling_factor"])
@@ -211,9 +249,23 @@ def test_the_recipes_hold_airbench_s_hyperparameters(recipe, module):
 
 
 # airbench94_muon.py's main() (github.com/KellerJordan/cifar10-airbench; not in the package, so written out here)
-MUON_PUBLISHED = {"batch_size": 2000, "epochs": 8, "bias_lr": 0.053, "head_lr": 0.67, "wd": 2e-6 * 2000,
-                  "sgd_momentum": 0.85, "muon_lr": 0.24, "muon_momentum": 0.6, "ns_steps": 3, "label_smoothing": 0.2,
-                  "whiten_bias_epochs": 3, "whiten_images": 5000, "whiten_eps": 5e-4, "tta_level": 2, "head_scale": 256}
+MUON_PUBLISHED = {
+    "batch_size": 2000,
+    "epochs": 8,
+    "bias_lr": 0.053,
+    "head_lr": 0.67,
+    "wd": 2e-6 * 2000,
+    "sgd_momentum": 0.85,
+    "muon_lr": 0.24,
+    "muon_momentum": 0.6,
+    "ns_steps": 3,
+    "label_smoothing": 0.2,
+    "whiten_bias_epochs": 3,
+    "whiten_images": 5000,
+    "whiten_eps": 5e-4,
+    "tta_level": 2,
+    "head_scale": 256,
+}
 
 
 def test_the_muon_recipe_holds_airbench94_muon_s_settings():
@@ -227,18 +279,34 @@ def test_the_muon_recipe_holds_airbench94_muon_s_settings():
     assert (config.trainer.batch_size, config.trainer.max_duration) == (published["batch_size"], "8ep")
     assert config.trainer.eval_interval == config.trainer.max_duration
     assert (optimizer["lr"], optimizer["momentum"], optimizer["nesterov"], optimizer["weight_decay"]) == (
-        published["muon_lr"], published["muon_momentum"], True, 0.0)
-    assert (optimizer["ns_steps"], optimizer["normalize_weights"], optimizer["head"]) == (published["ns_steps"], True,
-                                                                                          "auto")
+        published["muon_lr"],
+        published["muon_momentum"],
+        True,
+        0.0,
+    )
+    assert (optimizer["ns_steps"], optimizer["normalize_weights"], optimizer["head"]) == (
+        published["ns_steps"],
+        True,
+        "auto",
+    )
     assert math.isclose(optimizer["head_lr"], published["head_lr"])
     assert math.isclose(optimizer["head_weight_decay"], published["wd"] / published["head_lr"], rel_tol=1e-12)
     assert (other["name"], other["lr"], other["momentum"], other["nesterov"]) == (
-        "sgd", published["bias_lr"], published["sgd_momentum"], True)
+        "sgd",
+        published["bias_lr"],
+        published["sgd_momentum"],
+        True,
+    )
     assert math.isclose(other["weight_decay"], published["wd"] / published["bias_lr"], rel_tol=1e-12)
     assert config.loss == {"name": "cross_entropy", "label_smoothing": published["label_smoothing"], "reduction": "sum"}
     assert config.scheduler.name == "linear" and config.scheduler.params == {"alpha_i": 1.0, "alpha_f": 0.0}
-    assert config.callbacks == {"patch_whitening": {"images": published["whiten_images"], "eps": published["whiten_eps"],
-                                                    "bias_epochs": published["whiten_bias_epochs"]}}  # no lookahead
+    assert config.callbacks == {
+        "patch_whitening": {
+            "images": published["whiten_images"],
+            "eps": published["whiten_eps"],
+            "bias_epochs": published["whiten_bias_epochs"],
+        }
+    }  # no lookahead
     assert config.algorithms["tta"]["level"] == published["tta_level"]
     assert math.isclose(model["scaling_factor"], 1 / published["head_scale"])
     assert list(model["widths"]) == [64, 256, 256] and model["batchnorm_momentum"] == 1 - 0.6
@@ -258,7 +326,8 @@ def test_the_airbench_model_is_airbench_s_network(convs, module, monkeypatch):
     assert list(ours.state_dict()) == list(theirs.state_dict())
     ours.load_state_dict(theirs.state_dict())
     assert [(p.requires_grad, n) for n, p in ours.named_parameters()] == [
-        (p.requires_grad, n) for n, p in theirs.named_parameters()]
+        (p.requires_grad, n) for n, p in theirs.named_parameters()
+    ]
     for a, b in zip(ours.modules(), theirs.modules()):
         if isinstance(a, torch.nn.BatchNorm2d):
             assert (a.momentum, a.eps) == (b.momentum, b.eps)
@@ -322,8 +391,10 @@ def test_alternating_flips_flip_each_image_on_every_other_epoch():
     images, loader = altflip_loader()
     raw = images.float() / 255.0
     epochs = [by_label(loader) for _ in range(4)]
-    flipped = [torch.tensor([torch.equal(e[i], raw[i].flip(-1)) and not torch.equal(e[i], raw[i])
-                             for i in range(12)]) for e in epochs]
+    flipped = [
+        torch.tensor([torch.equal(e[i], raw[i].flip(-1)) and not torch.equal(e[i], raw[i]) for i in range(12)])
+        for e in epochs
+    ]
     assert 0 < int(flipped[0].sum()) < 12  # a part of the images on even epochs...
     assert torch.equal(flipped[1], ~flipped[0])  # ...the others on odd ones
     assert torch.equal(flipped[2], flipped[0]) and torch.equal(flipped[3], flipped[1])
@@ -377,7 +448,12 @@ def test_batchnorm_settings_reach_every_batch_norm():
     model = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
     assert set_batchnorm(model, 0.4, 1e-12, False) == 2
     for norm in (model[0], model[1][0]):
-        assert (norm.momentum, norm.eps, norm.weight.requires_grad, norm.bias.requires_grad) == (0.4, 1e-12, False, True)
+        assert (norm.momentum, norm.eps, norm.weight.requires_grad, norm.bias.requires_grad) == (
+            0.4,
+            1e-12,
+            False,
+            True,
+        )
     set_batchnorm(model, None, None, None)  # null leaves each as it is
     assert (model[0].momentum, model[0].eps) == (0.4, 1e-12)
 
@@ -502,14 +578,16 @@ def test_a_cifar_dataset_on_the_tensor_cache_loader_is_refused_in_one_line(tmp_p
     that read it."""
     from dlrecipes.errors import RecipeError
 
-    with pytest.raises(RecipeError, match=r"trainer.loader: 'tensor_cache' caches image folders .*; for 'cifar10' "
-                                          r"use trainer.loader=device \(in-memory data\) or torch$"):
+    with pytest.raises(
+        RecipeError,
+        match=r"trainer.loader: 'tensor_cache' caches image folders .*; for 'cifar10' "
+        r"use trainer.loader=device \(in-memory data\) or torch$",
+    ):
         fit(speedrun_config(tmp_path, ["trainer.loader=tensor_cache"]))
 
 
 @pytest.mark.parametrize("loader, interval, stop", [("device", "1ep", "ep2-ba8"), ("torch", "2ba", "ep1-ba6")])
-def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_path, monkeypatch, loader, interval,
-                                                                         stop):
+def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_path, monkeypatch, loader, interval, stop):
     """Lookahead's slow copy, the whitened layer, the frozen bias and the alternating flips all come back from a
     checkpoint: resumed after epoch 2 (batch 8, after the lookahead update at 5), or with the torch loader inside
     epoch 1 (batch 6: the bias frozen at epoch 1's start, which the resumed run does not see), the run ends where
@@ -517,8 +595,15 @@ def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_pat
     from tests.conftest import build_trainer
 
     recorder = Recorder(monkeypatch)
-    config = speedrun_config(tmp_path, [f"trainer.loader={loader}", "checkpoint.save=true",
-                                        f"checkpoint.save_interval={interval}", "checkpoint.keep=-1"])
+    config = speedrun_config(
+        tmp_path,
+        [
+            f"trainer.loader={loader}",
+            "checkpoint.save=true",
+            f"checkpoint.save_interval={interval}",
+            "checkpoint.keep=-1",
+        ],
+    )
     fit(config)
     straight = copy.deepcopy(recorder.net.state_dict())
     folder = tmp_path / "runs" / "speedrun" / "checkpoints"
@@ -526,8 +611,9 @@ def test_a_run_resumed_mid_way_ends_with_the_uninterrupted_run_s_weights(tmp_pat
     for later in folder.glob("ep*-ba*.pt"):  # as if the run had stopped there
         if later != checkpoint:
             later.unlink()
-    trainer = build_trainer(config, tmp_path / "runs" / "speedrun", resume=True, trust_checkpoint=True,
-                            resume_from=checkpoint)
+    trainer = build_trainer(
+        config, tmp_path / "runs" / "speedrun", resume=True, trust_checkpoint=True, resume_from=checkpoint
+    )
     assert int(trainer.state.timestamp.batch) == int(stop.split("-ba")[1])
     trainer.fit()
     for name, value in recorder.net.state_dict().items():
@@ -550,7 +636,8 @@ def test_whitening_reads_the_same_leading_images_from_either_loader():
     dataset = TransformedTensorDataset(images, torch.arange(8), None, augment)
     torch_loader = SimpleNamespace(dataset=OrderedSamples(dataset, GlobalOrderSampler(8, 4, 0, 1, 0)))
     expected = (images[:5].float() / 255 - torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1)) / torch.tensor(
-        [0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+        [0.2, 0.25, 0.3]
+    ).view(1, 3, 1, 1)
     torch.testing.assert_close(leading_images(device, 5), expected)
     torch.testing.assert_close(leading_images(torch_loader, 5), expected)
 
@@ -562,7 +649,8 @@ def test_the_batchnorm_callback_sets_the_model_s_norms_at_init():
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     registry.callbacks.build("batchnorm", momentum=0.4, eps=1e-12, train_weight=False).init(
-        SimpleNamespace(model=model), None)
+        SimpleNamespace(model=model), None
+    )
     assert (model[1].momentum, model[1].eps, model[1].weight.requires_grad) == (0.4, 1e-12, False)
 
 
@@ -574,7 +662,10 @@ def test_patch_whitening_of_a_network_without_a_whitening_layer_is_one_line():
     from dlrecipes.errors import RecipeError
 
     loader = DeviceTensorLoader(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4), 2, None, True)
-    state = SimpleNamespace(timestamp=SimpleNamespace(batch=0), model=torch.nn.Conv2d(3, 64, 3),
-                            train_dataloader=loader)
-    with pytest.raises(RecipeError, match=r"callbacks.patch_whitening: .* is \(64, 3, 3, 3\); .* needs \(54, 3, 3, 3\)"):
+    state = SimpleNamespace(
+        timestamp=SimpleNamespace(batch=0), model=torch.nn.Conv2d(3, 64, 3), train_dataloader=loader
+    )
+    with pytest.raises(
+        RecipeError, match=r"callbacks.patch_whitening: .* is \(64, 3, 3, 3\); .* needs \(54, 3, 3, 3\)"
+    ):
         PatchWhitening(images=4).fit_start(state, None)

@@ -28,8 +28,16 @@ def test_commas_split_values_outside_brackets_and_quotes():
 
 
 def test_the_grid_is_the_product_times_the_seeds_with_names_from_the_values(tmp_path):
-    plan = plan_sweep(tmp_path / "r.yaml", ["optimizer.lr=0.003,0.01", "trainer.precision=fp32,amp_bf16",
-                                            "trainer.max_duration=2ep", "model.layers=[1,2]"], seeds=2)
+    plan = plan_sweep(
+        tmp_path / "r.yaml",
+        [
+            "optimizer.lr=0.003,0.01",
+            "trainer.precision=fp32,amp_bf16",
+            "trainer.max_duration=2ep",
+            "model.layers=[1,2]",
+        ],
+        seeds=2,
+    )
     assert plan.fixed == ["trainer.max_duration=2ep", "model.layers=[1,2]"]  # a bracketed value stays one value
     assert plan.swept == {"optimizer.lr": [0.003, 0.01], "trainer.precision": ["fp32", "amp_bf16"]}
     assert len(plan.points) == 8 and plan.name == "r-sweep"
@@ -41,19 +49,25 @@ def test_the_grid_is_the_product_times_the_seeds_with_names_from_the_values(tmp_
     assert "/" not in odd and " " not in odd and odd.startswith("loggers=")  # filesystem-safe
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    (["optimizer.lr=0.1,"], {}, "an empty value"),
-    (["trainer.max_duration=2ep"], {}, "nothing to sweep"),
-    (["trainer.seed=1,2"], {"seeds": 2}, "trainer.seed is swept already"),
-    (["optimizer.lr=gauss(1,2)"], {"trials": 2, "search": "random"}, "loguniform(a,b)"),
-    (["optimizer.lr=loguniform(0,1)"], {"trials": 2, "search": "random"}, "needs 0 < low < high"),
-    (["optimizer.lr=0.1,0.2"], {"trials": 2}, "--trials: only with --search random or --search optuna"),
-    (["optimizer.lr=0.1,0.2"], {"trials": 2, "search": "grid"}, "--search: expected random or optuna, got 'grid'"),
-    (["optimizer.lr=loguniform(1e-3,1e-1)"], {"search": "optuna"}, "--search optuna needs --trials N"),
-    (["optimizer.lr=loguniform(1e-3,1e-1)"], {"trials": 2, "search": "optuna", "seeds": 2},
-     "an Optuna search trains each trial once"),
-    (["model.layers=[1,2],[3]"], {"trials": 2, "search": "optuna"}, "choices are numbers, strings or booleans"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (["optimizer.lr=0.1,"], {}, "an empty value"),
+        (["trainer.max_duration=2ep"], {}, "nothing to sweep"),
+        (["trainer.seed=1,2"], {"seeds": 2}, "trainer.seed is swept already"),
+        (["optimizer.lr=gauss(1,2)"], {"trials": 2, "search": "random"}, "loguniform(a,b)"),
+        (["optimizer.lr=loguniform(0,1)"], {"trials": 2, "search": "random"}, "needs 0 < low < high"),
+        (["optimizer.lr=0.1,0.2"], {"trials": 2}, "--trials: only with --search random or --search optuna"),
+        (["optimizer.lr=0.1,0.2"], {"trials": 2, "search": "grid"}, "--search: expected random or optuna, got 'grid'"),
+        (["optimizer.lr=loguniform(1e-3,1e-1)"], {"search": "optuna"}, "--search optuna needs --trials N"),
+        (
+            ["optimizer.lr=loguniform(1e-3,1e-1)"],
+            {"trials": 2, "search": "optuna", "seeds": 2},
+            "an Optuna search trains each trial once",
+        ),
+        (["model.layers=[1,2],[3]"], {"trials": 2, "search": "optuna"}, "choices are numbers, strings or booleans"),
+    ],
+)
 def test_sweep_mistakes_name_the_key(tmp_path, args, kwargs, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_sweep(tmp_path / "r.yaml", args, **kwargs)
@@ -78,8 +92,9 @@ def _table(folder: Path) -> list[dict[str, str]]:
 @pytest.mark.slow
 def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
     runs = tiny_recipe.parent / "runs"
-    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "model.width=4,8", "--parallel", "2",
-                     timeout=600)
+    result = run_cli(
+        "sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "model.width=4,8", "--parallel", "2", timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     folder = runs / "tiny-sweep"
     names = sorted(p.name for p in folder.iterdir() if (p / "recipe.yaml").is_file())
@@ -87,8 +102,12 @@ def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
     assert all(json.loads((folder / n / "summary.json").read_text())["status"] == "finished" for n in names)
     assert len([line for line in result.stdout.splitlines() if line.startswith("[")]) == 4  # one line per run
     rows = _table(folder)
-    assert [(r["optimizer.lr"], r["model.width"]) for r in rows] == [("0.01", "4"), ("0.01", "8"), ("0.1", "4"),
-                                                                    ("0.1", "8")]
+    assert [(r["optimizer.lr"], r["model.width"]) for r in rows] == [
+        ("0.01", "4"),
+        ("0.01", "8"),
+        ("0.1", "4"),
+        ("0.1", "8"),
+    ]
     for row, name in zip(rows, names):
         best = json.loads((folder / name / "checkpoints" / "best.json").read_text())["value"]
         assert float(row["best"]) == pytest.approx(best) and row["status"] == "done"
@@ -100,7 +119,9 @@ def test_a_2x2_grid_in_parallel_then_repeated_is_skipped(tiny_recipe):
         assert f"run_name={name}" in shlex.split(logged) and made["recipe_file"] == str(tiny_recipe.resolve())
     assert (folder / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads(json.dumps(__import__("yaml").safe_load((folder / "sweep.yaml").read_text())))["swept"] == {
-        "optimizer.lr": [0.01, 0.1], "model.width": [4, 8]}
+        "optimizer.lr": [0.01, 0.1],
+        "model.width": [4, 8],
+    }
     again = run_cli("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.1", "model.width=4,8")
     assert again.returncode == 0 and again.stdout.count("(finished)") == 4 and "[1/" not in again.stdout
     assert _table(folder) == rows
@@ -122,8 +143,17 @@ def test_a_run_request_trains_what_its_writer_loaded_and_records_its_train_line(
     request = RunRequest.of(load_local(tiny_recipe, overrides), overrides, [], RunOptions(), given, "a test")
     path = request.write(tmp_path, "handed")
     assert path.stat().st_mode & 0o777 == 0o600 and RunRequest.read(path) == request
-    assert request.command == shlex.join(["dlrecipes", "train", str(tiny_recipe), *overrides, f"runs_dir={runs}",
-                                          "run_name=handed", "trainer.progress_bar=false"])
+    assert request.command == shlex.join(
+        [
+            "dlrecipes",
+            "train",
+            str(tiny_recipe),
+            *overrides,
+            f"runs_dir={runs}",
+            "run_name=handed",
+            "trainer.progress_bar=false",
+        ]
+    )
     recipe_text = tiny_recipe.read_text()
     tiny_recipe.unlink()
     result = run_cli("train-request", str(path))
@@ -181,8 +211,9 @@ def test_a_failed_and_a_refused_point_each_say_why_and_the_sweep_exits_1(tiny_re
     """Neither leaves a run directory: the reason is the last line of the point's log."""
     plugin = tiny_recipe.parent / "trouble.py"
     plugin.write_text(TROUBLE)
-    result = run_cli("sweep", str(tiny_recipe), "callbacks.trouble.refuse=false,true", f"imports=[{plugin}]",
-                     timeout=600)
+    result = run_cli(
+        "sweep", str(tiny_recipe), "callbacks.trouble.refuse=false,true", f"imports=[{plugin}]", timeout=600
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     folder = tiny_recipe.parent / "runs" / "tiny-sweep"
     failed, refused = _table(folder)
@@ -192,15 +223,16 @@ def test_a_failed_and_a_refused_point_each_say_why_and_the_sweep_exits_1(tiny_re
     markdown = (folder / "summary.md").read_text()
     assert "| failed | training failed: RuntimeError: boom" in markdown
     assert "| refused | trouble: refused on purpose |" in markdown
-    table = result.stdout[result.stdout.index("sweep tiny-sweep: refuse = callbacks.trouble.refuse"):]
+    table = result.stdout[result.stdout.index("sweep tiny-sweep: refuse = callbacks.trouble.refuse") :]
     assert re.search(r"│ False +│.*│ failed +│", table) and re.search(r"│ True +│.*│ refused +│", table), table
     assert "refuse=True: refused: trouble: refused on purpose" in table
     assert table.splitlines()[-1].startswith("2 of 2 points did not finish: 1 failed, 1 refused; see ")
 
 
 @pytest.mark.slow
-def test_a_point_refused_for_an_untrusted_checkpoint_trains_with_the_sweeps_own_trust_checkpoint(trained_tiny,
-                                                                                                 tiny_recipe):
+def test_a_point_refused_for_an_untrusted_checkpoint_trains_with_the_sweeps_own_trust_checkpoint(
+    trained_tiny, tiny_recipe
+):
     """Issue 63: the refusal says "pass --trust-checkpoint", and the sweep, which had no such option, now takes it
     and passes it on to each point's training."""
     import torch
@@ -208,8 +240,14 @@ def test_a_point_refused_for_an_untrusted_checkpoint_trains_with_the_sweeps_own_
     start = tiny_recipe.parent / "start.pt"
     state = torch.load(trained_tiny / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
     torch.save({**state, "where": Path("x")}, start)  # a harmless object beyond tensors
-    args = ("sweep", str(tiny_recipe), "optimizer.lr=0.01,0.05", f"checkpoint.load_path={start}",
-            "trainer.max_duration=1ba", "trainer.eval_subset_num_batches=1")
+    args = (
+        "sweep",
+        str(tiny_recipe),
+        "optimizer.lr=0.01,0.05",
+        f"checkpoint.load_path={start}",
+        "trainer.max_duration=1ba",
+        "trainer.eval_subset_num_batches=1",
+    )
     refused = run_cli(*args, timeout=600)
     assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
     reasons = {r["reason"] for r in _table(tiny_recipe.parent / "runs" / "tiny-sweep")}
@@ -236,8 +274,18 @@ def test_a_failed_trial_keeps_its_outcome_when_the_search_goes_on(tiny_recipe):
 
 @pytest.mark.slow
 def test_random_search_of_three_trials(tiny_recipe):
-    result = run_cli("sweep", str(tiny_recipe), "optimizer.lr=loguniform(1e-3,1e-1)", "--trials", "3",
-                     "--search", "random", "--name", "search", timeout=600)
+    result = run_cli(
+        "sweep",
+        str(tiny_recipe),
+        "optimizer.lr=loguniform(1e-3,1e-1)",
+        "--trials",
+        "3",
+        "--search",
+        "random",
+        "--name",
+        "search",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = _table(tiny_recipe.parent / "runs" / "search")
     assert len(rows) == 3 and all(1e-3 <= float(r["optimizer.lr"]) <= 1e-1 and r["status"] == "done" for r in rows)
@@ -268,8 +316,9 @@ def test_an_interrupted_sweep_resumes_to_the_same_table(tiny_recipe):
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "skip   lr=0.02 (finished)" in resumed.stdout
     columns = ("optimizer.lr", "best", "final", "status")
-    assert [{c: r[c] for c in columns} for r in _table(folder)] == \
-        [{c: r[c] for c in columns} for r in _table(tiny_recipe.parent / "runs" / "whole")]
+    assert [{c: r[c] for c in columns} for r in _table(folder)] == [
+        {c: r[c] for c in columns} for r in _table(tiny_recipe.parent / "runs" / "whole")
+    ]
 
 
 def test_an_optuna_search_without_optuna_says_how_to_install_it(tmp_path, monkeypatch):
@@ -293,13 +342,25 @@ def test_an_optuna_trial_below_the_median_of_finished_ones_is_pruned(tiny_recipe
     journal = tmp_path / "study.journal"
     study = optuna.create_study(study_name="s", storage=journal_storage(str(journal)), direction="maximize")
     lr = {"optimizer.lr": optuna.distributions.FloatDistribution(1e-6, 1.0, log=True)}
-    study.add_trial(optuna.trial.create_trial(params={"optimizer.lr": 0.05}, distributions=lr, value=1.0,
-                                              intermediate_values={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"optimizer.lr": 0.05},
+            distributions=lr,
+            value=1.0,
+            intermediate_values={0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0},
+        )
+    )
     trial = study.ask(lr)
     callback = json.dumps({"storage": str(journal), "study": "s", "trial": trial.number, "startup_trials": 1})
     how = ["train"] if nproc == 1 else ["launch", "-n", str(nproc)]
-    result = run_cli(*how, str(tiny_recipe), "run_name=low", "trainer.max_duration=4ep", "optimizer.lr=1e-6",
-                     f"callbacks.optuna_trial={callback}")
+    result = run_cli(
+        *how,
+        str(tiny_recipe),
+        "run_name=low",
+        "trainer.max_duration=4ep",
+        "optimizer.lr=1e-6",
+        f"callbacks.optuna_trial={callback}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pruned: 2 epochs" in result.stderr and "pruned by the Optuna study 's' after evaluation 2" in result.stderr
     run = tmp_path / "runs" / "low"
@@ -319,8 +380,16 @@ def test_an_optuna_search_of_three_trials_then_repeated_is_skipped(tiny_recipe):
 
     from dlrecipes.callbacks.optuna_trial import journal_storage
 
-    search = ["optimizer.lr=loguniform(1e-3,0.3)", "model.width=choice(4,8)", "--trials", "3", "--search", "optuna",
-              "--name", "tpe"]
+    search = [
+        "optimizer.lr=loguniform(1e-3,0.3)",
+        "model.width=choice(4,8)",
+        "--trials",
+        "3",
+        "--search",
+        "optuna",
+        "--name",
+        "tpe",
+    ]
     result = run_cli("sweep", str(tiny_recipe), *search, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     folder = tiny_recipe.parent / "runs" / "tpe"
@@ -393,10 +462,23 @@ def test_at_80_columns_the_table_keeps_key_names_whole_and_values_on_one_line(ti
     mean ± std stays on one line; the diverged points' reasons and the closing line follow."""
     from .test_terminal import _in_pty, _on_screen
 
-    out = _in_pty(["sweep", str(tiny_recipe), "optimizer.lr=0.05,1e12", "--seeds", "2", "--parallel", "2",
-                   "trainer.max_duration=1ep", "trainer.log_interval=1"], 80, expect=1)
+    out = _in_pty(
+        [
+            "sweep",
+            str(tiny_recipe),
+            "optimizer.lr=0.05,1e12",
+            "--seeds",
+            "2",
+            "--parallel",
+            "2",
+            "trainer.max_duration=1ep",
+            "trainer.log_interval=1",
+        ],
+        80,
+        expect=1,
+    )
     lines = _on_screen(out)
-    table = lines[lines.index("sweep tiny-sweep: lr = optimizer.lr"):]  # the report, after a line per training
+    table = lines[lines.index("sweep tiny-sweep: lr = optimizer.lr") :]  # the report, after a line per training
     runs_dir = str(tiny_recipe.parent / "runs")  # the test's own long path: a line holding it may wrap
     assert all(len(line.replace(runs_dir, "runs")) <= 80 for line in table), max(table, key=len)
     assert re.match(r"┃ lr +┃ best top1 +┃", table[2]) and "…" not in out, "\n".join(table)
@@ -418,12 +500,23 @@ def test_a_closed_terminal_stops_the_sweep_like_sigterm_and_a_rerun_resumes(tiny
     import select
     import termios
 
-    grid = ["--seeds", "1", "trainer.max_duration=3ep", f"imports=[{REPO / 'tests' / 'fault_injection.py'}]",
-            "callbacks.slow_batches={seconds: 0.3}"]
+    grid = [
+        "--seeds",
+        "1",
+        "trainer.max_duration=3ep",
+        f"imports=[{REPO / 'tests' / 'fault_injection.py'}]",
+        "callbacks.slow_batches={seconds: 0.3}",
+    ]
     master, slave = pty.openpty()
-    sweep = subprocess.Popen([sys.executable, "-m", "dlrecipes", "sweep", str(tiny_recipe), *grid], cwd=REPO,
-                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "dlrecipes", "sweep", str(tiny_recipe), *grid],
+        cwd=REPO,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )  # its controlling terminal
     os.close(slave)
     folder = tiny_recipe.parent / "runs" / "tiny-sweep"
     log = folder / "logs" / "seed=1.log"
@@ -455,7 +548,6 @@ def test_a_training_ended_by_the_sweeps_own_stop_is_stopped_not_failed(tmp_path)
     assert killed == {"status": "failed", "reason": "killed by SIGKILL", "exit_code": -signal.SIGKILL}
 
 
-
 def test_a_forked_training_is_a_process_of_its_own(tmp_path):
     """What a sweep's trainings get on a CPU (dlrecipes/runtime/fork_server.py): the sweep's working directory (a
     relative recipe path), its output appended to the log, the command's exit code and one-line error, a session
@@ -472,12 +564,21 @@ def test_a_forked_training_is_a_process_of_its_own(tmp_path):
     assert refused.wait(120) == 2
     lines = log.read_text().splitlines()
     assert lines[0] == "$ the command" and len(lines) == 2 and lines[1].startswith("error: optimizer.name"), lines
-    (tmp_path / "cwd_plugin.py").write_text("from dlrecipes.registry import losses\n\n\n"
-                                            "@losses.register('from_the_cwd')\ndef from_the_cwd():\n    return None\n")
-    listed = fork_server.start(FORKED, ["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log")
+    (tmp_path / "cwd_plugin.py").write_text(
+        "from dlrecipes.registry import losses\n\n\n"
+        "@losses.register('from_the_cwd')\ndef from_the_cwd():\n    return None\n"
+    )
+    listed = fork_server.start(
+        FORKED, ["list", "losses", "--plugin", "cwd_plugin"], cwd=tmp_path, out=tmp_path / "list.log"
+    )
     assert listed.wait(120) == 0 and "from_the_cwd" in (tmp_path / "list.log").read_text()  # as python -m: cwd first
-    training = fork_server.start(FORKED, ["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
-                                 cwd=tmp_path, out=tmp_path / "train.log", new_session=True)
+    training = fork_server.start(
+        FORKED,
+        ["train", str(REPO / "recipes" / "quickstart.yaml"), f"runs_dir={tmp_path}/runs"],
+        cwd=tmp_path,
+        out=tmp_path / "train.log",
+        new_session=True,
+    )
     deadline = time.monotonic() + 60
     while os.getsid(training.pid) != training.pid and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -493,12 +594,14 @@ def test_a_forked_process_leaves_what_the_server_imported_out_of_its_full_collec
     from .forked import run_forked
 
     script = tmp_path / "probe.py"
-    script.write_text("import gc, json, weakref\n"
-                      "class Cycle:\n    pass\n"
-                      "made = Cycle(); made.me = made; gone = weakref.ref(made); del made\n"
-                      "frozen, walked = gc.get_freeze_count(), len(gc.get_objects(generation=2))\n"
-                      "gc.collect()\n"
-                      "print(json.dumps({'frozen': frozen, 'walked': walked, 'collected': gone() is None}))\n")
+    script.write_text(
+        "import gc, json, weakref\n"
+        "class Cycle:\n    pass\n"
+        "made = Cycle(); made.me = made; gone = weakref.ref(made); del made\n"
+        "frozen, walked = gc.get_freeze_count(), len(gc.get_objects(generation=2))\n"
+        "gc.collect()\n"
+        "print(json.dumps({'frozen': frozen, 'walked': walked, 'collected': gone() is None}))\n"
+    )
     done = run_forked([], cwd=tmp_path, timeout=120, module=str(script))
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.splitlines()[-1])
@@ -518,8 +621,10 @@ def test_a_sweep_forked_from_the_server_forks_its_trainings_itself_with_fresh_si
     driver, child = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("driver", "child"))
     assert driver["code"] == 0 and child["ppid"] == driver["pid"]  # forked by the driver, not by a server
     assert driver["children_left"] == [] and driver["forks_itself_with_a_thread"] is False
-    assert child["handlers"] == {"SIGTERM": "SIG_DFL", "SIGINT": "default_int_handler",
-                                 "SIGPIPE": "SIG_IGN"} and child["blocked"] == []
+    assert (
+        child["handlers"] == {"SIGTERM": "SIG_DFL", "SIGINT": "default_int_handler", "SIGPIPE": "SIG_IGN"}
+        and child["blocked"] == []
+    )
 
 
 def test_trainings_are_forked_only_on_a_cpu_one_process_each(monkeypatch):

@@ -23,10 +23,17 @@ from .conftest import REPO, build_trainer, image_folders
 from .stand_in_data import cifar_batches, ffcv_files, mnist_files, shard_files
 from .sync_census import SyncCensus
 
-RECIPES = sorted(p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml")
-                 if p.parent.name != "base")
-WINDOW = ["trainer.max_duration=22ba", "trainer.eval_subset_num_batches=1", "checkpoint.save=false",
-          "trainer.device=cpu", "trainer.precision=fp32", "trainer.progress_bar=false"]
+RECIPES = sorted(
+    p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml") if p.parent.name != "base"
+)
+WINDOW = [
+    "trainer.max_duration=22ba",
+    "trainer.eval_subset_num_batches=1",
+    "checkpoint.save=false",
+    "trainer.device=cpu",
+    "trainer.precision=fp32",
+    "trainer.progress_bar=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +59,38 @@ def _stand_in(recipe: str, data: Path) -> list[str]:
     if name in ("mnist", "cifar10"):
         return [f"dataset.root={data / name}", *small]
     if name in ("imagenet", "imagenet100"):
-        return [f"dataset.root={data / name}", "dataset.crop_size=16", "dataset.resize_size=18",
-                "dataset.eval_crop_size=16", *small]
+        return [
+            f"dataset.root={data / name}",
+            "dataset.crop_size=16",
+            "dataset.resize_size=18",
+            "dataset.eval_crop_size=16",
+            *small,
+        ]
     if name == "image_folder":
-        return [f"dataset.train_path={data / 'imagenet' / 'train'}", f"dataset.val_path={data / 'imagenet' / 'val'}",
-                "dataset.crop_size=16", "dataset.resize_size=18", *small]
+        return [
+            f"dataset.train_path={data / 'imagenet' / 'train'}",
+            f"dataset.val_path={data / 'imagenet' / 'val'}",
+            "dataset.crop_size=16",
+            "dataset.resize_size=18",
+            *small,
+        ]
     if name == "ffcv":
-        return [f"dataset.train_path={data / 'ffcv' / 'train.beton'}", f"dataset.val_path={data / 'ffcv' / 'val.beton'}",
-                "dataset.crop_size=16", "dataset.eval_crop_size=16", *small]
+        return [
+            f"dataset.train_path={data / 'ffcv' / 'train.beton'}",
+            f"dataset.val_path={data / 'ffcv' / 'val.beton'}",
+            "dataset.crop_size=16",
+            "dataset.eval_crop_size=16",
+            *small,
+        ]
     if name == "shards":  # progressive resizing in the device decoder: at 16 px, in steps of 4 (32: a 0 px size)
-        return [f"dataset.remote={data / 'shards'}", "dataset.crop_size=16", "dataset.resize_size=18",
-                "dataset.eval_crop_size=16", "algorithms.progressive_resizing.size_increment=4", *small]
+        return [
+            f"dataset.remote={data / 'shards'}",
+            "dataset.crop_size=16",
+            "dataset.resize_size=18",
+            "dataset.eval_crop_size=16",
+            "algorithms.progressive_resizing.size_increment=4",
+            *small,
+        ]
     assert name in ("digits", "digits_two_view"), f"{recipe}: no stand-in for dataset {name!r}"
     return small
 
@@ -87,11 +115,17 @@ def test_each_shipped_recipe_trains_steps_4_to_20_without_a_read_back(recipe, st
     config = api.resolve(REPO / "recipes" / recipe, check_device=False, check_data=False)
     workers = min(config.trainer.num_workers, 1)  # the same kind of loader, in one worker process at most
     declared = [f"~algorithms.{name}" for name in config.algorithms if _declared(name)]  # their census is below
-    overrides = [*_stand_in(recipe, stand_ins), *WINDOW, "trainer.batch_size=4", f"trainer.num_workers={workers}",
-                 "trainer.device_train_microbatch_size=null", f"runs_dir={tmp_path / 'runs'}", *declared]
+    overrides = [
+        *_stand_in(recipe, stand_ins),
+        *WINDOW,
+        "trainer.batch_size=4",
+        f"trainer.num_workers={workers}",
+        "trainer.device_train_microbatch_size=null",
+        f"runs_dir={tmp_path / 'runs'}",
+        *declared,
+    ]
     counted = census(REPO / "recipes" / recipe, overrides, tmp_path / "runs" / "census")
     assert not counted.found, f"{recipe}:\n{counted.summary()}"
-
 
 
 def _declared(name: str) -> str | None:
@@ -101,16 +135,25 @@ def _declared(name: str) -> str | None:
 
 # what an algorithm needs of the tiny recipe to run (the rest run on it as they are, with their defaults)
 ALGORITHM_SETUP = {
-    "augmix": ["dataset={name: image_folder, train_path: IMAGES/train, val_path: IMAGES/val, crop_size: 32, "
-               "resize_size: 36}", "trainer.loader=torch", "trainer.batch_size=4"],
-    "randaugment": ["dataset={name: image_folder, train_path: IMAGES/train, val_path: IMAGES/val, crop_size: 32, "
-                    "resize_size: 36}", "trainer.loader=torch", "trainer.batch_size=4"],
+    "augmix": [
+        "dataset={name: image_folder, train_path: IMAGES/train, val_path: IMAGES/val, crop_size: 32, resize_size: 36}",
+        "trainer.loader=torch",
+        "trainer.batch_size=4",
+    ],
+    "randaugment": [
+        "dataset={name: image_folder, train_path: IMAGES/train, val_path: IMAGES/val, crop_size: 32, resize_size: 36}",
+        "trainer.loader=torch",
+        "trainer.batch_size=4",
+    ],
     "distillation": ["algorithms.distillation.teacher=TEACHER"],
     "ghost_batchnorm": ["algorithms.ghost_batchnorm.ghost_batch_size=8"],
     "gradient_checkpointing": ["algorithms.gradient_checkpointing.targets=[Conv2d]"],  # the tiny CNN has no blocks
-    "stochastic_depth": ["model={name: torchvision, arch: resnet50, min_input_size: 16}",
-                         "dataset={name: cifar10, root: CIFAR, image_size: 16}", "trainer.batch_size=4",
-                         "algorithms.stochastic_depth.stochastic_method=sample"],
+    "stochastic_depth": [
+        "model={name: torchvision, arch: resnet50, min_input_size: 16}",
+        "dataset={name: cifar10, root: CIFAR, image_size: 16}",
+        "trainer.batch_size=4",
+        "algorithms.stochastic_depth.stochastic_method=sample",
+    ],
     "qat": ["algorithms.qat.start=2ba"],  # the switch to fake quantization (once) before the window
 }
 
@@ -120,13 +163,23 @@ ALGORITHM_SETUP = {
 def test_each_algorithm_reads_back_only_what_it_declares(name, tiny_recipe, trained_tiny, stand_ins, tmp_path):
     """Every registered algorithm on the tiny recipe (on the device loader, where it takes tensors): steps 4-20
     read nothing back, unless the algorithm declares what it reads (``reads_back=``), and then they do."""
-    setup = [o.replace("IMAGES", str(stand_ins / "imagenet")).replace("TEACHER", str(trained_tiny))
-             .replace("CIFAR", str(stand_ins / "cifar10"))
-             for o in ALGORITHM_SETUP.get(name, [])]
+    setup = [
+        o.replace("IMAGES", str(stand_ins / "imagenet"))
+        .replace("TEACHER", str(trained_tiny))
+        .replace("CIFAR", str(stand_ins / "cifar10"))
+        for o in ALGORITHM_SETUP.get(name, [])
+    ]
     declared = _declared(name)
-    overrides = [f"trainer.max_duration={4 if declared else 22}ba", "trainer.train_subset_num_batches=-1",
-                 "trainer.batch_size=16", "trainer.loader=device", "checkpoint.save=false", "checkpoint.monitor=null",
-                 f"algorithms={{{name}: {{}}}}", *setup]
+    overrides = [
+        f"trainer.max_duration={4 if declared else 22}ba",
+        "trainer.train_subset_num_batches=-1",
+        "trainer.batch_size=16",
+        "trainer.loader=device",
+        "checkpoint.save=false",
+        "checkpoint.monitor=null",
+        f"algorithms={{{name}: {{}}}}",
+        *setup,
+    ]
     # what is declared has only to be seen once: steps 2-3
     counted = census(tiny_recipe, overrides, tmp_path / "runs" / "census", *((1, 3) if declared else (3, 20)))
     if declared:
@@ -140,15 +193,22 @@ def test_validate_names_what_a_gpu_recipe_reads_back():
     torch cannot fuse); a CPU recipe naming the same gets none."""
     from .conftest import run_cli
 
-    done = run_cli("validate", str(REPO / "recipes" / "imagenet" / "resnet50_hot.yaml"), "--no-data-check",
-                   "--skip-device-check")
+    done = run_cli(
+        "validate", str(REPO / "recipes" / "imagenet" / "resnet50_hot.yaml"), "--no-data-check", "--skip-device-check"
+    )
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stdout.splitlines() if line.startswith("note: ")]
     assert [n.split()[1] for n in notes] == ["algorithms.sam", "algorithms.stochastic_depth", "trainer.precision"]
     assert all(n.endswith("(docs/performance.md)") for n in notes) and "decoupled_sgdw (not fused)" in notes[2]
-    fused = run_cli("validate", str(REPO / "recipes" / "imagenet" / "resnet50_baseline.yaml"), "--no-data-check",
-                    "--skip-device-check", "optimizer={name: sgd, lr: 0.1}")
+    fused = run_cli(
+        "validate",
+        str(REPO / "recipes" / "imagenet" / "resnet50_baseline.yaml"),
+        "--no-data-check",
+        "--skip-device-check",
+        "optimizer={name: sgd, lr: 0.1}",
+    )
     assert "note:" not in fused.stdout, fused.stdout  # a fused SGD takes the scaler's check on the device
-    on_cpu = run_cli("validate", str(REPO / "recipes" / "quickstart.yaml"), "trainer.device=cpu",
-                     "algorithms={sam: {}}")
+    on_cpu = run_cli(
+        "validate", str(REPO / "recipes" / "quickstart.yaml"), "trainer.device=cpu", "algorithms={sam: {}}"
+    )
     assert on_cpu.returncode == 0 and "note:" not in on_cpu.stdout, on_cpu.stdout

@@ -65,11 +65,20 @@ def test_crops_have_the_requested_size_and_keep_constant_images_constant():
 def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
     _folder(tmp_path / "imgs" / "train", per_class=8)
     _folder(tmp_path / "imgs" / "val", per_class=2)
-    result = fit(resolve(tiny_recipe, [
-        f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, crop_size: 16, resize_size: 20}}",
-        "model={name: cifar_resnet18}", "trainer.loader=tensor_cache", "trainer.batch_size=8", "run_name=tc",
-        "trainer.num_workers=1", "trainer.max_duration=1ep",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, crop_size: 16, resize_size: 20}}",
+                "model={name: cifar_resnet18}",
+                "trainer.loader=tensor_cache",
+                "trainer.batch_size=8",
+                "run_name=tc",
+                "trainer.num_workers=1",
+                "trainer.max_duration=1ep",
+            ],
+        )
+    )
     assert result.batches == 3
     assert (tmp_path / "imgs" / ".dlrecipes-cache" / "train-20.npy").exists()
     # the loaders' worker processes end with the training, not whenever the garbage collector reaches them (then,
@@ -83,13 +92,19 @@ def test_tensor_cache_honours_separate_train_and_eval_sizes(tmp_path):
 
     _folder(tmp_path / "imgs" / "train", per_class=4)
     _folder(tmp_path / "imgs" / "val", per_class=2)
-    data = registry.datasets.build("image_folder", train_path=str(tmp_path / "imgs" / "train"),
-                                   val_path=str(tmp_path / "imgs" / "val"), crop_size=12, eval_crop_size=18,
-                                   resize_size=20)
+    data = registry.datasets.build(
+        "image_folder",
+        train_path=str(tmp_path / "imgs" / "train"),
+        val_path=str(tmp_path / "imgs" / "val"),
+        crop_size=12,
+        eval_crop_size=18,
+        resize_size=20,
+    )
     shapes = {}
     for split, dataset, train in (("train", data.train, True), ("eval", data.eval, False)):
-        loader = build_tensor_cache_loader(dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None,
-                                           **data.augment)
+        loader = build_tensor_cache_loader(
+            dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None, **data.augment
+        )
         shapes[split] = next(iter(loader))[0].shape
     assert shapes == {"train": (2, 3, 12, 12), "eval": (2, 3, 18, 18)}
 
@@ -153,9 +168,15 @@ def _convert_to_cache(folders, out=None, **options):
     from dlrecipes.tools.data_convert import CacheOptions
 
     lines: list[str] = []
-    params = {"train_path": str(folders / "train"), "val_path": str(folders / "val"), "crop_size": 12, "resize_size": 16}
-    reports = api.convert_dataset("image_folder", params, out, CacheOptions(num_workers=1, **options),
-                                  echo=lines.append, format="tensor_cache")
+    params = {
+        "train_path": str(folders / "train"),
+        "val_path": str(folders / "val"),
+        "crop_size": 12,
+        "resize_size": 16,
+    }
+    reports = api.convert_dataset(
+        "image_folder", params, out, CacheOptions(num_workers=1, **options), echo=lines.append, format="tensor_cache"
+    )
     return reports, lines, params
 
 
@@ -174,7 +195,9 @@ def test_data_convert_writes_the_cache_the_loader_then_uses_as_it_is(tmp_path, m
     reports, lines, params = _convert_to_cache(folders)
     cache = tmp_path / "imgs" / ".dlrecipes-cache"  # beside the split folders: trainer.cache_dir's default
     assert [(r.split, r.samples, r.classes, r.size, r.written) for r in reports] == [
-        ("train", 4, 2, 16, True), ("val", 4, 2, 16, True)]
+        ("train", 4, 2, 16, True),
+        ("val", 4, 2, 16, True),
+    ]
     assert lines[0] == f"caching train: 4 images -> {cache / 'train-16.npy'}"
     assert lines[1].startswith("  4 samples, 2 classes, 16x16 RGB uint8, ")
     assert lines[-1] == "train from it with trainer.loader=tensor_cache"
@@ -185,16 +208,20 @@ def test_data_convert_writes_the_cache_the_loader_then_uses_as_it_is(tmp_path, m
         assert np.load(cache / f"{split}-16.labels.npy").tolist() == [label for _, label in dataset.samples]
 
     stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    assert sorted(stamps) == sorted(f"{s}-16{ext}" for s in ("train", "val") for ext in (".npy", ".labels.npy", ".json"))
+    assert sorted(stamps) == sorted(
+        f"{s}-16{ext}" for s in ("train", "val") for ext in (".npy", ".labels.npy", ".json")
+    )
     for dataset, train in ((data.train, True), (data.eval, False)):
-        loader = build_tensor_cache_loader(dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None,
-                                           **data.augment)
+        loader = build_tensor_cache_loader(
+            dataset, 2, train, torch.device("cpu"), 0, 0, 0, 1, None, None, **data.augment
+        )
         assert next(iter(loader))[0].shape == (2, 3, 12, 12)
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # found up to date, not rebuilt
 
     again, lines, _ = _convert_to_cache(folders)
-    assert [r.written for r in again] == [False, False] and lines[0].endswith("train-16.npy is up to date "
-                                                                              "(--overwrite rebuilds it)")
+    assert [r.written for r in again] == [False, False] and lines[0].endswith(
+        "train-16.npy is up to date (--overwrite rebuilds it)"
+    )
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
     assert [r.written for r in _convert_to_cache(folders, overwrite=True)[0]] == [True, True]
 
@@ -203,19 +230,32 @@ def test_data_convert_rejects_an_unknown_format_a_dataset_without_pil_images_and
     from .conftest import run_cli
 
     for args, expected in (
-        (["digits", "--format", "tensor-cache"], "error: --format: expected ffcv, tensor_cache or shards, got 'tensor-cache'"),
-        (["digits", "--format", "ffcv", "--out", "x", "--shard-size", "1MB"],
-         "error: --shard-size: only with --format shards; --format ffcv reads --max-resolution, --write-mode, "
-         "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite"),
-        (["digits", "--format", "tensor_cache", "--write-mode", "raw"],
-         "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers and "
-         "--overwrite"),
-        (["digits", "--out", "x", "--cache-size", "32"],
-         "error: --cache-size: only with --format tensor_cache; --format ffcv reads --max-resolution, --write-mode, "
-         "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite"),
-        (["digits", "--format", "tensor_cache"],
-         ("error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
-          "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)")),
+        (
+            ["digits", "--format", "tensor-cache"],
+            "error: --format: expected ffcv, tensor_cache or shards, got 'tensor-cache'",
+        ),
+        (
+            ["digits", "--format", "ffcv", "--out", "x", "--shard-size", "1MB"],
+            "error: --shard-size: only with --format shards; --format ffcv reads --max-resolution, --write-mode, "
+            "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite",
+        ),
+        (
+            ["digits", "--format", "tensor_cache", "--write-mode", "raw"],
+            "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers and "
+            "--overwrite",
+        ),
+        (
+            ["digits", "--out", "x", "--cache-size", "32"],
+            "error: --cache-size: only with --format tensor_cache; --format ffcv reads --max-resolution, --write-mode, "
+            "--jpeg-quality, --compress-probability, --page-size, --skip-bad, --out, --workers and --overwrite",
+        ),
+        (
+            ["digits", "--format", "tensor_cache"],
+            (
+                "error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
+                "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)"
+            ),
+        ),
     ):
         result = run_cli("data", "convert", *args)
         assert (result.returncode, result.stderr.strip()) == (2, expected), result.stderr
@@ -227,14 +267,28 @@ def test_training_uses_a_converted_cache_in_its_cache_dir(tmp_path, tiny_recipe)
 
     folders = image_folders(tmp_path / "imgs", ["ant", "bee"], per_class=4)
     lines = _convert_to_cache(folders, out=tmp_path / "cache", cache_size=14)[1]
-    assert lines[-1] == f"train from it with trainer.loader=tensor_cache trainer.cache_dir={tmp_path / 'cache'} " \
-                        "trainer.cache_size=14"
+    assert (
+        lines[-1] == f"train from it with trainer.loader=tensor_cache trainer.cache_dir={tmp_path / 'cache'} "
+        "trainer.cache_size=14"
+    )
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
-    result = fit(resolve(tiny_recipe, [
-        (f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
-         "resize_size: 16}"), "model={name: cifar_resnet18}", "trainer.batch_size=4", "run_name=converted",
-        "trainer.num_workers=0", "trainer.max_duration=1ep", *lines[-1].split()[4:],
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                (
+                    f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
+                    "resize_size: 16}"
+                ),
+                "model={name: cifar_resnet18}",
+                "trainer.batch_size=4",
+                "run_name=converted",
+                "trainer.num_workers=0",
+                "trainer.max_duration=1ep",
+                *lines[-1].split()[4:],
+            ],
+        )
+    )
     assert result.batches == 2
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == stamps
     assert not (folders / ".dlrecipes-cache").exists()

@@ -17,8 +17,13 @@ from . import forked
 from .conftest import REPO, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-FIELDS = [("loss 0.1234", "loss 0.123"), ("top1 0.9312", "top1 0.931"), ("lr 1.20e-03", "lr 1.2e-03"),
-          ("12,345 img/s", "12.3k/s"), ("ETA 1:02:03", "1:02:03")]
+FIELDS = [
+    ("loss 0.1234", "loss 0.123"),
+    ("top1 0.9312", "top1 0.931"),
+    ("lr 1.20e-03", "lr 1.2e-03"),
+    ("12,345 img/s", "12.3k/s"),
+    ("ETA 1:02:03", "1:02:03"),
+]
 
 
 @pytest.mark.parametrize("width", [72, 80, 100, 120, 200])
@@ -48,7 +53,7 @@ def _parse_live_line(line: str, items: list[tuple[str, str]]) -> int:
     words = [w for w in line.split() if not set(w) <= set("━╺#-")]
     at = 0
     for count, (full, short) in enumerate(items):
-        form = next((f for f in (full, short) if words[at:at + len(f.split())] == f.split()), None)
+        form = next((f for f in (full, short) if words[at : at + len(f.split())] == f.split()), None)
         if form is None:
             return count
         at += len(form.split())
@@ -96,8 +101,12 @@ def _on_screen(out: str) -> list[str]:
     return [ANSI.sub("", line.split("\r")[-1]) for line in out.split("\n")]
 
 
-RUN = ["trainer.max_duration=3ep", "trainer.train_subset_num_batches=6", "trainer.progress_bar=true",
-       "checkpoint.save=false"]
+RUN = [
+    "trainer.max_duration=3ep",
+    "trainer.train_subset_num_batches=6",
+    "trainer.progress_bar=true",
+    "checkpoint.save=false",
+]
 
 
 @pytest.mark.slow
@@ -130,9 +139,18 @@ def test_in_a_terminal_one_live_line_that_fits_and_a_summary_line_per_epoch(tiny
 
 @pytest.mark.slow
 def test_ctrl_c_message_starts_on_a_line_of_its_own(tiny_recipe):
-    out = _train_in_pty([str(tiny_recipe), "trainer.max_duration=50ep", "trainer.progress_bar=true",
-                         "trainer.train_subset_num_batches=50", "run_name=ctrlc"], 80, interrupt_at="/22 loss",
-                        expect=75)
+    out = _train_in_pty(
+        [
+            str(tiny_recipe),
+            "trainer.max_duration=50ep",
+            "trainer.progress_bar=true",
+            "trainer.train_subset_num_batches=50",
+            "run_name=ctrlc",
+        ],
+        80,
+        interrupt_at="/22 loss",
+        expect=75,
+    )
     stopped = [line for line in _on_screen(out) if "stopped by SIGINT" in line]
     assert len(stopped) == 1 and stopped[0].startswith("stopped by SIGINT after batch"), out[-2000:]
 
@@ -142,7 +160,9 @@ def test_list_and_version_fit_the_terminal(columns):
     out = _in_pty(["list", "models"], columns)
     lines = _on_screen(out)
     assert "cnn_simple" in out and all(len(line) <= columns for line in lines), max(lines, key=len)
-    assert re.fullmatch(r"dlrecipes \S+ \(composer 0\.32\.1, torch \S+, python \S+\)\n?", _in_pty(["--version"], columns))
+    assert re.fullmatch(
+        r"dlrecipes \S+ \(composer 0\.32\.1, torch \S+, python \S+\)\n?", _in_pty(["--version"], columns)
+    )
 
 
 @pytest.mark.parametrize("width", [40, 50, 60])
@@ -152,7 +172,7 @@ def test_on_a_narrow_terminal_fields_give_way_by_priority(width):
     assert line.startswith("ep 12/100 450/1000 loss 0.123")  # the epoch, the counter and the loss stay
     gone = [short for i, (_, short) in enumerate(FIELDS) if short not in line]
     order = [FIELDS[i][1] for i in (2, 3, 1, 4)]
-    assert gone == [] or set(gone) == set(order[:len(gone)]), gone  # lr first, then speed, top1, ETA
+    assert gone == [] or set(gone) == set(order[: len(gone)]), gone  # lr first, then speed, top1, ETA
 
 
 @pytest.mark.slow
@@ -161,7 +181,11 @@ def test_piped_one_plain_line_per_epoch_and_no_carriage_returns(tiny_recipe):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "\r" not in result.stdout and "\x1b" not in result.stdout
     start, *lines = result.stdout.splitlines()
-    assert start.startswith(f"run {tiny_recipe.parent}/runs/piped | digits: ") and " train, " in start and "| cpu, fp32 | 1 process" in start
+    assert (
+        start.startswith(f"run {tiny_recipe.parent}/runs/piped | digits: ")
+        and " train, " in start
+        and "| cpu, fp32 | 1 process" in start
+    )
     assert lines[0].split()[:2] == ["epoch", "loss"] and "eval top1" in lines[0] and "train top5" in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"]  # and nothing else on stdout
     columns = lines[0].index("eval top1")
@@ -188,8 +212,14 @@ def test_after_a_resume_the_table_the_done_line_and_the_records_agree(tiny_recip
     import csv
     import json
 
-    run = ["trainer.max_duration=2ep", "trainer.train_subset_num_batches=4", "run_name=agree",
-           "--plugin", str(REPO / "tests" / "fault_injection.py"), "callbacks.fault_injection={signal_at_batch: 6}"]
+    run = [
+        "trainer.max_duration=2ep",
+        "trainer.train_subset_num_batches=4",
+        "run_name=agree",
+        "--plugin",
+        str(REPO / "tests" / "fault_injection.py"),
+        "callbacks.fault_injection={signal_at_batch: 6}",
+    ]
     stopped = run_cli("train", str(tiny_recipe), *run)
     assert stopped.returncode == 75, stopped.stderr[-2000:]
     resumed = run_cli("train", str(tiny_recipe), *run, "--resume")
@@ -230,9 +260,18 @@ def test_the_live_line_shows_this_epoch_s_loss_and_labels_evaluation_and_the_log
     labelled as the evaluation's.  The run's log holds the lines piped output has: no redraws, no escape codes."""
     import csv
 
-    out = _train_in_pty([str(tiny_recipe), "trainer.max_duration=3ep", "trainer.train_subset_num_batches=1",
-                         "trainer.progress_bar=true", "trainer.log_interval=1000", "checkpoint.save=false",
-                         "run_name=live"], 200)
+    out = _train_in_pty(
+        [
+            str(tiny_recipe),
+            "trainer.max_duration=3ep",
+            "trainer.train_subset_num_batches=1",
+            "trainer.progress_bar=true",
+            "trainer.log_interval=1000",
+            "checkpoint.save=false",
+            "run_name=live",
+        ],
+        200,
+    )
     run_dir = tiny_recipe.parent / "runs" / "live"
     with open(run_dir / "history.csv", newline="") as f:
         means = [f"{float(r['train_loss']):.4f}" for r in csv.DictReader(f)]

@@ -25,14 +25,30 @@ def test_torchruns_group_rank_is_the_node_rank_composer_reads(monkeypatch):
 
     from dlrecipes.core.distributed import adopt_torchrun
 
-    _unset(monkeypatch, "NODE_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-           "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE")
+    _unset(
+        monkeypatch,
+        "NODE_RANK",
+        "TORCHELASTIC_RUN_ID",
+        "GROUP_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+    )
     assert adopt_torchrun() == 0 and "NODE_RANK" not in os.environ  # not under torchrun: nothing changed
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("GROUP_RANK", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    for name, value in (("RANK", "2"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "2"),
-                        ("GROUP_WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")):
+    for name, value in (
+        ("RANK", "2"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("GROUP_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ):
         monkeypatch.setenv(name, value)
     assert adopt_torchrun() == 2
     assert dist.get_node_rank() == 1
@@ -47,20 +63,32 @@ def _unset(monkeypatch, *names: str) -> None:
         monkeypatch.delenv(name)
 
 
-TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "job", "GROUP_RANK": "1", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
-                "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+TORCHRUN_ENV = {
+    "TORCHELASTIC_RUN_ID": "job",
+    "GROUP_RANK": "1",
+    "RANK": "2",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+}
 
 
-@pytest.mark.parametrize("changed, message", [
-    ({"NODE_RANK": "0"}, "NODE_RANK=0 but torchrun made this node number 1 (GROUP_RANK): unset NODE_RANK"),
-    ({"RANK": "4"}, "RANK=4 in the environment but WORLD_SIZE is 4: ranks count from 0 to 3"),
-    ({"LOCAL_RANK": "2"}, "LOCAL_RANK=2 in the environment but LOCAL_WORLD_SIZE is 2"),
-    ({"LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3 in the environment does not divide WORLD_SIZE=4"),
-    ({"GROUP_WORLD_SIZE": "3"}, "torchrun's GROUP_WORLD_SIZE=3 nodes x LOCAL_WORLD_SIZE=2 processes"),
-    ({"GROUP_RANK": "2"}, "NODE_RANK=2 in the environment but WORLD_SIZE/LOCAL_WORLD_SIZE nodes is 2"),
-    ({"RANK": "one"}, "RANK='one' in the environment: expected a whole number"),
-    ({"MASTER_ADDR": None}, "WORLD_SIZE=4 is set but MASTER_ADDR is not: start the processes with"),
-])
+@pytest.mark.parametrize(
+    "changed, message",
+    [
+        ({"NODE_RANK": "0"}, "NODE_RANK=0 but torchrun made this node number 1 (GROUP_RANK): unset NODE_RANK"),
+        ({"RANK": "4"}, "RANK=4 in the environment but WORLD_SIZE is 4: ranks count from 0 to 3"),
+        ({"LOCAL_RANK": "2"}, "LOCAL_RANK=2 in the environment but LOCAL_WORLD_SIZE is 2"),
+        ({"LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3 in the environment does not divide WORLD_SIZE=4"),
+        ({"GROUP_WORLD_SIZE": "3"}, "torchrun's GROUP_WORLD_SIZE=3 nodes x LOCAL_WORLD_SIZE=2 processes"),
+        ({"GROUP_RANK": "2"}, "NODE_RANK=2 in the environment but WORLD_SIZE/LOCAL_WORLD_SIZE nodes is 2"),
+        ({"RANK": "one"}, "RANK='one' in the environment: expected a whole number"),
+        ({"MASTER_ADDR": None}, "WORLD_SIZE=4 is set but MASTER_ADDR is not: start the processes with"),
+    ],
+)
 def test_an_inconsistent_launch_environment_is_one_line_exit_2(tiny_recipe, monkeypatch, changed, message):
     from tests.conftest import run_cli
 
@@ -84,8 +112,17 @@ def test_torchruns_restart_of_an_unnamed_run_continues_the_run_named_after_the_j
     from tests.conftest import run_cli
 
     _unset(monkeypatch, RESUME_MISSING)  # the restart sets it
-    env = {**TORCHRUN_ENV, "TORCHELASTIC_RUN_ID": "in100 job", "GROUP_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "NODE_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0"}
+    env = {
+        **TORCHRUN_ENV,
+        "TORCHELASTIC_RUN_ID": "in100 job",
+        "GROUP_RANK": "0",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_WORLD_SIZE": "1",
+        "NODE_RANK": "0",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     first = run_cli("train", str(tiny_recipe), "trainer.max_duration=1ep", "checkpoint.save_interval=1ep")
@@ -118,8 +155,14 @@ def test_a_static_torchrun_job_is_named_after_its_agents_start(monkeypatch):
 def _torchrun(host: str, tmp_path, log: str, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
     env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-m", "torch.distributed.run", *args],
-                            cwd=tmp_path, env=env, stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", host, sys.executable, "-m", "torch.distributed.run", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=open(tmp_path / log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _epochs(history) -> list[int]:
@@ -130,11 +173,30 @@ def _epochs(history) -> list[int]:
 @pytest.mark.slow
 def test_torchrun_on_two_hosts_trains_each_sample_once_with_equal_weights(two_hosts, ddp_recipe, tmp_path):
     port = str(29700 + os.getpid() % 200)
-    procs = [_torchrun(ns, tmp_path, f"host{rank}.log", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-                       str(rank), "--master-addr", two_hosts[0][2], "--master-port", port, str(REPO / "cli.py"),
-                       "train", str(ddp_recipe), "run_name=torchrun", "trainer.max_duration=2ep",
-                       "trainer.dist_timeout=20")
-             for rank, (ns, _, _) in enumerate(two_hosts)]
+    procs = [
+        _torchrun(
+            ns,
+            tmp_path,
+            f"host{rank}.log",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            two_hosts[0][2],
+            "--master-port",
+            port,
+            str(REPO / "cli.py"),
+            "train",
+            str(ddp_recipe),
+            "run_name=torchrun",
+            "trainer.max_duration=2ep",
+            "trainer.dist_timeout=20",
+        )
+        for rank, (ns, _, _) in enumerate(two_hosts)
+    ]
     codes = [p.wait(timeout=240) for p in procs]
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
     assert codes == [0, 0], "\n---\n".join(log[-2500:] for log in logs)
@@ -155,13 +217,35 @@ def test_an_elastic_torchrun_that_loses_a_host_goes_on_from_the_last_checkpoint(
     # is_host: the endpoint's host keeps the rendezvous; torch cannot tell by itself here, where the host name
     # resolves to an address neither namespace has
     conf = "join_timeout=60,last_call_timeout=2,is_host={}"
-    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint, "--rdzv-id", "elastic", str(REPO / "cli.py"), "train", str(ddp_recipe), "run_name=elastic", "trainer.max_duration=12ep",
-            "trainer.dist_timeout=20", "dataset.samples=64", "checkpoint.save_interval=1ep"]
+    args = [
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "elastic",
+        str(REPO / "cli.py"),
+        "train",
+        str(ddp_recipe),
+        "run_name=elastic",
+        "trainer.max_duration=12ep",
+        "trainer.dist_timeout=20",
+        "dataset.samples=64",
+        "checkpoint.save_interval=1ep",
+    ]
     # --local-addr: the address each agent tells the others (torch would give its host name, which does not resolve)
-    procs = [_torchrun(ns, tmp_path, f"host{rank}.log", "--rdzv-conf", conf.format(int(rank == 0)), "--local-addr",
-                       address, *args)
-             for rank, (ns, _, address) in enumerate(two_hosts)]
+    procs = [
+        _torchrun(
+            ns, tmp_path, f"host{rank}.log", "--rdzv-conf", conf.format(int(rank == 0)), "--local-addr", address, *args
+        )
+        for rank, (ns, _, address) in enumerate(two_hosts)
+    ]
     history = tmp_path / "runs" / "elastic" / "history.csv"
     deadline = time.time() + 150
     while not (history.is_file() and len(history.read_text().splitlines()) >= 3) and time.time() < deadline:
@@ -207,19 +291,42 @@ def kill_first_attempt(at_batch: int, rank: int):
 
 @pytest.mark.slow
 def test_torchrun_restarts_both_hosts_after_a_killed_worker_and_the_run_ends_as_an_uninterrupted_one(
-        two_hosts, ddp_recipe, tmp_path, uninterrupted):
+    two_hosts, ddp_recipe, tmp_path, uninterrupted
+):
     """A fixed two-node torchrun (static rendezvous, --max-restarts 1 on both) whose training process on host 1 is
     SIGKILLed after batch 6 of 8 (checkpoints every 2 batches): host 0's process loses its peer and stops, torchrun
     restarts the job on both hosts, and the restarted processes continue the run (no run_name: named after the
     job) from its last checkpoint to the end, with the weights of an uninterrupted run (test_distributed.py's)."""
     (tmp_path / "kill_plugin.py").write_text(KILL_ONCE)
     port = str(29600 + os.getpid() % 97)
-    procs = [_torchrun(ns, tmp_path, f"host{rank}.log", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-                       str(rank), "--max-restarts", "1", "--master-addr", two_hosts[0][2], "--master-port", port,
-                       str(REPO / "cli.py"), "train", str(ddp_recipe), *UNINTERRUPTED, "checkpoint.save_interval=2ba",
-                       "trainer.dist_timeout=20", f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}"
-                       ", ./kill_plugin.py]", "callbacks.kill_first_attempt={at_batch: 6, rank: 1}")
-             for rank, (ns, _, _) in enumerate(two_hosts)]
+    procs = [
+        _torchrun(
+            ns,
+            tmp_path,
+            f"host{rank}.log",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(rank),
+            "--max-restarts",
+            "1",
+            "--master-addr",
+            two_hosts[0][2],
+            "--master-port",
+            port,
+            str(REPO / "cli.py"),
+            "train",
+            str(ddp_recipe),
+            *UNINTERRUPTED,
+            "checkpoint.save_interval=2ba",
+            "trainer.dist_timeout=20",
+            f"imports=[./ddp_plugin.py, {REPO / 'tests' / 'fault_injection.py'}, ./kill_plugin.py]",
+            "callbacks.kill_first_attempt={at_batch: 6, rank: 1}",
+        )
+        for rank, (ns, _, _) in enumerate(two_hosts)
+    ]
     codes = [p.wait(timeout=240) for p in procs]
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
     assert codes == [0, 0], "\n---\n".join(log[-3000:] for log in logs)

@@ -28,10 +28,27 @@ def _start_server(folder: Path) -> tuple[subprocess.Popen, str]:
     # one request worker, and no job runner (MLflow's GenAI jobs; its consumers are Pythons of their own): by default
     # the server is 15 processes and about 55 s of CPU to start on 2 cores, this way 2 processes and 13 s
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
-         "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"], env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'db.sqlite'}",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=open(folder / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -82,8 +99,13 @@ def _mlflow(uri: str, run: str) -> dict:
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     artifacts |= {a.path for a in client.list_artifacts(run_id, "report")}
     top1 = [m.value for m in sorted(client.get_metric_history(run_id, "metrics/eval/top1"), key=lambda m: m.step)]
-    return {"status": found.info.status, "params": found.data.params, "tags": found.data.tags,
-            "artifacts": artifacts, "top1": top1}
+    return {
+        "status": found.info.status,
+        "params": found.data.params,
+        "tags": found.data.tags,
+        "artifacts": artifacts,
+        "top1": top1,
+    }
 
 
 def _loggers(uri: str) -> str:
@@ -112,12 +134,23 @@ def test_mlflow_server_gets_the_recipe_the_metrics_the_files_and_the_status(mlfl
 
 @pytest.mark.slow
 def test_a_diverged_run_is_failed_in_mlflow_and_checkpoints_go_when_asked(mlflow_server, tiny_recipe):
-    hot = run_cli("train", str(tiny_recipe), _loggers(mlflow_server), "run_name=hot", "optimizer.lr=1e12",
-                  "trainer.log_interval=1", "checkpoint.save_interval=1ba")
+    hot = run_cli(
+        "train",
+        str(tiny_recipe),
+        _loggers(mlflow_server),
+        "run_name=hot",
+        "optimizer.lr=1e12",
+        "trainer.log_interval=1",
+        "checkpoint.save_interval=1ba",
+    )
     assert hot.returncode == 3, hot.stderr[-3000:]
     assert _mlflow(mlflow_server, "hot")["status"] == "FAILED"
-    kept = run_cli("train", str(tiny_recipe), _loggers(mlflow_server).replace("}}", ", log_artifacts: checkpoint}}"),
-                   "run_name=kept")
+    kept = run_cli(
+        "train",
+        str(tiny_recipe),
+        _loggers(mlflow_server).replace("}}", ", log_artifacts: checkpoint}}"),
+        "run_name=kept",
+    )
     assert kept.returncode == 0, kept.stderr[-3000:]
     assert "checkpoints/best.pt" in {a for a in _mlflow_artifacts(mlflow_server, "kept", "checkpoints")}
 
@@ -199,8 +232,19 @@ def test_a_tracker_that_drops_out_mid_run_only_warns(mlflow_server, tiny_recipe,
 
     link = _Link(int(mlflow_server.rsplit(":", 1)[1]))
     out = tmp_path / "out.txt"
-    process = forked.start(["train", str(tiny_recipe), _loggers(link.uri), "run_name=dropped", "trainer.max_duration=8ep",
-                            "trainer.log_interval=1"], tiny_recipe.parent, out, None)
+    process = forked.start(
+        [
+            "train",
+            str(tiny_recipe),
+            _loggers(link.uri),
+            "run_name=dropped",
+            "trainer.max_duration=8ep",
+            "trainer.log_interval=1",
+        ],
+        tiny_recipe.parent,
+        out,
+        None,
+    )
     deadline = time.time() + 300
     while "\n2/8" not in forked._read(out) and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -235,8 +279,15 @@ def test_wandb_offline_run_gets_the_recipe_the_files_and_the_exit_code(tiny_reci
     assert {"device=cpu", "world_size=1"} <= set(got["tags"]) and got["exit_code"] == 0
     (files,) = got["artifacts"].values()
     assert {"recipe.yaml", "summary.json", "history.csv", "loss.png"} <= set(files)
-    hot = run_cli("train", str(tiny_recipe), "loggers={wandb: {offline: true}}", "run_name=wbhot",
-                  "optimizer.lr=1e12", "trainer.log_interval=1", "checkpoint.save_interval=1ba")
+    hot = run_cli(
+        "train",
+        str(tiny_recipe),
+        "loggers={wandb: {offline: true}}",
+        "run_name=wbhot",
+        "optimizer.lr=1e12",
+        "trainer.log_interval=1",
+        "checkpoint.save_interval=1ba",
+    )
     assert hot.returncode == 3
     (offline,) = (tiny_recipe.parent / "runs" / "wbhot" / "wandb").glob("offline-run-*")
     assert wandb_log.run_summary(offline)["exit_code"] == 3  # as `dlrecipes train` exits: diverged
@@ -268,10 +319,25 @@ def test_a_tracker_uploads_and_ends_the_run_once_though_composer_closes_again_at
 
 
 def test_the_recipe_flattens_to_dotted_text_parameters():
-    params = flat_parameters({"optimizer": {"name": "sgd", "lr": 0.05}, "algorithms": {}, "tags": ["a", "b"],
-                              "x": None, "flag": True, "long": "y" * 7000})
-    assert params == {"optimizer.name": "sgd", "optimizer.lr": "0.05", "algorithms": "{}", "tags": '["a", "b"]',
-                      "x": "null", "flag": "true", "long": "y" * 5997 + "..."}
+    params = flat_parameters(
+        {
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "algorithms": {},
+            "tags": ["a", "b"],
+            "x": None,
+            "flag": True,
+            "long": "y" * 7000,
+        }
+    )
+    assert params == {
+        "optimizer.name": "sgd",
+        "optimizer.lr": "0.05",
+        "algorithms": "{}",
+        "tags": '["a", "b"]',
+        "x": "null",
+        "flag": "true",
+        "long": "y" * 5997 + "...",
+    }
 
 
 @pytest.mark.slow
@@ -282,10 +348,18 @@ def test_a_secret_in_an_address_reaches_no_file_no_output_and_no_tracker(mlflow_
     (the same recipe) is told of no changed address."""
     secret = "hunter2-Zq9"
     uri = mlflow_server.replace("http://", f"http://bob:{secret}@")
-    loggers = (f'loggers={{mlflow: {{tracking_uri: "{uri}", experiment_name: dlr}}, tensorboard: {{}}, '
-               'wandb: {offline: true}}')
-    args = [str(tiny_recipe), loggers, "run_name=secret", f"description=data at https://h/x?token={secret}&n=1",
-            "trainer.train_subset_num_batches=1", "trainer.eval_subset_num_batches=1"]
+    loggers = (
+        f'loggers={{mlflow: {{tracking_uri: "{uri}", experiment_name: dlr}}, tensorboard: {{}}, '
+        "wandb: {offline: true}}"
+    )
+    args = [
+        str(tiny_recipe),
+        loggers,
+        "run_name=secret",
+        f"description=data at https://h/x?token={secret}&n=1",
+        "trainer.train_subset_num_batches=1",
+        "trainer.eval_subset_num_batches=1",
+    ]
     from . import forked  # processes of their own: all they and what they start (W&B's service) write is read
 
     first = forked.run(["train", *args, "trainer.max_duration=1ep"], REPO)

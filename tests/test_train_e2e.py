@@ -25,7 +25,9 @@ def test_cli_train_writes_a_run_directory(tiny_recipe, tmp_path):
     run = tmp_path / "runs" / "cli-run"
     assert "done: 2 epochs, 6 batches" in result.stderr
     recorded = (run / "recipe.yaml").read_text()
-    assert recorded.startswith(f"{RUN_RECIPE_HEADER}name: tiny\n") and recorded.endswith(f"plots: false\n{RUN_RECIPE_END}")
+    assert recorded.startswith(f"{RUN_RECIPE_HEADER}name: tiny\n") and recorded.endswith(
+        f"plots: false\n{RUN_RECIPE_END}"
+    )
     assert (run / "checkpoints" / "latest-rank0.pt").exists()
     assert (run / "checkpoints" / "best.pt").exists() and (run / "checkpoints" / "best.json").exists()
     assert "metrics/eval/top1" in (run / "train-rank0.log").read_text()
@@ -33,7 +35,9 @@ def test_cli_train_writes_a_run_directory(tiny_recipe, tmp_path):
 
 def test_cli_reports_a_missing_dataset_folder_without_traceback(tiny_recipe, tmp_path):
     result = run_cli(
-        "train", str(tiny_recipe), f"dataset={{name: image_folder, train_path: {tmp_path}/nope, val_path: {tmp_path}/nope}}"
+        "train",
+        str(tiny_recipe),
+        f"dataset={{name: image_folder, train_path: {tmp_path}/nope, val_path: {tmp_path}/nope}}",
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "dataset.train_path: " in result.stderr and "nope does not exist" in result.stderr
@@ -78,8 +82,18 @@ def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
     composer = Path(sys.executable).parent / "composer"  # installed with mosaicml, next to this python
     assert composer.exists(), composer
     result = run_cli(
-        str(composer), "-n", "1", "--stdout", str(tmp_path / "out{rank}.txt"), "--stderr", str(tmp_path / "err{rank}.txt"),
-        str(REPO / "cli.py"), "train", str(tiny_recipe), "run_name=launched", "trainer.max_duration=1ep",
+        str(composer),
+        "-n",
+        "1",
+        "--stdout",
+        str(tmp_path / "out{rank}.txt"),
+        "--stderr",
+        str(tmp_path / "err{rank}.txt"),
+        str(REPO / "cli.py"),
+        "train",
+        str(tiny_recipe),
+        "run_name=launched",
+        "trainer.max_duration=1ep",
         module=False,
     )
     assert result.returncode == 0, (tmp_path / "err0.txt").read_text()[-3000:]
@@ -89,8 +103,12 @@ def test_runs_under_composers_launcher(tiny_recipe, tmp_path):
 def test_quickstart_learns_the_embedded_digits(tmp_path):
     """The shipped recipe's training, as shipped (its PNGs and checkpoints, which change nothing it learns, left out:
     other tests write both)."""
-    result = fit(resolve(REPO / "recipes" / "quickstart.yaml", [f"runs_dir={tmp_path}", "trainer.progress_bar=false",
-                                                                 "plots=false", "checkpoint.save=false"]))
+    result = fit(
+        resolve(
+            REPO / "recipes" / "quickstart.yaml",
+            [f"runs_dir={tmp_path}", "trainer.progress_bar=false", "plots=false", "checkpoint.save=false"],
+        )
+    )
     assert result.eval_metrics["top1"] >= 0.95
 
 
@@ -110,10 +128,17 @@ def test_load_path_starts_a_new_run_from_saved_weights(tiny_recipe):
 
 
 def test_gradient_accumulation_and_best_only_checkpoints(tiny_recipe):
-    result = fit(resolve(tiny_recipe, [
-        "run_name=accum", "trainer.device_train_microbatch_size=16", "checkpoint.best_only=true",
-        "trainer.max_duration=1ep",
-    ]))
+    result = fit(
+        resolve(
+            tiny_recipe,
+            [
+                "run_name=accum",
+                "trainer.device_train_microbatch_size=16",
+                "checkpoint.best_only=true",
+                "trainer.max_duration=1ep",
+            ],
+        )
+    )
     assert result.batches == 3  # 64-sample batches, each as four microbatches of 16
     files = sorted(p.name for p in (result.run_dir / "checkpoints").iterdir())
     assert files == ["best.json", "best.pt"]
@@ -144,8 +169,11 @@ def test_no_good_checkpoint_left_is_a_named_error(tiny_recipe):
     only = first.run_dir / "checkpoints" / "ep1-ba3-rank0.pt"
     only.write_bytes(b"not a checkpoint")
     config = resolve(tiny_recipe, ["run_name=ruined", "trainer.max_duration=2ep"])
-    with pytest.raises(DataError, match=r"no checkpoint in .* loads \(ep1-ba3-rank0.pt is not a dlrecipes/Composer checkpoint "
-                                        r"\(text, 16 bytes\)\); nothing was changed"):
+    with pytest.raises(
+        DataError,
+        match=r"no checkpoint in .* loads \(ep1-ba3-rank0.pt is not a dlrecipes/Composer checkpoint "
+        r"\(text, 16 bytes\)\); nothing was changed",
+    ):
         build_trainer(config, prepare_run_dir(config, "ruined", resume=True), resume=True)
     assert only.read_bytes() == b"not a checkpoint"  # left where it was: a refusal changes nothing
 

@@ -17,8 +17,13 @@ from .conftest import run_cli
 
 def tiny_net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
-                               torch.nn.Flatten(), torch.nn.LazyLinear(5))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3),
+        torch.nn.Flatten(),
+        torch.nn.LazyLinear(5),
+    )
 
 
 @pytest.mark.parametrize("level", [0, 1, 2])
@@ -47,7 +52,7 @@ def test_level_two_is_the_definition_written_out():
     with torch.no_grad():
         for pad in (1, 2):
             padded = torch.nn.functional.pad(x, (pad,) * 4, mode="reflect")
-            up_left, down_right = padded[..., :9, :9], padded[..., 2 * pad:, 2 * pad:]
+            up_left, down_right = padded[..., :9, :9], padded[..., 2 * pad :, 2 * pad :]
             want = 0.5 * mean_mirror(x) + 0.25 * mean_mirror(up_left) + 0.25 * mean_mirror(down_right)
             assert torch.allclose(tta_logits(net, x, 2, pad=pad), want, atol=1e-6)
             assert not torch.allclose(tta_logits(net, x, 2, pad=pad), net(x), atol=1e-3)

@@ -37,8 +37,14 @@ def test_a_valid_recipe_gets_defaults_filled(recipe):
         ("modle={name: x}", r"modle: unknown key \(did you mean 'model'\?\)"),
         ("checkpoint.monitr=top5", r"checkpoint.monitr: unknown key \(did you mean 'monitor'\?\)"),
         ("model.widht=8", r"model.widht: unknown parameter of model 'cnn_simple' \(did you mean 'width'\?\)"),
-        ("optimizer.momentun=0.8", r"optimizer.momentun: unknown parameter of optimizer 'sgd' \(did you mean 'momentum'\?\)"),
-        ("algorithms.ema.half_lif=10ba", r"algorithms.ema.half_lif: unknown parameter of algorithm 'ema' \(did you mean 'half_life'\?\)"),
+        (
+            "optimizer.momentun=0.8",
+            r"optimizer.momentun: unknown parameter of optimizer 'sgd' \(did you mean 'momentum'\?\)",
+        ),
+        (
+            "algorithms.ema.half_lif=10ba",
+            r"algorithms.ema.half_lif: unknown parameter of algorithm 'ema' \(did you mean 'half_life'\?\)",
+        ),
     ],
 )
 def test_unknown_keys_name_the_path_and_the_closest_key(recipe, override, message):
@@ -55,10 +61,15 @@ def test_unknown_keys_name_the_path_and_the_closest_key(recipe, override, messag
         ("trainer.max_duration=10", r"trainer.max_duration: expected duration such as '10ep'"),
         ("trainer.precision=fp16", r"trainer.precision: expected one of 'fp32', 'amp_fp16', 'amp_bf16', got 'fp16'"),
         ("model.width=[4]", r"model.width: expected int, got \[4\] \(list\)"),
-        ("trainer.device_train_microbatch_size=big", r"trainer.device_train_microbatch_size: expected int >= 1 or one of 'auto' or null"),
+        (
+            "trainer.device_train_microbatch_size=big",
+            r"trainer.device_train_microbatch_size: expected int >= 1 or one of 'auto' or null",
+        ),
         ("checkpoint.load_ignore_keys=[1]", r"checkpoint.load_ignore_keys\[0\]: expected str, got 1"),
-        ("checkpoint={load_weights_only: false, load_ignore_keys: ['module.fc.*']}",
-         r"checkpoint.load_ignore_keys: applies to weights-only loads"),
+        (
+            "checkpoint={load_weights_only: false, load_ignore_keys: ['module.fc.*']}",
+            r"checkpoint.load_ignore_keys: applies to weights-only loads",
+        ),
         ("trainer=5", r"trainer: expected mapping, got 5"),
     ],
 )
@@ -86,11 +97,17 @@ def test_missing_required_keys_are_named(recipe):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.name=resnet9000", r"model.name: unknown model 'resnet9000'\. Valid models: .*cifar_resnet18.*mnist_cnn"),
+        (
+            "model.name=resnet9000",
+            r"model.name: unknown model 'resnet9000'\. Valid models: .*cifar_resnet18.*mnist_cnn",
+        ),
         ("dataset.name=mnits", r"dataset.name: unknown dataset 'mnits' \(did you mean 'mnist'\?\)\. Valid datasets: "),
         ("optimizer.name=adamww", r"optimizer.name: unknown optimizer 'adamww' \(did you mean 'adamw'\?\)"),
         ("scheduler.name=cosin", r"scheduler.name: unknown scheduler 'cosin' \(did you mean 'cosine'\?\)"),
-        ("algorithms.blur_pool={}", r"algorithms.blur_pool: unknown algorithm 'blur_pool' \(did you mean 'blurpool'\?\)"),
+        (
+            "algorithms.blur_pool={}",
+            r"algorithms.blur_pool: unknown algorithm 'blur_pool' \(did you mean 'blurpool'\?\)",
+        ),
         ("callbacks.lr_monitr={}", r"callbacks.lr_monitr: unknown callback 'lr_monitr'"),
         ("loggers.tensorbord={}", r"loggers.tensorbord: unknown logger 'tensorbord' \(did you mean 'tensorboard'\?\)"),
         ("model={name: timm, arch: resnet5000}", r"model.arch: unknown timm architecture 'resnet5000'"),
@@ -128,7 +145,9 @@ def test_the_schema_and_the_devices_module_name_the_same_devices(recipe):
     from dlrecipes.config import TrainerConfig
     from dlrecipes.core.devices import DEVICES
 
-    assert set(typing.get_args(typing.get_type_hints(TrainerConfig)["device"])) == set(DEVICES) == {"auto", "cpu", "gpu"}
+    assert (
+        set(typing.get_args(typing.get_type_hints(TrainerConfig)["device"])) == set(DEVICES) == {"auto", "cpu", "gpu"}
+    )
     with pytest.raises(RecipeError, match="trainer.device"):
         check(recipe, "trainer.device=cuda")
 
@@ -182,7 +201,8 @@ def test_an_error_about_a_value_says_what_the_key_means_after_its_line(recipe):
     assert result.stderr.splitlines() == [
         "error: optimizer.lr: expected float > 0, got -0.1 (float)",
         "  optimizer.lr: base learning rate: the schedule multiplies it at every step (it is the rate at multiplier "
-        "1.0)."]
+        "1.0).",
+    ]
     from dlrecipes.api import resolve
     from dlrecipes.errors import RecipeError
 
@@ -216,10 +236,13 @@ def test_cli_validate_show_and_list_succeed(recipe):
         assert name in listing
 
 
-@pytest.mark.parametrize("key, bad, suggestion", [
-    ("trainer.fsdp", "{sharding_strategi: FULL_SHARD}", "sharding_strategy"),
-    ("trainer.compile", "{mode: max-autotune, fulgraph: true}", "fullgraph"),
-])
+@pytest.mark.parametrize(
+    "key, bad, suggestion",
+    [
+        ("trainer.fsdp", "{sharding_strategi: FULL_SHARD}", "sharding_strategy"),
+        ("trainer.compile", "{mode: max-autotune, fulgraph: true}", "fullgraph"),
+    ],
+)
 def test_fsdp_and_compile_options_are_checked_by_name(tiny_recipe, key, bad, suggestion):
     from dlrecipes.api import resolve
 
@@ -245,8 +268,9 @@ def test_an_imagenet_network_on_small_images_is_refused_by_validate(tiny_recipe)
     result = run_cli("validate", str(tiny_recipe), "model={name: timm, arch: resnet18}", "--skip-device-check")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "model.arch: timm 'resnet18' is built for ImageNet-sized inputs and the data is 8x8" in result.stderr
-    lowered = run_cli("validate", str(tiny_recipe), "model={name: timm, arch: resnet18, min_input_size: 8}",
-                      "--skip-device-check")
+    lowered = run_cli(
+        "validate", str(tiny_recipe), "model={name: timm, arch: resnet18, min_input_size: 8}", "--skip-device-check"
+    )
     assert lowered.returncode == 0, lowered.stderr
 
 
@@ -262,45 +286,62 @@ def test_show_names_the_override_of_a_list_written_section(tiny_recipe):
     result = run_cli("show", str(tiny_recipe), "metrics=[top1,macro_f1]")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert any(line.strip().startswith("macro_f1: {}") and "# override metrics=[top1,macro_f1]" in line for line in lines)
+    assert any(
+        line.strip().startswith("macro_f1: {}") and "# override metrics=[top1,macro_f1]" in line for line in lines
+    )
     assert any(line.strip().startswith("deterministic: false") and "# default" in line for line in lines)
 
 
 # --- ranges and relations a recipe's types do not say (issue 25): each at `validate`, one line, exit 2 ---
 
 
-@pytest.mark.parametrize("override, line", [
-    ("optimizer.lr=-0.1", "optimizer.lr: expected float > 0, got -0.1 (float)"),
-    ("model={name: mnist_cnn, dropout: 1.5}", "model.dropout: expected float in [0, 1), got 1.5 (float)"),
-    ("model={name: cnn_simple, width: 0}", "model.width: expected int in [1, 8192], got 0 (int)"),
-    ("trainer.max_duration=0ep", "trainer.max_duration: expected duration above zero such as '10ep', '200ba' or "
-                                 "'0.5dur', got '0ep' (str)"),
-    ("trainer.eval_interval=0ep", "trainer.eval_interval: expected duration above zero"),
-    ("trainer.train_subset_num_batches=0", "trainer.train_subset_num_batches: -1 (all batches) or at least 1, got 0"),
-    ("dataset.image_size=100000", "dataset.image_size: expected int in [1, 8192], got 100000 (int)"),
-    ("dataset.eval_fraction=0", "dataset.eval_fraction: expected float in (0, 1), got 0 (int)"),
-    ("scheduler={name: cosine, warmup: 5ep}", "scheduler.warmup: 5ep is not shorter than the run "
-                                               "(trainer.max_duration 2ep)"),
-    ("run_name=" + "r" * 300, "run_name: 300 characters; at most 120"),
-    ("dataset={name: synthetic, num_classes: 3}", None),  # top5 dropped from the defaults: not an error
-    ("metrics=[top1, top5]", None),
-    # issue 63: values validate said ok to and training then refused (in its factory, or in torch, Composer or NumPy)
-    ("callbacks.early_stopping.patience=0", "callbacks.early_stopping.patience: expected int >= 1, got 0 (int)"),
-    ("callbacks.speed_monitor.window_size=0", "callbacks.speed_monitor.window_size: expected int >= 1, got 0 (int)"),
-    ("callbacks.torch_profiler.active=0", "callbacks.torch_profiler.active: expected int >= 1, got 0 (int)"),
-    ("callbacks.torch_profiler.wait=-1", "callbacks.torch_profiler.wait: expected int >= 0, got -1 (int)"),
-    ("callbacks.nan_monitor.max_skips=-1", "callbacks.nan_monitor.max_skips: expected int >= 0, got -1 (int)"),
-    ("algorithms.progressive_resizing.size_increment=0",
-     "algorithms.progressive_resizing.size_increment: expected int >= 1, got 0 (int)"),
-    ("algorithms.swa.anneal_steps=0", "algorithms.swa.anneal_steps: expected int >= 1, got 0 (int)"),
-    ("loggers.tensorboard.flush_interval=0", "loggers.tensorboard.flush_interval: expected int >= 1, got 0 (int)"),
-    ("trainer.seed=-1", "trainer.seed: expected int in [0, 4294967295], got -1 (int)"),
-    ("trainer.seed=4294967296", "trainer.seed: expected int in [0, 4294967295], got 4294967296 (int)"),
-    ("dataset={name: cifar10, image_size: 4}", "dataset.image_size: expected int in [8, 8192], got 4 (int)"),
-    ("dataset={name: synthetic, train_samples: 0}", "dataset.train_samples: expected int >= 1, got 0 (int)"),
-    ("checkpoint.save_interval=0ba", "checkpoint.save_interval: expected duration above zero"),
-    ("trainer.eval_interval=0", "trainer.eval_interval: expected duration such as '10ep'"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("optimizer.lr=-0.1", "optimizer.lr: expected float > 0, got -0.1 (float)"),
+        ("model={name: mnist_cnn, dropout: 1.5}", "model.dropout: expected float in [0, 1), got 1.5 (float)"),
+        ("model={name: cnn_simple, width: 0}", "model.width: expected int in [1, 8192], got 0 (int)"),
+        (
+            "trainer.max_duration=0ep",
+            "trainer.max_duration: expected duration above zero such as '10ep', '200ba' or '0.5dur', got '0ep' (str)",
+        ),
+        ("trainer.eval_interval=0ep", "trainer.eval_interval: expected duration above zero"),
+        (
+            "trainer.train_subset_num_batches=0",
+            "trainer.train_subset_num_batches: -1 (all batches) or at least 1, got 0",
+        ),
+        ("dataset.image_size=100000", "dataset.image_size: expected int in [1, 8192], got 100000 (int)"),
+        ("dataset.eval_fraction=0", "dataset.eval_fraction: expected float in (0, 1), got 0 (int)"),
+        (
+            "scheduler={name: cosine, warmup: 5ep}",
+            "scheduler.warmup: 5ep is not shorter than the run (trainer.max_duration 2ep)",
+        ),
+        ("run_name=" + "r" * 300, "run_name: 300 characters; at most 120"),
+        ("dataset={name: synthetic, num_classes: 3}", None),  # top5 dropped from the defaults: not an error
+        ("metrics=[top1, top5]", None),
+        # issue 63: values validate said ok to and training then refused (in its factory, or in torch, Composer or NumPy)
+        ("callbacks.early_stopping.patience=0", "callbacks.early_stopping.patience: expected int >= 1, got 0 (int)"),
+        (
+            "callbacks.speed_monitor.window_size=0",
+            "callbacks.speed_monitor.window_size: expected int >= 1, got 0 (int)",
+        ),
+        ("callbacks.torch_profiler.active=0", "callbacks.torch_profiler.active: expected int >= 1, got 0 (int)"),
+        ("callbacks.torch_profiler.wait=-1", "callbacks.torch_profiler.wait: expected int >= 0, got -1 (int)"),
+        ("callbacks.nan_monitor.max_skips=-1", "callbacks.nan_monitor.max_skips: expected int >= 0, got -1 (int)"),
+        (
+            "algorithms.progressive_resizing.size_increment=0",
+            "algorithms.progressive_resizing.size_increment: expected int >= 1, got 0 (int)",
+        ),
+        ("algorithms.swa.anneal_steps=0", "algorithms.swa.anneal_steps: expected int >= 1, got 0 (int)"),
+        ("loggers.tensorboard.flush_interval=0", "loggers.tensorboard.flush_interval: expected int >= 1, got 0 (int)"),
+        ("trainer.seed=-1", "trainer.seed: expected int in [0, 4294967295], got -1 (int)"),
+        ("trainer.seed=4294967296", "trainer.seed: expected int in [0, 4294967295], got 4294967296 (int)"),
+        ("dataset={name: cifar10, image_size: 4}", "dataset.image_size: expected int in [8, 8192], got 4 (int)"),
+        ("dataset={name: synthetic, train_samples: 0}", "dataset.train_samples: expected int >= 1, got 0 (int)"),
+        ("checkpoint.save_interval=0ba", "checkpoint.save_interval: expected duration above zero"),
+        ("trainer.eval_interval=0", "trainer.eval_interval: expected duration such as '10ep'"),
+    ],
+)
 def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
     result = run_cli("validate", str(recipe), override)
     if line is None:
@@ -311,13 +352,24 @@ def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
     assert (len(lines) == 1 or _is_meaning(lines)) and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("overrides, line", [
-    (["trainer.batch_size=1000000000000"], "trainer.batch_size: one batch of 1,000,000,000,000 images of 1x8x8 float32 "
-                                           "is 238,418.6 GiB, and this machine has "),
-    (["trainer.eval_batch_size=1000000000000"], "trainer.eval_batch_size: one batch of 1,000,000,000,000 images of "),
-    (["dataset={name: synthetic, input_shape: [3, 8192, 8192], train_samples: 100000}", "trainer.batch_size=1"],
-     "dataset: synthetic holds 100,064 images of 3x8192x8192 float32 in memory, 75,048.0 GiB, and this machine has "),
-])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["trainer.batch_size=1000000000000"],
+            "trainer.batch_size: one batch of 1,000,000,000,000 images of 1x8x8 float32 "
+            "is 238,418.6 GiB, and this machine has ",
+        ),
+        (
+            ["trainer.eval_batch_size=1000000000000"],
+            "trainer.eval_batch_size: one batch of 1,000,000,000,000 images of ",
+        ),
+        (
+            ["dataset={name: synthetic, input_shape: [3, 8192, 8192], train_samples: 100000}", "trainer.batch_size=1"],
+            "dataset: synthetic holds 100,064 images of 3x8192x8192 float32 in memory, 75,048.0 GiB, and this machine has ",
+        ),
+    ],
+)
 def test_a_batch_or_dataset_larger_than_this_machines_memory_is_refused_by_validate(recipe, overrides, line):
     """Issue 63: validate said ok, and training failed later allocating them; --skip-device-check (a recipe meant
     for another machine) leaves this machine's memory out, as it does its devices."""
@@ -333,15 +385,20 @@ def test_the_memory_estimate_is_the_recipes_numbers_multiplied(recipe):
     config = check(recipe, "trainer.batch_size=1000", "dataset={name: cifar10, image_size: 64}")
     image = 3 * 64 * 64 * 4
     check_memory(config, memory=1000 * image)  # exactly fits
-    with pytest.raises(RecipeError, match=r"^trainer.batch_size: one batch of 1,000 images of 3x64x64 float32 is "
-                                          r"0.0 GiB, and this machine has 0.0 GiB of memory; at most 999 images"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^trainer.batch_size: one batch of 1,000 images of 3x64x64 float32 is "
+        r"0.0 GiB, and this machine has 0.0 GiB of memory; at most 999 images",
+    ):
         check_memory(config, memory=1000 * image - 1)
     check_memory(config, processes=2, memory=500 * image)  # each of two processes loads half the batch
 
 
 def test_top_k_metrics_fit_the_data(recipe):
     config = check(recipe, "dataset={name: synthetic, num_classes: 3}")
-    assert list(config.metrics) == ["top1", "per_class_accuracy", "confusion_matrix"] and list(config.train_metrics) == ["top1"]
+    assert list(config.metrics) == ["top1", "per_class_accuracy", "confusion_matrix"] and list(
+        config.train_metrics
+    ) == ["top1"]
     with pytest.raises(RecipeError, match=r"metrics.top5: top-5 of 3 classes is always 1"):
         check(recipe, "dataset={name: synthetic, num_classes: 3}", "metrics=[top1, top5]")
 
@@ -359,7 +416,8 @@ def test_input_paths_must_exist_unless_the_data_check_is_off(recipe, tmp_path):
     result = run_cli("validate", str(recipe), missing)
     assert result.returncode == 2 and result.stderr.strip() == (
         f"error: dataset.train_path: {tmp_path}/nope/train does not exist (and dataset.val_path); give an existing "
-        "path, or check it later (validate --no-data-check)"), result.stderr
+        "path, or check it later (validate --no-data-check)"
+    ), result.stderr
     assert run_cli("validate", str(recipe), missing, "--no-data-check").returncode == 0
     loaded = run_cli("validate", str(recipe), f"checkpoint.load_path={tmp_path}/nope.pt")
     assert loaded.returncode == 2 and f"checkpoint.load_path: {tmp_path}/nope.pt does not exist" in loaded.stderr

@@ -32,7 +32,9 @@ def _site_torch(folder: Path) -> Path:
 
 def test_the_wheelhouse_leaves_the_torch_stack_out_and_keeps_the_rest():
     held = requirements(["ffcv"])
-    assert not {"torch", "torchvision", "triton", "nvidia-cudnn-cu12", "numpy"} & set(held)  # the target's torch has them
+    assert not {"torch", "torchvision", "triton", "nvidia-cudnn-cu12", "numpy"} & set(
+        held
+    )  # the target's torch has them
     assert {"mosaicml", "mosaicml-cli", "timm", "torchmetrics", "typer", "ffcv", "numba", "opencv-python"} <= set(held)
     assert held["mosaicml"] == f"mosaicml=={metadata.version('mosaicml')}"  # the versions tested here
 
@@ -52,8 +54,13 @@ def test_a_target_python_s_own_needs_are_followed_too():
 @pytest.mark.slow
 def test_built_here_installed_offline_next_to_an_existing_torch(tmp_path):
     out = tmp_path / "wheelhouse"
-    built = subprocess.run([sys.executable, "-m", "dlrecipes", "wheelhouse", str(out), "--extra", "ffcv"],
-                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        [sys.executable, "-m", "dlrecipes", "wheelhouse", str(out), "--extra", "ffcv"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     install = next(line.strip() for line in built.stdout.splitlines() if line.strip().startswith("pip install"))
     assert "--no-index" in install and not list(out.glob("torch-*.whl"))
@@ -65,18 +72,34 @@ def test_built_here_installed_offline_next_to_an_existing_torch(tmp_path):
     (site_packages / "site_torch.pth").write_text(f"{site_torch}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(PIP_CONFIG_FILE=os.devnull, PYTHONNOUSERSITE="1")
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", *install.split()], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=900)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", *install.split()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-3000:]
 
     python = str(venv / "bin" / "python")
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
     # one Python of the new venv says where torch and dlrecipes come from, then trains as `python -m dlrecipes`
     train = ["dlrecipes", "train", str(recipe), f"runs_dir={tmp_path}/runs"]
-    run = subprocess.run([python, "-c", "import runpy, sys, torch, composer, ffcv, dlrecipes; print(torch.__file__); "
-                          f"print(dlrecipes.__file__, flush=True); sys.argv = {train!r}; "
-                          "runpy.run_module('dlrecipes', run_name='__main__', alter_sys=True)"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            python,
+            "-c",
+            "import runpy, sys, torch, composer, ffcv, dlrecipes; print(torch.__file__); "
+            f"print(dlrecipes.__file__, flush=True); sys.argv = {train!r}; "
+            "runpy.run_module('dlrecipes', run_name='__main__', alter_sys=True)",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0 and "done: 2 epochs" in run.stderr, run.stderr[-3000:]
     torch_file, dlrecipes_file = run.stdout.split()[:2]
     assert torch_file.startswith(str(site_torch))  # the existing torch, not a new one
@@ -87,8 +110,13 @@ def test_built_here_installed_offline_next_to_an_existing_torch(tmp_path):
 def test_a_wheelhouse_for_another_python_holds_wheels_for_it(tmp_path):
     target = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
     out = tmp_path / "wheelhouse"
-    built = subprocess.run([sys.executable, "-m", "dlrecipes", "wheelhouse", str(out), "--python-version", target],
-                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        [sys.executable, "-m", "dlrecipes", "wheelhouse", str(out), "--python-version", target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     wheels = [w.name for w in out.glob("*.whl")]
     tag = "cp" + target.replace(".", "")

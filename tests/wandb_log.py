@@ -66,7 +66,9 @@ def history(run_dir: Path) -> list[dict]:
     rows = []
     for record in finished_records(run_dir):
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 

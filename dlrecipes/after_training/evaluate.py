@@ -47,9 +47,16 @@ class EvalResult:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "images": self.images,
-                "seconds": self.seconds, "images_per_sec": self.images_per_sec, "overrides": self.overrides,
-                "tta": self.tta, "out_dir": str(self.out_dir) if self.out_dir else None}
+        return {
+            "checkpoint": str(self.checkpoint),
+            "metrics": self.metrics,
+            "images": self.images,
+            "seconds": self.seconds,
+            "images_per_sec": self.images_per_sec,
+            "overrides": self.overrides,
+            "tta": self.tta,
+            "out_dir": str(self.out_dir) if self.out_dir else None,
+        }
 
 
 def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> str:

@@ -29,8 +29,14 @@ def first_eval_images(trainer: Trainer, count: int) -> torch.Tensor:
     raise RecipeError("dataset: the evaluation split is empty: there are no images to check the export on")
 
 
-def export_run(trained: Trained, formats: Sequence[str] = ("torchscript",), out: Optional[str | Path] = None,
-               verify_batch_size: int = 8, atol: float = 1e-4, rtol: float = 1e-4) -> dict[str, Any]:
+def export_run(
+    trained: Trained,
+    formats: Sequence[str] = ("torchscript",),
+    out: Optional[str | Path] = None,
+    verify_batch_size: int = 8,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+) -> dict[str, Any]:
     """Export the opened run's checkpoint in ``formats`` to ``out`` (default ``RUN_DIR/export``); returns the
     verification report (``verify.json``) with ``out_dir`` added."""
     import copy
@@ -42,7 +48,9 @@ def export_run(trained: Trained, formats: Sequence[str] = ("torchscript",), out:
 
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown or not formats:
-        raise RecipeError(f"--format: expected {' or '.join(EXPORT_FORMATS)} (repeatable), got {', '.join(unknown) or 'none'}")
+        raise RecipeError(
+            f"--format: expected {' or '.join(EXPORT_FORMATS)} (repeatable), got {', '.join(unknown) or 'none'}"
+        )
     if "onnx" in formats:
         require_onnx("--format")
     target = trained.found
@@ -61,8 +69,9 @@ def export_run(trained: Trained, formats: Sequence[str] = ("torchscript",), out:
             inputs = first_eval_images(trainer, verify_batch_size)
         finally:
             trainer.close()
-        report = export_and_verify(network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol,
-                                   asked_by="--format")
+        report = export_and_verify(
+            network, out_dir, list(dict.fromkeys(formats)), inputs, "eval", 1, atol, rtol, asked_by="--format"
+        )
     except BaseException:  # refused (a damaged checkpoint, ...): the folder made for it does not stay behind, empty
         if not existed and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()

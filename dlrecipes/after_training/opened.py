@@ -42,9 +42,15 @@ class Trained:
 
 
 @contextlib.contextmanager
-def open_trained(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
-                 overrides: Iterable[str] = (), plugins: Sequence[str] = (), trust: bool = False,
-                 exports: bool = False) -> Iterator[Trained]:
+def open_trained(
+    target: str | Path,
+    checkpoint: str = "best",
+    recipe: Optional[str | Path] = None,
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    trust: bool = False,
+    exports: bool = False,
+) -> Iterator[Trained]:
     """``target`` (a run directory, a checkpoint file with ``recipe``, or, with ``exports``, an export directory;
     local or ``s3://BUCKET/PREFIX/RUN``) opened for a command after training; inside, errors name a bucket's files
     by their address."""

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from dlrecipes.after_training.opened import Trained
 
 
-Predictor = tuple[Callable[["np.ndarray"], "np.ndarray"], dict[str, Any], list[str]]  # logits of a batch, preprocessing, class names
+Predictor = tuple[
+    Callable[["np.ndarray"], "np.ndarray"], dict[str, Any], list[str]
+]  # logits of a batch, preprocessing, class names
 AGAIN = "export again with dlrecipes export RUN_DIR"
 
 
@@ -52,11 +54,14 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path.parent}: an export directory needs {PREPROCESS_FILE} and {CLASSES_FILE}; {path.name} "
-                        f"is missing ({AGAIN})") from None
+        raise UserError(
+            f"{path.parent}: an export directory needs {PREPROCESS_FILE} and {CLASSES_FILE}; {path.name} "
+            f"is missing ({AGAIN})"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {AGAIN}"
-                        ) from None
+        raise UserError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); {AGAIN}"
+        ) from None
     except (OSError, ValueError) as exc:  # unreadable, or not text
         raise UserError(f"{path}: cannot be read as JSON text ({_first_line(exc)}); {AGAIN}") from None
 
@@ -79,8 +84,9 @@ def export_predictor(folder: Path) -> Predictor:
         raise UserError(f"{export.preprocess}: {problem}; {AGAIN}")
     classes = _read_json(export.classes)
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
-        raise UserError(f"{export.classes}: expected a list of class names (strings) in logit order, got "
-                        f"{shown(classes)}; {AGAIN}")
+        raise UserError(
+            f"{export.classes}: expected a list of class names (strings) in logit order, got {shown(classes)}; {AGAIN}"
+        )
     if export.model("torchscript").is_file():
         import torch
 
@@ -112,8 +118,7 @@ def export_predictor(folder: Path) -> Predictor:
     raise UserError(f"{folder}: no {' or '.join(EXPORTED_MODELS.values())} in this export directory ({AGAIN})")
 
 
-def _checked(run: Callable[[np.ndarray], Any], path: Path, classes: list[str]
-             ) -> Callable[[np.ndarray], np.ndarray]:
+def _checked(run: Callable[[np.ndarray], Any], path: Path, classes: list[str]) -> Callable[[np.ndarray], np.ndarray]:
     """``run``, failing with one line naming the model file when the model does not take the batch
     ``preprocess.json`` makes, or gives another number of classes than ``classes.json`` names."""
     import numpy as np
@@ -122,11 +127,15 @@ def _checked(run: Callable[[np.ndarray], Any], path: Path, classes: list[str]
         try:
             logits = np.asarray(run(batch))
         except Exception as exc:  # the model's own error, from torch or onnxruntime
-            raise UserError(f"{path}: failed on a batch of shape {list(batch.shape)} made as {PREPROCESS_FILE} "
-                            f"says ({_first_line(exc)}); {AGAIN}") from None
+            raise UserError(
+                f"{path}: failed on a batch of shape {list(batch.shape)} made as {PREPROCESS_FILE} "
+                f"says ({_first_line(exc)}); {AGAIN}"
+            ) from None
         if logits.ndim != 2 or logits.shape[1] != len(classes):
-            raise UserError(f"{path}: gives logits of shape {list(logits.shape)} for {len(batch)} image(s), but "
-                            f"{CLASSES_FILE} names {len(classes)} classes; {AGAIN}")
+            raise UserError(
+                f"{path}: gives logits of shape {list(logits.shape)} for {len(batch)} image(s), but "
+                f"{CLASSES_FILE} names {len(classes)} classes; {AGAIN}"
+            )
         return logits
 
     return checked
@@ -143,9 +152,11 @@ def run_predictor(trained: Trained, files: bool = True) -> Predictor:
     network = network_of(trainer).eval()
     trainer.close()
     if data.preprocess is None and files:
-        raise RecipeError(f"dataset.name: {trained.found.recipe}'s dataset has no image files to mirror (its inputs are not "
-                          "images read from files), so predict cannot prepare image files for it (from Python, "
-                          "predict tensors with inputs=)")
+        raise RecipeError(
+            f"dataset.name: {trained.found.recipe}'s dataset has no image files to mirror (its inputs are not "
+            "images read from files), so predict cannot prepare image files for it (from Python, "
+            "predict tensors with inputs=)"
+        )
     device = next(network.parameters()).device
     names = list(data.class_names or [])
     if len(names) != data.num_classes:
@@ -165,8 +176,13 @@ def check_options(top_k: int, batch_size: int) -> None:
         raise RecipeError(f"--batch-size: must be at least 1, got {batch_size}")
 
 
-def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int = 5, out: Optional[str | Path] = None,
-                  batch_size: int = 64) -> Predictions:
+def predict_files(
+    predictor: Predictor,
+    files: Sequence[str | Path],
+    top_k: int = 5,
+    out: Optional[str | Path] = None,
+    batch_size: int = 64,
+) -> Predictions:
     """One row per readable file: ``path``, ``class``, ``probability`` and the ``top`` k (class, probability)
     pairs; written to ``out`` as CSV when given.  Each file that cannot be read is named on standard error with
     the reason, and skipped; none readable is a :class:`UserError`."""
@@ -180,14 +196,16 @@ def predict_files(predictor: Predictor, files: Sequence[str | Path], top_k: int 
     run, spec, classes = predictor
     paths = image_files(files)
     if not paths:
-        raise UserError(f"FILES: no image files in {', '.join(map(str, files))} (looked for "
-                        ".jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm)")
+        raise UserError(
+            f"FILES: no image files in {', '.join(map(str, files))} (looked for "
+            ".jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm)"
+        )
     k = min(top_k, len(classes))
     read_errors = _read_errors()
     result = Predictions()
     for start in range(0, len(paths), batch_size):
         arrays, kept = [], []
-        for path in paths[start:start + batch_size]:
+        for path in paths[start : start + batch_size]:
             try:
                 arrays.append(load_image(path, spec))
                 kept.append(path)
@@ -215,12 +233,20 @@ def _ranked(logits: np.ndarray, classes: list[str], k: int, **columns: list[Any]
     rows = []
     for i, p in enumerate(probabilities):
         top = [(classes[j], float(p[j])) for j in np.argsort(-p, kind="stable")[:k]]
-        rows.append({**{name: values[i] for name, values in columns.items()}, "class": top[0][0],
-                     "probability": top[0][1], "top": top})
+        rows.append(
+            {
+                **{name: values[i] for name, values in columns.items()},
+                "class": top[0][0],
+                "probability": top[0][1],
+                "top": top,
+            }
+        )
     return rows
 
 
-def predict_inputs(predictor: Predictor, inputs: torch.Tensor | Dataset, top_k: int = 5, batch_size: int = 64) -> Predictions:
+def predict_inputs(
+    predictor: Predictor, inputs: torch.Tensor | Dataset, top_k: int = 5, batch_size: int = 64
+) -> Predictions:
     """One row per input (``index``, ``class``, ``probability``, ``top``): ``inputs`` a batch tensor (N, C, H, W)
     or a Dataset of ``(input, label)`` samples, as the network takes them (no preprocessing)."""
     import numpy as np
@@ -231,14 +257,15 @@ def predict_inputs(predictor: Predictor, inputs: torch.Tensor | Dataset, top_k: 
     if isinstance(inputs, torch.Tensor):
         samples = list(inputs)
     else:
-        samples = [item[0] if isinstance(item, (tuple, list)) else item for item in
-                   (inputs[i] for i in range(len(inputs)))]
+        samples = [
+            item[0] if isinstance(item, (tuple, list)) else item for item in (inputs[i] for i in range(len(inputs)))
+        ]
     if not samples:
         raise UserError("inputs: nothing to predict (an empty batch or dataset)")
     result = Predictions()
     k = min(top_k, len(classes))
     for start in range(0, len(samples), batch_size):
-        batch = torch.stack([torch.as_tensor(s) for s in samples[start:start + batch_size]]).float().numpy()
+        batch = torch.stack([torch.as_tensor(s) for s in samples[start : start + batch_size]]).float().numpy()
         logits = np.asarray(run(batch), dtype=np.float64)
         result.extend(_ranked(logits, classes, k, index=list(range(start, start + len(batch)))))
     return result
@@ -251,8 +278,15 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
     # OSError: missing, unreadable, not an image, truncated; the others: what Pillow's decoders raise on a
     # damaged file; the decompression-bomb pair: an image too large to decode safely
-    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError,
-            Image.DecompressionBombWarning)
+    return (
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        struct.error,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    )
 
 
 def unreadable(path: Path, exc: BaseException) -> str:
@@ -272,8 +306,10 @@ def unreadable(path: Path, exc: BaseException) -> str:
         return "not an image file Pillow can read"
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         size = str(exc).split(", could be")[0]
-        return (f"too large to decode safely ({size[:1].lower() + size[1:]}: Pillow's decompression-bomb limit, "
-                "PIL.Image.MAX_IMAGE_PIXELS)")
+        return (
+            f"too large to decode safely ({size[:1].lower() + size[1:]}: Pillow's decompression-bomb limit, "
+            "PIL.Image.MAX_IMAGE_PIXELS)"
+        )
     text = _first_line(exc).replace(f"'{path}'", "").replace(str(path), "").strip(" :")
     return text.split(" (")[0] if isinstance(exc, OSError) and text else text or type(exc).__name__
 
@@ -307,5 +343,14 @@ def write_csv(rows: list[dict[str, Any]], path: Path, k: int) -> None:
         raise UserError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 
 
-__all__ = ["Predictions", "Predictor", "check_options", "check_out", "export_predictor",
-           "predict_files", "run_predictor", "unreadable", "write_csv"]
+__all__ = [
+    "Predictions",
+    "Predictor",
+    "check_options",
+    "check_out",
+    "export_predictor",
+    "predict_files",
+    "run_predictor",
+    "unreadable",
+    "write_csv",
+]

@@ -30,8 +30,9 @@ def is_export_dir(path: str | Path) -> bool:
     return folder.is_dir() and not RunDir(folder).is_run() and any(path.exists() for path in ExportDir(folder).files)
 
 
-def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None,
-                trust: bool = False) -> RunTarget:
+def find_target(
+    target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None, trust: bool = False
+) -> RunTarget:
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
     checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
     periodic checkpoint that loads, read tensors-only unless ``trust``."""
@@ -42,15 +43,19 @@ def find_target(target: str | Path, checkpoint: str = "best", recipe: Optional[s
     if target.is_dir():
         run = RunDir(target)
         if not run.is_run():
-            raise UserError(f"{target}: not a run directory (no {RECIPE_FILE}); give a run directory such as "
-                            "runs/<name>, or a checkpoint file with --recipe")
+            raise UserError(
+                f"{target}: not a run directory (no {RECIPE_FILE}); give a run directory such as "
+                "runs/<name>, or a checkpoint file with --recipe"
+            )
         folder = run.checkpoints
         if checkpoint == "best":
             path = run.best
             problem = not_a_file(path)
             if problem == "is missing":
-                raise UserError(f"--checkpoint: {target} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
-                                "or it never evaluated); use --checkpoint latest, or a checkpoint file")
+                raise UserError(
+                    f"--checkpoint: {target} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                    "or it never evaluated); use --checkpoint latest, or a checkpoint file"
+                )
             if problem is not None:
                 raise UserError(f"--checkpoint: {path} {problem}; use --checkpoint latest, or a checkpoint file")
             from dlrecipes.records.checkpoint_safety import check_trusted

@@ -30,29 +30,36 @@ def trained_model(trained: Trained) -> tuple[Trainer, DatasetSplits]:
 
     config, target, trust = trained.config, trained.found, trained.trust
     if config.task is not None:
-        raise RecipeError("task: this command works on classifiers with one image input and one label; this "
-                          "recipe has a task: section (several inputs/outputs)")
+        raise RecipeError(
+            "task: this command works on classifiers with one image input and one label; this "
+            "recipe has a task: section (several inputs/outputs)"
+        )
     check_checkpoint(target.checkpoint, trust, key="--checkpoint")
     with warnings.catch_warnings():
         hide_harmless_warnings()
         warnings.filterwarnings("ignore", message="No optimizer was specified")  # none is needed: no step is taken
         try:
-            trainer, data = build_eval_trainer(config, target.checkpoint, resolve_device(config.trainer.device),
-                                               trust=trust)
+            trainer, data = build_eval_trainer(
+                config, target.checkpoint, resolve_device(config.trainer.device), trust=trust
+            )
         except RuntimeError as exc:
             if "state_dict" not in str(exc):
                 raise
-            raise RecipeError(f"--checkpoint: {target.checkpoint} does not fit {target.recipe}'s model "
-                              f"({_first_mismatch(str(exc))}); give the recipe it was trained with, or undo the "
-                              "model overrides") from None
+            raise RecipeError(
+                f"--checkpoint: {target.checkpoint} does not fit {target.recipe}'s model "
+                f"({_first_mismatch(str(exc))}); give the recipe it was trained with, or undo the "
+                "model overrides"
+            ) from None
     return trainer, data
 
 
 def _first_mismatch(message: str) -> str:
     """The first useful line of torch's ``load_state_dict`` error (which names every mismatching key)."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    detail = next((line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
-                  lines[0] if lines else "")
+    detail = next(
+        (line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+        lines[0] if lines else "",
+    )
     return detail[:300]
 
 

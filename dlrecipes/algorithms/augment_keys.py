@@ -17,8 +17,11 @@ ON_DEVICE = "augments batch[0] as the images, on the device"
 
 def one_policy(name: str) -> dict[str, str]:
     others = {other: "each is a whole augmentation policy; keep one" for other in BATCH_POLICIES if other != name}
-    return {**others, "randaugment": "both augment each image with a policy (randaugment on PIL images)",
-            "augmix": "both augment each image with a policy (augmix on PIL images)"}
+    return {
+        **others,
+        "randaugment": "both augment each image with a policy (randaugment on PIL images)",
+        "augmix": "both augment each image with a policy (augmix on PIL images)",
+    }
 
 
 def policy_or_keys(kind: str):
@@ -60,13 +63,17 @@ def parse_timm(policy: str, key_path: str = "policy") -> dict:
     parts = str(policy).split("-")
     kind = parts[0]
     if kind not in _TIMM_KEYS:
-        raise RecipeError(f"{key_path}: {policy!r} is not a timm RandAugment ('rand-...') or AugMix ('augmix-...') string")
+        raise RecipeError(
+            f"{key_path}: {policy!r} is not a timm RandAugment ('rand-...') or AugMix ('augmix-...') string"
+        )
     values = {}
     for part in parts[1:]:
         match = re.fullmatch(r"([a-z]+)(-?[0-9.]+|inf)", part)
         if not match or match.group(1) not in _TIMM_KEYS[kind]:
-            raise RecipeError(f"{key_path}: {policy!r}: unknown part {part!r} (timm's {kind} keys: "
-                              f"{', '.join(sorted(_TIMM_KEYS[kind]))})")
+            raise RecipeError(
+                f"{key_path}: {policy!r}: unknown part {part!r} (timm's {kind} keys: "
+                f"{', '.join(sorted(_TIMM_KEYS[kind]))})"
+            )
         values[match.group(1)] = float(match.group(2))
     if kind == "rand":
         return _timm_rand(values, policy, key_path)
@@ -74,16 +81,30 @@ def parse_timm(policy: str, key_path: str = "policy") -> dict:
         raise RecipeError(f"{key_path}: {policy!r}: the blended AugMix (b1) is not supported; leave b out")
     if values.get("mstd", float("inf")) != float("inf"):
         raise RecipeError(f"{key_path}: {policy!r}: AugMix draws magnitudes uniformly (mstd inf); leave mstd out")
-    return {"kind": "augmix", "severity": values.get("m", 3), "width": int(values.get("w", 3)),
-            "depth": int(values.get("d", -1)), "alpha": values.get("a", 1.0), "ops": "timm"}
+    return {
+        "kind": "augmix",
+        "severity": values.get("m", 3),
+        "width": int(values.get("w", 3)),
+        "depth": int(values.get("d", -1)),
+        "alpha": values.get("a", 1.0),
+        "ops": "timm",
+    }
 
 
 def _timm_rand(values: dict, policy: str, key_path: str) -> dict:
     if values.get("inc", 0) != 1:
-        raise RecipeError(f"{key_path}: {policy!r}: only timm's increasing ops are implemented (add -inc1, as "
-                          "DeiT's rand-m9-mstd0.5-inc1); or give the explicit keys")
+        raise RecipeError(
+            f"{key_path}: {policy!r}: only timm's increasing ops are implemented (add -inc1, as "
+            "DeiT's rand-m9-mstd0.5-inc1); or give the explicit keys"
+        )
     if values.get("mmax", 10) != 10:
         raise RecipeError(f"{key_path}: {policy!r}: mmax other than 10 is not supported")
-    return {"kind": "randaugment", "num_ops": int(values.get("n", 2)), "magnitude": values.get("m", 10),
-            "num_magnitude_bins": 11, "magnitude_std": values.get("mstd", 0.0), "p": values.get("p", 0.5),
-            "ops": "timm"}
+    return {
+        "kind": "randaugment",
+        "num_ops": int(values.get("n", 2)),
+        "magnitude": values.get("m", 10),
+        "num_magnitude_bins": 11,
+        "magnitude_std": values.get("mstd", 0.0),
+        "p": values.get("p", 0.5),
+        "ops": "timm",
+    }

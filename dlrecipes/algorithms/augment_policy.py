@@ -32,33 +32,83 @@ from dlrecipes.algorithms.augment_keys import IMAGENET_FILL  # noqa: F401 (timm'
 # "bits" = start - span * level (a pair); "threshold" = 255 * (1 - level) (torchvision) or 256 - int(256 * level)
 # (timm); "none": no value.
 _TV_RA = {
-    "Identity": ("none", 0, False), "ShearX": ("linear", 0.3, True), "ShearY": ("linear", 0.3, True),
-    "TranslateX": ("size", 150.0 / 331.0, True), "TranslateY": ("size", 150.0 / 331.0, True),
-    "Rotate": ("linear", 30.0, True), "Brightness": ("factor", 0.9, True), "Color": ("factor", 0.9, True),
-    "Contrast": ("factor", 0.9, True), "Sharpness": ("factor", 0.9, True), "Posterize": ("bits", (8, 4), False),
-    "Solarize": ("threshold", 255, False), "AutoContrast": ("none", 0, False), "Equalize": ("none", 0, False),
+    "Identity": ("none", 0, False),
+    "ShearX": ("linear", 0.3, True),
+    "ShearY": ("linear", 0.3, True),
+    "TranslateX": ("size", 150.0 / 331.0, True),
+    "TranslateY": ("size", 150.0 / 331.0, True),
+    "Rotate": ("linear", 30.0, True),
+    "Brightness": ("factor", 0.9, True),
+    "Color": ("factor", 0.9, True),
+    "Contrast": ("factor", 0.9, True),
+    "Sharpness": ("factor", 0.9, True),
+    "Posterize": ("bits", (8, 4), False),
+    "Solarize": ("threshold", 255, False),
+    "AutoContrast": ("none", 0, False),
+    "Equalize": ("none", 0, False),
 }
 _TV_WIDE = {
-    **_TV_RA, "ShearX": ("linear", 0.99, True), "ShearY": ("linear", 0.99, True),
-    "TranslateX": ("pixels", 32.0, True), "TranslateY": ("pixels", 32.0, True), "Rotate": ("linear", 135.0, True),
-    "Brightness": ("factor", 0.99, True), "Color": ("factor", 0.99, True), "Contrast": ("factor", 0.99, True),
-    "Sharpness": ("factor", 0.99, True), "Posterize": ("bits", (8, 6), False),
+    **_TV_RA,
+    "ShearX": ("linear", 0.99, True),
+    "ShearY": ("linear", 0.99, True),
+    "TranslateX": ("pixels", 32.0, True),
+    "TranslateY": ("pixels", 32.0, True),
+    "Rotate": ("linear", 135.0, True),
+    "Brightness": ("factor", 0.99, True),
+    "Color": ("factor", 0.99, True),
+    "Contrast": ("factor", 0.99, True),
+    "Sharpness": ("factor", 0.99, True),
+    "Posterize": ("bits", (8, 6), False),
 }
 _TV_AUGMIX = {
     **{k: v for k, v in _TV_RA.items() if k != "Identity"},
-    "TranslateX": ("size", 1.0 / 3.0, True), "TranslateY": ("size", 1.0 / 3.0, True), "Posterize": ("bits", (4, 4), False),
+    "TranslateX": ("size", 1.0 / 3.0, True),
+    "TranslateY": ("size", 1.0 / 3.0, True),
+    "Posterize": ("bits", (4, 4), False),
 }
-_TV_AUGMIX_PARTIAL = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Posterize", "Solarize",
-                      "AutoContrast", "Equalize")
+_TV_AUGMIX_PARTIAL = (
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+)
 _TIMM = {
-    "AutoContrast": ("none", 0, False), "Equalize": ("none", 0, False), "Invert": ("none", 0, False),
-    "Rotate": ("linear", 30.0, True), "Posterize": ("timm_bits", 4, False), "Solarize": ("timm_threshold", 256, False),
-    "SolarizeAdd": ("timm_add", 110, False), "Color": ("factor", 0.9, True), "Contrast": ("factor", 0.9, True),
-    "Brightness": ("factor", 0.9, True), "Sharpness": ("factor", 0.9, True), "ShearX": ("linear", 0.3, True),
-    "ShearY": ("linear", 0.3, True), "TranslateX": ("rel", 0.45, True), "TranslateY": ("rel", 0.45, True),
+    "AutoContrast": ("none", 0, False),
+    "Equalize": ("none", 0, False),
+    "Invert": ("none", 0, False),
+    "Rotate": ("linear", 30.0, True),
+    "Posterize": ("timm_bits", 4, False),
+    "Solarize": ("timm_threshold", 256, False),
+    "SolarizeAdd": ("timm_add", 110, False),
+    "Color": ("factor", 0.9, True),
+    "Contrast": ("factor", 0.9, True),
+    "Brightness": ("factor", 0.9, True),
+    "Sharpness": ("factor", 0.9, True),
+    "ShearX": ("linear", 0.3, True),
+    "ShearY": ("linear", 0.3, True),
+    "TranslateX": ("rel", 0.45, True),
+    "TranslateY": ("rel", 0.45, True),
 }
-_TIMM_AUGMIX = ("AutoContrast", "Color", "Contrast", "Brightness", "Sharpness", "Equalize", "Rotate", "Posterize",
-                "Solarize", "ShearX", "ShearY", "TranslateX", "TranslateY")
+_TIMM_AUGMIX = (
+    "AutoContrast",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "Equalize",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+)
 TABLES = {"randaugment": _TV_RA, "trivialaugment": _TV_WIDE, "augmix": _TV_AUGMIX, "timm": _TIMM}
 
 
@@ -84,25 +134,55 @@ class Policy:
     fill: tuple[float, ...] = field(default=(0.0,))
 
 
-def randaugment_policy(num_ops: int, magnitude: float, num_magnitude_bins: int, magnitude_std: float, p: float,
-                       ops: str, fill) -> Policy:
+def randaugment_policy(
+    num_ops: int, magnitude: float, num_magnitude_bins: int, magnitude_std: float, p: float, ops: str, fill
+) -> Policy:
     table = "timm" if ops == "timm" else "randaugment"
-    return Policy("randaugment", tuple(TABLES[table]), table, "fixed", magnitude, num_magnitude_bins, magnitude_std,
-                  num_ops, p, fill=tuple(fill))
+    return Policy(
+        "randaugment",
+        tuple(TABLES[table]),
+        table,
+        "fixed",
+        magnitude,
+        num_magnitude_bins,
+        magnitude_std,
+        num_ops,
+        p,
+        fill=tuple(fill),
+    )
 
 
 def trivialaugment_policy(num_magnitude_bins: int, fill) -> Policy:
-    return Policy("trivialaugment", tuple(_TV_WIDE), "trivialaugment", "bins", num_magnitude_bins, num_magnitude_bins,
-                  num_ops=1, fill=tuple(fill))
+    return Policy(
+        "trivialaugment",
+        tuple(_TV_WIDE),
+        "trivialaugment",
+        "bins",
+        num_magnitude_bins,
+        num_magnitude_bins,
+        num_ops=1,
+        fill=tuple(fill),
+    )
 
 
 def augmix_policy(severity: float, width: int, depth: int, alpha: float, all_ops: bool, ops: str, fill) -> Policy:
     if ops == "timm":
-        return Policy("augmix", _TIMM_AUGMIX, "timm", "uniform", severity, 11, width=width, depth=depth, alpha=alpha,
-                      fill=tuple(fill))
+        return Policy(
+            "augmix",
+            _TIMM_AUGMIX,
+            "timm",
+            "uniform",
+            severity,
+            11,
+            width=width,
+            depth=depth,
+            alpha=alpha,
+            fill=tuple(fill),
+        )
     names = tuple(_TV_AUGMIX) if all_ops else _TV_AUGMIX_PARTIAL
-    return Policy("augmix", names, "augmix", "bins", severity, 10, width=width, depth=depth, alpha=alpha,
-                  fill=tuple(fill))
+    return Policy(
+        "augmix", names, "augmix", "bins", severity, 10, width=width, depth=depth, alpha=alpha, fill=tuple(fill)
+    )
 
 
 # --- drawing a batch's plan ----------------------------------------------------------------------
@@ -143,8 +223,9 @@ def _binned(end: float, levels: np.ndarray, bins: Optional[int], start: float = 
     return np.where(on_bin, table[np.clip(index, 0, bins - 1).astype(np.int64)], exact)
 
 
-def op_values(name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int],
-              bins: Optional[int] = None) -> np.ndarray:
+def op_values(
+    name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int], bins: Optional[int] = None
+) -> np.ndarray:
     """The values (float64) of op ``name`` at ``levels``, negated where ``signs`` and the op is signed
     (``bins``: torchvision's policies' bin count, whose float32 magnitudes are used on the bins)."""
     kind, scale, signed = table[name]
@@ -159,9 +240,13 @@ def op_values(name: str, table: dict, levels: np.ndarray, signs: np.ndarray, siz
         return scale - np.floor(scale * levels)
     if kind == "timm_add":
         return np.floor(scale * levels)
-    value = {"linear": lambda: _binned(scale, levels, bins), "factor": lambda: _binned(scale, levels, bins),
-             "size": lambda: np.trunc(_binned(scale * side, levels, bins)),
-             "pixels": lambda: np.trunc(_binned(scale, levels, bins)), "rel": lambda: scale * side * levels}[kind]()
+    value = {
+        "linear": lambda: _binned(scale, levels, bins),
+        "factor": lambda: _binned(scale, levels, bins),
+        "size": lambda: np.trunc(_binned(scale * side, levels, bins)),
+        "pixels": lambda: np.trunc(_binned(scale, levels, bins)),
+        "rel": lambda: scale * side * levels,
+    }[kind]()
     value = np.where(signs & signed, -value, value)
     return 1.0 + value if kind == "factor" else value
 

@@ -65,11 +65,21 @@ def pack_layers(layers: Sequence[tuple[np.ndarray, np.ndarray]], ops: Sequence[s
             start += len(chosen)
     if not groups:
         return [], np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 2, 3), np.float32)
-    return groups, np.concatenate(index).astype(np.int64), np.concatenate(values), np.concatenate(thetas).astype(np.float32)
+    return (
+        groups,
+        np.concatenate(index).astype(np.int64),
+        np.concatenate(values),
+        np.concatenate(thetas).astype(np.float32),
+    )
 
 
-def apply_layers(images: torch.Tensor, layers, ops: Sequence[str], fill: Optional[Sequence[float]] = None,
-                 shipped: Optional[dict[str, Any]] = None) -> torch.Tensor:
+def apply_layers(
+    images: torch.Tensor,
+    layers,
+    ops: Sequence[str],
+    fill: Optional[Sequence[float]] = None,
+    shipped: Optional[dict[str, Any]] = None,
+) -> torch.Tensor:
     """``images`` (uint8, N C H W) through ``layers`` (per-sample op ids into ``ops`` and values, on the host):
     for each layer, each op once, on the samples that drew it."""
     size = tuple(images.shape[-2:])
@@ -153,8 +163,13 @@ def normalization_of(loader: Any, depth: int = 0) -> Optional[tuple[list[float],
 class BatchAugmentation(Algorithm):
     """One batch augmentation (``policy``, ``jitter`` or ``erasing``) at ``Event.AFTER_DATALOADER``."""
 
-    def __init__(self, name: str, policy: Optional[P.Policy] = None, jitter: Optional[dict] = None,
-                 erasing: Optional[dict] = None):
+    def __init__(
+        self,
+        name: str,
+        policy: Optional[P.Policy] = None,
+        jitter: Optional[dict] = None,
+        erasing: Optional[dict] = None,
+    ):
         self.name = name
         self.policy, self.jitter, self.erasing = policy, jitter, erasing
         self._norm: Optional[tuple[torch.Tensor, torch.Tensor]] = None
@@ -175,8 +190,10 @@ class BatchAugmentation(Algorithm):
     def augment(self, images: torch.Tensor, rng: np.random.Generator, loader=lambda: None) -> torch.Tensor:
         """The normalised batch ``images`` augmented with ``rng``'s draws (``loader`` tells the normalisation)."""
         if images.ndim != 4 or images.shape[1] not in (1, 3):
-            raise RecipeError(f"algorithms.{self.name}: augments (N, 1 or 3, H, W) image batches, "
-                              f"got a batch of shape {tuple(images.shape)}")
+            raise RecipeError(
+                f"algorithms.{self.name}: augments (N, 1 or 3, H, W) image batches, "
+                f"got a batch of shape {tuple(images.shape)}"
+            )
         if self.erasing is not None:
             return _same_layout(self._erase(images, rng), images)
         mean, std = self._normalization(images, loader)
@@ -193,7 +210,8 @@ class BatchAugmentation(Algorithm):
             if found is None:
                 raise RecipeError(
                     f"algorithms.{self.name}: cannot tell how the training loader normalises its images (no mean "
-                    f"and std on {type(loader()).__name__} or its dataset); it needs them to work on pixels")
+                    f"and std on {type(loader()).__name__} or its dataset); it needs them to work on pixels"
+                )
             c = images.shape[1]
             mean, std = (constant(v if len(v) == c else v[:1] * c, images.device).view(1, c, 1, 1) for v in found)
             self._norm = (mean, std)

@@ -11,10 +11,16 @@ from dlrecipes.algorithms.support import batch_augmix_policy, batch_randaugment_
 from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, Range
 
 
-def batch_randaugment(policy: Optional[str] = None, num_ops: AtLeastOne = 2, magnitude: NonNegative = 9,
-                      num_magnitude_bins: AtLeastOne = 31, magnitude_std: NonNegative = 0.0,
-                      p: Annotated[float, Range(0, 1)] = 1.0, ops: Literal["torchvision", "timm"] = "torchvision",
-                      fill: Optional[list[float]] = None):
+def batch_randaugment(
+    policy: Optional[str] = None,
+    num_ops: AtLeastOne = 2,
+    magnitude: NonNegative = 9,
+    num_magnitude_bins: AtLeastOne = 31,
+    magnitude_std: NonNegative = 0.0,
+    p: Annotated[float, Range(0, 1)] = 1.0,
+    ops: Literal["torchvision", "timm"] = "torchvision",
+    fill: Optional[list[float]] = None,
+):
     """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1.
 
     Args:
@@ -29,8 +35,10 @@ def batch_randaugment(policy: Optional[str] = None, num_ops: AtLeastOne = 2, mag
     """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    return BatchAugmentation("batch_randaugment", batch_randaugment_policy(
-        policy, num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, fill))
+    return BatchAugmentation(
+        "batch_randaugment",
+        batch_randaugment_policy(policy, num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, fill),
+    )
 
 
 def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
@@ -43,12 +51,21 @@ def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill
     import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    return BatchAugmentation("batch_trivialaugment", augment_policy.trivialaugment_policy(
-        num_magnitude_bins, default_fill(fill, "torchvision")))
+    return BatchAugmentation(
+        "batch_trivialaugment",
+        augment_policy.trivialaugment_policy(num_magnitude_bins, default_fill(fill, "torchvision")),
+    )
 
 
-def batch_augmix(policy: Optional[str] = None, severity: Annotated[int, Range(1, 10)] = 3, width: AtLeastOne = 3,
-                 depth: int = -1, alpha: Positive = 1.0, all_ops: bool = True, fill: Optional[list[float]] = None):
+def batch_augmix(
+    policy: Optional[str] = None,
+    severity: Annotated[int, Range(1, 10)] = 3,
+    width: AtLeastOne = 3,
+    depth: int = -1,
+    alpha: Positive = 1.0,
+    all_ops: bool = True,
+    fill: Optional[list[float]] = None,
+):
     """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2.
 
     Args:
@@ -65,8 +82,13 @@ def batch_augmix(policy: Optional[str] = None, severity: Annotated[int, Range(1,
     return BatchAugmentation("batch_augmix", batch_augmix_policy(policy, severity, width, depth, alpha, all_ops, fill))
 
 
-def batch_color_jitter(brightness: NonNegative = 0.4, contrast: NonNegative = 0.4, saturation: NonNegative = 0.4,
-                       hue: Annotated[float, Range(0, 0.5)] = 0.0, p: Annotated[float, Range(0, 1)] = 1.0):
+def batch_color_jitter(
+    brightness: NonNegative = 0.4,
+    contrast: NonNegative = 0.4,
+    saturation: NonNegative = 0.4,
+    hue: Annotated[float, Range(0, 0.5)] = 0.0,
+    p: Annotated[float, Range(0, 1)] = 1.0,
+):
     """Color jitter on whole batches on the device: per image, brightness, contrast, saturation, hue in random order.
 
     Args:
@@ -82,8 +104,12 @@ def batch_color_jitter(brightness: NonNegative = 0.4, contrast: NonNegative = 0.
     return BatchAugmentation("batch_color_jitter", jitter={"ranges": ranges, "p": p})
 
 
-def batch_random_erasing(p: Annotated[float, Range(0, 1)] = 0.25, scale: list[float] = [0.02, 0.33],  # noqa: B006
-                         ratio: list[float] = [0.3, 3.3], value: Union[float, Literal["random"]] = 0.0):  # noqa: B006
+def batch_random_erasing(
+    p: Annotated[float, Range(0, 1)] = 0.25,
+    scale: list[float] = [0.02, 0.33],  # noqa: B006
+    ratio: list[float] = [0.3, 3.3],
+    value: Union[float, Literal["random"]] = 0.0,
+):  # noqa: B006
     """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise.
 
     Args:
@@ -94,5 +120,6 @@ def batch_random_erasing(p: Annotated[float, Range(0, 1)] = 0.25, scale: list[fl
     """
     from dlrecipes.algorithms.batch_augment import BatchAugmentation
 
-    return BatchAugmentation("batch_random_erasing",
-                             erasing={"p": p, "scale": tuple(scale), "ratio": tuple(ratio), "value": value})
+    return BatchAugmentation(
+        "batch_random_erasing", erasing={"p": p, "scale": tuple(scale), "ratio": tuple(ratio), "value": value}
+    )

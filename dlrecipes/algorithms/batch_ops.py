@@ -48,8 +48,12 @@ def _to_uint8(x: torch.Tensor) -> torch.Tensor:
 # --- geometry ---------------------------------------------------------------------------------
 
 
-def inverse_affine(angle: np.ndarray, translate: tuple[np.ndarray, np.ndarray], shear: tuple[np.ndarray, np.ndarray],
-                   center: tuple[float, float]) -> np.ndarray:
+def inverse_affine(
+    angle: np.ndarray,
+    translate: tuple[np.ndarray, np.ndarray],
+    shear: tuple[np.ndarray, np.ndarray],
+    center: tuple[float, float],
+) -> np.ndarray:
     """Per-sample (N, 2, 3) inverse affine matrices, torchvision's ``_get_inverse_affine_matrix`` (angle
     and shear in radians; center relative to the image centre; scale 1), in float64 on the host: numpy's
     float64 sin/cos/tan round as Python's ``math`` does, so the float32 matrices are torchvision's to the
@@ -254,11 +258,19 @@ def identity(images: torch.Tensor, v: torch.Tensor, fill=None) -> torch.Tensor:
 
 
 OPS: dict[str, Callable] = {
-    "Identity": identity, **{name: _geometric(name) for name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")},
-    "Brightness": brightness, "Color": saturation,
-    "Contrast": contrast, "Sharpness": sharpness, "Posterize": posterize, "Solarize": solarize,
-    "SolarizeAdd": solarize_add, "AutoContrast": autocontrast,
-    "Equalize": _no_parameter("equalize"), "Invert": _no_parameter("invert"), "Hue": hue,
+    "Identity": identity,
+    **{name: _geometric(name) for name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")},
+    "Brightness": brightness,
+    "Color": saturation,
+    "Contrast": contrast,
+    "Sharpness": sharpness,
+    "Posterize": posterize,
+    "Solarize": solarize,
+    "SolarizeAdd": solarize_add,
+    "AutoContrast": autocontrast,
+    "Equalize": _no_parameter("equalize"),
+    "Invert": _no_parameter("invert"),
+    "Hue": hue,
 }
 GEOMETRIC = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
 
@@ -275,4 +287,3 @@ def erase(images: torch.Tensor, boxes: torch.Tensor, value: Optional[torch.Tenso
     fill = torch.zeros((), dtype=images.dtype, device=images.device) if value is None else value.to(images.dtype)
     # (a 0-d tensor, made on the device: no copy)
     return torch.where(inside.unsqueeze(1), fill, images)
-

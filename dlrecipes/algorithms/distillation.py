@@ -52,12 +52,14 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature:
     if kind == "hard":
         return F.cross_entropy(student, teacher.argmax(dim=-1))
     t = float(temperature)
-    return F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean",
-                    log_target=True) * (t * t)
+    return F.kl_div(
+        F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean", log_target=True
+    ) * (t * t)
 
 
-def blended_loss(label_loss: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor, temperature: float,
-                 alpha: float, kind: str) -> dict[str, torch.Tensor]:
+def blended_loss(
+    label_loss: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor, temperature: float, alpha: float, kind: str
+) -> dict[str, torch.Tensor]:
     """``{total, labels, distillation}``: the loss to train on and its two parts."""
     labels = label_loss if label_loss.dim() == 0 else label_loss.mean()
     kd = distillation_loss(student, teacher, temperature, kind)
@@ -71,17 +73,21 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
 
     checked = source.checksum_file
     if pinned and checked is not None and file_digest(checked) != pinned:
-        raise UserError(f"{KEY}: {checked} has changed since the recipe recorded it (teacher_sha256 {pinned[:12]}..., "
-                        f"the file's is {file_digest(checked)[:12]}...); remove teacher_sha256 to use the file as it is now")
+        raise UserError(
+            f"{KEY}: {checked} has changed since the recipe recorded it (teacher_sha256 {pinned[:12]}..., "
+            f"the file's is {file_digest(checked)[:12]}...); remove teacher_sha256 to use the file as it is now"
+        )
     if source.weights is None:
         return None
     try:
         state = read_checkpoint(source.weights, key=KEY)
     except UntrustedCheckpoint as refused:  # its advice, --trust-checkpoint, is not for a teacher: say what is
-        raise UserError(f"{KEY}: {source.weights} holds Python objects beyond tensors ({', '.join(refused.found[:3])}"
-                        f"); a teacher is always read tensors-only, --trust-checkpoint or not: save its weights alone, "
-                        f"torch.save(network.state_dict(), FILE), and give the teacher as {{name: <model>, "
-                        f"<parameters>, {SPEC_WEIGHTS}: FILE}}") from None
+        raise UserError(
+            f"{KEY}: {source.weights} holds Python objects beyond tensors ({', '.join(refused.found[:3])}"
+            f"); a teacher is always read tensors-only, --trust-checkpoint or not: save its weights alone, "
+            f"torch.save(network.state_dict(), FILE), and give the teacher as {{name: <model>, "
+            f"<parameters>, {SPEC_WEIGHTS}: FILE}}"
+        ) from None
     weights = model_weights(state, source.weights, key=KEY)
     weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from a torch.compile'd network
     if weights and all(k.startswith("module.") for k in weights):  # a Composer classifier's: module.<layer>
@@ -89,8 +95,9 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
     return weights
 
 
-def build_teacher(source: TeacherSource, weights: Optional[dict], num_classes: int, in_chans: int,
-                  input_shape: tuple) -> nn.Module:
+def build_teacher(
+    source: TeacherSource, weights: Optional[dict], num_classes: int, in_chans: int, input_shape: tuple
+) -> nn.Module:
     """The teacher network for this data, its weights loaded, frozen, in eval mode (on the CPU)."""
     from dlrecipes.config.checks import check_component
 
@@ -108,34 +115,47 @@ def build_teacher(source: TeacherSource, weights: Optional[dict], num_classes: i
             network.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
             detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
-            raise UserError(f"{KEY}: the weights of {source.weights} do not fit {source.origin}'s network for this "
-                            f"data ({num_classes} classes, {in_chans} channels): {detail}") from None
+            raise UserError(
+                f"{KEY}: the weights of {source.weights} do not fit {source.origin}'s network for this "
+                f"data ({num_classes} classes, {in_chans} channels): {detail}"
+            ) from None
     network.eval()
     network.requires_grad_(False)
     return network
 
 
-def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_classes: int,
-              in_chans: int) -> str:
+def _mismatch(
+    expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_classes: int, in_chans: int
+) -> str:
     """What a teacher's weights say it was trained for, where that is not this data: its class count (the last
     matrix whose rows are this data's classes) or its input channels (the first convolution); else ''."""
     shaped = [(k, v) for k, v in expected.items() if k in weights and getattr(weights[k], "shape", None) is not None]
     heads = [k for k, v in shaped if v.dim() == 2 and v.shape[0] == num_classes]
     if heads and weights[heads[-1]].shape[0] != num_classes:
-        return (f"predicts {weights[heads[-1]].shape[0]} classes and this dataset has {num_classes}; a teacher must be "
-                "trained on the student's classes")
+        return (
+            f"predicts {weights[heads[-1]].shape[0]} classes and this dataset has {num_classes}; a teacher must be "
+            "trained on the student's classes"
+        )
     convs = [k for k, v in shaped if v.dim() == 4]
     if convs and expected[convs[0]].shape[1] == in_chans and weights[convs[0]].shape[1] != in_chans:
-        return (f"takes {weights[convs[0]].shape[1]}-channel images and this dataset's have {in_chans} channels; a "
-                "teacher must take the student's images")
+        return (
+            f"takes {weights[convs[0]].shape[1]}-channel images and this dataset's have {in_chans} channels; a "
+            "teacher must take the student's images"
+        )
     return ""
 
 
 class Distillation(Algorithm):
     """Blend the student's loss with a distillation loss toward a frozen teacher (see the module docstring)."""
 
-    def __init__(self, teacher: Any, temperature: float = 4.0, alpha: float = 0.5, kind: str = "soft",
-                 teacher_sha256: Optional[str] = None):
+    def __init__(
+        self,
+        teacher: Any,
+        temperature: float = 4.0,
+        alpha: float = 0.5,
+        kind: str = "soft",
+        teacher_sha256: Optional[str] = None,
+    ):
         if isinstance(teacher, (str, Path)):
             teacher = str(teacher_file(Path(teacher)))
         self.source = teacher_source(teacher)
@@ -156,8 +176,9 @@ class Distillation(Algorithm):
             return
         images, student = state.batch[0], state.outputs
         if self.teacher is None:  # not built before the run (check_data): from the first batch's shapes
-            self.teacher = build_teacher(self.source, self.weights, student.shape[-1], images.shape[1],
-                                         tuple(images.shape[1:]))
+            self.teacher = build_teacher(
+                self.source, self.weights, student.shape[-1], images.shape[1], tuple(images.shape[1:])
+            )
             self.weights = None  # the network holds them now
         if not self._placed:
             self.teacher = self._on_device(state, self.teacher)
@@ -165,8 +186,10 @@ class Distillation(Algorithm):
         with torch.no_grad(), get_precision_context(state.precision, state.precision_config):
             teacher = self.teacher(images)
         if teacher.shape != student.shape:
-            raise UserError(f"{KEY}: the teacher's outputs have shape {tuple(teacher.shape)}, the student's "
-                            f"{tuple(student.shape)}; a teacher must predict the student's classes")
+            raise UserError(
+                f"{KEY}: the teacher's outputs have shape {tuple(teacher.shape)}, the student's "
+                f"{tuple(student.shape)}; a teacher must predict the student's classes"
+            )
         state.loss = blended_loss(state.loss, student, teacher, self.temperature, self.alpha, self.kind)
 
     def check_data(self, data: DatasetSplits) -> None:

@@ -43,8 +43,14 @@ def cutmix(alpha: Positive = 1.0, interpolate_loss: bool = False, uniform_sampli
     return without_read_backs(CutMix(alpha=alpha, interpolate_loss=interpolate_loss, uniform_sampling=uniform_sampling))
 
 
-def mixup_cutmix(mixup_alpha: Positive = 0.1, cutmix_alpha: Positive = 1.0, switch_prob: Share = 0.5,
-                 prob: Share = 1.0, label_smoothing: Probability = 0.0, correct_lam: bool = True):
+def mixup_cutmix(
+    mixup_alpha: Positive = 0.1,
+    cutmix_alpha: Positive = 1.0,
+    switch_prob: Share = 0.5,
+    prob: Share = 1.0,
+    label_smoothing: Probability = 0.0,
+    correct_lam: bool = True,
+):
     """MixUp or CutMix, one per batch, as timm's Mixup in batch mode (DeiT; ResNet strikes back's A1-A3).
 
     Args:
@@ -61,8 +67,14 @@ def mixup_cutmix(mixup_alpha: Positive = 0.1, cutmix_alpha: Positive = 1.0, swit
     """
     from dlrecipes.algorithms.mixup_cutmix import MixUpCutMix
 
-    return MixUpCutMix(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, switch_prob=switch_prob, prob=prob,
-                       label_smoothing=label_smoothing, correct_lam=correct_lam)
+    return MixUpCutMix(
+        mixup_alpha=mixup_alpha,
+        cutmix_alpha=cutmix_alpha,
+        switch_prob=switch_prob,
+        prob=prob,
+        label_smoothing=label_smoothing,
+        correct_lam=correct_lam,
+    )
 
 
 def tta(level: Literal[0, 1, 2] = 2, pad: Literal[1, 2] = 1):
@@ -104,9 +116,13 @@ def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOn
     return GradientCheckpointing(targets=targets, every=every)
 
 
-def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.0,
-                 alpha: Annotated[float, Range(0, 1)] = 0.5, kind: Literal["soft", "hard"] = "soft",
-                 teacher_sha256: Optional[str] = None):
+def distillation(
+    teacher: Union[str, dict[str, Any]],
+    temperature: Positive = 4.0,
+    alpha: Annotated[float, Range(0, 1)] = 0.5,
+    kind: Literal["soft", "hard"] = "soft",
+    teacher_sha256: Optional[str] = None,
+):
     """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015).
 
     Args:
@@ -121,8 +137,15 @@ def distillation(teacher: Union[str, dict[str, Any]], temperature: Positive = 4.
     return Distillation(teacher, temperature=temperature, alpha=alpha, kind=kind, teacher_sha256=teacher_sha256)
 
 
-def qat(layout=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
-        freeze_bn: Optional[Duration] = None, freeze_observers: Optional[Duration] = None, export: bool = True):
+def qat(
+    layout=None,
+    /,
+    start: Duration = "0.5dur",
+    backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
+    freeze_bn: Optional[Duration] = None,
+    freeze_observers: Optional[Duration] = None,
+    export: bool = True,
+):
     """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.
 
     Args:
@@ -135,4 +158,6 @@ def qat(layout=None, /, start: Duration = "0.5dur", backend: Literal["x86", "fbg
     from dlrecipes.algorithms.qat import QAT
 
     export_dir = layout.exports if export and layout is not None else None
-    return QAT(start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir)
+    return QAT(
+        start=start, backend=backend, freeze_bn=freeze_bn, freeze_observers=freeze_observers, export_dir=export_dir
+    )

@@ -104,8 +104,10 @@ class FreezeBackbone(Algorithm):
     def _keep_norm_stats(self, state: State) -> None:
         # only those the loop put back in training mode (after an evaluation): a mode switch per batch is not free
         for name, module in self._net(state).named_modules():
-            if isinstance(module, nn.modules.batchnorm._NormBase) and module.training and not any(
-                p.startswith(name + ".") for p in self.head
+            if (
+                isinstance(module, nn.modules.batchnorm._NormBase)
+                and module.training
+                and not any(p.startswith(name + ".") for p in self.head)
             ):
                 module.eval()
 

@@ -66,9 +66,7 @@ def _checkpointed_class(cls: type) -> type:
     return _checkpointed_classes[cls]
 
 
-def apply_gradient_checkpointing(
-    model: nn.Module, targets: Optional[Sequence[str]] = None, every: int = 1
-) -> int:
+def apply_gradient_checkpointing(model: nn.Module, targets: Optional[Sequence[str]] = None, every: int = 1) -> int:
     """Checkpoint every ``every``-th module whose class name is in ``targets``; returns how many."""
     targets = tuple(targets or DEFAULT_TARGETS)
     if every < 1:

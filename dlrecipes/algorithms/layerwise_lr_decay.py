@@ -89,4 +89,6 @@ class LayerwiseLRDecay(Algorithm):
         network = getattr(state.model, "module", state.model)  # name blocks inside the ComposerClassifier
         for optimizer in state.optimizers:
             self.scales = apply_layerwise_lr_decay(network, optimizer, self.decay, self.block_depth)
-        logger.log_hyperparameters({"layerwise_lr_decay/blocks": len(self.scales), "layerwise_lr_decay/min_scale": self.scales[0]})
+        logger.log_hyperparameters(
+            {"layerwise_lr_decay/blocks": len(self.scales), "layerwise_lr_decay/min_scale": self.scales[0]}
+        )

@@ -20,10 +20,24 @@ from timm.data import Mixup
 class MixUpCutMix(Algorithm):
     """Each training batch (images batch[0], class labels batch[1]) mixed by timm's Mixup, the labels made soft."""
 
-    def __init__(self, mixup_alpha: float, cutmix_alpha: float, switch_prob: float, prob: float,
-                 label_smoothing: float, correct_lam: bool):
-        self.settings = {"mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha, "switch_prob": switch_prob,
-                         "prob": prob, "label_smoothing": label_smoothing, "correct_lam": correct_lam, "mode": "batch"}
+    def __init__(
+        self,
+        mixup_alpha: float,
+        cutmix_alpha: float,
+        switch_prob: float,
+        prob: float,
+        label_smoothing: float,
+        correct_lam: bool,
+    ):
+        self.settings = {
+            "mixup_alpha": mixup_alpha,
+            "cutmix_alpha": cutmix_alpha,
+            "switch_prob": switch_prob,
+            "prob": prob,
+            "label_smoothing": label_smoothing,
+            "correct_lam": correct_lam,
+            "mode": "batch",
+        }
         self.mixup: Optional[Mixup] = None
 
     def match(self, event: Event, state: State) -> bool:

@@ -27,10 +27,12 @@ def elapsed_at_epoch_start(state: State) -> float:
     from composer.core import TimeUnit
 
     stamp, unit = state.timestamp, state.max_duration.unit if state.max_duration is not None else None
-    done = {TimeUnit.EPOCH: lambda: int(stamp.epoch),
-            TimeUnit.BATCH: lambda: int(stamp.batch) - int(stamp.batch_in_epoch),
-            TimeUnit.SAMPLE: lambda: int(stamp.sample) - int(stamp.sample_in_epoch),
-            TimeUnit.TOKEN: lambda: int(stamp.token) - int(stamp.token_in_epoch)}.get(unit)
+    done = {
+        TimeUnit.EPOCH: lambda: int(stamp.epoch),
+        TimeUnit.BATCH: lambda: int(stamp.batch) - int(stamp.batch_in_epoch),
+        TimeUnit.SAMPLE: lambda: int(stamp.sample) - int(stamp.sample_in_epoch),
+        TimeUnit.TOKEN: lambda: int(stamp.token) - int(stamp.token_in_epoch),
+    }.get(unit)
     if int(stamp.batch_in_epoch) == 0 or done is None:
         elapsed = state.get_elapsed_duration()
         return float(elapsed.value) if elapsed is not None else 0.0

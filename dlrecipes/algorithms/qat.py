@@ -47,9 +47,22 @@ from torch import nn
 from dlrecipes.errors import RecipeError, first_line
 
 __all__ = [
-    "BACKENDS", "EXPORT_FILE", "REPORT_FILE", "RebindReport", "check_traceable", "prepare_qat", "is_qat_prepared",
-    "rebind_optimizer", "pause_observers", "restore_observers", "freeze_batchnorm_stats", "freeze_observers",
-    "convert_to_int8", "export_int8", "top1_accuracies", "QAT",
+    "BACKENDS",
+    "EXPORT_FILE",
+    "REPORT_FILE",
+    "RebindReport",
+    "check_traceable",
+    "prepare_qat",
+    "is_qat_prepared",
+    "rebind_optimizer",
+    "pause_observers",
+    "restore_observers",
+    "freeze_batchnorm_stats",
+    "freeze_observers",
+    "convert_to_int8",
+    "export_int8",
+    "top1_accuracies",
+    "QAT",
 ]
 
 KEY = "algorithms.qat"
@@ -255,7 +268,9 @@ def _network(state: State) -> nn.Module:
         raise RecipeError(f"{KEY}: QAT runs in a single process; train on one device (no DDP)")
     network = getattr(state.model, "module", None)
     if not isinstance(network, nn.Module):
-        raise TypeError(f"qat needs a Composer model holding its network as `.module`, got {type(state.model).__name__}")
+        raise TypeError(
+            f"qat needs a Composer model holding its network as `.module`, got {type(state.model).__name__}"
+        )
     return network
 
 
@@ -315,7 +330,14 @@ class QAT(Algorithm):
         self.started_at = state.get("started_at", self.started_at)
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.INIT, Event.FIT_START, Event.BATCH_START, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
+        return event in (
+            Event.INIT,
+            Event.FIT_START,
+            Event.BATCH_START,
+            Event.EVAL_START,
+            Event.EVAL_END,
+            Event.FIT_END,
+        )
 
     def apply(self, event: Event, state: State, logger: Logger) -> Optional[int]:
         if event == Event.INIT:
@@ -366,11 +388,15 @@ class QAT(Algorithm):
             inputs = state.batch_get_item(0)
             report = self._switch(state, (inputs[:1],))
             self.started_at = {"epoch": int(state.timestamp.epoch), "batch": int(state.timestamp.batch)}
-            logger.log_hyperparameters({
-                "qat/start_epoch": self.started_at["epoch"], "qat/start_batch": self.started_at["batch"],
-                "qat/fake_quantizers": len(_fake_quantizers(state.model.module)),
-                "qat/params_kept": report.kept, "qat/params_moved": report.moved,
-            })
+            logger.log_hyperparameters(
+                {
+                    "qat/start_epoch": self.started_at["epoch"],
+                    "qat/start_batch": self.started_at["batch"],
+                    "qat/fake_quantizers": len(_fake_quantizers(state.model.module)),
+                    "qat/params_kept": report.kept,
+                    "qat/params_moved": report.moved,
+                }
+            )
             return  # freezes wait for a later batch: observers need at least one batch to see
         if self.freeze_bn is not None and not self._bn_frozen and _reached(state, self.freeze_bn):
             freeze_batchnorm_stats(network)

@@ -11,13 +11,32 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from dlrecipes.algorithms.batch_factories import (batch_augmix, batch_color_jitter, batch_randaugment,
-                                                  batch_random_erasing, batch_trivialaugment)
-from dlrecipes.algorithms.factories import (cutmix, distillation, gradient_checkpointing, layerwise_lr_decay, mixup,
-                                            mixup_cutmix, qat, tta)
+from dlrecipes.algorithms.batch_factories import (
+    batch_augmix,
+    batch_color_jitter,
+    batch_randaugment,
+    batch_random_erasing,
+    batch_trivialaugment,
+)
+from dlrecipes.algorithms.factories import (
+    cutmix,
+    distillation,
+    gradient_checkpointing,
+    layerwise_lr_decay,
+    mixup,
+    mixup_cutmix,
+    qat,
+    tta,
+)
 from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, one_policy, policy_or_keys
-from dlrecipes.algorithms.support import (check_qat_times, ghost_batch_fits, needs_bottleneck_resnet,
-                                          needs_pil_dataset, needs_pixels, qat_fits_the_run)
+from dlrecipes.algorithms.support import (
+    check_qat_times,
+    ghost_batch_fits,
+    needs_bottleneck_resnet,
+    needs_pil_dataset,
+    needs_pixels,
+    qat_fits_the_run,
+)
 from dlrecipes.algorithms.teacher import check_distillation_params, teacher_fits_the_run
 from dlrecipes.core.durations import Duration
 from dlrecipes.core.ranges import AtLeastOne, Fraction, Positive, Probability
@@ -45,7 +64,9 @@ def label_smoothing(smoothing: Probability = 0.1):
 
 
 @algorithms.register("blurpool", changes_network=True)
-def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True, min_channels: int = 16):
+def blurpool(
+    replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True, min_channels: int = 16
+):
     """Anti-aliased downsampling: blur before strided convolutions and max-pools (Zhang 2019).
 
     Args:
@@ -56,14 +77,20 @@ def blurpool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
     """
     from composer.algorithms import BlurPool
 
-    return BlurPool(replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first,
-                    min_channels=min_channels)
+    return BlurPool(
+        replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first, min_channels=min_channels
+    )
 
 
-@algorithms.register("ema", conflicts_with={"swa": "both replace the weights used for evaluation"},
-                     checkpoint_state=True)
-def ema(half_life: Optional[Duration] = "1000ba", smoothing: Optional[float] = None, ema_start: Duration = "0.0dur",
-        update_interval: Optional[Duration] = None):
+@algorithms.register(
+    "ema", conflicts_with={"swa": "both replace the weights used for evaluation"}, checkpoint_state=True
+)
+def ema(
+    half_life: Optional[Duration] = "1000ba",
+    smoothing: Optional[float] = None,
+    ema_start: Duration = "0.0dur",
+    update_interval: Optional[Duration] = None,
+):
     """Evaluate with an exponential moving average of the weights.
 
     Args:
@@ -78,9 +105,14 @@ def ema(half_life: Optional[Duration] = "1000ba", smoothing: Optional[float] = N
 
 
 @algorithms.register("progressive_resizing", image_label_batch="resizes batch[0] as the images")
-def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_scale: float = 0.5,
-                         finetune_fraction: float = 0.2, delay_fraction: float = 0.5, size_increment: AtLeastOne = 4,
-                         resize_targets: bool = False):
+def progressive_resizing(
+    mode: Literal["resize", "crop"] = "resize",
+    initial_scale: float = 0.5,
+    finetune_fraction: float = 0.2,
+    delay_fraction: float = 0.5,
+    size_increment: AtLeastOne = 4,
+    resize_targets: bool = False,
+):
     """Train on downscaled images early, growing to full size.
 
     Composer resizes the batches; FFCV and `dataset.decode: device` decode (crop) at the size.
@@ -95,9 +127,14 @@ def progressive_resizing(mode: Literal["resize", "crop"] = "resize", initial_sca
     """
     from dlrecipes.algorithms.progressive_resizing import ProgressiveResizing
 
-    return ProgressiveResizing(mode=mode, initial_scale=initial_scale, finetune_fraction=finetune_fraction,
-                               delay_fraction=delay_fraction, size_increment=size_increment,
-                               resize_targets=resize_targets)
+    return ProgressiveResizing(
+        mode=mode,
+        initial_scale=initial_scale,
+        finetune_fraction=finetune_fraction,
+        delay_fraction=delay_fraction,
+        size_increment=size_increment,
+        resize_targets=resize_targets,
+    )
 
 
 @algorithms.register("cutout", image_label_batch="masks batch[0] as the images")
@@ -129,8 +166,11 @@ def gradient_clipping(clipping_type: Literal["norm", "value", "adaptive"] = "nor
     return GradientClipping(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
 
 
-@algorithms.register("randaugment", requires=needs_pil_dataset("batch_randaugment"),
-                     image_label_batch="augments the one image of each sample")
+@algorithms.register(
+    "randaugment",
+    requires=needs_pil_dataset("batch_randaugment"),
+    image_label_batch="augments the one image of each sample",
+)
 def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["all", "safe", "original"] = "all"):
     """Apply `depth` random image augmentations of strength `severity` to each training image.
 
@@ -145,10 +185,16 @@ def randaugment(severity: int = 9, depth: int = 2, augmentation_set: Literal["al
     return RandAugment(severity=severity, depth=depth, augmentation_set=augmentation_set)
 
 
-@algorithms.register("augmix", requires=needs_pil_dataset("batch_augmix"),
-                     image_label_batch="augments the one image of each sample")
-def augmix(severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
-           augmentation_set: Literal["all", "safe", "original"] = "all"):
+@algorithms.register(
+    "augmix", requires=needs_pil_dataset("batch_augmix"), image_label_batch="augments the one image of each sample"
+)
+def augmix(
+    severity: int = 3,
+    depth: int = -1,
+    width: int = 3,
+    alpha: float = 1.0,
+    augmentation_set: Literal["all", "safe", "original"] = "all",
+):
     """Mix several chains of augmentations of each image (Hendrycks et al. 2020).
 
     Args:
@@ -165,8 +211,12 @@ def augmix(severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.
 
 
 @algorithms.register("colout", image_label_batch="drops rows and columns of batch[0] as the images")
-def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = True,
-           resize_target: Union[bool, Literal["auto"]] = "auto"):
+def colout(
+    p_row: Probability = 0.15,
+    p_col: Probability = 0.15,
+    batch: bool = True,
+    resize_target: Union[bool, Literal["auto"]] = "auto",
+):
     """Drop random rows and columns of each image: smaller, faster batches.
 
     Args:
@@ -180,9 +230,14 @@ def colout(p_row: Probability = 0.15, p_col: Probability = 0.15, batch: bool = T
     return ColOut(p_row=p_row, p_col=p_col, batch=batch, resize_target=resize_target)
 
 
-@algorithms.register("sam", checkpoint_state=True, reads_back=(
-    "Composer's SAM optimizer tests each pass's loss on the host (`if loss:`) before stepping: one read-back per "
-    "step (two on its ascent steps, every `interval`), as in Composer's Trainer"))
+@algorithms.register(
+    "sam",
+    checkpoint_state=True,
+    reads_back=(
+        "Composer's SAM optimizer tests each pass's loss on the host (`if loss:`) before stepping: one read-back per "
+        "step (two on its ascent steps, every `interval`), as in Composer's Trainer"
+    ),
+)
 def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 1):
     """Sharpness-aware minimisation every `interval` steps (Foret et al. 2020).
 
@@ -197,10 +252,15 @@ def sam(rho: Positive = 0.05, epsilon: Positive = 1e-12, interval: AtLeastOne = 
 
 
 @algorithms.register("swa", checkpoint_state=True)
-def swa(swa_start: Duration = "0.7dur", swa_end: Duration = "0.97dur", update_interval: Duration = "1ep",
-        schedule_swa_lr: bool = False, anneal_strategy: Literal["linear", "cos"] = "linear",
-        anneal_steps: AtLeastOne = 10,
-        swa_lr: Optional[float] = None):
+def swa(
+    swa_start: Duration = "0.7dur",
+    swa_end: Duration = "0.97dur",
+    update_interval: Duration = "1ep",
+    schedule_swa_lr: bool = False,
+    anneal_strategy: Literal["linear", "cos"] = "linear",
+    anneal_steps: AtLeastOne = 10,
+    swa_lr: Optional[float] = None,
+):
     """Stochastic weight averaging over the end of training (Izmailov et al. 2018).
 
     Args:
@@ -214,16 +274,32 @@ def swa(swa_start: Duration = "0.7dur", swa_end: Duration = "0.97dur", update_in
     """
     from composer.algorithms import SWA
 
-    return SWA(swa_start=swa_start, swa_end=swa_end, update_interval=update_interval, schedule_swa_lr=schedule_swa_lr,
-               anneal_strategy=anneal_strategy, anneal_steps=anneal_steps, swa_lr=swa_lr)
+    return SWA(
+        swa_start=swa_start,
+        swa_end=swa_end,
+        update_interval=update_interval,
+        schedule_swa_lr=schedule_swa_lr,
+        anneal_strategy=anneal_strategy,
+        anneal_steps=anneal_steps,
+        swa_lr=swa_lr,
+    )
 
 
-@algorithms.register("stochastic_depth", requires=needs_bottleneck_resnet, changes_network=True, reads_back=(
-    "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: 16 per ResNet-50 step"))
-def stochastic_depth(target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
-                     stochastic_method: Literal["block", "sample"] = "block", drop_rate: float = 0.2,
-                     drop_distribution: Literal["uniform", "linear"] = "linear",
-                     drop_warmup: Union[float, Duration] = 0.0):
+@algorithms.register(
+    "stochastic_depth",
+    requires=needs_bottleneck_resnet,
+    changes_network=True,
+    reads_back=(
+        "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: 16 per ResNet-50 step"
+    ),
+)
+def stochastic_depth(
+    target_layer_name: Literal["ResNetBottleneck"] = "ResNetBottleneck",
+    stochastic_method: Literal["block", "sample"] = "block",
+    drop_rate: float = 0.2,
+    drop_distribution: Literal["uniform", "linear"] = "linear",
+    drop_warmup: Union[float, Duration] = 0.0,
+):
     """Randomly skip residual blocks during training (torchvision ResNet bottleneck blocks).
 
     Args:
@@ -235,8 +311,13 @@ def stochastic_depth(target_layer_name: Literal["ResNetBottleneck"] = "ResNetBot
     """
     from composer.algorithms import StochasticDepth
 
-    return StochasticDepth(target_layer_name=target_layer_name, stochastic_method=stochastic_method,
-                           drop_rate=drop_rate, drop_distribution=drop_distribution, drop_warmup=drop_warmup)
+    return StochasticDepth(
+        target_layer_name=target_layer_name,
+        stochastic_method=stochastic_method,
+        drop_rate=drop_rate,
+        drop_distribution=drop_distribution,
+        drop_warmup=drop_warmup,
+    )
 
 
 @algorithms.register("squeeze_excite", changes_network=True)
@@ -265,10 +346,12 @@ def layer_freezing(freeze_start: float = 0.5, freeze_level: float = 1.0):
     return LayerFreezing(freeze_start=freeze_start, freeze_level=freeze_level)
 
 
-@algorithms.register("selective_backprop",
-                     image_label_batch="scores samples by running the model on batch[0] against batch[1]")
-def selective_backprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0,
-                       interrupt: int = 2):
+@algorithms.register(
+    "selective_backprop", image_label_batch="scores samples by running the model on batch[0] against batch[1]"
+)
+def selective_backprop(
+    start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0, interrupt: int = 2
+):
     """Backpropagate only the highest-loss fraction `keep` of each batch between start and end.
 
     Args:
@@ -310,31 +393,76 @@ def weight_standardization(n_last_layers_ignore: int = 0):
 # dlrecipes' own, their factories in .factories
 algorithms.add("layerwise_lr_decay", layerwise_lr_decay)
 algorithms.add("gradient_checkpointing", gradient_checkpointing, changes_network=True)
-algorithms.add("distillation", distillation, validator=check_distillation_params, requires=teacher_fits_the_run,
-               paths=("teacher",), image_label_batch=(
-                   "runs the teacher on batch[0] as the images and blends its loss with the labels' loss"))
-algorithms.add("qat", qat, requires=qat_fits_the_run, validator=check_qat_times, changes_network=True,
-               conflicts_with={"ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
-                               "swa": "SWA averages a copy of the network made before the QAT switch"})
+algorithms.add(
+    "distillation",
+    distillation,
+    validator=check_distillation_params,
+    requires=teacher_fits_the_run,
+    paths=("teacher",),
+    image_label_batch=("runs the teacher on batch[0] as the images and blends its loss with the labels' loss"),
+)
+algorithms.add(
+    "qat",
+    qat,
+    requires=qat_fits_the_run,
+    validator=check_qat_times,
+    changes_network=True,
+    conflicts_with={
+        "ema": "EMA keeps weights by name, and the QAT switch renames the fused layers",
+        "swa": "SWA averages a copy of the network made before the QAT switch",
+    },
+)
 
 # strong augmentation of whole batches on the training device (.batch_augment), their factories in .batch_factories
-algorithms.add("batch_randaugment", batch_randaugment, conflicts_with=one_policy("batch_randaugment"),
-               image_label_batch=ON_DEVICE, validator=policy_or_keys("randaugment"), requires=needs_pixels)
-algorithms.add("batch_trivialaugment", batch_trivialaugment, conflicts_with=one_policy("batch_trivialaugment"),
-               image_label_batch=ON_DEVICE, requires=needs_pixels)
-algorithms.add("batch_augmix", batch_augmix, conflicts_with=one_policy("batch_augmix"), image_label_batch=ON_DEVICE,
-               validator=policy_or_keys("augmix"), requires=needs_pixels)
+algorithms.add(
+    "batch_randaugment",
+    batch_randaugment,
+    conflicts_with=one_policy("batch_randaugment"),
+    image_label_batch=ON_DEVICE,
+    validator=policy_or_keys("randaugment"),
+    requires=needs_pixels,
+)
+algorithms.add(
+    "batch_trivialaugment",
+    batch_trivialaugment,
+    conflicts_with=one_policy("batch_trivialaugment"),
+    image_label_batch=ON_DEVICE,
+    requires=needs_pixels,
+)
+algorithms.add(
+    "batch_augmix",
+    batch_augmix,
+    conflicts_with=one_policy("batch_augmix"),
+    image_label_batch=ON_DEVICE,
+    validator=policy_or_keys("augmix"),
+    requires=needs_pixels,
+)
 algorithms.add("batch_color_jitter", batch_color_jitter, image_label_batch=ON_DEVICE, requires=needs_pixels)
 algorithms.add("batch_random_erasing", batch_random_erasing, image_label_batch=ON_DEVICE, validator=check_erasing)
 
 # the label mixing (Composer's MixUp and CutMix, timm's switching between them) and test-time augmentation (eval
 # rebuilds it, as a network's), their factories in .factories
 MIXES = "mixes batch[0] as the images and batch[1] as the labels"
-algorithms.add("mixup", mixup, image_label_batch=MIXES,
-               conflicts_with={"cutmix": "both replace the labels of every batch",
-                               "mixup_cutmix": "mixup_cutmix already MixUps the batches it does not CutMix"})
-algorithms.add("cutmix", cutmix, image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels",
-               conflicts_with={"mixup_cutmix": "mixup_cutmix already CutMixes the batches it does not MixUp"})
+algorithms.add(
+    "mixup",
+    mixup,
+    image_label_batch=MIXES,
+    conflicts_with={
+        "cutmix": "both replace the labels of every batch",
+        "mixup_cutmix": "mixup_cutmix already MixUps the batches it does not CutMix",
+    },
+)
+algorithms.add(
+    "cutmix",
+    cutmix,
+    image_label_batch="mixes boxes of batch[0] as the images and batch[1] as the labels",
+    conflicts_with={"mixup_cutmix": "mixup_cutmix already CutMixes the batches it does not MixUp"},
+)
 algorithms.add("mixup_cutmix", mixup_cutmix, image_label_batch=MIXES)
-algorithms.add("tta", tta, changes_network=True, checkpoint_state=False,
-               image_label_batch="averages the logits over mirrored and shifted views of batch[0] as the images")
+algorithms.add(
+    "tta",
+    tta,
+    changes_network=True,
+    checkpoint_state=False,
+    image_label_batch="averages the logits over mirrored and shifted views of batch[0] as the images",
+)

@@ -34,7 +34,9 @@ def smooth_labels(logits: torch.Tensor, targets: torch.Tensor, smoothing: float 
     return (targets.float() * (1.0 - smoothing)) + (smoothing / num_classes)
 
 
-def ensure_targets_one_hot(input: torch.Tensor, targets: torch.Tensor, num_classes: Optional[int] = None) -> torch.Tensor:
+def ensure_targets_one_hot(
+    input: torch.Tensor, targets: torch.Tensor, num_classes: Optional[int] = None
+) -> torch.Tensor:
     """Composer's ``ensure_targets_one_hot`` (index targets as float32 one-hot rows, dense ones as float32),
     with no read-back."""
     if infer_target_type(input, targets) == "indices":

@@ -18,8 +18,17 @@ from dlrecipes.core.precision import precision_of
 from dlrecipes.errors import RecipeError
 from dlrecipes.registry import algorithms, datasets
 
-__all__ = ["needs_pil_dataset", "needs_pixels", "needs_bottleneck_resnet", "ghost_batch_fits", "check_qat_times",
-           "qat_fits_the_run", "batch_randaugment_policy", "batch_augmix_policy", "jitter_ranges"]
+__all__ = [
+    "needs_pil_dataset",
+    "needs_pixels",
+    "needs_bottleneck_resnet",
+    "ghost_batch_fits",
+    "check_qat_times",
+    "qat_fits_the_run",
+    "batch_randaugment_policy",
+    "batch_augmix_policy",
+    "jitter_ranges",
+]
 
 
 def needs_pil_dataset(on_batches: str):
@@ -29,10 +38,15 @@ def needs_pil_dataset(on_batches: str):
         if datasets.get(config.dataset.name).metadata.get("pil_images") and config.trainer.loader != "device":
             return None
         pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
-        given = ("the device loader yields batches of tensors" if config.trainer.loader == "device"
-                 else f"dataset '{config.dataset.name}' yields tensors")
-        return (f"augments PIL images before ToTensor, and {given}; use algorithms.{on_batches}, which does it "
-                f"on whole batches of tensors on the device (or a PIL dataset: {pil})")
+        given = (
+            "the device loader yields batches of tensors"
+            if config.trainer.loader == "device"
+            else f"dataset '{config.dataset.name}' yields tensors"
+        )
+        return (
+            f"augments PIL images before ToTensor, and {given}; use algorithms.{on_batches}, which does it "
+            f"on whole batches of tensors on the device (or a PIL dataset: {pil})"
+        )
 
     return check
 
@@ -40,8 +54,10 @@ def needs_pil_dataset(on_batches: str):
 def needs_pixels(config) -> Optional[str]:
     if datasets.get(config.dataset.name).metadata.get("pixels", True):
         return None
-    return (f"works on pixel values (it undoes the loader's normalisation), and dataset '{config.dataset.name}' "
-            "yields random tensors; use an image dataset (digits, cifar10, image_folder, ...)")
+    return (
+        f"works on pixel values (it undoes the loader's normalisation), and dataset '{config.dataset.name}' "
+        "yields random tensors; use an image dataset (digits, cifar10, image_folder, ...)"
+    )
 
 
 def needs_bottleneck_resnet(config) -> Optional[str]:
@@ -118,8 +134,16 @@ def qat_fits_the_run(config) -> Optional[str]:
 # --- the batch augmentations' policies ---------------------------------------------------------
 
 
-def batch_randaugment_policy(policy: Optional[str], num_ops: int, magnitude: float, num_magnitude_bins: int,
-                             magnitude_std: float, p: float, ops: str, fill: Optional[list[float]]):
+def batch_randaugment_policy(
+    policy: Optional[str],
+    num_ops: int,
+    magnitude: float,
+    num_magnitude_bins: int,
+    magnitude_std: float,
+    p: float,
+    ops: str,
+    fill: Optional[list[float]],
+):
     """batch_randaugment's policy: a timm string's (``rand-m9-mstd0.5-inc1``) when given, else the keys'."""
     import dlrecipes.algorithms.augment_policy as augment_policy
     from dlrecipes.algorithms.augment_keys import parse_timm
@@ -129,11 +153,19 @@ def batch_randaugment_policy(policy: Optional[str], num_ops: int, magnitude: flo
         num_ops, magnitude, num_magnitude_bins = keys["num_ops"], keys["magnitude"], keys["num_magnitude_bins"]
         magnitude_std, p, ops = keys["magnitude_std"], keys["p"], keys["ops"]
     return augment_policy.randaugment_policy(
-        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, default_fill(fill, ops))
+        num_ops, magnitude, num_magnitude_bins, magnitude_std, p, ops, default_fill(fill, ops)
+    )
 
 
-def batch_augmix_policy(policy: Optional[str], severity: int, width: int, depth: int, alpha: float, all_ops: bool,
-                        fill: Optional[list[float]]):
+def batch_augmix_policy(
+    policy: Optional[str],
+    severity: int,
+    width: int,
+    depth: int,
+    alpha: float,
+    all_ops: bool,
+    fill: Optional[list[float]],
+):
     """batch_augmix's policy: a timm string's (``augmix-m5-w4-d2``, timm's ops) when given, else the keys'."""
     import dlrecipes.algorithms.augment_policy as augment_policy
 
@@ -152,5 +184,9 @@ def jitter_ranges(brightness: float, contrast: float, saturation: float, hue: fl
     def around_one(x: float):
         return (max(0.0, 1.0 - x), 1.0 + x) if x > 0 else None
 
-    return {"brightness": around_one(brightness), "contrast": around_one(contrast),
-            "saturation": around_one(saturation), "hue": (-hue, hue) if hue > 0 else None}
+    return {
+        "brightness": around_one(brightness),
+        "contrast": around_one(contrast),
+        "saturation": around_one(saturation),
+        "hue": (-hue, hue) if hue > 0 else None,
+    }

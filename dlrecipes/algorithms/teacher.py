@@ -34,7 +34,14 @@ if TYPE_CHECKING:
 KEY = "algorithms.distillation.teacher"
 SPEC_WEIGHTS = "checkpoint"  # the key of a model spec that names its weights file
 # Algorithms that change a network's modules: a teacher run trained with one cannot be rebuilt from its model alone.
-NETWORK_CHANGING = ("blurpool", "squeeze_excite", "stochastic_depth", "ghost_batchnorm", "weight_standardization", "qat")
+NETWORK_CHANGING = (
+    "blurpool",
+    "squeeze_excite",
+    "stochastic_depth",
+    "ghost_batchnorm",
+    "weight_standardization",
+    "qat",
+)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -66,25 +73,36 @@ def check_distillation_params(params: dict[str, Any], path: str) -> None:
     if isinstance(teacher, dict):
         _check_spec(teacher, f"{path}.teacher")
     elif not isinstance(teacher, str) or not teacher.strip():
-        raise RecipeError(f"{path}.teacher: expected a run directory, a checkpoint file or a model spec "
-                          f"({{name: <model>, <parameters>, checkpoint: FILE}}), got {shown(teacher)}")
+        raise RecipeError(
+            f"{path}.teacher: expected a run directory, a checkpoint file or a model spec "
+            f"({{name: <model>, <parameters>, checkpoint: FILE}}), got {shown(teacher)}"
+        )
     pinned = params.get("teacher_sha256")
     if pinned is not None and not _SHA256.match(pinned):
-        raise RecipeError(f"{path}.teacher_sha256: expected 64 lowercase hex digits (a SHA-256), got {shown(pinned)}; "
-                          "leave it out and validation records the teacher file's")
+        raise RecipeError(
+            f"{path}.teacher_sha256: expected 64 lowercase hex digits (a SHA-256), got {shown(pinned)}; "
+            "leave it out and validation records the teacher file's"
+        )
 
 
 def _refuse_addresses(teacher: Any, path: str) -> None:
     """A teacher is read from files on this machine (checked, and hashed into ``teacher_sha256``, at validation):
     an address (``s3://...``, ``https://...``) is refused as it was given (``Path()`` would show ``s3:/...``),
     saying how to make it a file here."""
-    named = {"": teacher} if isinstance(teacher, str) else {
-        f".{key}": teacher.get(key) for key in (SPEC_WEIGHTS, "pretrained_path")} if isinstance(teacher, dict) else {}
+    named = (
+        {"": teacher}
+        if isinstance(teacher, str)
+        else {f".{key}": teacher.get(key) for key in (SPEC_WEIGHTS, "pretrained_path")}
+        if isinstance(teacher, dict)
+        else {}
+    )
     for suffix, value in named.items():
         if isinstance(value, str) and "://" in value:
-            raise RecipeError(f"{path}{suffix}: {value} is an address; a teacher is read from files on this machine: "
-                              f"copy the run (its {RECIPE_FILE} and {CHECKPOINT_DIR}/) or the file here first, and "
-                              "give its path")
+            raise RecipeError(
+                f"{path}{suffix}: {value} is an address; a teacher is read from files on this machine: "
+                f"copy the run (its {RECIPE_FILE} and {CHECKPOINT_DIR}/) or the file here first, and "
+                "give its path"
+            )
 
 
 def _check_spec(spec: dict[str, Any], path: str) -> None:
@@ -92,14 +110,18 @@ def _check_spec(spec: dict[str, Any], path: str) -> None:
 
     weights = spec.get(SPEC_WEIGHTS)
     if weights is not None and (not isinstance(weights, str) or not weights):
-        raise RecipeError(f"{path}.{SPEC_WEIGHTS}: expected the path of a checkpoint or state-dict file, got {shown(weights)}")
+        raise RecipeError(
+            f"{path}.{SPEC_WEIGHTS}: expected the path of a checkpoint or state-dict file, got {shown(weights)}"
+        )
     component = check_component({k: v for k, v in spec.items() if k != SPEC_WEIGHTS}, path, registry.models)
     if registry.models.get(component.name).metadata.get("multi_io"):
         raise RecipeError(f"{path}.name: '{component.name}' takes several inputs; a teacher is a classifier of images")
     params = component.params
     if weights is None and not params.get("pretrained_path") and not params.get("pretrained"):
-        raise RecipeError(f"{path}: the teacher has no trained weights; add {SPEC_WEIGHTS}: FILE (a checkpoint or "
-                          "state dict), pretrained_path or pretrained: true, or give a run directory")
+        raise RecipeError(
+            f"{path}: the teacher has no trained weights; add {SPEC_WEIGHTS}: FILE (a checkpoint or "
+            "state dict), pretrained_path or pretrained: true, or give a run directory"
+        )
 
 
 def teacher_source(teacher: Any) -> TeacherSource:
@@ -108,13 +130,20 @@ def teacher_source(teacher: Any) -> TeacherSource:
     if isinstance(teacher, dict):
         params = {k: v for k, v in teacher.items() if k not in ("name", SPEC_WEIGHTS)}
         weights = teacher.get(SPEC_WEIGHTS)
-        return TeacherSource(teacher["name"], params, Path(weights) if weights else None,
-                             params.get("num_classes"), f"model {teacher['name']}")
+        return TeacherSource(
+            teacher["name"],
+            params,
+            Path(weights) if weights else None,
+            params.get("num_classes"),
+            f"model {teacher['name']}",
+        )
     file = teacher_file(Path(teacher))
     run = RunDir.holding(file)
     if run is None:
-        raise RecipeError(f"{KEY}: {file} is not in a run directory's {CHECKPOINT_DIR}/ folder, so its network is "
-                          f"unknown; give the model too: {{name: <model>, <parameters>, {SPEC_WEIGHTS}: {file}}}")
+        raise RecipeError(
+            f"{KEY}: {file} is not in a run directory's {CHECKPOINT_DIR}/ folder, so its network is "
+            f"unknown; give the model too: {{name: <model>, <parameters>, {SPEC_WEIGHTS}: {file}}}"
+        )
     return _from_run(run, file)
 
 
@@ -123,12 +152,16 @@ def teacher_file(path: Path) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise RecipeError(f"{KEY}: {path} does not exist; give a run directory, a checkpoint file of a run, or a "
-                          f"model spec {{name: <model>, ..., {SPEC_WEIGHTS}: FILE}}")
+        raise RecipeError(
+            f"{KEY}: {path} does not exist; give a run directory, a checkpoint file of a run, or a "
+            f"model spec {{name: <model>, ..., {SPEC_WEIGHTS}: FILE}}"
+        )
     run = RunDir(path)
     if not run.is_run():
-        raise RecipeError(f"{KEY}: {path} is not a run directory (no {RECIPE_FILE}); give a run directory such as "
-                          "runs/<name>, or a checkpoint file of one")
+        raise RecipeError(
+            f"{KEY}: {path} is not a run directory (no {RECIPE_FILE}); give a run directory such as "
+            "runs/<name>, or a checkpoint file of one"
+        )
     if run.best.is_file():
         return run.best
     if run.latest.exists():
@@ -143,12 +176,15 @@ def _from_run(run: RunDir, file: Path) -> TeacherSource:
 
     recipe = read_recipe(run.path) or {}
     if recipe.get("task") is not None:
-        raise RecipeError(f"{KEY}: run {run.path} trained a task with several inputs/outputs; a teacher is a "
-                          "classifier of images")
+        raise RecipeError(
+            f"{KEY}: run {run.path} trained a task with several inputs/outputs; a teacher is a classifier of images"
+        )
     changed = [name for name in (recipe.get("algorithms") or {}) if name in NETWORK_CHANGING]
     if changed:
-        raise RecipeError(f"{KEY}: run {run.path} was trained with {', '.join(changed)}, which change the network's "
-                          "modules; a teacher is rebuilt from its model section alone (use a run without them)")
+        raise RecipeError(
+            f"{KEY}: run {run.path} was trained with {', '.join(changed)}, which change the network's "
+            "modules; a teacher is rebuilt from its model section alone (use a run without them)"
+        )
     model = check_component(recipe.get("model"), f"{KEY} (the model of {run.recipe})", registry.models)
     classes = None
     dataset = recipe.get("dataset")
@@ -176,8 +212,10 @@ def teacher_fits_the_run(config: RecipeConfig) -> Optional[str]:
             raise RecipeError(f"{KEY}: {file} does not exist or is not a file")
     students = dataset_classes(config)
     if source.classes is not None and students is not None and source.classes != students:
-        raise RecipeError(f"{KEY}: the teacher ({source.origin}) predicts {source.classes} classes and this dataset "
-                          f"has {students}; a teacher must be trained on the student's classes")
+        raise RecipeError(
+            f"{KEY}: the teacher ({source.origin}) predicts {source.classes} classes and this dataset "
+            f"has {students}; a teacher must be trained on the student's classes"
+        )
     if isinstance(teacher, str):
         params["teacher"] = str(source.weights)
     if source.checksum_file is not None:

@@ -27,15 +27,21 @@ from composer.utils.batch_helpers import batch_get, batch_set
 LEVEL_NAMES = {0: "none", 1: "flip", 2: "flip_translate"}
 
 
-def mirrored(forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
-             logits: torch.Tensor | None = None) -> torch.Tensor:
+def mirrored(
+    forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, logits: torch.Tensor | None = None
+) -> torch.Tensor:
     """0.5 * f(x) + 0.5 * f(mirror(x)); ``logits``: f(x), when already computed."""
     plain = forward(images) if logits is None else logits
     return 0.5 * plain + 0.5 * forward(images.flip(-1))
 
 
-def tta_logits(forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, level: int, pad: int = 1,
-               logits: torch.Tensor | None = None) -> torch.Tensor:
+def tta_logits(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    level: int,
+    pad: int = 1,
+    logits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The test-time-augmented logits of ``images`` (N, C, H, W) at ``level`` (0, 1 or 2, as the module says);
     ``logits``: ``forward(images)``, when already computed."""
     if level == 0:
@@ -45,7 +51,7 @@ def tta_logits(forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Te
         return flipped
     height, width = images.shape[-2:]
     padded = F.pad(images, (pad,) * 4, mode="reflect")
-    shifted = [padded[..., :height, :width], padded[..., 2 * pad:2 * pad + height, 2 * pad:2 * pad + width]]
+    shifted = [padded[..., :height, :width], padded[..., 2 * pad : 2 * pad + height, 2 * pad : 2 * pad + width]]
     translated = torch.stack([mirrored(forward, view) for view in shifted]).mean(0)
     return 0.5 * flipped + 0.5 * translated
 

@@ -8,13 +8,35 @@ The fit stage (:mod:`dlrecipes.fit`) and the tools build through these, never by
 """
 
 from dlrecipes.builders.components import (
-    DATA_SUPPLIED_MODEL_PARAMS, build_algorithms, build_callbacks, build_dataloaders, build_datasets, build_loggers,
-    build_model, build_optimizer, build_scheduler, device_loader, model_params, tensor_cache_loader,
+    DATA_SUPPLIED_MODEL_PARAMS,
+    build_algorithms,
+    build_callbacks,
+    build_dataloaders,
+    build_datasets,
+    build_loggers,
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    device_loader,
+    model_params,
+    tensor_cache_loader,
 )
 from dlrecipes.builders.trainer import BuiltRun, build_bench_trainer, build_trainer
 
 __all__ = [
-    "DATA_SUPPLIED_MODEL_PARAMS", "BuiltRun", "build_algorithms", "build_bench_trainer", "build_callbacks", "build_dataloaders",
-    "build_datasets", "build_loggers", "build_model", "build_optimizer", "build_scheduler", "build_trainer",
-    "device_loader", "model_params", "tensor_cache_loader",
+    "DATA_SUPPLIED_MODEL_PARAMS",
+    "BuiltRun",
+    "build_algorithms",
+    "build_bench_trainer",
+    "build_callbacks",
+    "build_dataloaders",
+    "build_datasets",
+    "build_loggers",
+    "build_model",
+    "build_optimizer",
+    "build_scheduler",
+    "build_trainer",
+    "device_loader",
+    "model_params",
+    "tensor_cache_loader",
 ]

@@ -39,8 +39,12 @@ def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy
     from the recipe, for factories whose initialisation depends on it)."""
     params = dict(cfg.params)
     accepted = registry.models.get(cfg.name).parameters
-    supplied = {"num_classes": data.num_classes, "in_chans": data.input_shape[0], "input_shape": data.input_shape,
-                "loss": loss}
+    supplied = {
+        "num_classes": data.num_classes,
+        "in_chans": data.input_shape[0],
+        "input_shape": data.input_shape,
+        "loss": loss,
+    }
     for key in DATA_SUPPLIED_MODEL_PARAMS:
         if key in accepted and key not in params:
             params[key] = supplied[key]
@@ -58,9 +62,14 @@ def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy
     return params
 
 
-def build_model(cfg: Component, data: DatasetSplits, loss: Union[str, dict[str, Any]] = "cross_entropy",
-                task: Optional[TaskConfig] = None, metrics: dict | None = None, train_metrics: dict | None = None
-                ) -> ComposerModel:
+def build_model(
+    cfg: Component,
+    data: DatasetSplits,
+    loss: Union[str, dict[str, Any]] = "cross_entropy",
+    task: Optional[TaskConfig] = None,
+    metrics: dict | None = None,
+    train_metrics: dict | None = None,
+) -> ComposerModel:
     """The network wrapped as a Composer classifier with the recipe's loss and metrics.
 
     With a ``task`` (several inputs/outputs), a per-output loss and metrics wrapper instead.
@@ -90,14 +99,23 @@ def build_dataloaders(
     eval_batch = split_batch(cfg.eval_batch_size or cfg.batch_size, world_size(), "trainer.eval_batch_size")
     if data.loaders is not None:  # passed in from Python: used as they are
         if world_size() > 1:
-            raise RecipeError("train_data/eval_data: a DataLoader passed in is used as it is and cannot be split over "
-                              f"{world_size()} processes; pass its Dataset instead")
+            raise RecipeError(
+                "train_data/eval_data: a DataLoader passed in is used as it is and cannot be split over "
+                f"{world_size()} processes; pass its Dataset instead"
+            )
         built = (None, None) if all(data.loaders) else _torch_loaders(data, cfg, device, train_batch, eval_batch, seed)
         return data.loaders[0] or built[0], data.loaders[1] or built[1]
     if isinstance(data.train, FFCVSource):
         algorithms = algorithms or {}
         train, evaluation = build_ffcv_loaders(
-            data.train, data.eval, train_batch, eval_batch, cfg.num_workers, device, cfg.precision, seed,
+            data.train,
+            data.eval,
+            train_batch,
+            eval_batch,
+            cfg.num_workers,
+            device,
+            cfg.precision,
+            seed,
             channels_last="channels_last" in algorithms,
         )
         return ffcv_dataspec(train), ffcv_dataspec(evaluation)
@@ -114,8 +132,7 @@ def build_dataloaders(
     return _torch_loaders(data, cfg, device, train_batch, eval_batch, seed)
 
 
-def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_batch: int, eval_batch: int,
-                   seed: int):
+def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_batch: int, eval_batch: int, seed: int):
     """torch DataLoaders over the splits, each rank reading its share: training in the global order
     (:mod:`dlrecipes.data.order`: the same batches, and resumable at any batch, on any number of processes)."""
     from composer.utils import dist
@@ -182,8 +199,9 @@ def device_loader(dataset, batch_size: int, train: bool, device: str, seed: int)
     return DataSpec(loader, num_samples=loader.num_samples)
 
 
-def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bool, cfg: TrainerConfig,
-                        device: str, seed: int):
+def tensor_cache_loader(
+    data: DatasetSplits, dataset, batch_size: int, train: bool, cfg: TrainerConfig, device: str, seed: int
+):
     """A tensor-cache loader (decode once, batched augmentation) as a Composer DataSpec."""
     from composer.core import DataSpec
     from composer.utils import dist
@@ -194,8 +212,17 @@ def tensor_cache_loader(data: DatasetSplits, dataset, batch_size: int, train: bo
         raise RecipeError("trainer.loader: 'tensor_cache' needs an image-folder or Hugging Face dataset")
     on_device = torch_device(device)
     loader = build_tensor_cache_loader(
-        dataset, batch_size, train, on_device, cfg.num_workers, seed, dist.get_global_rank(),
-        dist.get_world_size(), cfg.cache_dir, cfg.cache_size, **data.augment,
+        dataset,
+        batch_size,
+        train,
+        on_device,
+        cfg.num_workers,
+        seed,
+        dist.get_global_rank(),
+        dist.get_world_size(),
+        cfg.cache_dir,
+        cfg.cache_size,
+        **data.augment,
     )
     return DataSpec(loader, num_samples=loader.num_samples)
 
@@ -220,22 +247,34 @@ def build_scheduler(cfg: Component):
 def build_algorithms(cfgs: dict[str, dict[str, Any]], layout: RunDir | None = None) -> list:
     """The recipe's algorithms; ``layout`` (the run directory) goes to factories that take it positional-only
     (``qat`` exports there)."""
-    return [build_component(registry.algorithms, name, params, f"algorithms.{name}", layout=layout,
-                            run_dir=None if layout is None else layout.path)
-            for name, params in cfgs.items()]
+    return [
+        build_component(
+            registry.algorithms,
+            name,
+            params,
+            f"algorithms.{name}",
+            layout=layout,
+            run_dir=None if layout is None else layout.path,
+        )
+        for name, params in cfgs.items()
+    ]
 
 
 def build_callbacks(cfgs: dict[str, dict[str, Any]], layout: RunDir, run: RunContext | None = None) -> list:
     """The recipe's callbacks; the run directory (``layout``, or as a path: ``run_dir``) and ``run`` go to factories
     that take them positional-only."""
-    return [build_component(registry.callbacks, name, params, f"callbacks.{name}", layout=layout, run_dir=layout.path,
-                            run=run)
-            for name, params in cfgs.items()]
+    return [
+        build_component(
+            registry.callbacks, name, params, f"callbacks.{name}", layout=layout, run_dir=layout.path, run=run
+        )
+        for name, params in cfgs.items()
+    ]
 
 
 def build_loggers(cfgs: dict[str, dict[str, Any]], layout: RunDir, run: RunContext | None = None) -> list:
     """The recipe's loggers; the run directory (``layout``, or as a path: ``run_dir``) and ``run`` go to factories
     that take them positional-only."""
-    return [build_component(registry.loggers, name, params, f"loggers.{name}", layout=layout, run_dir=layout.path,
-                            run=run)
-            for name, params in cfgs.items()]
+    return [
+        build_component(registry.loggers, name, params, f"loggers.{name}", layout=layout, run_dir=layout.path, run=run)
+        for name, params in cfgs.items()
+    ]

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from dlrecipes.builders.components import (
-    build_algorithms, build_callbacks, build_dataloaders, build_datasets, build_loggers, build_model, build_optimizer,
+    build_algorithms,
+    build_callbacks,
+    build_dataloaders,
+    build_datasets,
+    build_loggers,
+    build_model,
+    build_optimizer,
     build_scheduler,
 )
 from dlrecipes.config import RecipeConfig
@@ -47,13 +53,15 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
     if not is_zero(f.freeze_backbone):
         algorithms.append(FreezeBackbone(head, f.freeze_backbone))
     if f.layer_decay is not None:
-        algorithms.append(build_component(registry.algorithms, "layerwise_lr_decay", {"decay": f.layer_decay},
-                                          "finetune.layer_decay"))
+        algorithms.append(
+            build_component(registry.algorithms, "layerwise_lr_decay", {"decay": f.layer_decay}, "finetune.layer_decay")
+        )
     return algorithms
 
 
-def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool,
-                   resume_from: Optional[Path]):
+def _initial_state(
+    config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool, resume_from: Optional[Path]
+):
     """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
     Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG): ``resume_from``,
@@ -68,14 +76,14 @@ def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, devic
 
     ckpt = config.checkpoint
     if resume:
-        point = same_on_all_ranks(str(resume_from) if resume_from and rank() == 0 else "", device,
-                                  config.trainer.dist_timeout)
+        point = same_on_all_ranks(
+            str(resume_from) if resume_from and rank() == 0 else "", device, config.trainer.dist_timeout
+        )
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
             return point
-        print(f"note: no complete checkpoint in {run.checkpoints} yet; starting from the beginning",
-              file=sys.stderr)
+        print(f"note: no complete checkpoint in {run.checkpoints} yet; starting from the beginning", file=sys.stderr)
     if not ckpt.load_path:
         return None
     path = Path(ckpt.load_path)
@@ -86,8 +94,11 @@ def _initial_state(config: RecipeConfig, model, run: RunDir, resume: bool, devic
     report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)
     if rank() == 0:
         skipped = report["ignored"] + report["missing"]
-        print(f"loaded weights from {path}" + (f" (not loaded: {', '.join(skipped[:6])}"
-              f"{' ...' if len(skipped) > 6 else ''})" if skipped else ""), file=sys.stderr)
+        print(
+            f"loaded weights from {path}"
+            + (f" (not loaded: {', '.join(skipped[:6])}{' ...' if len(skipped) > 6 else ''})" if skipped else ""),
+            file=sys.stderr,
+        )
     return None
 
 
@@ -114,6 +125,7 @@ def start_line(opened: TrainingRun, data: DatasetSplits, resuming: bool = False)
     """What a run prints as it starts (piped too): whether it resumes from a checkpoint, where it goes (its address
     for a run staged here from a bucket), the data, the device, the precision."""
     config, device = opened.config, opened.device
+
     def size(split: Dataset) -> str:
         try:
             return f"{len(split):,}"
@@ -132,8 +144,10 @@ def start_line(opened: TrainingRun, data: DatasetSplits, resuming: bool = False)
     if processes > 1 and os.environ.get("GLOO_SOCKET_IFNAME"):
         spread += f", gloo via {os.environ['GLOO_SOCKET_IFNAME']}"
     where_to = opened.shown_as or opened.run.path
-    return (f"{'resuming' if resuming else 'run'} {where_to} | {config.dataset.name}: {size(data.train)} train, "
-            f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}")
+    return (
+        f"{'resuming' if resuming else 'run'} {where_to} | {config.dataset.name}: {size(data.train)} train, "
+        f"{size(data.eval)} eval samples{classes} | {where}, {config.trainer.precision} | {spread}"
+    )
 
 
 @dataclass(frozen=True)
@@ -169,8 +183,18 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
     loggers = _loggers(config, run, terminal=start_line(opened, data, bool(resume and load_path)))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust, key):
-        trainer = _trainer(config, layout, device, model, loaders, callbacks, loggers, options.verbose,
-                           load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict}, data=data)
+        trainer = _trainer(
+            config,
+            layout,
+            device,
+            model,
+            loaders,
+            callbacks,
+            loggers,
+            options.verbose,
+            load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict},
+            data=data,
+        )
     return BuiltRun(trainer, run.history)
 
 
@@ -182,8 +206,18 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
     data, model = _seeded_model(config)
     run = _run_context(config, layout, opened.recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
-    return _trainer(config, layout, device, model, (train_loader, None), callbacks,
-                    _loggers(config, run, terminal=None), verbose=False, load={}, max_duration="100000000ba")
+    return _trainer(
+        config,
+        layout,
+        device,
+        model,
+        (train_loader, None),
+        callbacks,
+        _loggers(config, run, terminal=None),
+        verbose=False,
+        load={},
+        max_duration="100000000ba",
+    )
 
 
 def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], device: str, data) -> RunContext:
@@ -197,8 +231,7 @@ def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], d
         for line in rerun_warnings(config, provenance):  # training a run's own recipe.yaml again
             print(line, file=sys.stderr)
     history = RunHistory(layout, recipe, device, plots=config.plots, provenance=provenance)
-    return RunContext(layout.path, recipe, device, data, history, read_every=config.trainer.log_interval,
-                      layout=layout)
+    return RunContext(layout.path, recipe, device, data, history, read_every=config.trainer.log_interval, layout=layout)
 
 
 def _seeded_model(config: RecipeConfig) -> tuple[DatasetSplits, ComposerModel]:
@@ -210,8 +243,9 @@ def _seeded_model(config: RecipeConfig) -> tuple[DatasetSplits, ComposerModel]:
         reproducibility.configure_deterministic_mode()
     reproducibility.seed_all(t.seed)
     data = build_datasets(config.dataset)
-    model = build_model(config.model, data, config.loss, task=config.task, metrics=config.metrics,
-                                 train_metrics=config.train_metrics)
+    model = build_model(
+        config.model, data, config.loss, task=config.task, metrics=config.metrics, train_metrics=config.train_metrics
+    )
     return data, model
 
 
@@ -237,8 +271,9 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
         callbacks.append(best)
     tables = report_tables(config.metrics) if config.task is None else []
     if tables:  # after BestCheckpoint: it tells which evaluation is the best one
-        callbacks.append(ClassReport(run.layout.report, data.num_classes, data.class_names, tables, best,
-                                     plots=config.plots))
+        callbacks.append(
+            ClassReport(run.layout.report, data.num_classes, data.class_names, tables, best, plots=config.plots)
+        )
     return callbacks
 
 
@@ -249,13 +284,19 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
     from dlrecipes.loggers.run_log import RunLogFile
 
     loggers = build_loggers(config.loggers, run.layout, run)
-    loggers.append(RunLogFile(filename=str(run.layout.log("{rank}")), log_traces=False,
-                              read_every=run.read_every))
+    loggers.append(RunLogFile(filename=str(run.layout.log("{rank}")), log_traces=False, read_every=run.read_every))
     if terminal is not None:
         from dlrecipes.loggers.notebook import make_report
 
-        loggers.append(make_report(live=config.trainer.progress_bar, monitor=config.checkpoint.monitor,
-                                   read_every=run.read_every, start_line=terminal, history=run.history))
+        loggers.append(
+            make_report(
+                live=config.trainer.progress_bar,
+                monitor=config.checkpoint.monitor,
+                read_every=run.read_every,
+                start_line=terminal,
+                history=run.history,
+            )
+        )
     return loggers
 
 
@@ -269,15 +310,26 @@ def _trainer_class() -> type[Trainer]:
     return Trainer
 
 
-def _trainer(config: RecipeConfig, layout: RunDir, device: str, model: ComposerModel, loaders: tuple, callbacks: list,
-             loggers: list, verbose: bool, load: dict, max_duration: Optional[str] = None,
-             data: Optional[DatasetSplits] = None) -> Trainer:
+def _trainer(
+    config: RecipeConfig,
+    layout: RunDir,
+    device: str,
+    model: ComposerModel,
+    loaders: tuple,
+    callbacks: list,
+    loggers: list,
+    verbose: bool,
+    load: dict,
+    max_duration: Optional[str] = None,
+    data: Optional[DatasetSplits] = None,
+) -> Trainer:
     """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
     here, before the run's start line (distillation's teacher)."""
     Trainer = _trainer_class()
     t = config.trainer
-    optimizer = build_optimizer(config.optimizer, model, t.batch_size,
-                                         fused=precision_of(t.precision).fused_optimizer and on_gpu(device))
+    optimizer = build_optimizer(
+        config.optimizer, model, t.batch_size, fused=precision_of(t.precision).fused_optimizer and on_gpu(device)
+    )
     algorithms = build_algorithms(config.algorithms, layout)
     for algorithm in algorithms:
         if data is not None and callable(getattr(algorithm, "check_data", None)):
@@ -285,18 +337,32 @@ def _trainer(config: RecipeConfig, layout: RunDir, device: str, model: ComposerM
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)
     return Trainer(
-        model=model, train_dataloader=loaders[0], eval_dataloader=loaders[1],
-        max_duration=max_duration or t.max_duration, eval_interval=t.eval_interval,
-        optimizers=optimizer, schedulers=build_scheduler(config.scheduler), step_schedulers_every_batch=True,
-        algorithms=algorithms, callbacks=callbacks, loggers=loggers, run_name=layout.name,
+        model=model,
+        train_dataloader=loaders[0],
+        eval_dataloader=loaders[1],
+        max_duration=max_duration or t.max_duration,
+        eval_interval=t.eval_interval,
+        optimizers=optimizer,
+        schedulers=build_scheduler(config.scheduler),
+        step_schedulers_every_batch=True,
+        algorithms=algorithms,
+        callbacks=callbacks,
+        loggers=loggers,
+        run_name=layout.name,
         progress_bar=False,  # dlrecipes.loggers.terminal is among the loggers instead
-        log_to_console=verbose, console_log_interval=t.console_log_interval,
-        train_subset_num_batches=t.train_subset_num_batches, eval_subset_num_batches=t.eval_subset_num_batches,
-        device=device, precision=t.precision, device_train_microbatch_size=t.device_train_microbatch_size,
-        seed=t.seed, deterministic_mode=t.deterministic,
+        log_to_console=verbose,
+        console_log_interval=t.console_log_interval,
+        train_subset_num_batches=t.train_subset_num_batches,
+        eval_subset_num_batches=t.eval_subset_num_batches,
+        device=device,
+        precision=t.precision,
+        device_train_microbatch_size=t.device_train_microbatch_size,
+        seed=t.seed,
+        deterministic_mode=t.deterministic,
         compile_config=None if t.compile is False else ({} if t.compile is True else t.compile),
         parallelism_config={"fsdp": t.fsdp} if t.fsdp is not None else None,
-        train_metrics_interval=t.train_metrics_interval, dist_timeout=t.dist_timeout,
+        train_metrics_interval=t.train_metrics_interval,
+        dist_timeout=t.dist_timeout,
         **load,  # resuming, or a full state (load_weights_only: false); weights alone were loaded by _initial_state
     )
 
@@ -305,12 +371,16 @@ def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[
     """The recipe's algorithms that change the network's modules (registered with ``changes_network=True``):
     an evaluation rebuilds the trained network with them before the checkpoint's weights are loaded. (The rest
     act on training only.)"""
-    return {name: params for name, params in algorithms.items()
-            if registry.algorithms.get(name, f"algorithms.{name}").metadata.get("changes_network")}
+    return {
+        name: params
+        for name, params in algorithms.items()
+        if registry.algorithms.get(name, f"algorithms.{name}").metadata.get("changes_network")
+    }
 
 
-def build_eval_trainer(config: RecipeConfig, checkpoint: Path, device: str,
-                       callbacks: Sequence[Any] = (), trust: bool = False) -> tuple[Trainer, DatasetSplits]:
+def build_eval_trainer(
+    config: RecipeConfig, checkpoint: Path, device: str, callbacks: Sequence[Any] = (), trust: bool = False
+) -> tuple[Trainer, DatasetSplits]:
     """The recipe's network with a checkpoint's weights (weights only: no optimizer state, no training step),
     and its evaluation split, in a Trainer for :meth:`Trainer.eval` on ``device`` (resolved by the caller).
     The checkpoint is read tensors-only unless ``trust`` (the caller checked it). Returns (trainer, data)."""
@@ -321,10 +391,22 @@ def build_eval_trainer(config: RecipeConfig, checkpoint: Path, device: str,
     network = network_algorithms(config.algorithms)
     with tensors_only(checkpoint, trust, "--checkpoint"):
         trainer = Trainer(
-            model=model, eval_dataloader=loaders[1], algorithms=build_algorithms(network),  # no layout: nothing is exported
-            callbacks=list(callbacks), loggers=[], run_name=f"eval-{checkpoint.stem}", progress_bar=False,
-            log_to_console=False, eval_subset_num_batches=t.eval_subset_num_batches, device=device,
-            precision=t.precision, seed=t.seed, deterministic_mode=t.deterministic, dist_timeout=t.dist_timeout,
-            load_path=str(checkpoint), load_weights_only=True, load_strict_model_weights=True,
+            model=model,
+            eval_dataloader=loaders[1],
+            algorithms=build_algorithms(network),  # no layout: nothing is exported
+            callbacks=list(callbacks),
+            loggers=[],
+            run_name=f"eval-{checkpoint.stem}",
+            progress_bar=False,
+            log_to_console=False,
+            eval_subset_num_batches=t.eval_subset_num_batches,
+            device=device,
+            precision=t.precision,
+            seed=t.seed,
+            deterministic_mode=t.deterministic,
+            dist_timeout=t.dist_timeout,
+            load_path=str(checkpoint),
+            load_weights_only=True,
+            load_strict_model_weights=True,
         )
     return trainer, data

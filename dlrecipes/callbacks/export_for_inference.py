@@ -60,13 +60,19 @@ def require_onnx(asked_by: str = KEY) -> None:
             missing.append(name)
     if missing:
         if asked_by != KEY:
-            raise UserError(f"{asked_by} onnx: needs the {' and '.join(missing)} package(s): pip install "
-                            f"'dlrecipes[onnx]' (or {asked_by} torchscript)")
+            raise UserError(
+                f"{asked_by} onnx: needs the {' and '.join(missing)} package(s): pip install "
+                f"'dlrecipes[onnx]' (or {asked_by} torchscript)"
+            )
         raise UserError(missing_onnx_message(missing, KEY))
 
 
 def export_model(
-    module: nn.Module, fmt: str, path: Path, sample: torch.Tensor, onnx_opset: Optional[int] = None,
+    module: nn.Module,
+    fmt: str,
+    path: Path,
+    sample: torch.Tensor,
+    onnx_opset: Optional[int] = None,
     asked_by: str = KEY,
 ) -> Path:
     """Write ``module`` as ``fmt`` to ``path`` (tracing on ``sample`` where needed); the module is not changed."""
@@ -81,8 +87,14 @@ def export_model(
             # weights beside the file), and Composer cannot ask for the TorchScript-based one.
             network = copy.deepcopy(module).cpu().eval()
             torch.onnx.export(
-                network, (sample.detach().cpu(),), str(path), input_names=["input"], output_names=["output"],
-                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=onnx_opset, dynamo=False,
+                network,
+                (sample.detach().cpu(),),
+                str(path),
+                input_names=["input"],
+                output_names=["output"],
+                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                opset_version=onnx_opset,
+                dynamo=False,
             )
         else:
             export_for_inference(module, fmt, str(path), sample_input=(sample,))
@@ -121,8 +133,13 @@ def verify_export(
         expected = module(inputs)
     actual = run_exported(path, fmt, inputs).to(expected.dtype)
     if actual.shape != expected.shape:
-        return {"format": fmt, "file": path.name, "max_abs_diff": None, "passed": False,
-                "problem": f"output shape {list(actual.shape)}, expected {list(expected.shape)}"}
+        return {
+            "format": fmt,
+            "file": path.name,
+            "max_abs_diff": None,
+            "passed": False,
+            "problem": f"output shape {list(actual.shape)}, expected {list(expected.shape)}",
+        }
     diff = (actual - expected).abs()
     passed = bool((diff <= atol + rtol * expected.abs()).all())  # NaN compares false: a NaN fails
     return {"format": fmt, "file": path.name, "max_abs_diff": float(diff.max()), "passed": passed}
@@ -138,8 +155,14 @@ def _verified(results: list[dict[str, Any]], on: str, tolerance: str, passed: bo
     width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
     if width is None or len(line) < width:
         return line
-    return "\n".join([f"export: {outcome} vs the trained model on {on}", f"  {tolerance}",
-                      *(f"  {part}" for part in per_file), f"  {out_dir}"])
+    return "\n".join(
+        [
+            f"export: {outcome} vs the trained model on {on}",
+            f"  {tolerance}",
+            *(f"  {part}" for part in per_file),
+            f"  {out_dir}",
+        ]
+    )
 
 
 def export_and_verify(
@@ -187,8 +210,9 @@ def export_and_verify(
     return report
 
 
-def write_export_metadata(out_dir: Path, preprocess: Optional[dict[str, Any]], class_names: Optional[Sequence[str]],
-                          num_classes: int) -> None:
+def write_export_metadata(
+    out_dir: Path, preprocess: Optional[dict[str, Any]], class_names: Optional[Sequence[str]], num_classes: int
+) -> None:
     """``preprocess.json`` (when the data are image files) and ``classes.json`` beside the exported model."""
     export = ExportDir(out_dir)
     export.path.mkdir(parents=True, exist_ok=True)
@@ -213,8 +237,18 @@ class ExportForInference(Callback):
     EMA algorithm the averaged weights are exported, as evaluation uses them.
     """
 
-    def __init__(self, out_dir: Path, formats: Sequence[str], *, batch_size: int, verify_batch_size: int, atol: float,
-                 rtol: float, onnx_opset: Optional[int], trial: bool):
+    def __init__(
+        self,
+        out_dir: Path,
+        formats: Sequence[str],
+        *,
+        batch_size: int,
+        verify_batch_size: int,
+        atol: float,
+        rtol: float,
+        onnx_opset: Optional[int],
+        trial: bool,
+    ):
         """The parameters (and their defaults) are the ``export`` factory's in :mod:`dlrecipes.callbacks`."""
         self.out_dir = Path(out_dir)
         self.trial = trial  # export once at the first batch too, to fail before training
@@ -261,8 +295,9 @@ class ExportForInference(Callback):
         network = copy.deepcopy(self._network).to("cpu").eval()
         with tempfile.TemporaryDirectory(prefix="dlrecipes-export-trial-") as tmp:
             for fmt in self.formats:
-                export_model(network, fmt, ExportDir(tmp).model(fmt), self._inputs["train"][: self.batch_size],
-                             self.onnx_opset)
+                export_model(
+                    network, fmt, ExportDir(tmp).model(fmt), self._inputs["train"][: self.batch_size], self.onnx_opset
+                )
 
     def eval_before_forward(self, state: State, logger: Logger) -> None:
         if "eval" not in self._inputs:
@@ -281,12 +316,24 @@ class ExportForInference(Callback):
         if source not in self._inputs:  # Composer refuses to fit for zero batches, so this is a safeguard
             raise UserError(f"{KEY}: no batch was seen during training, so there is nothing to check the export on")
         self.report = export_and_verify(
-            trained_network(state), self.out_dir, self.formats, self._inputs[source], source, self.batch_size,
-            self.atol, self.rtol, self.onnx_opset,
+            trained_network(state),
+            self.out_dir,
+            self.formats,
+            self._inputs[source],
+            source,
+            self.batch_size,
+            self.atol,
+            self.rtol,
+            self.onnx_opset,
         )
         write_export_metadata(self.out_dir, self.preprocess, self.class_names, self.num_classes)
-        logger.log_metrics({f"export/{r['format']}/max_abs_diff": r["max_abs_diff"] for r in self.report["results"]
-                            if r["max_abs_diff"] is not None})
+        logger.log_metrics(
+            {
+                f"export/{r['format']}/max_abs_diff": r["max_abs_diff"]
+                for r in self.report["results"]
+                if r["max_abs_diff"] is not None
+            }
+        )
 
 
 def trained_network(state: State) -> nn.Module:

@@ -76,8 +76,10 @@ class NaNMonitor(Callback):
         latest = self.checkpoint_dir / latest_checkpoint_name(dist.get_global_rank())
         kept = f"the last good checkpoint is {latest}" if latest.exists() else "no checkpoint had been written yet"
         why = f" after skipping {self.skipped} steps (max_skips)" if self.action == "skip" else ""
-        raise NonFiniteLossError(f"nan_monitor: the loss is not finite at batch {batch} (epoch {epoch}){why}; "
-                                 f"training stopped before that step's update, {kept}")
+        raise NonFiniteLossError(
+            f"nan_monitor: the loss is not finite at batch {batch} (epoch {epoch}){why}; "
+            f"training stopped before that step's update, {kept}"
+        )
 
 
 class TorchProfilerTraces(Callback):
@@ -87,8 +89,17 @@ class TorchProfilerTraces(Callback):
     traces go to ``<run dir>/profiler`` (open them in chrome://tracing or TensorBoard).
     """
 
-    def __init__(self, folder: Path, wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1,
-                 record_shapes: bool = True, profile_memory: bool = True, with_stack: bool = False):
+    def __init__(
+        self,
+        folder: Path,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        record_shapes: bool = True,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+    ):
         self.folder = Path(folder)
         self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat)
         self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
@@ -104,7 +115,9 @@ class TorchProfilerTraces(Callback):
         self.profiler = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(**self.schedule),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.folder), worker_name=f"rank{dist.get_global_rank()}"),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                str(self.folder), worker_name=f"rank{dist.get_global_rank()}"
+            ),
             **self.options,
         )
         self.profiler.__enter__()
@@ -147,10 +160,15 @@ class StopOnDivergence(Callback):
         if loss is None or math.isfinite(float(loss)):
             return
         batch = int(state.timestamp.batch)
-        hint = f"a lower learning rate (optimizer.lr is {self.lr:g}; try {self.lr / 10:g})" if self.lr else \
-            "a lower learning rate (optimizer.lr)"
-        raise Diverged(f"training diverged: the loss is {float(loss)} by batch {batch} (epoch {epoch}); try {hint}, "
-                       "or a warmup (scheduler.warmup)")
+        hint = (
+            f"a lower learning rate (optimizer.lr is {self.lr:g}; try {self.lr / 10:g})"
+            if self.lr
+            else "a lower learning rate (optimizer.lr)"
+        )
+        raise Diverged(
+            f"training diverged: the loss is {float(loss)} by batch {batch} (epoch {epoch}); try {hint}, "
+            "or a warmup (scheduler.warmup)"
+        )
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if int(state.timestamp.batch) % self.read_every == 0:

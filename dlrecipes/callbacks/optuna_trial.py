@@ -46,8 +46,16 @@ def journal_storage(path: str):
 
 
 class OptunaTrial(Callback):
-    def __init__(self, storage: str, study: str, trial: int, monitor: str = "top1", startup_trials: int = 5,
-                 warmup_evaluations: int = 1, history: Optional[RunHistory] = None):
+    def __init__(
+        self,
+        storage: str,
+        study: str,
+        trial: int,
+        monitor: str = "top1",
+        startup_trials: int = 5,
+        warmup_evaluations: int = 1,
+        history: Optional[RunHistory] = None,
+    ):
         self.storage_path, self.study_name, self.number, self.monitor = storage, study, trial, monitor
         self.startup_trials, self.warmup_evaluations = startup_trials, warmup_evaluations
         self.history = history  # the run's RunHistory: summary.json says a pruned run was pruned
@@ -63,11 +71,14 @@ class OptunaTrial(Callback):
             study_id = storage.get_study_id_from_name(self.study_name)
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.number)
         except KeyError:
-            raise UserError(f"callbacks.optuna_trial: no trial {self.number} of study '{self.study_name}' in "
-                            f"{self.storage_path} (the sweep starts its trials; run the sweep again)") from None
+            raise UserError(
+                f"callbacks.optuna_trial: no trial {self.number} of study '{self.study_name}' in "
+                f"{self.storage_path} (the sweep starts its trials; run the sweep again)"
+            ) from None
         # the pruner is not kept in the storage: the sweep's settings come as this callback's parameters
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=self.startup_trials,
-                                             n_warmup_steps=self.warmup_evaluations)
+        pruner = optuna.pruners.MedianPruner(
+            n_startup_trials=self.startup_trials, n_warmup_steps=self.warmup_evaluations
+        )
         study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=pruner)
         self._trial = optuna.trial.Trial(study, trial_id)
 
@@ -76,8 +87,9 @@ class OptunaTrial(Callback):
         if dist.get_global_rank() == 0:
             if self.monitor not in state.eval_metric_values:
                 known = ", ".join(sorted(state.eval_metric_values)) or "(none)"
-                raise UserError(f"callbacks.optuna_trial.monitor: no eval metric named '{self.monitor}'; "
-                                f"the model logs: {known}")
+                raise UserError(
+                    f"callbacks.optuna_trial.monitor: no eval metric named '{self.monitor}'; the model logs: {known}"
+                )
             value = float(state.eval_metric_values[self.monitor])
             if math.isfinite(value):
                 self._trial.report(value, self.reported)
@@ -88,9 +100,12 @@ class OptunaTrial(Callback):
         if pruned[0]:
             if self.history is not None:  # summary.json says how the run ended
                 self.history.status = "pruned"
-                self.history.reason = (f"pruned by the Optuna study '{self.study_name}' after evaluation "
-                                       f"{self.reported} ({self.monitor} {state.eval_metric_values[self.monitor]:.4f})"
-                                       if dist.get_global_rank() == 0 else "pruned by the Optuna study")
+                self.history.reason = (
+                    f"pruned by the Optuna study '{self.study_name}' after evaluation "
+                    f"{self.reported} ({self.monitor} {state.eval_metric_values[self.monitor]:.4f})"
+                    if dist.get_global_rank() == 0
+                    else "pruned by the Optuna study"
+                )
             state.stop_training()
 
     def state_dict(self) -> dict[str, Any]:

@@ -67,7 +67,11 @@ def early_stopping(
 
     # Composer stops once more than `patience` epochs passed since the best; ours counts the epochs without improvement
     return EarlyStopper(
-        monitor=monitor, dataloader_label=split, comp=_comparison(mode), min_delta=min_delta, patience=f"{patience - 1}ep"
+        monitor=monitor,
+        dataloader_label=split,
+        comp=_comparison(mode),
+        min_delta=min_delta,
+        patience=f"{patience - 1}ep",
     )
 
 
@@ -95,7 +99,11 @@ def threshold_stopper(
     from composer.callbacks import ThresholdStopper
 
     return ThresholdStopper(
-        monitor=monitor, dataloader_label=split, threshold=threshold, comp=_comparison(mode), stop_on_batch=stop_on_batch
+        monitor=monitor,
+        dataloader_label=split,
+        threshold=threshold,
+        comp=_comparison(mode),
+        stop_on_batch=stop_on_batch,
     )
 
 
@@ -139,8 +147,14 @@ def torch_profiler(
     from dlrecipes.callbacks.monitors import TorchProfilerTraces
 
     return TorchProfilerTraces(
-        layout.profiler, wait=wait, warmup=warmup, active=active, repeat=repeat,
-        record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+        layout.profiler,
+        wait=wait,
+        warmup=warmup,
+        active=active,
+        repeat=repeat,
+        record_shapes=record_shapes,
+        profile_memory=profile_memory,
+        with_stack=with_stack,
     )
 
 
@@ -159,8 +173,17 @@ def best_checkpoint(layout, /, monitor: str = "top1", mode: Literal["max", "min"
 
 
 @callbacks.register("optuna_trial")
-def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: str = "top1",
-                 startup_trials: AtLeastZero = 5, warmup_evaluations: AtLeastZero = 1):
+def optuna_trial(
+    run=None,
+    /,
+    *,
+    storage: str,
+    study: str,
+    trial: int,
+    monitor: str = "top1",
+    startup_trials: AtLeastZero = 5,
+    warmup_evaluations: AtLeastZero = 1,
+):
     """Report the eval metric to an Optuna trial and stop when the median pruner prunes it.
 
     Added by `dlrecipes sweep --search optuna` (needs the optuna extra); it reports after each evaluation.
@@ -180,8 +203,15 @@ def optuna_trial(run=None, /, *, storage: str, study: str, trial: int, monitor: 
 
     import_optuna()  # a missing extra is one line at build time, not a failure after the first epoch
     # a pruned trial's summary.json says so: its history is the run's
-    return OptunaTrial(storage, study, trial, monitor, startup_trials, warmup_evaluations,
-                       history=run.history if run is not None else None)
+    return OptunaTrial(
+        storage,
+        study,
+        trial,
+        monitor,
+        startup_trials,
+        warmup_evaluations,
+        history=run.history if run is not None else None,
+    )
 
 
 @callbacks.register("export", validator=check_export)
@@ -216,8 +246,14 @@ def export(
     from dlrecipes.callbacks.export_for_inference import ExportForInference
 
     exporter = ExportForInference(
-        layout.exports, formats, batch_size=batch_size, verify_batch_size=verify_batch_size,
-        atol=atol, rtol=rtol, onnx_opset=onnx_opset, trial=trial,
+        layout.exports,
+        formats,
+        batch_size=batch_size,
+        verify_batch_size=verify_batch_size,
+        atol=atol,
+        rtol=rtol,
+        onnx_opset=onnx_opset,
+        trial=trial,
     )
     if run is not None:  # the data's preprocessing and classes, written beside the model
         exporter.preprocess, exporter.class_names = run.data.preprocess, run.data.class_names
@@ -226,6 +262,7 @@ def export(
 
 
 # --- the CIFAR-10 speedruns' techniques (airbench): dlrecipes/callbacks/speedrun.py ---
+
 
 @callbacks.register("patch_whitening")
 def patch_whitening(images: AtLeastOne = 5000, eps: Positive = 5e-4, bias_epochs: Optional[AtLeastZero] = 3):
@@ -260,8 +297,9 @@ def lookahead(interval: AtLeastOne = 5, decay: Probability = 0.95**5, power: Non
 
 
 @callbacks.register("batchnorm")
-def batchnorm(momentum: Optional[Probability] = None, eps: Optional[Positive] = None,
-              train_weight: Optional[bool] = None):
+def batchnorm(
+    momentum: Optional[Probability] = None, eps: Optional[Positive] = None, train_weight: Optional[bool] = None
+):
     """Momentum, eps and a trained or frozen scale for every batch norm of the model; null leaves one as built.
 
     Args:

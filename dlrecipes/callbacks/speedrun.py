@@ -83,10 +83,12 @@ class PatchWhitening(Callback):
         images = leading_images(state.train_dataloader, self.images).to(conv.weight.device)
         filters = patch_whitening_weights(images, conv.kernel_size[0], self.eps)
         if filters.shape != conv.weight.shape:
-            raise RecipeError(f"callbacks.patch_whitening: the model's first convolution's weight is "
-                              f"{tuple(conv.weight.shape)}; whitening its {conv.kernel_size[0]}x{conv.kernel_size[0]} "
-                              f"patches needs {tuple(filters.shape)} (2 * channels * kernel**2 filters), as the "
-                              "airbench model's has")
+            raise RecipeError(
+                f"callbacks.patch_whitening: the model's first convolution's weight is "
+                f"{tuple(conv.weight.shape)}; whitening its {conv.kernel_size[0]}x{conv.kernel_size[0]} "
+                f"patches needs {tuple(filters.shape)} (2 * channels * kernel**2 filters), as the "
+                "airbench model's has"
+            )
         with torch.no_grad():
             conv.weight.copy_(filters.to(conv.weight.dtype))
 
@@ -141,8 +143,9 @@ class Lookahead(Callback):
         self.slow = {k: v.clone() for k, v in state["slow"].items()}
 
 
-def set_batchnorm(model: nn.Module, momentum: Optional[float], eps: Optional[float],
-                  train_weight: Optional[bool]) -> int:
+def set_batchnorm(
+    model: nn.Module, momentum: Optional[float], eps: Optional[float], train_weight: Optional[bool]
+) -> int:
     """Give every batch norm of ``model`` these settings (None: leave that one); returns how many were set."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     for norm in norms:
@@ -158,8 +161,9 @@ def set_batchnorm(model: nn.Module, momentum: Optional[float], eps: Optional[flo
 class BatchNormSettings(Callback):
     """:func:`set_batchnorm` on the model at Trainer init."""
 
-    def __init__(self, momentum: Optional[float] = None, eps: Optional[float] = None,
-                 train_weight: Optional[bool] = None):
+    def __init__(
+        self, momentum: Optional[float] = None, eps: Optional[float] = None, train_weight: Optional[bool] = None
+    ):
         self.settings = (momentum, eps, train_weight)
 
     def init(self, state: State, logger: Logger) -> None:

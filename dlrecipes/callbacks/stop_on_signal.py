@@ -103,7 +103,9 @@ class StopOnSignal(Callback):
         if saved:
             where = f"checkpoint {saved}; continue with --resume"
         else:
-            where = "checkpoint written by rank 0" if self.saver is not None else "no checkpoint (checkpoint.save is off)"
+            where = (
+                "checkpoint written by rank 0" if self.saver is not None else "no checkpoint (checkpoint.save is off)"
+            )
         raise Preempted(f"stopped by {name} after batch {batch} (epoch {int(state.timestamp.epoch) + 1}): {where}")
 
     def fit_end(self, state: State, logger: Logger) -> None:

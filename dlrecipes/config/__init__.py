@@ -11,12 +11,28 @@ validated).
 
 from dlrecipes.config.checks import check_component
 from dlrecipes.config.sections import (
-    COMPONENT_MAPS, COMPONENT_SECTIONS, CheckpointConfig, Component, FinetuneConfig, OutputConfig,
-    RecipeConfig, TaskConfig, TrainerConfig,
+    COMPONENT_MAPS,
+    COMPONENT_SECTIONS,
+    CheckpointConfig,
+    Component,
+    FinetuneConfig,
+    OutputConfig,
+    RecipeConfig,
+    TaskConfig,
+    TrainerConfig,
 )
 from dlrecipes.config.validation import validate
 
 __all__ = [
-    "COMPONENT_MAPS", "COMPONENT_SECTIONS", "CheckpointConfig", "Component", "FinetuneConfig",
-    "OutputConfig", "RecipeConfig", "TaskConfig", "TrainerConfig", "check_component", "validate",
+    "COMPONENT_MAPS",
+    "COMPONENT_SECTIONS",
+    "CheckpointConfig",
+    "Component",
+    "FinetuneConfig",
+    "OutputConfig",
+    "RecipeConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "check_component",
+    "validate",
 ]

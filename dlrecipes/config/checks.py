@@ -25,7 +25,9 @@ def check_component(value: Any, section: str, reg: registry.Registry) -> Compone
     if isinstance(value, str):  # `optimizer: adamw` is short for {name: adamw}
         value = {"name": value}
     if not isinstance(value, dict):
-        raise RecipeError(f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {shown(value)}")
+        raise RecipeError(
+            f"{section}: expected a mapping with 'name:' (one of {', '.join(reg.names())}), got {shown(value)}"
+        )
     if "name" not in value:
         raise RecipeError(f"{section}.name: missing required key (one of {', '.join(reg.names())})")
     name = value["name"]
@@ -69,7 +71,9 @@ def check_component_map(value: Any, section: str, reg: registry.Registry) -> dic
                 f"{section}.{name}: expected a mapping of parameters, true (defaults) or null (off), got {params!r}"
             )
         entry = reg.get(name, key_path=f"{section}.{name}")
-        out[name] = check_params(params, entry.parameters, _hints(entry.factory), f"{section}.{name}", f"{reg.what} '{name}'")
+        out[name] = check_params(
+            params, entry.parameters, _hints(entry.factory), f"{section}.{name}", f"{reg.what} '{name}'"
+        )
         _run_validator(entry, out[name], f"{section}.{name}")
     return out
 
@@ -101,8 +105,9 @@ def check_metrics(value: Any, section: str) -> dict[str, dict[str, Any]]:
     if section == "train_metrics":
         for name in metrics:
             if registry.metrics.get(name).metadata.get("report"):
-                raise RecipeError(f"train_metrics.{name}: a table written for the best evaluation; list it "
-                                  "under metrics: instead")
+                raise RecipeError(
+                    f"train_metrics.{name}: a table written for the best evaluation; list it under metrics: instead"
+                )
     return metrics
 
 
@@ -155,14 +160,19 @@ def _check_input_side(config: RecipeConfig) -> None:
         return
     side = side_of(_with_defaults(data, config.dataset.params))
     params = _with_defaults(model, config.model.params)
-    refuse_small_inputs(config.model.name, params.get("arch", config.model.name), (3, side, side), params["min_input_size"])
+    refuse_small_inputs(
+        config.model.name, params.get("arch", config.model.name), (3, side, side), params["min_input_size"]
+    )
 
 
 def _logged_metrics(config: RecipeConfig, split: str) -> tuple[list[str], str]:
     """The metric names an evaluation (``eval``) or the training (``train``) logs, and an example."""
     if config.task is not None:
-        outputs = {name: io for name, io in declared_io(config.dataset.name, config.dataset.params).outputs.items()
-                   if name in config.task.outputs}
+        outputs = {
+            name: io
+            for name, io in declared_io(config.dataset.name, config.dataset.params).outputs.items()
+            if name in config.task.outputs
+        }
         example = next((f"{n}/top1" for n, s in outputs.items() if s.kind == "class"), f"{next(iter(outputs))}/loss")
         return metric_names(outputs, train=split == "train"), example
     if split == "train":
@@ -185,8 +195,10 @@ def _check_monitors(config: RecipeConfig) -> None:
             watched.append((f"callbacks.{name}.monitor", params.get("monitor", default), split))
     for path, monitor, split in watched:
         if split == "train" and config.trainer.train_metrics_interval == 0:
-            raise RecipeError(f"{path}: split 'train' watches a train metric, but trainer.train_metrics_interval "
-                              "is 0 (no train metrics); set it to 1 or more, or watch split 'eval'")
+            raise RecipeError(
+                f"{path}: split 'train' watches a train metric, but trainer.train_metrics_interval "
+                "is 0 (no train metrics); set it to 1 or more, or watch split 'eval'"
+            )
         known, example = _logged_metrics(config, split)
         if monitor not in known:
             raise RecipeError(
@@ -203,8 +215,10 @@ def check_cross_fields(config: RecipeConfig, given: Collection[str] = ()) -> Non
     _check_classes(config, given)
     _check_monitors(config)
     if config.checkpoint.load_ignore_keys and not config.checkpoint.load_weights_only:
-        raise RecipeError("checkpoint.load_ignore_keys: applies to weights-only loads; set "
-                          "checkpoint.load_weights_only=true, or remove load_ignore_keys")
+        raise RecipeError(
+            "checkpoint.load_ignore_keys: applies to weights-only loads; set "
+            "checkpoint.load_weights_only=true, or remove load_ignore_keys"
+        )
     if config.checkpoint.best_only and not config.checkpoint.monitor:
         raise RecipeError("checkpoint.best_only: needs checkpoint.monitor, the metric that decides what is best")
     _check_option_keys("trainer.fsdp", t.fsdp, FSDP_KEYS)
@@ -230,8 +244,10 @@ def _check_names(config: RecipeConfig) -> None:
         )
     for key, name in (("run_name", config.run_name), ("name", config.name)):
         if name is not None and len(name) > MAX_NAME:
-            raise RecipeError(f"{key}: {len(name)} characters; at most {MAX_NAME} (run directories and the files in "
-                              "them must fit the filesystem's limits)")
+            raise RecipeError(
+                f"{key}: {len(name)} characters; at most {MAX_NAME} (run directories and the files in "
+                "them must fit the filesystem's limits)"
+            )
 
 
 def _check_loader(config: RecipeConfig) -> None:
@@ -272,8 +288,10 @@ def _check_warmup(config: RecipeConfig) -> None:
         return
     (w, w_unit), (m, m_unit) = parse_duration(warmup), parse_duration(config.trainer.max_duration)
     if w > 0 and ((w_unit == "dur" and w >= 1) or (w_unit == m_unit and w >= m)):
-        raise RecipeError(f"scheduler.warmup: {warmup} is not shorter than the run (trainer.max_duration "
-                          f"{config.trainer.max_duration}); use a shorter warmup, e.g. {'0.1dur'}")
+        raise RecipeError(
+            f"scheduler.warmup: {warmup} is not shorter than the run (trainer.max_duration "
+            f"{config.trainer.max_duration}); use a shorter warmup, e.g. {'0.1dur'}"
+        )
 
 
 def dataset_classes(config: RecipeConfig):
@@ -292,8 +310,10 @@ def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
     if classes is None:
         return
     if classes < 2:
-        raise RecipeError(f"dataset: {config.dataset.name} has {classes} class{'es' if classes != 1 else ''}; a "
-                          "classifier needs at least 2 (check the folders under the training path)")
+        raise RecipeError(
+            f"dataset: {config.dataset.name} has {classes} class{'es' if classes != 1 else ''}; a "
+            "classifier needs at least 2 (check the folders under the training path)"
+        )
     for section in ("metrics", "train_metrics"):
         chosen = getattr(config, section)
         for name, params in list(chosen.items()):
@@ -302,8 +322,10 @@ def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
             if k is None or k < classes:
                 continue
             if section in given:
-                raise RecipeError(f"{section}.{name}: top-{k} of {classes} classes is always 1; remove it "
-                                  f"(or use a k below {classes})")
+                raise RecipeError(
+                    f"{section}.{name}: top-{k} of {classes} classes is always 1; remove it "
+                    f"(or use a k below {classes})"
+                )
             del chosen[name]  # a default metric that would say nothing for this data
 
 
@@ -341,15 +363,19 @@ def check_memory(config: RecipeConfig, processes: int = 1, memory: Optional[int]
     for key, batch in (("trainer.batch_size", t.batch_size), ("trainer.eval_batch_size", t.eval_batch_size)):
         share = -(-(batch or 0) // max(1, processes))
         if share * image > memory:
-            raise RecipeError(f"{key}: one batch of {share:,} images of {shape} float32 is {_gib(share * image)}, "
-                              f"and this machine has {_gib(memory)} of memory; at most {memory // image:,} images "
-                              "of this size fit (a smaller batch, or smaller images)")
+            raise RecipeError(
+                f"{key}: one batch of {share:,} images of {shape} float32 is {_gib(share * image)}, "
+                f"and this machine has {_gib(memory)} of memory; at most {memory // image:,} images "
+                "of this size fit (a smaller batch, or smaller images)"
+            )
     held_of = entry.metadata.get("held_samples")
     held = held_of(params) if held_of else 0
     if held * image > memory:
-        raise RecipeError(f"dataset: {config.dataset.name} holds {held:,} images of {shape} float32 in memory, "
-                          f"{_gib(held * image)}, and this machine has {_gib(memory)}; at most {memory // image:,} "
-                          "images of this size fit (fewer samples, or smaller images)")
+        raise RecipeError(
+            f"dataset: {config.dataset.name} holds {held:,} images of {shape} float32 in memory, "
+            f"{_gib(held * image)}, and this machine has {_gib(memory)}; at most {memory // image:,} "
+            "images of this size fit (fewer samples, or smaller images)"
+        )
 
 
 def check_train_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
@@ -358,7 +384,8 @@ def check_train_options(config: RecipeConfig, resume: bool, restart: bool) -> No
     if resume and restart:
         raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
     if restart and not config.run_name:
-        raise RecipeError("--restart: name the run to start over with run_name=... (a run without a run_name is "
-                          "new every time)")
+        raise RecipeError(
+            "--restart: name the run to start over with run_name=... (a run without a run_name is new every time)"
+        )
     if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
         raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")

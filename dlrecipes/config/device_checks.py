@@ -41,12 +41,17 @@ def read_back_notes(config: RecipeConfig) -> list[str]:
     from dlrecipes import registry
 
     algorithms = registry.algorithms
-    notes = [f"algorithms.{name} reads back on a GPU: {algorithms.get(name).metadata['reads_back']}"
-             for name in config.algorithms or {} if algorithms.get(name).metadata.get("reads_back")]
+    notes = [
+        f"algorithms.{name} reads back on a GPU: {algorithms.get(name).metadata['reads_back']}"
+        for name in config.algorithms or {}
+        if algorithms.get(name).metadata.get("reads_back")
+    ]
     optimizer = config.optimizer
     fused = "fused" in registry.optimizers.get(optimizer.name).parameters and optimizer.params.get("fused") is not False
     if precision_of(config.trainer.precision).grad_scaler and not fused:
-        notes.append(f"trainer.precision {config.trainer.precision} with optimizer {optimizer.name} (not fused) reads "
-                     "back on a GPU: torch's gradient scaler asks every step whether the gradients overflowed, to skip "
-                     "that step (a fused sgd or adamw keeps that on the device; bf16 needs no scaler)")
+        notes.append(
+            f"trainer.precision {config.trainer.precision} with optimizer {optimizer.name} (not fused) reads "
+            "back on a GPU: torch's gradient scaler asks every step whether the gradients overflowed, to skip "
+            "that step (a fused sgd or adamw keeps that on the device; bf16 needs no scaler)"
+        )
     return [f"note: {line} (docs/performance.md)" for line in notes]

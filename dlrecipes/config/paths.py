@@ -38,8 +38,10 @@ def resolve_paths(config: RecipeConfig, recipe: LoadedRecipe) -> None:
     # plugin files, as they were imported (from the recipe's folder): the run's recipe.yaml then imports them from
     # anywhere (``dlrecipes train runs/NAME/recipe.yaml`` trains the run again)
     folder = recipe.path.resolve().parent
-    config.imports = [str((folder / i).resolve()) if i.endswith(".py") and not Path(i).expanduser().is_absolute()
-                      else i for i in config.imports]
+    config.imports = [
+        str((folder / i).resolve()) if i.endswith(".py") and not Path(i).expanduser().is_absolute() else i
+        for i in config.imports
+    ]
     for section, reg in COMPONENT_SECTIONS.items():
         component = getattr(config, section, None)
         if isinstance(component, Component):
@@ -77,5 +79,7 @@ def check_inputs_exist(config: RecipeConfig) -> None:
         key, value, made_by = missing[0]
         more = f" (and {', '.join(k for k, _, _ in missing[1:])})" if len(missing) > 1 else ""
         way_out = f"make it with: {made_by}; or give" if made_by else "give"
-        raise DataError(f"{key}: {value} does not exist{more}; {way_out} an existing path, or check it later "
-                        "(validate --no-data-check)")
+        raise DataError(
+            f"{key}: {value} does not exist{more}; {way_out} an existing path, or check it later "
+            "(validate --no-data-check)"
+        )

@@ -16,8 +16,12 @@ from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, load_recipe
 
 
-def load_local(recipe: str | Path | Mapping[str, Any], overrides: Iterable[str] = (), plugins: Sequence[str] = (),
-               root: str | Path | None = None) -> LoadedRecipe:
+def load_local(
+    recipe: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+    plugins: Sequence[str] = (),
+    root: str | Path | None = None,
+) -> LoadedRecipe:
     """The recipe (a file, or a dict of sections standing for a file in ``root``: see
     :func:`dlrecipes.recipe.load_recipe`) with its bases and overrides applied, and every plugin it needs imported
     (its ``imports:`` and ``plugins``)."""

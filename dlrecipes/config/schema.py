@@ -21,6 +21,7 @@ from dlrecipes.errors import RecipeError, did_you_mean, shown
 
 __all__ = ["Duration", "check", "check_dataclass", "check_params", "parse_duration", "type_name"]
 
+
 def _is_duration(value: str) -> bool:
     try:
         parse_duration(value)
@@ -196,7 +197,9 @@ def check_dataclass(cls: type, data: dict, path: str) -> Any:
         if name in data:
             kwargs[name] = check(data[name], hints[name], f"{prefix}{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RecipeError(f"{prefix}{name}: missing required key ({f.metadata.get('help', type_name(hints[name]))})")
+            raise RecipeError(
+                f"{prefix}{name}: missing required key ({f.metadata.get('help', type_name(hints[name]))})"
+            )
     return cls(**kwargs)
 
 
@@ -215,5 +218,7 @@ def check_params(
         out[key] = check(value, hints.get(key, Any), f"{path}.{key}")
     for name, param in parameters.items():
         if name not in params and param.default is param.empty:
-            raise RecipeError(f"{path}.{name}: missing required parameter of {what} ({type_name(hints.get(name, Any))})")
+            raise RecipeError(
+                f"{path}.{name}: missing required parameter of {what} ({type_name(hints.get(name, Any))})"
+            )
     return out

@@ -45,11 +45,13 @@ class TrainerConfig:
         f"how often to evaluate on the eval split (metrics, checkpoint.monitor, best.pt), {DURATION_FORM}; also at "
         "the end of training when the interval does not divide it. 0 and null are refused: evaluation always runs at "
         "least at the end (trainer.eval_subset_num_batches shortens it)",
-        default="1ep")
+        default="1ep",
+    )
     precision: Literal["fp32", "amp_fp16", "amp_bf16"] = _help(precisions_meaning(), default="fp32")
     device: Literal["auto", "cpu", "gpu"] = _help("auto = gpu if one is available, else cpu", default="auto")
-    seed: Annotated[int, Range(0, 2**32 - 1)] = _help("random seed for weights, data order and augmentation",
-                                                      default=17)  # NumPy's range: Composer seeds it too
+    seed: Annotated[int, Range(0, 2**32 - 1)] = _help(
+        "random seed for weights, data order and augmentation", default=17
+    )  # NumPy's range: Composer seeds it too
     deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
     batch_size: AtLeastOne = _help("global training batch size, split evenly over all devices", default=128)
     batch_size_per_device: Optional[AtLeastOne] = _help(
@@ -69,12 +71,18 @@ class TrainerConfig:
         "tensor_cache: decode an image folder once to a uint8 memory map, then augment whole batches",
         default="torch",
     )
-    cache_dir: Optional[str] = _help("tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None)
-    cache_size: Optional[Size] = _help("tensor_cache: side of the cached square images (default: dataset resize_size)", default=None)
+    cache_dir: Optional[str] = _help(
+        "tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None
+    )
+    cache_size: Optional[Size] = _help(
+        "tensor_cache: side of the cached square images (default: dataset resize_size)", default=None
+    )
     progress_bar: bool = _help(
         "on a terminal, a live progress line per phase (a summary row per epoch is printed either way)", default=True
     )
-    console_log_interval: Duration = _help("with `train --verbose`: how often Composer prints every metric", default="1ep")
+    console_log_interval: Duration = _help(
+        "with `train --verbose`: how often Composer prints every metric", default="1ep"
+    )
     log_interval: AtLeastOne = _help(
         "every how many batches the terminal and the run log read the training loss back from the device "
         "(and at each epoch's last batch); every batch's loss reaches the loggers, and the steps in between "
@@ -111,20 +119,26 @@ class CheckpointConfig:
         f"how often to write a periodic checkpoint (checkpoints/ep<E>-ba<B>-rank0.pt, what --resume continues "
         f"from), {DURATION_FORM}; one is also written at the end of training. 0 and null are refused: "
         "checkpoint.save=false writes none, checkpoint.best_only=true only best.pt",
-        default="1ep")
+        default="1ep",
+    )
     keep: Annotated[int, Range(-1)] = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
     monitor: Optional[str] = _help(
-        "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)", default=None
+        "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)",
+        default=None,
     )
     mode: Literal["max", "min"] = _help("whether a larger or smaller monitored metric is better", default="max")
     best_only: bool = _help("keep only best.pt (needs monitor); periodic checkpoints are not written", default=False)
     upload_wait: Annotated[float, Range(0)] = _help(
         "runs_dir in a bucket: the most seconds the end of a run waits for its uploads (what is not up then is "
-        "named, and --resume uploads it)", default=120.0)
+        "named, and --resume uploads it)",
+        default=120.0,
+    )
     load_path: Optional[str] = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
     load_strict: bool = _help("require every weight in load_path to match the model", default=True)
     load_weights_only: bool = _help("load only the weights from load_path, not the optimizer or time", default=True)
-    load_ignore_keys: list[str] = _help("glob patterns of state keys not to load, e.g. 'state/model/*fc*'", default_factory=list)
+    load_ignore_keys: list[str] = _help(
+        "glob patterns of state keys not to load, e.g. 'state/model/*fc*'", default_factory=list
+    )
 
 
 @dataclass
@@ -150,12 +164,18 @@ class TaskConfig:
 class FinetuneConfig:
     """Fine-tuning a pretrained network: a frozen backbone at first, a head learning rate, layer-wise decay."""
 
-    freeze_backbone: Duration = _help("train only the head for this long, then everything ('0ep': never frozen)", default="0ep")
-    head_lr: Optional[Positive] = _help("the head's learning rate (default: optimizer.lr, like the backbone)", default=None)
-    head: list[str] = _help("module names (globs) forming the head (default: the classifier, found from the model)",
-                            default_factory=list)
-    layer_decay: Optional[Annotated[float, Range(0, 1, low_open=True)]] = _help("layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)",
-                                         default=None)
+    freeze_backbone: Duration = _help(
+        "train only the head for this long, then everything ('0ep': never frozen)", default="0ep"
+    )
+    head_lr: Optional[Positive] = _help(
+        "the head's learning rate (default: optimizer.lr, like the backbone)", default=None
+    )
+    head: list[str] = _help(
+        "module names (globs) forming the head (default: the classifier, found from the model)", default_factory=list
+    )
+    layer_decay: Optional[Annotated[float, Range(0, 1, low_open=True)]] = _help(
+        "layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)", default=None
+    )
 
 
 @dataclass
@@ -176,7 +196,8 @@ class RecipeConfig:
         "AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL for another server), whose runs are written in a local staging folder "
         "($DLRECIPES_STAGING_DIR, default ~/.cache/dlrecipes/staging/BUCKET/PREFIX/RUN) and uploaded as they are "
         "written (docs/object-storage.md)",
-        default=RUNS_DIR)
+        default=RUNS_DIR,
+    )
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
     loss: Union[str, dict[str, Any]] = _help(
         "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "
@@ -213,16 +234,21 @@ class RecipeConfig:
     algorithms: dict[str, dict[str, Any]] = _help(
         "training methods (Composer's and dlrecipes'), each by its registered name: {name: {params}} (true: its "
         "defaults; null: off, in a recipe over a base); e.g. {label_smoothing: {smoothing: 0.1}, ema: {}}; the names "
-        "and their parameters: dlrecipes list algorithms", default_factory=dict)
+        "and their parameters: dlrecipes list algorithms",
+        default_factory=dict,
+    )
     callbacks: dict[str, dict[str, Any]] = _help(
         "what runs at training events besides the training itself (monitors, early stopping, a profiler, an export "
         "at the end), each a Composer Callback by its registered name: {name: {params}} (true: its defaults; null: "
         "off, in a recipe over a base); e.g. {early_stopping: {monitor: top1, patience: 3}, lr_monitor: {}}; the names "
-        "and their parameters: dlrecipes list callbacks (a plugin registers its own)", default_factory=dict)
+        "and their parameters: dlrecipes list callbacks (a plugin registers its own)",
+        default_factory=dict,
+    )
     loggers: dict[str, dict[str, Any]] = _help(
         "where metrics go besides the terminal and the run's files (MLflow, W&B, TensorBoard), each by its registered "
         "name: {name: {params}}; e.g. {tensorboard: {}}; the names and their parameters: dlrecipes list loggers",
-        default_factory=dict)
+        default_factory=dict,
+    )
     plots: bool = _help(
         "draw the end-of-run PNGs: loss, accuracy and lr from history.csv, and the report's confusion matrix and "
         "per-class accuracy (about a second of CPU a run); false: their CSVs only (dlrecipes plot RUN draws the "
@@ -252,9 +278,26 @@ class RecipeConfig:
 
 # How sections are listed in resolved recipes: what the run is, then what it builds.
 TOP_LEVEL_ORDER = (
-    "name", "description", "run_name", "runs_dir", "imports", "model", "dataset", "loss", "metrics", "train_metrics",
-    "task", "trainer",
-    "optimizer", "scheduler", "checkpoint", "finetune", "algorithms", "callbacks", "loggers", "plots",
+    "name",
+    "description",
+    "run_name",
+    "runs_dir",
+    "imports",
+    "model",
+    "dataset",
+    "loss",
+    "metrics",
+    "train_metrics",
+    "task",
+    "trainer",
+    "optimizer",
+    "scheduler",
+    "checkpoint",
+    "finetune",
+    "algorithms",
+    "callbacks",
+    "loggers",
+    "plots",
 )
 
 
@@ -276,12 +319,33 @@ COMPONENT_MAPS = {
 # What Composer's FSDPConfig accepts (kept here so validation imports neither Composer nor torch;
 # tests/test_validation.py checks it against the installed Composer).
 FSDP_KEYS = (
-    "activation_checkpointing", "activation_checkpointing_reentrant", "activation_cpu_offload", "auto_wrap",
-    "backward_prefetch", "backward_prefetch_limit", "cpu_offload", "data_parallel_replicate_degree",
-    "data_parallel_shard_degree", "forward_prefetch", "forward_prefetch_limit", "ignored_modules",
-    "keep_low_precision_grads", "limit_all_gathers", "load_monolith_rank0_only", "load_planner", "mixed_precision",
-    "process_group", "save_planner", "sharded_ckpt_prefix_dir", "sharding_strategy", "state_dict_type",
-    "sync_module_states", "te_checkpoint_wrapper", "te_shard_fp8_weight", "use_orig_params", "verbose",
+    "activation_checkpointing",
+    "activation_checkpointing_reentrant",
+    "activation_cpu_offload",
+    "auto_wrap",
+    "backward_prefetch",
+    "backward_prefetch_limit",
+    "cpu_offload",
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
+    "forward_prefetch",
+    "forward_prefetch_limit",
+    "ignored_modules",
+    "keep_low_precision_grads",
+    "limit_all_gathers",
+    "load_monolith_rank0_only",
+    "load_planner",
+    "mixed_precision",
+    "process_group",
+    "save_planner",
+    "sharded_ckpt_prefix_dir",
+    "sharding_strategy",
+    "state_dict_type",
+    "sync_module_states",
+    "te_checkpoint_wrapper",
+    "te_shard_fp8_weight",
+    "use_orig_params",
+    "verbose",
 )
 
 

@@ -113,8 +113,10 @@ def _check_output(name: str, out: Any, spec: OutputSpec, dataset: str) -> None:
     if registry.losses.get(loss).metadata.get("targets") != spec.kind:
         fitting = ", ".join(e.name for e in registry.losses if e.metadata.get("targets") == spec.kind)
         target = "a class label" if spec.kind == "class" else f"{spec.size} regression value(s)"
-        raise RecipeError(f"{path}.loss: '{loss}' does not fit output '{name}' of dataset '{dataset}', which is "
-                          f"{target}; use {fitting}")
+        raise RecipeError(
+            f"{path}.loss: '{loss}' does not fit output '{name}' of dataset '{dataset}', which is "
+            f"{target}; use {fitting}"
+        )
     if out.weight < 0:
         raise RecipeError(f"{path}.weight: must be 0 or more, got {out.weight}")
     if out.num_classes is not None:

@@ -81,7 +81,11 @@ def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> Re
     config = check_dataclass(RecipeConfig, {**data, **components, **maps}, "")
     for section in ("optimizer", "scheduler"):
         if section not in components:  # defaults still go through the registry check
-            setattr(config, section, check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]))
+            setattr(
+                config,
+                section,
+                check_component(getattr(config, section).to_dict(), section, COMPONENT_SECTIONS[section]),
+            )
     if config.name is None:
         config.name = recipe.name
     config.origin = str(recipe.path) if recipe.from_file else None  # not a recipe key: where it was read from
@@ -93,8 +97,10 @@ def _validated(recipe: LoadedRecipe, check_device: bool, check_data: bool) -> Re
         for name, out in config.task.outputs.items():
             out.loss = check_loss(out.loss, f"task.outputs.{name}.loss")
         if "metrics" in maps or "train_metrics" in maps:
-            raise RecipeError("metrics: with task:, each output's metrics follow from its kind (top1/top5 or "
-                              "mse/mae); remove metrics and train_metrics")
+            raise RecipeError(
+                "metrics: with task:, each output's metrics follow from its kind (top1/top5 or "
+                "mse/mae); remove metrics and train_metrics"
+            )
     check_task(config, loss_given="loss" in data)
     check_cross_fields(config, given=set(recipe.data))
     if check_device:

@@ -19,8 +19,16 @@ from dlrecipes.errors import UserError
 
 SCHEMES = ("s3", "gs", "oci", "azure")  # the object stores Composer's URI factory makes
 RUNS_DIR = "runs"  # where runs go when nothing says otherwise (runs_dir's default, and the commands that list runs)
-OTHER_NAMES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "az": "azure", "abfs": "azure", "abfss": "azure", "wasb": "azure",
-               "wasbs": "azure"}  # what other tools call them (Hadoop's, fsspec's)
+OTHER_NAMES = {
+    "s3a": "s3",
+    "s3n": "s3",
+    "gcs": "gs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "wasb": "azure",
+    "wasbs": "azure",
+}  # what other tools call them (Hadoop's, fsspec's)
 KEY_LIMIT = 1024  # bytes an S3 key may hold (UTF-8), the strictest of the schemes
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(/*)(.*)$", re.DOTALL)  # two letters at least: C:/ is a drive
 
@@ -53,19 +61,24 @@ def check_address(value: Any, key_path: str) -> None:
         raise UserError(f"{key_path}: {text!r} is a file:// URL; give the plain path {path!r}")
     meant = OTHER_NAMES.get(scheme.lower(), scheme.lower())
     if meant in SCHEMES and (scheme != meant or slashes != "//"):
-        raise UserError(f"{key_path}: {text!r} looks like an object-store address; did you mean "
-                        f"{meant}://{rest.lstrip('/')}?")
+        raise UserError(
+            f"{key_path}: {text!r} looks like an object-store address; did you mean {meant}://{rest.lstrip('/')}?"
+        )
     if slashes == "//" and scheme not in SCHEMES:  # ftp://, https://: not a folder named "ftp:"
-        raise UserError(f"{key_path}: {text!r} is an address, and runs cannot be kept at {scheme}:// ones; give a "
-                        f"local folder or {', '.join(f'{known}://BUCKET/PREFIX' for known in SCHEMES)}")
+        raise UserError(
+            f"{key_path}: {text!r} is an address, and runs cannot be kept at {scheme}:// ones; give a "
+            f"local folder or {', '.join(f'{known}://BUCKET/PREFIX' for known in SCHEMES)}"
+        )
 
 
 def check_key_room(address: str, longest_key: str, key_path: str) -> None:
     """One line when ``longest_key`` (the longest key a run under ``address`` would write) exceeds what S3 takes."""
     size = len(longest_key.encode("utf-8"))
     if size > KEY_LIMIT:
-        raise UserError(f"{key_path}: the longest key a run writes under {shortened(address)} would be {size:,} bytes, "
-                        f"over the object store's limit of {KEY_LIMIT:,}; choose a shorter prefix or run_name")
+        raise UserError(
+            f"{key_path}: the longest key a run writes under {shortened(address)} would be {size:,} bytes, "
+            f"over the object store's limit of {KEY_LIMIT:,}; choose a shorter prefix or run_name"
+        )
 
 
 def shortened(text: str, room: int = 80) -> str:
@@ -73,5 +86,13 @@ def shortened(text: str, room: int = 80) -> str:
     return text if len(text) <= room else f"{text[:room]}... ({len(text):,} characters)"
 
 
-__all__ = ["KEY_LIMIT", "OTHER_NAMES", "SCHEMES", "check_address", "check_key_room", "control_character", "scheme_of",
-           "shortened"]
+__all__ = [
+    "KEY_LIMIT",
+    "OTHER_NAMES",
+    "SCHEMES",
+    "check_address",
+    "check_key_room",
+    "control_character",
+    "scheme_of",
+    "shortened",
+]

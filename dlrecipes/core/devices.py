@@ -96,8 +96,10 @@ def check_runs_here(device: str, key: str, advice: str = "") -> str:
     in one line naming ``key`` (and ``advice`` after it)."""
     resolved = resolve_device(device)
     if resolved == "gpu" and not gpu_available():
-        raise RecipeError(f"{key}: 'gpu' requested but no CUDA GPU is available: use 'cpu' or 'auto'"
-                          + (f" {advice}" if advice else ""))
+        raise RecipeError(
+            f"{key}: 'gpu' requested but no CUDA GPU is available: use 'cpu' or 'auto'"
+            + (f" {advice}" if advice else "")
+        )
     return resolved
 
 
@@ -132,7 +134,10 @@ def check_device(config: DeviceRecipe) -> None:
     """Whether this machine can run the recipe's device, precision, FSDP and microbatching."""
     t = config.trainer
     needs_gpu = (
-        precision_of(t.precision).mixed or t.device_train_microbatch_size == "auto" or t.device == "gpu" or t.fsdp is not None
+        precision_of(t.precision).mixed
+        or t.device_train_microbatch_size == "auto"
+        or t.device == "gpu"
+        or t.fsdp is not None
     )
     if not needs_gpu:
         return
@@ -144,8 +149,10 @@ def check_device(config: DeviceRecipe) -> None:
         check_gpus_per_node(local_world_size())  # started by a launcher with too many processes
         return
     if t.fsdp is not None:
-        raise RecipeError(f"trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp "
-                          f"{ON_A_MACHINE_WITHOUT_GPU}.")
+        raise RecipeError(
+            f"trainer.fsdp: FSDP needs GPUs (NCCL); this run is on the CPU. Remove trainer.fsdp "
+            f"{ON_A_MACHINE_WITHOUT_GPU}."
+        )
     if precision_of(t.precision).mixed:
         raise RecipeError(
             f"trainer.precision: {t.precision} needs a GPU, and this run is on the CPU "

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional
 
 from dlrecipes.errors import RecipeError, UserError, first_line
 
+
 def rank() -> int:
     """This process's global rank (0 without a launcher)."""
     return int(os.environ.get("RANK", "0"))
@@ -56,8 +57,10 @@ def adopt_torchrun() -> int:
         if "NODE_RANK" not in env:
             env["NODE_RANK"] = str(group)
         elif _whole_number("NODE_RANK", env) != group:
-            raise UserError(f"NODE_RANK={env['NODE_RANK']} but torchrun made this node number {group} (GROUP_RANK): "
-                            "unset NODE_RANK, torchrun gives each node its rank")
+            raise UserError(
+                f"NODE_RANK={env['NODE_RANK']} but torchrun made this node number {group} (GROUP_RANK): "
+                "unset NODE_RANK, torchrun gives each node its rank"
+            )
     check_launch_environment(env)
     if "TORCHELASTIC_RUN_ID" not in env:
         return 0
@@ -87,23 +90,33 @@ def check_launch_environment(env: Any = None) -> None:
     if world > 1:
         missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(name, "").strip()]
         if missing:
-            raise UserError(f"WORLD_SIZE={world} is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'}"
-                            f" not: start the processes with {_LAUNCHERS}, which set them all")
+            raise UserError(
+                f"WORLD_SIZE={world} is set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'}"
+                f" not: start the processes with {_LAUNCHERS}, which set them all"
+            )
     pairs = [("RANK", world, "WORLD_SIZE")]
     local_world = got.get("LOCAL_WORLD_SIZE")
     if local_world is not None:  # the per-node checks where a launcher said how many processes a node runs
         if not 1 <= local_world <= world or world % local_world:
-            raise UserError(f"LOCAL_WORLD_SIZE={local_world} in the environment does not divide WORLD_SIZE={world}: "
-                            "every node runs the same number of processes")
-        pairs += [("LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE"),
-                  ("NODE_RANK", world // local_world, "WORLD_SIZE/LOCAL_WORLD_SIZE nodes")]
+            raise UserError(
+                f"LOCAL_WORLD_SIZE={local_world} in the environment does not divide WORLD_SIZE={world}: "
+                "every node runs the same number of processes"
+            )
+        pairs += [
+            ("LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE"),
+            ("NODE_RANK", world // local_world, "WORLD_SIZE/LOCAL_WORLD_SIZE nodes"),
+        ]
         if "GROUP_WORLD_SIZE" in got and got["GROUP_WORLD_SIZE"] * local_world != world:
-            raise UserError(f"WORLD_SIZE={world} in the environment but torchrun's GROUP_WORLD_SIZE="
-                            f"{got['GROUP_WORLD_SIZE']} nodes x LOCAL_WORLD_SIZE={local_world} processes")
+            raise UserError(
+                f"WORLD_SIZE={world} in the environment but torchrun's GROUP_WORLD_SIZE="
+                f"{got['GROUP_WORLD_SIZE']} nodes x LOCAL_WORLD_SIZE={local_world} processes"
+            )
     for name, bound, of in pairs:
         if name in got and got[name] >= bound:
-            raise UserError(f"{name}={got[name]} in the environment but {of} is {bound}: ranks count from 0 "
-                            f"to {bound - 1} (set by {_LAUNCHERS})")
+            raise UserError(
+                f"{name}={got[name]} in the environment but {of} is {bound}: ranks count from 0 "
+                f"to {bound - 1} (set by {_LAUNCHERS})"
+            )
 
 
 def torchrun_job_name() -> Optional[str]:
@@ -217,8 +230,16 @@ def _on_another_host(address: str) -> bool:
 
 
 # torch's own words for a gloo rendezvous that could not connect or find its interface
-_GLOO_FAILURES = ("connectFullMesh", "Gloo connect", "Unable to find address for", "getaddrinfo", "Connection refused",
-                  "Connection reset by peer", "Timed out waiting", "No route to host")
+_GLOO_FAILURES = (
+    "connectFullMesh",
+    "Gloo connect",
+    "Unable to find address for",
+    "getaddrinfo",
+    "Connection refused",
+    "Connection reset by peer",
+    "Timed out waiting",
+    "No route to host",
+)
 
 
 @contextlib.contextmanager
@@ -243,11 +264,14 @@ def connection_setup() -> str:
     elif chosen:
         how = f"gloo used GLOO_SOCKET_IFNAME={chosen}, as set: check that it exists and reaches the other hosts"
     else:
-        how = ("gloo picked its interface from this host's name; set GLOO_SOCKET_IFNAME to the interface that "
-               "reaches the other hosts (e.g. GLOO_SOCKET_IFNAME=eth0, see `ip addr`)")
+        how = (
+            "gloo picked its interface from this host's name; set GLOO_SOCKET_IFNAME to the interface that "
+            "reaches the other hosts (e.g. GLOO_SOCKET_IFNAME=eth0, see `ip addr`)"
+        )
     nccl = os.environ.get("NCCL_SOCKET_IFNAME")
-    return (f"master {master} (--master-addr, --master-port: node 0's address, reachable from every host); {how}"
-            + (f"; NCCL_SOCKET_IFNAME={nccl}" if nccl else ""))
+    return f"master {master} (--master-addr, --master-port: node 0's address, reachable from every host); {how}" + (
+        f"; NCCL_SOCKET_IFNAME={nccl}" if nccl else ""
+    )
 
 
 class PeerLost(UserError):
@@ -258,8 +282,15 @@ class PeerLost(UserError):
 
 
 # torch's words when the other end of a collective went away (gloo, NCCL)
-PEER_LOST_WORDS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
-                   "NCCL error", "Socket Timeout", "Connection refused")
+PEER_LOST_WORDS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "NCCL error",
+    "Socket Timeout",
+    "Connection refused",
+)
 
 
 def lost_peer(exc: BaseException) -> Optional[str]:
@@ -288,8 +319,10 @@ class Pending:
                 self._work.wait()
             except RuntimeError as exc:
                 first = first_line(exc, 200, "")
-                raise PeerLost(f"another process of this run stopped or stopped answering ({first}); "
-                               "its own log or terminal says why") from None
+                raise PeerLost(
+                    f"another process of this run stopped or stopped answering ({first}); "
+                    "its own log or terminal says why"
+                ) from None
             self._values = self._box.tolist()  # a CPU tensor: no device synchronisation
         return self._values
 
@@ -364,8 +397,7 @@ def start_torchrun_group(device: str, timeout: float) -> bool:
         return False
     wait = datetime.timedelta(seconds=timeout)
     with gloo_errors("the process group (torch.distributed)"):
-        agent = tdist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size(), is_master=False,
-                               timeout=wait)
+        agent = tdist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size(), is_master=False, timeout=wait)
         store = tdist.PrefixStore(f"dlrecipes/attempt_{int(env.get('TORCHELASTIC_RESTART_COUNT') or 0)}", agent)
         backend = (DeviceGPU if device == "gpu" else DeviceCPU).dist_backend
         tdist.init_process_group(backend, store=store, rank=rank(), world_size=world_size(), timeout=wait)

@@ -18,7 +18,8 @@ DURATION_UNITS = {
     "tok": ("1000tok", "tokens, of sequence data: images have none"),
 }
 DURATION_FORM = "a duration, a number and its unit: " + ", ".join(
-    f"{example} ({meaning})" for example, meaning in DURATION_UNITS.values())
+    f"{example} ({meaning})" for example, meaning in DURATION_UNITS.values()
+)
 
 _DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(%s)\s*$" % "|".join(DURATION_UNITS))
 

@@ -25,8 +25,9 @@ def check(own: dict[str, Any], params: dict[str, Any], optimizer: str) -> None:
     if own.get("scale_lr", "none") == "none":
         return
     if not own.get("reference_batch_size"):
-        raise RecipeError("optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was "
-                          "tuned for)")
+        raise RecipeError(
+            "optimizer.reference_batch_size: required with optimizer.scale_lr (the batch size lr was tuned for)"
+        )
     if "lr" not in params:
         raise RecipeError(f"optimizer.scale_lr: optimizer '{optimizer}' has no lr parameter to scale")
 
@@ -55,8 +56,10 @@ def scaling_report(params: dict[str, Any], global_batch_size: int, lr: float) ->
     None without scaling."""
     if params.get("scale_lr", "none") == "none":
         return None
-    line = (f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
-            f"to the global batch {global_batch_size}: {lr:.6g}")
+    line = (
+        f"optimizer.lr scaled ({params['scale_lr']}) from the reference batch {params['reference_batch_size']} "
+        f"to the global batch {global_batch_size}: {lr:.6g}"
+    )
     return line, {"optimizer/scaled_lr": lr, "optimizer/scale_lr": params["scale_lr"]}
 
 

@@ -31,11 +31,18 @@ class Precision:
 
 
 PRECISIONS = {
-    p.name: p for p in (
+    p.name: p
+    for p in (
         Precision("fp32", autocast_dtype=None, grad_scaler=False, half_data=False, fused_optimizer=False),
         Precision("amp_fp16", autocast_dtype="float16", grad_scaler=True, half_data=True, fused_optimizer=True),
-        Precision("amp_bf16", autocast_dtype="bfloat16", grad_scaler=False, half_data=False, fused_optimizer=False,
-                  needs_bf16=True),
+        Precision(
+            "amp_bf16",
+            autocast_dtype="bfloat16",
+            grad_scaler=False,
+            half_data=False,
+            fused_optimizer=False,
+            needs_bf16=True,
+        ),
     )
 }
 
@@ -43,6 +50,7 @@ PRECISIONS = {
 def precisions_meaning() -> str:
     """What ``trainer.precision`` means, value by value, said from the facts above (``show --explain``, validation
     errors, the reference pages)."""
+
     def said(p: Precision) -> str:
         if not p.mixed:
             return f"{p.name}: float32 throughout, on any device"

@@ -39,8 +39,10 @@ class Range:
             return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
         if self.low is not None and self.high is not None:
-            return (f"in {'(' if self.low_open else '['}{number(self.low)}, "
-                    f"{number(self.high)}{')' if self.high_open else ']'}")
+            return (
+                f"in {'(' if self.low_open else '['}{number(self.low)}, "
+                f"{number(self.high)}{')' if self.high_open else ']'}"
+            )
         if self.low is not None:
             return f"{'>' if self.low_open else '>='} {number(self.low)}"
         if self.high is not None:

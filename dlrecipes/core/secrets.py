@@ -28,10 +28,24 @@ from typing import Any, Iterator
 
 MASK = "***"
 # whole words of a key's name (split at _ - . and camelCase) that make it a secret's
-SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "secret", "secrets", "token", "credential",
-                          "credentials", "apikey", "accesskey", "privatekey", "signature", "sig"})
-SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
-                          ("auth", "key")})
+SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "secrets",
+        "token",
+        "credential",
+        "credentials",
+        "apikey",
+        "accesskey",
+        "privatekey",
+        "signature",
+        "sig",
+    }
+)
+SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "key")})
 # where a recipe's credential belongs instead, by the key path it was found under (longest prefix first)
 CREDENTIAL_HOMES = {
     "loggers.wandb": "WANDB_API_KEY (or `wandb login`)",
@@ -45,8 +59,10 @@ _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)([^/\s?#@'\"<>\[\]{}\\]+(?
 # ?name=value / &name=value in an address
 _QUERY = re.compile(r"([?&;])([^=&\s#'\"?;]+)=([^&\s#'\";]*)")
 # name=value, and 'name': value (a mapping's repr, JSON) in a line; an error's "key.path: what is wrong" is prose
-_ASSIGNED = re.compile(r"(?<![\w.\-])(?P<q>['\"]?)(?P<name>[A-Za-z_][\w.\-]*)(?P=q)"
-                       r"(?P<sep>[ \t]*=[ \t]*|(?<=['\"])[ \t]*:[ \t]*)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",}\])&;#]+)")
+_ASSIGNED = re.compile(
+    r"(?<![\w.\-])(?P<q>['\"]?)(?P<name>[A-Za-z_][\w.\-]*)(?P=q)"
+    r"(?P<sep>[ \t]*=[ \t]*|(?<=['\"])[ \t]*:[ \t]*)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",}\])&;#]+)"
+)
 _PLAIN = re.compile(r"(?i)(true|false|none|null|~|[-+]?[0-9][0-9_.e+\-]*)")
 
 
@@ -89,8 +105,9 @@ def redact_uri(text: str) -> str:
     """An address (or a line holding some) with its user info and secret-named query values masked:
     ``http://bob:pw@host:5000/x?token=t&a=1`` -> ``http://***@host:5000/x?token=***&a=1``."""
     text = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
-    return _QUERY.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if is_secret_key(m.group(2)) and m.group(3)
-                      else m.group(0), text)
+    return _QUERY.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if is_secret_key(m.group(2)) and m.group(3) else m.group(0), text
+    )
 
 
 def without_user_info(uri: str) -> str:
@@ -193,10 +210,26 @@ def credential_home(path: str) -> str:
 
 def refusal(path: str) -> str:
     """The line that refuses a credential at recipe key ``path`` (its value is not repeated)."""
-    return (f"{path}: a credential is not taken from a recipe (recipes are copied, shared and recorded with every "
-            f"run); set {credential_home(path)} in the environment instead, and remove the key")
+    return (
+        f"{path}: a credential is not taken from a recipe (recipes are copied, shared and recorded with every "
+        f"run); set {credential_home(path)} in the environment instead, and remove the key"
+    )
 
 
-__all__ = ["CREDENTIAL_HOMES", "MASK", "SECRET_PAIRS", "SECRET_WORDS", "credential_home", "is_secret_key",
-           "key_words", "redact", "redact_text", "redact_uri", "redacted_argv", "redacted_output", "refusal",
-           "secret_keys", "without_user_info"]
+__all__ = [
+    "CREDENTIAL_HOMES",
+    "MASK",
+    "SECRET_PAIRS",
+    "SECRET_WORDS",
+    "credential_home",
+    "is_secret_key",
+    "key_words",
+    "redact",
+    "redact_text",
+    "redact_uri",
+    "redacted_argv",
+    "redacted_output",
+    "refusal",
+    "secret_keys",
+    "without_user_info",
+]

@@ -19,7 +19,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from dlrecipes.data.jpeg import (
-    RATIO, TurboEval, TurboTrain, damaged_in_shard, decode, ends_whole, header_size, resized_box, unreadable,
+    RATIO,
+    TurboEval,
+    TurboTrain,
+    damaged_in_shard,
+    decode,
+    ends_whole,
+    header_size,
+    resized_box,
+    unreadable,
 )
 from dlrecipes.errors import DataError
 
@@ -31,7 +39,13 @@ class DecodeLater:
     """Worker side: an image file's bytes and its crop, for :class:`DecodeOnDevice`."""
 
     def __init__(self, train: bool, size: int, min_scale: float, hflip: bool, resize_size: int):
-        self.train, self.size, self.scale, self.hflip, self.resize_size = train, size, (min_scale, 1.0), hflip, resize_size
+        self.train, self.size, self.scale, self.hflip, self.resize_size = (
+            train,
+            size,
+            (min_scale, 1.0),
+            hflip,
+            resize_size,
+        )
 
     def box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """(top, left, height, width) in the full image's pixels: training's random box; evaluation's the region
@@ -52,8 +66,7 @@ class DecodeLater:
         top, left, h, w = self.box(width, height)
         flip = bool(self.train and self.hflip and torch.rand(1) < 0.5)
         # plain numbers: reading a tensor's back in the training process would be a read-back per sample there
-        sample = {"box": (float(top), float(left), float(h), float(w)), "size": (int(height), int(width)),
-                  "flip": flip}
+        sample = {"box": (float(top), float(left), float(h), float(w)), "size": (int(height), int(width)), "flip": flip}
         if jpeg and ends_whole(data):
             sample["jpeg"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:  # not a JPEG, or a truncated one: decoded here, where a file that cannot be read is skipped or named
@@ -61,8 +74,16 @@ class DecodeLater:
         return sample
 
 
-def split_decoder(decode: str, train: bool, size: int, resize_size: int, min_scale: float, hflip: bool,
-                  mean: Sequence[float], std: Sequence[float]) -> DecodeLater | TurboTrain | TurboEval | None:
+def split_decoder(
+    decode: str,
+    train: bool,
+    size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DecodeLater | TurboTrain | TurboEval | None:
     """A split's transform of an image file's bytes for ``dataset.decode`` (image folders and shards alike):
     ``device``: :class:`DecodeLater` (the batch decoded on the device); ``turbo``: libjpeg-turbo's
     (:class:`~dlrecipes.data.jpeg.TurboTrain`, :class:`~dlrecipes.data.jpeg.TurboEval`); ``pil``: None."""
@@ -104,8 +125,15 @@ class DecodeOnDevice:
     """Training-process side: a batch of :class:`DecodeLater` samples decoded, cropped to ``size``, flipped and
     normalised on ``device``; any other batch (already decoded) as it is."""
 
-    def __init__(self, device: torch.device, size: int, mean: Sequence[float], std: Sequence[float],
-                 bad_images: str = "fail", key: str = "dataset"):
+    def __init__(
+        self,
+        device: torch.device,
+        size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        bad_images: str = "fail",
+        key: str = "dataset",
+    ):
         self.device, self.size, self.full_size = device, size, size
         self.skip, self.key, self.skipped = bad_images == "skip", key, set()
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
@@ -136,7 +164,8 @@ class DecodeOnDevice:
         try:
             whole = iter(decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device) if jpegs else [])
             return [next(whole) if "jpeg" in item else item["pixels"].to(self.device) for item in items], list(
-                range(len(items)))
+                range(len(items))
+            )
         except RuntimeError:
             pass
         images: list = []

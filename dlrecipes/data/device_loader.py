@@ -31,8 +31,9 @@ class BatchAugment:
     alternate_flip: bool = False  # hflip on alternate epochs: a seeded half of the images on even ones, the rest on odd
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: Optional[torch.Generator],
-                mode: str = "zeros") -> torch.Tensor:
+def random_crop(
+    images: torch.Tensor, padding: int, generator: Optional[torch.Generator], mode: str = "zeros"
+) -> torch.Tensor:
     """Each image cropped back to its size at its own random offset after zero-padding.
 
     The offsets are drawn on the images' device (``generator`` lives there), so nothing waits
@@ -154,8 +155,9 @@ class DeviceTensorLoader:
             return images
         return (images / 255.0 - self.mean) / self.std
 
-    def _prepare(self, images: torch.Tensor, generator: Optional[torch.Generator],
-                 flips: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _prepare(
+        self, images: torch.Tensor, generator: Optional[torch.Generator], flips: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         if self.augment is None:
             return images.float()
         if self.train:

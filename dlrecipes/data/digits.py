@@ -64,7 +64,9 @@ def build_digits(image_size: int, augment: bool, eval_fraction: float, split_see
     return DatasetSplits(
         # on-device batches: a 2-pixel random shift stands in for the random affine
         train=TransformedTensorDataset(
-            train_x, y[torch.from_numpy(train_idx)], train_tf,
+            train_x,
+            y[torch.from_numpy(train_idx)],
+            train_tf,
             BatchAugment((mean,), (std,), crop_padding=2 if augment else 0),
         ),
         eval=TransformedTensorDataset(

@@ -54,24 +54,62 @@ def _external(name: str, cfunc: Any) -> types.ExternalFunction:
 def _libffcv_functions() -> tuple[Any, Any, Any]:
     from ffcv import libffcv
 
-    return (_external("imdecode", libffcv.ctypes_imdecode), _external("resize", libffcv.ctypes_resize),
-            _external("my_memcpy", libffcv.ctypes_memcopy))
+    return (
+        _external("imdecode", libffcv.ctypes_imdecode),
+        _external("resize", libffcv.ctypes_resize),
+        _external("my_memcpy", libffcv.ctypes_memcopy),
+    )
 
 
 _c_imdecode, _c_resize, _c_memcpy = _libffcv_functions()
 
 
 # The three below take the arguments of their namesakes in ffcv.libffcv and call the same C code.
-def imdecode(source, dst, source_height, source_width, crop_height=None, crop_width=None,
-             offset_x=0, offset_y=0, scale_factor_num=1, scale_factor_denom=1, enable_crop=False, do_flip=False):
-    return _c_imdecode(source.ctypes.data, source.size, source_height, source_width, dst.ctypes.data,
-                       crop_height, crop_width, offset_x, offset_y, scale_factor_num, scale_factor_denom,
-                       enable_crop, do_flip)
+def imdecode(
+    source,
+    dst,
+    source_height,
+    source_width,
+    crop_height=None,
+    crop_width=None,
+    offset_x=0,
+    offset_y=0,
+    scale_factor_num=1,
+    scale_factor_denom=1,
+    enable_crop=False,
+    do_flip=False,
+):
+    return _c_imdecode(
+        source.ctypes.data,
+        source.size,
+        source_height,
+        source_width,
+        dst.ctypes.data,
+        crop_height,
+        crop_width,
+        offset_x,
+        offset_y,
+        scale_factor_num,
+        scale_factor_denom,
+        enable_crop,
+        do_flip,
+    )
 
 
 def resize_crop(source, start_row, end_row, start_col, end_col, destination):
-    _c_resize(0, source.ctypes.data, source.shape[0], source.shape[1], start_row, end_row, start_col, end_col,
-              destination.ctypes.data, destination.shape[0], destination.shape[1])
+    _c_resize(
+        0,
+        source.ctypes.data,
+        source.shape[0],
+        source.shape[1],
+        start_row,
+        end_row,
+        start_col,
+        end_col,
+        destination.ctypes.data,
+        destination.shape[0],
+        destination.shape[1],
+    )
 
 
 def memcpy(source, dest):
@@ -91,7 +129,7 @@ def _os_cache_reader(manager: Any) -> Callable:
 
     def read(address, mem_state):
         size = mem_state[2][np.searchsorted(mem_state[1], address)]
-        return mem_state[0][address:address + size]
+        return mem_state[0][address : address + size]
 
     data = types.Array(types.uint8, 1, "C", readonly=True)
     return Compiler.compile(read, data(types.uint64, types.Tuple([data, types.uint64[::1], types.uint64[::1]])))
@@ -111,8 +149,15 @@ def _fingerprint(value: Any) -> str:
         parts: tuple = ("dispatcher", _fingerprint(value.py_func), sorted(value.targetoptions.items()), fixed)
     elif inspect.isfunction(value):
         closure = [_fingerprint(cell.cell_contents) for cell in value.__closure__ or ()]
-        parts = ("function", value.__module__, value.__qualname__, _code_digest(value.__code__),
-                 _fingerprint(value.__defaults__), closure, _global_types(value))
+        parts = (
+            "function",
+            value.__module__,
+            value.__qualname__,
+            _code_digest(value.__code__),
+            _fingerprint(value.__defaults__),
+            closure,
+            _global_types(value),
+        )
     else:
         return hashlib.sha256(serialize.dumps(value)).hexdigest()
     digest.update(repr(parts).encode())
@@ -151,8 +196,12 @@ def _compile(cls: Any, code: Callable, signature: Optional[Any] = None) -> Calla
     """FFCV's ``Compiler.compile`` (same options), with numba's on-disk cache."""
     if not cls.is_enabled:
         return code
-    options = {"fastmath": True, "nogil": True, "error_model": "numpy",
-               "parallel": bool(getattr(code, "is_parallel", False)) and cls.num_threads > 1}
+    options = {
+        "fastmath": True,
+        "nogil": True,
+        "error_model": "numpy",
+        "parallel": bool(getattr(code, "is_parallel", False)) and cls.num_threads > 1,
+    }
     compiled = njit(**options)(code)
     if not isinstance(compiled, Dispatcher):  # NUMBA_DISABLE_JIT: the Python function itself
         return compiled

@@ -89,7 +89,9 @@ class RawImages:
         return np.ascontiguousarray(chw.transpose(1, 2, 0)), int(self.dataset.labels[index])
 
 
-def find_unreadable(source: RawImages, skip_bad: bool, progress: Optional[Callable[[int], None]] = None) -> list[tuple[str, str]]:
+def find_unreadable(
+    source: RawImages, skip_bad: bool, progress: Optional[Callable[[int], None]] = None
+) -> list[tuple[str, str]]:
     """Decode every file once; returns (path, error) for each bad one, or raises at the first if not skipping."""
     bad = []
     if source.kind != "files":
@@ -163,13 +165,17 @@ def write_beton(
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         writer = DatasetWriter(
-            str(tmp), {"image": image_field, "label": IntField()}, page_size=options.page_size,
+            str(tmp),
+            {"image": image_field, "label": IntField()},
+            page_size=options.page_size,
             num_workers=options.num_workers,
         )
         writer.from_indexed_dataset(source, indices=indices)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        labels = [source.dataset.samples[i][1] if source.kind == "files" else int(source.dataset.labels[i]) for i in indices]
+        labels = [
+            source.dataset.samples[i][1] if source.kind == "files" else int(source.dataset.labels[i]) for i in indices
+        ]
         sidecar = {
             "samples": len(indices),
             "num_classes": len(class_names) if class_names else int(max(labels)) + 1,
@@ -199,7 +205,9 @@ def open_reader(path: str | Path):
     try:
         reader = Reader(str(path))
     except Exception as exc:
-        raise DataError(f"{path}: not a readable FFCV file (truncated or corrupt?): {type(exc).__name__}: {exc}") from None
+        raise DataError(
+            f"{path}: not a readable FFCV file (truncated or corrupt?): {type(exc).__name__}: {exc}"
+        ) from None
     # The allocation table is written last: a complete file ends exactly where it ends.
     expected = int(reader.header["alloc_table_ptr"]) + reader.alloc_table.nbytes
     data_end = int((reader.alloc_table["ptr"] + reader.alloc_table["size"]).max()) if len(reader.alloc_table) else 0

@@ -188,8 +188,13 @@ def build_ffcv_loaders(
 
     on_device = torch_device(device)
     common = {
-        "num_workers": num_workers, "device": on_device, "seed": seed, "rank": dist.get_global_rank(),
-        "world_size": dist.get_world_size(), "half": precision_of(precision).half_data, "channels_last": channels_last,
+        "num_workers": num_workers,
+        "device": on_device,
+        "seed": seed,
+        "rank": dist.get_global_rank(),
+        "world_size": dist.get_world_size(),
+        "half": precision_of(precision).half_data,
+        "channels_last": channels_last,
     }
     return (
         FFCVLoader(train, train_batch, **common),

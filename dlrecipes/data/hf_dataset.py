@@ -62,8 +62,10 @@ class ArrowImages(VisionDataset):
             return self.table[int(index)][self.image_column].convert("RGB")
         except (OSError, ValueError, SyntaxError) as exc:  # PIL: unidentified, truncated or damaged data
             reason = str(exc).split(" (")[0] if str(exc) else type(exc).__name__
-            raise DataError(f"dataset.path: cannot decode the image of row {int(index)} of {self.name} ({reason}); "
-                            "fix or remove that row") from None
+            raise DataError(
+                f"dataset.path: cannot decode the image of row {int(index)} of {self.name} ({reason}); "
+                "fix or remove that row"
+            ) from None
 
     def sample_name(self, index: int) -> str:
         return f"{self.name}[{index}]"
@@ -104,8 +106,11 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
             try:
                 loaded = datasets.load_dataset(path, config)
             except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
-                why = (f"{type(exc).__name__}: {first_line(exc, 200, '')}" if online
-                       else "offline, and not in the local cache")
+                why = (
+                    f"{type(exc).__name__}: {first_line(exc, 200, '')}"
+                    if online
+                    else "offline, and not in the local cache"
+                )
                 raise DataError(
                     f"dataset.path: cannot download the Hugging Face dataset '{path}' ({why}); download it on a "
                     f"connected machine (datasets.load_dataset('{path}').save_to_disk(FOLDER)) and set dataset.path "
@@ -129,16 +134,20 @@ class SavedSplit:
         try:
             return json.loads((self.folder / "state.json").read_text()).get("_data_files") or []
         except (OSError, ValueError) as exc:
-            raise DataError(f"dataset.path: cannot read {self.folder / 'state.json'} ({exc}); save the dataset "
-                            "again with save_to_disk") from None
+            raise DataError(
+                f"dataset.path: cannot read {self.folder / 'state.json'} ({exc}); save the dataset "
+                "again with save_to_disk"
+            ) from None
 
     def open(self) -> datasets.Dataset:
         datasets = import_datasets()
         try:
             return datasets.Dataset.load_from_disk(str(self.folder))
         except (OSError, ValueError, IndexError, datasets.exceptions.DatasetsError) as exc:
-            raise DataError(f"dataset.path: cannot read the split {self.folder} ({type(exc).__name__}: "
-                            f"{first_line(exc, 200, '')}); save the dataset again with save_to_disk") from None
+            raise DataError(
+                f"dataset.path: cannot read the split {self.folder} ({type(exc).__name__}: "
+                f"{first_line(exc, 200, '')}); save the dataset again with save_to_disk"
+            ) from None
 
 
 def saved_splits(folder: Path) -> dict[str, Any]:
@@ -148,8 +157,10 @@ def saved_splits(folder: Path) -> dict[str, Any]:
     try:
         names = json.loads((folder / "dataset_dict.json").read_text())["splits"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"dataset.path: cannot read {folder / 'dataset_dict.json'} ({type(exc).__name__}: {exc}); "
-                        "save the dataset again with save_to_disk") from None
+        raise DataError(
+            f"dataset.path: cannot read {folder / 'dataset_dict.json'} ({type(exc).__name__}: {exc}); "
+            "save the dataset again with save_to_disk"
+        ) from None
     return {str(name): SavedSplit(folder / str(name)) for name in names}
 
 
@@ -158,22 +169,28 @@ def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str)
     if name is None:
         name = next((s for s in EVAL_SPLITS if s in splits), None)
         if name is None:
-            raise RecipeError(f"{key}: {path} has neither a validation nor a test split; name one of its splits: "
-                              f"{', '.join(splits)}")
+            raise RecipeError(
+                f"{key}: {path} has neither a validation nor a test split; name one of its splits: {', '.join(splits)}"
+            )
     if name not in splits:
-        raise RecipeError(f"{key}: {path} has no split {name!r}{did_you_mean(name, splits)}; its splits: "
-                          f"{', '.join(splits)}")
+        raise RecipeError(
+            f"{key}: {path} has no split {name!r}{did_you_mean(name, splits)}; its splits: {', '.join(splits)}"
+        )
     chosen = splits[name]
     if isinstance(chosen, SavedSplit):
         if not chosen.rows_files():
             full = [s for s, v in splits.items() if not isinstance(v, SavedSplit) or v.rows_files()]
-            raise DataError(f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
-                            f"{', '.join(full) or 'none has any'}")
+            raise DataError(
+                f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
+                f"{', '.join(full) or 'none has any'}"
+            )
         chosen = chosen.open()
     if len(chosen) == 0:
         full = [s for s, v in splits.items() if not hasattr(v, "__len__") or len(v)]
-        raise DataError(f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
-                        f"{', '.join(full) or 'none has any'}")
+        raise DataError(
+            f"{key}: the {name!r} split of {path} is empty (0 rows); name a split with samples: "
+            f"{', '.join(full) or 'none has any'}"
+        )
     return name, chosen
 
 
@@ -184,20 +201,26 @@ def check_columns(table: datasets.Dataset, image_column: str, label_column: str,
     columns = list(features)
     for which, column in (("image_column", image_column), ("label_column", label_column)):
         if column not in features:
-            raise RecipeError(f"dataset.{which}: {path} has no column {column!r}{did_you_mean(column, columns)}; "
-                              f"its columns: {', '.join(columns)}")
+            raise RecipeError(
+                f"dataset.{which}: {path} has no column {column!r}{did_you_mean(column, columns)}; "
+                f"its columns: {', '.join(columns)}"
+            )
     if not isinstance(features[image_column], datasets.Image):
         images = [c for c in columns if isinstance(features[c], datasets.Image)]
-        raise RecipeError(f"dataset.image_column: column {image_column!r} of {path} holds "
-                          f"{shown(features[image_column])}, not images; its image columns: {', '.join(images) or 'none'}")
+        raise RecipeError(
+            f"dataset.image_column: column {image_column!r} of {path} holds "
+            f"{shown(features[image_column])}, not images; its image columns: {', '.join(images) or 'none'}"
+        )
     label = features[label_column]
     if isinstance(label, datasets.ClassLabel):
         return list(label.names)
     if isinstance(label, datasets.Value) and label.dtype.startswith(("int", "uint")):
         return None
     labels = [c for c in columns if isinstance(features[c], datasets.ClassLabel)]
-    raise RecipeError(f"dataset.label_column: column {label_column!r} of {path} holds {shown(label)}, not class labels "
-                      f"(a ClassLabel or integers); its ClassLabel columns: {', '.join(labels) or 'none'}")
+    raise RecipeError(
+        f"dataset.label_column: column {label_column!r} of {path} holds {shown(label)}, not class labels "
+        f"(a ClassLabel or integers); its ClassLabel columns: {', '.join(labels) or 'none'}"
+    )
 
 
 def read_labels(table: datasets.Dataset, label_column: str) -> np.ndarray:
@@ -230,11 +253,14 @@ def build_hf_dataset(
     names = check_columns(train_table, image_column, label_column, path)
     eval_names = check_columns(eval_table, image_column, label_column, path)
     if eval_names != names:
-        raise DataError(f"dataset.label_column: the {split} and {eval_split} splits of {path} name their classes "
-                        f"differently ({names} and {eval_names})")
+        raise DataError(
+            f"dataset.label_column: the {split} and {eval_split} splits of {path} name their classes "
+            f"differently ({names} and {eval_names})"
+        )
     train_labels, eval_labels = read_labels(train_table, label_column), read_labels(eval_table, label_column)
-    num_classes = len(names) if names is not None else int(max(train_labels.max(initial=-1),
-                                                                eval_labels.max(initial=-1))) + 1
+    num_classes = (
+        len(names) if names is not None else int(max(train_labels.max(initial=-1), eval_labels.max(initial=-1))) + 1
+    )
     train_tf = imagenet_transforms(crop_size, resize_size, min_scale, hflip, mean, std, train=True)
     eval_tf = imagenet_transforms(eval_crop_size, resize_size, min_scale, hflip, mean, std, train=False)
     return DatasetSplits(
@@ -244,6 +270,7 @@ def build_hf_dataset(
         input_shape=(len(mean), crop_size, crop_size),
         class_names=names if names is not None else [str(i) for i in range(num_classes)],
         augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
-        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
-                                   center_crop=(eval_crop_size, eval_crop_size)),
+        preprocess=preprocess_spec(
+            "RGB", mean, std, shorter_side=resize_size, center_crop=(eval_crop_size, eval_crop_size)
+        ),
     )

@@ -9,8 +9,23 @@ from typing import Literal, Optional, Union
 
 from dlrecipes.data.dataset_params import Decode
 from dlrecipes.data.preprocess_params import (
-    CROP_SIZE, EVAL_CROP_SIZE, HFLIP, IMAGENET_MEAN, IMAGENET_STD, MIN_SCALE, RESIZE_RATIO, RESIZE_SIZE, CropSize,
-    EvalCropSize, Hflip, Mean, MinScale, ResizeRatio, ResizeSize, Std, shared_meanings,
+    CROP_SIZE,
+    EVAL_CROP_SIZE,
+    HFLIP,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MIN_SCALE,
+    RESIZE_RATIO,
+    RESIZE_SIZE,
+    CropSize,
+    EvalCropSize,
+    Hflip,
+    Mean,
+    MinScale,
+    ResizeRatio,
+    ResizeSize,
+    Std,
+    shared_meanings,
 )
 from dlrecipes.data.splits import DatasetSplits
 
@@ -44,10 +59,18 @@ def image_folder(
     from dlrecipes.data.image_folder import build_image_folders
 
     return build_image_folders(
-        train_path, val_path, crop_size, resize_size, min_scale, hflip, mean, std, bad_images=bad_images,
-        eval_crop_size=eval_crop_size, decode=decode,
+        train_path,
+        val_path,
+        crop_size,
+        resize_size,
+        min_scale,
+        hflip,
+        mean,
+        std,
+        bad_images=bad_images,
+        eval_crop_size=eval_crop_size,
+        decode=decode,
     )
-
 
 
 @shared_meanings
@@ -90,10 +113,19 @@ def imagenet(
         except OSError as exc:
             raise DataError(f"dataset.class_list: cannot read {class_list}: {exc.strerror}") from None
     return build_image_folders(
-        f"{root}/train", f"{root}/val", crop_size, resize_size, min_scale, hflip, IMAGENET_MEAN, IMAGENET_STD,
-        only_classes=classes, bad_images=bad_images, eval_crop_size=eval_crop_size, decode=decode,
+        f"{root}/train",
+        f"{root}/val",
+        crop_size,
+        resize_size,
+        min_scale,
+        hflip,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        only_classes=classes,
+        bad_images=bad_images,
+        eval_crop_size=eval_crop_size,
+        decode=decode,
     )
-
 
 
 @shared_meanings
@@ -131,10 +163,20 @@ def hf(
     from dlrecipes.data.hf_dataset import build_hf_dataset
 
     return build_hf_dataset(
-        path, split, eval_split, image_column, label_column, config, crop_size, resize_size, eval_crop_size,
-        min_scale, hflip, mean, std,
+        path,
+        split,
+        eval_split,
+        image_column,
+        label_column,
+        config,
+        crop_size,
+        resize_size,
+        eval_crop_size,
+        min_scale,
+        hflip,
+        mean,
+        std,
     )
-
 
 
 @shared_meanings
@@ -166,7 +208,9 @@ def ffcv(
     from dlrecipes.data.preprocess import preprocess_spec
 
     def source(path: str, train: bool, size: int) -> FFCVSource:
-        return FFCVSource(path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead)
+        return FFCVSource(
+            path, train, size, resize_ratio, min_scale, hflip, tuple(mean), tuple(std), os_cache, batches_ahead
+        )
 
     num_classes = beton_num_classes(train_path)
     beton_num_classes(val_path)  # fail now, naming the file, if it is missing or damaged
@@ -177,10 +221,14 @@ def ffcv(
         input_shape=(3, crop_size, crop_size),
         class_names=beton_class_names(train_path),
         # FFCV's centre-crop decoder: a centred square of resize_ratio of the shorter side, resized to the crop
-        preprocess=preprocess_spec("RGB", mean, std, shorter_side=round((eval_crop_size or crop_size) / resize_ratio),
-                                   center_crop=(eval_crop_size or crop_size,) * 2),
+        preprocess=preprocess_spec(
+            "RGB",
+            mean,
+            std,
+            shorter_side=round((eval_crop_size or crop_size) / resize_ratio),
+            center_crop=(eval_crop_size or crop_size,) * 2,
+        ),
     )
-
 
 
 @shared_meanings
@@ -214,5 +262,6 @@ def shards(
     """
     from dlrecipes.data.shards import build_shards
 
-    return build_shards(remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip,
-                        mean, std, decode)
+    return build_shards(
+        remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip, mean, std, decode
+    )

@@ -51,8 +51,9 @@ def shared_classes(train_path: str, val_path: str, key: str, only: Optional[Sequ
     return classes
 
 
-def build_image_folder_split(root: Path, key: str, classes: list[str], transform, bad_images: str = "fail",
-                             turbo=None, device_decode=None):
+def build_image_folder_split(
+    root: Path, key: str, classes: list[str], transform, bad_images: str = "fail", turbo=None, device_decode=None
+):
     """A torchvision ImageFolder over ``classes``; unreadable images fail naming the file, or are skipped.
 
     ``bad_images="skip"`` replaces an unreadable (corrupt, truncated, zero-byte) image by the next readable one,
@@ -151,6 +152,7 @@ def build_image_folders(
         input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
         augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
-        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
-                                   center_crop=(eval_crop_size, eval_crop_size)),
+        preprocess=preprocess_spec(
+            "RGB", mean, std, shorter_side=resize_size, center_crop=(eval_crop_size, eval_crop_size)
+        ),
     )

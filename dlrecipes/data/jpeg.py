@@ -61,8 +61,10 @@ def unreadable(key: str, path: str, reason: str):
     """The one line for an image that cannot be decoded (``dataset.bad_images: fail``), a DataError to raise."""
     from dlrecipes.errors import DataError
 
-    return DataError(f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
-                     "dataset.bad_images=skip to skip unreadable images")
+    return DataError(
+        f"{key}: cannot read image {path} ({reason}); fix or remove it, or set "
+        "dataset.bad_images=skip to skip unreadable images"
+    )
 
 
 def damaged_in_shard(where: str, reason: str):
@@ -148,7 +150,7 @@ class TurboTrain:
         flip = self.hflip and torch.rand(1) < 0.5
         image = decode(data, largest_scale(min(h, w), self.size, jpeg))
         if image.shape[1:] == (height, width):
-            crop = resized(image[:, top:top + h, left:left + w], self.size, self.size)
+            crop = resized(image[:, top : top + h, left : left + w], self.size, self.size)
         else:  # decoded smaller: the box, in the decoded image's pixels, is not a whole number of them
             crop = resized_box(image, (top, left, h, w), (height, width), self.size)
         return _normalized(crop.flip(-1) if flip else crop, self.mean, self.std)

@@ -50,7 +50,7 @@ def epoch_order(length: int, seed: int, epoch: int, shard_sizes: Optional[Sequen
     shards = rng.permutation(len(shard_sizes))
     parts = []
     for first in range(0, len(shards), SHARD_WINDOW):
-        window = shards[first:first + SHARD_WINDOW]
+        window = shards[first : first + SHARD_WINDOW]
         indices = np.concatenate([np.arange(starts[s], starts[s] + shard_sizes[s]) for s in window])
         parts.append(rng.permutation(indices))
     return np.concatenate(parts) if parts else np.arange(0)
@@ -58,7 +58,7 @@ def epoch_order(length: int, seed: int, epoch: int, shard_sizes: Optional[Sequen
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The seed of sample ``index``'s augmentation in ``epoch`` (a 63-bit mix of the three)."""
-    return ((seed * 1_000_003 + epoch) * 998_244_353 + index) % (2 ** 63)
+    return ((seed * 1_000_003 + epoch) * 998_244_353 + index) % (2**63)
 
 
 @contextmanager
@@ -70,7 +70,7 @@ def seeded(seed: int) -> Iterator[None]:
     saved = None if in_worker else (torch.default_generator.get_state(), random.getstate(), np.random.get_state())
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+    np.random.seed(seed % (2**32))
     try:
         yield
     finally:
@@ -87,8 +87,15 @@ class GlobalOrderSampler(DistributedSampler):
     A ``DistributedSampler`` so that Composer sets its epoch at each epoch's start. Its length is the whole
     epoch's; after :meth:`resume_at` the epoch it names starts at the recorded position (once)."""
 
-    def __init__(self, length: int, global_batch: int, rank: int, world_size: int, seed: int,
-                 shard_sizes: Optional[Sequence[int]] = None):
+    def __init__(
+        self,
+        length: int,
+        global_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shard_sizes: Optional[Sequence[int]] = None,
+    ):
         if global_batch % world_size:
             raise ValueError(f"a global batch of {global_batch} cannot be split in {world_size} equal parts")
         # DistributedSampler's own attributes, which Composer and torch read (no process group needed)
@@ -117,7 +124,7 @@ class GlobalOrderSampler(DistributedSampler):
         part = self.global_batch // self.num_replicas
         for k in range(start, self.batches):
             first = k * self.global_batch + self.rank * part
-            for index in order[first:first + part].tolist():
+            for index in order[first : first + part].tolist():
                 yield index, sample_seed(self.seed, self.epoch, index), self.epoch
 
 
@@ -146,8 +153,14 @@ class OrderedSamples(Dataset):
     # -- Composer's dataset resumption (State._dataset_state_dict / _load_dataset_state) --
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict[str, Any]:
         s = self.sampler
-        return {"order": ORDER, "epoch": s.epoch, "samples": int(num_samples), "world_size": s.num_replicas,
-                "global_batch": s.global_batch, "seed": s.seed}
+        return {
+            "order": ORDER,
+            "epoch": s.epoch,
+            "samples": int(num_samples),
+            "world_size": s.num_replicas,
+            "global_batch": s.global_batch,
+            "seed": s.seed,
+        }
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
         """Continue the checkpoint's epoch at its position, with this recipe's seed (the same unless changed), on
@@ -160,7 +173,8 @@ class OrderedSamples(Dataset):
             raise RecipeError(
                 f"trainer.batch_size: the checkpoint was saved inside epoch {state.get('epoch')} with batches of "
                 f"{state.get('global_batch')}; resume with trainer.batch_size={state.get('global_batch')} (the batch "
-                "size can change at an epoch's end)")
+                "size can change at an epoch's end)"
+            )
         self.sampler.resume_at(int(state["epoch"]), int(state["samples"]))
 
 
@@ -179,7 +193,8 @@ class OrderedVisionSamples(OrderedSamples, VisionDataset):
 
 def ordered(dataset: Dataset, global_batch: int, rank: int, world_size: int, seed: int) -> OrderedSamples:
     """``dataset`` wrapped to be read in the global order (its ``shard_sizes``, if it has them, shape it)."""
-    sampler = GlobalOrderSampler(len(dataset), global_batch, rank, world_size, seed,
-                                 getattr(dataset, "shard_sizes", None))
+    sampler = GlobalOrderSampler(
+        len(dataset), global_batch, rank, world_size, seed, getattr(dataset, "shard_sizes", None)
+    )
     kind = OrderedVisionSamples if isinstance(dataset, VisionDataset) else OrderedSamples
     return kind(dataset, sampler)

@@ -33,8 +33,15 @@ FORMAT = "dlrecipes-preprocess/1"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
-def preprocess_spec(channels: str, mean: Sequence[float], std: Sequence[float], *, shorter_side: Optional[int] = None,
-                    size: Optional[Sequence[int]] = None, center_crop: Optional[Sequence[int]] = None) -> dict[str, Any]:
+def preprocess_spec(
+    channels: str,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    shorter_side: Optional[int] = None,
+    size: Optional[Sequence[int]] = None,
+    center_crop: Optional[Sequence[int]] = None,
+) -> dict[str, Any]:
     """The evaluation preprocessing of a dataset, as ``preprocess.json`` holds it."""
     if (shorter_side is None) == (size is None):
         raise ValueError("give exactly one of shorter_side and size")
@@ -138,12 +145,14 @@ def spec_problem(spec: Any) -> Optional[str]:
     from dlrecipes.errors import shown
 
     def sizes(value: Any, count: int) -> bool:
-        return isinstance(value, list) and len(value) == count and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        return (
+            isinstance(value, list)
+            and len(value) == count
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        )
 
     def numbers(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in value)
+        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
 
     if not isinstance(spec, dict):
         return f"expected a JSON object (mapping), got a {type(spec).__name__}"
@@ -153,9 +162,16 @@ def spec_problem(spec: Any) -> Optional[str]:
     if spec["channels"] not in SPEC_CHANNELS:
         return f"channels: expected one of {', '.join(SPEC_CHANNELS)}, got {shown(spec['channels'])}"
     resize = spec["resize"]
-    if not (isinstance(resize, dict) and (list(resize) == ["shorter_side"] and sizes([resize["shorter_side"]], 1)
-                                          or list(resize) == ["size"] and sizes(resize["size"], 2))):
-        return "resize: expected {\"shorter_side\": N} or {\"size\": [height, width]} with whole numbers >= 1"
+    if not (
+        isinstance(resize, dict)
+        and (
+            list(resize) == ["shorter_side"]
+            and sizes([resize["shorter_side"]], 1)
+            or list(resize) == ["size"]
+            and sizes(resize["size"], 2)
+        )
+    ):
+        return 'resize: expected {"shorter_side": N} or {"size": [height, width]} with whole numbers >= 1'
     if spec.get("center_crop") is not None and not sizes(spec["center_crop"], 2):
         return "center_crop: expected null or [height, width], whole numbers >= 1"
     if not (isinstance(spec["scale"], (int, float)) and not isinstance(spec["scale"], bool) and spec["scale"] > 0):
@@ -180,5 +196,14 @@ def image_files(paths: Sequence[str | Path]) -> list[Path]:
     return found
 
 
-__all__ = ["FORMAT", "IMAGE_SUFFIXES", "SPEC_CHANNELS", "eight_bit", "image_files", "load_image",
-           "preprocess_spec", "read_image", "spec_problem"]
+__all__ = [
+    "FORMAT",
+    "IMAGE_SUFFIXES",
+    "SPEC_CHANNELS",
+    "eight_bit",
+    "image_files",
+    "load_image",
+    "preprocess_spec",
+    "read_image",
+    "spec_problem",
+]

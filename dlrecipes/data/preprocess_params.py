@@ -23,28 +23,68 @@ from dlrecipes.core.ranges import Range, Size
 from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
-    "CROP_SIZE", "CropSize", "EVAL_CROP_SIZE", "EvalCropSize", "HFLIP", "Hflip", "IMAGENET_MEAN", "IMAGENET_STD",
-    "MEANINGS", "MIN_SCALE", "Mean", "MinScale", "meaning", "RESIZE_RATIO", "RESIZE_SIZE", "ResizeRatio", "ResizeSize",
-    "SHARED", "Std", "shared_meanings",
+    "CROP_SIZE",
+    "CropSize",
+    "EVAL_CROP_SIZE",
+    "EvalCropSize",
+    "HFLIP",
+    "Hflip",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "MEANINGS",
+    "MIN_SCALE",
+    "Mean",
+    "MinScale",
+    "meaning",
+    "RESIZE_RATIO",
+    "RESIZE_SIZE",
+    "ResizeRatio",
+    "ResizeSize",
+    "SHARED",
+    "Std",
+    "shared_meanings",
 ]
 
 # Sides in pixels: at least 1, at most core.ranges.Size's 8192 (a typo such as 22400 is refused, not allocated).
-CropSize = Annotated[Size, Doc(
-    "side in pixels of the square training crop (a random-resized crop), and so of the images the model is "
-    "built for; evaluation crops the same size unless eval_crop_size is set.")]
-ResizeSize = Annotated[Size, Doc(
-    "pixels evaluation resizes each image's shorter side to before its centre crop (256 with a 224 crop keeps the "
-    "central 87.5% of the side); also the side of tensor-cache images unless trainer.cache_size is set.")]
+CropSize = Annotated[
+    Size,
+    Doc(
+        "side in pixels of the square training crop (a random-resized crop), and so of the images the model is "
+        "built for; evaluation crops the same size unless eval_crop_size is set."
+    ),
+]
+ResizeSize = Annotated[
+    Size,
+    Doc(
+        "pixels evaluation resizes each image's shorter side to before its centre crop (256 with a 224 crop keeps the "
+        "central 87.5% of the side); also the side of tensor-cache images unless trainer.cache_size is set."
+    ),
+]
 # null: the training crop size.  Union[None, int] (not Optional[int]) so that the type reads "null or int >= 1".
-EvalCropSize = Annotated[Union[None, int], Range(1, 8192), Doc(
-    "side in pixels of the square centre crop evaluation takes (and exports expect); null: crop_size, a larger value "
-    "evaluates at a higher resolution than training (FixRes).")]
-MinScale = Annotated[float, Range(0, 1, low_open=True), Doc(
-    "smallest share of an image's area a training crop covers (random-resized crop area drawn from "
-    "[min_scale, 1]); 1 crops the whole image every time, the default 0.08 is Inception's.")]
-ResizeRatio = Annotated[float, Range(0, 1, low_open=True), Doc(
-    "evaluation centre crop as a share of each image's shorter side, resized to the crop size; the default 0.875 "
-    "is image_folder's 224 of 256, 1 keeps the whole shorter side.")]
+EvalCropSize = Annotated[
+    Union[None, int],
+    Range(1, 8192),
+    Doc(
+        "side in pixels of the square centre crop evaluation takes (and exports expect); null: crop_size, a larger value "
+        "evaluates at a higher resolution than training (FixRes)."
+    ),
+]
+MinScale = Annotated[
+    float,
+    Range(0, 1, low_open=True),
+    Doc(
+        "smallest share of an image's area a training crop covers (random-resized crop area drawn from "
+        "[min_scale, 1]); 1 crops the whole image every time, the default 0.08 is Inception's."
+    ),
+]
+ResizeRatio = Annotated[
+    float,
+    Range(0, 1, low_open=True),
+    Doc(
+        "evaluation centre crop as a share of each image's shorter side, resized to the crop size; the default 0.875 "
+        "is image_folder's 224 of 256, 1 keeps the whole shorter side."
+    ),
+]
 # Per-channel values of pixels scaled to [0, 1]: a mean of 123.7 or a std of 58.4 (0..255 scale) is refused.
 PixelMean = Annotated[float, Range(0, 1)]
 PixelStd = Annotated[float, Range(0, 1, low_open=True)]
@@ -63,7 +103,7 @@ MEANINGS = {  # the shared parameters whose types carry no Doc (see the module's
     "hflip": "flip each training image left-right with probability 0.5 (evaluation never flips); false: no flips.",
     "mean": "per-channel (R, G, B) mean subtracted from pixels scaled to [0, 1]; the default is ImageNet's.",
     "std": "per-channel (R, G, B) standard deviation that pixels scaled to [0, 1] are divided by, after the mean "
-           "is subtracted; the default is ImageNet's.",
+    "is subtracted; the default is ImageNet's.",
 }
 
 # name -> (type, default): what a factory taking the name declares

@@ -14,8 +14,17 @@ from __future__ import annotations
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Classes, Size
 from dlrecipes.data.preprocess_params import CROP_SIZE, RESIZE_SIZE
-from dlrecipes.data.dataset_params import (CifarAugment, CifarDownload, CifarFlip, CifarPadding, CifarPaddingMode,
-                                           CifarSize, DigitsAugment, EvalFraction, SplitSeed)
+from dlrecipes.data.dataset_params import (
+    CifarAugment,
+    CifarDownload,
+    CifarFlip,
+    CifarPadding,
+    CifarPaddingMode,
+    CifarSize,
+    DigitsAugment,
+    EvalFraction,
+    SplitSeed,
+)
 from dlrecipes.data.image_factories import ffcv, hf, image_folder, imagenet, shards
 from dlrecipes.data.source_sizes import folder_side, hf_side
 from dlrecipes.registry import datasets
@@ -31,6 +40,7 @@ def _crop_side(params: dict) -> int:
 def _folder_classes(path_key: str):
     """``classes=`` metadata of an image-folder dataset: its class folders, counted when the folder exists
     (one listing, no image read), else unknown."""
+
     def count(params: dict):
         from pathlib import Path
 
@@ -63,10 +73,17 @@ def _check_eval_sizes(params: dict, path: str) -> None:
         )
 
 
-@datasets.register("digits", in_memory=True, image_side=lambda p: p["image_size"], classes=lambda p: 10,
-                   channels=lambda p: 1, held_samples=lambda p: DIGITS_SAMPLES)
-def digits(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2,
-           split_seed: SplitSeed = 0):
+@datasets.register(
+    "digits",
+    in_memory=True,
+    image_side=lambda p: p["image_size"],
+    classes=lambda p: 10,
+    channels=lambda p: 1,
+    held_samples=lambda p: DIGITS_SAMPLES,
+)
+def digits(
+    image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2, split_seed: SplitSeed = 0
+):
     """Embedded handwritten digits (1,797 real 8x8 scans, upsampled; no download needed).
 
     Args:
@@ -78,8 +95,9 @@ def digits(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: 
     return build_digits(image_size, augment, eval_fraction, split_seed)
 
 
-@datasets.register("mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10,
-                   channels=lambda p: 1)
+@datasets.register(
+    "mnist", in_memory=True, paths=("root",), image_side=lambda p: 28, classes=lambda p: 10, channels=lambda p: 1
+)
 def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False):
     """MNIST handwritten digits, 28x28 (torchvision; downloads when online).
 
@@ -94,11 +112,23 @@ def mnist(root: str = "data/mnist", download: bool = True, augment: bool = False
     return build_mnist(root, download, augment)
 
 
-@datasets.register("cifar10", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
-                   classes=lambda p: 10, channels=lambda p: 3)
-def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment: CifarAugment = True,
-            image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
-            flip: CifarFlip = "random"):
+@datasets.register(
+    "cifar10",
+    in_memory=True,
+    paths=("root",),
+    image_side=lambda p: p["image_size"],
+    classes=lambda p: 10,
+    channels=lambda p: 3,
+)
+def cifar10(
+    root: str = "data/cifar10",
+    download: CifarDownload = True,
+    augment: CifarAugment = True,
+    image_size: CifarSize = 32,
+    crop_padding: CifarPadding = 4,
+    padding_mode: CifarPaddingMode = "zeros",
+    flip: CifarFlip = "random",
+):
     """CIFAR-10, 32x32 colour, 10 classes; random crop (pad crop_padding, default 4) + flip when augment.
 
     image_size resizes the (augmented) images for networks built for larger inputs, on the GPU with
@@ -111,15 +141,28 @@ def cifar10(root: str = "data/cifar10", download: CifarDownload = True, augment:
     from dlrecipes.data.torchvision_sets import CIFAR10, build_cifar
     from dlrecipes.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 
-    return build_cifar(root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size,
-                       (crop_padding, padding_mode, flip))
+    return build_cifar(
+        root, CIFAR10, download, augment, CIFAR10_MEAN, CIFAR10_STD, image_size, (crop_padding, padding_mode, flip)
+    )
 
 
-@datasets.register("cifar100", in_memory=True, paths=("root",), image_side=lambda p: p["image_size"],
-                   classes=lambda p: 100, channels=lambda p: 3)
-def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augment: CifarAugment = True,
-             image_size: CifarSize = 32, crop_padding: CifarPadding = 4, padding_mode: CifarPaddingMode = "zeros",
-             flip: CifarFlip = "random"):
+@datasets.register(
+    "cifar100",
+    in_memory=True,
+    paths=("root",),
+    image_side=lambda p: p["image_size"],
+    classes=lambda p: 100,
+    channels=lambda p: 3,
+)
+def cifar100(
+    root: str = "data/cifar100",
+    download: CifarDownload = True,
+    augment: CifarAugment = True,
+    image_size: CifarSize = 32,
+    crop_padding: CifarPadding = 4,
+    padding_mode: CifarPaddingMode = "zeros",
+    flip: CifarFlip = "random",
+):
     """CIFAR-100, 32x32 colour, 100 classes; random crop (pad crop_padding) + flip when augment; as cifar10.
 
     Args:
@@ -129,35 +172,82 @@ def cifar100(root: str = "data/cifar100", download: CifarDownload = True, augmen
     from dlrecipes.data.torchvision_sets import CIFAR100, build_cifar
     from dlrecipes.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
-    return build_cifar(root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size,
-                       (crop_padding, padding_mode, flip))
+    return build_cifar(
+        root, CIFAR100, download, augment, CIFAR100_MEAN, CIFAR100_STD, image_size, (crop_padding, padding_mode, flip)
+    )
 
 
 # datasets read from image files, decoded and transformed as image folders are, their factories in .image_factories
-datasets.add("image_folder", image_folder, pil_images=True, paths=("train_path", "val_path"), image_side=_crop_side,
-             validator=_check_eval_sizes, source_side=lambda p: folder_side(p.get("train_path")),
-             classes=_folder_classes("train_path"), channels=lambda p: 3)
-datasets.add("imagenet", imagenet, pil_images=True, paths=("root", "class_list"), image_side=_crop_side,
-             validator=_check_eval_sizes, classes=_imagenet_classes,
-             source_side=lambda p: folder_side(f"{p.get('root')}/train"), channels=lambda p: 3)
+datasets.add(
+    "image_folder",
+    image_folder,
+    pil_images=True,
+    paths=("train_path", "val_path"),
+    image_side=_crop_side,
+    validator=_check_eval_sizes,
+    source_side=lambda p: folder_side(p.get("train_path")),
+    classes=_folder_classes("train_path"),
+    channels=lambda p: 3,
+)
+datasets.add(
+    "imagenet",
+    imagenet,
+    pil_images=True,
+    paths=("root", "class_list"),
+    image_side=_crop_side,
+    validator=_check_eval_sizes,
+    classes=_imagenet_classes,
+    source_side=lambda p: folder_side(f"{p.get('root')}/train"),
+    channels=lambda p: 3,
+)
 datasets.add_variant(
-    "imagenet100", of="imagenet", subset="imagenet100",
+    "imagenet100",
+    of="imagenet",
+    subset="imagenet100",
     description="ImageNet restricted to the 100 CMC synsets (shipped list, or your own class_list file).",
 )
-datasets.add("hf", hf, pil_images=True, image_side=_crop_side, validator=_check_eval_sizes, source_side=hf_side,
-             channels=lambda p: 3)
-datasets.add("ffcv", ffcv, paths=("train_path", "val_path"), image_side=_crop_side, made_by=(
-    "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
-    "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"), channels=lambda p: 3)
-datasets.add("shards", shards, image_side=_crop_side, validator=_check_eval_sizes, made_by=(
-    "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), e.g. dlrecipes data "
-    "convert image_folder train_path=data/pets/train val_path=data/pets/val --format shards --out s3://bucket/pets"),
-    channels=lambda p: 3)
+datasets.add(
+    "hf",
+    hf,
+    pil_images=True,
+    image_side=_crop_side,
+    validator=_check_eval_sizes,
+    source_side=hf_side,
+    channels=lambda p: 3,
+)
+datasets.add(
+    "ffcv",
+    ffcv,
+    paths=("train_path", "val_path"),
+    image_side=_crop_side,
+    made_by=(
+        "dlrecipes data convert DATASET PARAMS --out FOLDER (docs/fast-data-loading.md), e.g. dlrecipes data convert "
+        "imagenet100 root=data/imagenet --out data/imagenet100_ffcv"
+    ),
+    channels=lambda p: 3,
+)
+datasets.add(
+    "shards",
+    shards,
+    image_side=_crop_side,
+    validator=_check_eval_sizes,
+    made_by=(
+        "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), e.g. dlrecipes data "
+        "convert image_folder train_path=data/pets/train val_path=data/pets/val --format shards --out s3://bucket/pets"
+    ),
+    channels=lambda p: 3,
+)
 
 
-@datasets.register("synthetic", in_memory=True, image_side=lambda p: min(p["input_shape"][1:]),
-                   classes=lambda p: p["num_classes"], pixels=False, channels=lambda p: p["input_shape"][0],
-                   held_samples=lambda p: p["train_samples"] + p["eval_samples"])
+@datasets.register(
+    "synthetic",
+    in_memory=True,
+    image_side=lambda p: min(p["input_shape"][1:]),
+    classes=lambda p: p["num_classes"],
+    pixels=False,
+    channels=lambda p: p["input_shape"][0],
+    held_samples=lambda p: p["train_samples"] + p["eval_samples"],
+)
 def synthetic(
     num_classes: Classes = 10,
     input_shape: tuple[int, int, int] = (3, 32, 32),
@@ -189,8 +279,9 @@ def _digits_two_view_io(params: dict):
 
 
 @datasets.register("digits_two_view", io=_digits_two_view_io)
-def digits_two_view(image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2,
-                    split_seed: SplitSeed = 0):
+def digits_two_view(
+    image_size: Size = 28, augment: DigitsAugment = True, eval_fraction: EvalFraction = 0.2, split_seed: SplitSeed = 0
+):
     """Embedded digits cut into left and right halves (two inputs) -> digit and parity (two outputs).
 
     Args:
@@ -244,4 +335,3 @@ def synthetic_multi_io(
     return build_synthetic_multi_io(
         list(inputs), tuple(input_shape), dict(classes), list(regression), train_samples, eval_samples, noise, seed
     )
-

@@ -30,8 +30,18 @@ META = "dlrecipes-shards.json"  # written last: its presence says the conversion
 SPLITS = ("train", "val")
 FORMAT = {"library": "litdata", "version": 1}
 INSTALL_HINT = "pip install 'dlrecipes[shards]' (litdata)"
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-         "GIB": 2**30, "TIB": 2**40}
+UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_bytes(value: Any, key_path: str) -> int:
@@ -40,14 +50,16 @@ def parse_bytes(value: Any, key_path: str) -> int:
         return value
     text = str(value).strip().upper().replace(" ", "")
     number = text.rstrip("KMGTIB")
-    unit = text[len(number):]
+    unit = text[len(number) :]
     try:
         amount = float(number) * UNITS[unit]
     except (ValueError, KeyError):
         amount = 0
     if amount < 1:
-        raise UserError(f"{key_path}: {value!r} is no size: give bytes (an integer) or a number with a unit, such as "
-                        "10GB, 512MB or 2GiB")
+        raise UserError(
+            f"{key_path}: {value!r} is no size: give bytes (an integer) or a number with a unit, such as "
+            "10GB, 512MB or 2GiB"
+        )
     return int(amount)
 
 
@@ -73,8 +85,10 @@ class ShardsPlace:
         """The one line for a bucket that refused a read (wrong credentials, most often)."""
         code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code", ""))
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return UserError(f"{self.key_path}: {self.address}: access denied with the credentials found ({code}; check "
-                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
+            return UserError(
+                f"{self.key_path}: {self.address}: access denied with the credentials found ({code}; check "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+            )
         first = first_line(exc, 200, "")
         return UserError(f"{self.key_path}: {self.address}: the bucket refused a read ({type(exc).__name__}: {first})")
 
@@ -113,15 +127,18 @@ def read_meta(place: ShardsPlace) -> dict:
     not finish) or it is not one."""
     data = place.read(META)
     if data is None:
-        raise DataError(f"{place.key_path}: no shards dataset at {place.address} ({META} missing: nothing was "
-                        "converted there, or the conversion did not finish; write it with dlrecipes data convert "
-                        "SOURCE --format shards --out ADDRESS)")
+        raise DataError(
+            f"{place.key_path}: no shards dataset at {place.address} ({META} missing: nothing was "
+            "converted there, or the conversion did not finish; write it with dlrecipes data convert "
+            "SOURCE --format shards --out ADDRESS)"
+        )
     try:
         meta = json.loads(data)
         assert meta["format"]["library"] == FORMAT["library"] and all(meta["splits"][s]["shards"] for s in SPLITS)
     except (ValueError, KeyError, TypeError, AssertionError):
-        raise DataError(f"{place.key_path}: {place.url(META)} is not a dlrecipes shards index; convert the dataset "
-                        "again") from None
+        raise DataError(
+            f"{place.key_path}: {place.url(META)} is not a dlrecipes shards index; convert the dataset again"
+        ) from None
     return meta
 
 
@@ -134,13 +151,17 @@ def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_l
         size = found.get(shard["file"])
         if size != shard["bytes"]:
             what = "is missing" if size is None else f"is {size:,} bytes where its index says {shard['bytes']:,}"
-            raise DataError(f"{place.key_path}: shard {place.url(split, shard['file'])} (samples {start}-{end - 1} of "
-                            f"{split}) {what}: truncated or damaged; convert the dataset again")
+            raise DataError(
+                f"{place.key_path}: shard {place.url(split, shard['file'])} (samples {start}-{end - 1} of "
+                f"{split}) {what}: truncated or damaged; convert the dataset again"
+            )
         start = end
     largest = max(shard["bytes"] for shard in shards)
     if cache_limit is not None and place.bucket is not None and cache_limit < largest:
-        raise DataError(f"dataset.cache_limit: {cache_limit:,} bytes is smaller than one shard of {place.address} "
-                        f"({largest:,} bytes, {split}); give at least {largest:,} (a few shards' worth streams better)")
+        raise DataError(
+            f"dataset.cache_limit: {cache_limit:,} bytes is smaller than one shard of {place.address} "
+            f"({largest:,} bytes, {split}); give at least {largest:,} (a few shards' worth streams better)"
+        )
 
 
 class ShardsDataset:
@@ -148,8 +169,15 @@ class ShardsDataset:
     shards into the local cache, evicted beyond ``cache_limit``); ``shard_sizes``: samples per shard, in index order
     (a sampler can visit shards whole)."""
 
-    def __init__(self, place: ShardsPlace, split: str, shards: Sequence[dict], transform: Optional[Callable],
-                 cache_dir: Optional[str], cache_limit: Optional[int]):
+    def __init__(
+        self,
+        place: ShardsPlace,
+        split: str,
+        shards: Sequence[dict],
+        transform: Optional[Callable],
+        cache_dir: Optional[str],
+        cache_limit: Optional[int],
+    ):
         self.url, self.split, self.key_path = place.url(split), split, place.key_path
         self.shards = [dict(shard) for shard in shards]
         self.shard_sizes = [int(shard["samples"]) for shard in shards]
@@ -195,16 +223,20 @@ class ShardsDataset:
         except ChunkWaitTimeoutError:
             shard, first, last = self.shard_of(index)
             wait = os.environ.get("MAX_WAIT_TIME", "120")
-            raise DataError(f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) did not arrive "
-                            f"within {wait} s (litdata's MAX_WAIT_TIME): the bucket stopped answering; the run's "
-                            "checkpoints are kept: --resume when it answers again") from None
+            raise DataError(
+                f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) did not arrive "
+                f"within {wait} s (litdata's MAX_WAIT_TIME): the bucket stopped answering; the run's "
+                "checkpoints are kept: --resume when it answers again"
+            ) from None
         except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
             raise self.damaged(index, exc) from None
 
     def where(self, index: int) -> str:
         """Sample ``index`` in an error line: its shard and the shard's samples."""
         shard, first, last = self.shard_of(index)
-        return f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at sample {index}"
+        return (
+            f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) cannot be read at sample {index}"
+        )
 
     def damaged(self, index: int, exc: BaseException) -> DataError:
         from dlrecipes.data.jpeg import damaged_in_shard
@@ -212,7 +244,9 @@ class ShardsDataset:
         reason = first_line(exc, 160)
         return damaged_in_shard(self.where(index), f"{type(exc).__name__}: {reason}")
 
-    turbo = None  # a transform of the stored bytes (dlrecipes.data.jpeg, device_decode): while ``transform`` is as built
+    turbo = (
+        None  # a transform of the stored bytes (dlrecipes.data.jpeg, device_decode): while ``transform`` is as built
+    )
     device_decode = None  # decode: device: (size, mean, std, bad_images, key) of the batches' decoder
 
     def __getitem__(self, index: int):
@@ -258,9 +292,19 @@ def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
     return place, meta, limit
 
 
-def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_size: int, resize_size: int,
-                 eval_crop_size: Optional[int], min_scale: float, hflip: bool, mean: Sequence[float],
-                 std: Sequence[float], decode: str = "turbo") -> DatasetSplits:
+def build_shards(
+    remote: str,
+    cache_dir: Optional[str],
+    cache_limit: Any,
+    crop_size: int,
+    resize_size: int,
+    eval_crop_size: Optional[int],
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+    decode: str = "turbo",
+) -> DatasetSplits:
     """Both splits of the shards dataset at ``remote``, with image folders' transforms, decoding (``decode``: turbo,
     device or pil, as image folders') and preprocessing."""
     from dlrecipes.data.preprocess import preprocess_spec
@@ -276,20 +320,35 @@ def build_shards(remote: str, cache_dir: Optional[str], cache_limit: Any, crop_s
         return ShardsDataset(place, split, meta["splits"][split]["shards"], transform, cache_dir, limit)
 
     made = {split: dataset(split) for split in SPLITS}
-    set_decoding(made["train"], made["val"], decode, crop_size, eval_crop_size, resize_size, min_scale, hflip, mean,
-                 std)
+    set_decoding(
+        made["train"], made["val"], decode, crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std
+    )
     classes = list(meta["class_names"])
     return DatasetSplits(
-        train=made["train"], eval=made["val"], num_classes=len(classes), input_shape=(len(mean), crop_size, crop_size),
+        train=made["train"],
+        eval=made["val"],
+        num_classes=len(classes),
+        input_shape=(len(mean), crop_size, crop_size),
         class_names=classes,
         augment=crop_settings(crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std),
-        preprocess=preprocess_spec("RGB", mean, std, shorter_side=resize_size,
-                                   center_crop=(eval_crop_size, eval_crop_size)),
+        preprocess=preprocess_spec(
+            "RGB", mean, std, shorter_side=resize_size, center_crop=(eval_crop_size, eval_crop_size)
+        ),
     )
 
 
-def set_decoding(train: ShardsDataset, val: ShardsDataset, decode: str, crop_size: int, eval_crop_size: int,
-                 resize_size: int, min_scale: float, hflip: bool, mean: Sequence[float], std: Sequence[float]) -> None:
+def set_decoding(
+    train: ShardsDataset,
+    val: ShardsDataset,
+    decode: str,
+    crop_size: int,
+    eval_crop_size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> None:
     """Each split decoded as image folders are: by libjpeg-turbo in the workers (``turbo``), in batches on the
     training device after the workers drew the crops (``device``), or by PIL (``pil``, the transforms as built)."""
     from dlrecipes.data.device_decode import split_decoder

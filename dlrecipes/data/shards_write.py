@@ -98,8 +98,9 @@ class EncodedImages:
                 image = image.convert("RGB")
                 if larger:  # the longer side to max_side, the other in proportion (FFCV's rounding)
                     ratio = self.max_side / max(image.size)
-                    image = image.resize((max(1, int(image.width * ratio)), max(1, int(image.height * ratio))),
-                                         Image.Resampling.LANCZOS)
+                    image = image.resize(
+                        (max(1, int(image.width * ratio)), max(1, int(image.height * ratio))), Image.Resampling.LANCZOS
+                    )
                 out = io.BytesIO()
                 image.save(out, format="JPEG", quality=self.quality or 90)
                 return out.getvalue(), label
@@ -129,8 +130,10 @@ def write_split(source: EncodedImages, folder: Path, shard_bytes: int) -> list[d
     writer.done()
     writer.merge()
     chunks = json.loads((folder / "index.json").read_text())["chunks"]
-    return [{"file": c["filename"], "samples": int(c["chunk_size"]), "bytes": (folder / c["filename"]).stat().st_size}
-            for c in chunks]
+    return [
+        {"file": c["filename"], "samples": int(c["chunk_size"]), "bytes": (folder / c["filename"]).stat().st_size}
+        for c in chunks
+    ]
 
 
 def existing(place: ShardsPlace) -> bool:
@@ -140,8 +143,9 @@ def existing(place: ShardsPlace) -> bool:
     return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
 
-def write_shards(splits: DatasetSplits, out: str, options: ShardsOptions, echo: Callable[[str], None] = print
-                 ) -> list[ShardsReport]:
+def write_shards(
+    splits: DatasetSplits, out: str, options: ShardsOptions, echo: Callable[[str], None] = print
+) -> list[ShardsReport]:
     """Both splits of a built dataset (a :class:`~dlrecipes.data.splits.DatasetSplits`) as shards at ``out``."""
     import_litdata()
     place = ShardsPlace(out, "--out")
@@ -154,17 +158,30 @@ def write_shards(splits: DatasetSplits, out: str, options: ShardsOptions, echo: 
         meta = {"format": FORMAT, "class_names": list(splits.class_names or range(splits.num_classes)), "splits": {}}
         reports = []
         for split, dataset in zip(SPLITS, (splits.train, splits.eval)):
-            source, started = EncodedImages(dataset, options.reencode_quality, options.max_resolution), time.perf_counter()
+            source, started = (
+                EncodedImages(dataset, options.reencode_quality, options.max_resolution),
+                time.perf_counter(),
+            )
             echo(f"writing {split}: {source.count} images -> {place.url(split)}")
             shards = write_split(source, Path(tmp, split), options.shard_bytes)
             meta["splits"][split] = {"samples": source.count, "shards": shards}
-            reports.append(ShardsReport(split, place.url(split), source.count, len(shards),
-                                        sum(s["bytes"] for s in shards), time.perf_counter() - started))
+            reports.append(
+                ShardsReport(
+                    split,
+                    place.url(split),
+                    source.count,
+                    len(shards),
+                    sum(s["bytes"] for s in shards),
+                    time.perf_counter() - started,
+                )
+            )
         Path(tmp, META).write_text(json.dumps(meta, indent=1))
         publish(place, Path(tmp), options.overwrite)
     for report in reports:
-        echo(f"  {report.split}: {report.samples} samples in {report.shards} shards, {report.bytes / 2**20:.1f} MiB, "
-             f"{report.seconds:.1f}s")
+        echo(
+            f"  {report.split}: {report.samples} samples in {report.shards} shards, {report.bytes / 2**20:.1f} MiB, "
+            f"{report.seconds:.1f}s"
+        )
     echo(f"train from it with dataset.name=shards dataset.remote={place.address}")
     return reports
 

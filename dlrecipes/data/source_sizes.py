@@ -54,8 +54,9 @@ def hf_side(params: dict) -> Optional[tuple[int, str]]:
     try:
         from dlrecipes.data.hf_dataset import load_splits, pick_split
 
-        split, table = pick_split(load_splits(path, params.get("config")), params.get("split", "train"),
-                                  "dataset.split", path)
+        split, table = pick_split(
+            load_splits(path, params.get("config")), params.get("split", "train"), "dataset.split", path
+        )
         image = table[0][params.get("image_column", "image")]
         return min(image.size), f"{path} ({split}[0])"
     except Exception:  # whatever is wrong with it, building the data says so, in one line
@@ -79,6 +80,8 @@ def upsampling_notes(config: RecipeConfig) -> list[str]:
     if found is None or crop <= UPSAMPLE_FACTOR * found[0]:
         return []
     side, where = found
-    return [f"warning: dataset.crop_size={crop} is {crop / side:.0f}x the source images' side ({side} px, {where}): "
-            f"each image is upsampled, which costs time and adds no detail; set dataset.crop_size (and "
-            f"resize_size) near {side}"]
+    return [
+        f"warning: dataset.crop_size={crop} is {crop / side:.0f}x the source images' side ({side} px, {where}): "
+        f"each image is upsampled, which costs time and adds no detail; set dataset.crop_size (and "
+        f"resize_size) near {side}"
+    ]

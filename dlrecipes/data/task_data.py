@@ -44,13 +44,17 @@ def build_digits_two_view(image_size: int, augment: bool, eval_fraction: float, 
 
     io = digits_two_view_io(image_size)
     return DatasetSplits(
-        train=two_view(single.train), eval=two_view(single.eval), num_classes=0,
-        input_shape=io.inputs["left"], io=io,
+        train=two_view(single.train),
+        eval=two_view(single.eval),
+        num_classes=0,
+        input_shape=io.inputs["left"],
+        io=io,
     )
 
 
-def synthetic_multi_io_io(inputs: list[str], input_shape: tuple[int, ...], classes: dict[str, int],
-                          regression: list[str]) -> DataIO:
+def synthetic_multi_io_io(
+    inputs: list[str], input_shape: tuple[int, ...], classes: dict[str, int], regression: list[str]
+) -> DataIO:
     from dlrecipes.errors import RecipeError
 
     if not inputs:
@@ -74,8 +78,14 @@ def synthetic_multi_io_io(inputs: list[str], input_shape: tuple[int, ...], class
 
 
 def build_synthetic_multi_io(
-    inputs: list[str], input_shape: tuple[int, ...], classes: dict[str, int], regression: list[str],
-    train_samples: int, eval_samples: int, noise: float, seed: int,
+    inputs: list[str],
+    input_shape: tuple[int, ...],
+    classes: dict[str, int],
+    regression: list[str],
+    train_samples: int,
+    eval_samples: int,
+    noise: float,
+    seed: int,
 ) -> DatasetSplits:
     """Labels and values drawn at random; each adds a fixed random pattern to every input, plus noise.
 

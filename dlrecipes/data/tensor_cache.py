@@ -84,8 +84,11 @@ def _decode(args: tuple[int, int]) -> np.ndarray:
 def cache_files(cache_dir: Path, split: str, size: int) -> dict[str, Path]:
     """A split's cache files: ``images`` (N x size x size x 3 uint8), ``labels`` (int64) and ``fingerprint`` (the
     source's :meth:`cache_fingerprint` as it was decoded, what says whether the cache is up to date)."""
-    return {"images": cache_dir / f"{split}-{size}.npy", "labels": cache_dir / f"{split}-{size}.labels.npy",
-            "fingerprint": cache_dir / f"{split}-{size}.json"}
+    return {
+        "images": cache_dir / f"{split}-{size}.npy",
+        "labels": cache_dir / f"{split}-{size}.labels.npy",
+        "fingerprint": cache_dir / f"{split}-{size}.json",
+    }
 
 
 def cache_is_current(source, cache_dir: Path, split: str, size: int) -> bool:
@@ -94,8 +97,11 @@ def cache_is_current(source, cache_dir: Path, split: str, size: int) -> bool:
 
 
 def _holds(files: dict[str, Path], fingerprint: dict) -> bool:
-    return (files["images"].exists() and files["fingerprint"].exists()
-            and json.loads(files["fingerprint"].read_text()) == fingerprint)
+    return (
+        files["images"].exists()
+        and files["fingerprint"].exists()
+        and json.loads(files["fingerprint"].read_text()) == fingerprint
+    )
 
 
 def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2, rebuild: bool = False) -> Path:
@@ -131,7 +137,10 @@ def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2
 
 
 def random_resized_crop(
-    images: torch.Tensor, size: int, scale: tuple[float, float], generator: torch.Generator,
+    images: torch.Tensor,
+    size: int,
+    scale: tuple[float, float],
+    generator: torch.Generator,
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> torch.Tensor:
     """Per-sample random-resized crops of an NCHW batch, each resized to ``size`` (dtype kept).
@@ -146,16 +155,25 @@ def random_resized_crop(
     top = (torch.rand(n, generator=generator) * (h - ch + 1)).long()
     left = (torch.rand(n, generator=generator) * (w - cw + 1)).long()
     crops = [
-        F.interpolate(images[i : i + 1, :, t : t + c_h, x : x + c_w], size=(size, size), mode="bilinear",
-                      align_corners=False, antialias=True)
+        F.interpolate(
+            images[i : i + 1, :, t : t + c_h, x : x + c_w],
+            size=(size, size),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
         for i, (t, x, c_h, c_w) in enumerate(zip(top.tolist(), left.tolist(), ch.tolist(), cw.tolist()))
     ]
     return torch.cat(crops)
 
 
 def random_resized_crop_on_device(
-    images: torch.Tensor, size: int, scale: tuple[float, float], generator: Optional[torch.Generator],
-    ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = False,
+    images: torch.Tensor,
+    size: int,
+    scale: tuple[float, float],
+    generator: Optional[torch.Generator],
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    hflip: bool = False,
 ) -> torch.Tensor:
     """Random-resized crops (and flips) of a whole NCHW batch in one resampling, as float32.
 
@@ -195,8 +213,15 @@ def center_crop(images: torch.Tensor, size: int, resize_ratio: float) -> torch.T
     return x[:, :, start : start + size, start : start + size]
 
 
-def crop_batch(images: torch.Tensor, generator: torch.Generator, train: bool, size: int, min_scale: float,
-               resize_ratio: float, hflip: bool) -> torch.Tensor:
+def crop_batch(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    train: bool,
+    size: int,
+    min_scale: float,
+    resize_ratio: float,
+    hflip: bool,
+) -> torch.Tensor:
     """uint8 NCHW in, uint8 NCHW (size x size) out: random-resized crop + flip, or centre crop."""
     if not train:
         return center_crop(images, size, resize_ratio)
@@ -217,8 +242,15 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     return images.to(torch.float32, memory_format=torch.channels_last).mul_(scale).add_(shift)
 
 
-def crop_on_device(images: torch.Tensor, generator: Optional[torch.Generator], train: bool, size: int,
-                   min_scale: float, resize_ratio: float, hflip: bool) -> torch.Tensor:
+def crop_on_device(
+    images: torch.Tensor,
+    generator: Optional[torch.Generator],
+    train: bool,
+    size: int,
+    min_scale: float,
+    resize_ratio: float,
+    hflip: bool,
+) -> torch.Tensor:
     """What :func:`crop_batch` does, for a batch on the training device: float NCHW out, 0-255."""
     if not train:
         return center_crop(images, size, resize_ratio).float()
@@ -229,9 +261,19 @@ class CachedBatches(Dataset):
     """Item ``(epoch, i)`` is batch ``i`` of that epoch: uint8 rows from the memory map, cropped
     here (in a worker) when ``crop`` is given, else left for the device."""
 
-    def __init__(self, images_path: Path, labels_path: Path, batch_size: int, train: bool, seed: int,
-                 rank: int, world_size: int, crop: Optional[dict] = None,
-                 mean: Sequence[float] = (0.0,), std: Sequence[float] = (1.0,)):
+    def __init__(
+        self,
+        images_path: Path,
+        labels_path: Path,
+        batch_size: int,
+        train: bool,
+        seed: int,
+        rank: int,
+        world_size: int,
+        crop: Optional[dict] = None,
+        mean: Sequence[float] = (0.0,),
+        std: Sequence[float] = (1.0,),
+    ):
         self.images_path, self.labels = images_path, np.load(labels_path)
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
@@ -290,16 +332,29 @@ class TensorCacheLoader:
 
     fixed_batches = True  # batch i holds min(batch_size, num_samples - i * batch_size) samples (the engine)
 
-    def __init__(self, batches: CachedBatches, num_workers: int, device: torch.device, crop: dict,
-                 mean: Sequence[float], std: Sequence[float]):
+    def __init__(
+        self,
+        batches: CachedBatches,
+        num_workers: int,
+        device: torch.device,
+        crop: dict,
+        mean: Sequence[float],
+        std: Sequence[float],
+    ):
         self.batches = batches
         self.device = device
         self.crop = crop
         self.mean = torch.tensor(mean).view(1, -1, 1, 1).to(device)  # once: on the device for every batch
         self.std = torch.tensor(std).view(1, -1, 1, 1).to(device)
         self.sampler = _EpochBatches(batches)
-        self.loader = DataLoader(batches, batch_size=None, sampler=self.sampler, num_workers=num_workers,
-                                 persistent_workers=num_workers > 0, pin_memory=device.type == "cuda")
+        self.loader = DataLoader(
+            batches,
+            batch_size=None,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            pin_memory=device.type == "cuda",
+        )
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -327,8 +382,10 @@ def default_cache_dir(dataset) -> Path:
     """``.dlrecipes-cache`` beside an image folder's split folders, or in the folder of a dataset's own files."""
     home = dataset.cache_home() if hasattr(dataset, "cache_home") else Path(dataset.root).resolve().parent
     if home is None:
-        raise DataError("trainer.cache_dir: this dataset is held in memory, with no folder to cache beside; "
-                        "set trainer.cache_dir to a folder for the tensor cache")
+        raise DataError(
+            "trainer.cache_dir: this dataset is held in memory, with no folder to cache beside; "
+            "set trainer.cache_dir to a folder for the tensor cache"
+        )
     return home / ".dlrecipes-cache"
 
 
@@ -344,11 +401,25 @@ def cache_split(train: bool) -> str:
     return "train" if train else "val"
 
 
-def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: torch.device, num_workers: int,
-                              seed: int, rank: int, world_size: int, cache_dir: Optional[Path],
-                              cache_size: Optional[int], crop_size: int, eval_crop_size: int, resize_size: int,
-                              min_scale: float, hflip: bool, mean: Sequence[float],
-                              std: Sequence[float]) -> TensorCacheLoader:
+def build_tensor_cache_loader(
+    dataset,
+    batch_size: int,
+    train: bool,
+    device: torch.device,
+    num_workers: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    cache_dir: Optional[Path],
+    cache_size: Optional[int],
+    crop_size: int,
+    eval_crop_size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> TensorCacheLoader:
     """Cache ``dataset`` (an ImageFolder, or see :func:`image_source`) next to its data (or in ``cache_dir``)
     and load from the cache.
 
@@ -360,6 +431,16 @@ def build_tensor_cache_loader(dataset, batch_size: int, train: bool, device: tor
     images_path = build_cache(dataset, cache_dir, split, cache_size, workers=max(1, num_workers))
     size = crop_size if train else eval_crop_size
     crop = {"size": size, "min_scale": min_scale, "resize_ratio": eval_crop_size / resize_size, "hflip": hflip}
-    batches = CachedBatches(images_path, cache_files(cache_dir, split, cache_size)["labels"], batch_size, train, seed,
-                            rank, world_size, crop=None if device.type == "cuda" else crop, mean=mean, std=std)
+    batches = CachedBatches(
+        images_path,
+        cache_files(cache_dir, split, cache_size)["labels"],
+        batch_size,
+        train,
+        seed,
+        rank,
+        world_size,
+        crop=None if device.type == "cuda" else crop,
+        mean=mean,
+        std=std,
+    )
     return TensorCacheLoader(batches, num_workers, device, crop, mean, std)

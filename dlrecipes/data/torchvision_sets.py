@@ -147,15 +147,39 @@ def cifar_train_augmentation(mean, std, augment: bool, crop: tuple[int, str, str
 
     padding, padding_mode, flip = crop
     padding = padding if augment else 0
-    transform = small_image_transforms(32, mean, std, crop_padding=padding, hflip=augment, train=True,
-                                       resize=size, padding_mode=padding_mode, alternate_flip=flip == "alternate")
-    batched = BatchAugment(tuple(mean), tuple(std), crop_padding=padding, hflip=augment, size=size,
-                           padding_mode=padding_mode, alternate_flip=augment and flip == "alternate")
+    transform = small_image_transforms(
+        32,
+        mean,
+        std,
+        crop_padding=padding,
+        hflip=augment,
+        train=True,
+        resize=size,
+        padding_mode=padding_mode,
+        alternate_flip=flip == "alternate",
+    )
+    batched = BatchAugment(
+        tuple(mean),
+        tuple(std),
+        crop_padding=padding,
+        hflip=augment,
+        size=size,
+        padding_mode=padding_mode,
+        alternate_flip=augment and flip == "alternate",
+    )
     return transform, batched
 
 
-def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, mean, std,
-                image_size: int = 32, crop: tuple[int, str, str] = (4, "zeros", "random")) -> DatasetSplits:
+def build_cifar(
+    root: str,
+    source: CifarSource,
+    download: bool,
+    augment: bool,
+    mean,
+    std,
+    image_size: int = 32,
+    crop: tuple[int, str, str] = (4, "zeros", "random"),
+) -> DatasetSplits:
     """The CIFAR splits; ``crop``: the training crop's padding and padding mode, and the flips ('random',
     'alternate'), when ``augment``."""
     import torch
@@ -178,7 +202,10 @@ def build_cifar(root: str, source: CifarSource, download: bool, augment: bool, m
     return DatasetSplits(
         train=TransformedTensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y), train_tf, train_batched),
         eval=TransformedTensorDataset(
-            torch.from_numpy(test_x), torch.from_numpy(test_y), eval_tf, BatchAugment(tuple(mean), tuple(std), size=size)
+            torch.from_numpy(test_x),
+            torch.from_numpy(test_y),
+            eval_tf,
+            BatchAugment(tuple(mean), tuple(std), size=size),
         ),
         num_classes=source.num_classes,
         input_shape=(3, image_size, image_size),
@@ -208,14 +235,20 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
         if not missing:
             raise DataError(f"{folder}: MNIST files are unreadable ({exc})") from None
         raise _download_error("mnist", missing, MNIST.mirrors[0], f"download failed: {exc}") from None
-    train_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0, hflip=False, train=True)
+    train_tf = small_image_transforms(
+        28, MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0, hflip=False, train=True
+    )
     eval_tf = small_image_transforms(28, MNIST_MEAN, MNIST_STD, crop_padding=0, hflip=False, train=False)
     return DatasetSplits(
         train=TransformedTensorDataset(
-            train.data.unsqueeze(1), train.targets, train_tf,
+            train.data.unsqueeze(1),
+            train.targets,
+            train_tf,
             BatchAugment(MNIST_MEAN, MNIST_STD, crop_padding=2 if augment else 0),
         ),
-        eval=TransformedTensorDataset(test.data.unsqueeze(1), test.targets, eval_tf, BatchAugment(MNIST_MEAN, MNIST_STD)),
+        eval=TransformedTensorDataset(
+            test.data.unsqueeze(1), test.targets, eval_tf, BatchAugment(MNIST_MEAN, MNIST_STD)
+        ),
         num_classes=10,
         input_shape=(1, 28, 28),
         class_names=[str(d) for d in range(10)],

@@ -15,8 +15,15 @@ MNIST_STD = (0.3081,)
 
 
 def small_image_transforms(
-    size: int, mean: Sequence[float], std: Sequence[float], crop_padding: int, hflip: bool, train: bool,
-    resize: Optional[int] = None, padding_mode: str = "zeros", alternate_flip: bool = False,
+    size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    crop_padding: int,
+    hflip: bool,
+    train: bool,
+    resize: Optional[int] = None,
+    padding_mode: str = "zeros",
+    alternate_flip: bool = False,
 ):
     """For uint8 CHW tensors (CIFAR, MNIST): random crop with padding ('zeros' or 'reflect') and flip, then
     normalise (with ``resize``: bilinearly resized first, as the on-device loader does).  ``alternate_flip``: no
@@ -63,9 +70,23 @@ def imagenet_transforms(
     return transforms.Compose(steps)
 
 
-def crop_settings(crop_size: int, eval_crop_size: int, resize_size: int, min_scale: float, hflip: bool,
-                  mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+def crop_settings(
+    crop_size: int,
+    eval_crop_size: int,
+    resize_size: int,
+    min_scale: float,
+    hflip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> dict[str, Any]:
     """:func:`imagenet_transforms`' settings of a dataset of image files, as its ``DatasetSplits.augment`` records
     them (the tensor cache decodes with them, ``data convert`` reads its resize)."""
-    return {"crop_size": crop_size, "eval_crop_size": eval_crop_size, "resize_size": resize_size,
-            "min_scale": min_scale, "hflip": hflip, "mean": tuple(mean), "std": tuple(std)}
+    return {
+        "crop_size": crop_size,
+        "eval_crop_size": eval_crop_size,
+        "resize_size": resize_size,
+        "min_scale": min_scale,
+        "hflip": hflip,
+        "mean": tuple(mean),
+        "std": tuple(std),
+    }

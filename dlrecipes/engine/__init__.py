@@ -52,5 +52,13 @@ from dlrecipes.engine.trainer import Trainer
 
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow
 
-__all__ = ["COMPOSER_VERSION", "DirectEngine", "QuickTimestamp", "Trainer", "batch_plan", "keep_freed_memory_for_reuse",
-           "needs_closure", "quick_counts"]
+__all__ = [
+    "COMPOSER_VERSION",
+    "DirectEngine",
+    "QuickTimestamp",
+    "Trainer",
+    "batch_plan",
+    "keep_freed_memory_for_reuse",
+    "needs_closure",
+    "quick_counts",
+]

@@ -79,6 +79,7 @@ def quick_counts(spec: DataSpec) -> None:
     spec.quick_counts = True
     default_samples = spec._default_get_num_samples_in_batch
     if spec.get_num_samples_in_batch == default_samples:
+
         def samples(batch: Batch) -> int:
             if type(batch) in (tuple, list) and len(batch) == 2:
                 x, y = batch
@@ -88,6 +89,7 @@ def quick_counts(spec: DataSpec) -> None:
 
         spec.get_num_samples_in_batch = samples
     default_tokens = spec._default_get_num_tokens_in_batch
-    if spec._get_num_tokens_in_batch == default_tokens and not hasattr(getattr(spec.dataloader, "dataset", None),
-                                                                        "max_seq_len"):
+    if spec._get_num_tokens_in_batch == default_tokens and not hasattr(
+        getattr(spec.dataloader, "dataset", None), "max_seq_len"
+    ):
         spec._get_num_tokens_in_batch = lambda batch: 0 if type(batch) in (tuple, list) else default_tokens(batch)

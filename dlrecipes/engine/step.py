@@ -97,8 +97,11 @@ class Step:
         epoch = int(state.timestamp.epoch)
         # each epoch's first batch too, and the first this process trains of an epoch resumed in its middle (its
         # row then has the train metrics every other row has: the terminal's table keeps one header)
-        self._sample_metrics = (bool(state.train_metrics) and interval > 0 and (
-            int(state.timestamp.batch_in_epoch) % interval == 0 or epoch != self._sampled_epoch))
+        self._sample_metrics = (
+            bool(state.train_metrics)
+            and interval > 0
+            and (int(state.timestamp.batch_in_epoch) % interval == 0 or epoch != self._sampled_epoch)
+        )
         if self._sample_metrics:
             self._sampled_epoch = epoch
         self._metric_updates, self._metric_source = [], None
@@ -170,8 +173,12 @@ class Step:
         if first_pass:
             self._metric_source, self._metric_updates = microbatches, []
         self._record_metrics = self._sample_metrics and first_pass
-        if ddp_sync or not isinstance(model, DistributedDataParallel) or (
-            self.state.auto_microbatching and not self.first_train_batch_complete  # see Composer: avoids a deadlock
+        if (
+            ddp_sync
+            or not isinstance(model, DistributedDataParallel)
+            or (
+                self.state.auto_microbatching and not self.first_train_batch_complete  # see Composer: avoids a deadlock
+            )
         ):
             context = contextlib.nullcontext
         else:
@@ -225,6 +232,7 @@ class Step:
         if self._record_metrics:
             self._metric_updates.append((labelled, self._metric_outputs(labelled)))
         return losses
+
     def _train_microbatch_direct(self, use_grad_scaling: bool, batch_size: float, is_final: bool):
         """Forward, loss and backward of one microbatch, with Composer's events and arithmetic."""
         state, run = self.state, self.engine.run_event

@@ -51,9 +51,13 @@ class TrainMetrics:
         state, model = self.state, self._original_model
         if type(model).eval_forward is ComposerModel.eval_forward:
             return _detached(state.outputs)
-        with torch.no_grad(), model_eval_mode(state.model), \
-                get_precision_context(state.precision, state.precision_config, fp8_autocast_enabled=False):
+        with (
+            torch.no_grad(),
+            model_eval_mode(state.model),
+            get_precision_context(state.precision, state.precision_config, fp8_autocast_enabled=False),
+        ):
             return _detached(model.eval_forward(batch, state.outputs))
+
     def _update_train_metrics(self) -> None:
         updates, self._metric_updates, self._metric_source = self._metric_updates, [], None
         if not updates:

@@ -40,8 +40,10 @@ def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
 
 def _report_skipped_images(trainer) -> None:
     """Image-folder data with ``bad_images: skip``: say how many unreadable images were left out."""
-    for label, loader in (("train", trainer.state.train_dataloader),
-                          *((e.label, e.dataloader.dataloader) for e in trainer.state.evaluators)):
+    for label, loader in (
+        ("train", trainer.state.train_dataloader),
+        *((e.label, e.dataloader.dataloader) for e in trainer.state.evaluators),
+    ):
         flags = getattr(getattr(loader, "dataset", None), "unreadable", None)
         skipped = sum(flags) if flags is not None else 0
         if skipped:
@@ -133,8 +135,10 @@ def _fit_in(opened: TrainingRun) -> TrainResult:
     _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train
-        print(f"{run.name} already finished ({int(trainer.state.timestamp.batch)} batches); nothing to resume",
-              file=sys.stderr)
+        print(
+            f"{run.name} already finished ({int(trainer.state.timestamp.batch)} batches); nothing to resume",
+            file=sys.stderr,
+        )
     try:
         if not finished:
             trainer.fit()

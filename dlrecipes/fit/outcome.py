@@ -54,12 +54,18 @@ class TrainResult:
     def _repr_html_(self) -> str:
         from html import escape
 
-        rows = [("run", self.run_dir), ("status", self.status + (f" ({self.reason})" if self.reason else "")),
-                ("trained", f"{self.epochs} epochs, {self.batches} batches in {self.seconds:.1f} s"),
-                *((f"eval {k}", f"{v:.4f}") for k, v in self.eval_metrics.items()),
-                ("best checkpoint", self.best_checkpoint or "none")]
-        body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
-                       f"{escape(str(v))}</td></tr>" for k, v in rows)
+        rows = [
+            ("run", self.run_dir),
+            ("status", self.status + (f" ({self.reason})" if self.reason else "")),
+            ("trained", f"{self.epochs} epochs, {self.batches} batches in {self.seconds:.1f} s"),
+            *((f"eval {k}", f"{v:.4f}") for k, v in self.eval_metrics.items()),
+            ("best checkpoint", self.best_checkpoint or "none"),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{escape(str(k))}</th><td style='text-align:left'>"
+            f"{escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
         return f"<table><caption style='text-align:left'>TrainResult</caption>{body}</table>"
 
 
@@ -112,14 +118,23 @@ def lost_line(exc: BaseException, who: str, run: RunDir, verbose: bool) -> PeerL
         point = resume_point(run.checkpoints, repair=False) if rank() == 0 else None  # only names it
     except UntrustedCheckpoint:  # not this line's business: --resume says so
         point = None
-    where = f"the last checkpoint is {point}" if point else "no checkpoint yet" if rank() == 0 else \
-        "rank 0 names the checkpoint"
+    where = (
+        f"the last checkpoint is {point}"
+        if point
+        else "no checkpoint yet"
+        if rank() == 0
+        else "rank 0 names the checkpoint"
+    )
     first = first_line(exc, 160)
-    then = ("torchrun restarts the job if it has a restart left (--max-restarts), and the run resumes; else run the "
-            "same torchrun command again" if os.environ.get("TORCHELASTIC_RUN_ID") else
-            "when every host is back, run the same command with --resume on each")
-    return PeerLost(f"training stopped: lost {who} ({first}); {where}; {then} (run directory {run}, traceback in "
-                    f"{log})")
+    then = (
+        "torchrun restarts the job if it has a restart left (--max-restarts), and the run resumes; else run the "
+        "same torchrun command again"
+        if os.environ.get("TORCHELASTIC_RUN_ID")
+        else "when every host is back, run the same command with --resume on each"
+    )
+    return PeerLost(
+        f"training stopped: lost {who} ({first}); {where}; {then} (run directory {run}, traceback in {log})"
+    )
 
 
 def failed_line(exc: Exception, run: RunDir | None, verbose: bool) -> TrainingFailed:

@@ -125,8 +125,10 @@ class NotebookReport(TerminalReport):
         self._rows.append(columns)
         self._columns += [name for name in columns if name not in self._columns]
         head = "".join(f"<th>{escape(name)}</th>" for name in self._columns)
-        body = "".join("<tr>" + "".join(f"<td>{escape(row.get(name, '-'))}</td>" for name in self._columns) + "</tr>"
-                       for row in self._rows)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{escape(row.get(name, '-'))}</td>" for name in self._columns) + "</tr>"
+            for row in self._rows
+        )
         table = HTML(f"<table class='dlrecipes-epochs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
         if self._table is None:
             self._table = display(table, display_id=True)

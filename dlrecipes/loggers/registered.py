@@ -106,16 +106,20 @@ def wandb(
         os.environ["WANDB_MODE"] = "offline"
     if os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
         base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-        _probe(base, "loggers.wandb", "check the network or WANDB_BASE_URL, or log offline (loggers.wandb.offline=true; "
-                                      "`wandb sync` uploads it later)")
+        _probe(
+            base,
+            "loggers.wandb",
+            "check the network or WANDB_BASE_URL, or log offline (loggers.wandb.offline=true; "
+            "`wandb sync` uploads it later)",
+        )
     # the run's files stay in its run directory (this run's: not an environment variable a later run would inherit),
     # unless WANDB_DIR says otherwise
     where = {} if os.environ.get("WANDB_DIR") else {"dir": str(layout)}
     from dlrecipes.core.secrets import redact
 
-    logger = WandBLogger(project=project, entity=entity, group=group, name=name or layout.name,
-                         tags=redact(tags),
-                         init_kwargs=where)
+    logger = WandBLogger(
+        project=project, entity=entity, group=group, name=name or layout.name, tags=redact(tags), init_kwargs=where
+    )
     logger.log_artifacts = log_artifacts
     return _told(logger, run)
 
@@ -153,17 +157,23 @@ def mlflow(
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         tracking_uri = layout.mlflow_store.resolve().as_uri()
     elif tracking_uri.startswith(("http://", "https://")):
-        _probe(tracking_uri.rstrip("/") + "/health", "loggers.mlflow.tracking_uri",
-               "start the server (mlflow server --host ... --port ...), fix the URI, or leave tracking_uri out "
-               "for a store in the run directory")
+        _probe(
+            tracking_uri.rstrip("/") + "/health",
+            "loggers.mlflow.tracking_uri",
+            "start the server (mlflow server --host ... --port ...), fix the URI, or leave tracking_uri out "
+            "for a store in the run directory",
+        )
         # a server that drops out mid-run costs seconds, not MLflow's minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     from dlrecipes.core.secrets import redact
 
     logger = MLFlowLogger(
-        experiment_name=experiment_name or "dlrecipes", run_name=run_name or layout.name,
-        tags=redact(tags), tracking_uri=tracking_uri, log_system_metrics=False,
+        experiment_name=experiment_name or "dlrecipes",
+        run_name=run_name or layout.name,
+        tags=redact(tags),
+        tracking_uri=tracking_uri,
+        log_system_metrics=False,
         # every value, as the other trackers and history.csv have them: Composer's default leaves out a value equal
         # to the last one within 100 steps (an evaluation whose top-1 did not change had no point in MLflow)
         log_duplicated_metric_every_n_steps=0,

@@ -56,14 +56,18 @@ def flat_parameters(recipe: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def run_tags(recipe: dict[str, Any], device: str, world_size: int,
-             provenance: Optional[dict[str, Any]] = None) -> dict[str, str]:
+def run_tags(
+    recipe: dict[str, Any], device: str, world_size: int, provenance: Optional[dict[str, Any]] = None
+) -> dict[str, str]:
     """The tags a tracker puts on the run: recipe, device, world size, and the run's provenance
     (:mod:`dlrecipes.records.provenance`: versions, GPU, host, command, git commit, ...) as ``dlrecipes.<item>``."""
     from dlrecipes.records.provenance import flat
 
-    tags = {"dlrecipes.recipe": str(recipe.get("name")), "dlrecipes.device": device,
-            "dlrecipes.world_size": str(world_size)}
+    tags = {
+        "dlrecipes.recipe": str(recipe.get("name")),
+        "dlrecipes.device": device,
+        "dlrecipes.world_size": str(world_size),
+    }
     for key, value in flat(provenance or {}, "dlrecipes.").items():
         if value is not None:
             text = json.dumps(value) if isinstance(value, (bool, list)) else str(value)
@@ -121,8 +125,11 @@ class RecordsTheRun:
         except Exception as exc:  # a tracker that dropped out must not stop the training
             self._unreachable = True
             first = redact_text(first_line(exc))[:300]
-            print(f"warning: {self.tracker}: {what} failed ({type(exc).__name__}: {first}); nothing more is sent to "
-                  "it, and training goes on (the run directory keeps everything)", file=sys.stderr)
+            print(
+                f"warning: {self.tracker}: {what} failed ({type(exc).__name__}: {first}); nothing more is sent to "
+                "it, and training goes on (the run directory keeps everything)",
+                file=sys.stderr,
+            )
             return None
 
     def _rank_zero(self) -> bool:
@@ -133,8 +140,10 @@ class RecordsTheRun:
     def fit_start(self, state: State, logger: Logger) -> None:
         super().fit_start(state, logger)  # type: ignore[misc]
         if self._rank_zero() and getattr(self, "record_recipe", None) is not None:
-            self._guarded("logging the recipe", lambda: self.record_parameters(flat_parameters(self.record_recipe),
-                                                                                  self.record_tags))
+            self._guarded(
+                "logging the recipe",
+                lambda: self.record_parameters(flat_parameters(self.record_recipe), self.record_tags),
+            )
 
     def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
         self._guarded("logging metrics", lambda: super(RecordsTheRun, self).log_metrics(metrics, step))
@@ -146,8 +155,10 @@ class RecordsTheRun:
         history = getattr(self, "record_history", None)
         if self._rank_zero() and history is not None:
             status = getattr(history, "status", "finished")
-            self._guarded("uploading the run's files",
-                          lambda: self.record_end(status, artifact_paths(self.record_dir, self.log_artifacts)))
+            self._guarded(
+                "uploading the run's files",
+                lambda: self.record_end(status, artifact_paths(self.record_dir, self.log_artifacts)),
+            )
         self._guarded("closing the run", super().post_close)  # type: ignore[misc]
 
 

@@ -42,7 +42,6 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 if TYPE_CHECKING:
-
     from dlrecipes.records.history import RunHistory
 
 
@@ -105,8 +104,15 @@ def _speed(per_second: float) -> tuple[str, str]:
     return f"{per_second:>6,.0f} img/s", short
 
 
-def fit_line(head: tuple[str, str], counter: str, fields: list[tuple[str, str]], progress: Optional[float],
-             width: int, unicode: bool = True, drop: Sequence[int] = ()) -> str:
+def fit_line(
+    head: tuple[str, str],
+    counter: str,
+    fields: list[tuple[str, str]],
+    progress: Optional[float],
+    width: int,
+    unicode: bool = True,
+    drop: Sequence[int] = (),
+) -> str:
     """One live line no wider than ``width - 1``: the head, a bar if there is room, the counter, the fields.
 
     ``head`` and each field come as (full text, short text). The bar gives way first, then the
@@ -151,9 +157,16 @@ def _drop_rank(column: str, monitored: str) -> int:
 class TerminalReport(LoggerDestination):
     """Live progress on a terminal and one summary line per epoch (see the module docstring)."""
 
-    def __init__(self, live: bool = True, monitor: Optional[str] = None, stream: Optional[TextIO] = None,
-                 refresh_s: float = 0.1, read_every: int = 1, start_line: Optional[str] = None,
-                 history: Optional[RunHistory] = None):
+    def __init__(
+        self,
+        live: bool = True,
+        monitor: Optional[str] = None,
+        stream: Optional[TextIO] = None,
+        refresh_s: float = 0.1,
+        read_every: int = 1,
+        start_line: Optional[str] = None,
+        history: Optional[RunHistory] = None,
+    ):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live and self.tty
@@ -309,13 +322,21 @@ class TerminalReport(LoggerDestination):
             (f"loss {_number(loss)}", f"loss {_short_number(loss)}"),
             (f"eval {name} {_number(value)}", f"eval {name} {_short_number(value)}"),  # the last evaluation's
             (f"lr {lr:.2e}" if lr is not None else "lr -", f"lr {lr:.1e}" if lr is not None else "lr -"),
-            _speed(speed), (f"ETA {_duration(eta)}", _duration(eta)),
+            _speed(speed),
+            (f"ETA {_duration(eta)}", _duration(eta)),
         ]
         counter = f"{batch:>{len(str(total_batches))}}/{total_batches}" if total_batches else str(batch)
         progress = batch / total_batches if total_batches else None
         epoch = self._epoch_label(state, done=False)
-        return fit_line((f"train epoch {epoch}", f"ep {epoch.strip()}"), counter, fields, progress, self._width(),
-                        self.unicode, drop=(2, 3, 1, 4))  # lr, speed, the monitored metric, ETA; loss stays
+        return fit_line(
+            (f"train epoch {epoch}", f"ep {epoch.strip()}"),
+            counter,
+            fields,
+            progress,
+            self._width(),
+            self.unicode,
+            drop=(2, 3, 1, 4),
+        )  # lr, speed, the monitored metric, ETA; loss stays
 
     def _eval_line(self, state: State) -> str:
         batch, total = int(state.eval_timestamp.batch), state.dataloader_len
@@ -325,15 +346,24 @@ class TerminalReport(LoggerDestination):
         fields = [_speed(speed), (f"ETA {_duration(eta)}", _duration(eta))]
         counter = f"{batch:>{len(str(int(total)))}}/{int(total)}" if total else str(batch)
         epoch = self._epoch_label(state, done=self._epoch_ended)
-        return fit_line((f"eval  epoch {epoch}", f"eval {epoch.strip()}"), counter, fields,
-                        batch / int(total) if total else None, self._width(), self.unicode, drop=(0, 1))
+        return fit_line(
+            (f"eval  epoch {epoch}", f"eval {epoch.strip()}"),
+            counter,
+            fields,
+            batch / int(total) if total else None,
+            self._width(),
+            self.unicode,
+            drop=(0, 1),
+        )
 
     def _epoch_columns(self, state: State) -> dict[str, str]:
         """This epoch's summary: column header -> value."""
         history = self.history  # the epoch's mean loss, as history.csv has it (not the last batch's)
         loss = history.epoch_train_loss(int(state.timestamp.batch)) if history is not None else None
-        columns = {"epoch": self._epoch_label(state, done=True),
-                   "loss": _number(loss if loss is not None else self.values.get("loss"))}
+        columns = {
+            "epoch": self._epoch_label(state, done=True),
+            "loss": _number(loss if loss is not None else self.values.get("loss")),
+        }
         columns.update({f"train {k}": _number(v) for k, v in self._epoch_train_metrics.items()})
         if self._eval_pending:
             columns.update({f"eval {k}": _number(v) for k, v in self._eval_items()})
@@ -343,8 +373,13 @@ class TerminalReport(LoggerDestination):
             seconds = self._epoch_seconds
             speed = self._epoch_samples / seconds if seconds > 0 else 0.0
         lr = self._lr(state)
-        columns.update({"lr": f"{lr:.2e}" if lr is not None else "-",
-                        "img/s": f"{speed:,.0f}" if math.isfinite(speed) else "-", "time": f"{seconds:.1f}s"})
+        columns.update(
+            {
+                "lr": f"{lr:.2e}" if lr is not None else "-",
+                "img/s": f"{speed:,.0f}" if math.isfinite(speed) else "-",
+                "time": f"{seconds:.1f}s",
+            }
+        )
         self._eval_pending = False
         return columns
 
@@ -356,8 +391,9 @@ class TerminalReport(LoggerDestination):
         if not set(columns) <= set(self._header):  # a column not seen before (e.g. the first evaluation)
             self._header = [*self._header, *(name for name in columns if name not in self._header)]
             self._header.sort(key=lambda name: list(columns).index(name) if name in columns else len(columns))
-            self._widths = [max(len(name), len(columns.get(name, "")), 7 if name != "epoch" else 0)
-                            for name in self._header]
+            self._widths = [
+                max(len(name), len(columns.get(name, "")), 7 if name != "epoch" else 0) for name in self._header
+            ]
         shown = self._fitting_columns()
         if shown != self._shown:
             self._shown = shown

@@ -14,7 +14,13 @@ from dlrecipes.core.secrets import redacted_output
 from dlrecipes.loggers.read_back import ReadsAtInterval
 from dlrecipes.loggers.run_record import RecordsTheRun
 
-MLFLOW_STATUS = {"finished": "FINISHED", "pruned": "FINISHED", "stopped": "KILLED", "diverged": "FAILED", "failed": "FAILED"}
+MLFLOW_STATUS = {
+    "finished": "FINISHED",
+    "pruned": "FINISHED",
+    "stopped": "KILLED",
+    "diverged": "FAILED",
+    "failed": "FAILED",
+}
 
 
 class TensorboardLogger(ReadsAtInterval, RecordsTheRun, ComposerTensorboardLogger):
@@ -40,8 +46,9 @@ class MLFlowLogger(ReadsAtInterval, RecordsTheRun, ComposerMLFlowLogger):
 
         items = list(parameters.items())
         for start in range(0, len(items), 100):  # MLflow takes at most 100 parameters per request
-            self._mlflow_client.log_batch(self._run_id, params=[Param(k, v) for k, v in items[start:start + 100]],
-                                          synchronous=True)
+            self._mlflow_client.log_batch(
+                self._run_id, params=[Param(k, v) for k, v in items[start : start + 100]], synchronous=True
+            )
         self._mlflow_client.log_batch(self._run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
 
     def record_end(self, status: str, paths: list[Path]) -> None:

@@ -26,8 +26,13 @@ EXIT_CODES = {"finished": 0, "pruned": 0, "stopped": 75, "diverged": 3, "failed"
 
 
 # the tags a W&B run gets (its config holds the whole provenance)
-SHORT_TAGS = ("dlrecipes.recipe", "dlrecipes.device", "dlrecipes.world_size", "dlrecipes.git_commit",
-              "dlrecipes.versions.torch")
+SHORT_TAGS = (
+    "dlrecipes.recipe",
+    "dlrecipes.device",
+    "dlrecipes.world_size",
+    "dlrecipes.git_commit",
+    "dlrecipes.versions.torch",
+)
 
 
 class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
@@ -54,10 +59,14 @@ class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
         provenance = dict(getattr(self.record_history, "provenance", None) or {})
         if isinstance(provenance.get("plugins"), dict):  # file paths are no config keys: "FILE SHA256" each
             provenance["plugins"] = [f"{file} {sha}" for file, sha in provenance["plugins"].items()]
-        wandb.config.update({**self.record_recipe, **({"provenance": provenance} if provenance else {})},
-                            allow_val_change=True)
-        short = {k.removeprefix("dlrecipes."): (v[:12] if k.endswith("git_commit") else v) for k, v in tags.items()
-                 if k in SHORT_TAGS}  # a tag is short: the whole provenance is in the config
+        wandb.config.update(
+            {**self.record_recipe, **({"provenance": provenance} if provenance else {})}, allow_val_change=True
+        )
+        short = {
+            k.removeprefix("dlrecipes."): (v[:12] if k.endswith("git_commit") else v)
+            for k, v in tags.items()
+            if k in SHORT_TAGS
+        }  # a tag is short: the whole provenance is in the config
         wandb.run.tags = tuple(dict.fromkeys([*(wandb.run.tags or ()), *(f"{k}={v}"[:64] for k, v in short.items())]))
 
     def record_end(self, status: str, paths: list[Path]) -> None:
@@ -66,8 +75,9 @@ class WandBLogger(ReadsAtInterval, RecordsTheRun, ComposerWandBLogger):
         if not self._enabled or wandb.run is None:
             return
         if paths:  # an artifact: recorded offline too, and uploaded by `wandb sync`
-            artifact = wandb.Artifact(name=f"run-files-{self.record_dir.name}"[:128].replace("=", "-").replace(",", "_"),
-                                      type="run-files")
+            artifact = wandb.Artifact(
+                name=f"run-files-{self.record_dir.name}"[:128].replace("=", "-").replace(",", "_"), type="run-files"
+            )
             for path in paths:
                 name = str(path.relative_to(self.record_dir))
                 if path.is_dir():

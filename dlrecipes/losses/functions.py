@@ -11,8 +11,16 @@ from composer.loss import binary_cross_entropy_with_logits
 from composer.loss.utils import infer_target_type
 from torch import Tensor
 
-__all__ = ["smoothed", "soft_cross_entropy", "binary_cross_entropy", "focal_loss", "mse_loss", "l1_loss", "regression_pair",
-           "one_hot"]
+__all__ = [
+    "smoothed",
+    "soft_cross_entropy",
+    "binary_cross_entropy",
+    "focal_loss",
+    "mse_loss",
+    "l1_loss",
+    "regression_pair",
+    "one_hot",
+]
 
 
 def one_hot(targets: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -58,7 +66,9 @@ def soft_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = No
     return xentropy
 
 
-def _with_smoothing(fn: Callable[[Tensor, Tensor], Tensor], smoothing: float, logits: Tensor, targets: Tensor) -> Tensor:
+def _with_smoothing(
+    fn: Callable[[Tensor, Tensor], Tensor], smoothing: float, logits: Tensor, targets: Tensor
+) -> Tensor:
     num_classes = logits.shape[1]
     dense = dense_targets(targets, num_classes, logits.dtype if logits.is_floating_point() else torch.float32)
     return fn(logits, dense * (1.0 - smoothing) + smoothing / num_classes)

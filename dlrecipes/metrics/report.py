@@ -31,8 +31,15 @@ from dlrecipes.records.checkpoints import atomic_write
 
 
 class ClassReport(Callback):
-    def __init__(self, folder: Path, num_classes: int, class_names: Optional[Sequence[str]], tables: Sequence[str],
-                 best=None, plots: bool = True):
+    def __init__(
+        self,
+        folder: Path,
+        num_classes: int,
+        class_names: Optional[Sequence[str]],
+        tables: Sequence[str],
+        best=None,
+        plots: bool = True,
+    ):
         from torchmetrics.classification import MulticlassConfusionMatrix
 
         self.folder = Path(folder)  # where the report goes at the fit's end (a run's: RunDir.report)
@@ -149,8 +156,15 @@ def _plot_matrix(path: Path, matrix: list[list[int]], names: list[str]) -> None:
         top = max(max(row) for row in matrix) or 1
         for i, row in enumerate(matrix):  # inside the axes: left out of tight_layout's measuring (a third of the time)
             for j, count in enumerate(row):
-                ax.text(j, i, str(count), ha="center", va="center", color="white" if count > top / 2 else "black",
-                        in_layout=False)
+                ax.text(
+                    j,
+                    i,
+                    str(count),
+                    ha="center",
+                    va="center",
+                    color="white" if count > top / 2 else "black",
+                    in_layout=False,
+                )
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     ax.set_title("confusion matrix")

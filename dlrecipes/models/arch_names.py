@@ -19,7 +19,7 @@ from dlrecipes.errors import RecipeError, did_you_mean
 FAMILIES = ("timm", "torchvision")
 HINTS = {
     "timm": "`python -c \"import timm; print(timm.list_models('resnet*'))\"` lists them.",
-    "torchvision": "`python -c \"import torchvision; print(torchvision.models.list_models())\"` lists them.",
+    "torchvision": '`python -c "import torchvision; print(torchvision.models.list_models())"` lists them.',
 }
 
 

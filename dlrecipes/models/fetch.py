@@ -25,5 +25,7 @@ def fetching_weights(what: str) -> Iterator[None]:
             yield
         except (OSError, RuntimeError, ValueError) as exc:
             why = "offline, and not in the local cache" if not online else f"{type(exc).__name__}: {str(exc)[:200]}"
-            raise DataError(f"model.pretrained: cannot download the pretrained weights of {what} ({why}); download "
-                            "them on a connected machine and set model.pretrained_path to the file") from None
+            raise DataError(
+                f"model.pretrained: cannot download the pretrained weights of {what} ({why}); download "
+                "them on a connected machine and set model.pretrained_path to the file"
+            ) from None

@@ -104,10 +104,17 @@ def cifar_preact_resnet18(num_classes: Classes = 10, in_chans: AtLeastOne = 3):
 
 
 @models.register("airbench", input_size=(3, 32, 32), param_count=1_972_792)
-def airbench(num_classes: Classes = 10, in_chans: AtLeastOne = 3, widths: tuple[int, int, int] = (64, 256, 256),
-             convs_per_block: Literal[2, 3] = 2, scaling_factor: float = 1 / 9, whiten_kernel: Size = 2,
-             batchnorm_momentum: Probability = 0.4, batchnorm_eps: float = 1e-12,
-             batchnorm_train_weight: bool = False):
+def airbench(
+    num_classes: Classes = 10,
+    in_chans: AtLeastOne = 3,
+    widths: tuple[int, int, int] = (64, 256, 256),
+    convs_per_block: Literal[2, 3] = 2,
+    scaling_factor: float = 1 / 9,
+    whiten_kernel: Size = 2,
+    batchnorm_momentum: Probability = 0.4,
+    batchnorm_eps: float = 1e-12,
+    batchnorm_train_weight: bool = False,
+):
     """The airbench CIFAR-10 speedruns' network: airbench94's; airbench96's with widths [128, 512, 512], 3 convs.
 
     Its first convolution is meant to be set by the patch_whitening callback at the start of training.
@@ -129,8 +136,17 @@ def airbench(num_classes: Classes = 10, in_chans: AtLeastOne = 3, widths: tuple[
     """
     from dlrecipes.models.architectures.airbench import airbench_net
 
-    return airbench_net(tuple(widths), convs_per_block, num_classes, in_chans, whiten_kernel, scaling_factor,
-                        batchnorm_momentum, batchnorm_eps, batchnorm_train_weight)
+    return airbench_net(
+        tuple(widths),
+        convs_per_block,
+        num_classes,
+        in_chans,
+        whiten_kernel,
+        scaling_factor,
+        batchnorm_momentum,
+        batchnorm_eps,
+        batchnorm_train_weight,
+    )
 
 
 def _check_timm_arch(params: dict, path: str) -> None:
@@ -141,8 +157,12 @@ def _check_timm_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "timm", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_timm_arch,
-    pretrained="yes: hub or local file", paths=("pretrained_path",),
+    "timm",
+    input_size=(3, 224, 224),
+    example_params={"arch": "resnet18"},
+    validator=_check_timm_arch,
+    pretrained="yes: hub or local file",
+    paths=("pretrained_path",),
 )
 def timm_model(
     arch: str,
@@ -195,8 +215,14 @@ def timm_model(
 
 # torchvision ResNets built from Bottleneck blocks (what Composer's stochastic depth targets)
 BOTTLENECK_RESNETS = (
-    "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
-    "wide_resnet50_2", "wide_resnet101_2",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
 )
 
 
@@ -208,8 +234,12 @@ def _check_torchvision_arch(params: dict, path: str) -> None:
 
 
 @models.register(
-    "torchvision", input_size=(3, 224, 224), example_params={"arch": "resnet18"}, validator=_check_torchvision_arch,
-    pretrained="yes: local file", paths=("pretrained_path",),
+    "torchvision",
+    input_size=(3, 224, 224),
+    example_params={"arch": "resnet18"},
+    validator=_check_torchvision_arch,
+    pretrained="yes: local file",
+    paths=("pretrained_path",),
 )
 def torchvision_model(
     arch: str,

@@ -46,8 +46,10 @@ class OutputLoss(MeanMetric):
 def _scores(spec: OutputSpec, names: list[str]) -> dict[str, Metric]:
     if spec.kind == "class":
         kinds = {"top1": 1, "top5": 5}
-        return {n: MulticlassAccuracy(num_classes=spec.size, top_k=kinds[n], average="micro", validate_args=False)
-                for n in names}  # validate_args: torch.unique on every update waits for the GPU
+        return {
+            n: MulticlassAccuracy(num_classes=spec.size, top_k=kinds[n], average="micro", validate_args=False)
+            for n in names
+        }  # validate_args: torch.unique on every update waits for the GPU
     return {n: {"mse": MeanSquaredError, "mae": MeanAbsoluteError}[n]() for n in names}
 
 
@@ -143,8 +145,9 @@ class MultiIOModel(ComposerModel):
         metric.update(pred.detach(), target)
 
 
-def multi_io_model_params(name: str, params: dict[str, Any], io: DataIO, inputs: list[str],
-                          outputs: list[str]) -> dict[str, Any]:
+def multi_io_model_params(
+    name: str, params: dict[str, Any], io: DataIO, inputs: list[str], outputs: list[str]
+) -> dict[str, Any]:
     """The model's parameters, with its inputs' channels and shapes and its heads' sizes filled from the data."""
     params = dict(params)
     accepted = registry.models.get(name).parameters

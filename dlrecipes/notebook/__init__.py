@@ -52,6 +52,7 @@ _FLAG = re.compile(r"(?<![\w-])--(%s)\b(?:[ =](?!-)([^\s,;()]+))?" % "|".join(ma
 def in_python(message: str) -> str:
     """``message`` with the CLI's flags written as keyword arguments: ``--verbose`` as ``verbose=True``,
     ``--checkpoint latest`` as ``checkpoint='latest'``."""
+
     def keyword(match: re.Match) -> str:
         flag, value = match.group(1), match.group(2)
         if flag in _SWITCHES:
@@ -95,8 +96,13 @@ def _quiet(quiet: bool):
         yield
 
 
-def _loaded(recipe: Optional[str | Path | Mapping[str, Any]], overrides: Overrides, plugins: Sequence[str], model: Any,
-            root: Optional[str | Path] = None):
+def _loaded(
+    recipe: Optional[str | Path | Mapping[str, Any]],
+    overrides: Overrides,
+    plugins: Sequence[str],
+    model: Any,
+    root: Optional[str | Path] = None,
+):
     from dlrecipes.recipe import LoadedRecipe, apply_override, override_strings
 
     if recipe is not None:
@@ -112,11 +118,25 @@ def _loaded(recipe: Optional[str | Path | Mapping[str, Any]], overrides: Overrid
 
 
 @_kept
-def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Overrides = (), *, model: Any = None,
-          train_data: Any = None, eval_data: Any = None, num_classes: Optional[int] = None,
-          class_names: Optional[Sequence[str]] = None, plugins: Sequence[str] = (), resume: bool = False,
-          restart: bool = False, quiet: bool = False, verbose: bool = False, trust_checkpoint: bool = False,
-          root: Optional[str | Path] = None, input_key: Optional[str] = None, target_key: Optional[str] = None):
+def train(
+    recipe: Optional[str | Path | Mapping[str, Any]] = None,
+    overrides: Overrides = (),
+    *,
+    model: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    num_classes: Optional[int] = None,
+    class_names: Optional[Sequence[str]] = None,
+    plugins: Sequence[str] = (),
+    resume: bool = False,
+    restart: bool = False,
+    quiet: bool = False,
+    verbose: bool = False,
+    trust_checkpoint: bool = False,
+    root: Optional[str | Path] = None,
+    input_key: Optional[str] = None,
+    target_key: Optional[str] = None,
+):
     """Train a recipe (a path, or a dict of sections as a recipe file holds them; None: the defaults, with your
     objects) and return a
     :class:`dlrecipes.fit.TrainResult` (``history``, ``metrics``, ``best_checkpoint``, ``plot()``).
@@ -134,14 +154,21 @@ def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Ov
 
     with _quiet(quiet):
         loaded = _loaded(recipe, overrides, plugins, model, root)
-        use_objects(loaded, register_objects(model, train_data, eval_data, num_classes, class_names, input_key,
-                                             target_key))
+        use_objects(
+            loaded, register_objects(model, train_data, eval_data, num_classes, class_names, input_key, target_key)
+        )
         config = validate(loaded)
         objects = {"model": model, "train_data": train_data, "eval_data": eval_data}
         try:
             with invoked(_train_call(recipe, overrides, objects, resume, restart)):  # the run's provenance records it
-                return api.train(None, config=config, resume=resume, trust_checkpoint=trust_checkpoint,
-                                 verbose=verbose, restart=restart)  # the one train path, as the CLI's
+                return api.train(
+                    None,
+                    config=config,
+                    resume=resume,
+                    trust_checkpoint=trust_checkpoint,
+                    verbose=verbose,
+                    restart=restart,
+                )  # the one train path, as the CLI's
         except Preempted as exc:
             if "SIGINT" not in str(exc):
                 raise
@@ -150,9 +177,14 @@ def train(recipe: Optional[str | Path | Mapping[str, Any]] = None, overrides: Ov
 
 def _train_call(recipe: Any, overrides: Overrides, objects: dict[str, Any], resume: bool, restart: bool) -> str:
     """How a run's provenance names the :func:`train` call that started it (objects by their type)."""
-    call = ", ".join([repr(recipe), repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
-                      *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
-                      *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v)])
+    call = ", ".join(
+        [
+            repr(recipe),
+            repr(overrides if isinstance(overrides, Mapping) else list(overrides)),
+            *(f"{k}=<{type(v).__name__}>" for k, v in objects.items() if v is not None),
+            *(f"{k}=True" for k, v in (("resume", resume), ("restart", restart)) if v),
+        ]
+    )
     return f"dlrecipes.train({call})"
 
 
@@ -161,9 +193,17 @@ def _with_objects(function: Callable) -> Callable:
     for a run trained on objects, registered before the run's recipe is read."""
 
     @functools.wraps(function)
-    def call(*args: Any, model: Any = None, train_data: Any = None, eval_data: Any = None,
-             num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
-             input_key: Optional[str] = None, target_key: Optional[str] = None, **kwargs: Any) -> Any:
+    def call(
+        *args: Any,
+        model: Any = None,
+        train_data: Any = None,
+        eval_data: Any = None,
+        num_classes: Optional[int] = None,
+        class_names: Optional[Sequence[str]] = None,
+        input_key: Optional[str] = None,
+        target_key: Optional[str] = None,
+        **kwargs: Any,
+    ) -> Any:
         register_objects(model, train_data, eval_data, num_classes, class_names, input_key, target_key)
         return function(*args, **kwargs)
 
@@ -175,16 +215,27 @@ evaluate = _kept(_with_objects(api.evaluate))
 
 @_kept
 @_with_objects
-def predict(target: str | Path, files: Sequence[str | Path] = (), top_k: int = 5, *, inputs: Any = None,
-            checkpoint: str = "best", recipe: Optional[str | Path] = None, overrides: Overrides = (),
-            plugins: Sequence[str] = (), batch_size: int = 64, out: Optional[str | Path] = None,
-            trust_checkpoint: bool = False):
+def predict(
+    target: str | Path,
+    files: Sequence[str | Path] = (),
+    top_k: int = 5,
+    *,
+    inputs: Any = None,
+    checkpoint: str = "best",
+    recipe: Optional[str | Path] = None,
+    overrides: Overrides = (),
+    plugins: Sequence[str] = (),
+    batch_size: int = 64,
+    out: Optional[str | Path] = None,
+    trust_checkpoint: bool = False,
+):
     """The classes of image ``files`` (as :func:`dlrecipes.api.predict`), or of ``inputs``: a batch tensor
     (N, C, H, W) or a Dataset, given to the network as they are (a run trained on your own data has no image-file
     preprocessing to apply). One row per file or input."""
     if inputs is None:
-        return api.predict(target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size,
-                           trust_checkpoint)
+        return api.predict(
+            target, files, top_k, out, checkpoint, recipe, overrides, plugins, batch_size, trust_checkpoint
+        )
     from dlrecipes.after_training import predict as tool
     from dlrecipes.after_training.opened import open_trained
 
@@ -225,8 +276,6 @@ def plot(run_dir: str | Path):
     from dlrecipes.records.store import read_records
 
     return history_figure(read_records([run_dir])[0][0])  # a run in a bucket: a local copy of its records
-
-
 
 
 def _keys_explained(function: Callable) -> None:

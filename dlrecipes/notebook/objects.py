@@ -39,16 +39,21 @@ def _check_model(model: Any) -> None:
     import torch
 
     if not isinstance(model, torch.nn.Module):
-        raise RecipeError(f"model=: expected a torch.nn.Module (or a Composer ComposerModel), got "
-                          f"{type(model).__name__}")
+        raise RecipeError(
+            f"model=: expected a torch.nn.Module (or a Composer ComposerModel), got {type(model).__name__}"
+        )
 
 
 def _check_data(value: Any, keyword: str) -> None:
     from torch.utils.data import Dataset
 
-    if not (_is_loader(value) or isinstance(value, Dataset) or hasattr(value, "__getitem__") and hasattr(value, "__len__")):
-        raise RecipeError(f"{keyword}: expected a torch Dataset (with __getitem__ and __len__) or a DataLoader, got "
-                          f"{type(value).__name__}")
+    if not (
+        _is_loader(value) or isinstance(value, Dataset) or hasattr(value, "__getitem__") and hasattr(value, "__len__")
+    ):
+        raise RecipeError(
+            f"{keyword}: expected a torch Dataset (with __getitem__ and __len__) or a DataLoader, got "
+            f"{type(value).__name__}"
+        )
 
 
 def _labels(dataset: Any) -> list[int]:
@@ -75,8 +80,14 @@ def _class_facts(datasets: Sequence[Any], num_classes: Optional[int], class_name
     return num_classes, names
 
 
-def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], class_names: Optional[Sequence[str]],
-                 keys: tuple[Optional[str], Optional[str]] = (None, None), facts: Optional[dict] = None):
+def data_factory(
+    train_data: Any,
+    eval_data: Any,
+    num_classes: Optional[int],
+    class_names: Optional[Sequence[str]],
+    keys: tuple[Optional[str], Optional[str]] = (None, None),
+    facts: Optional[dict] = None,
+):
     """A dataset factory (no parameters) returning :class:`DatasetSplits` over the objects (dict samples read by
     ``keys``); the class count goes into ``facts`` (the model's output check reads it)."""
 
@@ -86,25 +97,40 @@ def data_factory(train_data: Any, eval_data: Any, num_classes: Optional[int], cl
 
         train = train_data if train_data is not None else eval_data  # evaluating only: the eval split twice
         keywords = ("train_data=" if train_data is not None else "eval_data=", "eval_data=")
-        sets = [readable(x.dataset if _is_loader(x) else x, keyword, *keys)
-                for x, keyword in zip((train, eval_data), keywords)]
+        sets = [
+            readable(x.dataset if _is_loader(x) else x, keyword, *keys)
+            for x, keyword in zip((train, eval_data), keywords)
+        ]
         count, names = _class_facts(sets, num_classes, class_names)
         if facts is not None:
             facts["count"] = count
         sample = sets[0][0][0]
         shape = tuple(getattr(sample, "shape", ()))
-        loaders = tuple(loader_batches(x, samples) if _is_loader(x) else None
-                        for x, samples in zip((train, eval_data), sets))
-        return DatasetSplits(train=sets[0], eval=sets[1], num_classes=count, input_shape=shape, class_names=names,
-                             loaders=loaders if any(loaders) else None)
+        loaders = tuple(
+            loader_batches(x, samples) if _is_loader(x) else None for x, samples in zip((train, eval_data), sets)
+        )
+        return DatasetSplits(
+            train=sets[0],
+            eval=sets[1],
+            num_classes=count,
+            input_shape=shape,
+            class_names=names,
+            loaders=loaders if any(loaders) else None,
+        )
 
     factory.__doc__ = "Data passed to dlrecipes.train from Python."
     return factory
 
 
-def register_objects(model: Any = None, train_data: Any = None, eval_data: Any = None,
-                     num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
-                     input_key: Optional[str] = None, target_key: Optional[str] = None) -> dict[str, str]:
+def register_objects(
+    model: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    num_classes: Optional[int] = None,
+    class_names: Optional[Sequence[str]] = None,
+    input_key: Optional[str] = None,
+    target_key: Optional[str] = None,
+) -> dict[str, str]:
     """Register the objects given; returns {recipe section: the name it now has}."""
     from dlrecipes.notebook.samples import OutputCheck
 
@@ -126,14 +152,18 @@ def register_objects(model: Any = None, train_data: Any = None, eval_data: Any =
         names["model"] = registry.OBJECT_PREFIX + name
     if train_data is not None or eval_data is not None:
         if eval_data is None:
-            raise RecipeError("eval_data=: required with train_data= (a Dataset or DataLoader to evaluate on; pass "
-                              "the training data again to evaluate on it)")
+            raise RecipeError(
+                "eval_data=: required with train_data= (a Dataset or DataLoader to evaluate on; pass "
+                "the training data again to evaluate on it)"
+            )
         for value, keyword in ((train_data, "train_data="), (eval_data, "eval_data=")):
             if value is not None:
                 _check_data(value, keyword)
-        registry.datasets.put_object(DATA_NAME, data_factory(train_data, eval_data, num_classes, class_names,
-                                                             (input_key, target_key), facts),
-                                     source="data objects passed from Python")
+        registry.datasets.put_object(
+            DATA_NAME,
+            data_factory(train_data, eval_data, num_classes, class_names, (input_key, target_key), facts),
+            source="data objects passed from Python",
+        )
         names["dataset"] = registry.OBJECT_PREFIX + DATA_NAME
     return names
 

@@ -38,8 +38,9 @@ def _is_input(value: Any) -> bool:
     import torch
 
     if isinstance(value, (torch.Tensor, np.ndarray)):
-        return value.ndim >= 1 and (value.dtype.is_floating_point if isinstance(value, torch.Tensor)
-                                    else np.issubdtype(value.dtype, np.number))
+        return value.ndim >= 1 and (
+            value.dtype.is_floating_point if isinstance(value, torch.Tensor) else np.issubdtype(value.dtype, np.number)
+        )
     return type(value).__module__.startswith("PIL.")
 
 
@@ -69,8 +70,10 @@ def sample_keys(sample: Mapping, input_key: Optional[str], target_key: Optional[
         found = [k for k in usual if k in sample]
         if len(found) != 1:
             which = "several" if found else "no"
-            raise RecipeError(f"{keyword}: its samples are dicts with keys {keys} and {which} usual {what} key; name "
-                              f"it with {name}=... (e.g. dlrecipes.train(..., input_key='image', target_key='label'))")
+            raise RecipeError(
+                f"{keyword}: its samples are dicts with keys {keys} and {which} usual {what} key; name "
+                f"it with {name}=... (e.g. dlrecipes.train(..., input_key='image', target_key='label'))"
+            )
         return found[0]
 
     return pick(input_key, INPUT_KEYS, "image", "input_key"), pick(target_key, LABEL_KEYS, "label", "target_key")
@@ -127,19 +130,26 @@ def readable(dataset: Any, keyword: str, input_key: Optional[str], target_key: O
         dataset = KeyedSamples(dataset, *keys)
         sample = dataset[0]
     elif input_key is not None or target_key is not None:
-        raise RecipeError(f"{keyword}: input_key=/target_key= name the keys of dict samples; its samples are "
-                          f"{type(sample).__name__}s")
+        raise RecipeError(
+            f"{keyword}: input_key=/target_key= name the keys of dict samples; its samples are {type(sample).__name__}s"
+        )
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
         raise RecipeError(f"{keyword}: its samples are {_what(sample)}; expected {PAIRS}")
     image, label = sample
     if not _is_input(image):
-        hint = " (convert images to tensors, e.g. with torchvision.transforms.ToTensor())" \
-            if type(image).__module__.startswith("PIL.") else ""
-        raise RecipeError(f"{keyword}: the first sample's input is {_what(image)} {shown(image, 40)}; expected a "
-                          f"numeric tensor{hint}")
+        hint = (
+            " (convert images to tensors, e.g. with torchvision.transforms.ToTensor())"
+            if type(image).__module__.startswith("PIL.")
+            else ""
+        )
+        raise RecipeError(
+            f"{keyword}: the first sample's input is {_what(image)} {shown(image, 40)}; expected a numeric tensor{hint}"
+        )
     if not _is_label(label):
-        raise RecipeError(f"{keyword}: the first sample's label is {_what(label)} {shown(label, 40)}; expected an "
-                          "int class index (0 .. classes-1)")
+        raise RecipeError(
+            f"{keyword}: the first sample's label is {_what(label)} {shown(label, 40)}; expected an "
+            "int class index (0 .. classes-1)"
+        )
     return dataset
 
 
@@ -183,18 +193,27 @@ class OutputCheck:
         count = self.classes.get("count")
         if isinstance(output, (tuple, list)):
             parts = ", ".join(_what(o) for o in output[:4])
-            raise RecipeError(f"{self.keyword}: forward returned a {type(output).__name__} of {len(output)} ({parts}); "
-                              "training needs the class logits alone, a (batch, classes) tensor: return only them "
-                              "(or pass a wrapper whose forward returns out[0])")
+            raise RecipeError(
+                f"{self.keyword}: forward returned a {type(output).__name__} of {len(output)} ({parts}); "
+                "training needs the class logits alone, a (batch, classes) tensor: return only them "
+                "(or pass a wrapper whose forward returns out[0])"
+            )
         if not isinstance(output, torch.Tensor):
             keys = f" (keys: {', '.join(map(str, list(output)[:6]))})" if isinstance(output, Mapping) else ""
-            raise RecipeError(f"{self.keyword}: forward returned a {type(output).__name__}{keys}; training needs the "
-                              "class logits, a (batch, classes) tensor: return them (e.g. out['logits'] or out.logits)")
-        if output.dim() != 2 or (batch is not None and output.shape[0] != batch) or \
-                (count is not None and output.shape[1] < count):
+            raise RecipeError(
+                f"{self.keyword}: forward returned a {type(output).__name__}{keys}; training needs the "
+                "class logits, a (batch, classes) tensor: return them (e.g. out['logits'] or out.logits)"
+            )
+        if (
+            output.dim() != 2
+            or (batch is not None and output.shape[0] != batch)
+            or (count is not None and output.shape[1] < count)
+        ):
             want = f"({batch if batch is not None else 'batch'}, {count if count is not None else 'classes'})"
-            raise RecipeError(f"{self.keyword}: forward returned a tensor of shape {tuple(output.shape)} for a batch "
-                              f"of {batch}; training needs the class logits, shape {want}")
+            raise RecipeError(
+                f"{self.keyword}: forward returned a tensor of shape {tuple(output.shape)} for a batch "
+                f"of {batch}; training needs the class logits, shape {want}"
+            )
 
 
 ATTACHED: list[OutputCheck] = []  # checks not yet run (the call ended before a forward): removed at its end

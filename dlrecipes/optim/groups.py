@@ -20,8 +20,13 @@ def norm_bias_scaled(groups: list, model, lr: float, weight_decay: float, scale:
         return groups
     from torch import nn
 
-    norms = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-             for p in m.parameters() if p.requires_grad}
+    norms = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for p in m.parameters()
+        if p.requires_grad
+    }
     if not norms:
         return groups
     rest, scaled = [], []

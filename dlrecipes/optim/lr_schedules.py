@@ -116,8 +116,10 @@ class TimmScheduler:
         warmup at least one batch."""
         converted = _convert_time(time, state, ssr=1.0 if key == "warmup_t" else ssr)
         if converted.unit != TimeUnit.BATCH:
-            raise ValueError(f"timm_{self.kind}: durations must come to batches or epochs (max_duration is "
-                             f"{state.max_duration}); got {time}")
+            raise ValueError(
+                f"timm_{self.kind}: durations must come to batches or epochs (max_duration is "
+                f"{state.max_duration}); got {time}"
+            )
         batches = converted.value if key == "warmup_t" else max(1, converted.value)
         return batches / max(1, int(state.dataloader_len)) if self.per_epoch else batches
 
@@ -131,8 +133,10 @@ def run_batches(state: State) -> int:
         return int(duration.value) * int(state.dataloader_len)
     from dlrecipes.errors import RecipeError
 
-    raise RecipeError(f"trainer.max_duration: the triangle schedule and lookahead need it in batches or epochs "
-                      f"('476ba', '10ep'), not {duration}")
+    raise RecipeError(
+        f"trainer.max_duration: the triangle schedule and lookahead need it in batches or epochs "
+        f"('476ba', '10ep'), not {duration}"
+    )
 
 
 def upcoming_batch(state: State) -> int:

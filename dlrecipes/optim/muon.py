@@ -64,7 +64,7 @@ class MuonWithOther(torch.optim.Optimizer):
         self.muon.param_groups = self.param_groups[: self.muon_groups]
         self.muon.state = self.state
         if self.other is not None:
-            self.other.param_groups = self.param_groups[self.muon_groups:]
+            self.other.param_groups = self.param_groups[self.muon_groups :]
             self.other.state = self.state
 
     @torch.no_grad()
@@ -108,8 +108,10 @@ def head_parameters(model: torch.nn.Module, head: Optional[str]) -> set[str]:
             return set()
         head = linears[-1]
     if head not in modules:
-        raise RecipeError(f"optimizer.head: the model has no module '{head}' (its modules: "
-                          f"{', '.join(list(modules)[1:6])}, ...; 'auto' for its last Linear, null for no head)")
+        raise RecipeError(
+            f"optimizer.head: the model has no module '{head}' (its modules: "
+            f"{', '.join(list(modules)[1:6])}, ...; 'auto' for its last Linear, null for no head)"
+        )
     prefix = f"{head}." if head else ""
     return {f"{prefix}{name}" for name, _ in modules[head].named_parameters()}
 
@@ -126,8 +128,9 @@ def split_parameters(model: torch.nn.Module, head: Optional[str]):
     return [p for _, p in muon], other, heads
 
 
-def separate_head(optimizer: torch.optim.Optimizer, head: list[torch.nn.Parameter], lr: Optional[float],
-                  weight_decay: Optional[float]) -> None:
+def separate_head(
+    optimizer: torch.optim.Optimizer, head: list[torch.nn.Parameter], lr: Optional[float], weight_decay: Optional[float]
+) -> None:
     """Move the head's parameters out of each group into a group of their own, with that group's settings but
     the head's lr and weight decay (None: the group's)."""
     if not head or (lr is None and weight_decay is None):
@@ -145,15 +148,25 @@ def separate_head(optimizer: torch.optim.Optimizer, head: list[torch.nn.Paramete
         optimizer.add_param_group(group)
 
 
-def build_muon(model: torch.nn.Module, muon_settings: dict[str, Any], other_builder, head: Optional[str],
-               head_lr: Optional[float], head_weight_decay: Optional[float]) -> MuonWithOther:
+def build_muon(
+    model: torch.nn.Module,
+    muon_settings: dict[str, Any],
+    other_builder,
+    head: Optional[str],
+    head_lr: Optional[float],
+    head_weight_decay: Optional[float],
+) -> MuonWithOther:
     """Muon over the filters, ``other_builder(subset)`` over the rest (the head in a group of its own)."""
     muon_params, other_named, heads = split_parameters(model, head)
     if not muon_params:
-        raise RecipeError("optimizer.name: 'muon' finds no trainable parameter of two or more dimensions outside the "
-                          "head in this model; choose another optimizer")
-    muon = FilterMuon([{"params": muon_params, "use_muon": True,
-                        "normalize_weights": muon_settings.pop("normalize_weights")}], **muon_settings)
+        raise RecipeError(
+            "optimizer.name: 'muon' finds no trainable parameter of two or more dimensions outside the "
+            "head in this model; choose another optimizer"
+        )
+    muon = FilterMuon(
+        [{"params": muon_params, "use_muon": True, "normalize_weights": muon_settings.pop("normalize_weights")}],
+        **muon_settings,
+    )
     if not other_named:
         return MuonWithOther(muon, None)
     other = other_builder(ParameterSubset(other_named))
@@ -161,5 +174,12 @@ def build_muon(model: torch.nn.Module, muon_settings: dict[str, Any], other_buil
     return MuonWithOther(muon, other)
 
 
-__all__ = ["FilterMuon", "MuonWithOther", "ParameterSubset", "build_muon", "head_parameters", "normalize_filter_",
-           "split_parameters"]
+__all__ = [
+    "FilterMuon",
+    "MuonWithOther",
+    "ParameterSubset",
+    "build_muon",
+    "head_parameters",
+    "normalize_filter_",
+    "split_parameters",
+]

@@ -62,8 +62,9 @@ def sgd(
     """
     import torch
 
-    groups = norm_bias_scaled(parameter_groups(model, weight_decay, no_decay_norm_and_bias), model, lr, weight_decay,
-                              norm_lr_scale)
+    groups = norm_bias_scaled(
+        parameter_groups(model, weight_decay, no_decay_norm_and_bias), model, lr, weight_decay, norm_lr_scale
+    )
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, fused=fused)
 
 
@@ -183,16 +184,28 @@ def _other_builder(other: Optional[dict[str, Any]]) -> Callable:
 
 
 # Muon's choices, each value's meaning beside it (dlrecipes.core.param_docs)
-NsCoefficients = Annotated[Literal["quintic", "original", "polar_express", "polar_express_safer"], Doc(
-    "coefficients of the Newton-Schulz iterations: 'quintic' (5 tuned steps), 'original' (Keller Jordan's 3.4445, "
-    "-4.7750, 2.0315 at every step), 'polar_express' or 'polar_express_safer'.")]
-AdjustLrFn = Annotated[Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]], Doc(
-    "per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out, in)): an AdamW-like "
-    "update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in))); null for none, as "
-    "airbench94_muon.")]
-ConvMode = Annotated[Literal["flatten", "batched"], Doc(
-    "how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as airbench94_muon, or "
-    "'batched', each kernel position's (out, in) slice orthogonalized alone.")]
+NsCoefficients = Annotated[
+    Literal["quintic", "original", "polar_express", "polar_express_safer"],
+    Doc(
+        "coefficients of the Newton-Schulz iterations: 'quintic' (5 tuned steps), 'original' (Keller Jordan's 3.4445, "
+        "-4.7750, 2.0315 at every step), 'polar_express' or 'polar_express_safer'."
+    ),
+]
+AdjustLrFn = Annotated[
+    Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]],
+    Doc(
+        "per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out, in)): an AdamW-like "
+        "update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in))); null for none, as "
+        "airbench94_muon."
+    ),
+]
+ConvMode = Annotated[
+    Literal["flatten", "batched"],
+    Doc(
+        "how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as airbench94_muon, or "
+        "'batched', each kernel position's (out, in) slice orthogonalized alone."
+    ),
+]
 
 
 @optimizers.register("muon", validator=_check_other)
@@ -237,9 +250,17 @@ def muon(
     """
     from dlrecipes.optim.muon import build_muon
 
-    settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
-                "ns_steps": ns_steps, "ns_coefficients": ns_coefficients, "adjust_lr_fn": adjust_lr_fn,
-                "conv_mode": conv_mode, "normalize_weights": normalize_weights}
+    settings = {
+        "lr": lr,
+        "momentum": momentum,
+        "nesterov": nesterov,
+        "weight_decay": weight_decay,
+        "ns_steps": ns_steps,
+        "ns_coefficients": ns_coefficients,
+        "adjust_lr_fn": adjust_lr_fn,
+        "conv_mode": conv_mode,
+        "normalize_weights": normalize_weights,
+    }
     return build_muon(model, settings, _other_builder(other), head, head_lr, head_weight_decay)
 
 
@@ -396,9 +417,18 @@ def timm_cosine(
     """
     from dlrecipes.optim.lr_schedules import TimmScheduler
 
-    return TimmScheduler("cosine", {"warmup_t": warmup, "t_initial": cycle}, per_epoch=per_epoch,
-                         warmup_lr_init=warmup_lr_init, lr_min=lr_min, cycle_mul=cycle_mul, cycle_decay=cycle_decay,
-                         cycle_limit=cycle_limit, k_decay=k_decay, warmup_prefix=warmup_prefix)
+    return TimmScheduler(
+        "cosine",
+        {"warmup_t": warmup, "t_initial": cycle},
+        per_epoch=per_epoch,
+        warmup_lr_init=warmup_lr_init,
+        lr_min=lr_min,
+        cycle_mul=cycle_mul,
+        cycle_decay=cycle_decay,
+        cycle_limit=cycle_limit,
+        k_decay=k_decay,
+        warmup_prefix=warmup_prefix,
+    )
 
 
 @schedulers.register("timm_step")
@@ -426,5 +456,11 @@ def timm_step(
     """
     from dlrecipes.optim.lr_schedules import TimmScheduler
 
-    return TimmScheduler("step", {"warmup_t": warmup, "decay_t": decay}, per_epoch=per_epoch,
-                         decay_rate=decay_rate, warmup_lr_init=warmup_lr_init, warmup_prefix=warmup_prefix)
+    return TimmScheduler(
+        "step",
+        {"warmup_t": warmup, "decay_t": decay},
+        per_epoch=per_epoch,
+        decay_rate=decay_rate,
+        warmup_lr_init=warmup_lr_init,
+        warmup_prefix=warmup_prefix,
+    )

@@ -60,12 +60,26 @@ ALIASES = {"rmsprop_tf": "rmsproptf"}
 IMPLEMENTATION = ("params", "foreach", "capturable", "differentiable", "fused", "maximize", "verbose")
 # the types a table may name (evaluated in this namespace only)
 TYPES: dict[str, Any] = {
-    "Positive": Positive, "NonNegative": NonNegative, "Probability": Probability, "Optional": Optional,
-    "Any": Any, "bool": bool, "int": int, "float": float, "str": str, "tuple": tuple,
+    "Positive": Positive,
+    "NonNegative": NonNegative,
+    "Probability": Probability,
+    "Optional": Optional,
+    "Any": Any,
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple": tuple,
 }
 # arguments whose range is known by name, whatever the class annotates
-BY_NAME = {"lr": "Positive", "weight_decay": "NonNegative", "eps": "Positive", "momentum": "Probability",
-           "dampening": "Probability", "alpha": "Probability"}
+BY_NAME = {
+    "lr": "Positive",
+    "weight_decay": "NonNegative",
+    "eps": "Positive",
+    "momentum": "Probability",
+    "dampening": "Probability",
+    "alpha": "Probability",
+}
 
 
 @lru_cache(maxsize=None)
@@ -110,8 +124,9 @@ class TimmOptimizer:
         parameters = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_ONLY)]
         for name, annotation in self.__annotations__.items():
             default = self._defaults.get(name, inspect.Parameter.empty)
-            parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                                annotation=annotation))
+            parameters.append(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            )
         return inspect.Signature(parameters)
 
     @cached_property
@@ -121,8 +136,11 @@ class TimmOptimizer:
 
     @cached_property
     def _defaults(self) -> dict[str, Any]:
-        defaults = {name: tuple(default[0]) if isinstance(default[0], list) else default[0]
-                    for name, _, *default in self.spec["parameters"] if default}
+        defaults = {
+            name: tuple(default[0]) if isinstance(default[0], list) else default[0]
+            for name, _, *default in self.spec["parameters"]
+            if default
+        }
         return {**defaults, "no_decay_norm_and_bias": False}
 
     def __call__(self, model: nn.Module, /, **params: Any) -> Optimizer:
@@ -146,13 +164,16 @@ def build(timm_name: str, model: nn.Module, arguments: dict[str, Any]) -> Optimi
     if timm_name not in list_optimizers():
         import timm
 
-        raise RuntimeError(f"optimizer '{timm_name}': the installed timm {timm.__version__} has no such optimizer "
-                           f"(dlrecipes' table is from timm {shipped()['timm']})")
+        raise RuntimeError(
+            f"optimizer '{timm_name}': the installed timm {timm.__version__} has no such optimizer "
+            f"(dlrecipes' table is from timm {shipped()['timm']})"
+        )
     groups = parameter_groups(model, arguments.get("weight_decay", 0.0), no_decay)
     return create_optimizer_v2(groups, opt=timm_name, **arguments)
 
 
 # --- writing the table from the installed timm ------------------------------------------------------------------
+
 
 def installed() -> dict[str, Any]:
     """The table as the installed timm gives it (imports timm)."""

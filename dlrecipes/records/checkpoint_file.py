@@ -43,8 +43,13 @@ def not_a_file(path: Path) -> Optional[str]:
         return "is missing"
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
     kind = next((name for test, name in kinds if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
     return None if kind is None else f"is {kind}, not a checkpoint file"
 
@@ -80,8 +85,14 @@ def file_problem(path: Path, checksums: bool = False) -> Optional[str]:
 
 
 def _kind_of(head: bytes) -> str:
-    known = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
-             b"%PDF": "a PDF document", b"\x1f\x8b": "a gzip file", b"\x08": "an ONNX or protobuf file"}
+    known = {
+        b"\x89PNG": "a PNG image",
+        b"\xff\xd8\xff": "a JPEG image",
+        b"GIF8": "a GIF image",
+        b"%PDF": "a PDF document",
+        b"\x1f\x8b": "a gzip file",
+        b"\x08": "an ONNX or protobuf file",
+    }
     for magic, kind in known.items():
         if head.startswith(magic):
             return kind
@@ -111,8 +122,10 @@ def _archive_problem(archive: Any) -> Optional[str]:
         if record not in sizes:
             return f"is damaged (its pickle declares the tensor record data/{key}, which the archive lacks)"
         if sizes[record] != nbytes:
-            return (f"is damaged (its tensor record data/{key} holds {sizes[record]:,} bytes where its pickle "
-                    f"declares {nbytes:,}: a truncated or altered file)")
+            return (
+                f"is damaged (its tensor record data/{key} holds {sizes[record]:,} bytes where its pickle "
+                f"declares {nbytes:,}: a truncated or altered file)"
+            )
     return None
 
 
@@ -199,8 +212,8 @@ class _Reading:
         elif len(self.stack) < count:
             raise IndexError("the stack holds fewer items than the tuple takes")
         else:
-            items = self.stack[len(self.stack) - count:]
-            del self.stack[len(self.stack) - count:]
+            items = self.stack[len(self.stack) - count :]
+            del self.stack[len(self.stack) - count :]
         made = _Tuple(items)
         made.depth = self.nests(items)
         self.stack.append(made)
@@ -250,10 +263,32 @@ class _Reading:
 
 _CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 _STEPS = {
-    **dict.fromkeys(["INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "STRING", "BINSTRING",
-                     "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "UNICODE",
-                     "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "FLOAT", "BINFLOAT", *_CONSTANTS],
-                    _Reading.literal),
+    **dict.fromkeys(
+        [
+            "INT",
+            "BININT",
+            "BININT1",
+            "BININT2",
+            "LONG",
+            "LONG1",
+            "LONG4",
+            "STRING",
+            "BINSTRING",
+            "SHORT_BINSTRING",
+            "BINBYTES",
+            "SHORT_BINBYTES",
+            "BINBYTES8",
+            "BYTEARRAY8",
+            "UNICODE",
+            "SHORT_BINUNICODE",
+            "BINUNICODE",
+            "BINUNICODE8",
+            "FLOAT",
+            "BINFLOAT",
+            *_CONSTANTS,
+        ],
+        _Reading.literal,
+    ),
     **dict.fromkeys(["PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"], _Reading.memo_put),
     **dict.fromkeys(["GET", "BINGET", "LONG_BINGET"], _Reading.memo_get),
     "MARK": _Reading.mark,
@@ -295,11 +330,19 @@ def _storage_bytes(pid: Any) -> tuple[str, int]:
     shape_ok = isinstance(pid, _Tuple) and len(pid) == 5 and pid[0] in ("storage", b"storage")
     kind, key, location, numel = pid[1:] if shape_ok else (None, None, None, None)
     size = _element_size(kind) if isinstance(kind, _Global) else None
-    if (size is None or not isinstance(key, str) or not isinstance(location, (str, bytes))
-            or not isinstance(numel, int) or isinstance(numel, bool) or numel < 0):
+    if (
+        size is None
+        or not isinstance(key, str)
+        or not isinstance(location, (str, bytes))
+        or not isinstance(numel, int)
+        or isinstance(numel, bool)
+        or numel < 0
+    ):
         shown = repr(tuple(pid) if isinstance(pid, tuple) else pid)
-        raise _Malformed(f"its pickle declares a tensor storage torch.save does not write: "
-                         f"{shown[:100]}{'...' if len(shown) > 100 else ''}")
+        raise _Malformed(
+            f"its pickle declares a tensor storage torch.save does not write: "
+            f"{shown[:100]}{'...' if len(shown) > 100 else ''}"
+        )
     return key, numel * size
 
 

@@ -65,9 +65,13 @@ def _allowed_globals() -> list[tuple[Any, str]]:
     except ImportError:  # numpy < 2
         from numpy.core.multiarray import _reconstruct
     objects = {
-        "numpy._core.multiarray._reconstruct": _reconstruct, "numpy.core.multiarray._reconstruct": _reconstruct,
-        "numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype, "numpy.dtypes.UInt32DType": type(np.dtype(np.uint32)),
-        "torch.torch_version.TorchVersion": TorchVersion, "datetime.timedelta": datetime.timedelta,
+        "numpy._core.multiarray._reconstruct": _reconstruct,
+        "numpy.core.multiarray._reconstruct": _reconstruct,
+        "numpy.ndarray": np.ndarray,
+        "numpy.dtype": np.dtype,
+        "numpy.dtypes.UInt32DType": type(np.dtype(np.uint32)),
+        "torch.torch_version.TorchVersion": TorchVersion,
+        "datetime.timedelta": datetime.timedelta,
     }
     assert objects.keys() == ALLOWED_GLOBALS.keys()
     return [(obj, name) for name, obj in objects.items()]
@@ -126,8 +130,9 @@ def check_trusted(path: Path, trust: bool = False, key: str = "checkpoint.load_p
     try:
         risky = unsafe_globals(path)
     except Exception as exc:
-        raise UnreadableCheckpoint(path, f"{NOT_A_CHECKPOINT} ({type(exc).__name__}: {_first_line(exc)})", key) \
-            from None
+        raise UnreadableCheckpoint(
+            path, f"{NOT_A_CHECKPOINT} ({type(exc).__name__}: {_first_line(exc)})", key
+        ) from None
     if risky:
         raise UntrustedCheckpoint(path, risky, key)
 
@@ -206,5 +211,6 @@ def read_checkpoint(path: Path, trust: bool = False, key: str = "checkpoint.load
     except UserError:
         raise
     except Exception as exc:  # RecursionError included: a file torch cannot read is no checkpoint of ours
-        raise UnreadableCheckpoint(path, f"{NOT_A_CHECKPOINT} ({type(exc).__name__}: {_first_line(exc)})", key) \
-            from None
+        raise UnreadableCheckpoint(
+            path, f"{NOT_A_CHECKPOINT} ({type(exc).__name__}: {_first_line(exc)})", key
+        ) from None

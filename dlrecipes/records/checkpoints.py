@@ -30,7 +30,11 @@ from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
 from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
 from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
 from dlrecipes.records.layout import (
-    CHECKPOINT_DIR, PERIODIC_CHECKPOINT, is_periodic, latest_checkpoint_name, periodic_checkpoints_glob,
+    CHECKPOINT_DIR,
+    PERIODIC_CHECKPOINT,
+    is_periodic,
+    latest_checkpoint_name,
+    periodic_checkpoints_glob,
     periodic_progress,
 )
 
@@ -103,8 +107,10 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             does not grow with every preemption."""
             super().fit_start(state, logger)
             rank = dist.get_global_rank()
-            earlier = sorted((p for p in Path(folder).glob(periodic_checkpoints_glob(rank)) if not p.is_symlink()),
-                             key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))))
+            earlier = sorted(
+                (p for p in Path(folder).glob(periodic_checkpoints_glob(rank)) if not p.is_symlink()),
+                key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))),
+            )
             known = set(self.saved_checkpoints)
             self.saved_checkpoints[:0] = [str(p) for p in earlier if str(p) not in known]
 
@@ -119,7 +125,10 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             previous = self.saved_checkpoints[-1] if self.saved_checkpoints else None
             try:
                 written = composer_checkpoint.save_checkpoint(
-                    state, filename=pattern + PARTIAL_SUFFIX, weights_only=self.weights_only, ignore_keys=self.ignore_keys
+                    state,
+                    filename=pattern + PARTIAL_SUFFIX,
+                    weights_only=self.weights_only,
+                    ignore_keys=self.ignore_keys,
                 )
                 if not written:  # ranks other than 0 write nothing
                     return
@@ -208,8 +217,10 @@ def check_checkpoint(path: Path, trust: bool = False, key: str = "--checkpoint")
     checkpoint, or (unless ``trust``) holding Python objects beyond tensors and plain data."""
     problem = loadable(path, trust, key)
     if problem is not None:
-        raise DataError(f"{key}: {path} {problem}; nothing was changed. Use another checkpoint of the run "
-                        f"(--checkpoint best, latest or a file in its {CHECKPOINT_DIR}/ folder)")
+        raise DataError(
+            f"{key}: {path} {problem}; nothing was changed. Use another checkpoint of the run "
+            f"(--checkpoint best, latest or a file in its {CHECKPOINT_DIR}/ folder)"
+        )
 
 
 def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
@@ -217,8 +228,9 @@ def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return sorted(checkpoint_dir.glob("*.damaged")) if checkpoint_dir.is_dir() else []
 
 
-def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False,
-                 key: str = "--resume") -> Optional[Path]:
+def resume_point(
+    checkpoint_dir: Path, repair: bool = True, trust: bool = False, key: str = "--resume"
+) -> Optional[Path]:
     """The newest complete checkpoint in ``checkpoint_dir`` (``latest`` relinked to it), or None.
 
     Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints newer than the
@@ -260,8 +272,9 @@ def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False,
     return None
 
 
-def newest_that_loads(checkpoint_dir: Path, trust: bool = False,
-                      key: str = "--checkpoint") -> tuple[Optional[Path], list[tuple[Path, str]]]:
+def newest_that_loads(
+    checkpoint_dir: Path, trust: bool = False, key: str = "--checkpoint"
+) -> tuple[Optional[Path], list[tuple[Path, str]]]:
     """The newest periodic checkpoint in ``checkpoint_dir`` that loads (None: none does, or there is none), and the
     newer ones that do not, each with why (:func:`loadable`); nothing in the folder changes.  One holding objects
     beyond tensors is refused (unless ``trust``), as :func:`resume_point` refuses it."""
@@ -293,10 +306,12 @@ class NoCheckpointToResume(DataError):
     """``--resume`` found nothing to continue from in a run that has results: it refuses, changing nothing."""
 
     def __init__(self, run_dir: Path, why: str):
-        super().__init__(f"--resume: {why}; nothing was changed. To train this run again from the start, pass "
-                         f"--restart run_name={run_dir.name} instead of --resume (the old run is kept, renamed "
-                         f"{run_dir.name}.restarted-<time>); "
-                         "or keep it as it is and train under another run_name")
+        super().__init__(
+            f"--resume: {why}; nothing was changed. To train this run again from the start, pass "
+            f"--restart run_name={run_dir.name} instead of --resume (the old run is kept, renamed "
+            f"{run_dir.name}.restarted-<time>); "
+            "or keep it as it is and train under another run_name"
+        )
         self.run_dir = run_dir
 
 
@@ -321,7 +336,11 @@ def model_weights(loaded: Any, path: Path, key: str = "checkpoint.load_path") ->
 
 
 def load_model_weights(
-    model, weights: dict[str, Any], path: Path, ignore: Iterable[str] = (), strict: bool = True,
+    model,
+    weights: dict[str, Any],
+    path: Path,
+    ignore: Iterable[str] = (),
+    strict: bool = True,
     key: str = "checkpoint.load_path",
 ) -> dict[str, list[str]]:
     """Copy ``weights`` into the Composer model ``model``; returns what was ignored or missing.
@@ -340,7 +359,8 @@ def load_model_weights(
     kept = {k: v for k, v in weights.items() if k not in ignored}
     mismatched = [
         f"{k} {tuple(v.shape)} vs the model's {tuple(own[k].shape)}"
-        for k, v in kept.items() if k in own and tuple(v.shape) != tuple(own[k].shape)
+        for k, v in kept.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
     ]
     if mismatched:
         first_key = mismatched[0].split(" ")[0]

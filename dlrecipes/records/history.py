@@ -25,7 +25,15 @@ from dlrecipes.core.secrets import redact
 from dlrecipes.records.layout import RunDir
 
 HISTORY_COLUMNS = (
-    "epoch", "step", "lr", "train_loss", "eval_loss", "eval_top1", "eval_top5", "images_per_sec", "elapsed_sec",
+    "epoch",
+    "step",
+    "lr",
+    "train_loss",
+    "eval_loss",
+    "eval_top1",
+    "eval_top5",
+    "images_per_sec",
+    "elapsed_sec",
 )
 # Multi-output models (a recipe's task:) add a column per output after these: train_<output>/loss
 # (its unweighted training loss) and eval_<output>/<metric>; train_loss and eval_loss are the weighted totals.
@@ -47,8 +55,14 @@ def peak_memory_mb(device: str) -> float:
 
 
 class RunHistory(Callback):
-    def __init__(self, run_dir: Path | RunDir, recipe: dict[str, Any], device: str, plots: bool = True,
-                 provenance: Optional[dict[str, Any]] = None):
+    def __init__(
+        self,
+        run_dir: Path | RunDir,
+        recipe: dict[str, Any],
+        device: str,
+        plots: bool = True,
+        provenance: Optional[dict[str, Any]] = None,
+    ):
         self.run = RunDir(run_dir)  # where each of the run's files goes
         self.run_dir = self.run.path
         self.provenance = provenance or {}  # what made the run (records.provenance), in summary.json
@@ -151,10 +165,12 @@ class RunHistory(Callback):
         t, name = self.recipe.get("trainer", {}), self.recipe.get("dataset", {}).get("name")
         loader = "FFCV's loader" if name == "ffcv" else f"trainer.loader={t.get('loader', 'torch')}"
         other = "" if name == "ffcv" else " (trainer.loader=torch continues on any number)"
-        print(f"note: this run trained on {self._trained_on} processes and resumes on {world}: {loader} orders "
-              f"samples by process, so from here they differ from an uninterrupted run's (in the resumed epoch some "
-              f"repeat or are left out); resume on {self._trained_on} processes to continue exactly{other}",
-              flush=True)
+        print(
+            f"note: this run trained on {self._trained_on} processes and resumes on {world}: {loader} orders "
+            f"samples by process, so from here they differ from an uninterrupted run's (in the resumed epoch some "
+            f"repeat or are left out); resume on {self._trained_on} processes to continue exactly{other}",
+            flush=True,
+        )
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         self._train_seconds = time.perf_counter() - self._epoch_start
@@ -293,5 +309,7 @@ class RunHistory(Callback):
             summary["best_metrics"], summary["final_metrics"] = best, final
         from dlrecipes.records.checkpoints import atomic_write
 
-        text = (json.dumps(redact(summary), indent=2) + "\n").encode()  # whole or absent: `dlrecipes runs` reads it any time
+        text = (
+            json.dumps(redact(summary), indent=2) + "\n"
+        ).encode()  # whole or absent: `dlrecipes runs` reads it any time
         atomic_write(self.run.summary, lambda f: f.write(text))

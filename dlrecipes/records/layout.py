@@ -91,12 +91,21 @@ def longest_relative_path() -> str:
     most = {key: "9" * digits for key, digits in _MOST_DIGITS.items()}
     report_file = "per_class_accuracy.png"  # the longest name metrics.report (which owns it) writes in a report folder
     report = max(EVAL_FILE, report_file, key=len)
-    return max([f"{CHECKPOINT_DIR}/{name}" for name in (PERIODIC_CHECKPOINT.format(**most), BEST_CHECKPOINT,
-                                                        BEST_INFO, REMOTE_LATEST)]
-               + [f"{EXPORT_DIR}/{name}" for name in (*EXPORTED_MODELS.values(), EXPORT_REPORT, PREPROCESS_FILE,
-                                                      CLASSES_FILE)]
-               + [REPLACED_RECIPE.format(stamp="20260101-000000"), LOG_FILE.format(rank=most["rank"]), LEASE_FILE,
-                  f"{REPORT_DIR}/{report_file}", f"{EVAL_DIR}/{'e' * EVAL_NAME_MAX}/{report}"], key=len)
+    return max(
+        [
+            f"{CHECKPOINT_DIR}/{name}"
+            for name in (PERIODIC_CHECKPOINT.format(**most), BEST_CHECKPOINT, BEST_INFO, REMOTE_LATEST)
+        ]
+        + [f"{EXPORT_DIR}/{name}" for name in (*EXPORTED_MODELS.values(), EXPORT_REPORT, PREPROCESS_FILE, CLASSES_FILE)]
+        + [
+            REPLACED_RECIPE.format(stamp="20260101-000000"),
+            LOG_FILE.format(rank=most["rank"]),
+            LEASE_FILE,
+            f"{REPORT_DIR}/{report_file}",
+            f"{EVAL_DIR}/{'e' * EVAL_NAME_MAX}/{report}",
+        ],
+        key=len,
+    )
 
 
 class PathView:
@@ -272,8 +281,37 @@ def beside(checkpoint: Path, folder: str) -> Path:
     return Path(checkpoint).parent / folder
 
 
-__all__ = ["BEST_CHECKPOINT", "BEST_INFO", "CHECKPOINT_DIR", "CLASSES_FILE", "EVAL_DIR", "EVAL_FILE", "EVAL_NAME_MAX",
-           "EXPORTED_MODELS", "EXPORT_DIR", "EXPORT_REPORT", "ExportDir", "HISTORY_FILE", "LATEST_CHECKPOINT", "LOCK_FILE", "LOG_FILE",
-           "MLFLOW_STORE_DIR", "PERIODIC_CHECKPOINT", "PLOT_FILES", "PREPROCESS_FILE", "PROFILER_DIR", "RECIPE_FILE",
-           "REPLACED_RECIPE", "REPORT_DIR", "RunDir", "SUMMARY_FILE", "TENSORBOARD_DIR", "beside", "is_periodic",
-           "latest_checkpoint_name", "longest_relative_path", "periodic_checkpoints_glob", "periodic_progress"]
+__all__ = [
+    "BEST_CHECKPOINT",
+    "BEST_INFO",
+    "CHECKPOINT_DIR",
+    "CLASSES_FILE",
+    "EVAL_DIR",
+    "EVAL_FILE",
+    "EVAL_NAME_MAX",
+    "EXPORTED_MODELS",
+    "EXPORT_DIR",
+    "EXPORT_REPORT",
+    "ExportDir",
+    "HISTORY_FILE",
+    "LATEST_CHECKPOINT",
+    "LOCK_FILE",
+    "LOG_FILE",
+    "MLFLOW_STORE_DIR",
+    "PERIODIC_CHECKPOINT",
+    "PLOT_FILES",
+    "PREPROCESS_FILE",
+    "PROFILER_DIR",
+    "RECIPE_FILE",
+    "REPLACED_RECIPE",
+    "REPORT_DIR",
+    "RunDir",
+    "SUMMARY_FILE",
+    "TENSORBOARD_DIR",
+    "beside",
+    "is_periodic",
+    "latest_checkpoint_name",
+    "longest_relative_path",
+    "periodic_checkpoints_glob",
+    "periodic_progress",
+]

@@ -78,8 +78,11 @@ def _draw_history(ax, rows: list[dict[str, float]], figure: str, title: str) -> 
     ylabel, series = HISTORY_FIGURES[figure]
     series = list(series)
     if figure == "accuracy":  # multi-output models: eval_<output>/top1 (and top5) beside the single-output columns
-        series += [(k, "eval " + k.removeprefix("eval_")) for k in rows[0]
-                   if k.startswith("eval_") and k.endswith(("/top1", "/top5"))]
+        series += [
+            (k, "eval " + k.removeprefix("eval_"))
+            for k in rows[0]
+            if k.startswith("eval_") and k.endswith(("/top1", "/top5"))
+        ]
     for key, label in series:
         x, y = _series(rows, key)
         if y:
@@ -121,9 +124,17 @@ def history_figure(run_dir: str | Path):
 
 
 COMPARE_COLUMNS = (
-    ("run", "run"), ("status", "status"), ("recipe", "recipe"), ("precision", "precision"), ("batch_size", "batch"),
-    ("microbatch", "microbatch"), ("wall_time_sec", "wall s"), ("images_per_sec", "img/s"),
-    ("peak_memory_mb", "peak MiB"), ("best_top1", "best top-1"), ("epochs", "epochs"),
+    ("run", "run"),
+    ("status", "status"),
+    ("recipe", "recipe"),
+    ("precision", "precision"),
+    ("batch_size", "batch"),
+    ("microbatch", "microbatch"),
+    ("wall_time_sec", "wall s"),
+    ("images_per_sec", "img/s"),
+    ("peak_memory_mb", "peak MiB"),
+    ("best_top1", "best top-1"),
+    ("epochs", "epochs"),
 )
 
 
@@ -156,8 +167,9 @@ def recipe_differences(run_dirs: Sequence[str | Path]) -> dict[str, list[Any]]:
     return {k: [f.get(k) if f is not None else None for f in flat] for k in differing}
 
 
-def compare_runs(run_dirs: Sequence[str | Path], plot_path: str | Path | None = None
-                 ) -> tuple[list[dict[str, Any]], Path | None]:
+def compare_runs(
+    run_dirs: Sequence[str | Path], plot_path: str | Path | None = None
+) -> tuple[list[dict[str, Any]], Path | None]:
     """Summaries of the runs (for the table; ``settings``: the recipe values that differ among them) and,
     with ``plot_path``, a plot of eval top-1 against wall-clock time written there."""
     summaries = [load_summary(Path(d)) for d in run_dirs]
@@ -188,11 +200,16 @@ def environment_differences(summaries: Sequence[dict[str, Any]]) -> dict[str, li
     among the runs: another torch, GPU, commit or plugin file."""
     from dlrecipes.records.provenance import flat
 
-    flats = [flat({k: v for k, v in (s.get("provenance") or {}).items() if k not in NOT_COMPARED}, "")
-             if isinstance(s.get("provenance"), dict) else {} for s in summaries]
+    flats = [
+        flat({k: v for k, v in (s.get("provenance") or {}).items() if k not in NOT_COMPARED}, "")
+        if isinstance(s.get("provenance"), dict)
+        else {}
+        for s in summaries
+    ]
     keys = dict.fromkeys(k for f in flats for k in f)
-    return {k.removeprefix("versions/"): [f.get(k) for f in flats] for k in keys
-            if len({repr(f.get(k)) for f in flats}) > 1}
+    return {
+        k.removeprefix("versions/"): [f.get(k) for f in flats] for k in keys if len({repr(f.get(k)) for f in flats}) > 1
+    }
 
 
 def comparison_figure(run_dirs: Sequence[str | Path], summaries: Sequence[dict[str, Any]]):
@@ -202,8 +219,11 @@ def comparison_figure(run_dirs: Sequence[str | Path], summaries: Sequence[dict[s
     for run_dir, summary in zip(run_dirs, summaries):
         if not RunDir(run_dir).history.is_file():
             continue
-        rows = [r for r in read_history(Path(run_dir)) if not math.isnan(r.get("eval_top1", math.nan))
-                and not math.isnan(r.get("elapsed_sec", math.nan))]
+        rows = [
+            r
+            for r in read_history(Path(run_dir))
+            if not math.isnan(r.get("eval_top1", math.nan)) and not math.isnan(r.get("elapsed_sec", math.nan))
+        ]
         label = f"{summary['run']} ({summary.get('precision')}, batch {summary.get('batch_size')})"
         ax.plot([r["elapsed_sec"] for r in rows], [r["eval_top1"] for r in rows], marker="o", label=label)
     ax.set_xlabel("wall-clock time (s)")

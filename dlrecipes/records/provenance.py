@@ -41,11 +41,27 @@ if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
 
 
-PACKAGES = {"dlrecipes": "dlrecipes", "torch": "torch", "torchvision": "torchvision", "composer": "mosaicml",
-            "timm": "timm", "numpy": "numpy"}
+PACKAGES = {
+    "dlrecipes": "dlrecipes",
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "composer": "mosaicml",
+    "timm": "timm",
+    "numpy": "numpy",
+}
 # the items a rerun of a run's recipe compares (what would make its numbers differ), in the order warnings say them
-COMPARED = ("versions", "cuda", "cudnn", "gpu", "git_commit", "git_dirty", "dlrecipes_commit", "dlrecipes_dirty",
-            "plugins", "world_size")
+COMPARED = (
+    "versions",
+    "cuda",
+    "cudnn",
+    "gpu",
+    "git_commit",
+    "git_dirty",
+    "dlrecipes_commit",
+    "dlrecipes_dirty",
+    "plugins",
+    "world_size",
+)
 # a dirty flag that is said with its commit where either run had none
 SAID_WITH = {"git_dirty": "git_commit", "dlrecipes_dirty": "dlrecipes_commit"}
 
@@ -116,8 +132,17 @@ def uncommitted(repo: str, files: Iterable[str]) -> list[str]:
     inside = [f for f in files if Path(f).resolve().is_relative_to(root)]
     if not inside:
         return []
-    status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--ignored", "--",
-                  *(str(Path(f).resolve().relative_to(root)) for f in inside), strip=False)  # " M file"
+    status = _git(
+        root,
+        "status",
+        "--porcelain",
+        "-z",
+        "--untracked-files=all",
+        "--ignored",
+        "--",
+        *(str(Path(f).resolve().relative_to(root)) for f in inside),
+        strip=False,
+    )  # " M file"
     if status is None:
         return []
     named = {str((root / entry[3:]).resolve()) for entry in status.split("\0") if len(entry) > 3}
@@ -170,8 +195,12 @@ def gpu_facts(device: str) -> dict[str, Any]:
         return {}
     import torch
 
-    return {"cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(0), "gpu_count": gpu_count()}
+    return {
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpu_count": gpu_count(),
+    }
 
 
 def recipe_origin(config: RecipeConfig, plugins: Iterable[str]) -> dict[str, Any]:
@@ -181,8 +210,13 @@ def recipe_origin(config: RecipeConfig, plugins: Iterable[str]) -> dict[str, Any
     recipe = Path(origin).resolve() if origin else None
     repo, commit, dirty = git_state(recipe.parent) if recipe else (None, None, None)
     loose = uncommitted(repo, plugins) if repo else []
-    return {"recipe_file": str(recipe) if recipe else None, "git_repo": repo, "git_commit": commit,
-            "git_dirty": True if loose else dirty, "git_uncommitted": loose}
+    return {
+        "recipe_file": str(recipe) if recipe else None,
+        "git_repo": repo,
+        "git_commit": commit,
+        "git_dirty": True if loose else dirty,
+        "git_uncommitted": loose,
+    }
 
 
 def collect(config: RecipeConfig, device: str) -> dict[str, Any]:
@@ -192,10 +226,16 @@ def collect(config: RecipeConfig, device: str) -> dict[str, Any]:
     world, local = dist.get_world_size(), max(1, dist.get_local_world_size())
     plugins = plugin_files()
     return {
-        "versions": versions(), **gpu_facts(device),
-        "host": socket.gethostname(), "world_size": world, "nodes": max(1, world // local),
-        "command": command(), **recipe_origin(config, plugins), **dlrecipes_checkout(),
-        "plugins": plugins, "seed": config.trainer.seed,
+        "versions": versions(),
+        **gpu_facts(device),
+        "host": socket.gethostname(),
+        "world_size": world,
+        "nodes": max(1, world // local),
+        "command": command(),
+        **recipe_origin(config, plugins),
+        **dlrecipes_checkout(),
+        "plugins": plugins,
+        "seed": config.trainer.seed,
     }
 
 
@@ -214,6 +254,7 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """One phrase per compared item (:data:`COMPARED`) that differs: ``torch 2.7.0 (the run had 2.6.0)``."""
     said = []
     old, new = flat({k: before.get(k) for k in COMPARED}, ""), flat({k: now.get(k) for k in COMPARED}, "")
+
     def shown(value: Any) -> str:
         return "none" if value is None else str(value)
 

@@ -44,8 +44,15 @@ class RunRequest:
     command: str = ""
 
     @classmethod
-    def of(cls, loaded: LoadedRecipe, overrides: list[str], plugins: tuple[str, ...] | list[str],
-           options: RunOptions, given: dict[str, Any], source: str) -> "RunRequest":
+    def of(
+        cls,
+        loaded: LoadedRecipe,
+        overrides: list[str],
+        plugins: tuple[str, ...] | list[str],
+        options: RunOptions,
+        given: dict[str, Any],
+        source: str,
+    ) -> "RunRequest":
         """The request for ``loaded`` (its file with ``overrides`` applied) with ``given`` (top-level keys such as
         ``runs_dir`` and ``run_name``, or a section's keys as ``{"trainer": {...}}``) set in its data, each said to
         come from ``source``; its command is the train line that loads the same recipe."""
@@ -58,11 +65,16 @@ class RunRequest:
                 data[key] = value
                 assigned.append((key, value))
         sources.update({path: source for path, _ in assigned})
-        flags = [*(["--resume"] if options.resume else []), *(["--restart"] if options.restart else []),
-                 *(["--trust-checkpoint"] if options.trust else []), *(["--verbose"] if options.verbose else []),
-                 *(a for p in plugins for a in ("--plugin", p))]
-        command = shlex.join(["dlrecipes", "train", str(loaded.path), *overrides,
-                               *override_strings(dict(assigned)), *flags])
+        flags = [
+            *(["--resume"] if options.resume else []),
+            *(["--restart"] if options.restart else []),
+            *(["--trust-checkpoint"] if options.trust else []),
+            *(["--verbose"] if options.verbose else []),
+            *(a for p in plugins for a in ("--plugin", p)),
+        ]
+        command = shlex.join(
+            ["dlrecipes", "train", str(loaded.path), *overrides, *override_strings(dict(assigned)), *flags]
+        )
         return cls(str(loaded.path), data, sources, tuple(plugins), options, command)
 
     def loaded(self) -> LoadedRecipe:
@@ -82,9 +94,18 @@ class RunRequest:
     def write(self, folder: Path, name: str) -> Path:
         """Write the request to ``folder/NAME.yaml``, readable by its owner only; returns its path."""
         path = Path(folder) / f"{name}.yaml"
-        text = yaml.safe_dump({"recipe": self.recipe, "data": self.data, "sources": self.sources,
-                               "plugins": list(self.plugins), "options": vars(self.options), "command": self.command},
-                              sort_keys=False, allow_unicode=True)
+        text = yaml.safe_dump(
+            {
+                "recipe": self.recipe,
+                "data": self.data,
+                "sources": self.sources,
+                "plugins": list(self.plugins),
+                "options": vars(self.options),
+                "command": self.command,
+            },
+            sort_keys=False,
+            allow_unicode=True,
+        )
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:
             out.write(text)
@@ -104,8 +125,14 @@ class RunRequest:
             options = RunOptions(**raw["options"])
         except TypeError as exc:
             raise UserError(f"{path}: options: {first_line(exc)}") from None
-        return cls(str(raw["recipe"]), raw["data"], dict(raw["sources"] or {}), tuple(raw["plugins"] or ()),
-                   options, str(raw["command"]))
+        return cls(
+            str(raw["recipe"]),
+            raw["data"],
+            dict(raw["sources"] or {}),
+            tuple(raw["plugins"] or ()),
+            options,
+            str(raw["command"]),
+        )
 
 
 __all__ = ["RunRequest"]

@@ -21,10 +21,22 @@ from dlrecipes.records.run_files import read_recipe
 
 # Key paths (and everything under them) that a checkpoint was made for.
 CANNOT_CHANGE = (
-    "model", "task", "loss", "finetune", "optimizer.name", "trainer.fsdp",
-    "dataset.name", "dataset.classes", "dataset.class_list", "dataset.num_classes",
-    "dataset.image_size", "dataset.crop_size", "dataset.input_shape",
+    "model",
+    "task",
+    "loss",
+    "finetune",
+    "optimizer.name",
+    "trainer.fsdp",
+    "dataset.name",
+    "dataset.classes",
+    "dataset.class_list",
+    "dataset.num_classes",
+    "dataset.image_size",
+    "dataset.crop_size",
+    "dataset.input_shape",
 )
+
+
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
     if not isinstance(data, dict) or (prefix and not data):

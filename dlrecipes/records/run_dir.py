@@ -23,7 +23,12 @@ from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoints, resume_point
 from dlrecipes.records.layout import (
-    CHECKPOINT_DIR, RECIPE_FILE, REMOTE_LATEST, RunDir, latest_checkpoint_name, periodic_progress,
+    CHECKPOINT_DIR,
+    RECIPE_FILE,
+    REMOTE_LATEST,
+    RunDir,
+    latest_checkpoint_name,
+    periodic_progress,
 )
 from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
@@ -54,8 +59,7 @@ def choose_run_name(config: RecipeConfig, resume: bool, device: str, runs: Path)
                 "set run_name=... to name the run to continue"
             )
         return candidates[-1].name
-    name = _claim_new_name(runs, f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") \
-        if rank() == 0 else ""
+    name = _claim_new_name(runs, f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}") if rank() == 0 else ""
     return same_on_all_ranks(name, device, config.trainer.dist_timeout)
 
 
@@ -73,10 +77,14 @@ def check_run_exists(runs: Path, name: str) -> None:
         return
     names = sorted(p.parent.name for p in runs.glob(f"*/{RECIPE_FILE}")) if runs.is_dir() else []
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    hint = f"; the closest: {', '.join(close)}" if close else (
-        f"; it holds {len(names)} run(s) (dlrecipes runs {runs} lists them)" if names else "")
-    raise RecipeError(f"run_name: --resume found no run {name!r} in {runs}{hint}. Without --resume a new run "
-                      "starts under that name")
+    hint = (
+        f"; the closest: {', '.join(close)}"
+        if close
+        else (f"; it holds {len(names)} run(s) (dlrecipes runs {runs} lists them)" if names else "")
+    )
+    raise RecipeError(
+        f"run_name: --resume found no run {name!r} in {runs}{hint}. Without --resume a new run starts under that name"
+    )
 
 
 def continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
@@ -85,8 +93,12 @@ def continued_after_torchrun_restart(restart: bool) -> tuple[bool, bool]:
     os.environ.setdefault(RESUME_MISSING, "start")
     if rank() == 0:
         count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        print(f"note: torchrun restarted the job (restart {count}){' (--restart ignored)' if restart else ''}: "
-              "resuming the run from its last checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"note: torchrun restarted the job (restart {count}){' (--restart ignored)' if restart else ''}: "
+            "resuming the run from its last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
     return True, False
 
 
@@ -122,9 +134,11 @@ def set_aside_failed_run(run_dir: Path) -> Path | None:
         return None
     aside = run_dir.with_name(f"{run_dir.name}.{status}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(aside)
-    print(f"warning: {run_dir} held a run that {'diverged' if status == 'diverged' else 'failed'}; it was moved to "
-          f"{aside} and this run starts afresh (pass --resume to continue it from its checkpoint instead)",
-          file=sys.stderr)
+    print(
+        f"warning: {run_dir} held a run that {'diverged' if status == 'diverged' else 'failed'}; it was moved to "
+        f"{aside} and this run starts afresh (pass --resume to continue it from its checkpoint instead)",
+        file=sys.stderr,
+    )
     return aside
 
 
@@ -137,13 +151,16 @@ def set_aside_for_restart(run_dir: Path) -> Path | None:
         return None
     lock = run_lock.acquire(run_dir)  # refuses, naming the holder, while a live process trains in it
     stem = f"{run_dir.name}.restarted-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside = next(p for p in (run_dir.with_name(stem if n == 1 else f"{stem}-{n}") for n in range(1, 1000))
-                 if not p.exists())
+    aside = next(
+        p for p in (run_dir.with_name(stem if n == 1 else f"{stem}-{n}") for n in range(1, 1000)) if not p.exists()
+    )
     run_dir.rename(aside)  # the lock goes with it, so no run can start in it meanwhile
     lock.path = aside / lock.path.name
     lock.release()
-    print(f"warning: --restart: the run that was in {run_dir} is kept as {aside}; this run starts from the "
-          "beginning", file=sys.stderr)
+    print(
+        f"warning: --restart: the run that was in {run_dir} is kept as {aside}; this run starts from the beginning",
+        file=sys.stderr,
+    )
     return aside
 
 
@@ -158,16 +175,19 @@ def find_resume_point(run_dir: Path, max_duration: str, trust: bool = False) -> 
     if point is None:
         results = [p.name for p in damaged_checkpoints(folder)] + ([run.best.name] if run.best.exists() else [])
         if results:
-            raise NoCheckpointToResume(run_dir, f"{folder} holds no periodic checkpoint that loads, only "
-                                                f"{', '.join(results[:4])}")
+            raise NoCheckpointToResume(
+                run_dir, f"{folder} holds no periodic checkpoint that loads, only {', '.join(results[:4])}"
+            )
         return None
     epochs, batches = periodic_progress(point)
     amount, unit = parse_duration(max_duration)
     done = {"ep": epochs, "ba": batches}.get(unit)
     if done is not None and amount < done:
-        raise RecipeError(f"trainer.max_duration: {max_duration} is shorter than what {run_dir.name} has trained "
-                          f"({epochs} epochs, {batches} batches: {point.name}); give a longer max_duration to "
-                          f"continue it, or evaluate it as it is: dlrecipes eval {run_dir}")
+        raise RecipeError(
+            f"trainer.max_duration: {max_duration} is shorter than what {run_dir.name} has trained "
+            f"({epochs} epochs, {batches} batches: {point.name}); give a longer max_duration to "
+            f"continue it, or evaluate it as it is: dlrecipes eval {run_dir}"
+        )
     return point
 
 
@@ -175,8 +195,9 @@ def has_checkpoint(run_dir: Path) -> bool:
     """Whether the run wrote a complete checkpoint (periodic or best; a copy of a run in a bucket: the bucket's
     pointer names one)."""
     folder = RunDir(run_dir).checkpoints
-    return folder.is_dir() and any((p.suffix == ".pt" or p.name == REMOTE_LATEST) and not p.is_symlink()
-                                   for p in folder.iterdir())
+    return folder.is_dir() and any(
+        (p.suffix == ".pt" or p.name == REMOTE_LATEST) and not p.is_symlink() for p in folder.iterdir()
+    )
 
 
 def discard_empty_run(run: RunDir, lock: HeldLock) -> bool:
@@ -233,5 +254,5 @@ def record_recipe(run_dir: Path | RunDir, recipe: dict[str, Any], resume: bool) 
         )
     if not run.recipe.exists() or _recipe_body(run.recipe.read_text()) != _recipe_body(resolved):
         if run.recipe.exists():
-            run.recipe.rename(run.replaced_recipe(time.strftime('%Y%m%d-%H%M%S')))
+            run.recipe.rename(run.replaced_recipe(time.strftime("%Y%m%d-%H%M%S")))
         run.recipe.write_text(resolved)

@@ -24,8 +24,10 @@ class DamagedRunFile(DataError):
     """A record in a run directory does not read back as what the run wrote."""
 
     def __init__(self, path: Path, what: str):
-        super().__init__(f"{path}: {what}; nothing was changed (the run wrote it whole, so it was damaged "
-                         "since: restore it from a copy)")
+        super().__init__(
+            f"{path}: {what}; nothing was changed (the run wrote it whole, so it was damaged "
+            "since: restore it from a copy)"
+        )
         self.path = path
 
 
@@ -140,8 +142,10 @@ def check_best_record(run: RunDir, refuse: bool = True) -> None:
     recorded = info.get("sha256") if isinstance(info, dict) else None
     if not isinstance(recorded, str) or file_digest(run.best) == recorded:
         return
-    what = (f"{run.best}: not the best checkpoint {run.best_info.name} describes (epoch {info.get('epoch')}, batch "
-            f"{info.get('batch')}: another file, as an upload cut off or landed out of order leaves)")
+    what = (
+        f"{run.best}: not the best checkpoint {run.best_info.name} describes (epoch {info.get('epoch')}, batch "
+        f"{info.get('batch')}: another file, as an upload cut off or landed out of order leaves)"
+    )
     if not refuse:
         import sys
 

@@ -84,8 +84,12 @@ class RunLock:
 def acquire(run_dir: Path) -> RunLock:
     """Take ``run_dir``'s lock, or raise :class:`RunLockedError` naming the holder."""
     path = RunDir(run_dir).lock
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
-          "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    me = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": _process_start(os.getpid()),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     for _ in range(20):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -96,8 +100,11 @@ def acquire(run_dir: Path) -> RunLock:
                 continue
             alive = _alive(holder)
             if alive is False:
-                print(f"warning: {run_dir} was locked by a run that no longer exists ({_describe(holder)}); "
-                      "taking it over", file=sys.stderr)
+                print(
+                    f"warning: {run_dir} was locked by a run that no longer exists ({_describe(holder)}); "
+                    "taking it over",
+                    file=sys.stderr,
+                )
                 path.unlink(missing_ok=True)
                 continue
             where = "" if alive else f" on another host; if that run is dead, delete {path}"

@@ -19,9 +19,17 @@ from dlrecipes.records.layout import RECIPE_FILE, RunDir
 from dlrecipes.records.run_files import DamagedRunFile
 
 RUN_COLUMNS = (
-    ("run", "run"), ("recipe", "recipe"), ("status", "status"), ("epochs", "epochs"), ("best", "best"),
-    ("wall_time", "time"), ("device", "device"), ("precision", "precision"), ("started", "started"),
-    ("torch", "torch"), ("commit", "commit"),
+    ("run", "run"),
+    ("recipe", "recipe"),
+    ("status", "status"),
+    ("epochs", "epochs"),
+    ("best", "best"),
+    ("wall_time", "time"),
+    ("device", "device"),
+    ("precision", "precision"),
+    ("started", "started"),
+    ("torch", "torch"),
+    ("commit", "commit"),
 )
 STATUS_SHOWN = {"finished": "done", "stopped": "stopped (resumable)"}
 
@@ -158,8 +166,14 @@ def find_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> li
     root = Path(runs_dir)
     if not root.is_dir():
         raise UserError(f"{root}: no runs folder here (train first, or give the folder: dlrecipes runs PATH)")
-    return newest_first([p.parent for p in root.rglob(RECIPE_FILE)
-                         if not any(part.startswith(".") for part in p.relative_to(root).parts)], last)
+    return newest_first(
+        [
+            p.parent
+            for p in root.rglob(RECIPE_FILE)
+            if not any(part.startswith(".") for part in p.relative_to(root).parts)
+        ],
+        last,
+    )
 
 
 def newest_first(run_dirs: Sequence[Path], last: Optional[int] = None) -> list[Path]:

@@ -127,8 +127,12 @@ def _stdio(out: Optional[str], err: Optional[str], append: bool) -> None:
         mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         os.dup2(os.open(out, mode), 1)
         os.dup2(os.open(err, mode) if err else 1, 2)
-    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
-                                               encoding="utf-8", errors="backslashreplace") for fd in (1, 2))
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False), write_through=True, encoding="utf-8", errors="backslashreplace"
+        )
+        for fd in (1, 2)
+    )
 
 
 def _fresh_signals() -> None:
@@ -141,8 +145,11 @@ def _fresh_signals() -> None:
     for signum in signal.valid_signals():
         if signum in (signal.SIGKILL, signal.SIGSTOP):
             continue
-        fresh = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
-                 signal.SIGXFSZ: signal.SIG_IGN}.get(signum, signal.SIG_DFL)
+        fresh = {
+            signal.SIGINT: signal.default_int_handler,
+            signal.SIGPIPE: signal.SIG_IGN,
+            signal.SIGXFSZ: signal.SIG_IGN,
+        }.get(signum, signal.SIG_DFL)
         try:
             if signal.getsignal(signum) not in (fresh, None):
                 signal.signal(signum, fresh)
@@ -150,8 +157,17 @@ def _fresh_signals() -> None:
             pass
 
 
-def _child(main: Callable[[list[str]], Any], args: list[str], cwd: str, env: dict[str, str], out: Optional[str],
-           err: Optional[str], append: bool, new_session: bool, forked_here: bool = False) -> None:
+def _child(
+    main: Callable[[list[str]], Any],
+    args: list[str],
+    cwd: str,
+    env: dict[str, str],
+    out: Optional[str],
+    err: Optional[str],
+    append: bool,
+    new_session: bool,
+    forked_here: bool = False,
+) -> None:
     """In the forked process: ``main(args)`` in ``cwd`` with ``env`` (the working directory first on sys.path, as
     ``python -m`` puts it), its exit code the process's."""
     if forked_here:
@@ -161,7 +177,9 @@ def _child(main: Callable[[list[str]], Any], args: list[str], cwd: str, env: dic
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    sys.path.insert(0, os.getcwd())  # first, as Python puts it (the server has the starting process's sys.path after it)
+    sys.path.insert(
+        0, os.getcwd()
+    )  # first, as Python puts it (the server has the starting process's sys.path after it)
     _stdio(out, err, append)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a fresh process
     threads = env.get("OMP_NUM_THREADS")
@@ -184,9 +202,17 @@ def _child(main: Callable[[list[str]], Any], args: list[str], cwd: str, env: dic
     raise SystemExit(code)  # through multiprocessing's own exit, which flushes and releases what it holds
 
 
-def start(program: Program, args: list[str], *, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None,
-          out: Optional[Path] = None, err: Optional[Path] = None, append: bool = False, new_session: bool = False
-          ) -> Started:
+def start(
+    program: Program,
+    args: list[str],
+    *,
+    cwd: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+    out: Optional[Path] = None,
+    err: Optional[Path] = None,
+    append: bool = False,
+    new_session: bool = False,
+) -> Started:
     """Start ``program.main(args)`` in a process forked from its server (started, and its imports paid, on first
     use), or from this process where it has them and runs one thread (:func:`forks_itself`).
 
@@ -194,9 +220,20 @@ def start(program: Program, args: list[str], *, cwd: Optional[Path] = None, env:
     ``new_session`` makes it the leader of a session of its own, as ``start_new_session`` does for Popen."""
     here = forks_itself()
     context = multiprocessing.get_context("fork") if here else _server(program)
-    process = context.Process(target=_child, args=(
-        program.main, list(args), str(cwd or os.getcwd()), dict(os.environ if env is None else env),
-        None if out is None else str(out), None if err is None else str(err), append, new_session, here))
+    process = context.Process(
+        target=_child,
+        args=(
+            program.main,
+            list(args),
+            str(cwd or os.getcwd()),
+            dict(os.environ if env is None else env),
+            None if out is None else str(out),
+            None if err is None else str(err),
+            append,
+            new_session,
+            here,
+        ),
+    )
     process.start()
     started = Started(process)
     started.args = list(args)

@@ -44,8 +44,11 @@ def _hub_configs() -> list:
     when it is loaded (a caller imports ``datasets`` before the hub is asked)."""
     with contextlib.suppress(ImportError):
         import huggingface_hub.constants  # noqa: F401
-    return [module for module in (sys.modules.get("huggingface_hub.constants"), sys.modules.get("datasets.config"))
-            if module is not None]
+    return [
+        module
+        for module in (sys.modules.get("huggingface_hub.constants"), sys.modules.get("datasets.config"))
+        if module is not None
+    ]
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ import signal
 import threading
 from typing import Any, Iterator
 
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
-                if hasattr(signal, name))
+SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+)
 LOGGERS = ("", "composer", "dlrecipes", "py.warnings")  # "": the root logger
 ENVIRONMENT = ("CUBLAS_WORKSPACE_CONFIG",)  # set by Composer's deterministic mode
 

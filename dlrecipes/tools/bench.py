@@ -33,7 +33,9 @@ from dlrecipes.errors import RecipeError
 from dlrecipes.records.store import TrainingRun
 
 
-def in_memory_batches(config: RecipeConfig, count: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def in_memory_batches(
+    config: RecipeConfig, count: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``count`` training batches of the recipe's data, on ``device``."""
     data = builders.build_datasets(config.dataset)
     loader, _ = builders.build_dataloaders(data, config.trainer, device_name(device), config.trainer.seed)
@@ -67,8 +69,16 @@ def one_epoch(batches: list, count: int):
 class PlainLoop:
     """What one would write by hand: forward, loss, backward, step, with AMP and accumulation."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any,
-                 precision: str, microbatch: Optional[int], channels_last: bool, device: torch.device):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Any,
+        precision: str,
+        microbatch: Optional[int],
+        channels_last: bool,
+        device: torch.device,
+    ):
         self.module, self.optimizer, self.loss_fn = module.train(), optimizer, loss_fn
         self.microbatch = microbatch
         self.channels_last = channels_last
@@ -163,8 +173,11 @@ def _timed_rounds(plain_segment, composer_segment, steps: int, rounds: int, warm
         ratios.append(plain_s / composer_s)
         extra_ms.append(1000 * (composer_s - plain_s) / steps)
     return {
-        "plain_img_s": statistics.median(plain_rates), "dlrecipes_img_s": statistics.median(composer_rates),
-        "ratio": statistics.median(ratios), "ratios": ratios, "overhead_ms_per_step": statistics.median(extra_ms),
+        "plain_img_s": statistics.median(plain_rates),
+        "dlrecipes_img_s": statistics.median(composer_rates),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "overhead_ms_per_step": statistics.median(extra_ms),
     }
 
 
@@ -181,8 +194,9 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
     batches = in_memory_batches(config, max(steps, 8), device)
     micro = t.device_train_microbatch_size if isinstance(t.device_train_microbatch_size, int) else None
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), device_name),
-                                      one_epoch(batches, warmup + steps * rounds + 1))
+        trainer = build_bench_trainer(
+            TrainingRun.in_folder(config, Path(tmp), device_name), one_epoch(batches, warmup + steps * rounds + 1)
+        )
         timer = _SegmentTimer(device)
         trainer.state.callbacks.append(timer.callback)
         module = copy.deepcopy(trainer.state.model.module)  # same initial weights (and channels-last if applied)
@@ -208,9 +222,16 @@ def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: in
         timings = _timed_rounds(plain_segment, composer_segment, steps, rounds, warmup, batch)
         trainer.close()
     return {
-        "model": config.model.name, "dataset": config.dataset.name, "device": device_name, "precision": t.precision,
-        "channels_last": channels_last, "batch": batch, "microbatch": micro, "steps_per_round": steps,
-        "rounds": rounds, **timings,
+        "model": config.model.name,
+        "dataset": config.dataset.name,
+        "device": device_name,
+        "precision": t.precision,
+        "channels_last": channels_last,
+        "batch": batch,
+        "microbatch": micro,
+        "steps_per_round": steps,
+        "rounds": rounds,
+        **timings,
     }
 
 
@@ -241,8 +262,10 @@ def measure_throughput(config: RecipeConfig, steps: int = 30, warmup: int = 10) 
     device = torch_device(device_name)
     batches = in_memory_batches(config, 4, device)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_bench_trainer(TrainingRun.in_folder(config, Path(tmp), device_name),
-                                      DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)))
+        trainer = build_bench_trainer(
+            TrainingRun.in_folder(config, Path(tmp), device_name),
+            DataSpec(BatchList(batches), num_samples=sum(len(b[1]) for b in batches)),
+        )
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         trainer.fit(duration=f"{warmup}ba")  # includes torch.compile's compilation when enabled

@@ -66,19 +66,27 @@ def options_of_other_format(format: str, given: Sequence[str]) -> None:
         wrong = [name for name in names if name in given and name not in FORMAT_OPTIONS.get(format, ())]
         if format in FORMAT_OPTIONS and other != format and wrong:
             option = "--" + wrong[0].replace("_", "-")
-            raise UserError(f"{option}: only with --format {other}; --format {format} reads "
-                            f"{', '.join('--' + n.replace('_', '-') for n in FORMAT_OPTIONS[format])}, --out, "
-                            "--workers and --overwrite")
+            raise UserError(
+                f"{option}: only with --format {other}; --format {format} reads "
+                f"{', '.join('--' + n.replace('_', '-') for n in FORMAT_OPTIONS[format])}, --out, "
+                "--workers and --overwrite"
+            )
 
 
 def convert_dataset(
-    dataset: str, params: dict[str, Any], out_dir: str | Path | None, options: ConvertOptions | CacheOptions | None,
-    echo: Callable[[str], None] = print, format: str = "ffcv",
+    dataset: str,
+    params: dict[str, Any],
+    out_dir: str | Path | None,
+    options: ConvertOptions | CacheOptions | None,
+    echo: Callable[[str], None] = print,
+    format: str = "ffcv",
 ) -> list[ConvertReport] | list[CacheReport]:
     """Write a registered dataset's train and eval splits to ``out_dir/{train,val}.beton`` (``format="ffcv"``), or
     as the tensor cache in ``out_dir`` (default: where ``trainer.loader: tensor_cache`` looks for it)."""
     if format not in CONVERT_FORMATS:
-        raise UserError(f"--format: expected {', '.join(CONVERT_FORMATS[:-1])} or {CONVERT_FORMATS[-1]}, got {format!r}")
+        raise UserError(
+            f"--format: expected {', '.join(CONVERT_FORMATS[:-1])} or {CONVERT_FORMATS[-1]}, got {format!r}"
+        )
     load_all()
     component = check_component({"name": dataset, **params}, "dataset", COMPONENT_SECTIONS["dataset"])
     if format == "tensor_cache":
@@ -106,18 +114,26 @@ def convert_dataset(
     return reports
 
 
-def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOptions,
-                       echo: Callable[[str], None] = print) -> list[CacheReport]:
+def write_tensor_cache(
+    component, out_dir: str | Path | None, options: CacheOptions, echo: Callable[[str], None] = print
+) -> list[CacheReport]:
     """Both splits' tensor caches, where and as training with ``trainer.loader: tensor_cache`` (``trainer.cache_dir``
     = ``out_dir``, ``trainer.cache_size`` = ``options.cache_size``) looks for them; one up to date is kept."""
     from dlrecipes.data.tensor_cache import (
-        build_cache, cache_files, cache_is_current, cache_location, cache_split, image_source,
+        build_cache,
+        cache_files,
+        cache_is_current,
+        cache_location,
+        cache_split,
+        image_source,
     )
 
     if not registry.datasets.get(component.name).metadata.get("pil_images"):
         usable = ", ".join(e.name for e in registry.datasets if e.metadata.get("pil_images"))
-        raise UserError(f"--format tensor_cache: the tensor cache decodes datasets of PIL images ({usable}); "
-                        f"'{component.name}' has none (use --format ffcv, or train it with trainer.loader=device or torch)")
+        raise UserError(
+            f"--format tensor_cache: the tensor cache decodes datasets of PIL images ({usable}); "
+            f"'{component.name}' has none (use --format ffcv, or train it with trainer.loader=device or torch)"
+        )
     splits = build_datasets(component)
     out_dir = Path(out_dir).resolve() if out_dir is not None else None  # trainer.cache_dir: from the working directory
     workers = options.num_workers if options.num_workers > 0 else os.cpu_count() or 1
@@ -133,11 +149,15 @@ def write_tensor_cache(component, out_dir: str | Path | None, options: CacheOpti
         else:
             echo(f"{split}: {images} is up to date (--overwrite rebuilds it)")
         report = _cache_report(split, cache_dir, size, time.perf_counter() - started, written)
-        echo(f"  {report.samples} samples, {report.classes} classes, {size}x{size} RGB uint8, {_amount(report.bytes)}"
-             + (f", {report.seconds:.1f}s" if written else ""))
+        echo(
+            f"  {report.samples} samples, {report.classes} classes, {size}x{size} RGB uint8, {_amount(report.bytes)}"
+            + (f", {report.seconds:.1f}s" if written else "")
+        )
         reports.append(report)
     hint = ["trainer.loader=tensor_cache"] + [f"trainer.cache_dir={out_dir}"] * (out_dir is not None)
-    echo("train from it with " + " ".join(hint + [f"trainer.cache_size={options.cache_size}"] * bool(options.cache_size)))
+    echo(
+        "train from it with " + " ".join(hint + [f"trainer.cache_size={options.cache_size}"] * bool(options.cache_size))
+    )
     return reports
 
 
@@ -148,20 +168,27 @@ def convert_options(format: str, values: dict, given: Sequence[str]) -> ConvertO
         raise UserError(f"--write-mode: expected smart, jpg, raw or proportion, got {values['write_mode']!r}")
     options_of_other_format(format, given)
     if format == "shards":
-        return shards_options(values["shard_size"], values["reencode_quality"], values["overwrite"],
-                              values["max_resolution"])
+        return shards_options(
+            values["shard_size"], values["reencode_quality"], values["overwrite"], values["max_resolution"]
+        )
     if format == "tensor_cache":
         return CacheOptions(values["cache_size"], values["workers"], values["overwrite"])
     resolution = values["max_resolution"]
     return ConvertOptions(
-        max_resolution=256 if resolution is None else resolution or None, write_mode=values["write_mode"],
-        jpeg_quality=values["jpeg_quality"], compress_probability=values["compress_probability"],
-        page_size=values["page_size"], num_workers=values["workers"], overwrite=values["overwrite"],
-        skip_bad=values["skip_bad"])
+        max_resolution=256 if resolution is None else resolution or None,
+        write_mode=values["write_mode"],
+        jpeg_quality=values["jpeg_quality"],
+        compress_probability=values["compress_probability"],
+        page_size=values["page_size"],
+        num_workers=values["workers"],
+        overwrite=values["overwrite"],
+        skip_bad=values["skip_bad"],
+    )
 
 
-def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: bool,
-                   max_resolution: Optional[int] = None) -> ShardsOptions:
+def shards_options(
+    shard_size: str, reencode_quality: Optional[int], overwrite: bool, max_resolution: Optional[int] = None
+) -> ShardsOptions:
     """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100, a negative
     resolution); ``max_resolution`` 0 or None: images kept at their size."""
     from dlrecipes.data.shards import parse_bytes
@@ -170,12 +197,15 @@ def shards_options(shard_size: str, reencode_quality: Optional[int], overwrite: 
     if reencode_quality is not None and not 1 <= reencode_quality <= 100:
         raise UserError(f"--reencode-quality: expected a JPEG quality from 1 to 100, got {reencode_quality}")
     if max_resolution is not None and max_resolution < 0:
-        raise UserError(f"--max-resolution: expected a side in pixels (0: images kept at their size), got {max_resolution}")
+        raise UserError(
+            f"--max-resolution: expected a side in pixels (0: images kept at their size), got {max_resolution}"
+        )
     return ShardsOptions(parse_bytes(shard_size, "--shard-size"), reencode_quality, overwrite, max_resolution or None)
 
 
-def write_shards(component: Component, out: str | Path | None, options: Optional[ShardsOptions],
-                 echo: Callable[[str], None] = print) -> list[ShardsReport]:
+def write_shards(
+    component: Component, out: str | Path | None, options: Optional[ShardsOptions], echo: Callable[[str], None] = print
+) -> list[ShardsReport]:
     """Both splits as dataset shards at ``out`` (a local folder or ``s3://BUCKET/PREFIX``; ``options``: a
     :class:`dlrecipes.data.shards_write.ShardsOptions`)."""
     from dlrecipes.data.shards_write import ShardsOptions, write_shards as write
@@ -192,8 +222,16 @@ def _cache_report(split: str, cache_dir: Path, size: int, seconds: float, writte
 
     files = cache_files(cache_dir, split, size)
     labels = np.load(files["labels"])
-    return CacheReport(split, files["images"], len(labels), len(np.unique(labels)), size,
-                       sum(p.stat().st_size for p in files.values()), seconds, written)
+    return CacheReport(
+        split,
+        files["images"],
+        len(labels),
+        len(np.unique(labels)),
+        size,
+        sum(p.stat().st_size for p in files.values()),
+        seconds,
+        written,
+    )
 
 
 def _amount(size: int) -> str:
@@ -203,8 +241,10 @@ def _amount(size: int) -> str:
 def format_beton(info: dict[str, Any]) -> str:
     """``data inspect``'s view of a .beton file (the dict of :func:`dlrecipes.data.ffcv_files.inspect_beton`)."""
     res = info["resolution"]
-    lines = [f"{info['path']}: {info['samples']} samples",
-             f"fields: {', '.join(f'{k} ({v})' for k, v in info['fields'].items())}"]
+    lines = [
+        f"{info['path']}: {info['samples']} samples",
+        f"fields: {', '.join(f'{k} ({v})' for k, v in info['fields'].items())}",
+    ]
     for side in ("height", "width"):
         r = res[side]
         lines.append(f"{side}: min {r['min']}, median {r['median']:g}, max {r['max']}")

@@ -36,8 +36,9 @@ def _source_of(path: str, sources: dict[str, str]) -> str:
     return DEFAULT_SOURCE
 
 
-def render_with_sources(data: dict[str, Any], sources: dict[str, str],
-                        meaning: Optional[Callable[[str], Optional[str]]] = None) -> str:
+def render_with_sources(
+    data: dict[str, Any], sources: dict[str, str], meaning: Optional[Callable[[str], Optional[str]]] = None
+) -> str:
     """YAML lines of ``data``, each leaf followed by ``# <file or override>`` (or ``# default``); with ``meaning``
     (key path -> its meaning), each key is preceded by its meaning as comment lines (still valid YAML)."""
     import textwrap
@@ -109,8 +110,14 @@ def _output_width() -> int:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else 250
 
 
-def fitted_columns(columns: Sequence[tuple[str, str]], rows: list[list[str]], drop_order: Sequence[str],
-                   width: int, overhead: int = 2, per_column: int = 3) -> list[int]:
+def fitted_columns(
+    columns: Sequence[tuple[str, str]],
+    rows: list[list[str]],
+    drop_order: Sequence[str],
+    width: int,
+    overhead: int = 2,
+    per_column: int = 3,
+) -> list[int]:
     """The indices of ``columns`` (key, header) a table of ``rows`` shows in ``width`` characters: the columns
     named in ``drop_order`` give way in that order, the others stay. ``per_column``: the border and padding
     a column adds; ``overhead``: the table's own."""
@@ -125,14 +132,22 @@ def fitted_columns(columns: Sequence[tuple[str, str]], rows: list[list[str]], dr
     return shown
 
 
-def column_groups(columns: Sequence[tuple[str, str]], rows: list[list[str]], order: Sequence[int], width: int,
-                  overhead: int = 1, per_column: int = 3) -> list[list[int]]:
+def column_groups(
+    columns: Sequence[tuple[str, str]],
+    rows: list[list[str]],
+    order: Sequence[int],
+    width: int,
+    overhead: int = 1,
+    per_column: int = 3,
+) -> list[list[int]]:
     """The columns of a table too wide for ``width``, as several tables stacked, each repeating column 0 (what
     names a row) and each fitting ``width``: the columns taken in ``order`` (most wanted first), each table
     filled before the next begins; no column is left out.  ``per_column``/``overhead``: as for
     :func:`fitted_columns`."""
-    natural = [max([len(header), *(len(line) for row in rows for line in row[i].splitlines())])
-               for i, (_, header) in enumerate(columns)]
+    natural = [
+        max([len(header), *(len(line) for row in rows for line in row[i].splitlines())])
+        for i, (_, header) in enumerate(columns)
+    ]
     groups, current = [], [0]
     for i in (i for i in order if i != 0):
         if len(current) > 1 and sum(natural[j] + per_column for j in (*current, i)) + overhead > width:
@@ -185,12 +200,17 @@ def format_registry(reg: Registry, width: Optional[int] = None) -> str:
     table.add_column("parameters (default), each with its meaning", overflow="fold", min_width=40)
     for entry, card, params in entries:
         # plain text: a default such as [torchscript, onnx] would otherwise read as rich markup
-        table.add_row(*(Text(cell) for cell in (entry.name, entry.description, *card.values(),
-                                                "\n".join(params) or "-")))
+        table.add_row(
+            *(Text(cell) for cell in (entry.name, entry.description, *card.values(), "\n".join(params) or "-"))
+        )
     if _narrowest(table) <= width and width >= 120:
         return _rendered(table, width)
-    return "\n".join([f"{reg.group} ({len(reg)})", *(_entry_block(entry.name, entry.description, card, params, width)
-                                                      for entry, card, params in entries)])
+    return "\n".join(
+        [
+            f"{reg.group} ({len(reg)})",
+            *(_entry_block(entry.name, entry.description, card, params, width) for entry, card, params in entries),
+        ]
+    )
 
 
 def format_entry(reg: Registry, name: str, width: Optional[int] = None) -> str:
@@ -200,8 +220,13 @@ def format_entry(reg: Registry, name: str, width: Optional[int] = None) -> str:
 
     entry = reg.get(name, key_path=f"list {reg.group}")
     width = width or _output_width()
-    block = _entry_block(f"{reg.group}: {entry.name}", " ".join(summary(entry.factory.__doc__).split()),
-                         model_card(entry) if reg.group == "models" else {}, _parameter_lines(reg, entry), min(width, 100))
+    block = _entry_block(
+        f"{reg.group}: {entry.name}",
+        " ".join(summary(entry.factory.__doc__).split()),
+        model_card(entry) if reg.group == "models" else {},
+        _parameter_lines(reg, entry),
+        min(width, 100),
+    )
     return block + f"\n  (from {entry.source})"
 
 
@@ -218,17 +243,31 @@ def _entry_block(name: str, description: str, card: dict[str, str], params: list
     import textwrap
 
     def fill(text: str) -> str:
-        return textwrap.fill(text, width - 1, initial_indent="  ", subsequent_indent="      ",
-                             break_long_words=False, break_on_hyphens=False)
+        return textwrap.fill(
+            text,
+            width - 1,
+            initial_indent="  ",
+            subsequent_indent="      ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
 
     def meaning(text: str) -> str:
-        return textwrap.fill(text.strip(), width - 1, initial_indent="      ", subsequent_indent="      ",
-                             break_long_words=False, break_on_hyphens=False)
+        return textwrap.fill(
+            text.strip(),
+            width - 1,
+            initial_indent="      ",
+            subsequent_indent="      ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
 
     lines = [name, fill(description)]
     if card:
         lines.append(fill(", ".join(f"{key}: {value}".replace("\n", " ") for key, value in card.items())))
-    lines += [meaning(param) if param.startswith("  ") else fill(param) for param in params] or [fill("(no parameters)")]
+    lines += [meaning(param) if param.startswith("  ") else fill(param) for param in params] or [
+        fill("(no parameters)")
+    ]
     return "\n".join(lines)
 
 
@@ -237,8 +276,13 @@ def validated(recipe: str | Path, config: RecipeConfig) -> str:
     from dlrecipes.config.device_checks import read_back_notes
     from dlrecipes.data.source_sizes import upsampling_notes
 
-    return "\n".join([f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})",
-                      *upsampling_notes(config), *read_back_notes(config)])
+    return "\n".join(
+        [
+            f"ok: {recipe} ({config.model.name} on {config.dataset.name}, {config.trainer.max_duration})",
+            *upsampling_notes(config),
+            *read_back_notes(config),
+        ]
+    )
 
 
 def trained(result: TrainResult, width: Optional[int] = None) -> str:
@@ -246,10 +290,12 @@ def trained(result: TrainResult, width: Optional[int] = None) -> str:
     per line when wider than ``width`` (a terminal's)."""
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
     ended = "done" if getattr(result, "status", "finished") == "finished" else result.status  # pruned
-    parts = [f"{ended}: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
-             *([result.reason] if getattr(result, "reason", "") and ended != "done" else []),
-             *([f"eval {metrics}"] if metrics else []),  # none: nothing ran
-             f"run directory {getattr(result, 'address', None) or result.run_dir}"]  # a bucket's run: its address
+    parts = [
+        f"{ended}: {result.epochs} epochs, {result.batches} batches in {result.seconds:.1f}s",
+        *([result.reason] if getattr(result, "reason", "") and ended != "done" else []),
+        *([f"eval {metrics}"] if metrics else []),  # none: nothing ran
+        f"run directory {getattr(result, 'address', None) or result.run_dir}",
+    ]  # a bucket's run: its address
     line = "; ".join(parts)
     return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
 
@@ -267,13 +313,27 @@ def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
     if width is None or len(line) <= width - 1:
         return line
     parts = [metrics, speed, *([where] if where else [])]
-    return "\n".join([f"eval {result.checkpoint}{tta}:", *(textwrap.fill(
-        part, width - 1, initial_indent="  ", subsequent_indent="    ", break_long_words=False,
-        break_on_hyphens=False) for part in parts)])
+    return "\n".join(
+        [
+            f"eval {result.checkpoint}{tta}:",
+            *(
+                textwrap.fill(
+                    part,
+                    width - 1,
+                    initial_indent="  ",
+                    subsequent_indent="    ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+                for part in parts
+            ),
+        ]
+    )
 
 
-def format_predictions(rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
-                       ) -> str:
+def format_predictions(
+    rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
+) -> str:
     """One line per file (path, class, probability, the other top classes), then the count line; in a terminal
     ``width`` wide, a longer line puts the path on a line of its own and the classes on the next ones."""
     skipped = len(getattr(rows, "skipped", ()))
@@ -328,8 +388,21 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Op
         return format_cell(summary.get(key))
 
     rows = [[cell(summary, key) for key, _ in columns] for summary in summaries]
-    wanted = ("run", *(f"settings.{k}" for k in settings), *(f"environment.{k}" for k in environment), "best_top1", "status", "epochs", "batch_size",
-              "precision", "images_per_sec", "wall_time_sec", "recipe", "peak_memory_mb", "microbatch")
+    wanted = (
+        "run",
+        *(f"settings.{k}" for k in settings),
+        *(f"environment.{k}" for k in environment),
+        "best_top1",
+        "status",
+        "epochs",
+        "batch_size",
+        "precision",
+        "images_per_sec",
+        "wall_time_sec",
+        "recipe",
+        "peak_memory_mb",
+        "microbatch",
+    )
     keys = [key for key, _ in columns]
     order = [keys.index(key) for key in wanted if key in keys] + [i for i, key in enumerate(keys) if key not in wanted]
     width = width or _output_width()
@@ -393,8 +466,13 @@ def format_sweep(plan: SweepPlan, rows: list[dict[str, Any]]) -> str:
     legend = key_legend(plan)
     lines = [textwrap.fill(f"sweep {plan.name}" + (f": {legend}" if legend else ""), width), _rendered(table)]
     left = unfinished(plan)
-    lines += [textwrap.fill(f"{name}: {outcome['status']}: {outcome['reason']}", width, subsequent_indent="    ",
-                            break_on_hyphens=False) for name, outcome in left.items() if outcome["reason"]]
+    lines += [
+        textwrap.fill(
+            f"{name}: {outcome['status']}: {outcome['reason']}", width, subsequent_indent="    ", break_on_hyphens=False
+        )
+        for name, outcome in left.items()
+        if outcome["reason"]
+    ]
     lines.append(f"{plan.folder}/summary.csv, summary.md, summary.png")
     return "\n".join(lines + ([closing_line(plan, left)] if left else []))
 
@@ -412,5 +490,7 @@ def version_line() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    return f"dlrecipes {__version__} (composer {installed('mosaicml')}, torch {installed('torch')}, " \
-           f"python {sys.version.split()[0]})"
+    return (
+        f"dlrecipes {__version__} (composer {installed('mosaicml')}, torch {installed('torch')}, "
+        f"python {sys.version.split()[0]})"
+    )

@@ -46,15 +46,27 @@ class RankPlan:
 
     def environment(self, env: dict[str, str], local_rank: int) -> dict[str, str]:
         """``env`` with rank ``local_rank``'s distributed variables (after :meth:`resolved`)."""
-        return {**env, "RANK": str(self.node_rank * self.nproc + local_rank), "WORLD_SIZE": str(self.world_size),
-                "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(self.nproc), "NODE_RANK": str(self.node_rank),
-                "MASTER_ADDR": str(self.master_addr), "MASTER_PORT": str(self.master_port), "PYTHONUNBUFFERED": "1",
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        return {
+            **env,
+            "RANK": str(self.node_rank * self.nproc + local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(self.nproc),
+            "NODE_RANK": str(self.node_rank),
+            "MASTER_ADDR": str(self.master_addr),
+            "MASTER_PORT": str(self.master_port),
+            "PYTHONUNBUFFERED": "1",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        }
 
 
 def plan_ranks(
-    command: tuple[str, ...], nproc: int, nodes: int = 1, node_rank: int = 0,
-    master_addr: Optional[str] = None, master_port: Optional[int] = None,
+    command: tuple[str, ...],
+    nproc: int,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
 ) -> RankPlan:
     """Each rank of this node runs ``python -m dlrecipes COMMAND...`` (``("train", RECIPE, *overrides)``, or
     ``("train-request", FILE)``); the launcher's options checked, one line each."""
@@ -88,15 +100,21 @@ def gloo_environment(master_addr: Optional[str], master_port: Optional[int], wor
 
     env = dict(os.environ)
     if master_addr:
-        probe = {**env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port or 29500),
-                 "WORLD_SIZE": str(world_size)}
+        probe = {
+            **env,
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port or 29500),
+            "WORLD_SIZE": str(world_size),
+        }
         chosen = choose_gloo_interface(probe)
         if chosen and not env.get("GLOO_SOCKET_IFNAME"):
             env["GLOO_SOCKET_IFNAME"], env[CHOSEN_MARK] = chosen, chosen
-            print(f"launch: gloo connects through {chosen}, the interface that reaches {master_addr} "
-                  "(set GLOO_SOCKET_IFNAME to choose another)", file=sys.stderr)
+            print(
+                f"launch: gloo connects through {chosen}, the interface that reaches {master_addr} "
+                "(set GLOO_SOCKET_IFNAME to choose another)",
+                file=sys.stderr,
+            )
     return env
-
 
 
 def _signal_mask(pid: int, field: str) -> Optional[int]:
@@ -151,7 +169,6 @@ class _HeldSignals:
                         self._held.discard((pid, signum))
                 if not self._held:
                     return
-
 
 
 class _Rank:
@@ -224,8 +241,9 @@ def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
     return _job_exit_code([(r.process.returncode, r.ended_by_launch) for r in ended])
 
 
-def _start_ranks(plan: RankPlan, env: dict[str, str], folder: str, ranks: list[_Rank],
-                 relays: list[threading.Thread]) -> None:
+def _start_ranks(
+    plan: RankPlan, env: dict[str, str], folder: str, ranks: list[_Rank], relays: list[threading.Thread]
+) -> None:
     """Start each rank into ``ranks`` (as it starts: the caller ends those started if one fails to): rank 0 to this
     terminal, its standard error through a relay (into ``relays``), the others to a file in ``folder`` each."""
     import os
@@ -265,8 +283,12 @@ def _supervise(ranks: list[_Rank], grace: float = GRACE_S, poll: float = 0.1) ->
                 if first is not None:
                     term_at = now + (grace if first.process.returncode == STOPPED else 0.0)
                     if first.process.returncode != STOPPED:
-                        print(f"launch: rank {first.rank} failed; ending the other ranks (SIGTERM, then SIGKILL "
-                              f"after {grace:.0f} s)", file=sys.stderr, flush=True)
+                        print(
+                            f"launch: rank {first.rank} failed; ending the other ranks (SIGTERM, then SIGKILL "
+                            f"after {grace:.0f} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             if term_at is not None and kill_at is None and now >= term_at:
                 _end(running, signal.SIGTERM)
                 kill_at = now + grace

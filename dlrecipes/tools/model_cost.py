@@ -65,8 +65,9 @@ def attention_flop_formulas() -> dict[Any, Any]:
         formulas[forward] = lambda query, key, value, *args, **kwargs: flop_counter.sdpa_flop_count(query, key, value)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if backward is not None:
-        formulas[backward] = lambda grad_out, query, key, value, *args, **kwargs: (
-            flop_counter.sdpa_backward_flop_count(grad_out, query, key, value))
+        formulas[backward] = lambda grad_out, query, key, value, *args, **kwargs: flop_counter.sdpa_backward_flop_count(
+            grad_out, query, key, value
+        )
     return formulas
 
 
@@ -96,8 +97,12 @@ def time_forward(model: nn.Module, example: torch.Tensor, warmup: int, repeats: 
 
 
 def profile_model(
-    model: nn.Module, input_size: tuple[int, int, int], batch: int = 32, device: str = "auto",
-    warmup: int = 3, repeats: int = 10,
+    model: nn.Module,
+    input_size: tuple[int, int, int],
+    batch: int = 32,
+    device: str = "auto",
+    warmup: int = 3,
+    repeats: int = 10,
 ) -> dict[str, Any]:
     """The model's costs on ``device`` (auto, cpu or gpu); ``result["device"]``: the device it ran on."""
     name = check_runs_here(check_device_name(device, "--device"), "--device")
@@ -156,7 +161,9 @@ def format_table(result: dict[str, Any], title: Optional[str] = None) -> str:
         ("FLOPs", f"{result['gflops']:.3f} G"),
     ]
     for key, lat in result["latency"].items():
-        rows.append((f"latency {key.replace('_', ' ')}", f"median {lat['median_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms"))
+        rows.append(
+            (f"latency {key.replace('_', ' ')}", f"median {lat['median_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms")
+        )
     if result.get("peak_memory_mb") is not None:
         rows.append((f"peak memory (batch {result['batch']})", f"{result['peak_memory_mb']:.0f} MB"))
     width = max(len(k) for k, _ in rows)

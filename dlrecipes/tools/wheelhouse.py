@@ -65,8 +65,10 @@ def closure(roots: Iterable[tuple[str, tuple[str, ...]]], python_version: Option
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             if python_version is None or spec == name:
-                raise UserError(f"wheelhouse: {name} is needed but not installed here; install dlrecipes (with the "
-                                "extras you want) in this environment first") from None
+                raise UserError(
+                    f"wheelhouse: {name} is needed but not installed here; install dlrecipes (with the "
+                    "extras you want) in this environment first"
+                ) from None
             found[_key(name)] = spec
             continue
         found[_key(name)] = f"{name}=={dist.version}"
@@ -125,8 +127,19 @@ def _target_args(python_version: Optional[str]) -> list[str]:
 
     platforms = list(dict.fromkeys(t.platform for t in tags.sys_tags()))
     digits = python_version.replace(".", "")
-    args = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
-            "--abi", f"cp{digits}", "--abi", "abi3", "--abi", "none"]
+    args = [
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{digits}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for platform in platforms:
         args += ["--platform", platform]
     return args
@@ -163,8 +176,10 @@ def _build(pins: list[str], out: Path, any_python_only: bool) -> None:
         if any_python_only and any(not w.name.endswith("-none-any.whl") for w in built):
             for wheel in built:
                 wheel.unlink()
-            raise UserError(f"wheelhouse: {pin} has no wheel for the target Python and compiles; build the "
-                            "wheelhouse on a machine with the target's Python version (or leave out its extra)")
+            raise UserError(
+                f"wheelhouse: {pin} has no wheel for the target Python and compiles; build the "
+                "wheelhouse on a machine with the target's Python version (or leave out its extra)"
+            )
 
 
 def build_wheelhouse(out: Path, python_version: Optional[str] = None, extras: Iterable[str] = ()) -> Path:
@@ -198,5 +213,7 @@ def format_wheelhouse(requirements_file: Path) -> str:
     """What ``wheelhouse`` made and how to install it on the target machine."""
     out = requirements_file.parent
     wheels = len(list(out.glob("*.whl")))
-    return (f"{wheels} wheels in {out} ({requirements_file.name} lists them). On the target machine, beside its torch:\n"
-            f"  {INSTALL_COMMAND.format(out=out)}")
+    return (
+        f"{wheels} wheels in {out} ({requirements_file.name} lists them). On the target machine, beside its torch:\n"
+        f"  {INSTALL_COMMAND.format(out=out)}"
+    )

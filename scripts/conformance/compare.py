@@ -43,13 +43,17 @@ def main(composer_xml: str, ours_xml: str, expected_txt: str) -> int:
     passing = {t for t, o in theirs.items() if o == "passed"}
     ours_only_failing = sorted(t for t in passing if ours.get(t) != "passed")
     print(f"Composer's Trainer: {len(passing)} passed of {len(theirs)}")
-    print(f"dlrecipes engine:   {sum(o == 'passed' for o in ours.values())} passed of {len(ours)}; "
-          f"{len(ours_only_failing)} pass with Composer's Trainer only ({len(allowed)} expected)")
+    print(
+        f"dlrecipes engine:   {sum(o == 'passed' for o in ours.values())} passed of {len(ours)}; "
+        f"{len(ours_only_failing)} pass with Composer's Trainer only ({len(allowed)} expected)"
+    )
     problems = 0
     for test in ours_only_failing:
         reason = allowed.get(test)
-        print(f"  {'expected' if reason else 'UNEXPECTED'}: {test}" + (f"  # {reason}" if reason else
-                                                                        f" ({ours.get(test, 'not run')})"))
+        print(
+            f"  {'expected' if reason else 'UNEXPECTED'}: {test}"
+            + (f"  # {reason}" if reason else f" ({ours.get(test, 'not run')})")
+        )
         problems += not reason
     for test, reason in allowed.items():
         if not reason:

@@ -17,8 +17,11 @@ for module in (composer, composer.trainer, composer.trainer.trainer):
 
 
 # the name the package exports it under (the class itself lives in dlrecipes.engine.trainer)
-MARK = f"composer.Trainer is dlrecipes.engine.{Trainer.__qualname__}" if composer.Trainer is dlrecipes.engine.Trainer \
+MARK = (
+    f"composer.Trainer is dlrecipes.engine.{Trainer.__qualname__}"
+    if composer.Trainer is dlrecipes.engine.Trainer
     else f"composer.Trainer is {composer.Trainer.__module__}.{composer.Trainer.__qualname__}"
+)
 
 
 def pytest_configure(config):

@@ -76,9 +76,17 @@ def frozen_scale_norm(momentum: float, eps: float, train_weight: bool):
     return norm
 
 
-def airbench_net(widths: tuple[int, int, int] = (64, 256, 256), convs_per_block: int = 2, num_classes: int = 10,
-                 in_chans: int = 3, whiten_kernel: int = 2, scale: float = 1 / 9, bn_momentum: float = 0.4,
-                 bn_eps: float = 1e-12, bn_train_weight: bool = False) -> nn.Sequential:
+def airbench_net(
+    widths: tuple[int, int, int] = (64, 256, 256),
+    convs_per_block: int = 2,
+    num_classes: int = 10,
+    in_chans: int = 3,
+    whiten_kernel: int = 2,
+    scale: float = 1 / 9,
+    bn_momentum: float = 0.4,
+    bn_eps: float = 1e-12,
+    bn_train_weight: bool = False,
+) -> nn.Sequential:
     """The speedrun network; ``convs_per_block`` 2 is airbench94's, 3 (with the residual) airbench96's."""
     whiten_width = 2 * in_chans * whiten_kernel**2
     norm = frozen_scale_norm(bn_momentum, bn_eps, bn_train_weight)

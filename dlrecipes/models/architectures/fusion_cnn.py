@@ -11,10 +11,15 @@ from torch import nn
 def _encoder(in_chans: int, width: int, grid: int) -> nn.Sequential:
     # adaptive pooling to a small grid (not to 1x1) keeps where things are, which halves of a digit need
     return nn.Sequential(
-        nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+        nn.Conv2d(in_chans, width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d(2, ceil_mode=True),
-        nn.Conv2d(width, 2 * width, 3, padding=1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(grid), nn.Flatten(),
+        nn.Conv2d(width, 2 * width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(2 * width),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(grid),
+        nn.Flatten(),
     )
 
 

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import (
-    ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, addressed_row, named_by_address,
+    ReadRun,
+    RunOptions,
+    RunStore,
+    SweepFolder,
+    TrainingRun,
+    addressed_row,
+    named_by_address,
 )
 
 if TYPE_CHECKING:
@@ -59,7 +65,9 @@ def store_for(runs_dir: str | Path) -> RunStore:
     return LocalStore(runs_dir)
 
 
-def open_for_reading(target: str | Path, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None) -> ReadRun:
+def open_for_reading(
+    target: str | Path, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None
+) -> ReadRun:
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
     local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
     records only). ``asked``: the buckets this command has asked already (a command reading several runs asks each
@@ -89,8 +97,10 @@ def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mappin
         return recipe
     run, _, name = recipe.rpartition("/")
     if name != RECIPE_FILE:
-        raise RecipeError(f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
-                          f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}")
+        raise RecipeError(
+            f"recipe: {recipe} is no run's recorded recipe; a recipe in a bucket is read from its run, "
+            f"as s3://BUCKET/PREFIX/RUN/{RECIPE_FILE}"
+        )
     try:
         check_address(run, "run")
         if not is_remote(run):  # not in a bucket the store knows: a path, as it always was
@@ -116,8 +126,9 @@ def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
     return local, addresses
 
 
-def select_runs(run_dirs: Sequence[Any], last: Optional[int], runs_dir: str | Path = RUNS_DIR) -> tuple[list[Path],
-                                                                                                dict[Path, str]]:
+def select_runs(
+    run_dirs: Sequence[Any], last: Optional[int], runs_dir: str | Path = RUNS_DIR
+) -> tuple[list[Path], dict[Path, str]]:
     """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`): local copies of the runs that live in a
     bucket, and their addresses."""
     from dlrecipes.records import runs
@@ -156,5 +167,19 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
 
 
-__all__ = ["DatasetBucket", "ReadRun", "RunOptions", "RunStore", "SweepFolder", "TrainingRun", "addressed_row", "dataset_bucket",
-           "named_by_address", "open_for_reading", "pulled_recipe", "read_records", "select_runs", "store_for"]
+__all__ = [
+    "DatasetBucket",
+    "ReadRun",
+    "RunOptions",
+    "RunStore",
+    "SweepFolder",
+    "TrainingRun",
+    "addressed_row",
+    "dataset_bucket",
+    "named_by_address",
+    "open_for_reading",
+    "pulled_recipe",
+    "read_records",
+    "select_runs",
+    "store_for",
+]

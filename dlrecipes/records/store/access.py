@@ -45,25 +45,38 @@ def _ask_s3(root: RemoteRoot, key_path: str) -> None:
     given = endpoint_url()  # one line when S3_ENDPOINT_URL is no address
     endpoint = given or "AWS's default endpoint"
     try:  # boto3 alone (no Composer import): the answer comes in seconds
-        client = boto3.session.Session().client("s3", endpoint_url=given, config=Config(
-            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=3, read_timeout=READ_TIMEOUT))
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=given,
+            config=Config(
+                retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=3, read_timeout=READ_TIMEOUT
+            ),
+        )
         client.head_bucket(Bucket=root.bucket)
     except botocore.exceptions.NoCredentialsError:
-        raise UserError(f"{key_path}: {root}: no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                        "or AWS_PROFILE)") from None
+        raise UserError(
+            f"{key_path}: {root}: no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE)"
+        ) from None
     except botocore.exceptions.ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in ("404", "NoSuchBucket"):
-            raise UserError(f"{key_path}: {root}: bucket '{root.bucket}' does not exist at {endpoint} (create it "
-                            "first)") from None
+            raise UserError(
+                f"{key_path}: {root}: bucket '{root.bucket}' does not exist at {endpoint} (create it first)"
+            ) from None
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            raise UserError(f"{key_path}: {root}: access denied at {endpoint} with the credentials found (check "
-                            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)") from None
+            raise UserError(
+                f"{key_path}: {root}: access denied at {endpoint} with the credentials found (check "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            ) from None
         raise UserError(f"{key_path}: {root}: {exc}") from None
     except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
-        raise UserError(f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): "
-                        f"{type(exc).__name__}") from None
+        raise UserError(
+            f"{key_path}: {root}: cannot reach the S3 endpoint {endpoint} (S3_ENDPOINT_URL): {type(exc).__name__}"
+        ) from None
     except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionClosedError) as exc:
-        raise UserError(f"{key_path}: {root}: the S3 endpoint {endpoint} (S3_ENDPOINT_URL) accepted the connection "
-                        f"but did not answer within {READ_TIMEOUT:g} s ({type(exc).__name__}); check that the server is "
-                        "up and answering") from None
+        raise UserError(
+            f"{key_path}: {root}: the S3 endpoint {endpoint} (S3_ENDPOINT_URL) accepted the connection "
+            f"but did not answer within {READ_TIMEOUT:g} s ({type(exc).__name__}); check that the server is "
+            "up and answering"
+        ) from None

@@ -58,7 +58,7 @@ class Backend:
 
     def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
         """Keys under ``prefix`` (relative to it) with their size and modified time (0: the interface has none)."""
-        return {key[len(prefix):]: (int(self.store.get_object_size(key)), 0.0) for key in self.keys(prefix)}
+        return {key[len(prefix) :]: (int(self.store.get_object_size(key)), 0.0) for key in self.keys(prefix)}
 
     def read(self, key: str) -> Optional[bytes]:
         """A small object's bytes; None when there is none."""
@@ -88,8 +88,10 @@ class Backend:
 
     def delete(self, key: str, why: str) -> None:
         """``why``: what needs the delete, naming the address (the line refusing it begins with it)."""
-        raise CannotDelete(f"{why} is reached through Composer's object-store interface, which deletes nothing; choose "
-                           "another run_name")
+        raise CannotDelete(
+            f"{why} is reached through Composer's object-store interface, which deletes nothing; choose "
+            "another run_name"
+        )
 
 
 class S3Backend(Backend):
@@ -100,11 +102,12 @@ class S3Backend(Backend):
 
     def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
         found: dict[str, tuple[int, float]] = {}
-        pages = self.store.client.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket,
-                                                                              Prefix=self.store.get_key(prefix))
+        pages = self.store.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.store.bucket, Prefix=self.store.get_key(prefix)
+        )
         for page in pages:
             for item in page.get("Contents", ()):
-                relative = item["Key"][len(self.store.get_key(prefix)):]
+                relative = item["Key"][len(self.store.get_key(prefix)) :]
                 modified = item["LastModified"]
                 stamp = modified.timestamp() if isinstance(modified, datetime.datetime) else float(modified)
                 found[relative] = (int(item["Size"]), stamp)
@@ -132,22 +135,31 @@ class S3Backend(Backend):
         if self.conditional_writes and (if_absent or if_match):
             extra = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": str(if_match)}
         try:
-            answer = self.store.client.put_object(Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data,
-                                                  **extra)
+            answer = self.store.client.put_object(
+                Bucket=self.store.bucket, Key=self.store.get_key(key), Body=data, **extra
+            )
         except Exception as exc:
-            if extra and (_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
-                          or if_match and _code(exc) in ("NoSuchKey", "404")):  # AWS: If-Match on a deleted key
+            if extra and (
+                _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
+                or if_match
+                and _code(exc) in ("NoSuchKey", "404")
+            ):  # AWS: If-Match on a deleted key
                 raise Conflict(key) from None
-            if extra and (_code(exc) in ("NotImplemented", "501", "InvalidArgument")  # no conditional writes here
-                          or type(exc).__name__ == "ParamValidationError"):  # nor in a boto3 older than 1.35
+            if extra and (
+                _code(exc) in ("NotImplemented", "501", "InvalidArgument")  # no conditional writes here
+                or type(exc).__name__ == "ParamValidationError"
+            ):  # nor in a boto3 older than 1.35
                 self.conditional_writes = False  # (the lease reads its token back instead)
                 return self.write(key, data)
             raise
         return str(answer.get("ETag", ""))
 
     def copy(self, source: str, target: str) -> None:  # server-side: nothing passes through this machine
-        self.store.client.copy_object(Bucket=self.store.bucket, Key=self.store.get_key(target),
-                                      CopySource={"Bucket": self.store.bucket, "Key": self.store.get_key(source)})
+        self.store.client.copy_object(
+            Bucket=self.store.bucket,
+            Key=self.store.get_key(target),
+            CopySource={"Bucket": self.store.bucket, "Key": self.store.get_key(source)},
+        )
 
     def delete(self, key: str, why: str) -> None:
         self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
@@ -174,8 +186,16 @@ def make_backend(scheme: str, bucket: str, address: str, key_path: str = "runs_d
     return _MADE[asked]
 
 
-_CREDENTIALS = ("S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
-                "GOOGLE_APPLICATION_CREDENTIALS", "OCI_CONFIG_FILE", "AZURE_ACCOUNT_NAME", "AZURE_ACCOUNT_ACCESS_KEY")
+_CREDENTIALS = (
+    "S3_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_PROFILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "OCI_CONFIG_FILE",
+    "AZURE_ACCOUNT_NAME",
+    "AZURE_ACCOUNT_ACCESS_KEY",
+)
 
 
 def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backend:
@@ -191,12 +211,20 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
     try:
         return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"))
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
-        raise UserError(f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
-                        f"{type(exc).__name__}: {first_line(exc, 200, '')}") from None
+        raise UserError(
+            f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "
+            f"{type(exc).__name__}: {first_line(exc, 200, '')}"
+        ) from None
 
 
-FULL = ("InsufficientStorage", "507", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded", "QuotaExceeded",
-        "StorageFull")  # what S3-compatible servers answer a write they have no room for
+FULL = (
+    "InsufficientStorage",
+    "507",
+    "XMinioStorageFull",
+    "XMinioAdminBucketQuotaExceeded",
+    "QuotaExceeded",
+    "StorageFull",
+)  # what S3-compatible servers answer a write they have no room for
 UNANSWERED = ("ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError")
 
 
@@ -214,8 +242,9 @@ def endpoint() -> Optional[str]:
     if not sep:
         raise UserError(f"S3_ENDPOINT_URL: {url!r} has no scheme; give http://{url} or https://{url}")
     if scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
-        raise UserError(f"S3_ENDPOINT_URL: {url!r} is not an http:// or https:// address (give "
-                        "http://HOST:PORT or https://HOST)")
+        raise UserError(
+            f"S3_ENDPOINT_URL: {url!r} is not an http:// or https:// address (give http://HOST:PORT or https://HOST)"
+        )
     return url
 
 
@@ -225,19 +254,26 @@ def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") 
     where = os.environ.get("S3_ENDPOINT_URL") or "AWS's default endpoint"
     code, name = _code(exc), type(exc).__name__
     if code in ("AccessDenied", "403", "AllAccessDisabled", "AccountProblem"):
-        return UserError(f"{key_path}: {address}: the credentials found can read the bucket but not write to it "
-                         f"({code}; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the bucket's policy)")
+        return UserError(
+            f"{key_path}: {address}: the credentials found can read the bucket but not write to it "
+            f"({code}; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the bucket's policy)"
+        )
     if code in FULL:
-        return UserError(f"{key_path}: {address}: the server at {where} refused the write: it is full ({code}); "
-                         "free space there, or choose another bucket")
+        return UserError(
+            f"{key_path}: {address}: the server at {where} refused the write: it is full ({code}); "
+            "free space there, or choose another bucket"
+        )
     if code in ("InternalError", "500"):  # SeaweedFS full says only this (its reason is in its log)
-        return UserError(f"{key_path}: {address}: the server at {where} failed the write ({code}); it may be full "
-                         "(SeaweedFS answers so when it has no free volume) or failing: its log says why")
+        return UserError(
+            f"{key_path}: {address}: the server at {where} failed the write ({code}); it may be full "
+            "(SeaweedFS answers so when it has no free volume) or failing: its log says why"
+        )
     if name in UNANSWERED:
-        return UserError(f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
-                         f"({name}); check that the server is up and answering")
+        return UserError(
+            f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
+            f"({name}); check that the server is up and answering"
+        )
     if code:
         first = first_line(exc, 200, code)
         return UserError(f"{key_path}: {address}: the server at {where} refused the write ({first})")
     return None
-

@@ -38,8 +38,18 @@ from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, s
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError, first_line
 from dlrecipes.records.layout import (
-    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, RECIPE_FILE, REMOTE_LATEST, SUMMARY_FILE, RunDir,
-    is_periodic, longest_relative_path, periodic_progress,
+    BEST_CHECKPOINT,
+    BEST_INFO,
+    CHECKPOINT_DIR,
+    LOCK_FILE,
+    LOG_FILE,
+    RECIPE_FILE,
+    REMOTE_LATEST,
+    SUMMARY_FILE,
+    RunDir,
+    is_periodic,
+    longest_relative_path,
+    periodic_progress,
 )
 
 if TYPE_CHECKING:
@@ -55,13 +65,19 @@ BEST_RECORD = f"{CHECKPOINT_DIR}/{BEST_INFO}"
 LOG_PREFIX = LOG_FILE.split("{", 1)[0]  # train-rank: each process's log (train-rank0.log, ...)
 PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
 _BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server takes)
-    "s3": (r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits, dots and hyphens, beginning and "
-                                                   "ending with a letter or digit"),
-    "gs": (r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits, dots, hyphens and underscores, "
-                                                    "beginning and ending with a letter or digit"),
+    "s3": (
+        r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        "3 to 63 lowercase letters, digits, dots and hyphens, beginning and ending with a letter or digit",
+    ),
+    "gs": (
+        r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$",
+        "3 to 63 lowercase letters, digits, dots, hyphens and underscores, beginning and ending with a letter or digit",
+    ),
     "oci": (r"^[A-Za-z0-9._-]{1,256}$", "letters, digits, dots, hyphens and underscores"),
-    "azure": (r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$", "3 to 63 lowercase letters, digits and single hyphens, "
-                                                            "beginning and ending with a letter or digit"),
+    "azure": (
+        r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$",
+        "3 to 63 lowercase letters, digits and single hyphens, beginning and ending with a letter or digit",
+    ),
 }
 _IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 
@@ -87,11 +103,13 @@ class RemoteRoot:
     def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
         check_address(url, key_path)
         scheme = scheme_of(url) or "s3"
-        bucket, _, prefix = url[len(scheme) + 3:].partition("/")
+        bucket, _, prefix = url[len(scheme) + 3 :].partition("/")
         example = f"{scheme}://BUCKET/PREFIX"
         if "@" in bucket:  # boto3 reads no credentials from an address: it would take them for the bucket's name
-            raise UserError(f"{key_path}: {redact_uri(url)}: {scheme.upper()} credentials are not taken from the address; "
-                            f"set {credential_home('runs_dir')} in the environment instead, and give {example}")
+            raise UserError(
+                f"{key_path}: {redact_uri(url)}: {scheme.upper()} credentials are not taken from the address; "
+                f"set {credential_home('runs_dir')} in the environment instead, and give {example}"
+            )
         if not bucket:
             raise UserError(f"{key_path}: {url!r} names no bucket (expected {scheme}://BUCKET or {example})")
         pattern, rules = _BUCKET_NAMES[scheme]
@@ -129,13 +147,17 @@ class RemoteRoot:
         name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
         long_name = next((part for part in path.parts if len(os.fsencode(part)) > name_max), None)
         if long_name is not None:
-            raise UserError(f"{key_path}: the staging folder would hold a name of {len(os.fsencode(long_name))} bytes "
-                            f"({shortened(long_name, 30)}), over this file system's {name_max}; choose shorter prefix "
-                            f"folders or run_name for {shortened(str(self), 40)}")
+            raise UserError(
+                f"{key_path}: the staging folder would hold a name of {len(os.fsencode(long_name))} bytes "
+                f"({shortened(long_name, 30)}), over this file system's {name_max}; choose shorter prefix "
+                f"folders or run_name for {shortened(str(self), 40)}"
+            )
         if len(os.fsencode(str(path))) >= path_max:
-            raise UserError(f"{key_path}: a run's staging path would be {len(os.fsencode(str(path))):,} bytes, over this "
-                            f"file system's {path_max:,}; choose a shorter prefix, run_name or {STAGING_ENV} for "
-                            f"{shortened(str(self), 40)}")
+            raise UserError(
+                f"{key_path}: a run's staging path would be {len(os.fsencode(str(path))):,} bytes, over this "
+                f"file system's {path_max:,}; choose a shorter prefix, run_name or {STAGING_ENV} for "
+                f"{shortened(str(self), 40)}"
+            )
 
 
 def _limit(path: Path, name: str, default: int) -> int:
@@ -230,9 +252,12 @@ class RemoteRun:
             self.pending.append(relative)
         if not self.warned:
             self.warned = True
-            print(f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
-                  f"{first_line(exc, 160, '')}); training goes on, the upload is tried "
-                  "again at the next checkpoint and at the end", file=sys.stderr)
+            print(
+                f"warning: uploading to {self.root}/{self.name} failed ({type(exc).__name__}: "
+                f"{first_line(exc, 160, '')}); training goes on, the upload is tried "
+                "again at the next checkpoint and at the end",
+                file=sys.stderr,
+            )
 
     def _send(self, relative: str, size: int) -> None:
         """A large file through the upload process (when there is one that works), a small one in one request from
@@ -270,8 +295,11 @@ class RemoteRun:
                 continue
             # what it describes and is not up: what failed, and the checkpoints (not another rank's log, which
             # its own process may still be writing)
-            missing = [r for r in self.pending + [c for c in self._changed() if c.startswith(CHECKPOINT_DIR + "/")]
-                       if r != record and (after is None or r in after)]
+            missing = [
+                r
+                for r in self.pending + [c for c in self._changed() if c.startswith(CHECKPOINT_DIR + "/")]
+                if r != record and (after is None or r in after)
+            ]
             if missing:  # what it describes is not up: it waits, named as not uploaded
                 if record not in self.pending:
                     self.pending.append(record)
@@ -286,8 +314,12 @@ class RemoteRun:
             return
         current = self.local / POINTER
         named = current.read_text().strip() if current.is_file() else ""
-        if named and named != checkpoint and is_periodic(Path(named)) and \
-                periodic_progress(Path(named)) > periodic_progress(Path(checkpoint)):
+        if (
+            named
+            and named != checkpoint
+            and is_periodic(Path(named))
+            and periodic_progress(Path(named)) > periodic_progress(Path(checkpoint))
+        ):
             return
         current.write_text(checkpoint + "\n")
         if self._still_held(POINTER) and self._upload(POINTER):
@@ -316,7 +348,7 @@ class RemoteRun:
             return
         try:
             older = older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)
-            for name in older[max(self.keep, 1) - 1:]:
+            for name in older[max(self.keep, 1) - 1 :]:
                 if self.lease is not None:
                     self.lease.guard()
                 self.store().delete(self.key(f"{CHECKPOINT_DIR}/{name}"), "checkpoint.keep")
@@ -325,8 +357,11 @@ class RemoteRun:
 
             if isinstance(exc, LeaseLost):
                 raise
-            print(f"warning: deleting old checkpoints from {self.root}/{self.name} failed ({type(exc).__name__}); "
-                  "they are deleted at the next checkpoint", file=sys.stderr)
+            print(
+                f"warning: deleting old checkpoints from {self.root}/{self.name} failed ({type(exc).__name__}); "
+                "they are deleted at the next checkpoint",
+                file=sys.stderr,
+            )
 
     def _pull_older_than(self, newest: str) -> None:
         """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
@@ -374,8 +409,9 @@ class RemoteRun:
         checkpoint = f"{CHECKPOINT_DIR}/{name}"
         if not (self.local / checkpoint).is_file():
             if not self._download(checkpoint):
-                raise UserError(f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does "
-                                "not have")
+                raise UserError(
+                    f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does not have"
+                )
         if damage(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
             self._pull_older_than(name)
         for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
@@ -385,7 +421,7 @@ class RemoteRun:
 
     def _logs(self) -> list[str]:
         """The run's process logs in the bucket (a resume appends to them)."""
-        relatives = (key[len(self.key("")) + 1:] for key in self.store().keys(self.key(LOG_PREFIX)))
+        relatives = (key[len(self.key("")) + 1 :] for key in self.store().keys(self.key(LOG_PREFIX)))
         return [relative for relative in relatives if "/" not in relative]
 
 
@@ -405,8 +441,11 @@ def older_checkpoints(keys: list[str], newest: str) -> list[str]:
     """The periodic checkpoints among ``keys`` older than ``newest``, newest first (their names)."""
     names = {key.rsplit("/", 1)[-1] for key in keys}
     limit = periodic_progress(Path(newest))
-    return sorted((n for n in names if is_periodic(Path(n)) and periodic_progress(Path(n)) < limit),
-                  key=lambda n: periodic_progress(Path(n)), reverse=True)
+    return sorted(
+        (n for n in names if is_periodic(Path(n)) and periodic_progress(Path(n)) < limit),
+        key=lambda n: periodic_progress(Path(n)),
+        reverse=True,
+    )
 
 
 def staged_run(root: RemoteRoot, name: str) -> RemoteRun:

@@ -87,12 +87,24 @@ class TrainingRun:
     addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
 
     @classmethod
-    def in_folder(cls, config: RecipeConfig, folder: Path, device: str, options: RunOptions = RunOptions(),
-                  resume_point: Optional[Path] = None) -> "TrainingRun":
+    def in_folder(
+        cls,
+        config: RecipeConfig,
+        folder: Path,
+        device: str,
+        options: RunOptions = RunOptions(),
+        resume_point: Optional[Path] = None,
+    ) -> "TrainingRun":
         """A run in ``folder`` as it is, outside any store (no name chosen, no lock, nothing kept in step): the
         benchmarks' Trainers, and one built by hand."""
-        return cls(RunDir(folder), config=config, recipe=config.to_dict(), device=device, options=options,
-                   resume_point=resume_point)
+        return cls(
+            RunDir(folder),
+            config=config,
+            recipe=config.to_dict(),
+            device=device,
+            options=options,
+            resume_point=resume_point,
+        )
 
     def named(self) -> ContextManager[None]:
         """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""

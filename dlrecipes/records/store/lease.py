@@ -74,15 +74,21 @@ class LeaseEnded(LeaseLost):
 def is_live(held: Optional[dict]) -> bool:
     """Whether ``held`` (a lease's contents) names a writer that may still write: not released, not expired, and not
     a process of this machine that is gone."""
-    return (isinstance(held, dict) and not held.get("released") and _number(held.get("expires")) > time.time()
-            and not _dead_here(held))
+    return (
+        isinstance(held, dict)
+        and not held.get("released")
+        and _number(held.get("expires")) > time.time()
+        and not _dead_here(held)
+    )
 
 
 def describe_holder(held: dict) -> str:
     """``machine-a (pid 4242; its lease runs 57 s more unless renewed)``."""
     left = max(0, int(_number(held.get("expires"), time.time()) - time.time()))
-    return (f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')}; its lease runs {left} s more unless "
-            "renewed)")
+    return (
+        f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')}; its lease runs {left} s more unless "
+        "renewed)"
+    )
 
 
 def _number(value: Any, default: float = 0.0) -> float:
@@ -110,8 +116,10 @@ def live_holder(store: Backend, root: Any, name: str) -> Optional[dict]:
 
 def refusal(root: Any, name: str, held: dict) -> UserError:
     """The line refusing to write ``root/name`` while ``held`` is live (as the local lock refuses)."""
-    return UserError(f"run_name: {root}/{name} is being trained by {describe_holder(held)}; wait for it to end, or "
-                     "choose another run_name")
+    return UserError(
+        f"run_name: {root}/{name} is being trained by {describe_holder(held)}; wait for it to end, or "
+        "choose another run_name"
+    )
 
 
 class BucketLease:
@@ -131,8 +139,9 @@ class BucketLease:
         self._ended = False
 
     def _body(self) -> bytes:
-        return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                           "expires": time.time() + term()}).encode()
+        return json.dumps(
+            {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "expires": time.time() + term()}
+        ).encode()
 
     def _mine(self) -> bool:
         held, tag, _ = read_lease(self.store, self.key)
@@ -148,8 +157,11 @@ class BucketLease:
         if is_live(held):
             raise refusal(self.root, self.name, held)
         if held is not None:
-            print(f"warning: the lease of {self.root}/{self.name} held by {held.get('host')} (pid {held.get('pid')}) "
-                  "expired without being released; this process takes the run over", file=sys.stderr)
+            print(
+                f"warning: the lease of {self.root}/{self.name} held by {held.get('host')} (pid {held.get('pid')}) "
+                "expired without being released; this process takes the run over",
+                file=sys.stderr,
+            )
         try:  # another machine taking the same expired lease at the same moment: one of the two writes holds
             self.etag = self.store.write(self.key, self._body(), if_absent=not exists, if_match=tag or None)
         except Conflict:
@@ -217,10 +229,14 @@ class BucketLease:
 
     def lost_error(self) -> LeaseLost:
         held = self.lost or {}
-        who = f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')})" if held else "nobody (it was deleted)"
-        return LeaseLost(f"run_name: {self.root}/{self.name}: this process's lease was taken over by {who} while it "
-                         "trained the run (paused, or cut off from the server, past the lease's term); it stopped "
-                         "writing to the bucket, and its checkpoints since are kept in its staging folder only")
+        who = (
+            f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')})" if held else "nobody (it was deleted)"
+        )
+        return LeaseLost(
+            f"run_name: {self.root}/{self.name}: this process's lease was taken over by {who} while it "
+            "trained the run (paused, or cut off from the server, past the lease's term); it stopped "
+            "writing to the bucket, and its checkpoints since are kept in its staging folder only"
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(term() / 5):
@@ -232,8 +248,11 @@ class BucketLease:
             except Exception as exc:  # the server went away: said once an outage; tried again at the next renewal
                 if not self._warned:
                     self._warned = True
-                    print(f"warning: renewing the lease of {self.root}/{self.name} failed ({type(exc).__name__}); "
-                          "uploads wait until it is renewed", file=sys.stderr)
+                    print(
+                        f"warning: renewing the lease of {self.root}/{self.name} failed ({type(exc).__name__}); "
+                        "uploads wait until it is renewed",
+                        file=sys.stderr,
+                    )
 
     def release(self, wait: float = 5.0) -> None:
         """Stop renewing and delete the lease (where this process still holds it), waiting at most ``wait`` seconds
@@ -306,8 +325,9 @@ def leased(lock: RunLock, store: Backend, root: Any, name: str) -> LeasedLock:
         lease = BucketLease(store, root, name).take()
     except BaseException as exc:
         lock.release()
-        refused = write_refused(exc, f"{root}") if isinstance(exc, Exception) and not isinstance(exc, UserError) \
-            else None
+        refused = (
+            write_refused(exc, f"{root}") if isinstance(exc, Exception) and not isinstance(exc, UserError) else None
+        )
         if refused is not None:
             raise refused from None
         raise

@@ -20,7 +20,10 @@ def open_in(runs: Path, config: RecipeConfig, device: str, options: RunOptions) 
     from dlrecipes.records import run_lock
     from dlrecipes.records.resume_check import check_resume
     from dlrecipes.records.run_dir import (
-        choose_run_name, make_run_dir, set_aside_failed_run, set_aside_for_restart,
+        choose_run_name,
+        make_run_dir,
+        set_aside_failed_run,
+        set_aside_for_restart,
     )
 
     resume, recipe = options.resume, config.to_dict()  # the resolved recipe as plain data: compared, written, recorded
@@ -32,8 +35,15 @@ def open_in(runs: Path, config: RecipeConfig, device: str, options: RunOptions) 
         set_aside_for_restart(run.path)
     elif config.run_name:
         set_aside_failed_run(run.path)
-    opened = TrainingRun(run, config=config, recipe=recipe, device=device, options=options,
-                         fresh=not resume and (not config.run_name or not run.path.exists()), accepted=accepted)
+    opened = TrainingRun(
+        run,
+        config=config,
+        recipe=recipe,
+        device=device,
+        options=options,
+        fresh=not resume and (not config.run_name or not run.path.exists()),
+        accepted=accepted,
+    )
     if rank() == 0:
         if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
             make_run_dir(run)

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.store.interface import (
-    ReadRun, RunOptions, RunStore, SweepFolder, TrainingRun, named_by_address,
+    ReadRun,
+    RunOptions,
+    RunStore,
+    SweepFolder,
+    TrainingRun,
+    named_by_address,
 )
 from dlrecipes.records.store.access import check_access
 from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, object_store, staged_run
@@ -140,7 +145,8 @@ def _all_uploaded(result: RunEnded, mirror: RemoteRun) -> None:
         raise IncompleteUpload(
             f"training {result.status}, but {len(missing)} file(s) of the run are not in {mirror.root}/{mirror.name}: "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (they are in {mirror.local}, as its "
-            "summary says; run the same command with --resume to upload them)")
+            "summary says; run the same command with --resume to upload them)"
+        )
 
 
 def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[str]] = None) -> ReadRun:

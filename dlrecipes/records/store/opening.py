@@ -50,20 +50,26 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
         raise refusal(root, name, held)
     status = _status_in_bucket(store, root, name)
     if not restart and status not in FAILED:
-        raise UserError(f"run_name: {root}/{name} already holds a run; pass --resume to continue it, --restart to train "
-                        "it again from the beginning (the old run is kept under another name), or choose another "
-                        "run_name")
+        raise UserError(
+            f"run_name: {root}/{name} already holds a run; pass --resume to continue it, --restart to train "
+            "it again from the beginning (the old run is kept under another name), or choose another "
+            "run_name"
+        )
     stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside = next(n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000))
-                 if not store.keys(root.key(n) + "/"))
-    why = f"--restart: {root}" if restart else \
-        f"run_name: {root}/{name} holds a run that {status}; moving it aside needs a delete, and {root}"
+    aside = next(
+        n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000)) if not store.keys(root.key(n) + "/")
+    )
+    why = (
+        f"--restart: {root}"
+        if restart
+        else f"run_name: {root}/{name} holds a run that {status}; moving it aside needs a delete, and {root}"
+    )
     if not store.deletes:  # said before anything is copied
         store.delete(root.key(name, RECIPE_FILE), why)
     keys = store.keys(root.key(name) + "/")
     try:
         for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
-            store.copy(key, root.key(aside) + key[len(root.key(name)):])
+            store.copy(key, root.key(aside) + key[len(root.key(name)) :])
         for key in keys:
             store.delete(key, why)
     except Exception as exc:  # read-only keys, a full or silent server: one line (the run stays where it was)
@@ -74,8 +80,10 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
             raise
         raise refused from None
     why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
-    print(f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
-          file=sys.stderr)
+    print(
+        f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
+        file=sys.stderr,
+    )
 
 
 def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> Optional[str]:
@@ -102,8 +110,10 @@ def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
             print(f"note: no run {name!r} in {root} yet ({RESUME_MISSING}=start): starting it", file=sys.stderr)
             (root.staging() / name).mkdir(parents=True, exist_ok=True)  # said once: the staging folder has it
         return False
-    raise UserError(f"run_name: --resume found no run {name!r} in {root} (`dlrecipes runs {root}` lists the runs "
-                    "there). Without --resume a new run starts under that name")
+    raise UserError(
+        f"run_name: --resume found no run {name!r} in {root} (`dlrecipes runs {root}` lists the runs "
+        "there). Without --resume a new run starts under that name"
+    )
 
 
 @contextmanager

@@ -24,11 +24,24 @@ from typing import Any, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
-    BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, EXPORT_DIR, LEASE_FILE, PREPROCESS_FILE, RECIPE_FILE, REMOTE_LATEST, RunDir,
+    BEST_CHECKPOINT,
+    BEST_INFO,
+    CHECKPOINT_DIR,
+    EXPORT_DIR,
+    LEASE_FILE,
+    PREPROCESS_FILE,
+    RECIPE_FILE,
+    REMOTE_LATEST,
+    RunDir,
 )
 from dlrecipes.records.store.access import check_access
 from dlrecipes.records.store.bucket import (
-    RemoteRoot, RemoteRun, damage, older_checkpoints, scheme_of, staging_base,
+    RemoteRoot,
+    RemoteRun,
+    damage,
+    older_checkpoints,
+    scheme_of,
+    staging_base,
 )
 from dlrecipes.records.store.safe_keys import pointed_checkpoint, staged_path
 
@@ -71,14 +84,19 @@ class PulledRun(RemoteRun):
         listing = self.listing() if listing is None else listing
         export_only = RECIPE_FILE not in listing and PREPROCESS_FILE in listing
         if RECIPE_FILE not in listing and not export_only:
-            raise UserError(f"{self.url}: no run there (no {RECIPE_FILE} in the bucket); `dlrecipes runs {self.root}` "
-                            "lists the runs it has")
+            raise UserError(
+                f"{self.url}: no run there (no {RECIPE_FILE} in the bucket); `dlrecipes runs {self.root}` "
+                "lists the runs it has"
+            )
         for relative, (size, modified) in listing.items():
             if relative.endswith("/") and size == 0:  # a folder's marker (what some S3 consoles make): no file
                 continue
             top = relative.split("/", 1)[0]
-            wanted = export_only or (top not in (CHECKPOINT_DIR, EXPORT_DIR) or relative == f"{CHECKPOINT_DIR}/"
-                                     f"{REMOTE_LATEST}" or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}")
+            wanted = export_only or (
+                top not in (CHECKPOINT_DIR, EXPORT_DIR)
+                or relative == f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+                or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}"
+            )
             if wanted and relative != LEASE_FILE:  # who writes the run now: the bucket's alone
                 self._fetch(relative, size, modified)
         return listing
@@ -102,25 +120,31 @@ class PulledRun(RemoteRun):
         if checkpoint == "best":
             relative = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
             if relative not in listing:
-                raise UserError(f"--checkpoint: {self.url} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
-                                "or it never evaluated); use --checkpoint latest")
+                raise UserError(
+                    f"--checkpoint: {self.url} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
+                    "or it never evaluated); use --checkpoint latest"
+                )
         elif checkpoint == "latest":
             pointer = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
             if pointer not in listing:
-                raise UserError(f"--checkpoint: {self.url} has no complete periodic checkpoint in the bucket; use "
-                                "--checkpoint best")
+                raise UserError(
+                    f"--checkpoint: {self.url} has no complete periodic checkpoint in the bucket; use --checkpoint best"
+                )
             name = pointed_checkpoint(self.local / pointer, f"{self.url}/{pointer}", "--checkpoint")
             relative = f"{CHECKPOINT_DIR}/{name}"
             if relative not in listing:
-                raise UserError(f"--checkpoint: {self.url}: the pointer names {relative}, which the bucket does not "
-                                "have")
+                raise UserError(
+                    f"--checkpoint: {self.url}: the pointer names {relative}, which the bucket does not have"
+                )
             return str(self._newest_that_loads(relative, listing))
         else:
             relative = f"{CHECKPOINT_DIR}/{Path(checkpoint).name}"
             if relative not in listing:
                 kept = sorted(Path(r).name for r in listing if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt"))
-                raise UserError(f"--checkpoint: {self.url} has no {relative} in the bucket; use best, latest or one "
-                                f"of: {', '.join(kept) or '(none)'}")
+                raise UserError(
+                    f"--checkpoint: {self.url} has no {relative} in the bucket; use best, latest or one "
+                    f"of: {', '.join(kept) or '(none)'}"
+                )
         self._fetch(relative, *listing[relative], reuse=True)
         return checkpoint if checkpoint in ("best", "latest") else str(self.local / relative)
 
@@ -154,8 +178,10 @@ class PulledRun(RemoteRun):
         self.push()
         missing = self.incomplete()
         if missing:
-            raise UploadFailed(f"{what} is in {self.local}, but {len(missing)} file(s) of it are not in {self.url}: "
-                               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+            raise UploadFailed(
+                f"{what} is in {self.local}, but {len(missing)} file(s) of it are not in {self.url}: "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            )
 
 
 def open_run(url: str, asked: Optional[set[str]] = None) -> PulledRun:
@@ -180,7 +206,7 @@ def pull_runs_dir(root: RemoteRoot) -> dict[Path, str]:
     urls: dict[Path, str] = {}
     for name in names:
         run = PulledRun(root, name, local_root / name)
-        listing = {key[len(name) + 1:]: value for key, value in everything.items() if key.startswith(name + "/")}
+        listing = {key[len(name) + 1 :]: value for key, value in everything.items() if key.startswith(name + "/")}
         run.pull_records(listing)
         _copy_live_lease(run, LEASE_FILE in listing)
         urls[run.local] = run.url
@@ -245,9 +271,17 @@ def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: Optiona
             addressed_row(row, path, urls)
             row["path"] = urls[path]
             if root is not None and urls[path].startswith(root.rstrip("/") + "/"):
-                row["run"] = urls[path][len(root.rstrip("/")) + 1:]
+                row["run"] = urls[path][len(root.rstrip("/")) + 1 :]
     return rows
 
 
-__all__ = ["PulledRun", "SweepMirror", "UploadFailed", "open_run", "pull_runs_dir", "shown_paths", "split_run_url",
-           "sweep_mirror"]
+__all__ = [
+    "PulledRun",
+    "SweepMirror",
+    "UploadFailed",
+    "open_run",
+    "pull_runs_dir",
+    "shown_paths",
+    "split_run_url",
+    "sweep_mirror",
+]

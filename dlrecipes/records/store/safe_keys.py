@@ -35,8 +35,10 @@ def pointed_checkpoint(pointer: Path, address: str, key: str) -> str:
         raw = f.read(POINTER_LIMIT + 1)
     name = raw.decode("utf-8", "replace").strip()
     if len(raw) > POINTER_LIMIT or not _CHECKPOINT_NAME.fullmatch(name):
-        raise UnsafeKey(f"{key}: {address} names {shown(name)}, which is not a checkpoint file name of this run "
-                        "(ep<E>-ba<B>-rank0.pt); nothing was downloaded for it")
+        raise UnsafeKey(
+            f"{key}: {address} names {shown(name)}, which is not a checkpoint file name of this run "
+            "(ep<E>-ba<B>-rank0.pt); nothing was downloaded for it"
+        )
     return name
 
 

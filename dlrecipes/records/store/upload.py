@@ -62,8 +62,11 @@ class BackgroundPush:
             except LeaseLost:  # the lease says so: the training stops at its next batch, the end names the holder
                 pass
             except Exception as exc:  # a push's own failures are warned about and kept pending; this is the rest
-                print(f"warning: uploading to {self.remote.root}/{self.remote.name} failed ({type(exc).__name__}: "
-                      f"{str(exc)[:160]}); it is tried again at the next checkpoint and at the end", file=sys.stderr)
+                print(
+                    f"warning: uploading to {self.remote.root}/{self.remote.name} failed ({type(exc).__name__}: "
+                    f"{str(exc)[:160]}); it is tried again at the next checkpoint and at the end",
+                    file=sys.stderr,
+                )
             with self._lock:
                 self._served = asked
                 if self._served >= self._asked:
@@ -103,5 +106,8 @@ class BackgroundPush:
         remote = self.remote
         what = sorted(set(remote.pending) | set(remote._changed()))
         shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "") or "the last files"
-        print(f"waiting up to {wait:.0f} s (checkpoint.upload_wait) for the uploads to {remote.root}/{remote.name}: "
-              f"{shown}; Ctrl-C stops waiting (--resume uploads the rest later)", file=sys.stderr)
+        print(
+            f"waiting up to {wait:.0f} s (checkpoint.upload_wait) for the uploads to {remote.root}/{remote.name}: "
+            f"{shown}; Ctrl-C stops waiting (--resume uploads the rest later)",
+            file=sys.stderr,
+        )

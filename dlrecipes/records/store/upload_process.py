@@ -64,9 +64,12 @@ class UploadProcess:
     def _started(self) -> subprocess.Popen:
         if self._process is None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(self.transfer_threads),
-                 str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                [sys.executable, "-m", __name__, str(self.transfer_threads), str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
         return self._process
 
     def _give_up(self, why: str) -> None:
@@ -142,8 +145,9 @@ def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
 
     from dlrecipes.records.store.backend import S3_CLIENT_CONFIG
 
-    client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None,
-                                            config=Config(**S3_CLIENT_CONFIG))
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=Config(**S3_CLIENT_CONFIG)
+    )
     transfer = TransferConfig(max_concurrency=transfer_threads)
     for line in sys.stdin:
         job = json.loads(line)

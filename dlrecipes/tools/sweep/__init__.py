@@ -31,9 +31,29 @@ training imports: the program the caller gives (the CLI's, :data:`dlrecipes.api.
 
 from __future__ import annotations
 
-from dlrecipes.tools.sweep.plan import (Point, SweepPlan, check_points, overrides_of, plan_sweep, point_name,
-                                        prepare_folder, probe_points, split_values)
+from dlrecipes.tools.sweep.plan import (
+    Point,
+    SweepPlan,
+    check_points,
+    overrides_of,
+    plan_sweep,
+    point_name,
+    prepare_folder,
+    probe_points,
+    split_values,
+)
 from dlrecipes.tools.sweep.run import get_ready, run_sweep
 
-__all__ = ["Point", "SweepPlan", "check_points", "get_ready", "overrides_of", "plan_sweep", "point_name", "prepare_folder",
-           "probe_points", "run_sweep", "split_values"]
+__all__ = [
+    "Point",
+    "SweepPlan",
+    "check_points",
+    "get_ready",
+    "overrides_of",
+    "plan_sweep",
+    "point_name",
+    "prepare_folder",
+    "probe_points",
+    "run_sweep",
+    "split_values",
+]

@@ -63,10 +63,27 @@ class SweepPlan:
 
     def record(self) -> dict[str, Any]:
         """What sweep.yaml records (secrets redacted, as in a run's recipe.yaml; compared redacted alike)."""
-        return redact({"recipe": str(self.recipe), "name": self.name, "fixed": self.fixed, "swept": self.swept,
-                "seeds": self.seeds, "search": self.search, "trials": self.trials, "nproc": self.nproc,
-                "points": [{"name": p.name, "values": p.values, "overrides": p.overrides,
-                            **({"trial": p.trial} if p.trial is not None else {})} for p in self.points]})
+        return redact(
+            {
+                "recipe": str(self.recipe),
+                "name": self.name,
+                "fixed": self.fixed,
+                "swept": self.swept,
+                "seeds": self.seeds,
+                "search": self.search,
+                "trials": self.trials,
+                "nproc": self.nproc,
+                "points": [
+                    {
+                        "name": p.name,
+                        "values": p.values,
+                        "overrides": p.overrides,
+                        **({"trial": p.trial} if p.trial is not None else {}),
+                    }
+                    for p in self.points
+                ],
+            }
+        )
 
 
 def split_values(raw: str) -> list[str]:
@@ -124,8 +141,10 @@ def point_name(values: dict[str, Any]) -> str:
 def _sample(key: str, spec: str, rng: random.Random) -> Any:
     match = DISTRIBUTION.match(spec.replace(" ", ""))
     if match is None:
-        raise RecipeError(f"{key}: with --trials, a value is loguniform(a,b), uniform(a,b), randint(a,b) or "
-                          f"choice(a,b,...), got '{spec}'")
+        raise RecipeError(
+            f"{key}: with --trials, a value is loguniform(a,b), uniform(a,b), randint(a,b) or "
+            f"choice(a,b,...), got '{spec}'"
+        )
     kind, args = match.group(1), split_values(match.group(2))
     if kind == "choice":
         return _value(rng.choice(args), key)
@@ -134,8 +153,9 @@ def _sample(key: str, spec: str, rng: random.Random) -> Any:
     except ValueError:
         raise RecipeError(f"{key}: {kind} takes two numbers, got '{spec}'") from None
     if not low < high or (kind == "loguniform" and low <= 0):
-        raise RecipeError(f"{key}: {kind}({args[0]},{args[1]}) needs 0 {'< ' if kind == 'loguniform' else ''}"
-                          f"low < high")
+        raise RecipeError(
+            f"{key}: {kind}({args[0]},{args[1]}) needs 0 {'< ' if kind == 'loguniform' else ''}low < high"
+        )
     if kind == "loguniform":
         return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.4g}")
     if kind == "uniform":
@@ -177,8 +197,9 @@ def optuna_distribution(key: str, values: list[Any]) -> Any:
 def probe_points(plan: SweepPlan) -> list[dict[str, Any]]:
     """What a search can pick, to validate before the first run: each range's low end, then its high end, and
     every listed choice (at least two points)."""
-    options = {key: (spec[1] if (spec := _range_spec(key, values)) else list(values))
-               for key, values in plan.swept.items()}
+    options = {
+        key: (spec[1] if (spec := _range_spec(key, values)) else list(values)) for key, values in plan.swept.items()
+    }
     count = max(2, *(len(v) for v in options.values()))
     return [{k: v[i % len(v)] for k, v in options.items()} for i in range(count)]
 
@@ -209,8 +230,15 @@ def _split_assignments(assignments: Sequence[str], search: Optional[str]) -> tup
     return fixed, swept
 
 
-def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, name: Optional[str] = None,
-               trials: Optional[int] = None, search: Optional[str] = None, seed: int = 0) -> SweepPlan:
+def plan_sweep(
+    recipe: str | Path,
+    assignments: Sequence[str],
+    seeds: int = 0,
+    name: Optional[str] = None,
+    trials: Optional[int] = None,
+    search: Optional[str] = None,
+    seed: int = 0,
+) -> SweepPlan:
     """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times
     ``seeds`` seeds; an Optuna search's points come later, one trial at a time."""
     fixed, swept = _split_assignments(assignments, search)
@@ -227,18 +255,21 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
             raise RecipeError("nothing to search: give a key a range, e.g. optimizer.lr=loguniform(1e-4,1e-1)")
     if search == "optuna":
         if seeds:
-            raise RecipeError("--seeds: an Optuna search trains each trial once; search trainer.seed=choice(1,2,3) "
-                              "or drop --seeds")
+            raise RecipeError(
+                "--seeds: an Optuna search trains each trial once; search trainer.seed=choice(1,2,3) or drop --seeds"
+            )
         for key, values in swept.items():
             optuna_distribution(key, values)  # every range one Optuna can sample
-        return SweepPlan(Path(recipe), name or f"{Path(recipe).stem}-sweep", fixed, swept, 0, [], search, trials,
-                         seed=seed)
+        return SweepPlan(
+            Path(recipe), name or f"{Path(recipe).stem}-sweep", fixed, swept, 0, [], search, trials, seed=seed
+        )
     if search is not None:
         rng = random.Random(seed)
         combos = []
         for _ in range(trials):
-            combos.append({k: (_sample(k, v[0], rng) if _range_spec(k, v) else rng.choice(v))
-                           for k, v in swept.items()})
+            combos.append(
+                {k: (_sample(k, v[0], rng) if _range_spec(k, v) else rng.choice(v)) for k, v in swept.items()}
+            )
     else:
         if trials is not None:
             raise RecipeError("--trials: only with --search random or --search optuna")
@@ -247,7 +278,7 @@ def plan_sweep(recipe: str | Path, assignments: Sequence[str], seeds: int = 0, n
         combos = [dict(zip(swept, values)) for values in itertools.product(*swept.values())]
     points = []
     for combo in combos:
-        for s in (range(1, seeds + 1) if seeds else [None]):
+        for s in range(1, seeds + 1) if seeds else [None]:
             values = {**combo, **({"trainer.seed": s} if s is not None else {})}
             points.append(Point(point_name(values), values, overrides_of(values)))
     names = [p.name for p in points]
@@ -273,8 +304,10 @@ def check_points(plan: SweepPlan) -> RunStore:
         base = validate(load_local(plan.recipe, plan.fixed, plan.plugins))
         plan.monitor, plan.mode = base.checkpoint.monitor or "top1", base.checkpoint.mode
         trial = json.dumps({"storage": "optuna.journal", "study": plan.name, "trial": 0, "monitor": plan.monitor})
-        checked = [(point_name(values), [*overrides_of(values), f"callbacks.optuna_trial={trial}"])
-                   for values in probe_points(plan)]
+        checked = [
+            (point_name(values), [*overrides_of(values), f"callbacks.optuna_trial={trial}"])
+            for values in probe_points(plan)
+        ]
     store = None
     for name, overrides in checked:
         try:
@@ -300,15 +333,29 @@ def prepare_folder(plan: SweepPlan, store_folder: SweepFolder) -> Path:
     if existing.is_file():
         before = yaml.safe_load(existing.read_text()) or {}
         if before.get("fixed") != record["fixed"] or str(before.get("recipe")) != record["recipe"]:
-            raise UserError(f"--name: {folder} holds a sweep of other fixed settings ({existing}: recipe "
-                            f"{before.get('recipe')}, fixed {before.get('fixed')}); give another --name")
+            raise UserError(
+                f"--name: {folder} holds a sweep of other fixed settings ({existing}: recipe "
+                f"{before.get('recipe')}, fixed {before.get('fixed')}); give another --name"
+            )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SWEEP_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
     plan.folder, plan.trains_into, plan.after_point = folder, store_folder.trains_into, store_folder.after_point
     return folder
 
 
-
-__all__ = ["DISTRIBUTION", "Point", "SEARCHES", "SWEEP_FILE", "SweepPlan", "optuna_distribution", "overrides_of",
-           "plan_sweep", "point_name", "prepare_folder", "probe_points", "short_names", "split_values",
-           "value_text"]
+__all__ = [
+    "DISTRIBUTION",
+    "Point",
+    "SEARCHES",
+    "SWEEP_FILE",
+    "SweepPlan",
+    "optuna_distribution",
+    "overrides_of",
+    "plan_sweep",
+    "point_name",
+    "prepare_folder",
+    "probe_points",
+    "short_names",
+    "split_values",
+    "value_text",
+]

@@ -96,8 +96,11 @@ def record_outcome(folder: Path, name: str, returncode: int, signalled: bool = F
     if status == "done":
         reason = ""
     elif returncode < 0:
-        reason = f"killed by {signal.Signals(-returncode).name}" if -returncode in signal.valid_signals() \
+        reason = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if -returncode in signal.valid_signals()
             else f"killed by signal {-returncode}"
+        )
     elif summary.get("status") == status.split(" (")[0] and summary.get("reason"):
         reason = str(summary["reason"])
     else:
@@ -140,11 +143,15 @@ def unfinished(plan: SweepPlan) -> dict[str, dict[str, Any]]:
 def closing_line(plan: SweepPlan, left: dict[str, dict[str, Any]]) -> str:
     """``2 of 6 points did not finish: 1 diverged, 1 failed; ...``: the sweep's last line when not all finished."""
     kinds = [outcome["status"].split(" (")[0] for outcome in left.values()]
-    counts = sorted({k: kinds.count(k) for k in kinds}.items(),
-                    key=lambda kc: _ORDER.index(kc[0]) if kc[0] in _ORDER else len(_ORDER))
+    counts = sorted(
+        {k: kinds.count(k) for k in kinds}.items(),
+        key=lambda kc: _ORDER.index(kc[0]) if kc[0] in _ORDER else len(_ORDER),
+    )
     what = "trials" if plan.search == "optuna" else "points"
-    return (f"{len(left)} of {len(plan.points)} {what} did not finish: {', '.join(f'{n} {k}' for k, n in counts)}; "
-            f"see {plan.folder / 'summary.md'}")
+    return (
+        f"{len(left)} of {len(plan.points)} {what} did not finish: {', '.join(f'{n} {k}' for k, n in counts)}; "
+        f"see {plan.folder / 'summary.md'}"
+    )
 
 
 def _point_row(folder: Path, name: str) -> dict[str, Any]:
@@ -159,10 +166,15 @@ def _point_row(folder: Path, name: str) -> dict[str, Any]:
     history = history_rows(run)
     monitor = described.get("monitor") or "top1"
     final = history[-1].get(f"eval_{monitor}") if history else None
-    return {**row, "monitor": monitor, "best": described.get("best_value"),
-            "final": float(final) if final not in (None, "", "nan") else None,
-            "wall_time_sec": summary.get("wall_time_sec"), "images_per_sec": summary.get("images_per_sec"),
-            "peak_memory_mb": summary.get("peak_memory_mb")}
+    return {
+        **row,
+        "monitor": monitor,
+        "best": described.get("best_value"),
+        "final": float(final) if final not in (None, "", "nan") else None,
+        "wall_time_sec": summary.get("wall_time_sec"),
+        "images_per_sec": summary.get("images_per_sec"),
+        "peak_memory_mb": summary.get("peak_memory_mb"),
+    }
 
 
 def history_rows(run: RunDir) -> list[dict[str, str]]:
@@ -212,11 +224,29 @@ def table_rows(plan: SweepPlan, rows: list[dict[str, Any]], short: bool = False)
     keys = (["trial"] if plan.search == "optuna" else []) + swept_keys(plan)
     names = short_names(keys) if short else {k: k for k in keys}
     monitor = next((r["monitor"] for r in rows if r.get("monitor")), "top1")
-    header = [*(names[k] for k in keys), f"best {monitor}", f"final {monitor}", "wall s", "img/s", "peak MiB",
-              *(["runs"] if plan.seeds else []), "status"]
-    body = [[*(str(r[k]) for k in keys), _cell(r, "best", ".4f"), _cell(r, "final", ".4f"),
-             _cell(r, "wall_time_sec", ".1f"), _cell(r, "images_per_sec", ",.0f"), _cell(r, "peak_memory_mb", ".0f"),
-             *([f"{r['runs']}/{plan.seeds}"] if plan.seeds else []), r["status"]] for r in rows]
+    header = [
+        *(names[k] for k in keys),
+        f"best {monitor}",
+        f"final {monitor}",
+        "wall s",
+        "img/s",
+        "peak MiB",
+        *(["runs"] if plan.seeds else []),
+        "status",
+    ]
+    body = [
+        [
+            *(str(r[k]) for k in keys),
+            _cell(r, "best", ".4f"),
+            _cell(r, "final", ".4f"),
+            _cell(r, "wall_time_sec", ".1f"),
+            _cell(r, "images_per_sec", ",.0f"),
+            _cell(r, "peak_memory_mb", ".0f"),
+            *([f"{r['runs']}/{plan.seeds}"] if plan.seeds else []),
+            r["status"],
+        ]
+        for r in rows
+    ]
     return header, body
 
 
@@ -236,8 +266,10 @@ def write_summary(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
     header, body = table_rows(plan, rows)
     lines = ["| " + " | ".join([*header, "reason"]) + " |", "|" + "---|" * (len(header) + 1)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in [*cells, row["reason"]]) + " |"
-              for cells, row in zip(body, rows)]
+    lines += [
+        "| " + " | ".join(c.replace("|", "\\|") for c in [*cells, row["reason"]]) + " |"
+        for cells, row in zip(body, rows)
+    ]
     (plan.folder / "summary.md").write_text(f"# sweep {plan.name}\n\n" + "\n".join(lines) + "\n")
     try:
         plot_sweep(plan, rows, plan.folder / "summary.png")
@@ -258,8 +290,9 @@ def best_value(history: list[dict[str, str]], monitor: str, mode: str) -> Option
     return (max(values) if mode == "max" else min(values)) if values else None
 
 
-def finished_line(plan: SweepPlan, point: Point, outcome: dict[str, Any], seconds: float, done: int, total: int,
-                  eta: Optional[float]) -> str:
+def finished_line(
+    plan: SweepPlan, point: Point, outcome: dict[str, Any], seconds: float, done: int, total: int, eta: Optional[float]
+) -> str:
     """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
     training that did not finish (``eta``: the seconds the points left will take, None when none is left)."""
     from dlrecipes.records.runs import describe_run
@@ -269,8 +302,10 @@ def finished_line(plan: SweepPlan, point: Point, outcome: dict[str, Any], second
     kept = outcome["status"] in FINISHED or outcome["status"].startswith("stopped")
     best = describe_run(run)["best"] if kept and run.is_run() else "-"
     eta_text = f"  ETA {int(eta) // 60}:{int(eta) % 60:02d}" if eta is not None else ""
-    line = (f"[{done}/{total}] {point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
-            f"{eta_text}  (log: {log_path(plan.folder, point.name)})")
+    line = (
+        f"[{done}/{total}] {point.name}  {outcome['status']}  {best}  {seconds:.0f}s"
+        f"{eta_text}  (log: {log_path(plan.folder, point.name)})"
+    )
     return line + (f"\n    {outcome['reason']}" if outcome["reason"] else "")
 
 
@@ -334,8 +369,11 @@ def plot_sweep(plan: SweepPlan, rows: list[dict[str, Any]], path: Path) -> None:
     assert plan.folder is not None
     for point in plan.points:
         history = history_rows(point_run(plan.folder, point.name))
-        points = [(int(h["epoch"]), float(h[f"eval_{monitor}"])) for h in history
-                  if h.get(f"eval_{monitor}") not in (None, "", "nan")]
+        points = [
+            (int(h["epoch"]), float(h[f"eval_{monitor}"]))
+            for h in history
+            if h.get(f"eval_{monitor}") not in (None, "", "nan")
+        ]
         if points:
             right.plot(*zip(*points), marker=".", label=point.name)
     from matplotlib.ticker import MaxNLocator
@@ -352,6 +390,23 @@ def plot_sweep(plan: SweepPlan, rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["FINISHED", "LOG_DIR", "best_value", "closing_line", "finished_line", "forget_outcome", "history_rows",
-           "key_legend", "log_path", "number", "plot_sweep", "point_outcome", "record_outcome", "summarize",
-           "swept_keys", "table_rows", "unfinished", "write_summary"]
+__all__ = [
+    "FINISHED",
+    "LOG_DIR",
+    "best_value",
+    "closing_line",
+    "finished_line",
+    "forget_outcome",
+    "history_rows",
+    "key_legend",
+    "log_path",
+    "number",
+    "plot_sweep",
+    "point_outcome",
+    "record_outcome",
+    "summarize",
+    "swept_keys",
+    "table_rows",
+    "unfinished",
+    "write_summary",
+]

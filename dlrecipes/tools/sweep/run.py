@@ -34,8 +34,19 @@ from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.request import RunRequest
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
-from dlrecipes.tools.sweep.report import (LOG_DIR, best_value, finished_line, forget_outcome, history_rows, log_path,
-                                          point_run, record_outcome, summarize, unfinished, write_summary)
+from dlrecipes.tools.sweep.report import (
+    LOG_DIR,
+    best_value,
+    finished_line,
+    forget_outcome,
+    history_rows,
+    log_path,
+    point_run,
+    record_outcome,
+    summarize,
+    unfinished,
+    write_summary,
+)
 
 if TYPE_CHECKING:
     from dlrecipes.runtime.fork_server import Program, Started
@@ -78,12 +89,13 @@ def _child_env(parallel: int, index: int, nproc: int = 1) -> dict[str, str]:
         gpus = visible_gpus()
         if len(gpus) >= nproc:  # groups of nproc GPUs, shared when more runs than groups go at once
             group = index % (len(gpus) // nproc)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[group * nproc:(group + 1) * nproc])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[group * nproc : (group + 1) * nproc])
     return env
 
 
-def run_sweep(plan: SweepPlan, program: Program, parallel: int = 1, echo: Callable[[str], None] = print
-              ) -> tuple[list[dict], int]:
+def run_sweep(
+    plan: SweepPlan, program: Program, parallel: int = 1, echo: Callable[[str], None] = print
+) -> tuple[list[dict], int]:
     """Run the points not finished yet, ``parallel`` at a time (on a CPU, forked as ``program`` says: a
     fork_server.Program, the CLI's); returns the summary rows and an exit code: 0 when
     every point finished (or was pruned), 75 when a signal stopped the sweep, else 1 (``closing_line`` says
@@ -116,8 +128,15 @@ def run_sweep(plan: SweepPlan, program: Program, parallel: int = 1, echo: Callab
     return rows, 75 if stop["signal"] else 1 if unfinished(plan) else 0
 
 
-def _train(plan: SweepPlan, source: _Grid | _Search, running: list[_Slot], parallel: int, stop: dict[str, int],
-           echo: Callable[[str], None], program: Program) -> None:
+def _train(
+    plan: SweepPlan,
+    source: _Grid | _Search,
+    running: list[_Slot],
+    parallel: int,
+    stop: dict[str, int],
+    echo: Callable[[str], None],
+    program: Program,
+) -> None:
     """Start the points as places free up, pass each signal on to the running trainings once, and record and
     report each training's outcome as it ends."""
     assert plan.folder is not None
@@ -215,10 +234,13 @@ class _Search:
         storage = journal_storage(str(self.storage_path))
         earlier = _trial_count(storage, plan.name)
         self.study = self.optuna.create_study(
-            study_name=plan.name, storage=storage, load_if_exists=True,
+            study_name=plan.name,
+            storage=storage,
+            load_if_exists=True,
             direction="maximize" if plan.mode == "max" else "minimize",
             # a seed of its own per call: a resumed sweep does not draw its first trials' values again
-            sampler=self.optuna.samplers.TPESampler(seed=plan.seed + earlier))
+            sampler=self.optuna.samplers.TPESampler(seed=plan.seed + earlier),
+        )
         self.distributions = {key: optuna_distribution(key, values) for key, values in plan.swept.items()}
         self.pending: list[tuple[Point, str]] = []
         self.asked = self.running = 0
@@ -249,11 +271,20 @@ class _Search:
     def _point(self, number: int, params: dict[str, Any]) -> Point:
         values = {key: params[key] for key in self.plan.swept if key in params}
         # the runs prune (callbacks.optuna_trial): not before a quarter of the trials (at most 5) have finished
-        trial = {"storage": str(self.storage_path), "study": self.plan.name, "trial": number,
-                 "monitor": self.plan.monitor, "startup_trials": min(5, max(1, self.total // 4)),
-                 "warmup_evaluations": 1}
-        return Point(f"trial={number},{point_name(values)}", values,
-                     [*overrides_of(values), f"callbacks.optuna_trial={json.dumps(trial)}"], trial=number)
+        trial = {
+            "storage": str(self.storage_path),
+            "study": self.plan.name,
+            "trial": number,
+            "monitor": self.plan.monitor,
+            "startup_trials": min(5, max(1, self.total // 4)),
+            "warmup_evaluations": 1,
+        }
+        return Point(
+            f"trial={number},{point_name(values)}",
+            values,
+            [*overrides_of(values), f"callbacks.optuna_trial={json.dumps(trial)}"],
+            trial=number,
+        )
 
     def next(self) -> Optional[tuple[Point, str]]:
         if self.pending:
@@ -264,8 +295,10 @@ class _Search:
         try:
             trial = self.study.ask(self.distributions)
         except ValueError as exc:  # Optuna refuses a parameter whose kind or choices changed within a study
-            raise UserError(f"--search optuna: the study in {self.storage_path} drew its trials from other ranges "
-                            f"({exc}); keep them, or give another --name") from None
+            raise UserError(
+                f"--search optuna: the study in {self.storage_path} drew its trials from other ranges "
+                f"({exc}); keep them, or give another --name"
+            ) from None
         self.asked += 1
         self.running += 1
         point = self._point(trial.number, trial.params)
@@ -335,8 +368,14 @@ def get_ready(nproc: int, program: Program) -> None:
 def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int, program: Program) -> _Slot:
     assert plan.folder is not None and plan.requests is not None
     request = _request(plan, point, action)
-    command = [sys.executable, "-m", "dlrecipes", "train-request", str(request.write(plan.requests, point.name)),
-               *(["-n", str(plan.nproc)] if plan.nproc > 1 else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "dlrecipes",
+        "train-request",
+        str(request.write(plan.requests, point.name)),
+        *(["-n", str(plan.nproc)] if plan.nproc > 1 else []),
+    ]
     forget_outcome(plan.folder, point.name)  # until this training ends, its run directory tells how it goes
     log = open(log_path(plan.folder, point.name), "a")
     line = request.command.replace("dlrecipes train ", f"dlrecipes launch -n {plan.nproc} ", 1)
@@ -347,8 +386,9 @@ def _start(plan: SweepPlan, point: Point, action: str, index: int, parallel: int
     if forks_trainings(plan.nproc):
         from dlrecipes.runtime import fork_server
 
-        process: subprocess.Popen | Started = fork_server.start(program, command[3:], env=env, out=log_path(plan.folder, point.name),
-                                         append=True, new_session=True)
+        process: subprocess.Popen | Started = fork_server.start(
+            program, command[3:], env=env, out=log_path(plan.folder, point.name), append=True, new_session=True
+        )
     else:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return _Slot(point, process, time.perf_counter(), log, index)
