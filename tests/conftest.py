@@ -69,9 +69,9 @@ _KEPT = (sys.prefix, sys.base_prefix, str(REPO))  # installed packages, dlrecipe
 
 
 # The modules that take longest (seconds on 2 workers, measured 2026-11-26; test_sync_census 155 s on 2026-11-27), run
-# first: with --dist loadfile each module runs whole on one worker, so the last to start must be a short one, or one worker ends alone
-# (pyproject.toml turns xdist's own order off: it starts the modules with the most tests first). The SLURM job goes
-# first: it mostly waits on the scheduler, which the other worker's work fills.
+# first: with --dist loadfile each module runs whole on one worker, so the last to start must be a short one, or one
+# worker ends alone (pyproject.toml turns xdist's own order off: it starts the modules with the most tests first). The
+# SLURM job goes first: it mostly waits on the scheduler, which the other worker's work fills.
 LONGEST_FIRST = (
     "test_slurm",
     "test_sync_census",

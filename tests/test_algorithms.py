@@ -66,7 +66,8 @@ def small_recipe(tmp_path):
 def _image_folder(root):
     image_folders(root, ("a", "b"), per_class=8, size=(40, 30))
     return [
-        f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, crop_size: 32, resize_size: 36}}"
+        f"dataset={{name: image_folder, train_path: {root}/train, val_path: {root}/val, "
+        "crop_size: 32, resize_size: 36}"
     ]
 
 
@@ -125,7 +126,10 @@ def test_parameters_round_trip_through_validation(name, small_recipe, tmp_path):
 def test_unknown_algorithm_parameter_suggests(small_recipe):
     with pytest.raises(
         RecipeError,
-        match=r"algorithms.label_smoothing.smothing: unknown parameter of algorithm 'label_smoothing' \(did you mean 'smoothing'\?\)",
+        match=(
+            r"algorithms.label_smoothing.smothing: unknown parameter of algorithm 'label_smoothing' "
+            r"\(did you mean 'smoothing'\?\)"
+        ),
     ):
         resolve(small_recipe, ["algorithms.label_smoothing={smothing: 0.1}"])
 

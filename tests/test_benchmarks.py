@@ -103,7 +103,8 @@ def test_gpu_suite_runs_the_sections_named(tmp_path):
         ["--device", "cpu", "--only", "augment,nope"], REPO, module=str(REPO / "benchmarks" / "gpu_suite.py")
     )
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode, speedrun)"
+        "gpu_suite: no section nope (the sections: overhead, overhead_compiled, flagship, precision, augment, decode, "
+        "speedrun)"
     ]
 
 

@@ -4,21 +4,33 @@ training or of the server; the lease's term is made short by the setting the tes
 
 The adversarial matrix, one row a test:
 
-| fault                                                   | what holds                                                  | test |
-|---------------------------------------------------------|-------------------------------------------------------------|------|
-| --restart / a new run over a failed run while it trains | refused in one line naming the holder, exit 2; runs: running | test_a_live_lease_refuses_... |
-| the writer paused past its lease's term, taken over     | it wakes, writes nothing more, one line naming the holder    | test_a_writer_paused_past_... |
-| the server hangs as the run ends                        | a bounded wait, said; named incomplete; --resume finishes    | test_a_hung_server_at_the_... |
-| Ctrl-C while the end waits for a hung server            | the wait stops at once; named incomplete; no traceback      | test_a_hung_server_at_the_... |
-| an upload fails: what its records describe is missing   | best.json and summary.json wait for what they describe      | test_records_go_up_only_... |
-| periodic checkpoints rotated; a resume elsewhere        | checkpoint.keep holds in the bucket; the log is appended    | test_keep_holds_in_the_... |
-| kill -9 of a training while its upload process runs     | the upload process ends with it, no traceback               | test_the_upload_process_... |
-| read-only keys; a silent endpoint; S3_ENDPOINT_URL with  | one line naming what to fix, exit 2, before training;       | test_foreseeable_s3_... |
-| no scheme; S3://, file://; a control character; a key   | nothing left here or in the bucket; validate refuses the    |      |
-| over 1,024 bytes; a staging name over NAME_MAX          | address and length cases too                                |      |
-| a full server (SeaweedFS's bare 500; MinIO's, S3's 507) | one line naming the server, not "unexpected"                | test_a_full_server_..., test_what_other_... |
-| an older checkpoint's upload late; a pointer's failed   | the pointer moves only forward; a failed move is retried    | test_the_pointer_moves_... |
-| a server that ignores If-Match; a deleted lease (AWS)   | renewals read the token back; a successor is seen           | test_a_server_that_ignores_... |
+| fault                                    | what holds                               | test                           |
+|------------------------------------------|------------------------------------------|--------------------------------|
+| --restart / a new run over a failed run  | refused in one line naming the holder,   | test_a_live_lease_refuses_...  |
+| while it trains                          | exit 2; runs: running                    |                                |
+| the writer paused past its lease's term, | it wakes, writes nothing more, one line  | test_a_writer_paused_past_...  |
+| taken over                               | naming the holder                        |                                |
+| the server hangs as the run ends         | a bounded wait, said; named incomplete;  | test_a_hung_server_at_the_...  |
+|                                          | --resume finishes                        |                                |
+| Ctrl-C while the end waits for a hung    | the wait stops at once; named            | test_a_hung_server_at_the_...  |
+| server                                   | incomplete; no traceback                 |                                |
+| an upload fails: what its records        | best.json and summary.json wait for what | test_records_go_up_only_...    |
+| describe is missing                      | they describe                            |                                |
+| periodic checkpoints rotated; a resume   | checkpoint.keep holds in the bucket; the | test_keep_holds_in_the_...     |
+| elsewhere                                | log is appended                          |                                |
+| kill -9 of a training while its upload   | the upload process ends with it, no      | test_the_upload_process_...    |
+| process runs                             | traceback                                |                                |
+| read-only keys; a silent endpoint;       | one line naming what to fix, exit 2,     | test_foreseeable_s3_...        |
+| S3_ENDPOINT_URL with no scheme; S3://,   | before training; nothing left here or in |                                |
+| file://; a control character; a key over | the bucket; validate refuses the address |                                |
+| 1,024 bytes; a staging name over         | and length cases too                     |                                |
+| NAME_MAX                                 |                                          |                                |
+| a full server (SeaweedFS's bare 500;     | one line naming the server, not          | test_a_full_server_...,        |
+| MinIO's, S3's 507)                       | "unexpected"                             | test_what_other_...            |
+| an older checkpoint's upload late; a     | the pointer moves only forward; a failed | test_the_pointer_moves_...     |
+| pointer's failed                         | move is retried                          |                                |
+| a server that ignores If-Match; a        | renewals read the token back; a          | test_a_server_that_ignores_... |
+| deleted lease (AWS)                      | successor is seen                        |                                |
 
 The rows about what a bucket or a file says (a pointer with ``../``, keys that lead out of the staging folder, a
 checkpoint whose tensor records are shorter than its pickle declares, a damaged newest checkpoint) are
@@ -213,7 +225,10 @@ def test_a_hung_server_at_the_end_is_a_bounded_wait_named_and_resumed(s3, machin
     --resume uploads the rest and clears the mark, here and there."""
     plugin = tmp_path / "pause.py"
     plugin.write_text(PAUSE_PLUGIN)
-    pause = f"callbacks.pause_after_upload={{key: hung/h/checkpoints/latest.txt, name: ep1-ba3-rank0.pt, what: '{s3.process.pid}'}}"
+    pause = (
+        "callbacks.pause_after_upload={key: hung/h/checkpoints/latest.txt, name: ep1-ba3-rank0.pt, "
+        f"what: '{s3.process.pid}'}}"
+    )
     args = ["train", str(tiny_recipe), "runs_dir=s3://runs/hung", "run_name=h", "--plugin", str(plugin)]
     try:
         started = time.monotonic()

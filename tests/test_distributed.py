@@ -73,7 +73,8 @@ RECIPE = """
     imports: [./ddp_plugin.py]
     model: {name: cnn_simple, width: 4, hidden: 8}
     dataset: {name: indexed}
-    trainer: {max_duration: 1ep, batch_size: 8, num_workers: 0, progress_bar: false, device: cpu, console_log_interval: 1000ep}
+    trainer: {max_duration: 1ep, batch_size: 8, num_workers: 0, progress_bar: false, device: cpu,
+              console_log_interval: 1000ep}
     optimizer: {name: sgd, lr: 0.05}
     checkpoint: {save_interval: 1ep, monitor: null}
     plots: false  # test_loggers.py plots each shape of history

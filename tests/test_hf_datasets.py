@@ -28,7 +28,8 @@ SIZE = 8  # the digits' own side: no resizing, so what is read back is the sourc
 
 
 def _digits(count: int | None):
-    """(uint8 images 0..240, labels) of the train and test splits: a stratified 80/20 split, ``count`` images at most."""
+    """(uint8 images 0..240, labels) of the train and test splits: a stratified 80/20 split, ``count`` images at
+    most."""
     images, labels = load_digits_arrays()
     images = (images.astype(np.uint16) * 15).astype(np.uint8)
     train, test = stratified_split(labels, 0.2, 0)
@@ -241,7 +242,8 @@ def test_one_epoch_on_the_saved_digits_learns_them(tmp_path, monkeypatch, tiny_r
         resolve(
             tiny_recipe,
             [
-                f"dataset={{name: hf, path: {paths['saved']}, crop_size: 8, resize_size: 8, min_scale: 1.0, hflip: false}}",
+                f"dataset={{name: hf, path: {paths['saved']}, crop_size: 8, resize_size: 8, "
+                "min_scale: 1.0, hflip: false}",
                 "model={name: cnn_simple, width: 16, hidden: 64}",
                 "optimizer={name: adamw, lr: 0.002}",
                 "trainer.loader=tensor_cache",

@@ -232,7 +232,8 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ),
         (
             "~task.outputs.value",
-            "task.outputs: dataset 'synthetic_multi_io' yields 3 outputs (label, parity, value) and the task names 2; add value",
+            "task.outputs: dataset 'synthetic_multi_io' yields 3 outputs (label, parity, value) and the task names 2; "
+            "add value",
         ),
         (
             "task.outputs.label.loss=crossentropy",
@@ -240,7 +241,8 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ),
         (
             "task.outputs.label.loss=mse",
-            "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a class label; use binary_cross_entropy, cross_entropy, focal",
+            "task.outputs.label.loss: 'mse' does not fit output 'label' of dataset 'synthetic_multi_io', which is a "
+            "class label; use binary_cross_entropy, cross_entropy, focal",
         ),
         (
             "task.outputs.value.loss=cross_entropy",
@@ -250,24 +252,29 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ("task.outputs.label.wieght=1", "task.outputs.label.wieght: unknown key (did you mean 'weight'?)"),
         (
             "task.outputs.label.num_classes=5",
-            "task.outputs.label.num_classes: 5 does not match dataset 'synthetic_multi_io', whose output 'label' has 4 classes",
+            "task.outputs.label.num_classes: 5 does not match dataset 'synthetic_multi_io', "
+            "whose output 'label' has 4 classes",
         ),
         ("task.outputs.value.num_classes=2", "task.outputs.value.num_classes: output 'value' is a regression target"),
         (
-            "task.outputs={label: {weight: 0}, parity: {weight: 0, loss: cross_entropy}, value: {weight: 0, loss: mse}}",
+            "task.outputs={label: {weight: 0}, parity: {weight: 0, loss: cross_entropy}, "
+            "value: {weight: 0, loss: mse}}",
             "task.outputs: every weight is 0",
         ),
         (
             "~task",
-            "task: dataset 'synthetic_multi_io' yields inputs (left, right) and outputs (label, parity, value); declare them under task:",
+            "task: dataset 'synthetic_multi_io' yields inputs (left, right) and outputs (label, parity, value); "
+            "declare them under task:",
         ),
         (
             "dataset={name: digits, image_size: 8}",
-            "task: dataset 'digits' yields (image, label) pairs; a task needs a dataset that declares its inputs and outputs (digits_two_view, synthetic_multi_io)",
+            "task: dataset 'digits' yields (image, label) pairs; a task needs a dataset that declares its inputs and "
+            "outputs (digits_two_view, synthetic_multi_io)",
         ),
         (
             "model={name: cnn_simple}",
-            "model.name: 'cnn_simple' takes one image and returns one set of logits; with task: use a multi-input model (fusion_cnn)",
+            "model.name: 'cnn_simple' takes one image and returns one set of logits; with task: use a multi-input "
+            "model (fusion_cnn)",
         ),
         ("loss=binary_cross_entropy", "loss: with task:, each output names its own loss (task.outputs.<name>.loss)"),
         (
@@ -276,7 +283,8 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ),
         (
             "algorithms.mixup={}",
-            "algorithms.mixup: mixes batch[0] as the images and batch[1] as the labels, and a task's batch is (inputs..., targets...)",
+            "algorithms.mixup: mixes batch[0] as the images and batch[1] as the labels, and a task's batch is "
+            "(inputs..., targets...)",
         ),
         ("algorithms.label_smoothing={}", "algorithms.label_smoothing: smooths batch[1] as the class labels"),
         (
@@ -285,7 +293,8 @@ def test_a_task_recipe_validates_and_recipes_without_one_resolve_as_before(task_
         ),
         (
             "checkpoint.monitor=top1",
-            "checkpoint.monitor: 'top1' is not an eval metric of this task; it logs loss, label/top1, label/loss, parity/top1",
+            "checkpoint.monitor: 'top1' is not an eval metric of this task; it logs loss, label/top1, label/loss, "
+            "parity/top1",
         ),
         ("callbacks.early_stopping={}", "callbacks.early_stopping.monitor: 'top1' is not an eval metric of this task"),
         (

@@ -1,6 +1,6 @@
-"""80 columns for `list`, `compare`, `runs` and the lines of `eval`, `predict` and `export` (issue 34): in a pseudo-terminal
-80 columns wide nothing runs past the edge and nothing is cut (no "…", every value still shown), the recipe keys
-that differ first in `compare`; piped, the lines stay whole."""
+"""80 columns for `list`, `compare`, `runs` and the lines of `eval`, `predict` and `export` (issue 34): in a
+pseudo-terminal 80 columns wide nothing runs past the edge and nothing is cut (no "…", every value still shown), the
+recipe keys that differ first in `compare`; piped, the lines stay whole."""
 
 from __future__ import annotations
 

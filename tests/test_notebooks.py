@@ -81,8 +81,11 @@ def test_quickstart_notebook_trains_shows_and_reads_back(tmp_path):
     """The quickstart notebook in a real kernel: a progress widget that ends full, an epoch table that grew to 3
     rows, the result's HTML summary, history, figure, evaluation equal to the best epoch, a prediction, an export;
     the kernel's state is as before."""
-    check = """import json
-print(json.dumps({"best_epoch_top1": float(result.history["eval_top1"].max()), "evaluated": evaluation.metrics["top1"]}))"""
+    check = (
+        "import json\n"
+        'print(json.dumps({"best_epoch_top1": float(result.history["eval_top1"].max()), '
+        '"evaluated": evaluation.metrics["top1"]}))'
+    )
     nb = _execute("quickstart", tmp_path, after=(AFTER, check))
     _no_escape_codes(nb)
     train = _tagged(nb, "train")

@@ -173,8 +173,8 @@ def test_a_timm_optimizer_is_timms_class_with_the_recipes_settings(net):
     [
         (
             "optimizer={name: lamb, momentum: 0.9}",
-            r"optimizer.momentum: unknown parameter of optimizer 'lamb'\. Valid parameters: lr, bias_correction, betas, eps, "
-            r"weight_decay, .*trust_clip.*, no_decay_norm_and_bias",
+            r"optimizer.momentum: unknown parameter of optimizer 'lamb'\. Valid parameters: lr, bias_correction, "
+            r"betas, eps, weight_decay, .*trust_clip.*, no_decay_norm_and_bias",
         ),
         (
             "optimizer={name: lars, trust_cof: 0.01}",

@@ -140,7 +140,8 @@ from dlrecipes.registry import algorithms
 
 
 class WrapHead(Algorithm):
-    """Puts the network's last Linear layer inside a Sequential: its weights' names change (fc.weight -> fc.0.weight)."""
+    """Puts the network's last Linear layer inside a Sequential: its weights' names change
+    (fc.weight -> fc.0.weight)."""
 
     def match(self, event, state):
         return event == Event.INIT

@@ -31,7 +31,8 @@ def test_help_list_and_validate_do_not_import_torch(tmp_path):
     probe = (
         "import sys; from dlrecipes.cli import main\n"
         "for args in (['--help'], ['list'], ['validate', 'recipes/quickstart.yaml'],\n"
-        "             ['validate', 'recipes/finetune_timm.yaml', '--no-data-check'], ['show', 'recipes/imagenet/resnet50_mild.yaml'],\n"
+        "             ['validate', 'recipes/finetune_timm.yaml', '--no-data-check'], "
+        "['show', 'recipes/imagenet/resnet50_mild.yaml'],\n"
         "             ['validate', 'recipes/imagenet/resnet50_mild.yaml', '--skip-device-check', '--no-data-check']):\n"
         "    try: main(args)\n"
         "    except SystemExit as e: assert not e.code, (args, e.code)\n"

@@ -59,7 +59,8 @@ def test_published_imagenet_recipes_train_two_batches_on_a_tiny_image_folder(rec
     config = resolve(
         RECIPES / "imagenet" / f"{recipe}.yaml",
         [
-            f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, resize_size: 72}}",
+            f"dataset={{name: image_folder, train_path: {tmp_path}/train, val_path: {tmp_path}/val, crop_size: 64, "
+            "resize_size: 72}",
             "trainer.device=cpu",
             "trainer.precision=fp32",
             "trainer.device_train_microbatch_size=null",

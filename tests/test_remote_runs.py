@@ -567,8 +567,9 @@ def test_checkpoints_go_up_from_a_process_of_their_own_and_from_training_when_it
     s3, in_bucket, tiny_recipe, tmp_path, monkeypatch
 ):
     """Every file counted large (the threshold lowered to 0 bytes) goes through the upload process, which runs only
-    on CPU time training leaves (SCHED_IDLE): the run lands in the bucket whole, pointer last. Where the process cannot be
-    started, one warning, and the uploads run in the training process as before: the run lands whole all the same."""
+    on CPU time training leaves (SCHED_IDLE): the run lands in the bucket whole, pointer last. Where the process
+    cannot be started, one warning, and the uploads run in the training process as before: the run lands whole all
+    the same."""
     from dlrecipes.records.store import upload_process
 
     monkeypatch.setattr(upload_process, "LARGE", 0)

@@ -1,4 +1,5 @@
-"""The run directory's layout (dlrecipes.records.layout) and its making (dlrecipes.records.run_dir): fast, no training."""
+"""The run directory's layout (dlrecipes.records.layout) and its making (dlrecipes.records.run_dir): fast, no
+training."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def bucket_on_host0(two_hosts, tmp_path_factory):  # noqa: F811
         "-c",
         (
             "import boto3, sys, time\nc = boto3.client('s3', endpoint_url=sys.argv[1])\n"
-            "for attempt in range(120):\n    try:\n        [c.create_bucket(Bucket=b) for b in ('data', 'runs')]; break\n"
+            "for attempt in range(120):\n    try:\n"
+            "        [c.create_bucket(Bucket=b) for b in ('data', 'runs')]; break\n"
             "    except Exception:\n        time.sleep(0.5)\n"
         ),
         server.endpoint,

@@ -69,7 +69,8 @@ def test_training_from_the_tensor_cache(tmp_path, tiny_recipe):
         resolve(
             tiny_recipe,
             [
-                f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, crop_size: 16, resize_size: 20}}",
+                f"dataset={{name: image_folder, train_path: {tmp_path}/imgs/train, val_path: {tmp_path}/imgs/val, "
+                "crop_size: 16, resize_size: 20}",
                 "model={name: cifar_resnet18}",
                 "trainer.loader=tensor_cache",
                 "trainer.batch_size=8",
@@ -241,8 +242,8 @@ def test_data_convert_rejects_an_unknown_format_a_dataset_without_pil_images_and
         ),
         (
             ["digits", "--format", "tensor_cache", "--write-mode", "raw"],
-            "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers and "
-            "--overwrite",
+            "error: --write-mode: only with --format ffcv; --format tensor_cache reads --cache-size, --out, --workers "
+            "and --overwrite",
         ),
         (
             ["digits", "--out", "x", "--cache-size", "32"],
@@ -252,8 +253,9 @@ def test_data_convert_rejects_an_unknown_format_a_dataset_without_pil_images_and
         (
             ["digits", "--format", "tensor_cache"],
             (
-                "error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, imagenet, "
-                "imagenet100); 'digits' has none (use --format ffcv, or train it with trainer.loader=device or torch)"
+                "error: --format tensor_cache: the tensor cache decodes datasets of PIL images (hf, image_folder, "
+                "imagenet, imagenet100); 'digits' has none "
+                "(use --format ffcv, or train it with trainer.loader=device or torch)"
             ),
         ),
     ):
@@ -277,8 +279,8 @@ def test_training_uses_a_converted_cache_in_its_cache_dir(tmp_path, tiny_recipe)
             tiny_recipe,
             [
                 (
-                    f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, crop_size: 12, "
-                    "resize_size: 16}"
+                    f"dataset={{name: image_folder, train_path: {folders}/train, val_path: {folders}/val, "
+                    "crop_size: 12, resize_size: 16}"
                 ),
                 "model={name: cifar_resnet18}",
                 "trainer.batch_size=4",

@@ -319,7 +319,8 @@ def test_show_names_the_override_of_a_list_written_section(tiny_recipe):
         ("run_name=" + "r" * 300, "run_name: 300 characters; at most 120"),
         ("dataset={name: synthetic, num_classes: 3}", None),  # top5 dropped from the defaults: not an error
         ("metrics=[top1, top5]", None),
-        # issue 63: values validate said ok to and training then refused (in its factory, or in torch, Composer or NumPy)
+        # issue 63: values validate said ok to and training then refused (in its factory, or in torch, Composer or
+        # NumPy)
         ("callbacks.early_stopping.patience=0", "callbacks.early_stopping.patience: expected int >= 1, got 0 (int)"),
         (
             "callbacks.speed_monitor.window_size=0",
@@ -366,7 +367,8 @@ def test_ranges_and_relations_are_checked_at_validate(recipe, override, line):
         ),
         (
             ["dataset={name: synthetic, input_shape: [3, 8192, 8192], train_samples: 100000}", "trainer.batch_size=1"],
-            "dataset: synthetic holds 100,064 images of 3x8192x8192 float32 in memory, 75,048.0 GiB, and this machine has ",
+            "dataset: synthetic holds 100,064 images of 3x8192x8192 float32 in memory, 75,048.0 GiB, "
+            "and this machine has ",
         ),
     ],
 )
