@@ -56,7 +56,8 @@ import sys, time, torch
 sys.path.insert(0, sys.argv[1])
 from benchmarks.data_loading import ffcv_loader
 from pathlib import Path
-root, crop, min_scale, resolution, repeats = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+root, crop, min_scale = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+resolution, repeats = int(sys.argv[5]), int(sys.argv[6])
 loader = ffcv_loader(root, 50, 1, crop, resolution, min_scale)
 loader.loader.pipeline_specs  # built
 best = 0.0

@@ -121,7 +121,8 @@ def decode_section(scale, data_dir: Path | None, flagship_data, nvjpeg_rate) -> 
         runs = Path(tmp) / "runs"
         result["device_decode"] = trained(device_decode_overrides(images, scale), runs, scale, "device_decode")
         print(
-            f"decode    ResNet-50 at {crop_of(scale)} px fed by device decoding: {result['device_decode']['steady']:,.0f} img/s",
+            f"decode    ResNet-50 at {crop_of(scale)} px fed by device decoding: "
+            f"{result['device_decode']['steady']:,.0f} img/s",
             flush=True,
         )
         if not scale.tiny:  # FFCV at the same crop (its compilation: a minute on the CPU, left to the flagship)

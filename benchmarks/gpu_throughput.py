@@ -34,7 +34,8 @@ def overrides(model: str, precision: str, channels_last: bool, compile_: bool, b
     spec, shape, classes, _ = MODELS[model]
     out = [
         f"model={spec}",
-        f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, train_samples: {4 * batch}, eval_samples: {batch}}}",
+        f"dataset={{name: synthetic, input_shape: {list(shape)}, num_classes: {classes}, "
+        f"train_samples: {4 * batch}, eval_samples: {batch}}}",
         f"trainer.batch_size={batch}",
         f"trainer.precision={precision}",
         f"trainer.device={device}",

@@ -252,10 +252,10 @@ def bench_webdataset(samples: list[tuple[bytes, int]], work: Path) -> dict:
     upload_folder(str(out), "webdataset")
     client = s3_client()
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="webdataset/")["Contents"])
-    urls = [
-        f"pipe:curl -s -f '{client.generate_presigned_url('get_object', Params={'Bucket': BUCKET, 'Key': k}, ExpiresIn=3600)}'"
-        for k in keys
+    signed = [
+        client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k}, ExpiresIn=3600) for k in keys
     ]
+    urls = [f"pipe:curl -s -f '{url}'" for url in signed]
     (work / "wds-seq").mkdir()
     seq = wds.WebDataset(urls, cache_dir=str(work / "wds-seq"), shardshuffle=False).to_tuple("jpg", "cls")
     t_seq, got = timed(lambda: list(seq))

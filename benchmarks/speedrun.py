@@ -301,7 +301,8 @@ def main() -> None:
     result["wall_with_imports_ratio"] = (ours["wall_s"] + ours["import_s"]) / (theirs["wall_s"] + theirs["import_s"])
     print(
         f"{'':12} {'imports s':>10} {'whole run s':>12} {'steady step ms':>15}\n"
-        f"{'airbench':12} {theirs['import_s']:10.2f} {theirs['wall_s']:12.2f} {result['steady_step_ms_airbench']:15.2f}\n"
+        f"{'airbench':12} {theirs['import_s']:10.2f} {theirs['wall_s']:12.2f} "
+        f"{result['steady_step_ms_airbench']:15.2f}\n"
         f"{'dlrecipes':12} {ours['import_s']:10.2f} {ours['wall_s']:12.2f} {result['steady_step_ms_dlrecipes']:15.2f}\n"
         f"steady step speed, dlrecipes / airbench: {result['step_speed_ratio']:.3f} (goal on a GPU: >= 0.95)\n"
         f"whole run, dlrecipes / airbench: {result['wall_ratio']:.3f}x (goal on a GPU: <= 1.1x); "

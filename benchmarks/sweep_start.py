@@ -46,7 +46,8 @@ def sweep(folder: Path, mode: str, points: int, batches: int) -> dict:
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(
-            f"sweep_start: the {mode} sweep failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+            f"sweep_start: the {mode} sweep failed (exit {done.returncode}):\n"
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
         )
     with open(folder / "start" / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -92,7 +92,8 @@ def main() -> None:
     fmt = lambda t: f"{t:.1f}s" if t is not None else "not reached"  # noqa: E731
     print(f"dlrecipes quickstart: {args.target:.0%} after {fmt(ours)}; final {rows[-1][1]:.4f} at {rows[-1][0]:.1f}s")
     print(
-        f"plain PyTorch loop  : {args.target:.0%} after {fmt(plain)}; final {plain_rows[-1][1]:.4f} at {plain_rows[-1][0]:.1f}s"
+        f"plain PyTorch loop  : {args.target:.0%} after {fmt(plain)}; "
+        f"final {plain_rows[-1][1]:.4f} at {plain_rows[-1][0]:.1f}s"
     )
     print("per epoch (s, top-1): dlrecipes", [(round(t, 1), round(a, 4)) for t, a in rows])
     print("per epoch (s, top-1): plain    ", [(round(t, 1), round(a, 4)) for t, a in plain_rows])

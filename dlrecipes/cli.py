@@ -203,7 +203,8 @@ def evaluate(
     tta: Optional[str] = typer.Option(
         None,
         "--tta",
-        help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) or flip_translate (airbench's level 2)",
+        help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) "
+        "or flip_translate (airbench's level 2)",
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
     as_json: bool = JsonOpt,

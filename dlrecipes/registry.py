@@ -25,17 +25,16 @@ Keyword metadata after the name: each registry declares the keys it reads (below
   it with the built model), ``pretrained="how to get weights"`` and ``example_params=`` (what
   ``list models`` shows and builds); ``multi_io=True``: takes several inputs (needs ``task:``).
 - datasets: ``image_side=fn(params)`` (the side of the images a model sees, checked against its
-  ``min_input_size``); ``in_memory=True`` (``trainer.loader: device`` can hold it on the device);
-  ``pil_images=True`` (yields PIL images: the tensor cache, RandAugment and AugMix need it);
-  ``io=fn(params)`` (the inputs and outputs of a multi-output dataset, a ``DataIO``);
-  ``classes=fn(params)`` (its class count when known without reading the data, else None);
-  ``pixels=False`` (its images are random tensors, not normalised pixels: augmentations that work on pixel
-  values refuse it at validation); ``made_by="command (page)"`` (what makes its files: a missing one's error
-  names it); ``source_side=fn(params)`` (``(side, which image)`` of the source images when known before
-  training, else None: validation warns when the crop upsamples them more than twice, :mod:`dlrecipes.data.source_sizes`);
-  ``channels=fn(params)`` (the channels of an image the model sees) and ``held_samples=fn(params)`` (how many
-  images an in-memory dataset holds at that size when built): with ``image_side``, what validation multiplies
-  to refuse a batch or a dataset that cannot fit in this machine's memory (:func:`dlrecipes.config.checks.check_memory`).
+  ``min_input_size``); ``in_memory=True`` (``trainer.loader: device`` can hold it on the device); ``pil_images=True``
+  (yields PIL images: the tensor cache, RandAugment and AugMix need it); ``io=fn(params)`` (the inputs and outputs of a
+  multi-output dataset, a ``DataIO``); ``classes=fn(params)`` (its class count when known without reading the data, else
+  None); ``pixels=False`` (its images are random tensors, not normalised pixels: augmentations that work on pixel values
+  refuse it at validation); ``made_by="command (page)"`` (what makes its files: a missing one's error names it);
+  ``source_side=fn(params)`` (``(side, which image)`` of the source images when known before training, else None:
+  validation warns when the crop upsamples them more than twice, :mod:`dlrecipes.data.source_sizes`);
+  ``channels=fn(params)`` (the channels of an image the model sees) and ``held_samples=fn(params)`` (how many images an
+  in-memory dataset holds at that size when built): with ``image_side``, what validation multiplies to refuse a batch or
+  a dataset that cannot fit in this machine's memory (:func:`dlrecipes.config.checks.check_memory`).
 - algorithms: ``conflicts_with={name: reason}``, ``requires=fn(config)``,
   ``image_label_batch="reason"`` (cannot work on a task's ``(inputs..., targets...)`` batch) and
   ``changes_network=True`` (it changes the network's modules, as Composer's ``Algorithm.required_on_load()``

@@ -1,13 +1,14 @@
 """Knowledge distillation (Hinton, Vinyals, Dean 2015): the student trains toward a frozen teacher's outputs as
 well as the labels.
 
-The teacher is held by the algorithm, outside the student's module tree: it is not in ``state.model``, so it
-is in no checkpoint, no EMA/SWA copy, no DDP wrapper (every process runs its own copy, with no collective), and
-evaluation, export and predict never see it.  It is built at the first training batch (its class count and
-input channels are the student's logits' and images'), frozen, in eval mode, on the run's device, in the
-student's memory format (channels-last with the ``channels_last`` algorithm), and run under ``torch.no_grad``
-in the run's precision context once the student's loss is final (``Event.BEFORE_BACKWARD``, after every other
-algorithm: mixup's and cutmix's ``interpolate_loss`` act there), on the same (possibly mixed or resized) images. The loss becomes ``(1 - alpha) * label_loss + alpha * distillation_loss`` with
+The teacher is held by the algorithm, outside the student's module tree: it is not in ``state.model``, so it is in no
+checkpoint, no EMA/SWA copy, no DDP wrapper (every process runs its own copy, with no collective), and evaluation,
+export and predict never see it.  It is built at the first training batch (its class count and input channels are the
+student's logits' and images'), frozen, in eval mode, on the run's device, in the student's memory format (channels-last
+with the ``channels_last`` algorithm), and run under ``torch.no_grad`` in the run's precision context once the student's
+loss is final (``Event.BEFORE_BACKWARD``, after every other algorithm: mixup's and cutmix's ``interpolate_loss`` act
+there), on the same (possibly mixed or resized) images. The loss becomes ``(1 - alpha) * label_loss + alpha *
+distillation_loss`` with
 
 - ``soft``: ``KL(softmax(teacher / T) || softmax(student / T)) * T**2`` (batch mean);
 - ``hard``: cross-entropy against the teacher's top class (DeiT's hard distillation).

@@ -74,7 +74,8 @@ def split_head_group(net: nn.Module, optimizer, head: set[str], head_lr: Optiona
 
 
 class FreezeBackbone(Algorithm):
-    """Until ``until``, only the head trains: backbone weights get no gradient and its norm layers keep their statistics.
+    """Until ``until``, only the head trains: backbone weights get no gradient and its norm layers keep their
+    statistics.
 
     An Algorithm rather than a Callback so that Composer sets DDP up for parameters
     without gradients (``find_unused_parameters``), as for its own layer freezing.

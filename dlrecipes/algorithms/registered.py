@@ -290,7 +290,8 @@ def swa(
     requires=needs_bottleneck_resnet,
     changes_network=True,
     reads_back=(
-        "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: 16 per ResNet-50 step"
+        "Composer's stochastic bottleneck tests its drop rate, a device tensor, in each block's forward: "
+        "16 per ResNet-50 step"
     ),
 )
 def stochastic_depth(

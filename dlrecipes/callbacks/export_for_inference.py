@@ -10,13 +10,13 @@ the end of training, into ``<run dir>/export/``:
 
 ``dlrecipes export RUN_DIR`` writes the same directory after training, from a checkpoint.
 
-The files hold the bare network (``ComposerClassifier.module``): images in, logits out, no
-loss or metrics.  TorchScript is written by Composer's :func:`composer.utils.export_for_inference`
-(a deep copy, moved to the CPU, in eval mode; scripting, tracing if that fails); ONNX by
-``torch.onnx.export`` with the TorchScript-based exporter (see :func:`export_model`).  Composer's own ``ExportForInferenceCallback`` does not fit: it exports the whole
-ComposerModel (whose forward takes an ``(images, labels)`` batch), sends the file to a
-logger's upload destination instead of the run directory when wandb/MLflow is on, traces
-on an augmented training batch and sets no dynamic batch axis, and checks nothing.
+The files hold the bare network (``ComposerClassifier.module``): images in, logits out, no loss or metrics.  TorchScript
+is written by Composer's :func:`composer.utils.export_for_inference` (a deep copy, moved to the CPU, in eval mode;
+scripting, tracing if that fails); ONNX by ``torch.onnx.export`` with the TorchScript-based exporter (see
+:func:`export_model`).  Composer's own ``ExportForInferenceCallback`` does not fit: it exports the whole ComposerModel
+(whose forward takes an ``(images, labels)`` batch), sends the file to a logger's upload destination instead of the run
+directory when wandb/MLflow is on, traces on an augmented training batch and sets no dynamic batch axis, and checks
+nothing.
 """
 
 from __future__ import annotations
@@ -289,7 +289,8 @@ class ExportForInference(Callback):
                 self._trial_export()
 
     def _trial_export(self) -> None:
-        """Export the network once at the first batch: an operator a format cannot take fails now, not after training."""
+        """Export the network once at the first batch: an operator a format cannot take fails now, not after
+        training."""
         import tempfile
 
         network = copy.deepcopy(self._network).to("cpu").eval()

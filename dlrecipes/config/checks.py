@@ -240,7 +240,8 @@ def check_cross_fields(config: RecipeConfig, given: Collection[str] = ()) -> Non
 def _check_names(config: RecipeConfig) -> None:
     if config.run_name is not None and not _RUN_NAME_RE.match(config.run_name):
         raise RecipeError(
-            f"run_name: {shown(config.run_name)} must be a plain name (letters, digits, '.', '_', '-', '=', ',', '+'; no '/' or '..')"
+            f"run_name: {shown(config.run_name)} must be a plain name "
+            "(letters, digits, '.', '_', '-', '=', ',', '+'; no '/' or '..')"
         )
     for key, name in (("run_name", config.run_name), ("name", config.name)):
         if name is not None and len(name) > MAX_NAME:

@@ -121,9 +121,9 @@ def check_launch_environment(env: Any = None) -> None:
 
 def torchrun_job_name() -> Optional[str]:
     """What names a run without a ``run_name`` under torchrun, the same on each of its restarts of one job (so that a
-    restarted job continues its run): torchrun's ``--rdzv-id`` where given, else (``--standalone`` too) the start
-    time of the torchrun agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the job with
-    a fixed ``--node-rank``). None when not under torchrun."""
+    restarted job continues its run): torchrun's ``--rdzv-id`` where given, else (``--standalone`` too) the start time
+    of the torchrun agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the
+    job with a fixed ``--node-rank``). None when not under torchrun."""
     import re
     import time
 

@@ -13,7 +13,8 @@ Modules:
 - :mod:`.image_factories`: the factories of the datasets read from image files, which registered.py adds by name
 - :mod:`.image_folder`: image folders, ImageNet, ImageNet-100 (imagenet100_classes.txt)
 - :mod:`.jpeg`: images decoded by libjpeg-turbo into tensors, at a reduced size where the crop is small
-- :mod:`.order`: the torch loader's global order: the same batches, and a resume at any batch, on any number of processes
+- :mod:`.order`: the torch loader's global order: the same batches, and a resume at any batch, on any number of
+  processes
 - :mod:`.preprocess`: preprocess.json: how an image file becomes a model input
 - :mod:`.preprocess_params`: the image-preprocessing keys several datasets share, declared once
 - :mod:`.shards`: dataset shards (litdata) read by index from a bucket or a folder, through a bounded cache

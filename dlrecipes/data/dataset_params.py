@@ -69,7 +69,8 @@ SplitSeed = Annotated[int, Doc("seed of the random train/eval split: the same se
 Decode = Annotated[
     Literal["turbo", "device", "pil"],
     Doc(
-        "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, a JPEG at 1/4 or 1/8 "
+        "how image files are decoded: turbo: by libjpeg-turbo through torchvision.io into tensors, "
+        "a JPEG at 1/4 or 1/8 "
         "of its size where the crop box is that many times the crop or more (the same crops as pil within a "
         "small tolerance, faster); device: the loader's workers only read the files and draw the crops, and each batch "
         "is decoded on the training device (nvJPEG on a GPU), cropped, flipped and normalised there (trainer.loader "

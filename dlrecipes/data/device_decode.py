@@ -1,13 +1,13 @@
 """``dataset.decode: device``: JPEGs decoded in batches on the training device (nvJPEG on a GPU).
 
-The DataLoader workers only read each file's bytes and draw its crop (:class:`DecodeLater`: the random-resized
-crop's box and the flip as :class:`~dlrecipes.data.jpeg.TurboTrain` draws them, under the sample's own seed; for
-evaluation the centre box that resizing the shorter side to ``resize_size`` and cropping ``size`` would keep). The
-training process decodes the whole batch at once on the device (``torchvision.io.decode_jpeg(list, device=...)``:
-nvJPEG on a GPU, libjpeg-turbo on the CPU, where this path runs as well and is tested), then crops each box to
-``size`` with its area's mean (``roi_align``), flips and normalises there (:class:`DecodeOnDevice`, a Composer
-``DataSpec`` batch transform). Progressive resizing sets that size (:class:`EncodedLoader`'s ``set_resolution``, as
-for FFCV), so each box is cropped once at the scheduled size. A file that is not a JPEG is decoded in the worker and crosses as pixels.
+The DataLoader workers only read each file's bytes and draw its crop (:class:`DecodeLater`: the random-resized crop's
+box and the flip as :class:`~dlrecipes.data.jpeg.TurboTrain` draws them, under the sample's own seed; for evaluation the
+centre box that resizing the shorter side to ``resize_size`` and cropping ``size`` would keep). The training process
+decodes the whole batch at once on the device (``torchvision.io.decode_jpeg(list, device=...)``: nvJPEG on a GPU,
+libjpeg-turbo on the CPU, where this path runs as well and is tested), then crops each box to ``size`` with its area's
+mean (``roi_align``), flips and normalises there (:class:`DecodeOnDevice`, a Composer ``DataSpec`` batch transform).
+Progressive resizing sets that size (:class:`EncodedLoader`'s ``set_resolution``, as for FFCV), so each box is cropped
+once at the scheduled size. A file that is not a JPEG is decoded in the worker and crosses as pixels.
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ def largest_scale(side: int, needed: int, jpeg: bool) -> int:
 
 def resized_box(image: torch.Tensor, box: tuple[float, ...], full: tuple[int, int], size: int) -> torch.Tensor:
     """``box`` (top, left, height, width, in the full image's pixels) of ``image`` (that image, decoded at a reduced
-    size or whole), resized to ``size`` x ``size``: each output pixel the mean of bilinear samples over its area (torchvision's
-    ``roi_align``, which takes a box at any fraction of a pixel), rounded back to uint8."""
+    size or whole), resized to ``size`` x ``size``: each output pixel the mean of bilinear samples over its area
+    (torchvision's ``roi_align``, which takes a box at any fraction of a pixel), rounded back to uint8."""
     from torchvision.ops import roi_align
 
     top, left, h, w = box

@@ -65,7 +65,8 @@ EvalCropSize = Annotated[
     Union[None, int],
     Range(1, 8192),
     Doc(
-        "side in pixels of the square centre crop evaluation takes (and exports expect); null: crop_size, a larger value "
+        "side in pixels of the square centre crop evaluation takes (and exports expect); "
+        "null: crop_size, a larger value "
         "evaluates at a higher resolution than training (FixRes)."
     ),
 ]

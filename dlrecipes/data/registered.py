@@ -232,7 +232,8 @@ datasets.add(
     image_side=_crop_side,
     validator=_check_eval_sizes,
     made_by=(
-        "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), e.g. dlrecipes data "
+        "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), "
+        "e.g. dlrecipes data "
         "convert image_folder train_path=data/pets/train val_path=data/pets/val --format shards --out s3://bucket/pets"
     ),
     channels=lambda p: 3,

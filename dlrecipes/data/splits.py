@@ -22,7 +22,8 @@ class DatasetSplits:
     num_classes: int  # 0 when io is set: each output has its own
     input_shape: tuple[int, int, int]  # (channels, height, width) of one sample (of the first input when io is set)
     class_names: Optional[list[str]] = None
-    # For image-folder data: crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std (the tensor cache reuses them)
+    # For image-folder data: crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std (the tensor cache
+    # reuses them)
     augment: Optional[dict[str, Any]] = None
     io: Optional[DataIO] = None  # several inputs and/or outputs (recipes with a task: section)
     # How an image file becomes an input as the eval split does it (dlrecipes.data.preprocess); None: no image files

@@ -1,13 +1,13 @@
 """Composer's WandBLogger, adapted to current wandb, and given the whole run (:mod:`.run_record`).
 
-Composer 0.32.1's ``WandBLogger.init`` reads ``wandb.run.get_url()``; wandb 0.31 removed
-``Run.get_url`` in favour of the ``Run.url`` property, so ``Trainer(...)`` fails at init,
-offline mode included.  This subclass supplies ``get_url`` (as ``url``) for the duration of
-Composer's ``init``, and reads device values back every ``read_every`` batches (:mod:`.read_back`).  Chosen over pinning ``wandb<0.19`` (Composer's
-declared range), which would hold back protobuf and conflict with current TensorBoard.
-The resolved recipe becomes the run's config (nested, as in the recipe; secrets redacted), the tags its tags,
-the run directory's files are saved with the run, and the run's exit code says how it ended.  W&B records the
-command line in the run's metadata: it is given the command line redacted (:mod:`dlrecipes.core.secrets`).
+Composer 0.32.1's ``WandBLogger.init`` reads ``wandb.run.get_url()``; wandb 0.31 removed ``Run.get_url`` in favour of
+the ``Run.url`` property, so ``Trainer(...)`` fails at init, offline mode included.  This subclass supplies ``get_url``
+(as ``url``) for the duration of Composer's ``init``, and reads device values back every ``read_every`` batches
+(:mod:`.read_back`).  Chosen over pinning ``wandb<0.19`` (Composer's declared range), which would hold back protobuf and
+conflict with current TensorBoard. The resolved recipe becomes the run's config (nested, as in the recipe; secrets
+redacted), the tags its tags, the run directory's files are saved with the run, and the run's exit code says how it
+ended.  W&B records the command line in the run's metadata: it is given the command line redacted
+(:mod:`dlrecipes.core.secrets`).
 """
 
 from __future__ import annotations

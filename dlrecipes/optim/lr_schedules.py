@@ -56,14 +56,15 @@ class OneCycleScheduler:
 class TimmScheduler:
     """One of timm's schedulers (``timm.scheduler.CosineLRScheduler``, ``StepLRScheduler``) as a Composer scheduler.
 
-    timm's schedulers are no torch ``LRScheduler``: they hold an optimizer and set absolute rates on it when
-    stepped by hand (``step_update(n)`` after the n-th update, ``step(epoch)`` after an epoch).  This one builds
-    timm's own scheduler over a one-parameter optimizer at the run's learning rate (the optimizer's ``lr``), its
-    durations counted in this run's batches (epochs with ``per_epoch``), steps it to the batch (epoch) Composer
-    sets the rate for and returns timm's rate over the run's: the multiplier Composer applies to each group's own
-    rate at every batch, so that each batch trains at the rate timm's train.py would give it.  A group with another rate (``finetune.head_lr``, layer-wise decay) thus gets timm's curve scaled, as
-    timm scales a group with ``lr_scale``; absolute settings (``warmup_lr_init``, ``lr_min``) are scaled with it,
-    as in timm.  Warmups are not stretched by ``scale_schedule_ratio`` (as Composer's are not); the rest is.
+    timm's schedulers are no torch ``LRScheduler``: they hold an optimizer and set absolute rates on it when stepped by
+    hand (``step_update(n)`` after the n-th update, ``step(epoch)`` after an epoch).  This one builds timm's own
+    scheduler over a one-parameter optimizer at the run's learning rate (the optimizer's ``lr``), its durations counted
+    in this run's batches (epochs with ``per_epoch``), steps it to the batch (epoch) Composer sets the rate for and
+    returns timm's rate over the run's: the multiplier Composer applies to each group's own rate at every batch, so that
+    each batch trains at the rate timm's train.py would give it.  A group with another rate (``finetune.head_lr``,
+    layer-wise decay) thus gets timm's curve scaled, as timm scales a group with ``lr_scale``; absolute settings
+    (``warmup_lr_init``, ``lr_min``) are scaled with it, as in timm.  Warmups are not stretched by
+    ``scale_schedule_ratio`` (as Composer's are not); the rest is.
     """
 
     def __init__(self, kind: str, durations: dict[str, str], per_epoch: bool = False, **options):

@@ -202,7 +202,8 @@ AdjustLrFn = Annotated[
 ConvMode = Annotated[
     Literal["flatten", "batched"],
     Doc(
-        "how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), as airbench94_muon, or "
+        "how a conv filter (out, in, kh, kw) becomes a matrix: 'flatten' to (out, in * kh * kw), "
+        "as airbench94_muon, or "
         "'batched', each kernel position's (out, in) slice orthogonalized alone."
     ),
 ]

@@ -84,7 +84,8 @@ BY_NAME = {
 
 @lru_cache(maxsize=None)
 def shipped() -> dict[str, Any]:
-    """The table: ``{"timm": version, "optimizers": {name: {"description", "parameters": [[name, type(, default)]]}}}``."""
+    """The table:
+    ``{"timm": version, "optimizers": {name: {"description", "parameters": [[name, type(, default)]]}}}``."""
     return json.loads(Path(__file__).with_name(TABLE).read_text())  # not importlib.resources: tens of ms to import
 
 

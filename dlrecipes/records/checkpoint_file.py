@@ -1,14 +1,14 @@
 """A checkpoint file read as torch would find it, without unpickling anything: what is wrong with it, if anything.
 
 :func:`file_problem` says, before any load and whatever ``--trust-checkpoint`` says (trusting a file's code does not
-make its bytes whole), whether a file is a regular file (not a folder, a FIFO or a dangling link), a zip archive
-laid out as ``torch.save`` writes one, with a pickle that parses and nests no deeper than :data:`MAX_PICKLE_DEPTH`,
-and each tensor storage the pickle declares (``('storage', type, key, location, numel)``, the argument of its
-BINPERSID instructions) backed by the archive's record ``<archive>/data/<key>`` of exactly ``numel`` times the
-type's element size bytes.  torch checks none of that last: a file of a few hundred bytes declaring a 1 TiB storage
-loads as a 1 TiB tensor, and a record cut short is read past its end (an evaluation on stray memory).  The answer is a phrase
-for the line that refuses the file: "is damaged (...)" for a record that does not match, "is not a
-dlrecipes/Composer checkpoint (...)" for anything else (:mod:`dlrecipes.records.checkpoint_safety` raises it,
+make its bytes whole), whether a file is a regular file (not a folder, a FIFO or a dangling link), a zip archive laid
+out as ``torch.save`` writes one, with a pickle that parses and nests no deeper than :data:`MAX_PICKLE_DEPTH`, and each
+tensor storage the pickle declares (``('storage', type, key, location, numel)``, the argument of its BINPERSID
+instructions) backed by the archive's record ``<archive>/data/<key>`` of exactly ``numel`` times the type's element size
+bytes.  torch checks none of that last: a file of a few hundred bytes declaring a 1 TiB storage loads as a 1 TiB tensor,
+and a record cut short is read past its end (an evaluation on stray memory).  The answer is a phrase for the line that
+refuses the file: "is damaged (...)" for a record that does not match, "is not a dlrecipes/Composer checkpoint (...)"
+for anything else (:mod:`dlrecipes.records.checkpoint_safety` raises it,
 :mod:`dlrecipes.records.checkpoints` passes over such a file when resuming).  The pickle is read with
 :func:`pickletools.genops`, as instructions: about 15 ms for a ResNet-50 with its optimizer's state (640 tensors;
 ``tests/test_checkpoint_safety.py`` measures it), 1.5 ms for the tests' tiny runs.  A legacy (pre-zip) file is

@@ -2,9 +2,9 @@
 tensor cache that ``trainer.loader: tensor_cache`` reads (``--format tensor_cache``), or as dataset shards that
 ``dataset: {name: shards}`` streams from a bucket or a folder (``--format shards``).
 
-The recipe-level steps (plugins, validating the dataset's parameters, building it) are here;
-writing and reading the files is :mod:`dlrecipes.data.ffcv_files`, :mod:`dlrecipes.data.tensor_cache` and
-:mod:`dlrecipes.data.shards_write` (each imported only for its format: FFCV need not be installed to write the tensor cache).
+The recipe-level steps (plugins, validating the dataset's parameters, building it) are here; writing and reading the
+files is :mod:`dlrecipes.data.ffcv_files`, :mod:`dlrecipes.data.tensor_cache` and :mod:`dlrecipes.data.shards_write`
+(each imported only for its format: FFCV need not be installed to write the tensor cache).
 """
 
 from __future__ import annotations

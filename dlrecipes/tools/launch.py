@@ -93,7 +93,8 @@ def _free_port() -> int:
 
 def gloo_environment(master_addr: Optional[str], master_port: Optional[int], world_size: int) -> dict[str, str]:
     """The environment for the ranks: with ``GLOO_SOCKET_IFNAME`` set to the interface that reaches the master
-    address when the run spans hosts and the user has not set it (:func:`~dlrecipes.core.distributed.choose_gloo_interface`)."""
+    address when the run spans hosts and the user has not set it
+    (:func:`~dlrecipes.core.distributed.choose_gloo_interface`)."""
     import os
 
     from dlrecipes.core.distributed import CHOSEN_MARK, choose_gloo_interface

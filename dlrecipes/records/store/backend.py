@@ -7,8 +7,8 @@
 a listing has sizes but no times, there is no conditional write (the lease's read-back decides), and nothing can be
 deleted (a lease is released by writing it released; moving a run aside is refused in one line).
 :class:`S3Backend` uses boto3's client beneath Composer's S3 store for what S3 has: listings with times, conditional
-writes (``If-None-Match``, ``If-Match``), server-side copies and deletes.  Every scheme works the same way through these; S3 is
-the one tested against a server (SeaweedFS), the interface-only path included.
+writes (``If-None-Match``, ``If-Match``), server-side copies and deletes.  Every scheme works the same way through
+these; S3 is the one tested against a server (SeaweedFS), the interface-only path included.
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bo
 
 
 def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
-    """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never
-    overwritten, whichever machine asks; one whose lease is live is refused even with ``--restart``), unless ``restart`` (``--restart``) or the run there failed: then it is
-    moved aside in the bucket, to ``<name>.restarted-<time>`` (``.failed-``, ``.diverged-``), with a warning."""
+    """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never overwritten,
+    whichever machine asks; one whose lease is live is refused even with ``--restart``), unless ``restart``
+    (``--restart``) or the run there failed: then it is moved aside in the bucket, to ``<name>.restarted-<time>``
+    (``.failed-``, ``.diverged-``), with a warning."""
     from dlrecipes.records.run_dir import FAILED
 
     from dlrecipes.records.store.lease import live_holder, refusal

@@ -1,11 +1,12 @@
 """Large uploads in a process of their own, at a lower priority than training.
 
-An upload in the training process shares its interpreter lock: the steps that overlap one take longer (on 2 cores,
-about twice as long: BENCHMARKS.md), and lowering the upload thread's priority makes it worse (a descheduled thread
-holding the lock). So a training's mirror hands each large file (a checkpoint) to a small Python of its own (boto3
-only: ``python -m dlrecipes.records.store.upload_process``) that runs only on CPU time training leaves (Linux's
-``SCHED_IDLE``; where that is refused, ``nice`` +10): the kernel gives training the cores first. The mirror's thread waits for each answer (its order, the pointer
-moved only after its checkpoint is confirmed, stay :class:`~dlrecipes.records.store.bucket.RemoteRun`'s).
+An upload in the training process shares its interpreter lock: the steps that overlap one take longer (on 2 cores, about
+twice as long: BENCHMARKS.md), and lowering the upload thread's priority makes it worse (a descheduled thread holding
+the lock). So a training's mirror hands each large file (a checkpoint) to a small Python of its own (boto3 only:
+``python -m dlrecipes.records.store.upload_process``) that runs only on CPU time training leaves (Linux's
+``SCHED_IDLE``; where that is refused, ``nice`` +10): the kernel gives training the cores first. The mirror's thread
+waits for each answer (its order, the pointer moved only after its checkpoint is confirmed, stay
+:class:`~dlrecipes.records.store.bucket.RemoteRun`'s).
 
 One request per line on the process's stdin: ``{"bucket", "key", "path"}``; one answer per line on its stdout:
 ``{"error": null}`` or the error's type and first line.  The process ends when its stdin closes, and within a
