@@ -210,34 +210,33 @@ def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
     # ignored until forward() takes over: never the default action, which would end this process and leave the
     # ranks without the process that waits for them
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}
-    logs = tempfile.TemporaryDirectory(prefix="dlrecipes-launch-")
-    ranks: list[_Rank] = []
-    relays: list[threading.Thread] = []
-    try:
-        _start_ranks(plan, env, logs.name, ranks, relays)
-        terminal = terminal_fds()
-        held = _HeldSignals()
+    with tempfile.TemporaryDirectory(prefix="dlrecipes-launch-") as logs:  # the other ranks' output, reported
+        ranks: list[_Rank] = []
+        relays: list[threading.Thread] = []
+        try:
+            _start_ranks(plan, env, logs, ranks, relays)
+            terminal = terminal_fds()
+            held = _HeldSignals()
 
-        def forward(signum, frame):
-            if signum == signal.SIGHUP:
-                leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
+            def forward(signum, frame):
+                if signum == signal.SIGHUP:
+                    leave_closed_terminal(terminal)  # the ranks' stop lines still reach the relay, which must not fail
+                for each in ranks:
+                    held.send(each.process.pid, signum)
+
+            for s in forwarded:
+                signal.signal(s, forward)
+            _supervise(ranks)
+        finally:
+            _end([r for r in ranks if r.poll() is None], signal.SIGKILL)  # only where the above failed
             for each in ranks:
-                held.send(each.process.pid, signum)
-
-        for s in forwarded:
-            signal.signal(s, forward)
-        _supervise(ranks)
-    finally:
-        _end([r for r in ranks if r.poll() is None], signal.SIGKILL)  # only where the above failed
-        for each in ranks:
-            each.process.wait()
-            each.poll()
-        for relay in relays:
-            relay.join(timeout=5)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    _report(ranks)
-    logs.cleanup()
+                each.process.wait()
+                each.poll()
+            for relay in relays:
+                relay.join(timeout=5)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        _report(ranks)
     ended = sorted(ranks, key=lambda r: (r.ended_at or 0.0, r.rank))
     return _job_exit_code([(r.process.returncode, r.ended_by_launch) for r in ended])
 
@@ -369,10 +368,11 @@ def _relay_stderr(stream: Any) -> threading.Thread:
     a host name."""
 
     def copy() -> None:
-        for line in stream:
-            if not _NAMELESS_PEER.search(line.rstrip("\n")):
-                sys.stderr.write(line)
-                sys.stderr.flush()
+        with stream:  # closed at the rank's end
+            for line in stream:
+                if not _NAMELESS_PEER.search(line.rstrip("\n")):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
