@@ -51,9 +51,11 @@ def load(
     """Read the recipe (a file, a run's recorded recipe in a bucket, or a dict of sections standing for a file in
     ``root``, default the working directory: see :func:`dlrecipes.recipe.load_recipe`; bases and overrides applied)
     and import every plugin it needs."""
-    from dlrecipes.records.store import pulled_recipe
+    local = recipe
+    if isinstance(recipe, str) and "://" in recipe:  # an address: the run store brings it here (imported only then)
+        from dlrecipes.records.store import pulled_recipe
 
-    local = pulled_recipe(recipe)
+        local = pulled_recipe(recipe)
     loaded = load_local(local, overrides, plugins, root)
     if local is not recipe:  # `show` says where each value came from: the address, not its local copy
         copy = Path(local).resolve()
