@@ -139,8 +139,8 @@ def test_a_run_request_trains_what_its_writer_loaded_and_records_its_train_line(
     from dlrecipes.records.store import RunOptions
 
     overrides, runs = ["trainer.max_duration=1ep", "optimizer.lr=0.05"], tmp_path / "elsewhere"
-    given = {"runs_dir": str(runs), "run_name": "handed", "trainer": {"progress_bar": False}}
-    request = RunRequest.of(load_local(tiny_recipe, overrides), overrides, [], RunOptions(), given, "a test")
+    point = [*overrides, f"runs_dir={runs}", "run_name=handed", "trainer.progress_bar=false"]
+    request = RunRequest.of(load_local(tiny_recipe, point), point, [], RunOptions())
     path = request.write(tmp_path, "handed")
     assert path.stat().st_mode & 0o777 == 0o600 and RunRequest.read(path) == request
     assert request.command == shlex.join(

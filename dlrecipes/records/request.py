@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from dlrecipes.errors import UserError, first_line
-from dlrecipes.recipe import LoadedRecipe, override_strings, parse_yaml
+from dlrecipes.recipe import LoadedRecipe, parse_yaml
 from dlrecipes.records.store import RunOptions
 
 if TYPE_CHECKING:
@@ -45,26 +45,10 @@ class RunRequest:
 
     @classmethod
     def of(
-        cls,
-        loaded: LoadedRecipe,
-        overrides: list[str],
-        plugins: tuple[str, ...] | list[str],
-        options: RunOptions,
-        given: dict[str, Any],
-        source: str,
+        cls, loaded: LoadedRecipe, overrides: list[str], plugins: tuple[str, ...] | list[str], options: RunOptions
     ) -> "RunRequest":
-        """The request for ``loaded`` (its file with ``overrides`` applied) with ``given`` (top-level keys such as
-        ``runs_dir`` and ``run_name``, or a section's keys as ``{"trainer": {...}}``) set in its data, each said to
-        come from ``source``; its command is the train line that loads the same recipe."""
-        data, sources, assigned = dict(loaded.data), dict(loaded.sources), []
-        for key, value in given.items():
-            if isinstance(value, dict):
-                data[key] = {**(data.get(key) or {}), **value}
-                assigned += [(f"{key}.{inner}", item) for inner, item in value.items()]
-            else:
-                data[key] = value
-                assigned.append((key, value))
-        sources.update({path: source for path, _ in assigned})
+        """The request for ``loaded``: its file with ``overrides`` applied (the run's store and name among them, as
+        ``runs_dir=`` and ``run_name=``); its command is the train line that loads the same recipe."""
         flags = [
             *(["--resume"] if options.resume else []),
             *(["--restart"] if options.restart else []),
@@ -72,10 +56,8 @@ class RunRequest:
             *(["--verbose"] if options.verbose else []),
             *(a for p in plugins for a in ("--plugin", p)),
         ]
-        command = shlex.join(
-            ["dlrecipes", "train", str(loaded.path), *overrides, *override_strings(dict(assigned)), *flags]
-        )
-        return cls(str(loaded.path), data, sources, tuple(plugins), options, command)
+        command = shlex.join(["dlrecipes", "train", str(loaded.path), *overrides, *flags])
+        return cls(str(loaded.path), loaded.data, loaded.sources, tuple(plugins), options, command)
 
     def loaded(self) -> LoadedRecipe:
         """The recipe as the requesting process loaded it."""

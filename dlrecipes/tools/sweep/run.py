@@ -400,11 +400,10 @@ def _request(plan: SweepPlan, point: Point, action: str) -> RunRequest:
     from dlrecipes.config.resolving import load_local
     from dlrecipes.records.store import RunOptions
 
-    overrides = [*plan.fixed, *point.overrides]
-    loaded = load_local(plan.recipe, overrides, plan.plugins)
+    where = [f"runs_dir={plan.trains_into}", f"run_name={point.name}", "trainer.progress_bar=false"]
+    overrides = [*plan.fixed, *point.overrides, *where]  # parsed here, once: the training takes the loaded recipe
     options = RunOptions(resume=action == "resume", trust=plan.trust_checkpoint)
-    given = {"runs_dir": plan.trains_into, "run_name": point.name, "trainer": {"progress_bar": False}}
-    return RunRequest.of(loaded, overrides, plan.plugins, options, given, f"sweep {plan.name}")
+    return RunRequest.of(load_local(plan.recipe, overrides, plan.plugins), overrides, plan.plugins, options)
 
 
 __all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep"]
