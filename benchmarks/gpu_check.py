@@ -54,6 +54,8 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+if str(ROOT) not in sys.path:  # tests/forked.py and tests/engine_ranks.py, when run as `python benchmarks/...`
+    sys.path.insert(1, str(ROOT))  # after the script's own folder
 
 # max |difference| allowed between our Trainer and Composer's: weights, then each logged loss
 TOLERANCE = {"fp32": (0.0, 0.0), "amp_bf16": (1e-6, 1e-6), "amp_fp16": (1e-6, 1e-6)}

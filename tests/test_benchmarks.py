@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -16,17 +18,39 @@ pytestmark = pytest.mark.slow
 def _script(name, *args, tmp_path, new_python=False, output=False):
     """``python benchmarks/NAME ARGS --json OUT`` to its end: OUT's JSON (and its stdout with ``output``). Forked
     from the server that has imported torch and Composer once (tests/forked.py), as ``python SCRIPT`` runs it (its
-    folder first on sys.path); in a new Python with ``new_python`` (a script whose own processes are the point)."""
+    folder first on sys.path); with ``new_python``, the command line itself in a new Python started in the
+    checkout's root with no PYTHONPATH, as a user runs it (a script whose own processes are the point, or a
+    command the docs give: the forked one would find the tests' package on the test server's path)."""
     from . import forked
 
     out = tmp_path / "out.json"
     script = str(REPO / "benchmarks" / name)
     if new_python:
-        result = run_cli(sys.executable, script, *args, "--json", str(out), module=False, timeout=600)
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        result = subprocess.run(
+            [sys.executable, f"benchmarks/{name}", *args, "--json", str(out)],
+            cwd=REPO,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     else:
         result = forked.run([*args, "--json", str(out)], REPO, timeout=600, module=script)
     assert result.returncode == 0, result.stderr[-3000:]
     return (json.loads(out.read_text()), result.stdout) if output else json.loads(out.read_text())
+
+
+# The GPU commands the docs give, as the tests run them here: each as a new Python from the checkout's root (with
+# --tiny --device cpu where it has them). test_each_gpu_command_the_docs_give_is_run_as_written holds the docs to
+# these: every documented line's options are among one of them.
+AS_DOCUMENTED = {
+    "suite": ["gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir"],
+    "section": ["gpu_suite.py", "--tiny", "--device", "cpu", "--only", "augment"],
+    "check": ["gpu_suite.py", "--check", "--device", "cpu"],
+    "check section": ["gpu_suite.py", "--check", "--device", "cpu", "--only", "compile", "--budget", "300"],
+    "gpu_check": ["gpu_check.py", "--device", "cpu", "--only", "2 ranks: DDP"],
+}
 
 
 @pytest.fixture
@@ -54,9 +78,8 @@ def test_bench_command_compares_both_loops(tiny_recipe):
 def test_gpu_suite_smoke_run_on_cpu(tmp_path):
     """The GPU suite's every section at tiny sizes on the CPU: it runs and fills its table. Its precision section
     is precision.py at batch 8 for 2 steps on the CPU (what test_precision_script_on_cpu ran, merged here)."""
-    data = _script(
-        "gpu_suite.py", "--tiny", "--device", "cpu", "--data-dir", str(tmp_path / "images"), tmp_path=tmp_path
-    )
+    name, *args = AS_DOCUMENTED["suite"]
+    data = _script(name, *args, str(tmp_path / "images"), tmp_path=tmp_path, new_python=True)
     assert data["meta"]["tiny"] and data["meta"]["composer"] == "0.32.1"
     assert [r["model"] for r in data["overhead"]] == ["cifar_resnet18"] and data["overhead"][0]["ratio"] > 0
     flagship = data["flagship"]
@@ -95,7 +118,8 @@ def test_gpu_suite_smoke_run_on_cpu(tmp_path):
 def test_gpu_suite_runs_the_sections_named(tmp_path):
     """``--only`` runs those sections alone (so that each fits a machine lent for 5 minutes); a name that is no
     section is refused in one line."""
-    data = _script("gpu_suite.py", "--tiny", "--device", "cpu", "--only", "augment", tmp_path=tmp_path)
+    name, *args = AS_DOCUMENTED["section"]
+    data = _script(name, *args, tmp_path=tmp_path, new_python=True)
     assert set(data) == {"meta", "augment"} and data["meta"]["sections"] == ["augment"]
     from . import forked
 
@@ -112,7 +136,8 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     """The engine's correctness matrix (gpu_suite.py --check) on the CPU: the cases that can run here
     pass (ours against Composer's Trainer in fp32 with accumulation, the two-process cases on gloo),
     the rest say why they are skipped; each case's line, with its detail, is printed as it ends."""
-    rows, stdout = _script("gpu_suite.py", "--check", "--device", "cpu", tmp_path=tmp_path, output=True)
+    name, *args = AS_DOCUMENTED["check"]
+    rows, stdout = _script(name, *args, tmp_path=tmp_path, output=True, new_python=True)
     results = {r["case"]: r["result"] for r in rows}
     assert results["same as Composer: fp32, accumulation"] == "pass"
     assert results["2 ranks: DDP with uneven loaders"] == results["2 ranks: SIGTERM stop, then --resume"] == "pass"
@@ -122,6 +147,45 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     for row in rows:  # result, case, seconds, detail
         assert f"{row['result']:<4}  {row['case']}  ({row['seconds']:.0f} s)  {row['detail']}" in lines
     assert lines[-1].startswith("14 cases in ") and lines[-1].endswith(" s (budget 300 s for each of 4 sections)")
+
+
+def test_a_section_of_the_gpu_check_and_gpu_check_itself_run_from_a_checkouts_root(tmp_path):
+    """``gpu_suite.py --check --only SECTION`` and ``gpu_check.py`` as a user types them in a fresh clone's root (a
+    new Python, no PYTHONPATH): each case's process finds the tests' helpers (tests/forked.py, tests/engine_ranks.py),
+    which ended every case in "No module named 'tests'" before; the compile section's cases say why they are skipped
+    on the CPU, the DDP case passes on two gloo ranks."""
+    name, *args = AS_DOCUMENTED["check section"]
+    rows = _script(name, *args, tmp_path=tmp_path, new_python=True)
+    assert {r["section"] for r in rows} == {"compile"} and {r["result"] for r in rows} == {"skip"}, rows
+    name, *args = AS_DOCUMENTED["gpu_check"]
+    rows = _script(name, *args, tmp_path=tmp_path, new_python=True)
+    assert [(r["case"], r["result"]) for r in rows] == [("2 ranks: DDP with uneven loaders", "pass")], rows
+
+
+def _documented_gpu_commands() -> dict[str, list[str]]:
+    """Each ``python benchmarks/gpu_suite.py|gpu_check.py ...`` line the docs give for a GPU (no ``--device cpu``),
+    from README.md, BENCHMARKS.md, docs/ and the scripts' own docstrings: the line -> its script and options."""
+    pattern = re.compile(r"python benchmarks/(gpu_suite|gpu_check)\.py((?: +--?[\w-]+(?: +[\w.,-]+)?)*)")
+    texts = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").rglob("*.md"))]
+    texts += [REPO / "benchmarks" / "gpu_suite.py", REPO / "benchmarks" / "gpu_check.py"]
+    found = {}
+    for path in texts:
+        for match in pattern.finditer(path.read_text()):
+            words = match.group(2).split()
+            if "cpu" not in words:
+                found[match.group(0).strip()] = [f"{match.group(1)}.py", *(w for w in words if w.startswith("--"))]
+    return found
+
+
+def test_each_gpu_command_the_docs_give_is_run_as_written():
+    """Every GPU command line in the docs is one the tests run as a new Python from the checkout's root: its script
+    with all of its options (``--json`` is every run's) is one of AS_DOCUMENTED's."""
+    documented = _documented_gpu_commands()
+    assert len(documented) >= 8 and any("--check --only" in line for line in documented), documented
+    ran = [(args[0], set(args[1:])) for args in AS_DOCUMENTED.values()]
+    for line, (script, *options) in documented.items():
+        needed = set(options) - {"--json"}
+        assert any(script == name and needed <= given for name, given in ran), f"no test runs: {line}"
 
 
 def test_gpu_check_kills_a_case_past_its_limit_and_keeps_every_row(gpu_check, tmp_path, capsys):
