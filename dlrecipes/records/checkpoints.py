@@ -95,6 +95,17 @@ def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> Chec
     )
 
 
+def _count_earlier(saved: list[str], folder: Path, rank: int) -> None:
+    """The periodic checkpoints of ``rank`` already in ``folder`` (a resumed run's), oldest first, put before those
+    the saver has in ``saved``."""
+    earlier = sorted(
+        (p for p in folder.glob(periodic_checkpoints_glob(rank)) if not p.is_symlink()),
+        key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))),
+    )
+    known = set(saved)
+    saved[:0] = [str(p) for p in earlier if str(p) not in known]
+
+
 def make_saver(folder: Path, save_interval: str, keep: int):
     """A Composer CheckpointSaver whose local saves are atomic (see the module docstring)."""
     from composer.callbacks import CheckpointSaver
@@ -106,13 +117,11 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             """``keep`` counts the checkpoints a resumed run wrote before too (oldest first), so disk use
             does not grow with every preemption."""
             super().fit_start(state, logger)
-            rank = dist.get_global_rank()
-            earlier = sorted(
-                (p for p in Path(folder).glob(periodic_checkpoints_glob(rank)) if not p.is_symlink()),
-                key=lambda p: checkpoint_batch(p.with_name(p.name.replace(f"rank{rank}", "rank0"))),
-            )
-            known = set(self.saved_checkpoints)
-            self.saved_checkpoints[:0] = [str(p) for p in earlier if str(p) not in known]
+            _count_earlier(self.saved_checkpoints, Path(folder), dist.get_global_rank())
+
+        def close(self, state, logger):  # Composer's saver leaves its temporary folder to the garbage collector
+            super().close(state, logger)
+            self.tmp_dir_for_symlink.cleanup()
 
         def _save_checkpoint(self, state, logger):
             if state.fsdp_sharded_state_dict_enabled or self.remote_file_name is not None:
