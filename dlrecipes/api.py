@@ -21,6 +21,7 @@ from dlrecipes.core.distributed import adopt_torchrun
 from dlrecipes.errors import RecipeError
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, override_strings
+from dlrecipes.records.recorded_code import trusting_plugins  # noqa: F401 (the CLI's --trust-plugins)
 from dlrecipes.runtime import process_state
 from dlrecipes.runtime.fork_server import Program
 

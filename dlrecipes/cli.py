@@ -26,11 +26,13 @@ from dlrecipes.cli_args import (
     ResumeOpt,
     RunTargetArg,
     TrustOpt,
+    TrustPluginsOpt,
     app,
     assignments,
     guarded,
     recipe_command,
     terminal_width,
+    trusting,
 )
 
 
@@ -210,6 +212,7 @@ def evaluate(
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
+    trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """Evaluate a run's checkpoint on its recipe's evaluation split (overrides change what is evaluated);
     no training step, no optimizer state."""
@@ -217,7 +220,10 @@ def evaluate(
     from dlrecipes.tools.describe import format_eval
 
     result = guarded(
-        lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin, trust_checkpoint)
+        trusting(
+            trust_plugins,
+            lambda: api.evaluate(target, overrides or [], checkpoint, recipe, tta, out, plugin, trust_checkpoint),
+        )
     )
     typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_eval(result, terminal_width(sys.stdout)))
 
@@ -232,13 +238,17 @@ def export(
     out: Optional[Path] = typer.Option(None, "--out", help="the export directory (default RUN_DIR/export)"),
     trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
+    trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """Export a run's checkpoint for inference (TorchScript, ONNX), checked against the network, with
     preprocess.json and classes.json."""
     from dlrecipes import api
 
     report = guarded(
-        lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin, trust_checkpoint)
+        trusting(
+            trust_plugins,
+            lambda: api.export(target, formats, overrides or [], checkpoint, recipe, out, plugin, trust_checkpoint),
+        )
     )
     typer.echo(report["out_dir"])
     if report.get("uploaded_to"):
@@ -261,6 +271,7 @@ def predict(
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
     plugin: List[str] = PluginOpt,
+    trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """The class of each image file, by a run's checkpoint or an exported model, with its evaluation
     preprocessing."""
@@ -268,7 +279,12 @@ def predict(
     from dlrecipes.tools.describe import format_predictions
 
     rows = guarded(
-        lambda: api.predict(target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size, trust_checkpoint)
+        trusting(
+            trust_plugins,
+            lambda: api.predict(
+                target, files, top_k, out, checkpoint, recipe, (), plugin, batch_size, trust_checkpoint
+            ),
+        )
     )
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

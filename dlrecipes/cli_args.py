@@ -30,6 +30,12 @@ TrustOpt = typer.Option(
     help="load a checkpoint that holds Python objects beyond tensors "
     "(a full unpickle, which can run code): only a file you trust",
 )
+TrustPluginsOpt = typer.Option(
+    False,
+    "--trust-plugins",
+    help="import the plugin files a run's recorded recipe names (one in a bucket, or inside the run directory) and "
+    "plugins changed since the run was trained: only code you trust",
+)
 ResumeOpt = typer.Option(False, "--resume", help="continue the latest checkpoint of the same run")
 RestartOpt = typer.Option(
     False,
@@ -76,14 +82,18 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
             inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
             *own,
             inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str]),
+            inspect.Parameter("trust_plugins", positional, default=TrustPluginsOpt, annotation=bool),
         ]
 
         @functools.wraps(fn)
         def command(**values: Any) -> Any:
+            from dlrecipes import api
+
             recipe = values.pop("recipe")
             recipe = recipe if recipe is None or "://" in recipe else Path(recipe)  # an address: api reads it
             args = RecipeArgs(recipe, list(values.pop("overrides") or []), list(values.pop("plugin")))
-            return fn(args, **values)
+            with api.trusting_plugins(values.pop("trust_plugins")):
+                return fn(args, **values)
 
         del command.__wrapped__  # typer reads the signature below, not fn's
         command.__signature__ = inspect.Signature(params)
@@ -91,7 +101,8 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
             **fn.__annotations__,
             "recipe": params[0].annotation,
             "overrides": params[1].annotation,
-            "plugin": params[-1].annotation,
+            "plugin": params[-2].annotation,
+            "trust_plugins": bool,
         }
         command.__annotations__.pop("args", None)
         return app.command(name)(command)
@@ -109,6 +120,19 @@ RecipeOpt = typer.Option(None, "--recipe", help="the recipe, for a checkpoint ou
 OverridesArg = typer.Argument(
     None, help="changes to the run's recipe, as key.path=value (YAML values)", show_default=False
 )
+
+
+def trusting(trust_plugins: bool, call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` as a command after training makes it, with a run's recorded plugins trusted or not
+    (``--trust-plugins``: :func:`dlrecipes.api.trusting_plugins`)."""
+
+    def trusted_call() -> Any:
+        from dlrecipes import api
+
+        with api.trusting_plugins(trust_plugins):
+            return call()
+
+    return trusted_call
 
 
 def print_version(value: bool) -> None:

@@ -1,10 +1,13 @@
-"""Nothing from a bucket is trusted before it is checked (issue 63, items 3 and 6), against a real S3 server
-(SeaweedFS on loopback): the resume pointer must hold a plain checkpoint name; every key a command downloads must
-land under its staging folder or local copy; `eval --checkpoint latest` over a damaged newest checkpoint says which
-one it used and why, as for a local run."""
+"""Nothing from a bucket is trusted before it is checked (issue 63, items 3 and 6; issue 72, items 1 and 6),
+against a real S3 server (SeaweedFS on loopback): the resume pointer must hold a plain checkpoint name; every key a
+command downloads must land under its staging folder or local copy, and every run name `runs` lists must be a plain
+path; `eval --checkpoint latest` over a damaged newest checkpoint says which one it used and why, as for a local
+run; a run's recipe never imports code that came with the run (from a bucket, or inside a copied run directory)
+without --trust-plugins."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -135,16 +138,16 @@ def test_every_download_stays_under_its_folder(s3, in_bucket, tiny_recipe, tmp_p
 
     listing = backend.S3Backend.listing
 
-    def with_an_escape(self, prefix):
-        return {**listing(self, prefix), "../../../../escaped.txt": (4, 0.0)}
+    def with_an_escape(self, prefix):  # a key no run writes is never brought; one named as a record is refused
+        return {**listing(self, prefix), "../../../../escaped.txt": (4, 0.0), "eval/../escaped.json": (4, 0.0)}
 
     monkeypatch.setattr(backend.S3Backend, "listing", with_an_escape)
     escaped = run_cli("eval", "s3://runs/keys/r1", cwd=tmp_path)
     assert escaped.returncode == 2 and escaped.stderr.strip() == (
-        f"error: s3://runs/keys/r1: the bucket's key '../../../../escaped.txt' is not a plain relative path under "
+        f"error: s3://runs/keys/r1: the bucket's key 'eval/../escaped.json' is not a plain relative path under "
         f"{copy}; refused, nothing was downloaded"
     ), escaped.stderr
-    assert not list(tmp_path.rglob("escaped.txt"))
+    assert not list(tmp_path.rglob("escaped.*"))
 
 
 @pytest.mark.slow
@@ -179,3 +182,136 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_i
         r"ep1-ba3-rank0.pt is empty \(0 bytes\)\); use --checkpoint best",
         none.stderr.strip(),
     ), none.stderr
+
+
+EVIL = """
+from pathlib import Path
+
+Path({marker!r}).write_text("code from the run ran")
+"""
+
+
+def _said(stderr: str) -> str:
+    """A command's one error line (the only one: a garbage collector's ResourceWarning about a Composer object of
+    an earlier training in this process may be printed beside it)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def _upload_run(s3, run: Path, prefix: str) -> None:
+    """A trained run's files put in the bucket under ``prefix`` as they are (a run another machine trained)."""
+    for path in run.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            s3.client().upload_file(str(path), "runs", f"{prefix}/{path.relative_to(run).as_posix()}")
+
+
+def _with_imports(recipe: bytes, imports: list[str]) -> bytes:
+    import yaml
+
+    data = yaml.safe_load(recipe)
+    data["imports"] = imports
+    return yaml.safe_dump(data, sort_keys=False).encode()
+
+
+@pytest.mark.slow
+@needs_server
+def test_code_beside_a_bucket_runs_recipe_never_runs_without_trust_plugins(s3, in_bucket, trained_tiny, tmp_path):
+    """A run's recipe.yaml in the bucket rewritten to import ./evil.py, with evil.py beside it: eval, predict and
+    show of its recipe refuse in one line naming the key (exit 2), nothing of the file is downloaded and nothing runs
+    (before, every non-checkpoint key was pulled and the file imported); only the records a command reads are
+    brought. --trust-plugins opts in: the file is brought and runs."""
+    from .conftest import image_folders
+
+    _upload_run(s3, trained_tiny, "code/r1")
+    marker = tmp_path / "ran.txt"
+    s3.client().put_object(Bucket="runs", Key="code/r1/evil.py", Body=EVIL.format(marker=str(marker)).encode())
+    s3.client().put_object(Bucket="runs", Key="code/r1/notes.bin", Body=b"\0" * 16)  # a file no run writes
+    recipe = s3.read("runs", "code/r1/recipe.yaml")
+    s3.client().put_object(Bucket="runs", Key="code/r1/recipe.yaml", Body=_with_imports(recipe, ["./evil.py"]))
+    photos = image_folders(tmp_path / "photos", ["a"], per_class=1, size=(8, 8))
+    url = "s3://runs/code/r1"
+    said = (
+        f"error: imports: {url}/recipe.yaml names the plugin file './evil.py'; a run's recipe in a bucket is data: "
+        "dlrecipes runs no code it names. Install the plugin here and name its module (imports: "
+        "[my_package.my_module]), or pass --trust-plugins to run that file"
+    )
+    for command in (["eval", url], ["predict", url, str(photos)], ["show", f"{url}/recipe.yaml"]):
+        refused = run_cli(*command, cwd=tmp_path)
+        assert (refused.returncode, _said(refused.stderr)) == (2, said), refused.stderr[-2000:]
+    copy = in_bucket / "pulled" / "runs" / "code" / "r1"
+    assert not marker.exists() and not (copy / "evil.py").exists() and not (copy / "notes.bin").exists()
+    assert {"recipe.yaml", "summary.json", "history.csv"} <= {p.name for p in copy.iterdir()}
+    trusted = run_cli("eval", url, "--trust-plugins", cwd=tmp_path)
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    assert marker.read_text() == "code from the run ran" and (copy / "evil.py").is_file()
+
+
+def test_a_local_runs_recipe_imports_no_file_from_inside_the_run(tiny_run, tmp_path):
+    """A run directory copied from elsewhere is data too: its recipe importing a file inside the run (relative or
+    absolute) is refused in one line, and nothing runs; a plugin file outside the run that changed since training
+    (its sha256 against summary.json's provenance) is refused as well; --trust-plugins opts in to both."""
+    marker = tmp_path / "ran.txt"
+    (tiny_run / "evil.py").write_text(EVIL.format(marker=str(marker)))
+    recipe = tiny_run / "recipe.yaml"
+    original = recipe.read_bytes()
+    for spec in ("./evil.py", str(tiny_run / "evil.py")):
+        recipe.write_bytes(_with_imports(original, [spec]))
+        refused = run_cli("eval", str(tiny_run))
+        assert refused.returncode == 2 and _said(refused.stderr) == (
+            f"error: imports: {tiny_run}/recipe.yaml names the plugin file {shown(spec)}; it lies inside the run "
+            "directory, so it came with the run, not from this machine. Install the plugin here and name its "
+            "module (imports: [my_package.my_module]), or pass --trust-plugins to run that file"
+        ), refused.stderr[-2000:]
+    assert not marker.exists()
+    plugin = tmp_path / "mine" / "my_callbacks.py"
+    plugin.parent.mkdir()
+    plugin.write_text(
+        "from dlrecipes.registry import callbacks\n\n\n"
+        "@callbacks.register('recorded_noop')\ndef recorded_noop():\n    return None\n"
+    )
+    recipe.write_bytes(_with_imports(original, [str(plugin)]))
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    summary["provenance"]["plugins"] = {str(plugin): "0" * 64}  # what the run was trained with: another file
+    (tiny_run / "summary.json").write_text(json.dumps(summary))
+    changed = run_cli("eval", str(tiny_run))
+    assert changed.returncode == 2 and re.fullmatch(
+        rf"error: plugins: {re.escape(str(plugin))} differs from the file {re.escape(str(tiny_run))} was trained "
+        r"with \(sha256 [0-9a-f]{12}\.\.\. now, 000000000000\.\.\. then\); restore that file, or pass "
+        r"--trust-plugins to use it as it is",
+        _said(changed.stderr),
+    ), changed.stderr[-2000:]
+    assert run_cli("eval", str(tiny_run), "--trust-plugins").returncode == 0
+
+
+@pytest.mark.slow
+@needs_server
+def test_runs_leaves_out_a_listed_name_that_is_no_plain_path(s3, in_bucket, trained_tiny, tmp_path, monkeypatch):
+    """A server that keeps '//' and '..' in keys (AWS keeps '//'; SeaweedFS refuses both, so the listing is
+    extended here): `runs` builds no local folder from such a name, says so in one warning each, and lists the
+    rest."""
+    from dlrecipes.records.store import backend
+
+    _upload_run(s3, trained_tiny, "odd/r1")
+    listing = backend.S3Backend.listing
+
+    def with_odd_names(self, prefix):
+        found = listing(self, prefix)
+        if prefix != "odd/":
+            return found
+        return {
+            **found,
+            "a//b/recipe.yaml": found["r1/recipe.yaml"],
+            "../../escaped/recipe.yaml": found["r1/recipe.yaml"],
+        }
+
+    monkeypatch.setattr(backend.S3Backend, "listing", with_odd_names)
+    shown_runs = run_cli("runs", "s3://runs/odd", "--json", cwd=tmp_path)
+    assert shown_runs.returncode == 0, shown_runs.stderr[-2000:]
+    assert [row["run"] for row in json.loads(shown_runs.stdout)] == ["r1"]
+    warnings = [line for line in shown_runs.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all(
+        line.startswith("warning: s3://runs/odd: the bucket's key ") and "is not a plain relative path" in line
+        for line in warnings
+    ), warnings
+    assert not list(tmp_path.rglob("escaped")) and not list(in_bucket.rglob("b"))

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 from dlrecipes.after_training.target import RunTarget, find_target, is_export_dir
 from dlrecipes.config.resolving import resolve_recorded
-from dlrecipes.recipe import override_strings
+from dlrecipes.recipe import load_recipe, override_strings
+from dlrecipes.records.recorded_code import check_imports, check_plugin_files
 from dlrecipes.records.store import ReadRun, open_for_reading
 from dlrecipes.runtime import process_state
 
@@ -60,8 +61,28 @@ def open_trained(
             yield Trained(read, trust=trust)
             return
         found, overrides = find_target(read.target, read.checkpoint, recipe, trust), override_strings(overrides)
+        if found.run is not None and Path(found.recipe).resolve() == found.run.recipe.resolve():
+            _check_recorded_imports(found, read)  # the run's own recipe is data
         process_state.import_training_stack()
-        yield Trained(read, found, resolve_recorded(found.recipe, overrides, plugins), overrides, trust)
+        config = resolve_recorded(found.recipe, overrides, plugins)
+        if found.run is not None:
+            from dlrecipes.records.provenance import plugin_files
+
+            check_plugin_files(found.run.summary, read.address, plugin_files())
+        yield Trained(read, found, config, overrides, trust)
+
+
+def _check_recorded_imports(found: RunTarget, read: ReadRun) -> None:
+    """The plugin files the run's recorded recipe names, checked before anything is imported
+    (:func:`~dlrecipes.records.recorded_code.check_imports`); a recipe that cannot be read is left to
+    :func:`~dlrecipes.config.resolving.resolve_recorded`, whose line names it."""
+    from dlrecipes.errors import RecipeError
+
+    try:
+        imports = load_recipe(found.recipe).data.get("imports")
+    except RecipeError:
+        return
+    check_imports(imports, Path(found.recipe), found.run.path, read.address, read.bring if read.pushes else None)
 
 
 __all__ = ["Trained", "open_trained"]

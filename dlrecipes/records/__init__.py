@@ -8,6 +8,7 @@ Modules:
 - :mod:`.frames`: a run's records as pandas DataFrames
 - :mod:`.layout`: the run directory's layout: RunDir, ExportDir, every file's name
 - :mod:`.provenance`: what made a run: software, machine, command, the recipe's origin
+- :mod:`.recorded_code`: a run's recorded recipe is data: the plugin files it names checked before any import
 - :mod:`.request`: a run handed to another process (a sweep's point): the recipe as loaded, its options
 - :mod:`.resume_check`: what --resume may change
 - :mod:`.run_dir`: the run directory: its name, creation, recipe, a failed run set aside

@@ -62,6 +62,30 @@ _MOST_DIGITS = {"epoch": 6, "batch": 10, "rank": 5}  # a periodic checkpoint's n
 _PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
 
 
+_RECORD_SUFFIXES = (".json", ".csv", ".png", ".txt", ".yaml")  # what a report or an evaluation folder holds
+_TOP_RECORD = re.compile(r"(recipe\.before-[0-9-]+\.yaml|train-rank[0-9]+\.log)$")  # replaced recipes, logs
+
+
+def is_record(relative: str) -> bool:
+    """Whether ``relative`` (a path in a run directory, ``/``-separated) is one of the run's records: what the
+    commands after training read or show (the recipe, summary, history, plots, logs, the bucket's pointer and
+    best.json, reports and evaluations). A run copied from a bucket brings these alone: never its checkpoints or
+    exports (brought one at a time, when asked), and never a file no run writes (a ``.py`` beside its recipe)."""
+    parts = relative.split("/")
+    if len(parts) == 1:
+        name = parts[0]
+        return name in (RECIPE_FILE, SUMMARY_FILE, HISTORY_FILE, *PLOT_FILES.values()) or bool(_TOP_RECORD.match(name))
+    if parts[0] == CHECKPOINT_DIR:
+        return len(parts) == 2 and parts[1] in (REMOTE_LATEST, BEST_INFO)
+    within = {REPORT_DIR: 2, EVAL_DIR: 3}.get(parts[0])
+    return within == len(parts) and parts[-1].endswith(_RECORD_SUFFIXES)
+
+
+def is_export_file(relative: str) -> bool:
+    """Whether ``relative`` is a file an export folder holds (:class:`ExportDir`): what is brought of an export."""
+    return relative in (PREPROCESS_FILE, CLASSES_FILE, EXPORT_REPORT, *EXPORTED_MODELS.values())
+
+
 def latest_checkpoint_name(rank: Union[int, str] = 0) -> str:
     """The name of the link to ``rank``'s newest periodic checkpoint (``"{rank}"``: Composer's template)."""
     return LATEST_CHECKPOINT.format(rank=rank)
@@ -282,6 +306,8 @@ def beside(checkpoint: Path, folder: str) -> Path:
 
 
 __all__ = [
+    "is_export_file",
+    "is_record",
     "BEST_CHECKPOINT",
     "BEST_INFO",
     "CHECKPOINT_DIR",

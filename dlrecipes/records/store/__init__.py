@@ -105,13 +105,29 @@ def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mappin
         check_address(run, "run")
         if not is_remote(run):  # not in a bucket the store knows: a path, as it always was
             return recipe
-        local = Path(open_for_reading(run, None).target) / RECIPE_FILE
+        read = open_for_reading(run, None)
+        local = Path(read.target) / RECIPE_FILE
     except UserError as exc:  # its line names the run (or the bucket): say which recipe could not be read
         exc.args = (f"recipe: {recipe} cannot be read: {str(exc).removeprefix('run: ')}",)
         raise
     if not local.is_file():
         raise UserError(f"recipe: {recipe} cannot be read: {run} holds no {RECIPE_FILE} (an export?)")
+    _check_pulled_imports(local, read)
     return str(local)
+
+
+def _check_pulled_imports(local: Path, read: ReadRun) -> None:
+    """A bucket's recipe is data: a plugin file it names is refused before anything imports it
+    (:func:`dlrecipes.records.recorded_code.check_imports`); one that cannot be read is the loader's to name."""
+    from dlrecipes.errors import RecipeError
+    from dlrecipes.recipe import load_recipe
+    from dlrecipes.records.recorded_code import check_imports
+
+    try:
+        imports = load_recipe(local).data.get("imports")
+    except RecipeError:
+        return
+    check_imports(imports, local, local.parent, read.address, read.bring)
 
 
 def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:

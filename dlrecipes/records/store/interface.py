@@ -133,6 +133,7 @@ class ReadRun:
     address: str
     push: Callable[[str], None] = lambda what: None  # puts the command's outputs beside the run (a bucket's)
     pushes: bool = False  # whether the store takes the command's outputs from here (a bucket)
+    bring: Callable[[str], None] = lambda relative: None  # downloads one more file of the run (a bucket's)
 
     def named(self) -> ContextManager[None]:
         """A context in which errors about this local copy name the run where it lives (:func:`named_by_address`)."""

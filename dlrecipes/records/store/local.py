@@ -30,7 +30,11 @@ def open_in(runs: Path, config: RecipeConfig, device: str, options: RunOptions) 
     run = RunDir(runs / choose_run_name(config, resume, device, runs))
     accepted: list[str] = []
     if resume:  # before anything is built or written
+        from dlrecipes.records.provenance import plugin_files
+        from dlrecipes.records.recorded_code import check_plugin_files
+
         accepted = check_resume(run.path, recipe)
+        check_plugin_files(run.summary, str(run.path), plugin_files())  # the code that made its checkpoints
     elif options.restart:
         set_aside_for_restart(run.path)
     elif config.run_name:

@@ -160,4 +160,4 @@ def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[st
     listing = run.pull_records()
     if checkpoint is not None and RECIPE_FILE in listing:  # not an export directory
         checkpoint = run.pull_checkpoint(checkpoint, listing)
-    return ReadRun(run.local, checkpoint, run.url, push=run.push_outputs, pushes=True)
+    return ReadRun(run.local, checkpoint, run.url, push=run.push_outputs, pushes=True, bring=run.bring)

@@ -25,7 +25,6 @@ from typing import Any, Optional
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT,
-    BEST_INFO,
     CHECKPOINT_DIR,
     EXPORT_DIR,
     LEASE_FILE,
@@ -33,6 +32,8 @@ from dlrecipes.records.layout import (
     RECIPE_FILE,
     REMOTE_LATEST,
     RunDir,
+    is_export_file,
+    is_record,
 )
 from dlrecipes.records.store.access import check_access
 from dlrecipes.records.store.bucket import (
@@ -43,7 +44,7 @@ from dlrecipes.records.store.bucket import (
     scheme_of,
     staging_base,
 )
-from dlrecipes.records.store.safe_keys import pointed_checkpoint, staged_path
+from dlrecipes.records.store.safe_keys import UnsafeKey, pointed_checkpoint, staged_path
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument
@@ -79,8 +80,9 @@ class PulledRun(RemoteRun):
         return self.store().listing(self.key("") + "/")
 
     def pull_records(self, listing: Optional[dict[str, tuple[int, float]]] = None) -> dict[str, tuple[int, float]]:
-        """The run's records (everything but checkpoints and exports), downloaded as they are in the bucket; an
-        export directory (preprocess.json, no recipe.yaml) whole.  One line when the bucket has neither."""
+        """The run's records (:func:`~dlrecipes.records.layout.is_record`: never a checkpoint, an export or a file no
+        run writes, such as code beside its recipe), downloaded as they are in the bucket; an export directory's
+        files (preprocess.json, no recipe.yaml). One line when the bucket has neither."""
         listing = self.listing() if listing is None else listing
         export_only = RECIPE_FILE not in listing and PREPROCESS_FILE in listing
         if RECIPE_FILE not in listing and not export_only:
@@ -89,17 +91,17 @@ class PulledRun(RemoteRun):
                 "lists the runs it has"
             )
         for relative, (size, modified) in listing.items():
-            if relative.endswith("/") and size == 0:  # a folder's marker (what some S3 consoles make): no file
-                continue
-            top = relative.split("/", 1)[0]
-            wanted = export_only or (
-                top not in (CHECKPOINT_DIR, EXPORT_DIR)
-                or relative == f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
-                or relative == f"{CHECKPOINT_DIR}/{BEST_INFO}"
-            )
-            if wanted and relative != LEASE_FILE:  # who writes the run now: the bucket's alone
+            if is_export_file(relative) if export_only else is_record(relative):
                 self._fetch(relative, size, modified)
         return listing
+
+    def bring(self, relative: str) -> None:
+        """One more file of the run (a plugin file its recipe names, trusted with ``--trust-plugins``), downloaded
+        into the copy; one line when the bucket does not have it."""
+        listing = self.listing()
+        if relative not in listing:
+            raise UserError(f"{self.url}: the bucket has no {relative}")
+        self._fetch(relative, *listing[relative])
 
     def _fetch(self, relative: str, size: int, modified: float, reuse: bool = False) -> None:
         """``relative`` from the bucket, its modified time kept (``runs`` orders by it); ``reuse``: a local file
@@ -205,7 +207,12 @@ def pull_runs_dir(root: RemoteRoot) -> dict[Path, str]:
     names = sorted({key[: -len(RECIPE_FILE) - 1] for key in everything if key.endswith("/" + RECIPE_FILE)})
     urls: dict[Path, str] = {}
     for name in names:
-        run = PulledRun(root, name, local_root / name)
+        try:
+            folder = staged_path(local_root, name, f"{root}")
+        except UnsafeKey as exc:  # a name no run is written under (``a//b``, ``..``): left out, said
+            print(f"warning: {exc} (a run named so is not listed)", file=sys.stderr)
+            continue
+        run = PulledRun(root, name, folder)
         listing = {key[len(name) + 1 :]: value for key, value in everything.items() if key.startswith(name + "/")}
         run.pull_records(listing)
         _copy_live_lease(run, LEASE_FILE in listing)

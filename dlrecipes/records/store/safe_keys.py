@@ -44,10 +44,11 @@ def pointed_checkpoint(pointer: Path, address: str, key: str) -> str:
 
 def staged_path(folder: Path, relative: str, address: str) -> Path:
     """``folder / relative`` for the bucket's key ``relative`` (``address``: the run's address), refused
-    (:class:`UnsafeKey`) when it would resolve outside ``folder``: an absolute key, a ``..`` segment, a control
-    character, or a folder on the way that is a link leading out."""
-    plain = bool(relative) and not relative.startswith("/") and not any(ord(c) < 32 or ord(c) == 127 for c in relative)
-    if plain and ".." not in relative.split("/"):
+    (:class:`UnsafeKey`) when it is not a plain relative path (absolute, an empty, ``.`` or ``..`` segment, as in
+    ``a//b``, which S3 keeps apart from ``a/b`` and a path does not; a backslash; a control character) or would
+    resolve outside ``folder`` through a folder on the way that is a link leading out."""
+    plain = bool(relative) and not any(ord(c) < 32 or ord(c) == 127 or c == "\\" for c in relative)
+    if plain and not any(part in ("", ".", "..") for part in relative.split("/")):
         base = Path(folder).resolve()
         target = (base / relative).resolve()  # links on the way (and the key's own, if any) followed
         if base in target.parents:
