@@ -31,6 +31,14 @@ The adversarial matrix, one row a test:
 | pointer's failed                         | move is retried                          |                                |
 | a server that ignores If-Match; a        | renewals read the token back; a          | test_a_server_that_ignores_... |
 | deleted lease (AWS)                      | successor is seen                        |                                |
+| a second --restart while the first moves | refused in one line, nothing moved; one  | test_restart_takes_the_lease...|
+| the run aside; the first paused past its | run and one aside folder, both whole; the|                                |
+| term while it deletes                    | successor finishes the move              |                                |
+| a checkpoint's download from a server    | given up after the stated bound in one   | test_a_download_from_a_...     |
+| gone silent (eval, --resume); Ctrl-C     | line naming server and file, exit 2;     |                                |
+|                                          | Ctrl-C: within 2 s, one line, exit 130   |                                |
+| a frozen writer's upload in parts        | aborted as the successor takes the run:  | test_an_upload_left_open_...   |
+| completed after the takeover             | it lands nowhere                         |                                |
 
 The rows about what a bucket or a file says (a pointer with ``../``, keys that lead out of the staging folder, a
 checkpoint whose tensor records are shorter than its pickle declares, a damaged newest checkpoint) are
@@ -527,7 +535,7 @@ class _Objects:
 
     def read_tagged(self, key):
         data = self.objects.get(key)
-        return data, (f'"{hash(data)}"' if data is not None else "")
+        return data, (f'"{hash(data)}"' if data is not None else ""), None
 
     def write(self, key, data, if_absent=False, if_match=None):
         self.objects[key] = data
@@ -561,7 +569,7 @@ def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token
     try:
         assert object_store(root).conditional_writes is True
         s3.client().delete_object(Bucket="runs", Key=real.key)
-        with pytest.raises(LeaseLost, match="taken over by nobody"):
+        with pytest.raises(LeaseLost, match="lease is gone from the bucket"):
             real.confirm()
     finally:
         real.release()
@@ -595,3 +603,211 @@ def test_a_server_that_ignores_conditional_writes_is_fenced_by_reading_the_token
     old = backend.S3Backend(OldClient())
     assert old.write("k", b"x", if_match='"1"') == '"e"' and old.conditional_writes is False
     assert OldClient.client.written == ["k"]  # written plainly: the lease's read-back fences it
+
+
+STOP_IN_MOVE = """
+import os
+import signal
+
+from dlrecipes.records.store import backend
+
+STEP, AFTER = os.environ["STOP_IN_MOVE"].split(":")  # copy:N or delete:N: SIGSTOP this process after that step
+done = {"copy": 0, "delete": 0}
+real = {"copy": backend.S3Backend.copy, "delete": backend.S3Backend.delete}
+
+
+def counted(step):
+    def call(self, *args):
+        real[step](self, *args)
+        if step == "copy" or not args[0].endswith("run.lease"):
+            done[step] += 1
+            if step == STEP and done[step] == int(AFTER):
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+    return call
+
+
+backend.S3Backend.copy, backend.S3Backend.delete = counted("copy"), counted("delete")
+"""
+
+
+def _stopped_restart(tmp_path: Path, args: list[str], step: str, name: str) -> tuple[subprocess.Popen, Path]:
+    """``train ARGS --restart`` in a process of its own that stops itself (SIGSTOP) after the ``step`` of its move
+    aside (``copy:1``: its first copy); returns it, once stopped, and its stderr's file."""
+    plugin = tmp_path / "stop_in_move.py"
+    plugin.write_text(STOP_IN_MOVE)
+    err = tmp_path / f"{name}.err"
+    with open(err, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dlrecipes", "train", *args, "--restart", "--plugin", str(plugin)],
+            cwd=tmp_path,
+            env={**os.environ, "STOP_IN_MOVE": step},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.monotonic() + 120
+    while _state(process.pid) != "T":
+        assert process.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+        time.sleep(0.05)
+    return process, err
+
+
+def _asides(s3, prefix: str) -> dict[str, dict[str, bytes]]:
+    """The runs moved aside under ``prefix``: name -> their files (relative key -> bytes)."""
+    found: dict[str, dict[str, bytes]] = {}
+    for key in s3.keys("runs", prefix):
+        run, _, relative = key[len(prefix) :].partition("/")
+        if ".restarted-" in run:
+            found.setdefault(run, {})[relative] = s3.read("runs", key)
+    return found
+
+
+def test_restart_takes_the_lease_before_it_moves_anything(s3, machine_a, tiny_recipe, tmp_path):
+    """--restart takes the run's lease first and moves the old run aside under it. A second --restart while the
+    first is moving (the first stopped after its first copy: the interleaving forced, not hoped for) is refused in
+    one line naming the first, having moved nothing; the first, woken, ends with one run and one aside folder,
+    both whole. The first stopped again while it deletes, past its lease's term: a third --restart takes the lease
+    over, finds the move's marker and finishes it (the aside folder stays whole, none is left half-made); the first,
+    woken, writes nothing more, in one line."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/again", "run_name=r", "trainer.max_duration=1ep"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    first = {key[len("again/r/") :]: value for key, value in bucket_of(s3, "again/r/").items()}
+
+    a, a_err = _stopped_restart(tmp_path, args, "copy:1", "a")
+    try:
+        refused = run_cli("train", *args, "--restart", cwd=tmp_path)
+        assert refused.returncode == 2 and one_line(refused.stderr).startswith(
+            f"error: run_name: s3://runs/again/r is being trained by {os.uname().nodename} (pid {a.pid}; "
+        ), refused.stderr
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=180) == 0, a_err.read_text()[-3000:]
+    finally:
+        if a.poll() is None:
+            a.kill()
+    asides = _asides(s3, "again/")
+    assert list(asides.values()) == [first]  # one aside folder, whole
+    second = {key[len("again/r/") :]: value for key, value in bucket_of(s3, "again/r/").items()}
+    assert json.loads(second["summary.json"])["status"] == "finished" and second != first
+
+    b, b_err = _stopped_restart(tmp_path, args, "delete:2", "b")
+    try:
+        time.sleep(float(TERM) + 0.5)  # b's lease expires while it is stopped
+        taken_over = run_cli("train", *args, "--restart", cwd=tmp_path)
+        assert taken_over.returncode == 0, taken_over.stderr[-3000:]
+        assert "an earlier move of the run in s3://runs/again/r was cut off; it is kept whole as" in taken_over.stderr
+        os.kill(b.pid, signal.SIGCONT)
+        assert b.wait(timeout=120) == 1, b_err.read_text()[-3000:]
+    finally:
+        if b.poll() is None:
+            b.kill()
+    assert one_line(b_err.read_text()).startswith("error: run_name: s3://runs/again/r: this process's lease ")
+    asides = _asides(s3, "again/")
+    assert sorted(asides.values(), key=len) == sorted([first, second], key=len)  # both whole, no third
+    third = bucket_of(s3, "again/r/")
+    assert json.loads(third["again/r/summary.json"])["status"] == "finished"
+    assert "again/r/moving-aside.json" not in third
+
+
+HANG_IN_DOWNLOAD = """
+import sys
+import time
+
+import boto3.s3.inject as inject
+
+real = inject.download_file
+
+
+def download_file(self, Bucket, Key, Filename, ExtraArgs=None, Callback=None, Config=None):
+    if not Key.endswith(".pt"):  # the records come; a checkpoint's download starts, then the server goes silent
+        return real(self, Bucket, Key, Filename, ExtraArgs=ExtraArgs, Callback=Callback, Config=Config)
+    open(Filename, "wb").close()  # begun (what the test waits for before its Ctrl-C)
+    if Callback is not None:
+        Callback(1024)
+    time.sleep(3600)
+
+
+inject.download_file = download_file
+from dlrecipes.cli import main
+
+sys.argv[0] = "dlrecipes"
+main()
+"""
+
+
+def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_c(s3, machine_a, tiny_recipe, tmp_path):
+    """The server goes silent in the middle of a checkpoint's download (eval, --resume from a machine with nothing
+    local): the command gives up once nothing has arrived for the stated bound (DLRECIPES_BUCKET_STALL, 2 s here),
+    in one line naming the server and the checkpoint, exit 2 (before: about 300 s, then "unexpected"); Ctrl-C ends
+    it within 2 s, in one line, exit 130 (before: about 300 s, nothing printed)."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/hung", "run_name=r1", "trainer.max_duration=1ep"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_IN_DOWNLOAD)
+    env = {**os.environ, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-b"), "DLRECIPES_BUCKET_STALL": "2"}
+    server = os.environ["S3_ENDPOINT_URL"]
+    for command, key in [
+        (["eval", "s3://runs/hung/r1"], "checkpoints/best.pt"),
+        (["train", *args[:-1], "trainer.max_duration=2ep", "--resume"], "checkpoints/ep1-ba3-rank0.pt"),
+    ]:
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, str(script), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and time.monotonic() - began < 60, done.stderr[-3000:]
+        assert one_line(done.stderr) == (
+            f"error: s3://runs/hung/r1/{key}: the S3 endpoint {server} stopped answering while downloading it "
+            "(nothing for 2 s); check that the server is up, then run the command again"
+        )
+    for given_up in (tmp_path / "machine-b").rglob("*"):
+        assert not given_up.name.endswith(".partial"), given_up  # a download given up leaves no partial file
+    env = {**env, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-c")}
+    env.pop("DLRECIPES_BUCKET_STALL")
+    interrupted = subprocess.Popen(
+        [sys.executable, str(script), "eval", "s3://runs/hung/r1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "machine-c").rglob("best.pt.*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the checkpoint's download has begun
+    time.sleep(0.5)
+    interrupted.send_signal(signal.SIGINT)
+    began = time.monotonic()
+    _, stderr = interrupted.communicate(timeout=30)
+    assert interrupted.returncode == 130 and time.monotonic() - began < 2, stderr[-3000:]
+    assert one_line(stderr) == (
+        f"error: s3://runs/hung/r1/checkpoints/best.pt: interrupted (Ctrl-C) while downloading it at the S3 "
+        f"endpoint {server}"
+    )
+
+
+def test_an_upload_left_open_by_a_frozen_writer_lands_nowhere_once_the_run_is_taken_over(
+    s3, machine_a, tiny_recipe, tmp_path
+):
+    """Writer A frozen in an upload in parts of its ep2 checkpoint (made here by hand: one part sent, not completed)
+    past its lease's term; B --resumes the run and writes its own ep2 and the pointer. B aborted A's open upload as it
+    took the lease, so A's completion when it wakes is refused (NoSuchUpload) and B's checkpoint stays B's (before,
+    A's weights replaced it under B's pointer); no upload is left open."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/frozen", "run_name=w"]
+    assert run_cli("train", *args, "trainer.max_duration=1ep", cwd=tmp_path).returncode == 0
+    client, key = s3.client(), "frozen/w/checkpoints/ep2-ba6-rank0.pt"
+    upload = client.create_multipart_upload(Bucket="runs", Key=key)["UploadId"]
+    part = client.upload_part(Bucket="runs", Key=key, UploadId=upload, PartNumber=1, Body=b"A's weights")
+    put_lease(s3, "frozen/w/run.lease", "machine-a", 4242, -1)  # A's, expired while it is frozen
+    resumed = run_cli("train", *args, "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "note: s3://runs/frozen/w: 1 upload(s) an earlier writer left open aborted" in resumed.stderr
+    ours = s3.read("runs", key)
+    assert s3.read("runs", "frozen/w/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+    with pytest.raises(Exception, match="NoSuchUpload"):
+        client.complete_multipart_upload(
+            Bucket="runs",
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
+        )
+    assert s3.read("runs", key) == ours != b"A's weights"
+    assert client.list_multipart_uploads(Bucket="runs", Prefix="frozen/").get("Uploads", []) == []

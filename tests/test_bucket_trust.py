@@ -1,15 +1,16 @@
-"""Nothing from a bucket is trusted before it is checked (issue 63, items 3 and 6; issue 72, items 1 and 6),
+"""Nothing from a bucket is trusted before it is checked (issue 63, items 3 and 6; issue 72, items 1, 5 and 6),
 against a real S3 server (SeaweedFS on loopback): the resume pointer must hold a plain checkpoint name; every key a
 command downloads must land under its staging folder or local copy, and every run name `runs` lists must be a plain
 path; `eval --checkpoint latest` over a damaged newest checkpoint says which one it used and why, as for a local
 run; a run's recipe never imports code that came with the run (from a bucket, or inside a copied run directory)
-without --trust-plugins."""
+without --trust-plugins; a lease is data, checked before it is believed."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -282,6 +283,76 @@ def test_a_local_runs_recipe_imports_no_file_from_inside_the_run(tiny_run, tmp_p
         _said(changed.stderr),
     ), changed.stderr[-2000:]
     assert run_cli("eval", str(tiny_run), "--trust-plugins").returncode == 0
+
+
+def _lease(**fields) -> bytes:
+    lease = {"token": "t", "host": "machine-b", "pid": 7, "expires": time.time() + 60, **fields}
+    return json.dumps({k: v for k, v in lease.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"expires": float("inf")}, "its expiry is inf"),
+        ({"expires": 1e308}, "its expiry lies 1e+308 s ahead, more than its term of 300 s allows"),
+        ({"expires": 3600, "term": 60}, "its expiry lies 3.6e+03 s ahead, more than its term of 60 s"),
+        (b"[]", "it is not a JSON object"),
+        (b"\xff{", "it is not a JSON object"),
+        ({"token": 5}, "its 'token' is 5, not str"),
+        ({"pid": "7"}, "its 'pid' is \"7\", not int"),
+        ({"expires": True}, "its 'expires' is true, not a number"),
+        ({"expires": ...}, "its 'expires' is null, not a number"),
+        ({"term": 1e9}, "its term is 1000000000.0, not a number of seconds up to 86400"),
+    ],
+)
+def test_a_lease_that_is_no_lease_dlrecipes_writes_is_damaged_in_one_line(fields, problem):
+    """A forged or broken run.lease is data checked as such: one line naming its key and how to clear it, never an
+    OverflowError (Infinity) or a lock that cannot end (1e308)."""
+    from dlrecipes.records.store.lease import DamagedLease, lease_data
+
+    if isinstance(fields, dict) and fields.get("expires") == 3600:
+        fields = {**fields, "expires": time.time() + 3600}
+    body = fields if isinstance(fields, bytes) else _lease(**fields)
+    with pytest.raises(DamagedLease) as damaged:
+        lease_data(body, "s3://runs/exp/r1/run.lease")
+    assert str(damaged.value).startswith(f"run_name: s3://runs/exp/r1/run.lease is damaged ({problem}")
+    assert str(damaged.value).endswith(
+        "it is no lease dlrecipes wrote. If no process trains the run, delete that object (for example `aws s3 rm "
+        "s3://runs/exp/r1/run.lease`) and run the command again; nothing was written"
+    )
+
+
+def test_a_lease_is_judged_by_the_servers_clock():
+    """A well-formed lease is live until its expiry; one the server says was written longer ago than its term is
+    expired whatever its expiry says (a writer whose clock runs ahead); a released one is no lease."""
+    from dlrecipes.records.store.lease import is_live, lease_data
+
+    address = "s3://runs/exp/r1/run.lease"
+    assert is_live(lease_data(_lease(term=30), address, age=29.0))
+    assert not is_live(lease_data(_lease(term=30), address, age=31.0))
+    assert not is_live(lease_data(_lease(expires=time.time() - 1), address, age=0.0))
+    assert lease_data(b'{"released": true}', address) is None
+
+
+@pytest.mark.slow
+@needs_server
+@pytest.mark.parametrize("expires", [float("inf"), 1e308])
+def test_a_forged_lease_refuses_restart_in_one_line_and_moves_nothing(
+    s3, in_bucket, trained_tiny, tiny_recipe, expires
+):
+    """A run.lease whose expiry is Infinity (an OverflowError "unexpected" before) or 1e308 (a lock for ever
+    before): --restart and a new run under the name are refused in one line naming the lease; the bucket is as it
+    was."""
+    prefix = f"forged{int(expires == 1e308)}"
+    _upload_run(s3, trained_tiny, f"{prefix}/r1")
+    s3.client().put_object(Bucket="runs", Key=f"{prefix}/r1/run.lease", Body=_lease(expires=expires))
+    before = {key: s3.read("runs", key) for key in s3.keys("runs", f"{prefix}/")}
+    for flag in (["--restart"], []):
+        refused = run_cli("train", str(tiny_recipe), f"runs_dir=s3://runs/{prefix}", "run_name=r1", *flag)
+        assert refused.returncode == 2 and _said(refused.stderr).startswith(
+            f"error: run_name: s3://runs/{prefix}/r1/run.lease is damaged (its expiry "
+        ), refused.stderr[-2000:]
+    assert {key: s3.read("runs", key) for key in s3.keys("runs", f"{prefix}/")} == before
 
 
 @pytest.mark.slow

@@ -14,10 +14,13 @@ these; S3 is the one tested against a server (SeaweedFS), the interface-only pat
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from dlrecipes.errors import UserError, first_line
 
@@ -33,43 +36,147 @@ class Conflict(Exception):
     """A conditional write's condition did not hold: the object appeared (``if_absent``) or changed (``if_match``)."""
 
 
+STALL_ENV = "DLRECIPES_BUCKET_STALL"
+DEFAULT_STALL = 60.0  # seconds an operation on a bucket may go without an answer (or a byte) before it is given up
+
+
+def stall() -> float:
+    """Seconds a bucket operation may go without progress (``DLRECIPES_BUCKET_STALL``, else a minute)."""
+    try:
+        value = float(os.environ.get(STALL_ENV) or DEFAULT_STALL)
+    except ValueError:
+        raise UserError(f"{STALL_ENV}: {os.environ[STALL_ENV]!r} is not a number of seconds") from None
+    return value if value > 0 else DEFAULT_STALL
+
+
+class ServerStalled(UserError):
+    """A bucket's server stopped answering an operation: given up after :func:`stall` seconds without progress."""
+
+
+class ServerInterrupted(UserError):
+    """Ctrl-C while a command waited on a bucket's server: it ends at once, saying what it was doing."""
+
+    exit_code = 130
+
+
+_WORKER = threading.local()  # in an operation's own thread: ``progress`` (call it as bytes arrive) and ``inside``
+T = TypeVar("T")
+
+
+def _answered(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """A backend operation on ``key`` (its first argument), waited for by :meth:`Backend.waited`: bounded, and
+    Ctrl-C ends the wait at once. ``what``: what it does, for the line (``downloading``)."""
+
+    def decorate(method: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def bounded(self: "Backend", key: str, *args: Any, **kwargs: Any) -> T:
+            return self.waited(what, key, lambda: method(self, key, *args, **kwargs))
+
+        return bounded
+
+    return decorate
+
+
+def progressed(*_: Any) -> None:
+    """Called from inside an operation as its bytes arrive (a download's callback): the stall clock starts again."""
+    note = getattr(_WORKER, "progress", None)
+    if note is not None:
+        note()
+
+
 class Backend:
     """One bucket through Composer's ``ObjectStore`` interface (see the module docstring); keys are full keys."""
 
     conditional_writes = False
     deletes = False
 
-    def __init__(self, store: ObjectStore):
+    def __init__(self, store: ObjectStore, server: str = "its server", address: str = ""):
         self.store = store
+        self.server, self.address = server, address  # for the lines: the endpoint, and scheme://bucket
+
+    def waited(self, what: str, key: str, call: Callable[[], T]) -> T:
+        """``call()`` (an operation on ``key``) in a thread of its own, waited for in short steps: given up
+        (:class:`ServerStalled`, one line naming the server and the operation) when it makes no progress for
+        :func:`stall` seconds, whatever the client's own retries would still do; Ctrl-C ends the wait at once
+        (:class:`ServerInterrupted`). An operation inside another (a read through a download) runs as it is."""
+        if getattr(_WORKER, "inside", False):
+            return call()
+        box: dict[str, Any] = {}
+        last = [time.monotonic()]
+
+        def run() -> None:
+            _WORKER.inside, _WORKER.box = True, box
+            _WORKER.progress = lambda: last.__setitem__(0, time.monotonic())
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the waiting thread as it is
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="dlrecipes-bucket", daemon=True)
+        worker.start()
+        where = f"{self.address}/{key}" if self.address else key
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+                if worker.is_alive() and time.monotonic() - last[0] > stall():
+                    raise ServerStalled(
+                        f"{where}: {self.server} stopped answering while {what} it (nothing for {stall():.0f} s); "
+                        "check that the server is up, then run the command again"
+                    )
+        except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGINT/SIGTERM as Composer's handler exits
+            if isinstance(stop, SystemExit) and stop.code not in (130, 143):
+                raise
+            cause = "SIGTERM" if isinstance(stop, SystemExit) and stop.code == 143 else "Ctrl-C"
+            interrupted = ServerInterrupted(f"{where}: interrupted ({cause}) while {what} it at {self.server}")
+            interrupted.exit_code = 143 if cause == "SIGTERM" else 130
+            raise interrupted from None  # the operation's thread is a daemon: left behind, it ends with the process
+        finally:
+            if worker.is_alive() and "partial" in box:  # given up: what it was writing goes (it writes on unseen)
+                Path(box["partial"]).unlink(missing_ok=True)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def upload(self, key: str, path: str) -> None:
         self.store.upload_object(key, path)
 
+    def abort_uploads(self, prefix: str) -> int:
+        """Abort every upload in parts still open under ``prefix`` (a fenced or killed writer's); how many. Composer's
+        interface has none to abort."""
+        return 0
+
+    @_answered("downloading")
     def download(self, key: str, path: str) -> bool:
         """``key`` into ``path``; False when the bucket does not have it."""
         try:
-            self.store.download_object(key, path, overwrite=True)
+            self.store.download_object(key, path, overwrite=True, callback=progressed)
         except FileNotFoundError:
             return False
         return True
 
+    @_answered("listing")
     def keys(self, prefix: str) -> list[str]:
         return list(self.store.list_objects(prefix))
 
+    @_answered("listing")
     def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
         """Keys under ``prefix`` (relative to it) with their size and modified time (0: the interface has none)."""
         return {key[len(prefix) :]: (int(self.store.get_object_size(key)), 0.0) for key in self.keys(prefix)}
 
+    @_answered("reading")
     def read(self, key: str) -> Optional[bytes]:
         """A small object's bytes; None when there is none."""
         with tempfile.TemporaryDirectory() as folder:
             target = os.path.join(folder, "object")
             return Path(target).read_bytes() if self.download(key, target) else None
 
-    def read_tagged(self, key: str) -> tuple[Optional[bytes], str]:
-        """A small object's bytes (None when there is none) and its ETag ("" where the backend cannot tell)."""
-        return self.read(key), ""
+    @_answered("reading")
+    def read_tagged(self, key: str) -> tuple[Optional[bytes], str, Optional[float]]:
+        """A small object's bytes (None when there is none), its ETag ("" where the backend cannot tell) and its age:
+        seconds since it was written, on the server's clock (None where the backend cannot tell)."""
+        return self.read(key), "", None
 
+    @_answered("writing")
     def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
         """A small object; returns its ETag ("" where the backend cannot tell).  ``if_absent``: only where there is
         none; ``if_match``: only while the object still has that ETag; where the backend can say so (else written:
@@ -80,12 +187,14 @@ class Backend:
             self.upload(key, str(source))
         return ""
 
+    @_answered("copying")
     def copy(self, source: str, target: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
             local = os.path.join(folder, "object")
             if self.download(source, local):
                 self.upload(target, local)
 
+    @_answered("deleting")
     def delete(self, key: str, why: str) -> None:
         """``why``: what needs the delete, naming the address (the line refusing it begins with it)."""
         raise CannotDelete(
@@ -100,6 +209,43 @@ class S3Backend(Backend):
     conditional_writes = True
     deletes = True
 
+    @_answered("aborting the open uploads under")
+    def abort_uploads(self, prefix: str) -> int:
+        uploads = []
+        pages = self.store.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.store.bucket, Prefix=self.store.get_key(prefix)
+        )
+        for page in pages:
+            uploads += [(upload["Key"], upload["UploadId"]) for upload in page.get("Uploads", ())]
+        for key, upload in uploads:  # its parts' storage reclaimed; its completion, if it ever comes, lands nowhere
+            self.store.client.abort_multipart_upload(Bucket=self.store.bucket, Key=key, UploadId=upload)
+        return len(uploads)
+
+    @_answered("downloading")
+    def download(self, key: str, path: str) -> bool:
+        """As Composer's store downloads (a temporary file renamed into place), with each part's bytes marking
+        progress (:func:`progressed`) and without its extra request for the size."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}.partial")
+        getattr(_WORKER, "box", {})["partial"] = partial  # removed by the wait that gives it up
+        try:
+            self.store.client.download_file(
+                Bucket=self.store.bucket,
+                Key=self.store.get_key(key),
+                Filename=str(partial),
+                Callback=progressed,
+                Config=self.store.transfer_config,
+            )
+        except Exception as exc:
+            partial.unlink(missing_ok=True)
+            if _code(exc) in ("NoSuchKey", "404", "403"):
+                return False
+            raise
+        os.replace(partial, target)
+        return True
+
+    @_answered("listing")
     def listing(self, prefix: str) -> dict[str, tuple[int, float]]:
         found: dict[str, tuple[int, float]] = {}
         pages = self.store.client.get_paginator("list_objects_v2").paginate(
@@ -113,6 +259,7 @@ class S3Backend(Backend):
                 found[relative] = (int(item["Size"]), stamp)
         return found
 
+    @_answered("reading")
     def read(self, key: str) -> Optional[bytes]:
         try:
             return self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))["Body"].read()
@@ -121,15 +268,17 @@ class S3Backend(Backend):
                 return None
             raise
 
-    def read_tagged(self, key: str) -> tuple[Optional[bytes], str]:
+    @_answered("reading")
+    def read_tagged(self, key: str) -> tuple[Optional[bytes], str, Optional[float]]:
         try:
             answer = self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
         except Exception as exc:
             if _code(exc) in ("NoSuchKey", "404"):
-                return None, ""
+                return None, "", None
             raise
-        return answer["Body"].read(), str(answer.get("ETag", ""))
+        return answer["Body"].read(), str(answer.get("ETag", "")), _age(answer)
 
+    @_answered("writing")
     def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
         extra: dict[str, str] = {}
         if self.conditional_writes and (if_absent or if_match):
@@ -154,6 +303,7 @@ class S3Backend(Backend):
             raise
         return str(answer.get("ETag", ""))
 
+    @_answered("copying")
     def copy(self, source: str, target: str) -> None:  # server-side: nothing passes through this machine
         self.store.client.copy_object(
             Bucket=self.store.bucket,
@@ -161,8 +311,24 @@ class S3Backend(Backend):
             CopySource={"Bucket": self.store.bucket, "Key": self.store.get_key(source)},
         )
 
+    @_answered("deleting")
     def delete(self, key: str, why: str) -> None:
         self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
+
+
+def _age(answer: dict) -> Optional[float]:
+    """Seconds between an object's Last-Modified and the response's Date: both the server's clock, so no writer's or
+    reader's clock enters (None where either is missing or unreadable)."""
+    from email.utils import parsedate_to_datetime
+
+    modified = answer.get("LastModified")
+    date = (answer.get("ResponseMetadata") or {}).get("HTTPHeaders", {}).get("date")
+    if not isinstance(modified, datetime.datetime) or not isinstance(date, str):
+        return None
+    try:
+        return max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
+    except (TypeError, ValueError):
+        return None
 
 
 def _code(exc: BaseException) -> str:
@@ -207,9 +373,12 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
         raise UserError(f"{key_path}: {address} needs boto3: pip install 'dlrecipes[s3]' ({exc})") from None
     if scheme == "s3":
         transfer = {"max_concurrency": TRANSFER_THREADS}  # bounded (2 made uploads longer and steps slower)
-        return S3Backend(S3ObjectStore(bucket=bucket, client_config=S3_CLIENT_CONFIG, transfer_config=transfer))
+        server = f"the S3 endpoint {endpoint() or 'of AWS'}"
+        store = S3ObjectStore(bucket=bucket, client_config=S3_CLIENT_CONFIG, transfer_config=transfer)
+        return S3Backend(store, server, f"s3://{bucket}")
     try:
-        return Backend(maybe_create_object_store_from_uri(f"{scheme}://{bucket}/"))
+        store = maybe_create_object_store_from_uri(f"{scheme}://{bucket}/")
+        return Backend(store, f"Composer's {scheme}:// store", f"{scheme}://{bucket}")
     except (ImportError, ValueError, KeyError) as exc:  # the backend's library or its credentials missing
         raise UserError(
             f"{key_path}: {address}: Composer's {scheme}:// store cannot be made here: "

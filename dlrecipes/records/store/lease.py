@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 TERM_ENV = "DLRECIPES_LEASE_TERM"
 DEFAULT_TERM = 300.0  # seconds a lease holds without renewal
 FRESH = 0.6  # a confirmation younger than this part of the term lets a file be written without another
+MAX_TERM = 86400.0  # seconds: the longest term a lease may state (a day); longer is a damaged lease
+CLOCK_SLACK = 300.0  # seconds two machines' clocks may differ by before a lease's expiry is judged out of range
+FIELDS = {"token": str, "host": str, "pid": int, "expires": float}
 
 
 def term() -> float:
@@ -71,46 +74,91 @@ class LeaseEnded(LeaseLost):
     waiting) writes nothing more."""
 
 
+class DamagedLease(UserError):
+    """A lease that is not one dlrecipes writes: not a JSON object with its fields, or an expiry that is not finite
+    or lies further ahead than its term allows."""
+
+
+def lease_data(raw: bytes, address: str, age: Optional[float] = None) -> Optional[dict]:
+    """A lease object's bytes checked as data (``address``: its key's address, ``age``: seconds since it was
+    written on the server's clock, None where the server does not say): the lease, None when released, or
+    :class:`DamagedLease` naming the key and how to clear it. Never a crash, never a lock that cannot end: an expiry
+    must be finite and within its term (plus the clocks' slack) of now, and a lease the server says was written
+    longer ago than its term is expired whatever its expiry says (the server's clock judges, not the writer's)."""
+    import math
+
+    try:
+        held = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        held = None
+    problem = None
+    if not isinstance(held, dict):
+        problem = "it is not a JSON object"
+    elif held.get("released") is True:
+        return None
+    else:
+        for field, kind in FIELDS.items():
+            value = held.get(field)
+            if not (isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)):
+                problem = f"its {field!r} is {_brief(value)}, not {'a number' if kind is float else kind.__name__}"
+                break
+        else:
+            stated = held.get("term", DEFAULT_TERM)
+            if not (isinstance(stated, (int, float)) and not isinstance(stated, bool) and 0 < stated <= MAX_TERM):
+                problem = f"its term is {_brief(stated)}, not a number of seconds up to {MAX_TERM:.0f}"
+            elif not math.isfinite(held["expires"]):
+                problem = f"its expiry is {held['expires']}"
+            elif held["expires"] - time.time() > stated + CLOCK_SLACK:
+                problem = (
+                    f"its expiry lies {held['expires'] - time.time():.3g} s ahead, more than its term of "
+                    f"{stated:.0f} s allows"
+                )
+            else:
+                held = {**held, "term": float(stated)}
+                if age is not None and age > stated:  # not renewed within its term, by the server's clock
+                    held["expires"] = min(held["expires"], time.time() - 1)
+                return held
+    raise DamagedLease(
+        f"run_name: {address} is damaged ({problem}): it is no lease dlrecipes wrote. If no process trains the run, "
+        f"delete that object (for example `aws s3 rm {address}`) and run the command again; nothing was written"
+    )
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def is_live(held: Optional[dict]) -> bool:
-    """Whether ``held`` (a lease's contents) names a writer that may still write: not released, not expired, and not
-    a process of this machine that is gone."""
+    """Whether ``held`` (a lease's contents, checked by :func:`lease_data`) names a writer that may still write: not
+    released, not expired, and not a process of this machine that is gone."""
     return (
-        isinstance(held, dict)
-        and not held.get("released")
-        and _number(held.get("expires")) > time.time()
-        and not _dead_here(held)
+        isinstance(held, dict) and not held.get("released") and held["expires"] > time.time() and not _dead_here(held)
     )
 
 
 def describe_holder(held: dict) -> str:
     """``machine-a (pid 4242; its lease runs 57 s more unless renewed)``."""
-    left = max(0, int(_number(held.get("expires"), time.time()) - time.time()))
+    left = max(0, int(held.get("expires", time.time()) - time.time()))
     return (
         f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')}; its lease runs {left} s more unless "
         "renewed)"
     )
 
 
-def _number(value: Any, default: float = 0.0) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-
-def read_lease(store: Backend, key: str) -> tuple[Optional[dict], str, bool]:
-    """The lease at ``key``: (its contents, None when absent, released or not JSON; its ETag; whether an object is
-    there at all). A read that fails raises: "no lease" is never concluded from a server that did not answer."""
-    data, tag = store.read_tagged(key)
+def read_lease(store: Backend, key: str, address: str) -> tuple[Optional[dict], str, bool]:
+    """The lease at ``key`` (``address``: its address, for the line about a damaged one): (its contents, None when
+    absent or released; its ETag; whether an object is there at all). A read that fails raises: "no lease" is never
+    concluded from a server that did not answer; a damaged lease raises :class:`DamagedLease`."""
+    data, tag, age = store.read_tagged(key)
     if data is None:
         return None, "", False
-    try:
-        lease = json.loads(data)
-    except ValueError:
-        return None, tag, True
-    return (lease if isinstance(lease, dict) and not lease.get("released") else None), tag, True
+    return lease_data(data, address, age), tag, True
 
 
 def live_holder(store: Backend, root: Any, name: str) -> Optional[dict]:
-    """The live lease on ``root/name`` (see :func:`is_live`), or None."""
-    held, _, _ = read_lease(store, root.key(name, LEASE_FILE))
+    """The live lease on ``root/name`` (see :func:`is_live`), or None; :class:`DamagedLease` for a damaged one."""
+    held, _, _ = read_lease(store, root.key(name, LEASE_FILE), f"{root}/{name}/{LEASE_FILE}")
     return held if is_live(held) else None
 
 
@@ -128,6 +176,7 @@ class BucketLease:
     def __init__(self, store: Backend, root: Any, name: str):
         self.store, self.root, self.name = store, root, name
         self.key = root.key(name, LEASE_FILE)
+        self.address = f"{root}/{name}/{LEASE_FILE}"
         self.token = uuid.uuid4().hex
         self.etag = ""  # of the lease as this process last wrote it
         self.confirmed_at: Optional[float] = None  # _clock() at the last confirmation
@@ -139,12 +188,24 @@ class BucketLease:
         self._ended = False
 
     def _body(self) -> bytes:
-        return json.dumps(
-            {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "expires": time.time() + term()}
-        ).encode()
+        lease = {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "term": term()}
+        return json.dumps({**lease, "expires": time.time() + term()}).encode()
+
+    def _read(self) -> tuple[Optional[dict], str, bool]:
+        return read_lease(self.store, self.key, self.address)
+
+    def _holder(self) -> dict:
+        """Who holds the lease now, for a line: its contents, ``{}`` when there is none, ``{"damaged": ...}``."""
+        try:
+            return self._read()[0] or {}
+        except DamagedLease as exc:
+            return {"damaged": str(exc)}
 
     def _mine(self) -> bool:
-        held, tag, _ = read_lease(self.store, self.key)
+        try:
+            held, tag, _ = self._read()
+        except DamagedLease:  # written over by something that is no lease: not this process's
+            return False
         if held is not None and held.get("token") == self.token:
             self.etag = tag or self.etag
             return True
@@ -153,7 +214,7 @@ class BucketLease:
     def take(self) -> "BucketLease":
         from dlrecipes.records.store.backend import Conflict
 
-        held, tag, exists = read_lease(self.store, self.key)
+        held, tag, exists = self._read()
         if is_live(held):
             raise refusal(self.root, self.name, held)
         if held is not None:
@@ -166,14 +227,37 @@ class BucketLease:
             self.etag = self.store.write(self.key, self._body(), if_absent=not exists, if_match=tag or None)
         except Conflict:
             if not self._mine():  # (a retried write of this process's own lands as a conflict)
-                raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {}) from None
+                raise refusal(self.root, self.name, self._read()[0] or {}) from None
         if not self._mine():  # another machine wrote after this one (a server without conditional writes)
-            raise refusal(self.root, self.name, read_lease(self.store, self.key)[0] or {})
+            raise refusal(self.root, self.name, self._read()[0] or {})
         self._check_conditions()
         self.confirmed_at = _clock()
+        self._abort_stale_uploads()
         self._thread = threading.Thread(target=self._renew, name="dlrecipes-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _abort_stale_uploads(self) -> None:
+        """Uploads in parts left open under the run by an earlier writer (killed, or frozen past its term) are
+        aborted as this one takes the run: their storage is reclaimed, and a frozen writer's upload that completes
+        when it wakes lands nowhere (it cannot replace what this writer writes). Where the server cannot list them,
+        nothing is aborted (said)."""
+        try:
+            aborted = self.store.abort_uploads(self.root.key(self.name) + "/")
+        except UserError:
+            raise
+        except Exception as exc:
+            print(
+                f"warning: {self.root}/{self.name}: the uploads an earlier writer left open could not be aborted "
+                f"({type(exc).__name__}); a writer frozen in an upload could still complete it",
+                file=sys.stderr,
+            )
+            return
+        if aborted:
+            print(
+                f"note: {self.root}/{self.name}: {aborted} upload(s) an earlier writer left open aborted",
+                file=sys.stderr,
+            )
 
     def _check_conditions(self) -> None:
         """A server that takes ``If-Match`` and ignores it would let a paused writer overwrite its successor's lease:
@@ -224,18 +308,24 @@ class BucketLease:
             self.confirm()
 
     def _lose(self) -> None:
-        self.lost = read_lease(self.store, self.key)[0] or {}
+        self.lost = self._holder()
         raise self.lost_error()
 
     def lost_error(self) -> LeaseLost:
         held = self.lost or {}
-        who = (
-            f"{held.get('host', 'another machine')} (pid {held.get('pid', '?')})" if held else "nobody (it was deleted)"
-        )
+        if "damaged" in held:
+            what = f"this process's lease was replaced by an object that is no lease ({self.address})"
+        elif held:
+            what = (
+                f"this process's lease was taken over by {held.get('host', 'another machine')} "
+                f"(pid {held.get('pid', '?')})"
+            )
+        else:  # a successor that took the run over and has ended since releases (deletes) the lease
+            what = "this process's lease is gone from the bucket (another process took the run over, or it was deleted)"
         return LeaseLost(
-            f"run_name: {self.root}/{self.name}: this process's lease was taken over by {who} while it "
-            "trained the run (paused, or cut off from the server, past the lease's term); it stopped "
-            "writing to the bucket, and its checkpoints since are kept in its staging folder only"
+            f"run_name: {self.root}/{self.name}: {what} while it trained the run (paused, or cut off from the "
+            "server, past the lease's term); it stopped writing to the bucket, and its checkpoints since are kept "
+            "in its staging folder only"
         )
 
     def _renew(self) -> None:
@@ -316,13 +406,13 @@ class LeasedLock:
             self.lock.release()
 
 
-def leased(lock: RunLock, store: Backend, root: Any, name: str) -> LeasedLock:
+def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: Optional[BucketLease] = None) -> LeasedLock:
     """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
-    machine writes the run)."""
+    machine writes the run); ``taken``: the lease this process took already (to move an old run aside)."""
     from dlrecipes.records.store.backend import write_refused
 
     try:  # the lease's write is the probe: read-only keys, a full or silent server are one line before training
-        lease = BucketLease(store, root, name).take()
+        lease = taken if taken is not None and taken.name == name else BucketLease(store, root, name).take()
     except BaseException as exc:
         lock.release()
         refused = (

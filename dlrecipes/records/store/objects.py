@@ -61,9 +61,14 @@ class BucketStore(RunStore):
         from dlrecipes.records.store.local import open_in
 
         self.check()
-        prepare(self.root, config.run_name, options.resume, options.restart)
-        with named_by_address({self.root.staging(): str(self.root)}):  # its records' errors name the bucket's files
-            opened = open_in(self.root.staging(), config, device, options)
+        claimed = prepare(self.root, config.run_name, options.resume, options.restart)
+        try:
+            with named_by_address({self.root.staging(): str(self.root)}):  # errors name the bucket's files
+                opened = open_in(self.root.staging(), config, device, options)
+        except BaseException:
+            if claimed is not None:
+                claimed.release()
+            raise
         name = opened.run.name
         mirror = staged_run(self.root, name)
         opened.shown_as = f"{self.root}/{name}"
@@ -72,7 +77,7 @@ class BucketStore(RunStore):
             from dlrecipes.records.store.lease import leased
 
             try:
-                opened.lock = leased(opened.lock, object_store(self.root), self.root, name)
+                opened.lock = leased(opened.lock, object_store(self.root), self.root, name, claimed)
             except UserError:
                 if opened.fresh:  # nothing of it is left behind here (the staging folders made for it)
                     _remove_fresh(opened.run.path)

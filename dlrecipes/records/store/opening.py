@@ -4,6 +4,7 @@ run under claimed as a local runs folder would (refused, or the run moved aside;
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,74 +18,160 @@ from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, object_store, 
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.backend import Backend
+    from dlrecipes.records.store.lease import BucketLease
 
 
-def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> None:
+def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> Optional[BucketLease]:
     """Before a training opens its run in the bucket (which its store has asked: one line if it cannot be used):
-    refuse a name it holds a run under as a local runs folder would (:func:`claim_name`), and with ``resume`` bring
+    refuse a name it holds a run under as a local runs folder would, or move that run aside under this process's
+    lease (:func:`claim_name`: the lease it took is returned, for the training to hold), and with ``resume`` bring
     the named run's records and newest checkpoint that loads into the staging folder."""
     if resume and not run_name:
         raise UserError(f"--resume: name the run to continue in {root} (run_name=...)")
     from dlrecipes.core.distributed import rank
 
+    claimed = None
     if run_name and not resume and rank() == 0:
-        claim_name(root, run_name, restart)
+        claimed = claim_name(root, run_name, restart)
     if resume and check_run_in_bucket(root, run_name):
         with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
             staged_run(root, run_name).pull_for_resume()
+    return claimed
 
 
-def claim_name(root: RemoteRoot, name: str, restart: bool) -> None:
+def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLease]:
     """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never overwritten,
     whichever machine asks; one whose lease is live is refused even with ``--restart``), unless ``restart``
-    (``--restart``) or the run there failed: then it is moved aside in the bucket, to ``<name>.restarted-<time>``
-    (``.failed-``, ``.diverged-``), with a warning."""
+    (``--restart``) or the run there failed: then this process takes the run's lease first and, under it, moves the
+    run aside to ``<name>.restarted-<time>`` (``.failed-``, ``.diverged-``), with a warning (:func:`_move_aside`).
+    Returns the lease taken (None where the name was free: the training takes it as it opens the run)."""
     from dlrecipes.records.run_dir import FAILED
-
-    from dlrecipes.records.store.lease import live_holder, refusal
+    from dlrecipes.records.store.lease import BucketLease, live_holder, refusal
 
     store = object_store(root)
-    if not store.keys(root.key(name, RECIPE_FILE)):
-        return
+    unfinished = store.read(root.key(name, ASIDE_MARKER))
+    if not unfinished and not store.keys(root.key(name, RECIPE_FILE)):
+        return None
     held = live_holder(store, root, name)  # a run another machine trains now: never moved aside under it
     if held is not None:
         raise refusal(root, name, held)
     status = _status_in_bucket(store, root, name)
-    if not restart and status not in FAILED:
+    if not unfinished and not restart and status not in FAILED:
         raise UserError(
             f"run_name: {root}/{name} already holds a run; pass --resume to continue it, --restart to train "
             "it again from the beginning (the old run is kept under another name), or choose another "
             "run_name"
         )
-    stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside = next(
-        n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000)) if not store.keys(root.key(n) + "/")
-    )
     why = (
         f"--restart: {root}"
         if restart
         else f"run_name: {root}/{name} holds a run that {status}; moving it aside needs a delete, and {root}"
     )
-    if not store.deletes:  # said before anything is copied
+    if not store.deletes:  # said before anything is written
         store.delete(root.key(name, RECIPE_FILE), why)
-    keys = store.keys(root.key(name) + "/")
+    lease = BucketLease(store, root, name).take()  # refused while another process holds it (it won the race)
     try:
-        for key in keys:  # a copy (S3: server-side, nothing passes through this machine), then the original goes
-            store.copy(key, root.key(aside) + key[len(root.key(name)) :])
-        for key in keys:
-            store.delete(key, why)
-    except Exception as exc:  # read-only keys, a full or silent server: one line (the run stays where it was)
+        if unfinished or store.read(root.key(name, ASIDE_MARKER)):  # an earlier move cut off: finished, not redone
+            _finish_move(store, root, name, lease, why)
+        elif store.keys(root.key(name, RECIPE_FILE)):
+            _move_aside(store, root, name, lease, status, restart, why)
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+ASIDE_MARKER = "moving-aside.json"  # in a run being moved aside, once all of it is copied: where it went
+
+
+def _move_aside(
+    store: Backend, root: RemoteRoot, name: str, lease: BucketLease, status: Optional[str], restart: bool, why: str
+) -> None:
+    """Move the run under ``name`` aside, under ``lease``: every key copied (S3: server-side), the lease confirmed
+    before each; then a marker naming where it went; then the originals deleted, the recipe last, and the marker.
+    A process paused past its lease's term writes nothing when it wakes (:class:`~.lease.LeaseLost`, one line):
+    cut off while copying, it deletes its own partial copy; cut off while deleting, the process that took the lease
+    over finds the marker and finishes the deletes (:func:`_finish_move`), so the run aside is always whole."""
+    from dlrecipes.records.store.lease import LeaseLost
+
+    stem = f"{name}.{'restarted' if restart else status}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = next(
+        n for n in (stem if i == 1 else f"{stem}-{i}" for i in range(1, 1000)) if not store.keys(root.key(n) + "/")
+    )
+    keys = [key for key in store.keys(root.key(name) + "/") if key != lease.key]
+    keys.sort(key=lambda key: key == root.key(name, RECIPE_FILE))  # the recipe last: a run is there until the end
+    copied: list[str] = []
+    with _refusals(root):
+        try:
+            for key in keys:
+                lease.guard()
+                copied.append(root.key(aside) + key[len(root.key(name)) :])
+                store.copy(key, copied[-1])
+        except LeaseLost:
+            for key in copied:  # this process's partial copy: nothing else names it
+                _delete_quietly(store, key)
+            raise
+        lease.confirm()
+        store.write(root.key(name, ASIDE_MARKER), json.dumps({"aside": aside}).encode())
+        _delete_moved(store, root, name, lease, keys, why)
+    why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
+    print(
+        f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
+        file=sys.stderr,
+    )
+
+
+def _finish_move(store: Backend, root: RemoteRoot, name: str, lease: BucketLease, why: str) -> None:
+    """A move aside whose process was cut off while deleting (its marker is there): the rest deleted (all of it is
+    in the folder the marker names), with a warning naming that folder."""
+    try:
+        aside = json.loads(store.read(root.key(name, ASIDE_MARKER)) or b"{}").get("aside")
+    except (ValueError, AttributeError):
+        aside = None
+    if not isinstance(aside, str) or not store.keys(root.key(aside, RECIPE_FILE)):
+        raise UserError(
+            f"run_name: {root}/{name}/{ASIDE_MARKER} names no copy of the run ({aside!r}); it is no marker "
+            f"dlrecipes wrote: delete it, or choose another run_name"
+        )
+    keys = [key for key in store.keys(root.key(name) + "/") if key not in (lease.key, root.key(name, ASIDE_MARKER))]
+    keys.sort(key=lambda key: key == root.key(name, RECIPE_FILE))
+    with _refusals(root):
+        _delete_moved(store, root, name, lease, keys, why)
+    print(
+        f"warning: an earlier move of the run in {root}/{name} was cut off; it is kept whole as {root}/{aside}, "
+        "and this run starts from the beginning",
+        file=sys.stderr,
+    )
+
+
+def _delete_moved(store: Backend, root: RemoteRoot, name: str, lease: BucketLease, keys: list[str], why: str) -> None:
+    """The originals of a run copied aside deleted under ``lease`` (confirmed before each), then the marker."""
+    for key in keys:
+        lease.guard()
+        store.delete(key, why)
+    lease.guard()
+    store.delete(root.key(name, ASIDE_MARKER), why)
+
+
+def _delete_quietly(store: Backend, key: str) -> None:
+    try:
+        store.delete(key, key)
+    except Exception:  # left for whoever lists the bucket: a partial copy under a name no run has
+        pass
+
+
+@contextmanager
+def _refusals(root: RemoteRoot) -> Iterator[None]:
+    """Read-only keys, a full or silent server: one line (the run stays where it was, or whole where it went)."""
+    try:
+        yield
+    except Exception as exc:
         from dlrecipes.records.store.backend import write_refused
 
         refused = write_refused(exc, str(root)) if not isinstance(exc, UserError) else None
         if refused is None:
             raise
         raise refused from None
-    why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
-    print(
-        f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
-        file=sys.stderr,
-    )
 
 
 def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> Optional[str]:
