@@ -119,10 +119,6 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             super().fit_start(state, logger)
             _count_earlier(self.saved_checkpoints, Path(folder), dist.get_global_rank())
 
-        def close(self, state, logger):  # Composer's saver leaves its temporary folder to the garbage collector
-            super().close(state, logger)
-            self.tmp_dir_for_symlink.cleanup()
-
         def _save_checkpoint(self, state, logger):
             if state.fsdp_sharded_state_dict_enabled or self.remote_file_name is not None:
                 return super()._save_checkpoint(state, logger)  # directories / uploads: Composer's way
@@ -153,7 +149,7 @@ def make_saver(folder: Path, save_interval: str, keep: int):
             if self.num_checkpoints_to_keep >= 0:
                 self._rotate_checkpoints(sharding_enabled=False)
 
-    return AtomicCheckpointSaver(
+    saver = AtomicCheckpointSaver(
         folder=str(folder),
         filename=PERIODIC_CHECKPOINT,
         remote_file_name=None,
@@ -162,6 +158,10 @@ def make_saver(folder: Path, save_interval: str, keep: int):
         save_interval=save_interval,
         num_checkpoints_to_keep=keep,
     )
+    # Composer's saver makes a temporary folder for remote symlinks (ours has none) and leaves it to the garbage
+    # collector, which warns (ResourceWarning) at whatever moment it runs: removed at once
+    saver.tmp_dir_for_symlink.cleanup()
+    return saver
 
 
 def save_atomically(state, path: Path) -> None:
