@@ -4,6 +4,8 @@ bad input one line."""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import signal
 import subprocess
@@ -373,3 +375,84 @@ def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_w
     resumed = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr and kept[-1] in resumed.stderr
+
+
+class _RunsCode:
+    """A sample whose unpickling writes ``marker``: what a pickle-format shard can hold."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path(self.marker).write_text, ("code from the dataset ran",))
+
+
+def test_a_shards_index_is_data_checked_before_any_sample_is_read(source, tmp_path):
+    """A dataset's index.json and dlrecipes-shards.json are data (issue 73, item 1): samples stored in litdata's
+    pickle format (written by litdata's own writer, the metadata made to match: every read unpickled, and ran code,
+    before), a shard name with '..', counts that disagree between the two files (57 of 60 samples used, silently,
+    before) and counts no conversion writes (1e12, -3: a MemoryError or an IndexError before) are each one line,
+    before any sample is read."""
+    import shutil
+
+    from litdata.streaming.writer import BinaryWriter
+
+    from dlrecipes.errors import DataError
+
+    out = tmp_path / "s"
+    assert convert(source, str(out)).returncode == 0
+    meta_file, index_file = out / "dlrecipes-shards.json", out / "train" / "index.json"
+    good_meta, good_index = json.loads(meta_file.read_text()), json.loads(index_file.read_text())
+    shutil.copytree(out / "train", tmp_path / "train-as-written")
+
+    def damaged(meta=good_meta, index=good_index, train=tmp_path / "train-as-written") -> str:
+        shutil.rmtree(out / "train")
+        shutil.copytree(train, out / "train")
+        meta_file.write_text(json.dumps(meta))
+        if index is not None:
+            index_file.write_text(json.dumps(index))
+        with pytest.raises(DataError) as refused:
+            splits = open_shards(str(out))
+            splits.train[0]
+        return str(refused.value)
+
+    marker = tmp_path / "ran.txt"
+    writer = BinaryWriter(str(tmp_path / "pickled"), chunk_bytes=1 << 20)
+    for i in range(sum(shard["samples"] for shard in good_meta["splits"]["train"]["shards"])):
+        writer[i] = {"image": _RunsCode(str(marker)), "label": 0}
+    writer.done()
+    writer.merge()
+    chunks = json.loads((tmp_path / "pickled" / "index.json").read_text())["chunks"]
+    pickled_meta = copy.deepcopy(good_meta)
+    pickled_meta["splits"]["train"]["shards"] = [
+        {
+            "file": c["filename"],
+            "samples": c["chunk_size"],
+            "bytes": (tmp_path / "pickled" / c["filename"]).stat().st_size,
+        }
+        for c in chunks
+    ]
+    said = damaged(pickled_meta, None, tmp_path / "pickled")
+    assert said.startswith(
+        f"dataset.remote: {out}/train/index.json: its samples are stored as ['pickle', 'int'], not as dlrecipes "
+        "writes them"
+    ) and said.endswith("refused before any sample was read (convert the dataset again with dlrecipes data convert)")
+    assert not marker.exists()
+
+    escaping = copy.deepcopy(good_index)
+    escaping["chunks"][0]["filename"] = "../escaped.bin"
+    assert "it names the shard '../escaped.bin', which is no shard file name (chunk-N-N.bin)" in damaged(index=escaping)
+    fewer = copy.deepcopy(good_meta)
+    fewer["splits"]["train"]["shards"][0]["samples"] -= 1
+    assert "its shards or their sample counts are not those dlrecipes-shards.json lists" in damaged(fewer)
+    for count in (10**12, -3, "3"):
+        wrong = copy.deepcopy(good_meta)
+        wrong["splits"]["val"]["shards"][0]["samples"] = count
+        assert damaged(wrong) == (
+            f"dataset.remote: {out}/dlrecipes-shards.json holds a shard name, a count or class names no conversion "
+            "writes; convert the dataset again"
+        )
+    shutil.rmtree(out / "train")
+    shutil.copytree(tmp_path / "train-as-written", out / "train")
+    meta_file.write_text(json.dumps(good_meta))
+    assert len(open_shards(str(out)).train) == sum(shard["samples"] for shard in good_meta["splits"]["train"]["shards"])

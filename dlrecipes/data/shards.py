@@ -10,7 +10,10 @@ last: a dataset without it was not written to the end and is refused.
 Bad input is one line (a :class:`~dlrecipes.errors.DataError`, exit 2): an address without a shards dataset, wrong
 credentials (asked once of the bucket before anything is built), a shard shorter than its index says or that cannot be
 read (named, with its samples), a cache limit smaller than one shard, a bucket that stops answering (litdata waits
-``MAX_WAIT_TIME`` seconds for a shard, 120 by default, then the line).
+``MAX_WAIT_TIME`` seconds for a shard, 120 by default, then the line). The dataset's own files are data: litdata's
+``index.json`` of each split and ``dlrecipes-shards.json`` are checked against each other before any sample is read
+(:func:`check_index`, :func:`check_meta_counts`): no object format that runs code as it is read, no shard name that
+leads out of its split, no count the two disagree on.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from bisect import bisect_right
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from dlrecipes.data.splits import DatasetSplits
-from dlrecipes.errors import DataError, UserError, first_line
+from dlrecipes.errors import DataError, UserError, first_line, shown
 
 META = "dlrecipes-shards.json"  # written last: its presence says the conversion finished
 SPLITS = ("train", "val")
@@ -140,6 +144,70 @@ def read_meta(place: ShardsPlace) -> dict:
             f"{place.key_path}: {place.url(META)} is not a dlrecipes shards index; convert the dataset again"
         ) from None
     return meta
+
+
+INDEX = "index.json"  # litdata's index of a split's shards, which its reader follows
+DATA_FORMATS = (["bytes", "int"],)  # how write_split stores a sample: the image file's bytes, its label
+_SHARD_NAME = re.compile(r"chunk-[0-9]+-[0-9]+\.bin")  # litdata's names for the shards write_split makes
+MOST_SAMPLES = 10**9  # per shard: a count beyond it is no count a dataset of images has
+
+
+def check_index(place: ShardsPlace, split: str, shards: Sequence[dict]) -> None:
+    """The split's ``index.json`` (what litdata's reader follows) checked as data against ``dlrecipes-shards.json``
+    before anything reads a sample: its samples stored as dlrecipes writes them (an image's bytes and an int label;
+    litdata's ``pickle`` and other object formats would run code as each sample is read), no compression or
+    encryption, and exactly the shards ``dlrecipes-shards.json`` lists (plain names, in order: no ``..``, no
+    absolute path, nothing outside the split's folder or prefix), each with the samples it counts. Anything else is
+    one line naming the file (:class:`~dlrecipes.errors.DataError`)."""
+    where = place.url(split, INDEX)
+    data = place.read(f"{split}/{INDEX}")
+    try:
+        index = json.loads(data) if data is not None else None
+        config, chunks = index["config"], index["chunks"]
+        listed = [(str(c["filename"]), c["chunk_size"]) for c in chunks]
+    except (ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{place.key_path}: {where} is {'missing' if data is None else 'not a litdata index'}: the dataset is "
+            "damaged; convert it again"
+        ) from None
+    problem = None
+    if config.get("data_format") not in DATA_FORMATS:
+        problem = (
+            f"its samples are stored as {shown(config.get('data_format'))}, not as dlrecipes writes them "
+            f"({DATA_FORMATS[0]}: an image's bytes and its label); other formats, pickle among them, can run code as "
+            "they are read"
+        )
+    elif config.get("compression") or config.get("encryption") or config.get("item_loader") != "PyTreeLoader":
+        problem = "its shards are compressed, encrypted or read by another loader, which dlrecipes never writes"
+    else:
+        bad = next((name for name, _ in listed if not _SHARD_NAME.fullmatch(name)), None)
+        if bad is not None:
+            problem = f"it names the shard {shown(bad)}, which is no shard file name (chunk-N-N.bin)"
+        elif [(name, count) for name, count in listed] != [(s["file"], s["samples"]) for s in shards]:
+            problem = f"its shards or their sample counts are not those {META} lists"
+    if problem is not None:
+        raise DataError(
+            f"{place.key_path}: {where}: {problem}; refused before any sample was read (convert the dataset again "
+            "with dlrecipes data convert)"
+        )
+
+
+def check_meta_counts(place: ShardsPlace, meta: dict) -> None:
+    """``dlrecipes-shards.json``'s names and counts are data too: each shard a plain name with a whole number of
+    samples from 1 to its bytes (one line for 1e12, -3 or a path), and the class names a list of strings."""
+    classes = meta.get("class_names")
+    ok = isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+    for split in SPLITS if ok else ():
+        for shard in meta["splits"][split]["shards"]:
+            samples, size = shard.get("samples"), shard.get("bytes")
+            ok = ok and isinstance(shard.get("file"), str) and _SHARD_NAME.fullmatch(shard["file"]) is not None
+            ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, size))
+            ok = ok and 1 <= samples <= min(size, MOST_SAMPLES)
+    if not ok:
+        raise DataError(
+            f"{place.key_path}: {place.url(META)} holds a shard name, a count or class names no conversion "
+            "writes; convert the dataset again"
+        )
 
 
 def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_limit: Optional[int]) -> None:
@@ -287,8 +355,10 @@ def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
     limit = parse_bytes(cache_limit, "dataset.cache_limit")
     place = ShardsPlace(remote, "dataset.remote")
     meta = read_meta(place)
+    check_meta_counts(place, meta)
     for split in SPLITS:
         check_shards(place, split, meta["splits"][split]["shards"], limit)
+        check_index(place, split, meta["splits"][split]["shards"])
     return place, meta, limit
 
 
