@@ -707,6 +707,14 @@ def test_restart_takes_the_lease_before_it_moves_anything(s3, machine_a, tiny_re
     assert json.loads(third["again/r/summary.json"])["status"] == "finished"
     assert "again/r/moving-aside.json" not in third
 
+    s3.client().put_object(Bucket="runs", Key="again/r/moving-aside.json", Body=b'{"aside": "r.restarted-x"}')
+    forged = run_cli("train", *args, cwd=tmp_path)  # a marker is data: one naming no copy of the run deletes nothing
+    assert forged.returncode == 2 and one_line(forged.stderr) == (
+        "error: run_name: s3://runs/again/r/moving-aside.json names 'r.restarted-x', which does not hold the rest of "
+        "the run; it is no marker dlrecipes wrote: delete it, or choose another run_name"
+    )
+    assert {key: value for key, value in bucket_of(s3, "again/r/").items() if "moving-aside" not in key} == third
+
 
 HANG_IN_DOWNLOAD = """
 import sys

@@ -40,13 +40,19 @@ STALL_ENV = "DLRECIPES_BUCKET_STALL"
 DEFAULT_STALL = 60.0  # seconds an operation on a bucket may go without an answer (or a byte) before it is given up
 
 
+def seconds_setting(name: str, default: float) -> float:
+    """The environment variable ``name`` as a positive number of seconds (``default`` when unset or not positive);
+    one line when it is no number."""
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        raise UserError(f"{name}: {os.environ[name]!r} is not a number of seconds") from None
+    return value if value > 0 else default
+
+
 def stall() -> float:
     """Seconds a bucket operation may go without progress (``DLRECIPES_BUCKET_STALL``, else a minute)."""
-    try:
-        value = float(os.environ.get(STALL_ENV) or DEFAULT_STALL)
-    except ValueError:
-        raise UserError(f"{STALL_ENV}: {os.environ[STALL_ENV]!r} is not a number of seconds") from None
-    return value if value > 0 else DEFAULT_STALL
+    return seconds_setting(STALL_ENV, DEFAULT_STALL)
 
 
 class ServerStalled(UserError):

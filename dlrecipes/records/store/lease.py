@@ -48,11 +48,9 @@ FIELDS = {"token": str, "host": str, "pid": int, "expires": float}
 
 def term() -> float:
     """Seconds a lease holds without renewal (``DLRECIPES_LEASE_TERM``, else five minutes)."""
-    try:
-        value = float(os.environ.get(TERM_ENV) or DEFAULT_TERM)
-    except ValueError:
-        raise UserError(f"{TERM_ENV}: {os.environ[TERM_ENV]!r} is not a number of seconds") from None
-    return value if value > 0 else DEFAULT_TERM
+    from dlrecipes.records.store.backend import seconds_setting
+
+    return seconds_setting(TERM_ENV, DEFAULT_TERM)
 
 
 def _clock() -> float:
@@ -412,7 +410,10 @@ def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: Optional[
     from dlrecipes.records.store.backend import write_refused
 
     try:  # the lease's write is the probe: read-only keys, a full or silent server are one line before training
-        lease = taken if taken is not None and taken.name == name else BucketLease(store, root, name).take()
+        if taken is not None and taken.name != name:  # (a run opened under another name than the one claimed)
+            taken.release()
+            taken = None
+        lease = taken if taken is not None else BucketLease(store, root, name).take()
     except BaseException as exc:
         lock.release()
         refused = (

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from dlrecipes.errors import UserError
-from dlrecipes.records.layout import RECIPE_FILE, SUMMARY_FILE
+from dlrecipes.records.layout import LEASE_FILE, RECIPE_FILE, SUMMARY_FILE
 from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, object_store, staged_run
 
 if TYPE_CHECKING:
@@ -122,18 +122,25 @@ def _move_aside(
 
 
 def _finish_move(store: Backend, root: RemoteRoot, name: str, lease: BucketLease, why: str) -> None:
-    """A move aside whose process was cut off while deleting (its marker is there): the rest deleted (all of it is
-    in the folder the marker names), with a warning naming that folder."""
+    """A move aside whose process was cut off while deleting (its marker is there): the rest deleted, once each of
+    it is found in the folder the marker names with the same size (the marker is data: one naming a folder that does
+    not hold the run is refused in one line), with a warning naming that folder."""
     try:
         aside = json.loads(store.read(root.key(name, ASIDE_MARKER)) or b"{}").get("aside")
     except (ValueError, AttributeError):
         aside = None
-    if not isinstance(aside, str) or not store.keys(root.key(aside, RECIPE_FILE)):
+    left = {
+        relative: size
+        for relative, (size, _) in store.listing(root.key(name) + "/").items()
+        if relative not in (LEASE_FILE, ASIDE_MARKER)
+    }
+    copied = store.listing(root.key(aside) + "/") if isinstance(aside, str) and "/" not in aside else {}
+    if not copied or any(copied.get(relative, (None,))[0] != size for relative, size in left.items()):
         raise UserError(
-            f"run_name: {root}/{name}/{ASIDE_MARKER} names no copy of the run ({aside!r}); it is no marker "
-            f"dlrecipes wrote: delete it, or choose another run_name"
+            f"run_name: {root}/{name}/{ASIDE_MARKER} names {aside!r}, which does not hold the rest of the run; it is "
+            "no marker dlrecipes wrote: delete it, or choose another run_name"
         )
-    keys = [key for key in store.keys(root.key(name) + "/") if key not in (lease.key, root.key(name, ASIDE_MARKER))]
+    keys = [root.key(name, relative) for relative in left]
     keys.sort(key=lambda key: key == root.key(name, RECIPE_FILE))
     with _refusals(root):
         _delete_moved(store, root, name, lease, keys, why)
