@@ -21,13 +21,20 @@ from dlrecipes.core.distributed import adopt_torchrun
 from dlrecipes.errors import RecipeError
 from dlrecipes.plugins import load_all
 from dlrecipes.recipe import LoadedRecipe, override_strings
-from dlrecipes.records.recorded_code import trusting_plugins  # noqa: F401 (the CLI's --trust-plugins)
 from dlrecipes.runtime import process_state
 from dlrecipes.runtime.fork_server import Program
 
 if TYPE_CHECKING:
     from dlrecipes.records.store import RunOptions, RunStore
     from dlrecipes.tools.launch import RankPlan
+
+
+def trusting_plugins(trust: bool = True) -> contextlib.AbstractContextManager[None]:
+    """A context in which a run's recorded plugins are imported unchecked (``--trust-plugins``:
+    :func:`dlrecipes.records.recorded_code.trusting_plugins`, imported only when a command asks)."""
+    from dlrecipes.records import recorded_code
+
+    return recorded_code.trusting_plugins(trust)
 
 
 def in_fork(args: list[str]) -> None:
