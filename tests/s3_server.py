@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +35,12 @@ PORTS = (
     "s3.port.lance",
     "iam.port",
 )
+
+
+def plain(key: str) -> str:
+    """A bucket's key with a periodic checkpoint's writer tag taken out (``ep2-ba6-rank0.w3f9a0c12.pt`` ->
+    ``ep2-ba6-rank0.pt``)."""
+    return re.sub(r"(ep[0-9]+-ba[0-9]+-rank0)\.w[0-9a-f]{8}\.pt$", r"\1.pt", key)
 
 
 def weed_binary() -> str | None:
@@ -92,6 +99,26 @@ class S3Server:
 
     def read(self, bucket: str, key: str) -> bytes:
         return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def pointed(self, bucket: str, key: str) -> str:
+        """The checkpoint a run's pointer at ``key`` commits, as the run's folder names it (no writer tag)."""
+        return plain(self.read(bucket, key).decode().split("\n", 1)[0].strip())
+
+    def committed(self, bucket: str, key: str) -> str:
+        """The key, relative to its run's checkpoints/, of the checkpoint the pointer at ``key`` commits."""
+        return self.read(bucket, key).decode().split("\n", 1)[0].strip()
+
+    def plain_keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """The keys under ``prefix``, checkpoints named as the run's folder names them (no writer tag)."""
+        return sorted(plain(key) for key in self.keys(bucket, prefix))
+
+    def checkpoint_key(self, bucket: str, key: str) -> str:
+        """The key of the checkpoint that ``key`` (``.../checkpoints/ep2-ba6-rank0.pt``) names in a run's folder
+        terms: the one its writer's tag is on (the newest writer's where several wrote it)."""
+        held = [k for k in self.keys(bucket, key.rsplit("/", 1)[0] + "/") if plain(k) == key]
+        listed = self.client().list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/", 1)[0] + "/")
+        when = {item["Key"]: item["LastModified"] for item in listed.get("Contents", [])}
+        return max(held, key=lambda k: when[k]) if held else key
 
     def kill(self) -> None:
         if self.process.poll() is None:

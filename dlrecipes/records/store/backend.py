@@ -143,7 +143,9 @@ class Backend:
             raise box["error"]
         return box["value"]
 
-    def upload(self, key: str, path: str) -> None:
+    def upload(self, key: str, path: str, once: bool = False) -> None:
+        """The file ``path`` to ``key``; ``once``: only where there is none (:class:`Conflict` otherwise), where the
+        backend can say so."""
         self.store.upload_object(key, path)
 
     def abort_uploads(self, prefix: str) -> int:
@@ -214,6 +216,25 @@ class S3Backend(Backend):
 
     conditional_writes = True
     deletes = True
+
+    def upload(self, key: str, path: str, once: bool = False) -> None:
+        if not (once and self.conditional_writes):
+            return self.store.upload_object(key, path)
+        from dlrecipes.records.store.write_once import refused_as_written, unconditional_here, write_once, written_once
+
+        full = self.store.get_key(key)
+        write_once(self.store.client, full)
+        try:
+            self.store.upload_object(key, path)
+        except Exception as exc:
+            if refused_as_written(exc):
+                raise Conflict(key) from None
+            if unconditional_here(exc):
+                self.conditional_writes = False
+                return self.store.upload_object(key, path)
+            raise
+        finally:
+            written_once(full)
 
     @_answered("aborting the open uploads under")
     def abort_uploads(self, prefix: str) -> int:

@@ -4,7 +4,9 @@ A run is staged in a local folder (``$DLRECIPES_STAGING_DIR``, default ``~/.cach
 ``BUCKET/PREFIX/<run name>``) and mirrored to the bucket as it goes: at each checkpoint and at the end, every file of
 the run directory that changed since it was last uploaded (checkpoints first, then the records). The remote
 pointer ``checkpoints/latest.txt`` names the newest checkpoint and is written only after that checkpoint's
-upload is confirmed, so a run killed at any moment leaves a remote run that ``--resume`` can continue: on a
+upload is confirmed (the commit: one conditional write, each writer's checkpoints on keys of its own, written
+once: :mod:`~.commit`, :mod:`~.writer`), so a run killed at any moment leaves a remote run that ``--resume`` can
+continue: on a
 machine with nothing local, the run's records, its logs and that checkpoint are downloaded into the staging folder
 first (a resume appends to the logs, here and in the bucket). Every record that describes other files goes up only
 after them: the pointer after its checkpoint, ``best.json`` after the ``best.pt`` it describes (it holds best.pt's
@@ -37,10 +39,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, shortened
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError, first_line
+from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
+from dlrecipes.records.store.writer import Writer
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT,
     BEST_INFO,
     CHECKPOINT_DIR,
+    HISTORY_FILE,
     LOCK_FILE,
     LOG_FILE,
     RECIPE_FILE,
@@ -54,6 +59,7 @@ from dlrecipes.records.layout import (
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.backend import Backend
+    from dlrecipes.records.store.commit import Commit
     from dlrecipes.records.store.lease import BucketLease
     from dlrecipes.records.store.upload_process import UploadProcess
 
@@ -179,7 +185,7 @@ def object_store(root: RemoteRoot, key_path: str = "runs_dir") -> Backend:
 
 
 @dataclass
-class RemoteRun:
+class RemoteRun(Writer):
     """One run directory staged at ``local`` and mirrored to ``root``/``name``."""
 
     root: RemoteRoot
@@ -192,6 +198,8 @@ class RemoteRun:
     lease: Optional[BucketLease] = None  # a training's: every write is made under it (a sweep's own files have none)
     keep: int = -1  # checkpoint.keep: periodic checkpoints kept in the bucket once the pointer is past them
     abandoned: bool = False  # the end stopped waiting: no further file is started
+    commit: Optional[Commit] = None  # a training's: the pointer it holds (store.commit), taken over at its start
+    start: Optional[tuple[int, int]] = None  # a training's: the progress it started from (its lineage entry)
     _store: Optional[Backend] = None
 
     def store(self) -> Backend:
@@ -262,18 +270,28 @@ class RemoteRun:
     def _send(self, relative: str, size: int) -> None:
         """A large file through the upload process (when there is one that works), a small one in one request from
         here, any other through the client's transfer from here."""
+        from dlrecipes.records.store.backend import Conflict
         from dlrecipes.records.store.upload_process import LARGE
 
-        if self.offload is not None and self.offload.usable() and size >= LARGE:
-            try:
-                return self.offload.upload(self.key(relative), str(self.local / relative))
-            except OSError:  # the process is gone (said once): from here, as before, unless the end gave up
-                if self.abandoned:
-                    raise
-        if size < LARGE:  # one request from this (daemon) thread: nothing a hung server can hold the exit on
-            self.store().write(self.key(relative), (self.local / relative).read_bytes())
-            return
-        self.store().upload(self.key(relative), str(self.local / relative))
+        key, once = self.key(self.remote(relative)), self.remote(relative) != relative  # a writer's own key: once
+        try:
+            if self.offload is not None and self.offload.usable() and size >= LARGE:
+                try:
+                    return self.offload.upload(key, str(self.local / relative), once)
+                except OSError:  # the process is gone (said once): from here, as before, unless the end gave up
+                    if self.abandoned:
+                        raise
+            if size < LARGE:  # one request from this (daemon) thread: nothing a hung server can hold the exit on
+                self.store().write(key, self._bytes(relative), if_absent=once)
+                return
+            self.store().upload(key, str(self.local / relative), once)
+        except Conflict:  # this writer's own key is there: an earlier try of this upload landed, or it is refused
+            if size < LARGE:
+                same = self.store().read(key) == (self.local / relative).read_bytes()
+            else:  # (as large as a checkpoint: its size says it)
+                same = self.store().listing(key).get("", (None,))[0] == size
+            if not same:
+                raise RuntimeError(f"{key} is in the bucket already, as other bytes; it is never written over")
 
     def push(self) -> None:
         """Upload what changed, each record after what it describes (see the module docstring): after each
@@ -284,12 +302,14 @@ class RemoteRun:
         for relative in changed:
             if self.abandoned:
                 return
-            if relative in (BEST_RECORD, SUMMARY_FILE):
+            if relative in (BEST_RECORD, SUMMARY_FILE) or relative == HISTORY_FILE and self.lease is not None:
+                continue  # (a training's history goes up with its commits: never ahead of them)
+            if self._committed_already(relative):
                 continue
             if self._upload(relative) and is_periodic(Path(relative)):
                 self._point_to(Path(relative).name)
         if POINTER in self.pending and not self.abandoned:  # its move failed: tried again, to what it names here
-            self._point_to((self.local / POINTER).read_text().strip())
+            self._point_to(_local_pointer(self.local / POINTER))
         for record, after in ((BEST_RECORD, (BEST,)), (SUMMARY_FILE, None)):
             if record not in changed or self.abandoned:
                 continue
@@ -298,13 +318,15 @@ class RemoteRun:
             missing = [
                 r
                 for r in self.pending + [c for c in self._changed() if c.startswith(CHECKPOINT_DIR + "/")]
-                if r != record and (after is None or r in after)
+                if r not in (record, HISTORY_FILE) and (after is None or r in after)
             ]
             if missing:  # what it describes is not up: it waits, named as not uploaded
                 if record not in self.pending:
                     self.pending.append(record)
                 continue
             if self._still_held(record):
+                if record == SUMMARY_FILE and HISTORY_FILE in self._changed() and not self._upload(HISTORY_FILE):
+                    continue  # the whole history before the summary that ends it
                 self._upload(record)
 
     def _point_to(self, checkpoint: str) -> None:
@@ -313,7 +335,7 @@ class RemoteRun:
         if self.abandoned:
             return
         current = self.local / POINTER
-        named = current.read_text().strip() if current.is_file() else ""
+        named = _local_pointer(current) if current.is_file() else ""
         if (
             named
             and named != checkpoint
@@ -322,7 +344,8 @@ class RemoteRun:
         ):
             return
         current.write_text(checkpoint + "\n")
-        if self._still_held(POINTER) and self._upload(POINTER):
+        if self._still_held(POINTER) and self._commit(checkpoint):
+            self._history_upto(periodic_progress(Path(checkpoint))[1])
             self._rotate(checkpoint)
 
     def _still_held(self, record: str) -> bool:
@@ -341,36 +364,16 @@ class RemoteRun:
             self._failed(record, exc)
             return False
 
-    def _rotate(self, newest: str) -> None:
-        """``checkpoint.keep`` in the bucket: the periodic checkpoints older than the newest ``keep`` (the pointer's
-        among them) deleted, now that the pointer names a newer one."""
-        if self.keep < 0 or not self.store().deletes or self.abandoned:
-            return
-        try:
-            older = older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest)
-            for name in older[max(self.keep, 1) - 1 :]:
-                if self.lease is not None:
-                    self.lease.guard()
-                self.store().delete(self.key(f"{CHECKPOINT_DIR}/{name}"), "checkpoint.keep")
-        except Exception as exc:  # tried again at the next checkpoint; nothing the pointer names is touched
-            from dlrecipes.records.store.lease import LeaseLost
-
-            if isinstance(exc, LeaseLost):
-                raise
-            print(
-                f"warning: deleting old checkpoints from {self.root}/{self.name} failed ({type(exc).__name__}); "
-                "they are deleted at the next checkpoint",
-                file=sys.stderr,
-            )
-
-    def _pull_older_than(self, newest: str) -> None:
-        """The bucket's periodic checkpoints older than ``newest``, newest first, downloaded until one loads."""
+    def _pull_older_than(self, pointer: Pointer) -> None:
+        """The run's periodic checkpoints older than ``pointer``'s (its lineage's: never a fenced writer's late
+        upload), newest first, downloaded until one loads."""
         from dlrecipes.records.store.safe_keys import staged_path
 
-        for name in older_checkpoints(self.store().keys(self.key(CHECKPOINT_DIR) + "/"), newest):
-            relative = f"{CHECKPOINT_DIR}/{name}"
+        names = [key.rsplit("/", 1)[-1] for key in self.store().keys(self.key(CHECKPOINT_DIR) + "/")]
+        for name in lineage_checkpoints(names, pointer, pointer.checkpoint):
+            relative = f"{CHECKPOINT_DIR}/{untagged(name)}"
             local = staged_path(self.local, relative, f"{self.root}/{self.name}")
-            if (local.is_file() or self._download(relative)) and damage(local) is None:
+            if (local.is_file() or self._download(f"{CHECKPOINT_DIR}/{name}", relative)) and damage(local) is None:
                 return
 
     def incomplete(self) -> list[str]:
@@ -379,17 +382,19 @@ class RemoteRun:
 
     # --- down ---------------------------------------------------------------------------------------------
 
-    def _download(self, relative: str) -> bool:
-        """``relative`` from the bucket into the staging folder; False when the bucket does not have it.  A key that
-        would land outside the folder is refused first (:func:`~.safe_keys.staged_path`), nothing created."""
+    def _download(self, relative: str, local: Optional[str] = None) -> bool:
+        """``relative`` from the bucket into the staging folder (as ``local``: a checkpoint there carries no writer
+        tag); False when the bucket does not have it.  A key that would land outside the folder is refused first
+        (:func:`~.safe_keys.staged_path`), nothing created."""
         from dlrecipes.records.store.safe_keys import staged_path
 
-        target = staged_path(self.local, relative, f"{self.root}/{self.name}")
+        local = local or relative
+        target = staged_path(self.local, local, f"{self.root}/{self.name}")
         target.parent.mkdir(parents=True, exist_ok=True)
         if not self.store().download(self.key(relative), str(target)):
             return False
         stat = target.stat()
-        self.sent[relative] = (stat.st_size, stat.st_mtime_ns)  # the bucket has it as it is
+        self.sent[local] = (stat.st_size, stat.st_mtime_ns)  # the bucket has it as it is
         return True
 
     def pull_for_resume(self) -> Optional[Path]:
@@ -403,17 +408,16 @@ class RemoteRun:
             for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
                 self._download(relative)
             return None
-        from dlrecipes.records.store.safe_keys import pointed_checkpoint
-
-        name = pointed_checkpoint(self.local / pointer, f"{self.root}/{self.name}/{pointer}", "--resume")
-        checkpoint = f"{CHECKPOINT_DIR}/{name}"
+        committed = read_pointer(self.local / pointer, f"{self.root}/{self.name}/{pointer}", "--resume")
+        name = committed.checkpoint
+        checkpoint = f"{CHECKPOINT_DIR}/{untagged(name)}"
         if not (self.local / checkpoint).is_file():
-            if not self._download(checkpoint):
+            if not self._download(f"{CHECKPOINT_DIR}/{name}", checkpoint):
                 raise UserError(
                     f"--resume: {self.root}/{self.name}: the pointer names {name}, which the bucket does not have"
                 )
         if damage(self.local / checkpoint):  # as locally: the newest one that loads (--resume says which it skipped)
-            self._pull_older_than(name)
+            self._pull_older_than(committed)
         for relative in (*RECORDS_FOR_RESUME, HISTORY_FILE, *self._logs()):
             if not (self.local / relative).is_file():
                 self._download(relative)
@@ -423,6 +427,15 @@ class RemoteRun:
         """The run's process logs in the bucket (a resume appends to them)."""
         relatives = (key[len(self.key("")) + 1 :] for key in self.store().keys(self.key(LOG_PREFIX)))
         return [relative for relative in relatives if "/" not in relative]
+
+
+def _local_pointer(path: Path) -> str:
+    """The checkpoint a pointer here names, as the run's folder names it (the bucket's pointer downloaded here holds
+    its writer's tag and lines: :mod:`~.commit`)."""
+    from dlrecipes.records.store.commit import untagged
+
+    text = path.read_text(errors="replace").strip()
+    return untagged(text.split("\n", 1)[0].strip())
 
 
 def damage(path: Path, key: str = "--resume") -> Optional[str]:

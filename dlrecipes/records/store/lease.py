@@ -16,7 +16,8 @@ on a clock that counts a frozen machine's time: a writer paused past its term co
 A writer that finds its lease taken (a machine that took the run over while this one was paused) writes nothing
 more: :class:`LeaseLost`, one line naming the holder, and the training stops with its local checkpoints kept.
 S3 has no write conditional on another object, so between a confirmation and the write it guards there is a window
-of at most one file, never a pointer or a summary moved without one.
+of one file; what a writer in that window can still write lands on keys of its own that no commit names
+(:mod:`~.commit`): the lease decides who may write, the commit what a reader follows.
 """
 
 from __future__ import annotations
@@ -313,6 +314,8 @@ class BucketLease:
         held = self.lost or {}
         if "damaged" in held:
             what = f"this process's lease was replaced by an object that is no lease ({self.address})"
+        elif "committed" in held:
+            what = "the run's pointer was moved by another writer"
         elif held:
             what = (
                 f"this process's lease was taken over by {held.get('host', 'another machine')} "

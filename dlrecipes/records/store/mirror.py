@@ -31,20 +31,20 @@ def uploader(remote: RemoteRun, wait: float = 120.0):
 
                 remote.offload = UploadProcess(remote.root.bucket, TRANSFER_THREADS)
 
+        def fit_start(self, state, logger) -> None:
+            if dist.get_global_rank() == 0:  # the run's pointer taken over, before any step (store.writer)
+                remote.take_commit()
+
         def _push(self) -> None:
             if dist.get_global_rank() == 0:
                 self.background.request()
 
-        def _fenced(self) -> None:
-            if remote.lease is not None and remote.lease.lost is not None:
-                raise remote.lease.lost_error()
-
         def epoch_checkpoint(self, state, logger) -> None:
-            self._fenced()
+            _fenced(remote)
             self._push()
 
         def batch_checkpoint(self, state, logger) -> None:
-            self._fenced()
+            _fenced(remote)
             folder = remote.local / CHECKPOINT_DIR
             seen = folder.stat().st_mtime_ns if folder.is_dir() else -1
             if seen != self.checkpoints_seen:
@@ -68,6 +68,12 @@ def uploader(remote: RemoteRun, wait: float = 120.0):
                 _name_what_is_missing(remote)
 
     return MirrorToBucket()
+
+
+def _fenced(remote: RemoteRun) -> None:
+    """A training whose lease was taken over stops at its next batch (one line naming the holder)."""
+    if remote.lease is not None and remote.lease.lost is not None:
+        raise remote.lease.lost_error()
 
 
 def _name_what_is_missing(remote: RemoteRun) -> None:

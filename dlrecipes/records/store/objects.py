@@ -18,7 +18,7 @@ from dlrecipes.records.store.interface import (
     named_by_address,
 )
 from dlrecipes.records.store.access import check_access
-from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun, object_store, staged_run
+from dlrecipes.records.store.bucket import POINTER, RemoteRoot, RemoteRun, object_store, staged_run
 from dlrecipes.records.store.mirror import uploader
 
 if TYPE_CHECKING:
@@ -83,6 +83,11 @@ class BucketStore(RunStore):
                     _remove_fresh(opened.run.path)
                 raise
             mirror.lease = opened.lock.lease  # every write to the bucket is made under it
+            try:
+                _take_over(mirror)
+            except BaseException:
+                opened.lock.release()
+                raise
         mirror.keep = config.checkpoint.keep
         opened.keep_in_step = lambda: [uploader(mirror, config.checkpoint.upload_wait)]
         opened.stored = lambda result: _all_uploaded(result, mirror)
@@ -121,6 +126,18 @@ class BucketStore(RunStore):
             return mirror.incomplete()
 
         return SweepFolder(mirror.local, mirror.url, trains_into=mirror.url, after_point=mirror.push, finish=finish)
+
+
+def _take_over(mirror: RemoteRun) -> None:
+    """The run's pointer taken over by this training as it opens (:meth:`~.writer.Writer.take_over`); a server that
+    does not answer now: done before its first commit (said once, as a failed upload is)."""
+    try:
+        mirror.take_over()
+    except UserError:  # a damaged pointer, a lease lost meanwhile: one line
+        raise
+    except Exception as exc:
+        mirror._failed(POINTER, exc)
+        mirror.pending.remove(POINTER)
 
 
 def _remove_fresh(run: Path) -> None:

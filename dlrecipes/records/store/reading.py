@@ -31,8 +31,10 @@ from dlrecipes.records.layout import (
     PREPROCESS_FILE,
     RECIPE_FILE,
     REMOTE_LATEST,
+    SUMMARY_FILE,
     RunDir,
     is_export_file,
+    is_periodic,
     is_record,
 )
 from dlrecipes.records.store.access import check_access
@@ -40,11 +42,11 @@ from dlrecipes.records.store.bucket import (
     RemoteRoot,
     RemoteRun,
     damage,
-    older_checkpoints,
     scheme_of,
     staging_base,
 )
-from dlrecipes.records.store.safe_keys import UnsafeKey, pointed_checkpoint, staged_path
+from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
+from dlrecipes.records.store.safe_keys import UnsafeKey, staged_path
 
 PULLED_DIR = "pulled"
 KEY_PATH = "run"  # what an access error names: the run argument
@@ -93,7 +95,29 @@ class PulledRun(RemoteRun):
         for relative, (size, modified) in listing.items():
             if is_export_file(relative) if export_only else is_record(relative):
                 self._fetch(relative, size, modified)
+        self._drop_stale_summary()
         return listing
+
+    def _drop_stale_summary(self) -> None:
+        """A summary.json written by a writer that does not hold the run's commit (a fenced writer's late upload:
+        :mod:`~.commit`) is not the run's: the copy goes without it (the run is shown by its history), said once."""
+        import json
+
+        summary, pointer = self.local / SUMMARY_FILE, self.local / CHECKPOINT_DIR / REMOTE_LATEST
+        if not (summary.is_file() and pointer.is_file()):
+            return
+        try:
+            writer = json.loads(summary.read_text()).get("writer")
+            holder = self.pointer("run").writer
+        except (ValueError, AttributeError, UserError):
+            return
+        if isinstance(writer, str) and writer != holder:
+            summary.unlink()
+            print(
+                f"warning: {self.url}/{SUMMARY_FILE} was written by {writer}, not by {holder}, which holds the run's "
+                "commit (a writer whose lease was taken over); it is left out",
+                file=sys.stderr,
+            )
 
     def bring(self, relative: str) -> None:
         """One more file of the run (a plugin file its recipe names, trusted with ``--trust-plugins``), downloaded
@@ -103,18 +127,22 @@ class PulledRun(RemoteRun):
             raise UserError(f"{self.url}: the bucket has no {relative}")
         self._fetch(relative, *listing[relative])
 
-    def _fetch(self, relative: str, size: int, modified: float, reuse: bool = False) -> None:
-        """``relative`` from the bucket, its modified time kept (``runs`` orders by it); ``reuse``: a local file
-        of the bucket's size is taken as it (a checkpoint is not rewritten).  The key is the server's word: one that
-        would land outside the local copy is refused before anything is looked at or written
-        (:func:`~.safe_keys.staged_path`)."""
-        path = staged_path(self.local, relative, self.url)
-        if not (reuse and path.is_file() and path.stat().st_size == size):
-            if not self._download(relative):
+    def _fetch(self, relative: str, size: int, modified: float, reuse: bool = False) -> Path:
+        """``relative`` from the bucket, its modified time kept (``runs`` orders by it), into the copy (a periodic
+        checkpoint under the run folder's name for it, without its writer's tag: :mod:`~.commit`); ``reuse``: a local
+        file of the bucket's size and modified time is taken as it (a checkpoint is not downloaded again).  The key
+        is the server's word: one that would land outside the local copy is refused before anything is looked at or
+        written (:func:`~.safe_keys.staged_path`). Returns the local path."""
+        local = _local_name(relative)
+        path = staged_path(self.local, local, self.url)
+        same = path.is_file() and path.stat().st_size == size and abs(path.stat().st_mtime - modified) < 1e-3
+        if not (reuse and same):
+            if not self._download(relative, local):
                 raise UserError(f"{self.url}: {relative} went away from the bucket while it was read")
         os.utime(path, (modified, modified))
         stat = path.stat()
-        self.sent[relative] = (stat.st_size, stat.st_mtime_ns)
+        self.sent[local] = (stat.st_size, stat.st_mtime_ns)
+        return path
 
     def pull_checkpoint(self, checkpoint: str, listing: dict[str, tuple[int, float]]) -> str:
         """The checkpoint ``checkpoint`` names (best, latest or a file of the run's checkpoints/), downloaded;
@@ -132,37 +160,63 @@ class PulledRun(RemoteRun):
                 raise UserError(
                     f"--checkpoint: {self.url} has no complete periodic checkpoint in the bucket; use --checkpoint best"
                 )
-            name = pointed_checkpoint(self.local / pointer, f"{self.url}/{pointer}", "--checkpoint")
-            relative = f"{CHECKPOINT_DIR}/{name}"
+            committed = self.pointer("--checkpoint")
+            relative = f"{CHECKPOINT_DIR}/{committed.checkpoint}"
             if relative not in listing:
                 raise UserError(
                     f"--checkpoint: {self.url}: the pointer names {relative}, which the bucket does not have"
                 )
-            return str(self._newest_that_loads(relative, listing))
+            return str(self._newest_that_loads(relative, listing, committed))
         else:
-            relative = f"{CHECKPOINT_DIR}/{Path(checkpoint).name}"
+            relative = self._named(f"{CHECKPOINT_DIR}/{Path(checkpoint).name}", listing)
             if relative not in listing:
-                kept = sorted(Path(r).name for r in listing if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt"))
+                kept = sorted(
+                    {
+                        untagged(Path(r).name)
+                        for r in listing
+                        if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt")
+                    }
+                )
                 raise UserError(
                     f"--checkpoint: {self.url} has no {relative} in the bucket; use best, latest or one "
                     f"of: {', '.join(kept) or '(none)'}"
                 )
-        self._fetch(relative, *listing[relative], reuse=True)
-        return checkpoint if checkpoint in ("best", "latest") else str(self.local / relative)
+        path = self._fetch(relative, *listing[relative], reuse=True)
+        return checkpoint if checkpoint in ("best", "latest") else str(path)
 
-    def _newest_that_loads(self, pointed: str, listing: dict[str, tuple[int, float]]) -> Path:
+    def pointer(self, key: str) -> Pointer:
+        """The run's pointer as pulled here (checked as data: :func:`~.commit.read_pointer`)."""
+        pointer = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+        return read_pointer(self.local / pointer, f"{self.url}/{pointer}", key)
+
+    def _named(self, relative: str, listing: dict[str, tuple[int, float]]) -> str:
+        """A checkpoint asked for by the run folder's name (``ep2-ba6-rank0.pt``): the bucket's key of the run's
+        checkpoint of that progress, which carries its writer's tag (:mod:`~.commit`)."""
+        pointer = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+        if relative in listing or pointer not in listing or not is_periodic(Path(relative)):
+            return relative
+        names = [Path(r).name for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR]
+        held = [
+            n for n in lineage_checkpoints(names, self.pointer("--checkpoint")) if untagged(n) == Path(relative).name
+        ]
+        return f"{CHECKPOINT_DIR}/{held[0]}" if held else relative
+
+    def _newest_that_loads(self, pointed: str, listing: dict[str, tuple[int, float]], committed: Pointer) -> Path:
         """The pointer's checkpoint ``pointed``, downloaded; when it does not load, the bucket's older ones, newest
         first, until one does, with one note naming what was skipped and why (as ``--checkpoint latest`` of a local
         run says: :func:`~dlrecipes.records.checkpoints.skipped_note`).  One holding objects beyond tensors is not
         damaged: it is returned, and the command refuses it unless trusted."""
         from dlrecipes.records.checkpoints import none_loads, skipped_note
 
-        in_folder = [r for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR]
-        older = [f"{CHECKPOINT_DIR}/{name}" for name in older_checkpoints(in_folder, Path(pointed).name)]
+        in_folder = [Path(r).name for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR]
+        older = [f"{CHECKPOINT_DIR}/{name}" for name in lineage_checkpoints(in_folder, committed, committed.checkpoint)]
         skipped: list[tuple[Path, str]] = []
+        tried: set[str] = set()
         for relative in [pointed, *older]:
-            self._fetch(relative, *listing[relative], reuse=True)
-            path = self.local / relative
+            if _local_name(relative) in tried:  # two writers' checkpoints of one progress: the later writer's was tried
+                continue
+            tried.add(_local_name(relative))
+            path = self._fetch(relative, *listing[relative], reuse=True)
             problem = damage(path, "--checkpoint")
             if problem is None:
                 if skipped:
@@ -184,6 +238,11 @@ class PulledRun(RemoteRun):
                 f"{what} is in {self.local}, but {len(missing)} file(s) of it are not in {self.url}: "
                 f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
             )
+
+
+def _local_name(relative: str) -> str:
+    """Where a copy keeps the bucket's ``relative``: a periodic checkpoint under the run folder's name for it."""
+    return f"{CHECKPOINT_DIR}/{untagged(Path(relative).name)}" if is_periodic(Path(relative)) else relative
 
 
 def open_run(url: str, asked: Optional[set[str]] = None) -> PulledRun:

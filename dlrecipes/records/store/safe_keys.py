@@ -4,8 +4,9 @@ A bucket's contents are written by whoever can write there, and its listings com
 to name a path on this machine.  Two things a bucket supplies become local paths:
 
 - the resume pointer, ``checkpoints/latest.txt``, whose text names the run's newest checkpoint: it must be a plain
-  periodic checkpoint name (``ep<E>-ba<B>-rank0.pt``: no ``/``, no ``..``, no control characters, not empty), or
-  it is refused in one line naming the pointer's address (:func:`pointed_checkpoint`);
+  periodic checkpoint name (``ep<E>-ba<B>-rank0.pt``, with its writer's tag: no ``/``, no ``..``, no control
+  characters, not empty) and well-formed writer lines, or it is refused in one line naming the pointer's address
+  (:func:`~.commit.read_pointer`);
 - every key downloaded into a staging folder or a local copy (``--resume``'s records and checkpoint; ``eval``,
   ``runs``, ``compare`` and the other readers iterate over the bucket's listing): its target is resolved (links
   followed) and refused in one line unless it stays under that folder (:func:`staged_path`), before anything is
@@ -14,32 +15,13 @@ to name a path on this machine.  Two things a bucket supplies become local paths
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from dlrecipes.errors import UserError, shown
 
-_CHECKPOINT_NAME = re.compile(r"ep[0-9]+-ba[0-9]+-rank0\.pt")  # layout.PERIODIC_CHECKPOINT for rank 0, ASCII digits
-POINTER_LIMIT = 1024  # bytes: a pointer holds a name of a few dozen
-
 
 class UnsafeKey(UserError):
     """A bucket named a local path that is no checkpoint name, or one outside the folder it is downloaded into."""
-
-
-def pointed_checkpoint(pointer: Path, address: str, key: str) -> str:
-    """The checkpoint name the downloaded pointer file ``pointer`` holds (its bucket address: ``address``),
-    refused (:class:`UnsafeKey`, ``key``: the option or argument that asked) unless it is a plain periodic
-    checkpoint name of this run."""
-    with open(pointer, "rb") as f:
-        raw = f.read(POINTER_LIMIT + 1)
-    name = raw.decode("utf-8", "replace").strip()
-    if len(raw) > POINTER_LIMIT or not _CHECKPOINT_NAME.fullmatch(name):
-        raise UnsafeKey(
-            f"{key}: {address} names {shown(name)}, which is not a checkpoint file name of this run "
-            "(ep<E>-ba<B>-rank0.pt); nothing was downloaded for it"
-        )
-    return name
 
 
 def staged_path(folder: Path, relative: str, address: str) -> Path:
@@ -59,4 +41,4 @@ def staged_path(folder: Path, relative: str, address: str) -> Path:
     raise UnsafeKey(f"{address}: the bucket's key {shown(relative)} {where}; refused, nothing was downloaded")
 
 
-__all__ = ["POINTER_LIMIT", "UnsafeKey", "pointed_checkpoint", "staged_path"]
+__all__ = ["UnsafeKey", "staged_path"]

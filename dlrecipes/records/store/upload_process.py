@@ -43,13 +43,17 @@ class UploadProcess:
     def usable(self) -> bool:
         return not self._failed
 
-    def upload(self, key: str, path: str) -> None:
-        """``path`` to ``key``, done by the process; raises what the upload raised (as a RuntimeError naming it)
-        or ``OSError`` when the process is gone (the caller then uploads in its own thread)."""
+    def upload(self, key: str, path: str, once: bool = False) -> None:
+        """``path`` to ``key``, done by the process (``once``: only where the key has no object); raises what the
+        upload raised (as a RuntimeError naming it; :class:`~.backend.Conflict` when ``once`` did not hold) or
+        ``OSError`` when the process is gone (the caller then uploads in its own thread)."""
+        from dlrecipes.records.store.backend import Conflict
+
         with self._lock:
             try:
                 process = self._started()
-                process.stdin.write(json.dumps({"bucket": self.bucket, "key": key, "path": path}) + "\n")
+                job = {"bucket": self.bucket, "key": key, "path": path, "once": once}
+                process.stdin.write(json.dumps(job) + "\n")
                 process.stdin.flush()
                 answer = process.stdout.readline()
             except (OSError, ValueError) as exc:
@@ -58,9 +62,11 @@ class UploadProcess:
             if not answer:
                 self._give_up("it exited")
                 raise OSError("the upload process is gone")
-            error = json.loads(answer).get("error")
-        if error:
-            raise RuntimeError(error)
+            answered = json.loads(answer)
+        if answered.get("conflict"):
+            raise Conflict(key)
+        if answered.get("error"):
+            raise RuntimeError(answered["error"])
 
     def _started(self) -> subprocess.Popen:
         if self._process is None:
@@ -145,6 +151,7 @@ def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
     from botocore.config import Config
 
     from dlrecipes.records.store.backend import S3_CLIENT_CONFIG
+    from dlrecipes.records.store.write_once import refused_as_written, unconditional_here, write_once, written_once
 
     client = boto3.session.Session().client(
         "s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=Config(**S3_CLIENT_CONFIG)
@@ -152,12 +159,23 @@ def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
     transfer = TransferConfig(max_concurrency=transfer_threads)
     for line in sys.stdin:
         job = json.loads(line)
+        if job.get("once"):  # the writer's own key, written once: a late completion never replaces an object
+            write_once(client, job["key"])
         try:
-            client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
+            try:
+                client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
+            except Exception as exc:
+                if not (job.get("once") and unconditional_here(exc)):
+                    raise
+                written_once(job["key"])  # a server without conditional writes: written as before
+                client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
             answer: dict[str, Any] = {"error": None}
         except Exception as exc:  # the mirror's thread warns and keeps it pending, as for its own uploads
             first = first_line(exc, 200, "")
-            answer = {"error": f"{type(exc).__name__}: {first}"}
+            conflict = bool(job.get("once")) and refused_as_written(exc)
+            answer = {"error": f"{type(exc).__name__}: {first}", "conflict": conflict}
+        finally:
+            written_once(job["key"])
         try:
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
