@@ -66,12 +66,12 @@ def s3(tmp_path_factory):
     yield from module_server(tmp_path_factory)
 
 
-def _writer(root, local, name="w"):
-    """A training's mirror of ``root/name`` staged in ``local``, holding the run's lease, its pointer taken over."""
+def _writer(root, local, name="w", resuming=False):
+    """A training's mirror of ``root/name`` staged in ``local``, holding the run's lease, its pointer read."""
     from dlrecipes.records.store.bucket import RemoteRun
     from dlrecipes.records.store.lease import BucketLease
 
-    remote = RemoteRun(root, name, local)
+    remote = RemoteRun(root, name, local, resuming=resuming)
     (local / "checkpoints").mkdir(parents=True, exist_ok=True)
     remote.lease = BucketLease(remote.store(), root, name).take()
     remote.take_over()
@@ -127,7 +127,7 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     _frozen(a)
     b_local = tmp_path / "b"
     RemoteRun(root, "w", b_local).pull_for_resume()  # B's --resume brings A's committed ep1
-    b = _writer(root, b_local)
+    b = _writer(root, b_local, resuming=True)
     assert b.start == (1, 3) and f"writer {a.writer}" in s3.read("runs", "late/w/checkpoints/latest.txt").decode()
     b.take_commit()  # as B's training starts
     assert f"writer {b.writer}" in s3.read("runs", "late/w/checkpoints/latest.txt").decode()

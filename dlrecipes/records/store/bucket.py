@@ -200,6 +200,7 @@ class RemoteRun(Writer):
     abandoned: bool = False  # the end stopped waiting: no further file is started
     commit: Optional[Commit] = None  # a training's: the pointer it holds (store.commit), taken over at its start
     start: Optional[tuple[int, int]] = None  # a training's: the progress it started from (its lineage entry)
+    resuming: bool = False  # a training's: it continues the run the bucket has (else a new run under the name)
     _store: Optional[Backend] = None
 
     def store(self) -> Backend:

@@ -71,6 +71,7 @@ class BucketStore(RunStore):
             raise
         name = opened.run.name
         mirror = staged_run(self.root, name)
+        mirror.resuming = options.resume
         opened.shown_as = f"{self.root}/{name}"
         opened.addresses = {self.root.staging(): str(self.root)}
         if opened.lock is not None:

@@ -29,6 +29,7 @@ class Writer:
     commit: Optional[Commit]
     start: Optional[tuple[int, int]]
     keep: int
+    resuming: bool
     abandoned: bool
     root: Any
     name: str
@@ -66,6 +67,8 @@ class Writer:
         commit = Commit(self.store(), self.key(POINTER), self.writer)
         self.lease.guard()
         self.start = commit.start(f"{self.root}/{self.name}/{POINTER}")
+        if not self.resuming:  # a new run where a pointer was left (a run that ended before its recipe went up):
+            commit.pointer, self.start = None, (0, 0)  # its own lineage, committed over that one's (If-Match)
         self.commit = commit
 
     def take_commit(self) -> None:
