@@ -824,3 +824,94 @@ def test_an_upload_left_open_by_a_frozen_writer_lands_nowhere_once_the_run_is_ta
         )
     assert s3.read("runs", committed) == ours != b"A's weights" and key not in s3.keys("runs", "frozen/")
     assert client.list_multipart_uploads(Bucket="runs", Prefix="frozen/").get("Uploads", []) == []
+
+
+RANK0_PAUSE = """
+import os
+import signal
+
+from dlrecipes.registry import callbacks
+
+
+@callbacks.register("rank0_pause")
+def rank0_pause(at_epoch: int = 2):
+    \"\"\"Rank 0 stops itself (SIGSTOP) as epoch ``at_epoch`` starts, once the pointer has moved (a frozen node).\"\"\"
+    import time
+
+    import boto3
+    from composer.core import Callback
+    from composer.utils import dist
+
+    class Pause(Callback):
+        def epoch_start(self, state, logger):
+            if dist.get_global_rank() != 0 or int(state.timestamp.epoch) + 1 != at_epoch:
+                return
+            client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    client.get_object(Bucket="runs", Key="ranks/w/checkpoints/latest.txt")
+                    break
+                except Exception:
+                    time.sleep(0.05)
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    return Pause()
+"""
+
+
+def test_a_lost_lease_stops_every_rank_within_seconds(s3, machine_a, tiny_recipe, tmp_path):
+    """Two ranks on two nodes (each its own staging folder, no launcher between them): rank 0 freezes past its lease's
+    term and machine B takes the run over. When rank 0 wakes it stops with the line naming B (exit 1), and rank 1,
+    waiting for it in a collective, stops at the same batch (the signal handling's agreement), in one line, exit 1
+    (before: rank 0 stopped alone and both waited for the collective's timeout, half an hour)."""
+    import socket
+
+    from tests import forked
+
+    plugin = tmp_path / "pause.py"
+    plugin.write_text(RANK0_PAUSE)
+    args = [
+        "train",
+        str(tiny_recipe),
+        "runs_dir=s3://runs/ranks",
+        "run_name=w",
+        "trainer.max_duration=4ep",
+        "--plugin",
+        str(plugin),
+        "callbacks.rank0_pause={}",
+    ]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks, errs = [], [tmp_path / f"err{rank}.txt" for rank in range(2)]
+    for rank in range(2):
+        env = {
+            **os.environ,
+            **{"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+            **{"NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+            "DLRECIPES_STAGING_DIR": str(tmp_path / f"disk{rank}"),
+        }
+        ranks.append(forked.start(args, tmp_path, tmp_path / f"out{rank}.txt", errs[rank], env))
+    try:
+        deadline = time.monotonic() + 120
+        while _state(ranks[0].pid) != "T":
+            assert ranks[0].poll() is None and time.monotonic() < deadline, errs[0].read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(float(TERM) + 0.5)
+        put_lease(s3, "ranks/w/run.lease", "machine-b", 777, 60)
+        woken = time.monotonic()
+        os.kill(ranks[0].pid, signal.SIGCONT)
+        codes = [rank.wait(60) for rank in ranks]
+        took = time.monotonic() - woken
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert codes[0] == 1 and codes[1] not in (None, 0) and took < 30, (codes, took, errs[1].read_text()[-3000:])
+    assert one_line(errs[0].read_text()).startswith(
+        "error: run_name: s3://runs/ranks/w: this process's lease was taken over by machine-b (pid 777)"
+    )
+    assert codes[1] == 1 and one_line(errs[1].read_text()).startswith(
+        "error: another rank of this training stopped it after batch "  # the batch both ranks agreed on
+    )

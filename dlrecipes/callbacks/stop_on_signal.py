@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from composer.callbacks import CheckpointSaver
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+REQUESTED = 1000  # reduced beside a signal's number (larger than any): a rank asked the run to stop (request_stop)
 
 
 def _handled() -> tuple[int, ...]:
@@ -44,6 +45,26 @@ class Preempted(UserError):
 
     exit_code = 75
     prefix = ""  # a clean stop, not an error
+
+
+class StoppedWithAnotherRank(UserError):
+    """Another rank asked the run to stop (its own line says why); this rank stopped at the same batch."""
+
+    exit_code = 1
+
+
+def _stop_as_asked(batch: int) -> None:
+    """The stop a rank asked for (:func:`~dlrecipes.core.distributed.request_stop`), at the batch every rank agreed
+    on: the asking rank's own error, the others' one line."""
+    from dlrecipes.core.distributed import requested_stop
+
+    asked = requested_stop()
+    if asked is not None:
+        raise asked
+    raise StoppedWithAnotherRank(
+        f"another rank of this training stopped it after batch {batch} (that rank's line says why); this rank "
+        "stopped with it"
+    )
 
 
 class StopOnSignal(Callback):
@@ -63,7 +84,9 @@ class StopOnSignal(Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.core.distributed import HostReducer
+        from dlrecipes.core.distributed import HostReducer, requested_stop
+
+        requested_stop(clear=True)
 
         self._host, self._pending = HostReducer(), None
         if threading.current_thread() is threading.main_thread():
@@ -77,9 +100,12 @@ class StopOnSignal(Callback):
 
     def _any_rank_signalled(self) -> int:
         """The signal any rank had received by the previous batch's end (this one's, with one process)."""
+        from dlrecipes.core.distributed import requested_stop
+
+        mine = REQUESTED if requested_stop() is not None else (self.received or 0)
         if self._host.world_size == 1:
-            return self.received or 0
-        pending, self._pending = self._pending, self._host.start([float(self.received or 0)], "MAX")
+            return mine
+        pending, self._pending = self._pending, self._host.start([float(mine)], "MAX")
         return int(pending.wait()[0]) if pending is not None else 0
 
     def _finish_pending(self) -> None:
@@ -93,6 +119,8 @@ class StopOnSignal(Callback):
             return
         self._finish_pending()
         self._restore()
+        if received >= REQUESTED:
+            _stop_as_asked(int(state.timestamp.batch))
         batch = int(state.timestamp.batch)
         saved = None
         if self.saver is not None:

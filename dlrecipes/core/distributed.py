@@ -40,6 +40,26 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+_STOP: list[BaseException] = []  # a stop this process asked of the whole run (request_stop)
+
+
+def request_stop(error: BaseException) -> None:
+    """Ask every rank of the training to stop at the same batch (the signal handling's agreement,
+    :mod:`dlrecipes.callbacks.stop_on_signal`): this rank then raises ``error`` (its one line), the others one line
+    saying another rank stopped the run. A rank that stopped alone would leave the others waiting in a collective
+    for its timeout. The first request stands."""
+    if not _STOP:
+        _STOP.append(error)
+
+
+def requested_stop(clear: bool = False) -> Optional[BaseException]:
+    """The stop this process asked for (``clear``: forgotten, as a new training starts), or None."""
+    found = _STOP[0] if _STOP else None
+    if clear:
+        _STOP.clear()
+    return found
+
+
 def local_world_size() -> int:
     """How many of them run on this node."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
