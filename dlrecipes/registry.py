@@ -269,6 +269,7 @@ datasets = Registry(
         "source_side",
         "channels",
         "held_samples",
+        "data_check",
     ),
 )
 optimizers = Registry(

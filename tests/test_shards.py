@@ -271,6 +271,15 @@ def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
         open_shards("s3://data/b", cache_limit=1000)
     trained = run_cli("train", str(recipe(tmp_path, "s3://data/b")), "dataset.cache_limit=1000", "run_name=c")
     assert trained.returncode == 2 and len(trained.stderr.strip().splitlines()) == 1, trained.stderr[-2000:]
+    for address, more, said in [  # validate checks what training would check first (it said ok, before)
+        ("s3://data/nothing-here", [], "no shards dataset at s3://data/nothing-here"),
+        ("s3://data/b", ["dataset.cache_limit=1000"], "dataset.cache_limit: 1,000 bytes is smaller than one shard"),
+    ]:
+        checked = run_cli("validate", str(recipe(tmp_path, address)), *more)
+        assert checked.returncode == 2 and said in checked.stderr, checked.stderr[-2000:]
+        assert len([line for line in checked.stderr.splitlines() if line.startswith("error:")]) == 1
+        assert run_cli("validate", str(recipe(tmp_path, address)), *more, "--no-data-check").returncode == 0
+    assert run_cli("validate", str(recipe(tmp_path, "s3://data/b"))).returncode == 0
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(UserError, match=r"dataset.remote: s3://data/b: access denied .*check AWS_ACCESS_KEY_ID"):
         open_shards("s3://data/b")
@@ -456,3 +465,37 @@ def test_a_shards_index_is_data_checked_before_any_sample_is_read(source, tmp_pa
     shutil.copytree(tmp_path / "train-as-written", out / "train")
     meta_file.write_text(json.dumps(good_meta))
     assert len(open_shards(str(out)).train) == sum(shard["samples"] for shard in good_meta["splits"]["train"]["shards"])
+
+
+def test_labels_outside_the_classes_are_one_line_before_training_and_as_each_is_read(source, tmp_path):
+    """A shard whose recorded labels reach past the dataset's classes is refused before anything is read, in either
+    split (before: raw torch text, in the eval split only after a whole training epoch); metadata without label
+    ranges (an older conversion) has each label checked as it is read: one line naming the shard and the sample."""
+    from dlrecipes.errors import DataError
+
+    out = tmp_path / "s"
+    assert convert(source, str(out)).returncode == 0
+    meta_file = out / "dlrecipes-shards.json"
+    good = json.loads(meta_file.read_text())
+    classes = len(good["class_names"])
+    assert all(shard["labels"][1] < classes for split in good["splits"].values() for shard in split["shards"])
+    wrong = copy.deepcopy(good)
+    wrong["splits"]["val"]["shards"][0]["labels"] = [0, classes + 7]
+    meta_file.write_text(json.dumps(wrong))
+    with pytest.raises(DataError) as refused:
+        open_shards(str(out))
+    assert str(refused.value) == (
+        f"dataset.remote: shard {out}/val/{good['splits']['val']['shards'][0]['file']} (samples "
+        f"0-{good['splits']['val']['shards'][0]['samples'] - 1} of val) holds labels 0-{classes + 7}, outside the "
+        f"dataset's {classes} classes (0-{classes - 1}); convert the dataset again"
+    )
+    older = copy.deepcopy(good)
+    older["class_names"] = older["class_names"][:1]  # fewer classes than the samples' labels
+    for split in older["splits"].values():
+        for shard in split["shards"]:
+            del shard["labels"]
+    meta_file.write_text(json.dumps(older))
+    splits = open_shards(str(out))
+    last = len(splits.train) - 1
+    with pytest.raises(DataError, match=rf"cannot be read at sample {last}: its label is [1-9]\d*, outside the "):
+        splits.train[last]

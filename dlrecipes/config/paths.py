@@ -75,6 +75,8 @@ def check_inputs_exist(config: RecipeConfig) -> None:
             value = params.get(key)
             if isinstance(value, str) and value and "://" not in value and not Path(value).exists():
                 missing.append((f"{section}.{key}", value, entry.metadata.get("made_by")))
+    if not missing:  # the data a dataset names, checked by its own rules where it has them (shards: address, metadata)
+        _check_named_data(config)
     if missing:
         key, value, made_by = missing[0]
         more = f" (and {', '.join(k for k, _, _ in missing[1:])})" if len(missing) > 1 else ""
@@ -83,3 +85,18 @@ def check_inputs_exist(config: RecipeConfig) -> None:
             f"{key}: {value} does not exist{more}; {way_out} an existing path, or check it later "
             "(validate --no-data-check)"
         )
+
+
+def _check_named_data(config: RecipeConfig) -> None:
+    """A dataset whose registry entry has a ``data_check`` (``check(params, key_path)``) is checked by it: where its
+    data is, and that it is as the dataset reads it (one line, as training would give it, before anything is built)."""
+    from dlrecipes.registry import datasets
+
+    component = getattr(config, "dataset", None)
+    if not isinstance(component, Component):
+        return
+    entry = datasets.get(component.name)
+    check = entry.metadata.get("data_check")
+    if callable(check):
+        params = {**{n: p.default for n, p in entry.parameters.items() if p.default is not p.empty}, **component.params}
+        check(params, "dataset")

@@ -73,6 +73,14 @@ def _check_eval_sizes(params: dict, path: str) -> None:
         )
 
 
+def _check_shards(params: dict) -> None:
+    """validate's data check of a shards dataset: its address answers, its metadata and index are as a conversion
+    writes them, and its cache limit holds a shard (what training checks first, without building anything)."""
+    from dlrecipes.data.shards import open_shards
+
+    open_shards(params["remote"], params["cache_limit"])
+
+
 @datasets.register(
     "digits",
     in_memory=True,
@@ -231,6 +239,7 @@ datasets.add(
     shards,
     image_side=_crop_side,
     validator=_check_eval_sizes,
+    data_check=lambda params, path: _check_shards(params),
     made_by=(
         "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), "
         "e.g. dlrecipes data "

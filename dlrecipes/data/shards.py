@@ -210,6 +210,29 @@ def check_meta_counts(place: ShardsPlace, meta: dict) -> None:
         )
 
 
+def check_labels(place: ShardsPlace, meta: dict) -> None:
+    """Each shard's label range, where the conversion recorded it (``labels``: [lowest, highest]), within the
+    dataset's classes, in both splits, before anything is trained: one line naming the shard."""
+    classes = len(meta["class_names"])
+    for split in SPLITS:
+        start = 0
+        for shard in meta["splits"][split]["shards"]:
+            end, held = start + shard["samples"], shard.get("labels")
+            plain = isinstance(held, list) and len(held) == 2 and all(type(v) is int for v in held)
+            if held is not None and not (plain and 0 <= held[0] <= held[1] < classes):
+                raise DataError(
+                    f"{place.key_path}: shard {place.url(split, shard['file'])} (samples {start}-{end - 1} of "
+                    f"{split}) holds labels {_brief(held)}, outside the dataset's {classes} classes (0-{classes - 1}); "
+                    "convert the dataset again"
+                )
+            start = end
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, list) or len(value) != 2 else f"{value[0]}-{value[1]}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_limit: Optional[int]) -> None:
     """One line for a shard missing or not of the size its index says (truncated or replaced: named, with its
     samples), and for a cache limit smaller than the largest shard."""
@@ -256,6 +279,7 @@ class ShardsDataset:
         self.cache_limit, self.storage_options = cache_limit, place.storage_options()
         self.remote = place.bucket is not None
         self.stream, self.pid = None, None
+        self.num_classes: Optional[int] = None  # set by build_shards: each label read is checked against it
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -287,7 +311,7 @@ class ShardsDataset:
 
         try:
             item = self.reader()[int(index)]
-            return bytes(item["image"]), int(item["label"])
+            data, label = bytes(item["image"]), int(item["label"])
         except ChunkWaitTimeoutError:
             shard, first, last = self.shard_of(index)
             wait = os.environ.get("MAX_WAIT_TIME", "120")
@@ -298,6 +322,12 @@ class ShardsDataset:
             ) from None
         except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
             raise self.damaged(index, exc) from None
+        if self.num_classes is not None and not 0 <= label < self.num_classes:
+            raise DataError(
+                f"{self.where(index)}: its label is {label}, outside the dataset's {self.num_classes} classes "
+                f"(0-{self.num_classes - 1}); convert the dataset again"
+            )
+        return data, label
 
     def where(self, index: int) -> str:
         """Sample ``index`` in an error line: its shard and the shard's samples."""
@@ -356,6 +386,7 @@ def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
     place = ShardsPlace(remote, "dataset.remote")
     meta = read_meta(place)
     check_meta_counts(place, meta)
+    check_labels(place, meta)
     for split in SPLITS:
         check_shards(place, split, meta["splits"][split]["shards"], limit)
         check_index(place, split, meta["splits"][split]["shards"])
@@ -390,6 +421,8 @@ def build_shards(
         return ShardsDataset(place, split, meta["splits"][split]["shards"], transform, cache_dir, limit)
 
     made = {split: dataset(split) for split in SPLITS}
+    for split in SPLITS:
+        made[split].num_classes = len(meta["class_names"])
     set_decoding(
         made["train"], made["val"], decode, crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std
     )

@@ -124,16 +124,23 @@ def write_split(source: EncodedImages, folder: Path, shard_bytes: int) -> list[d
     from litdata.streaming.writer import BinaryWriter
 
     writer = BinaryWriter(str(folder), chunk_bytes=shard_bytes)
+    labels = []
     for index in range(source.count):
         data, label = source[index]
         writer[index] = {"image": data, "label": label}
+        labels.append(int(label))
     writer.done()
     writer.merge()
     chunks = json.loads((folder / "index.json").read_text())["chunks"]
-    return [
-        {"file": c["filename"], "samples": int(c["chunk_size"]), "bytes": (folder / c["filename"]).stat().st_size}
-        for c in chunks
-    ]
+    shards, start = [], 0
+    for c in chunks:  # each shard's label range: a reader checks it against the classes before training
+        held = labels[start : start + int(c["chunk_size"])]
+        start += int(c["chunk_size"])
+        size = (folder / c["filename"]).stat().st_size
+        shards.append(
+            {"file": c["filename"], "samples": int(c["chunk_size"]), "bytes": size, "labels": [min(held), max(held)]}
+        )
+    return shards
 
 
 def existing(place: ShardsPlace) -> bool:
