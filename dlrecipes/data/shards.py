@@ -72,7 +72,28 @@ def import_litdata():
         import litdata
     except ImportError as exc:
         raise UserError(f"dataset shards need litdata: {INSTALL_HINT} ({exc})") from None
+    _quiet_where_said()
     return litdata
+
+
+_SAID_HERE = (  # litdata's warnings about what dlrecipes checks and says itself
+    "max_cache_size` is less than",  # the cache limit: checked against the shards (check_shards)
+    "disabled the `drop_last` option",  # several processes: dlrecipes's sampler keeps the ranks' batches equal
+)
+
+
+def _said_elsewhere(record) -> bool:
+    return not any(part in record.getMessage() for part in _SAID_HERE)
+
+
+def _quiet_where_said() -> None:
+    """litdata's warnings that dlrecipes already says (or makes moot) are not printed; the others are, as litdata
+    prints them. Installed once per process, on litdata's dataset logger."""
+    import logging
+
+    logger = logging.getLogger("litdata.streaming.dataset")
+    if _said_elsewhere not in logger.filters:
+        logger.addFilter(_said_elsewhere)
 
 
 class ShardsPlace:
