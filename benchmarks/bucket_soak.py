@@ -243,9 +243,8 @@ class Soak:
         committed: dict[str, int] = {}
         for run in runs:
             held = {key[len(f"runs/{run}/") :] for key in keys if key.startswith(f"runs/{run}/")}
-            if "recipe.yaml" not in held and held - {"run.lease", "moving-aside.json"}:
-                if not any(h.startswith("checkpoints/") for h in held) or "moving-aside.json" not in held:
-                    self.violation(f"{run}: files without a recipe (a partial run): {sorted(held)[:6]}")
+            if _aside(run) and "recipe.yaml" not in held and not self._being_copied(run):
+                self.violation(f"{run}: a run moved aside, not whole and named by no move: {sorted(held)[:6]}")
             if "checkpoints/latest.txt" not in held:
                 if "history.csv" in held and _rows(self.server.read("soak", f"runs/{run}/history.csv")):
                     self.violation(f"{run}: history rows with no commit")
@@ -271,13 +270,23 @@ class Soak:
                     self.violation(f"{run}: history.csv reaches step {max(steps)}, the commit {step}")
         self._listed(committed)
         for run in runs:  # runs moved aside by --restart, checked once: removed, so that the bucket does not fill
-            if ".restarted-" in run or ".failed-" in run:
+            if _aside(run) and "recipe.yaml" in {k.rsplit("/", 1)[-1] for k in keys if k.startswith(f"runs/{run}/")}:
                 for key in (k for k in keys if k.startswith(f"runs/{run}/")):
                     self.server.client().delete_object(Bucket="soak", Key=key)
         if self.marker.exists():
             self.violation("code from the bucket ran")
         if self.outside.exists() and any(self.outside.iterdir()):
             self.violation(f"files outside the staging folders: {list(self.outside.iterdir())[:3]}")
+
+    def _being_copied(self, aside: str) -> bool:
+        """Whether the run ``aside`` was being moved to names it in its marker as a copy cut off (the next --restart
+        of that run removes it)."""
+        original = aside.split(".", 1)[0]
+        try:
+            marker = json.loads(self.server.read("soak", f"runs/{original}/moving-aside.json"))
+        except Exception:
+            return False
+        return isinstance(marker, dict) and marker.get("aside") == aside and marker.get("copying") is True
 
     def _listed(self, committed: dict[str, int]) -> None:
         """``dlrecipes runs`` shows no run further than its commit."""
@@ -321,6 +330,11 @@ def _children(pid: int, signum: int, named: str = "") -> int:
             except ProcessLookupError:
                 pass
     return sent
+
+
+def _aside(run: str) -> bool:
+    """Whether ``run`` is a run moved aside (``r0.restarted-<time>``, ``.failed-``, ``.diverged-``)."""
+    return any(f".{why}-" in run for why in ("restarted", "failed", "diverged"))
 
 
 def _rows(data: bytes) -> list[dict[str, str]]:

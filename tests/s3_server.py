@@ -38,9 +38,9 @@ PORTS = (
 
 
 def plain(key: str) -> str:
-    """A bucket's key with a periodic checkpoint's writer tag taken out (``ep2-ba6-rank0.w3f9a0c12.pt`` ->
-    ``ep2-ba6-rank0.pt``)."""
-    return re.sub(r"(ep[0-9]+-ba[0-9]+-rank0)\.w[0-9a-f]{8}\.pt$", r"\1.pt", key)
+    """A bucket's key with a periodic or best checkpoint's writer tag taken out (``ep2-ba6-rank0.w3f9a0c12.pt`` ->
+    ``ep2-ba6-rank0.pt``, ``best.w3f9a0c12.pt`` -> ``best.pt``)."""
+    return re.sub(r"(ep[0-9]+-ba[0-9]+-rank0|best)\.w[0-9a-f]{8}\.pt$", r"\1.pt", key)
 
 
 def weed_binary() -> str | None:

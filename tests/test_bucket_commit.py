@@ -82,11 +82,33 @@ def _checkpoint(remote, name: str, value: float) -> None:
     torch.save({"weights": torch.full((4,), value)}, remote.local / "checkpoints" / name)
 
 
+def _best(remote, value: float, epoch: int, batch: int) -> None:
+    """A best checkpoint of ``value``'s weights, and the best.json that describes it, as the run writes them."""
+    import json
+
+    from dlrecipes.records.run_files import file_digest
+
+    _checkpoint(remote, "best.pt", value)
+    info = {"monitor": "top1", "value": value, "epoch": epoch, "batch": batch}
+    info["sha256"] = file_digest(remote.local / "checkpoints" / "best.pt")
+    (remote.local / "checkpoints" / "best.json").write_text(json.dumps(info))
+
+
 def _history(remote, steps: list[int]) -> None:
     with open(remote.local / "history.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["epoch", "step", "lr", "train_loss"])
         writer.writerows([[i + 1, step, 0.1, 1.0 / (i + 1)] for i, step in enumerate(steps)])
+
+
+def _pulled_best(root, folder):
+    """The run's best checkpoint as ``eval --checkpoint best`` brings it from the bucket: its local path."""
+    from dlrecipes.records.store.reading import PulledRun
+
+    pulled = PulledRun(root, "w", folder)
+    listing = pulled.pull_records()
+    assert pulled.pull_checkpoint("best", listing) == "best"
+    return pulled.local / "checkpoints" / "best.pt"
 
 
 def _frozen(remote) -> None:
@@ -101,13 +123,15 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     s3, tmp_path, monkeypatch, capsys
 ):
     """A commits ep1 and freezes past its term; B resumes from ep1 and takes the run over. A wakes with an upload of
-    its ep2, a commit and a summary already on their way (each past its lease check): the upload lands on A's own
-    key, the commit is refused (B's take-over changed the pointer's ETag), A's committed ep1 cannot be written over,
-    and a reader takes no summary from A. B commits its ep2: the pointer names B's weights, A's stray is deleted,
-    a third machine's --resume brings B's ep2, and the bucket's history stops at the commit."""
+    its ep2, a commit, a summary and a best checkpoint already on their way (each past its lease check): the upload
+    lands on A's own key, the commit is refused (B's take-over changed the pointer's ETag), A's committed ep1 cannot
+    be written over, and a reader takes neither A's summary nor A's late best. B commits its ep2: the pointer names
+    B's weights, A's stray is deleted, a third machine's --resume brings B's ep2, --checkpoint best B's best, and the
+    bucket's history stops at the commit."""
     from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun
     from dlrecipes.records.store.commit import CommitMoved
     from dlrecipes.records.store.lease import LeaseLost
+    from dlrecipes.errors import UserError
     from dlrecipes.records.store.reading import PulledRun
 
     use_server(s3, monkeypatch, tmp_path / "staging", DLRECIPES_LEASE_TERM=TERM)
@@ -115,6 +139,7 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     a = _writer(root, tmp_path / "a")
     s3.client().put_object(Bucket="runs", Key="late/w/recipe.yaml", Body=b"name: late\n")
     _checkpoint(a, "ep1-ba3-rank0.pt", 1.0)
+    _best(a, 1.0, 1, 3)
     _history(a, [3, 6])  # A trains on: its epoch 2's row is written before ep2 is committed
     a.push()
     pointer = s3.read("runs", "late/w/checkpoints/latest.txt").decode()
@@ -143,12 +168,24 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
         a._send("checkpoints/ep1-ba3-rank0.pt", (a.local / "checkpoints/ep1-ba3-rank0.pt").stat().st_size)
     (a.local / "summary.json").write_text('{"status": "finished", "epochs": 2}')
     s3.client().put_object(Bucket="runs", Key="late/w/summary.json", Body=a._bytes("summary.json"))
+    _best(a, 10.0, 2, 6)  # A's late best (of an epoch after B's start): on A's own key, its best.json refused
+    a._send("checkpoints/best.pt", (a.local / "checkpoints/best.pt").stat().st_size)
+    s3.client().put_object(Bucket="runs", Key="late/w/checkpoints/best.json", Body=a._bytes("checkpoints/best.json"))
     with pytest.raises(LeaseLost, match="lease was taken over"):
         a.push()
 
+    late = PulledRun(root, "w", tmp_path / "e")
+    capsys.readouterr()
+    listing = late.pull_records()
+    assert "checkpoints/best.json was written by" in capsys.readouterr().err
+    with pytest.raises(UserError, match="has no best.pt"):  # A's late best is no best of the run
+        late.pull_checkpoint("best", listing)
+
     _checkpoint(b, "ep2-ba6-rank0.pt", 2.0)
+    _best(b, 2.0, 2, 6)
     _history(b, [3, 6, 9])
     b.push()
+    assert torch.load(_pulled_best(root, tmp_path / "f"))["weights"][0] == 2.0  # B's best, from B's own key
     keys = s3.keys("runs", "late/w/checkpoints/")
     assert f"late/w/checkpoints/ep2-ba6-rank0.{a.writer}.pt" not in keys  # A's stray, deleted after B's commit
     assert f"late/w/checkpoints/ep1-ba3-rank0.{b.writer}.pt" not in keys  # B's start: A's, not uploaded again
@@ -163,7 +200,10 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     capsys.readouterr()
     pulled.pull_records()
     assert not (pulled.local / "summary.json").exists()
-    assert f"summary.json was written by {a.writer}, not by {b.writer}" in capsys.readouterr().err
+    assert (
+        f"summary.json was written by {a.writer}, a writer whose lease was taken over (the run's commit is held by "
+        f"{b.writer}); it is left out"
+    ) in capsys.readouterr().err
     b.lease.release()
     a.lease.release()
 

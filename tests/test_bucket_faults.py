@@ -222,8 +222,9 @@ def _consistent(s3, prefix: str) -> None:
     if prefix + "checkpoints/latest.txt" in keys:
         assert prefix + "checkpoints/" + s3.committed("runs", prefix + "checkpoints/latest.txt") in keys
     if prefix + "checkpoints/best.json" in keys:
-        described = json.loads(s3.read("runs", prefix + "checkpoints/best.json"))["sha256"]
-        assert hashlib.sha256(s3.read("runs", prefix + "checkpoints/best.pt")).hexdigest() == described
+        best = json.loads(s3.read("runs", prefix + "checkpoints/best.json"))
+        named = prefix + "checkpoints/" + best.get("file", "best.pt")  # each writer's best: its own key
+        assert hashlib.sha256(s3.read("runs", named)).hexdigest() == best["sha256"]
 
 
 def test_a_hung_server_at_the_end_is_a_bounded_wait_named_and_resumed(s3, machine_a, tiny_recipe, tmp_path):
@@ -716,6 +717,28 @@ def test_restart_takes_the_lease_before_it_moves_anything(s3, machine_a, tiny_re
     assert {key: value for key, value in bucket_of(s3, "again/r/").items() if "moving-aside" not in key} == third
 
 
+def test_a_restart_killed_while_copying_leaves_its_copy_named_and_the_next_restart_removes_it(
+    s3, machine_a, tiny_recipe, tmp_path
+):
+    """A --restart killed (SIGKILL) after its first copy aside: the run is whole where it was, and the marker it wrote
+    before copying names the partial copy; the next --restart removes that copy (one note), moves the run aside whole
+    and trains: one run, one aside folder (before: a folder of one checkpoint and no recipe stayed in the bucket, as
+    the bucket soak found)."""
+    args = [str(tiny_recipe), "runs_dir=s3://runs/cut", "run_name=r", "trainer.max_duration=1ep"]
+    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    first = {key[len("cut/r/") :]: value for key, value in bucket_of(s3, "cut/r/").items()}
+    killed, _ = _stopped_restart(tmp_path, args, "copy:1", "killed")
+    killed.kill()
+    killed.wait()
+    partial = {key.split("/")[1] for key in s3.keys("runs", "cut/") if ".restarted-" in key}
+    assert len(partial) == 1 and json.loads(s3.read("runs", "cut/r/moving-aside.json"))["copying"] is True
+    again = run_cli("train", *args, "--restart", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"was cut off while copying; its partial copy s3://runs/cut/{partial.pop()} was removed" in again.stderr
+    assert list(_asides(s3, "cut/").values()) == [first]  # one aside folder, whole; the partial one gone
+    assert "cut/r/moving-aside.json" not in s3.keys("runs", "cut/")
+
+
 HANG_IN_DOWNLOAD = """
 import sys
 import time
@@ -753,8 +776,9 @@ def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_
     script.write_text(HANG_IN_DOWNLOAD)
     env = {**os.environ, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-b"), "DLRECIPES_BUCKET_STALL": "2"}
     server = os.environ["S3_ENDPOINT_URL"]
+    best = "checkpoints/" + json.loads(s3.read("runs", "hung/r1/checkpoints/best.json"))["file"]  # its writer's key
     for command, key in [
-        (["eval", "s3://runs/hung/r1"], "checkpoints/best.pt"),
+        (["eval", "s3://runs/hung/r1"], best),
         (
             ["train", *args[:-1], "trainer.max_duration=2ep", "--resume"],
             "checkpoints/" + s3.committed("runs", "hung/r1/checkpoints/latest.txt"),  # ep1, its writer's key
@@ -790,8 +814,7 @@ def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_
     _, stderr = interrupted.communicate(timeout=30)
     assert interrupted.returncode == 130 and time.monotonic() - began < 2, stderr[-3000:]
     assert one_line(stderr) == (
-        f"error: s3://runs/hung/r1/checkpoints/best.pt: interrupted (Ctrl-C) while downloading it at the S3 "
-        f"endpoint {server}"
+        f"error: s3://runs/hung/r1/{best}: interrupted (Ctrl-C) while downloading it at the S3 endpoint {server}"
     )
 
 

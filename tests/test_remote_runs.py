@@ -384,7 +384,9 @@ def test_a_checkpoint_in_the_bucket_that_runs_code_is_refused_by_every_command(s
         poison(damaged, marker)
         s3.client().put_object(Bucket="runs", Key=key, Body=damaged.read_bytes())
     info = json.loads(s3.read("runs", "bad/one/checkpoints/best.json"))  # a thorough attacker rewrites best.json too
-    info["sha256"] = hashlib.sha256(s3.read("runs", "bad/one/checkpoints/best.pt")).hexdigest()
+    info["sha256"] = hashlib.sha256(
+        s3.read("runs", s3.checkpoint_key("runs", "bad/one/checkpoints/best.pt"))
+    ).hexdigest()
     s3.client().put_object(Bucket="runs", Key="bad/one/checkpoints/best.json", Body=json.dumps(info).encode())
     bucket = {key: s3.read("runs", key) for key in s3.keys("runs", "bad/one/")}
     shutil.rmtree(in_bucket)  # another machine: nothing local

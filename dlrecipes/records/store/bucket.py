@@ -274,7 +274,8 @@ class RemoteRun(Writer):
         from dlrecipes.records.store.backend import Conflict
         from dlrecipes.records.store.upload_process import LARGE
 
-        key, once = self.key(self.remote(relative)), self.remote(relative) != relative  # a writer's own key: once
+        key = self.key(self.remote(relative))
+        once = self.lease is not None and is_periodic(Path(relative))  # a writer's own periodic key: written once
         try:
             if self.offload is not None and self.offload.usable() and size >= LARGE:
                 try:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from dlrecipes.errors import shown
-from dlrecipes.records.layout import periodic_progress
+from dlrecipes.records.layout import BEST_CHECKPOINT, periodic_progress
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.backend import Backend
@@ -65,6 +65,20 @@ def untagged(name: str) -> str:
     return name.replace(f".{match.group(1)}", "") if match and match.group(1) else name
 
 
+_BEST = re.compile(rf"{re.escape(Path(BEST_CHECKPOINT).stem)}\.({_TAG})\.pt")
+
+
+def best_name(writer: str) -> str:
+    """The bucket's name of ``writer``'s best checkpoint (each writer's its own: a fenced writer's late one replaces
+    no other's)."""
+    return f"{Path(BEST_CHECKPOINT).stem}.{writer}.pt" if writer else BEST_CHECKPOINT
+
+
+def is_best(name: str) -> bool:
+    """Whether ``name`` is a best checkpoint's name in the bucket (a writer's, or the untagged ``best.pt``)."""
+    return name == BEST_CHECKPOINT or _BEST.fullmatch(name) is not None
+
+
 def writer_of(name: str) -> Optional[str]:
     """The writer tag a periodic checkpoint's name carries (``-``: none), None for any other name."""
     match = _NAME.fullmatch(name)
@@ -87,7 +101,11 @@ class Pointer:
         """Whether the periodic checkpoint ``name`` (a key of checkpoints/) belongs to the run this pointer commits:
         its writer is in the lineage and its progress lies between that writer's start and the next writer's."""
         writer = writer_of(name)
-        progress = periodic_progress(Path(name))
+        return writer is not None and self.holds(writer, periodic_progress(Path(name)))
+
+    def holds(self, writer: str, progress: Progress) -> bool:
+        """Whether ``writer``'s file of ``progress`` (its best checkpoint, a periodic one) belongs to the run: the
+        writer is in the lineage and the progress lies between its start and the next writer's."""
         for i, (who, start) in enumerate(self.lineage):
             end = self.lineage[i + 1][1] if i + 1 < len(self.lineage) else None
             if who == writer and start <= progress and (end is None or progress <= end):
@@ -212,6 +230,8 @@ __all__ = [
     "CommitMoved",
     "POINTER_LIMIT",
     "Pointer",
+    "best_name",
+    "is_best",
     "lineage_checkpoints",
     "parse_pointer",
     "read_pointer",

@@ -49,8 +49,9 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLea
     from dlrecipes.records.store.lease import BucketLease, live_holder, refusal
 
     store = object_store(root)
-    unfinished = store.read(root.key(name, ASIDE_MARKER))
-    if not unfinished and not store.keys(root.key(name, RECIPE_FILE)):
+    found = _marker(store, root, name)
+    unfinished = bool(found) and not found.get("copying")  # a move cut off while deleting: the run is aside already
+    if not found and not store.keys(root.key(name, RECIPE_FILE)):
         return None
     held = live_holder(store, root, name)  # a run another machine trains now: never moved aside under it
     if held is not None:
@@ -71,7 +72,11 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLea
         store.delete(root.key(name, RECIPE_FILE), why)
     lease = BucketLease(store, root, name).take()  # refused while another process holds it (it won the race)
     try:
-        if unfinished or store.read(root.key(name, ASIDE_MARKER)):  # an earlier move cut off: finished, not redone
+        marker = _marker(store, root, name)
+        if marker.get("copying"):  # an earlier move cut off while copying: its partial copy goes, the run stays
+            _clear_cut_copy(store, root, name, lease, marker.get("aside"))
+            marker = {}
+        if marker:  # an earlier move cut off while deleting: finished, not redone
             _finish_move(store, root, name, lease, why)
         elif store.keys(root.key(name, RECIPE_FILE)):
             _move_aside(store, root, name, lease, status, restart, why)
@@ -81,7 +86,7 @@ def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLea
     return lease
 
 
-ASIDE_MARKER = "moving-aside.json"  # in a run being moved aside, once all of it is copied: where it went
+ASIDE_MARKER = "moving-aside.json"  # in a run being moved aside: where it goes ("copying": not all of it yet)
 
 
 def _move_aside(
@@ -103,12 +108,14 @@ def _move_aside(
     copied: list[str] = []
     with _refusals(root):
         try:
+            lease.guard()  # where the copy goes, said first: a process killed while copying leaves it named
+            store.write(root.key(name, ASIDE_MARKER), json.dumps({"aside": aside, "copying": True}).encode())
             for key in keys:
                 lease.guard()
                 copied.append(root.key(aside) + key[len(root.key(name)) :])
                 store.copy(key, copied[-1])
         except LeaseLost:
-            for key in copied:  # this process's partial copy: nothing else names it
+            for key in copied:  # this process's partial copy (the marker names it for whoever takes the run next)
                 _delete_quietly(store, key)
             raise
         lease.confirm()
@@ -117,6 +124,39 @@ def _move_aside(
     why = "--restart: the run" if restart else f"the run that {'diverged' if status == 'diverged' else 'failed'}"
     print(
         f"warning: {why} that was in {root}/{name} is kept as {root}/{aside}; this run starts from the beginning",
+        file=sys.stderr,
+    )
+
+
+def _marker(store: Backend, root: RemoteRoot, name: str) -> dict:
+    """The move-aside marker of ``root/name`` (``{}``: none, or one that is no object)."""
+    try:
+        marker = json.loads(store.read(root.key(name, ASIDE_MARKER)) or b"{}")
+    except ValueError:
+        return {"aside": None}
+    return marker if isinstance(marker, dict) else {"aside": None}
+
+
+def _clear_cut_copy(store: Backend, root: RemoteRoot, name: str, lease: BucketLease, aside: object) -> None:
+    """A move aside cut off while copying (its process killed, or paused past its term): the run is whole where it
+    was; the partial copy the marker names is deleted (never a folder that holds a recipe: that is a run), then the
+    marker. The marker is data: an aside name with a ``/`` is refused in one line."""
+    if not isinstance(aside, str) or not aside or "/" in aside or aside in (".", ".."):
+        raise UserError(
+            f"run_name: {root}/{name}/{ASIDE_MARKER} names {aside!r}, which is no folder a move aside makes; it is no "
+            "marker dlrecipes wrote: delete it, or choose another run_name"
+        )
+    keys = store.keys(root.key(aside) + "/")
+    with _refusals(root):
+        if root.key(aside, RECIPE_FILE) not in keys:  # (a whole copy has the recipe, copied last: kept)
+            for key in keys:
+                lease.guard()
+                store.delete(key, f"{root}/{aside}")
+        lease.guard()
+        store.delete(root.key(name, ASIDE_MARKER), f"{root}/{name}")
+    print(
+        f"note: an earlier move of {root}/{name} aside was cut off while copying; its partial copy "
+        f"{root}/{aside} was removed",
         file=sys.stderr,
     )
 

@@ -25,6 +25,7 @@ from typing import Any, Optional
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT,
+    BEST_INFO,
     CHECKPOINT_DIR,
     EXPORT_DIR,
     LEASE_FILE,
@@ -45,7 +46,7 @@ from dlrecipes.records.store.bucket import (
     scheme_of,
     staging_base,
 )
-from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
+from dlrecipes.records.store.commit import Pointer, is_best, lineage_checkpoints, read_pointer, untagged
 from dlrecipes.records.store.safe_keys import UnsafeKey, staged_path
 
 PULLED_DIR = "pulled"
@@ -99,25 +100,32 @@ class PulledRun(RemoteRun):
         return listing
 
     def _drop_stale_summary(self) -> None:
-        """A summary.json written by a writer that does not hold the run's commit (a fenced writer's late upload:
-        :mod:`~.commit`) is not the run's: the copy goes without it (the run is shown by its history), said once."""
+        """A summary.json written by a writer that does not hold the run's commit, or a best.json whose best lies
+        outside its writer's part of the run (a fenced writer's late upload: :mod:`~.commit`), is not the run's: the
+        copy goes without it (the run is shown by its history; ``--checkpoint best`` finds none), said once."""
         import json
 
-        summary, pointer = self.local / SUMMARY_FILE, self.local / CHECKPOINT_DIR / REMOTE_LATEST
-        if not (summary.is_file() and pointer.is_file()):
-            return
-        try:
-            writer = json.loads(summary.read_text()).get("writer")
-            holder = self.pointer("run").writer
-        except (ValueError, AttributeError, UserError):
-            return
-        if isinstance(writer, str) and writer != holder:
-            summary.unlink()
-            print(
-                f"warning: {self.url}/{SUMMARY_FILE} was written by {writer}, not by {holder}, which holds the run's "
-                "commit (a writer whose lease was taken over); it is left out",
-                file=sys.stderr,
-            )
+        pointer = self.local / CHECKPOINT_DIR / REMOTE_LATEST
+        for relative in (SUMMARY_FILE, f"{CHECKPOINT_DIR}/{BEST_INFO}"):
+            record = self.local / relative
+            if not (record.is_file() and pointer.is_file()):
+                continue
+            try:
+                data = json.loads(record.read_text())
+                writer, committed = data.get("writer"), self.pointer("run")
+                where = (int(data.get("epoch", -1)), int(data.get("batch", -1)))
+            except (ValueError, TypeError, AttributeError, UserError):
+                continue
+            if not isinstance(writer, str):
+                continue
+            stale = writer != committed.writer if relative == SUMMARY_FILE else not committed.holds(writer, where)
+            if stale:
+                record.unlink()
+                print(
+                    f"warning: {self.url}/{relative} was written by {writer}, a writer whose lease was taken over "
+                    f"(the run's commit is held by {committed.writer}); it is left out",
+                    file=sys.stderr,
+                )
 
     def bring(self, relative: str) -> None:
         """One more file of the run (a plugin file its recipe names, trusted with ``--trust-plugins``), downloaded
@@ -148,7 +156,7 @@ class PulledRun(RemoteRun):
         """The checkpoint ``checkpoint`` names (best, latest or a file of the run's checkpoints/), downloaded;
         returns what to give the local command as its ``--checkpoint``."""
         if checkpoint == "best":
-            relative = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
+            relative = self._best()
             if relative not in listing:
                 raise UserError(
                     f"--checkpoint: {self.url} has no {BEST_CHECKPOINT} (its recipe monitors no metric, "
@@ -170,19 +178,25 @@ class PulledRun(RemoteRun):
         else:
             relative = self._named(f"{CHECKPOINT_DIR}/{Path(checkpoint).name}", listing)
             if relative not in listing:
-                kept = sorted(
-                    {
-                        untagged(Path(r).name)
-                        for r in listing
-                        if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt")
-                    }
-                )
+                held = [r for r in listing if r.startswith(CHECKPOINT_DIR + "/") and r.endswith(".pt")]
+                kept = sorted({Path(_local_name(r)).name for r in held})
                 raise UserError(
                     f"--checkpoint: {self.url} has no {relative} in the bucket; use best, latest or one "
                     f"of: {', '.join(kept) or '(none)'}"
                 )
         path = self._fetch(relative, *listing[relative], reuse=True)
         return checkpoint if checkpoint in ("best", "latest") else str(path)
+
+    def _best(self) -> str:
+        """The bucket's key of the run's best checkpoint: the one its best.json names (each writer's best is its own:
+        :mod:`~.commit`), else ``best.pt`` (runs written before)."""
+        import json
+
+        try:
+            named = json.loads((self.local / CHECKPOINT_DIR / BEST_INFO).read_text()).get("file")
+        except (OSError, ValueError, AttributeError):
+            named = None
+        return f"{CHECKPOINT_DIR}/{named if isinstance(named, str) and is_best(named) else BEST_CHECKPOINT}"
 
     def pointer(self, key: str) -> Pointer:
         """The run's pointer as pulled here (checked as data: :func:`~.commit.read_pointer`)."""
@@ -193,6 +207,8 @@ class PulledRun(RemoteRun):
         """A checkpoint asked for by the run folder's name (``ep2-ba6-rank0.pt``): the bucket's key of the run's
         checkpoint of that progress, which carries its writer's tag (:mod:`~.commit`)."""
         pointer = f"{CHECKPOINT_DIR}/{REMOTE_LATEST}"
+        if relative == f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}":
+            return self._best()
         if relative in listing or pointer not in listing or not is_periodic(Path(relative)):
             return relative
         names = [Path(r).name for r in listing if Path(r).parent.as_posix() == CHECKPOINT_DIR]
@@ -241,8 +257,13 @@ class PulledRun(RemoteRun):
 
 
 def _local_name(relative: str) -> str:
-    """Where a copy keeps the bucket's ``relative``: a periodic checkpoint under the run folder's name for it."""
-    return f"{CHECKPOINT_DIR}/{untagged(Path(relative).name)}" if is_periodic(Path(relative)) else relative
+    """Where a copy keeps the bucket's ``relative``: a periodic or best checkpoint under the run folder's name for
+    it (without its writer's tag)."""
+    if is_periodic(Path(relative)):
+        return f"{CHECKPOINT_DIR}/{untagged(Path(relative).name)}"
+    if Path(relative).parent.as_posix() == CHECKPOINT_DIR and is_best(Path(relative).name):
+        return f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
+    return relative
 
 
 def open_run(url: str, asked: Optional[set[str]] = None) -> PulledRun:

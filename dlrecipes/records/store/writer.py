@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from dlrecipes.records.layout import CHECKPOINT_DIR, HISTORY_FILE, REMOTE_LATEST, SUMMARY_FILE, is_periodic
+from dlrecipes.records.layout import BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, HISTORY_FILE, REMOTE_LATEST
+from dlrecipes.records.layout import SUMMARY_FILE, is_periodic
 from dlrecipes.records.layout import periodic_progress
 from dlrecipes.records.store.commit import lineage_checkpoints
 
@@ -54,7 +55,13 @@ class Writer:
         """The bucket's name for the run's file ``relative``: a periodic checkpoint carries its writer's tag."""
         from dlrecipes.records.store.commit import tagged
 
-        if self.lease is None or not is_periodic(Path(relative)):
+        from dlrecipes.records.store.commit import best_name
+
+        if self.lease is None:
+            return relative
+        if relative == f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}":
+            return f"{CHECKPOINT_DIR}/{best_name(self.writer)}"
+        if not is_periodic(Path(relative)):
             return relative
         return f"{CHECKPOINT_DIR}/{tagged(Path(relative).name, self.writer)}"
 
@@ -116,7 +123,7 @@ class Writer:
         """What the bucket gets of the small file ``relative``: a training's summary names its writer (a reader
         takes it only from the writer holding the commit)."""
         data = (self.local / relative).read_bytes()
-        if relative == SUMMARY_FILE and self.lease is not None:
+        if relative in (SUMMARY_FILE, f"{CHECKPOINT_DIR}/{BEST_INFO}") and self.lease is not None:
             import json
 
             try:
@@ -124,7 +131,10 @@ class Writer:
             except ValueError:
                 return data
             if isinstance(summary, dict):
-                data = (json.dumps({**summary, "writer": self.writer}, indent=2) + "\n").encode()
+                mine = {"writer": self.writer}
+                if relative != SUMMARY_FILE:  # best.json names its writer's best checkpoint in the bucket
+                    mine["file"] = Path(self.remote(f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}")).name
+                data = (json.dumps({**summary, **mine}, indent=2) + "\n").encode()
         return data
 
     def _commit(self, checkpoint: str) -> bool:
@@ -180,7 +190,10 @@ class Writer:
     def _rotate(self, newest: str) -> None:
         """``checkpoint.keep`` in the bucket: the run's periodic checkpoints older than the newest ``keep`` (the
         pointer's among them) deleted, now that the pointer names a newer one; and every periodic checkpoint the
-        run's lineage does not hold (a fenced writer's late uploads: :mod:`~.commit`), which no reader follows."""
+        run's lineage does not hold (a fenced writer's late uploads: :mod:`~.commit`), which no reader follows; and,
+        once this writer's best.json is up, the other writers' best checkpoints."""
+        from dlrecipes.records.store.commit import best_name, is_best
+
         if not self.store().deletes or self.abandoned:
             return
         try:
@@ -191,6 +204,8 @@ class Writer:
                 older = lineage_checkpoints(names, pointer, pointer.checkpoint)
             else:
                 stray, older = [], lineage_checkpoints(names, _untagged_run(newest))
+            if f"{CHECKPOINT_DIR}/{BEST_INFO}" in self.sent and self.lease is not None:  # best.json names ours now
+                stray += [n for n in names if is_best(n) and n != best_name(self.writer)]
             for name in stray + (older[max(self.keep, 1) - 1 :] if self.keep >= 0 else []):
                 if self.lease is not None:
                     self.lease.guard()
