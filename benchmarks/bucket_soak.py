@@ -4,7 +4,8 @@ at random moments, and after each the invariants a bucket run promises, checked.
     python benchmarks/bucket_soak.py [--faults 200] [--seed 0] [--runs 3] [--json OUT]
 
 Two machines, each with its own HOME and staging folder and a short lease (``DLRECIPES_LEASE_TERM``, 2 s), train
-and resume a few runs in ``s3://soak/runs`` on SeaweedFS (``weed``, started here on loopback, killed at the end).
+and resume a few runs in ``s3://soak/runs`` (``r0``'s checkpoints are 8 MB: they go up in parts, from the training's
+upload process; the others' are tiny) on SeaweedFS (``weed``, started here on loopback, killed at the end).
 Each round one machine trains a run (a new one, ``--resume`` or ``--restart``) and one fault is injected at a random
 moment of it: SIGKILL of the training; SIGSTOP past its lease's term while the other machine resumes the run, then
 SIGCONT; SIGKILL of its upload process; SIGSTOP of the server for a few seconds; SIGKILL of the server and a restart;
@@ -40,9 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 TERM = "2"  # seconds: the lease's term
 BOUND = 150.0  # seconds any command may take (the bounded waits' stated limits and the training itself)
-EPOCHS = 8
+EPOCHS = 10
+LARGE_RUN = "r0"  # its checkpoints are 8 MB: uploaded in parts, by the upload process (the others' are tiny)
 RECIPE = f"""
-model: {{name: cnn_simple, width: 4, hidden: 4096}}  # a checkpoint of 8 MB: uploaded in parts, by the upload process
+model: {{name: cnn_simple, width: 4, hidden: 16}}
 dataset: {{name: digits, image_size: 8, augment: false}}
 trainer:
   max_duration: {EPOCHS}ep
@@ -137,22 +139,27 @@ class Soak:
 
     def train(self, machine: str, run: str, how: str) -> "Command":
         extra = {"new": [], "resume": ["--resume"], "restart": ["--restart"]}[how]
+        if run == LARGE_RUN:
+            extra.append("model.hidden=4096")
         return self.start(machine, "train", str(self.folder / "tiny.yaml"), f"run_name={run}", *extra)
 
     # --- faults --------------------------------------------------------------------------------------------
 
     def round(self, runs: int) -> None:
         self.rounds += 1
-        run = f"r{self.rng.randrange(runs)}"
+        fault = self.rng.choice(FAULTS)
+        run = LARGE_RUN if fault == "kill-upload" else f"r{self.rng.randrange(runs)}"  # (only r0 uses the process)
         machine, other = self.rng.sample(["a", "b"], 2)
         exists = bool(self.server.keys("soak", f"runs/{run}/recipe.yaml"))
         how = "new" if not exists else self.rng.choice(["resume", "resume", "restart"])
-        fault = self.rng.choice(FAULTS if exists else [f for f in FAULTS if f != "hostile"])
-        if fault == "hostile":
+        if fault == "hostile" and exists:
             self._count(fault)
             return self._hostile(run, other)
+        if fault == "hostile":  # nothing to be hostile in yet: the run is made, and killed at a random moment
+            fault = "kill"
         command = self.train(machine, run, how)
-        time.sleep(self.rng.uniform(0.3, 3.0))  # a random moment of the training (its start included)
+        # a random moment of the training (its start included): a tiny run takes about 3 s, r0 about 8
+        time.sleep(self.rng.uniform(0.2, 6.0 if run == LARGE_RUN else 3.0))
         getattr(self, "_" + fault.replace("-", "_"))(command, run, other)
 
     def _count(self, fault: str) -> None:
@@ -354,7 +361,7 @@ def _loads(data: bytes, folder: Path) -> bool:
 def soak(faults: int, seed: int, runs: int, folder: Path) -> dict[str, Any]:
     from tests.s3_server import start_s3_server
 
-    server = start_s3_server(folder / "s3", volume_max=16)
+    server = start_s3_server(folder / "s3", volume_mb=1024, volume_max=32)  # room for what the rounds write
     try:
         server.create_bucket("soak")
         (folder / "tiny.yaml").write_text(RECIPE)

@@ -475,12 +475,36 @@ def test_a_full_server_is_one_line_at_the_first_write(machine_a, tiny_recipe, tm
         full.kill()
 
 
+def test_a_server_unreachable_or_failing_mid_command_is_one_line_not_unexpected():
+    """An operation the server does not answer (killed in the middle of a command: EndpointConnectionError) or fails
+    after the client's retries (InternalError, as SeaweedFS answers while it restarts or when full) is one line
+    naming the server, the object and the operation, exit 2 (the bucket soak found both as "unexpected")."""
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    from dlrecipes.records.store.backend import Backend
+    from dlrecipes.records.store.refusals import ServerFailed
+
+    store = Backend(None, "the S3 endpoint http://127.0.0.1:9", "s3://runs")
+    gone = EndpointConnectionError(endpoint_url="http://127.0.0.1:9/runs/exp/r1/run.lease")
+    with pytest.raises(ServerFailed) as said:
+        store.waited("reading", "exp/r1/run.lease", lambda: (_ for _ in ()).throw(gone))
+    assert str(said.value) == (
+        "s3://runs/exp/r1/run.lease: the S3 endpoint http://127.0.0.1:9 could not be reached while reading it "
+        "(EndpointConnectionError); check that the server is up, then run the command again"
+    ) and said.value.exit_code == 2 and said.value.cause is gone
+    failing = ClientError({"Error": {"Code": "InternalError", "Message": "try again"}}, "PutObject")
+    with pytest.raises(ServerFailed, match=r"^s3://runs/k: the S3 endpoint \S+ failed while writing it \(Internal"):
+        store.waited("writing", "k", lambda: (_ for _ in ()).throw(failing))
+    with pytest.raises(ValueError):  # anything else is as it was raised
+        store.waited("writing", "k", lambda: (_ for _ in ()).throw(ValueError("a bug")))
+
+
 def test_what_other_servers_answer_when_full_is_one_line():
     """What other S3-compatible servers answer a write they have no room for (MinIO's XMinioStorageFull, HTTP 507)
     is the one line naming the server, not 'unexpected'; other refusals name their code; a timeout has no code."""
     from botocore.exceptions import ClientError, ReadTimeoutError
 
-    from dlrecipes.records.store.backend import write_refused
+    from dlrecipes.records.store.refusals import write_refused
 
     for code in ("XMinioStorageFull", "InsufficientStorage"):
         full = ClientError({"Error": {"Code": code, "Message": "no room"}}, "PutObject")

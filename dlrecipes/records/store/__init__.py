@@ -23,6 +23,7 @@ Modules:
 - :mod:`.mirror`: a training's mirror to its bucket, the end's bounded wait, upload_incomplete
 - :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files brought here
 - :mod:`.reading`: s3:// runs for the commands after training; a sweep's mirror
+- :mod:`.refusals`: a server's failures as one line: unreachable, failing, refusing the first write
 - :mod:`.safe_keys`: a bucket's pointer and keys checked before they name a local file
 - :mod:`.upload`: uploads to the bucket by one background thread, never stalling training
 - :mod:`.upload_process`: large uploads from a process of their own, at a lower priority than training

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
+from dlrecipes.records.store.refusals import error_code, failed_at
 from dlrecipes.errors import UserError, first_line
 
 if TYPE_CHECKING:
@@ -140,6 +141,9 @@ class Backend:
             if worker.is_alive() and "partial" in box:  # given up: what it was writing goes (it writes on unseen)
                 Path(box["partial"]).unlink(missing_ok=True)
         if "error" in box:
+            failed = failed_at(box["error"], where, self.server, what)
+            if failed is not None:
+                raise failed from None
             raise box["error"]
         return box["value"]
 
@@ -266,7 +270,7 @@ class S3Backend(Backend):
             )
         except Exception as exc:
             partial.unlink(missing_ok=True)
-            if _code(exc) in ("NoSuchKey", "404", "403"):
+            if error_code(exc) in ("NoSuchKey", "404", "403"):
                 return False
             raise
         os.replace(partial, target)
@@ -291,7 +295,7 @@ class S3Backend(Backend):
         try:
             return self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))["Body"].read()
         except Exception as exc:
-            if _code(exc) in ("NoSuchKey", "404"):
+            if error_code(exc) in ("NoSuchKey", "404"):
                 return None
             raise
 
@@ -300,7 +304,7 @@ class S3Backend(Backend):
         try:
             answer = self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
         except Exception as exc:
-            if _code(exc) in ("NoSuchKey", "404"):
+            if error_code(exc) in ("NoSuchKey", "404"):
                 return None, "", None
             raise
         return answer["Body"].read(), str(answer.get("ETag", "")), _age(answer)
@@ -316,13 +320,13 @@ class S3Backend(Backend):
             )
         except Exception as exc:
             if extra and (
-                _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
+                error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict")
                 or if_match
-                and _code(exc) in ("NoSuchKey", "404")
+                and error_code(exc) in ("NoSuchKey", "404")
             ):  # AWS: If-Match on a deleted key
                 raise Conflict(key) from None
             if extra and (
-                _code(exc) in ("NotImplemented", "501", "InvalidArgument")  # no conditional writes here
+                error_code(exc) in ("NotImplemented", "501", "InvalidArgument")  # no conditional writes here
                 or type(exc).__name__ == "ParamValidationError"
             ):  # nor in a boto3 older than 1.35
                 self.conditional_writes = False  # (the lease reads its token back instead)
@@ -356,12 +360,6 @@ def _age(answer: dict) -> Optional[float]:
         return max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
     except (TypeError, ValueError):
         return None
-
-
-def _code(exc: BaseException) -> str:
-    """An S3 error's code ("" for one without an answer: a timeout's ``response`` is None)."""
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 _MADE: dict[tuple, Backend] = {}
@@ -413,17 +411,6 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
         ) from None
 
 
-FULL = (
-    "InsufficientStorage",
-    "507",
-    "XMinioStorageFull",
-    "XMinioAdminBucketQuotaExceeded",
-    "QuotaExceeded",
-    "StorageFull",
-)  # what S3-compatible servers answer a write they have no room for
-UNANSWERED = ("ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError")
-
-
 def endpoint() -> Optional[str]:
     """``S3_ENDPOINT_URL`` (None: AWS's own), refused in one line when it is no http:// or https:// address."""
     from dlrecipes.core.addresses import control_character
@@ -442,34 +429,3 @@ def endpoint() -> Optional[str]:
             f"S3_ENDPOINT_URL: {url!r} is not an http:// or https:// address (give http://HOST:PORT or https://HOST)"
         )
     return url
-
-
-def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") -> Optional[UserError]:
-    """The one line for a first write to a bucket that failed in a way the user can fix (the lease's write: the
-    probe before training), or None for anything else."""
-    where = os.environ.get("S3_ENDPOINT_URL") or "AWS's default endpoint"
-    code, name = _code(exc), type(exc).__name__
-    if code in ("AccessDenied", "403", "AllAccessDisabled", "AccountProblem"):
-        return UserError(
-            f"{key_path}: {address}: the credentials found can read the bucket but not write to it "
-            f"({code}; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the bucket's policy)"
-        )
-    if code in FULL:
-        return UserError(
-            f"{key_path}: {address}: the server at {where} refused the write: it is full ({code}); "
-            "free space there, or choose another bucket"
-        )
-    if code in ("InternalError", "500"):  # SeaweedFS full says only this (its reason is in its log)
-        return UserError(
-            f"{key_path}: {address}: the server at {where} failed the write ({code}); it may be full "
-            "(SeaweedFS answers so when it has no free volume) or failing: its log says why"
-        )
-    if name in UNANSWERED:
-        return UserError(
-            f"{key_path}: {address}: the S3 endpoint {where} (S3_ENDPOINT_URL) did not answer a write "
-            f"({name}); check that the server is up and answering"
-        )
-    if code:
-        first = first_line(exc, 200, code)
-        return UserError(f"{key_path}: {address}: the server at {where} refused the write ({first})")
-    return None

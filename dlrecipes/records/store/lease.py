@@ -410,7 +410,7 @@ class LeasedLock:
 def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: Optional[BucketLease] = None) -> LeasedLock:
     """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
     machine writes the run); ``taken``: the lease this process took already (to move an old run aside)."""
-    from dlrecipes.records.store.backend import write_refused
+    from dlrecipes.records.store.refusals import write_refused
 
     try:  # the lease's write is the probe: read-only keys, a full or silent server are one line before training
         if taken is not None and taken.name != name:  # (a run opened under another name than the one claimed)
@@ -420,7 +420,9 @@ def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: Optional[
     except BaseException as exc:
         lock.release()
         refused = (
-            write_refused(exc, f"{root}") if isinstance(exc, Exception) and not isinstance(exc, UserError) else None
+            write_refused(cause, f"{root}")
+            if isinstance(cause := getattr(exc, "cause", exc), Exception) and not isinstance(cause, UserError)
+            else None
         )
         if refused is not None:
             raise refused from None

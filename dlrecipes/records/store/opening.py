@@ -213,9 +213,10 @@ def _refusals(root: RemoteRoot) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        from dlrecipes.records.store.backend import write_refused
+        from dlrecipes.records.store.refusals import write_refused
 
-        refused = write_refused(exc, str(root)) if not isinstance(exc, UserError) else None
+        cause = getattr(exc, "cause", exc)  # (a write the server failed: said as the first write's refusal)
+        refused = write_refused(cause, str(root)) if not isinstance(cause, UserError) else None
         if refused is None:
             raise
         raise refused from None

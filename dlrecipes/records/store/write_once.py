@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlrecipes.records.store.refusals import error_code
+
 _ONCE: set[str] = set()  # keys being uploaded write-once (If-None-Match: *), by any client of this process
 
 
@@ -32,20 +34,14 @@ def written_once(key: str) -> None:
 
 def refused_as_written(exc: BaseException) -> bool:
     """Whether an upload failed because its condition did not hold (the key had an object)."""
-    text = f"{_error_code(exc)} {exc}"
+    text = f"{error_code(exc)} {exc}"
     return any(mark in text for mark in ("PreconditionFailed", "(412)", "ConditionalRequestConflict"))
 
 
 def unconditional_here(exc: BaseException) -> bool:
     """Whether the server refused a write for its condition alone (it has no conditional writes)."""
-    text = f"{_error_code(exc)} {exc}"
+    text = f"{error_code(exc)} {exc}"
     return any(mark in text for mark in ("NotImplemented", "(501)"))
-
-
-def _error_code(exc: BaseException) -> str:
-    """An S3 error's code ("" for one without an answer)."""
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 __all__ = ["refused_as_written", "unconditional_here", "write_once", "written_once"]
