@@ -488,10 +488,15 @@ def test_a_server_unreachable_or_failing_mid_command_is_one_line_not_unexpected(
     gone = EndpointConnectionError(endpoint_url="http://127.0.0.1:9/runs/exp/r1/run.lease")
     with pytest.raises(ServerFailed) as said:
         store.waited("reading", "exp/r1/run.lease", lambda: (_ for _ in ()).throw(gone))
-    assert str(said.value) == (
-        "s3://runs/exp/r1/run.lease: the S3 endpoint http://127.0.0.1:9 could not be reached while reading it "
-        "(EndpointConnectionError); check that the server is up, then run the command again"
-    ) and said.value.exit_code == 2 and said.value.cause is gone
+    assert (
+        str(said.value)
+        == (
+            "s3://runs/exp/r1/run.lease: the S3 endpoint http://127.0.0.1:9 could not be reached while reading it "
+            "(EndpointConnectionError); check that the server is up, then run the command again"
+        )
+        and said.value.exit_code == 2
+        and said.value.cause is gone
+    )
     failing = ClientError({"Error": {"Code": "InternalError", "Message": "try again"}}, "PutObject")
     with pytest.raises(ServerFailed, match=r"^s3://runs/k: the S3 endpoint \S+ failed while writing it \(Internal"):
         store.waited("writing", "k", lambda: (_ for _ in ()).throw(failing))
