@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from dlrecipes.core.distributed import requested_stop
 from dlrecipes.runtime.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 from dlrecipes.errors import UserError
 
@@ -56,8 +57,6 @@ class StoppedWithAnotherRank(UserError):
 def _stop_as_asked(batch: int) -> None:
     """The stop a rank asked for (:func:`~dlrecipes.core.distributed.request_stop`), at the batch every rank agreed
     on: the asking rank's own error, the others' one line."""
-    from dlrecipes.core.distributed import requested_stop
-
     asked = requested_stop()
     if asked is not None:
         raise asked
@@ -84,7 +83,7 @@ class StopOnSignal(Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        from dlrecipes.core.distributed import HostReducer, requested_stop
+        from dlrecipes.core.distributed import HostReducer
 
         requested_stop(clear=True)
 
@@ -100,8 +99,6 @@ class StopOnSignal(Callback):
 
     def _any_rank_signalled(self) -> int:
         """The signal any rank had received by the previous batch's end (this one's, with one process)."""
-        from dlrecipes.core.distributed import requested_stop
-
         mine = REQUESTED if requested_stop() is not None else (self.received or 0)
         if self._host.world_size == 1:
             return mine

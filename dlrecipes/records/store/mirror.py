@@ -74,9 +74,9 @@ def _fenced(remote: RemoteRun) -> None:
     """A training whose lease was taken over stops at its next batch (one line naming the holder); with several
     ranks, every rank at the same batch (:func:`~dlrecipes.core.distributed.request_stop`: the others are not left
     waiting in a collective)."""
-    from dlrecipes.core.distributed import request_stop, world_size
+    if remote.lease is not None and remote.lease.lost is not None:  # (each batch: the import only once lost)
+        from dlrecipes.core.distributed import request_stop, world_size
 
-    if remote.lease is not None and remote.lease.lost is not None:
         if world_size() > 1:
             return request_stop(remote.lease.lost_error())
         raise remote.lease.lost_error()
