@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, image_folders, run_cli, write
-from .s3_server import module_server, use_server, weed_binary
+from .s3_server import READ_ONLY_KEY, READ_ONLY_SECRET, module_server, use_server, weed_binary
 
 pytest.importorskip("litdata")
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -252,9 +252,9 @@ def test_shards_in_a_bucket_read_back_train_and_stay_within_the_cache_limit(in_b
         small[i]
         peak = max(peak, sum(p.stat().st_size for p in (tmp_path / "c2").rglob("chunk-*.bin")))
     left = list((tmp_path / "c2").rglob("chunk-*.bin"))
-    # litdata keeps the cache near its limit, not under it (its own words: "keep peak disk near max_cache_size"): one
-    # CI run peaked at 7,746 bytes for a limit of 7,200, so up to one shard over; older shards are evicted
+    # dlrecipes's cache: at most one shard over its limit, older shards evicted, each read in order downloaded once
     assert peak <= limit + largest and len(left) < len(small.shard_sizes)
+    assert small.cache.downloads == len(small.shard_sizes)
     trained = run_cli("train", str(recipe(tmp_path, "s3://data/pets")), "run_name=b")
     assert trained.returncode == 0, trained.stderr[-2000:]
 
@@ -280,6 +280,15 @@ def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
         assert len([line for line in checked.stderr.splitlines() if line.startswith("error:")]) == 1
         assert run_cli("validate", str(recipe(tmp_path, address)), *more, "--no-data-check").returncode == 0
     assert run_cli("validate", str(recipe(tmp_path, "s3://data/b"))).returncode == 0
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", READ_ONLY_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READ_ONLY_SECRET)
+    read_only = convert(source, "s3://data/read-only")  # was "unexpected: please report it", after converting
+    assert read_only.returncode == 2 and "writing train" not in read_only.stderr, read_only.stderr[-2000:]
+    assert read_only.stderr.strip().splitlines()[-1] == (
+        "error: --out: s3://data/read-only: the credentials found can read the bucket but not write to it "
+        "(AccessDenied; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the bucket's policy)"
+    )
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", in_bucket.env()["AWS_ACCESS_KEY_ID"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(UserError, match=r"dataset.remote: s3://data/b: access denied .*check AWS_ACCESS_KEY_ID"):
         open_shards("s3://data/b")
@@ -309,7 +318,7 @@ os._exit(0)
 def test_a_bucket_that_stops_answering_mid_epoch_is_one_line_after_a_bounded_wait(in_bucket, source, tmp_path):
     s3 = in_bucket
     assert convert(source, "s3://data/stall", "--shard-size", "3000").returncode == 0
-    env = {**os.environ, "MAX_WAIT_TIME": "4", "FORCE_DOWNLOAD_TIME": "2", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "DLRECIPES_BUCKET_STALL": "4", "PYTHONPATH": str(REPO)}
     reader = subprocess.Popen(
         [sys.executable, "-c", STALLED_READER, "s3://data/stall", str(tmp_path / "cache")],
         stdin=subprocess.PIPE,
@@ -342,8 +351,8 @@ def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_w
     in_bucket, source, tmp_path
 ):
     """The bucket is stopped (SIGSTOP) once the run has a checkpoint, while its first shards are cached and the
-    next are not: the DataLoader worker waits MAX_WAIT_TIME, then the run ends in one line naming the shard, exit 2,
-    its checkpoints kept; with the bucket back, --resume finishes it."""
+    next are not: the DataLoader worker waits DLRECIPES_BUCKET_STALL without a byte, then the run ends in one line
+    naming the shard, exit 2, its checkpoints kept; with the bucket back, --resume finishes it."""
     s3 = in_bucket
     assert convert(source, "s3://data/train-stall", "--shard-size", "3000").returncode == 0
     path = recipe(tmp_path, "s3://data/train-stall")
@@ -353,7 +362,7 @@ def test_a_training_whose_bucket_stops_answering_stops_in_one_line_and_resumes_w
         .replace("checkpoint: {save: false}", "checkpoint: {save_interval: 1ba, keep: -1, monitor: null}")
         + "callbacks: {slow_batches: {seconds: 0.4}}\n"
     )
-    env = {**os.environ, "MAX_WAIT_TIME": "4", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "DLRECIPES_BUCKET_STALL": "4", "PYTHONPATH": str(REPO)}
     args = [
         sys.executable,
         "-m",
@@ -499,18 +508,3 @@ def test_labels_outside_the_classes_are_one_line_before_training_and_as_each_is_
     last = len(splits.train) - 1
     with pytest.raises(DataError, match=rf"cannot be read at sample {last}: its label is [1-9]\d*, outside the "):
         splits.train[last]
-
-
-def test_litdata_says_nothing_dlrecipes_already_says(source, tmp_path, caplog):
-    """litdata's warning that a cache limit under 25GB may thrash printed on every run (the docs' 20GB example
-    included); dlrecipes checks the limit against the shards itself, so that warning is not shown. Others are."""
-    import logging
-
-    from dlrecipes.data.shards import import_litdata
-
-    import_litdata()
-    logger = logging.getLogger("litdata.streaming.dataset")
-    with caplog.at_level(logging.WARNING, logger="litdata.streaming.dataset"):
-        logger.warning("The provided `max_cache_size` is less than 25GB. Consider increasing it")
-        logger.warning("something dlrecipes does not say")
-    assert [record.getMessage() for record in caplog.records] == ["something dlrecipes does not say"]

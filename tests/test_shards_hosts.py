@@ -56,7 +56,7 @@ def bucket_on_host0(two_hosts, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("shards-hosts")
     server = start_s3_server(root / "s3", netns=two_hosts[0][0], ip=two_hosts[0][2], volume_max=12)
     env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
-    env.update(server.env(), PYTHONUNBUFFERED="1", MAX_WAIT_TIME="30")
+    env.update(server.env(), PYTHONUNBUFFERED="1", DLRECIPES_BUCKET_STALL="30")
     made = _run(
         two_hosts[0][0],
         env,

@@ -17,6 +17,7 @@ Modules:
   processes
 - :mod:`.preprocess`: preprocess.json: how an image file becomes a model input
 - :mod:`.preprocess_params`: the image-preprocessing keys several datasets share, declared once
+- :mod:`.shard_cache`: shards' samples read as data, and a node's cache of a bucket's shards within its limit
 - :mod:`.shards`: dataset shards (litdata) read by index from a bucket or a folder, through a bounded cache
 - :mod:`.shards_write`: any dataset written as shards to a folder or a bucket, its index last
 - :mod:`.source_sizes`: source images' sizes, and the warning when a recipe upsamples them

@@ -252,13 +252,13 @@ def shards(
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE).
 
     Args:
-        remote: where the shards are: s3://BUCKET/PREFIX (gs:// and azure:// through litdata's clients, untested) or a
+        remote: where the shards are: s3://BUCKET/PREFIX (gs:// and azure:// through Composer's stores, untested) or a
             local folder, as data convert --out wrote it.
         cache_dir: local folder the shards of a bucket are cached in while training reads them (one subfolder per
             split); null: ~/.cache/dlrecipes/shards/BUCKET/PREFIX. A local remote is read where it is.
-        cache_limit: bytes each split's cache is kept near, as bytes or with a unit (10GB, 512MiB); older shards are
-            evicted beyond it (it may pass it by up to a shard); at least one shard (a few shards' worth streams
-            better).
+        cache_limit: bytes each split's cache on a node holds (plus at most the shard coming in), as bytes or with a
+            unit (10GB, 512MiB); the least recently used shards not being read are evicted beyond it. A limit that
+            cannot hold the shards the loaders read at once is refused before training, with the least that can.
     """
     from dlrecipes.data.shards import build_shards
 

@@ -75,6 +75,18 @@ def damaged_in_shard(where: str, reason: str):
     return DataError(f"{where} ({reason}): truncated or corrupted; convert the dataset again")
 
 
+def bomb_line(exc: BaseException, fix: str) -> str:
+    """What to say of an image above Pillow's decompression-bomb limit (Pillow's own words give its pixels), and
+    ``fix``."""
+    from PIL import Image
+
+    return (
+        f"{first_line(exc, 120)}: above Pillow's decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS, "
+        f"{Image.MAX_IMAGE_PIXELS:,} pixels), refused before it was decoded; {fix} (or, for a real image that large, "
+        "raise PIL.Image.MAX_IMAGE_PIXELS in a plugin)"
+    )
+
+
 def ends_whole(data: bytes) -> bool:
     """Whether a JPEG's end marker is in its last KiB (a truncated file's is not; some writers add a trailer)."""
     return b"\xff\xd9" in data[-1024:]

@@ -1,6 +1,7 @@
 """Dataset shards (litdata's format) read from a local folder or a bucket: a map-style dataset per split whose
-samples are read by index through litdata's reader and its local cache (kept within a limit, evicting beyond it),
-decoded by libjpeg-turbo (PIL where a step on PIL images was added) and transformed as image folders are.
+samples are read by index from their shards, a bucket's through this node's cache of whole shards
+(:mod:`dlrecipes.data.shard_cache`: dlrecipes's own reader and eviction, kept within the cache limit), decoded by
+libjpeg-turbo (PIL where a step on PIL images was added) and transformed as image folders are.
 
 A shards dataset (written by ``dlrecipes data convert SOURCE --format shards --out DEST``,
 :mod:`dlrecipes.data.shards_write`) is ``DEST/train/`` and ``DEST/val/`` (litdata's ``chunk-*.bin`` shards and its
@@ -9,8 +10,10 @@ last: a dataset without it was not written to the end and is refused.
 
 Bad input is one line (a :class:`~dlrecipes.errors.DataError`, exit 2): an address without a shards dataset, wrong
 credentials (asked once of the bucket before anything is built), a shard shorter than its index says or that cannot be
-read (named, with its samples), a cache limit smaller than one shard, a bucket that stops answering (litdata waits
-``MAX_WAIT_TIME`` seconds for a shard, 120 by default, then the line). The dataset's own files are data: litdata's
+read (named, with its samples), a cache limit smaller than one shard or than the shards the loaders read at once
+(:meth:`ShardsDataset.check_cache`), a bucket that stops answering (a shard waited for ``DLRECIPES_BUCKET_STALL``
+seconds without a byte, a minute by default, then the line), a cache folder that is full or cannot be written.
+The dataset's own files are data: litdata's
 ``index.json`` of each split and ``dlrecipes-shards.json`` are checked against each other before any sample is read
 (:func:`check_index`, :func:`check_meta_counts`): no object format that runs code as it is read, no shard name that
 leads out of its split, no count the two disagree on.
@@ -72,28 +75,7 @@ def import_litdata():
         import litdata
     except ImportError as exc:
         raise UserError(f"dataset shards need litdata: {INSTALL_HINT} ({exc})") from None
-    _quiet_where_said()
     return litdata
-
-
-_SAID_HERE = (  # litdata's warnings about what dlrecipes checks and says itself
-    "max_cache_size` is less than",  # the cache limit: checked against the shards (check_shards)
-    "disabled the `drop_last` option",  # several processes: dlrecipes's sampler keeps the ranks' batches equal
-)
-
-
-def _said_elsewhere(record) -> bool:
-    return not any(part in record.getMessage() for part in _SAID_HERE)
-
-
-def _quiet_where_said() -> None:
-    """litdata's warnings that dlrecipes already says (or makes moot) are not printed; the others are, as litdata
-    prints them. Installed once per process, on litdata's dataset logger."""
-    import logging
-
-    logger = logging.getLogger("litdata.streaming.dataset")
-    if _said_elsewhere not in logger.filters:
-        logger.addFilter(_said_elsewhere)
 
 
 class ShardsPlace:
@@ -277,9 +259,9 @@ def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_l
 
 
 class ShardsDataset:
-    """One split: ``len()`` samples, ``dataset[i] -> (image tensor, label)`` read through litdata's reader (whole
-    shards into the local cache, evicted beyond ``cache_limit``); ``shard_sizes``: samples per shard, in index order
-    (a sampler can visit shards whole)."""
+    """One split: ``len()`` samples, ``dataset[i] -> (image tensor, label)`` read from its shard (a local dataset's
+    where it is; a bucket's through this node's :class:`~dlrecipes.data.shard_cache.ShardCache`, whole shards kept
+    within ``cache_limit``); ``shard_sizes``: samples per shard, in index order (a sampler can visit shards whole)."""
 
     def __init__(
         self,
@@ -290,58 +272,64 @@ class ShardsDataset:
         cache_dir: Optional[str],
         cache_limit: Optional[int],
     ):
+        from dlrecipes.data.shard_cache import ShardCache
+
         self.url, self.split, self.key_path = place.url(split), split, place.key_path
         self.shards = [dict(shard) for shard in shards]
         self.shard_sizes = [int(shard["samples"]) for shard in shards]
         self.starts = [0, *accumulate(self.shard_sizes)]
         self.transform = transform  # the torchvision convention: Composer's RandAugment/AugMix insert theirs here
         self.pil_steps = len(getattr(transform, "transforms", ()))
-        self.cache_dir = None if cache_dir is None else str(Path(cache_dir, split))
-        self.cache_limit, self.storage_options = cache_limit, place.storage_options()
-        self.remote = place.bucket is not None
-        self.stream, self.pid = None, None
+        self.bucket, self.cache = place.bucket, None
+        if self.bucket is not None and cache_dir is not None and cache_limit is not None:
+            self.cache = ShardCache(str(Path(cache_dir, split)), cache_limit, self.fetch, self.bucket.stall)
+        self.tables: dict = {}  # a local dataset's shard tables, read once per process
         self.num_classes: Optional[int] = None  # set by build_shards: each label read is checked against it
 
     def __len__(self) -> int:
         return self.starts[-1]
 
-    def __getstate__(self) -> dict:  # a DataLoader worker opens its own reader
-        return {**self.__dict__, "stream": None, "pid": None}
+    def __getstate__(self) -> dict:  # a DataLoader worker (spawned) reads each shard's table again
+        return {**self.__dict__, "tables": {}}
 
     def shard_of(self, index: int) -> tuple[str, int, int]:
         """The shard holding sample ``index``: its address and its first and last sample."""
         k = bisect_right(self.starts, index) - 1
         return f"{self.url}/{self.shards[k]['file']}", self.starts[k], self.starts[k + 1] - 1
 
-    def reader(self):
-        if self.stream is None or self.pid != os.getpid():
-            litdata = import_litdata()
-            if str(self.storage_options.get("endpoint_url", "")).startswith("http://"):
-                allow_plain_http()
-            options = {"cache_dir": self.cache_dir, "max_cache_size": self.cache_limit} if self.remote else {}
-            self.stream = litdata.StreamingDataset(self.url, storage_options=self.storage_options, **options)
-            self.stream[0:0]  # whole shards into the cache from now on (litdata's default for an index: byte ranges)
-            self.pid = os.getpid()
-        return self.stream
+    def fetch(self, name: str, path: str) -> None:
+        """Shard ``name`` of a bucket's split downloaded to ``path`` (the bucket's client made once per process)."""
+        from dlrecipes.data.shard_cache import Damaged
+
+        if not self.bucket.download(self.bucket.root.key(self.split, name), path):
+            raise Damaged("it is no longer in the bucket")
 
     def raw(self, index: int) -> tuple[bytes, int]:
         """Sample ``index``'s stored image bytes and label."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        from litdata.exceptions import ChunkWaitTimeoutError
+        from dlrecipes.data.shard_cache import Damaged, read_from
+        from dlrecipes.records.store import Stalled
 
+        k = bisect_right(self.starts, index) - 1
+        shard, at = self.shards[k], index - self.starts[k]
         try:
-            item = self.reader()[int(index)]
-            data, label = bytes(item["image"]), int(item["label"])
-        except ChunkWaitTimeoutError:
-            shard, first, last = self.shard_of(index)
-            wait = os.environ.get("MAX_WAIT_TIME", "120")
+            if self.cache is not None:
+                data, label = self.cache.sample(shard["file"], shard["bytes"], shard["samples"], at)
+            else:
+                fd = os.open(Path(self.url, shard["file"]), os.O_RDONLY)
+                try:
+                    data, label = read_from(self.tables, fd, shard["file"], shard["bytes"], shard["samples"], at)
+                finally:
+                    os.close(fd)
+        except Stalled:
+            shard_url, first, last = self.shard_of(index)
             raise DataError(
-                f"{self.key_path}: shard {shard} (samples {first}-{last} of {self.split}) did not arrive "
-                f"within {wait} s (litdata's MAX_WAIT_TIME): the bucket stopped answering; the run's "
-                "checkpoints are kept: --resume when it answers again"
+                f"{self.key_path}: shard {shard_url} (samples {first}-{last} of {self.split}) did not arrive within "
+                f"{self.bucket.stall():.0f} s: {self.bucket.server} stopped answering; the run's checkpoints are "
+                "kept: --resume when it answers again"
             ) from None
-        except Exception as exc:  # struct.error, KeyError and the like: a shard's bytes are not what its index says
+        except (Damaged, OSError) as exc:  # bytes not what the index says, or a local shard gone
             raise self.damaged(index, exc) from None
         if self.num_classes is not None and not 0 <= label < self.num_classes:
             raise DataError(
@@ -349,6 +337,24 @@ class ShardsDataset:
                 f"(0-{self.num_classes - 1}); convert the dataset again"
             )
         return data, label
+
+    def check_cache(self, span: int, shuffled: bool) -> None:
+        """One line when the cache limit cannot hold the shards ``span`` consecutive samples of this split's order
+        can fall in (``shuffled``: training's order, in windows of shards; else index order), with the least that
+        does."""
+        from dlrecipes.data.order import SHARD_WINDOW
+        from dlrecipes.data.shard_cache import shards_read_at_once
+
+        if self.cache is None:
+            return
+        sizes = [(shard["samples"], shard["bytes"]) for shard in self.shards]
+        count, needed = shards_read_at_once(sizes, span, SHARD_WINDOW if shuffled else None)
+        if self.cache.limit < needed:
+            raise DataError(
+                f"dataset.cache_limit: {self.cache.limit:,} bytes cannot hold the shards the {self.split} split reads "
+                f"at once ({span:,} samples in flight fall in up to {count} shards, {needed:,} bytes); give at least "
+                f"{needed:,}, or fewer trainer.num_workers or a smaller batch"
+            )
 
     def where(self, index: int) -> str:
         """Sample ``index`` in an error line: its shard and the shard's samples."""
@@ -358,8 +364,12 @@ class ShardsDataset:
         )
 
     def damaged(self, index: int, exc: BaseException) -> DataError:
-        from dlrecipes.data.jpeg import damaged_in_shard
+        from PIL import Image
 
+        from dlrecipes.data.jpeg import bomb_line, damaged_in_shard
+
+        if isinstance(exc, Image.DecompressionBombError):
+            return DataError(f"{self.where(index)}: {bomb_line(exc, 'convert the dataset again without it')}")
         reason = first_line(exc, 160)
         return damaged_in_shard(self.where(index), f"{type(exc).__name__}: {reason}")
 
@@ -375,7 +385,7 @@ class ShardsDataset:
         if self.turbo is not None and len(getattr(self.transform, "transforms", ())) == self.pil_steps:
             try:
                 sample = self.turbo(data)
-            except OSError as exc:
+            except (OSError, Image.DecompressionBombError) as exc:
                 raise self.damaged(index, exc) from None
             if isinstance(sample, dict):  # decoded later, on the device: where it is, for the line if it cannot be
                 sample["shard_sample"] = self.where(index)
@@ -383,26 +393,14 @@ class ShardsDataset:
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 image = opened.convert("RGB")
-        except (OSError, ValueError, SyntaxError) as exc:
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise self.damaged(index, exc) from None
         return (self.transform(image) if self.transform is not None else image), label
-
-
-def allow_plain_http() -> None:
-    """litdata 0.2.76 downloads shards through obstore, which refuses an ``http://`` endpoint (a server on this
-    network: SeaweedFS, MinIO) unless its client options say ``allow_http``; litdata builds them from one module-level
-    dict, the only place to say so (its boto3 path takes the endpoint as it is)."""
-    from litdata.streaming import downloader
-
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if isinstance(options, dict):
-        options["allow_http"] = "true"
 
 
 def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
     """The shards at ``remote``: where they are, their ``dlrecipes-shards.json`` and the cache's limit in bytes, each
     split's shards checked against it."""
-    import_litdata()
     limit = parse_bytes(cache_limit, "dataset.cache_limit")
     place = ShardsPlace(remote, "dataset.remote")
     meta = read_meta(place)

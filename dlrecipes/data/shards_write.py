@@ -104,6 +104,10 @@ class EncodedImages:
                 out = io.BytesIO()
                 image.save(out, format="JPEG", quality=self.quality or 90)
                 return out.getvalue(), label
+        except Image.DecompressionBombError as exc:
+            from dlrecipes.data.jpeg import bomb_line
+
+            raise DataError(f"image {self.name(index)}: {bomb_line(exc, 'remove it from the source')}") from None
         except (OSError, ValueError, SyntaxError) as exc:
             raise DataError(f"unreadable image {self.name(index)} ({exc}); fix or remove it") from None
 
@@ -150,6 +154,11 @@ def existing(place: ShardsPlace) -> bool:
     return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
 
+WRITE_CHECK = (
+    ".dlrecipes-write-check"  # written and deleted before converting: a bucket that will not take it is one line
+)
+
+
 def write_shards(
     splits: DatasetSplits, out: str, options: ShardsOptions, echo: Callable[[str], None] = print
 ) -> list[ShardsReport]:
@@ -161,6 +170,8 @@ def write_shards(
     local = Path(place.address) if place.bucket is None else None
     if local is not None:
         local.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        place.bucket.check_writable(place.key(WRITE_CHECK), "--out")
     with tempfile.TemporaryDirectory(dir=local.parent if local else None, prefix=".shards-partial-") as tmp:
         meta = {"format": FORMAT, "class_names": list(splits.class_names or range(splits.num_classes)), "splits": {}}
         reports = []

@@ -169,6 +169,44 @@ class DatasetBucket:
     def __init__(self, root: RemoteRoot, backend: Backend, endpoint: Optional[str]):
         self.root, self.backend, self.endpoint = root, backend, endpoint
 
+    def __getstate__(self) -> dict:  # a spawned DataLoader worker makes its own client
+        return {**self.__dict__, "backend": None}
+
+    def client(self) -> Backend:
+        """The bucket's backend in this process (made once per process: a forked worker's is its own)."""
+        from dlrecipes.records.store.bucket import object_store
+
+        return object_store(self.root, "dataset.remote")
+
+    def download(self, key: str, path: str) -> bool:
+        """``key`` into ``path`` (False when the bucket does not have it); a server that sends nothing for
+        :meth:`stall` seconds raises :class:`Stalled`."""
+        return self.client().download(key, path)
+
+    @staticmethod
+    def stall() -> float:
+        from dlrecipes.records.store.backend import stall
+
+        return stall()
+
+    @property
+    def server(self) -> str:
+        return self.client().server
+
+    def check_writable(self, key: str, key_path: str) -> None:
+        """One line when the bucket will not take a write (read-only credentials, a full server): a small object
+        written at ``key``, then deleted."""
+        from dlrecipes.records.store.refusals import write_refused
+
+        try:
+            self.backend.write(key, b"")
+            self.backend.delete(key, f"{key_path}: the write check")
+        except Exception as exc:  # botocore's ClientError and the like, answered by the bucket
+            refused = write_refused(exc, str(self.root), key_path)
+            if refused is None:
+                raise
+            raise refused from None
+
 
 def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     """The bucket a dataset address names, asked once (one line for wrong credentials, a missing bucket, an endpoint
@@ -185,6 +223,14 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     root = RemoteRoot.parse(address, key_path)
     check_access(root, key_path)
     return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Stalled":  # a bucket that stopped answering an operation (dlrecipes.records.store.backend)
+        from dlrecipes.records.store.backend import ServerStalled
+
+        return ServerStalled
+    raise AttributeError(name)
 
 
 __all__ = [
