@@ -61,7 +61,7 @@ def train(
             restart=restart,
         )
     )
-    typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
+    typer.echo(trained(result, terminal_width(sys.stderr)), err=True, nl=False)
 
 
 @app.command("train-request", hidden=True)
@@ -76,7 +76,7 @@ def train_request(
     result = guarded(lambda: api.train_request(request, nproc))
     if isinstance(result, int):  # the exit code of launch's processes
         raise typer.Exit(result)
-    typer.echo(trained(result, terminal_width(sys.stderr)), err=True)
+    typer.echo(trained(result, terminal_width(sys.stderr)), err=True, nl=False)
 
 
 @recipe_command()

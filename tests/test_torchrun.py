@@ -200,6 +200,8 @@ def test_torchrun_on_two_hosts_trains_each_sample_once_with_equal_weights(two_ho
     codes = [p.wait(timeout=240) for p in procs]
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
     assert codes == [0, 0], "\n---\n".join(log[-2500:] for log in logs)
+    done = [line for log in logs for line in log.splitlines() if line.startswith("done: ")]
+    assert len(done) == 1 and "done: " in logs[0], logs  # one closing line for the run (there was one per process)
     records = _ranks(tmp_path, 2)
     assert [r["world"] for r in records] == [2, 2]
     _same_params(records)

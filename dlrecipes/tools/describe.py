@@ -286,8 +286,12 @@ def validated(recipe: str | Path, config: RecipeConfig) -> str:
 
 
 def trained(result: TrainResult, width: Optional[int] = None) -> str:
-    """``train``'s closing line: epochs, batches, time, the last evaluation and the run directory; one part
-    per line when wider than ``width`` (a terminal's)."""
+    """``train``'s closing line and newline: epochs, batches, time, the last evaluation and the run directory, one
+    part per line when wider than ``width`` (a terminal's); nothing but in the run's first process (torchrun's)."""
+    from dlrecipes.core.distributed import rank
+
+    if rank():
+        return ""
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.eval_metrics.items()))
     ended = "done" if getattr(result, "status", "finished") == "finished" else result.status  # pruned
     parts = [
@@ -297,7 +301,7 @@ def trained(result: TrainResult, width: Optional[int] = None) -> str:
         f"run directory {getattr(result, 'address', None) or result.run_dir}",
     ]  # a bucket's run: its address
     line = "; ".join(parts)
-    return "\n  ".join(parts) if width is not None and len(line) > width - 1 else line
+    return ("\n  ".join(parts) if width is not None and len(line) > width - 1 else line) + "\n"
 
 
 def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
