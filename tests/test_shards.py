@@ -271,9 +271,17 @@ def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
         open_shards("s3://data/b", cache_limit=1000)
     trained = run_cli("train", str(recipe(tmp_path, "s3://data/b")), "dataset.cache_limit=1000", "run_name=c")
     assert trained.returncode == 2 and len(trained.stderr.strip().splitlines()) == 1, trained.stderr[-2000:]
+    small = run_cli("train", str(recipe(tmp_path, "s3://data/b")), "dataset.cache_limit=5000", "run_name=d")
+    assert small.returncode == 2 and "give at least" in small.stderr, small.stderr[-2000:]  # before training
+    assert not (tmp_path / "runs" / "d" / "checkpoints").exists() and "Traceback" not in small.stderr
     for address, more, said in [  # validate checks what training would check first (it said ok, before)
         ("s3://data/nothing-here", [], "no shards dataset at s3://data/nothing-here"),
         ("s3://data/b", ["dataset.cache_limit=1000"], "dataset.cache_limit: 1,000 bytes is smaller than one shard"),
+        (
+            "s3://data/b",
+            ["dataset.cache_limit=5000"],
+            "5,000 bytes cannot hold the shards the train split reads at once",
+        ),
     ]:
         checked = run_cli("validate", str(recipe(tmp_path, address)), *more)
         assert checked.returncode == 2 and said in checked.stderr, checked.stderr[-2000:]

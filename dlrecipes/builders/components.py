@@ -156,13 +156,12 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
 
         common["collate_fn"], loader_type = collate_encoded, EncodedLoader
     samples = ordered(data.train, cfg.batch_size, dist.get_global_rank(), dist.get_world_size(), seed)
-    batches_in_flight = 2 * cfg.num_workers + 2  # each worker's prefetched two, the one training and the next
-    for split, span, shuffled in (
-        (data.train, batches_in_flight * cfg.batch_size, True),
-        (data.eval, batches_in_flight * eval_batch * dist.get_world_size(), False),
-    ):
-        if hasattr(split, "check_cache"):  # shards from a bucket: a cache limit that holds what is read at once
-            split.check_cache(span, shuffled)
+    if hasattr(data.train, "check_cache"):  # shards: a cache limit that holds what the loaders read at once
+        from dlrecipes.data.shard_cache import samples_in_flight
+
+        spans = samples_in_flight(cfg.batch_size, cfg.eval_batch_size or cfg.batch_size, cfg.num_workers)
+        data.train.check_cache(*spans["train"])
+        data.eval.check_cache(*spans["val"])
     train = loader_type(samples, batch_size=train_batch, sampler=samples.sampler, drop_last=True, **common)
     evaluation = DataLoader(
         data.eval, batch_size=eval_batch, sampler=dist.get_sampler(data.eval, shuffle=False), **common

@@ -88,8 +88,9 @@ def check_inputs_exist(config: RecipeConfig) -> None:
 
 
 def _check_named_data(config: RecipeConfig) -> None:
-    """A dataset whose registry entry has a ``data_check`` (``check(params, key_path)``) is checked by it: where its
-    data is, and that it is as the dataset reads it (one line, as training would give it, before anything is built)."""
+    """A dataset whose registry entry has a ``data_check`` (``check(params, key_path, trainer)``: the recipe's
+    trainer section) is checked by it: where its data is, and that it is as the dataset reads it (one line, as
+    training would give it, before anything is built)."""
     from dlrecipes.registry import datasets
 
     component = getattr(config, "dataset", None)
@@ -99,4 +100,4 @@ def _check_named_data(config: RecipeConfig) -> None:
     check = entry.metadata.get("data_check")
     if callable(check):
         params = {**{n: p.default for n, p in entry.parameters.items() if p.default is not p.empty}, **component.params}
-        check(params, "dataset")
+        check(params, "dataset", config.trainer)

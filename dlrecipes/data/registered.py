@@ -11,6 +11,8 @@ and :mod:`.preprocess_params`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Classes, Size
 from dlrecipes.data.preprocess_params import CROP_SIZE, RESIZE_SIZE
@@ -26,6 +28,9 @@ from dlrecipes.data.dataset_params import (
     SplitSeed,
 )
 from dlrecipes.data.image_factories import ffcv, hf, image_folder, imagenet, shards
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import TrainerConfig
 from dlrecipes.data.source_sizes import folder_side, hf_side
 from dlrecipes.registry import datasets
 
@@ -73,12 +78,14 @@ def _check_eval_sizes(params: dict, path: str) -> None:
         )
 
 
-def _check_shards(params: dict) -> None:
+def _check_shards(params: dict, trainer: TrainerConfig) -> None:
     """validate's data check of a shards dataset: its address answers, its metadata and index are as a conversion
-    writes them, and its cache limit holds a shard (what training checks first, without building anything)."""
-    from dlrecipes.data.shards import open_shards
+    writes them, and its cache limit holds the shards the recipe's loaders read at once (what training checks,
+    without building anything)."""
+    from dlrecipes.data.shards import check_cache_room, open_shards
 
-    open_shards(params["remote"], params["cache_limit"])
+    place, meta, limit = open_shards(params["remote"], params["cache_limit"])
+    check_cache_room(place, meta, limit, trainer)
 
 
 @datasets.register(
@@ -239,7 +246,7 @@ datasets.add(
     shards,
     image_side=_crop_side,
     validator=_check_eval_sizes,
-    data_check=lambda params, path: _check_shards(params),
+    data_check=lambda params, path, trainer: _check_shards(params, trainer),
     made_by=(
         "dlrecipes data convert DATASET PARAMS --format shards --out DEST (docs/fast-data-loading.md), "
         "e.g. dlrecipes data "

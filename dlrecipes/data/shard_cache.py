@@ -154,6 +154,29 @@ def shards_read_at_once(sizes: Sequence[tuple[int, int]], span: int, window: Opt
     return shards, sum(largest[:shards])
 
 
+def samples_in_flight(batch_size: int, eval_batch_size: int, workers: int) -> dict[str, tuple[int, bool]]:
+    """Each split's samples the loaders hold at once (global batches: each worker's two prefetched, the one
+    training and the next), and whether the split is read in training's shuffled order."""
+    batches = 2 * workers + 2
+    return {"train": (batches * batch_size, True), "val": (batches * eval_batch_size, False)}
+
+
+def check_room(shards: Sequence[dict], limit: int, span: int, shuffled: bool, split: str) -> None:
+    """One line when ``limit`` cannot hold the shards (``dlrecipes-shards.json``'s entries) that ``span``
+    consecutive samples of the split's order fall in (``shuffled``: training's order, in windows of shards; else
+    index order), with the least that can."""
+    from dlrecipes.data.order import SHARD_WINDOW
+
+    sizes = [(shard["samples"], shard["bytes"]) for shard in shards]
+    count, needed = shards_read_at_once(sizes, span, SHARD_WINDOW if shuffled else None)
+    if limit < needed:
+        raise DataError(
+            f"dataset.cache_limit: {limit:,} bytes cannot hold the shards the {split} split reads at once ({span:,} "
+            f"samples in flight fall in up to {count} shards, {needed:,} bytes); give at least {needed:,}, or fewer "
+            "trainer.num_workers or a smaller batch"
+        )
+
+
 class ShardCache:
     """A node's cache of one split's shards in ``folder``, within ``limit`` bytes plus at most one shard;
     ``fetch(name, path)`` downloads shard ``name`` to ``path`` (bounded; its errors are the caller's)."""

@@ -28,10 +28,13 @@ import re
 from bisect import bisect_right
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError, UserError, first_line, shown
+
+if TYPE_CHECKING:
+    from dlrecipes.config.sections import TrainerConfig
 
 META = "dlrecipes-shards.json"  # written last: its presence says the conversion finished
 SPLITS = ("train", "val")
@@ -340,21 +343,11 @@ class ShardsDataset:
 
     def check_cache(self, span: int, shuffled: bool) -> None:
         """One line when the cache limit cannot hold the shards ``span`` consecutive samples of this split's order
-        can fall in (``shuffled``: training's order, in windows of shards; else index order), with the least that
-        does."""
-        from dlrecipes.data.order import SHARD_WINDOW
-        from dlrecipes.data.shard_cache import shards_read_at_once
+        fall in (:func:`~dlrecipes.data.shard_cache.check_room`)."""
+        from dlrecipes.data.shard_cache import check_room
 
-        if self.cache is None:
-            return
-        sizes = [(shard["samples"], shard["bytes"]) for shard in self.shards]
-        count, needed = shards_read_at_once(sizes, span, SHARD_WINDOW if shuffled else None)
-        if self.cache.limit < needed:
-            raise DataError(
-                f"dataset.cache_limit: {self.cache.limit:,} bytes cannot hold the shards the {self.split} split reads "
-                f"at once ({span:,} samples in flight fall in up to {count} shards, {needed:,} bytes); give at least "
-                f"{needed:,}, or fewer trainer.num_workers or a smaller batch"
-            )
+        if self.cache is not None:
+            check_room(self.shards, self.cache.limit, span, shuffled, self.split)
 
     def where(self, index: int) -> str:
         """Sample ``index`` in an error line: its shard and the shard's samples."""
@@ -396,6 +389,16 @@ class ShardsDataset:
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise self.damaged(index, exc) from None
         return (self.transform(image) if self.transform is not None else image), label
+
+
+def check_cache_room(place: ShardsPlace, meta: dict, limit: int, trainer: TrainerConfig) -> None:
+    """validate's check of the cache limit against what the recipe's loaders read at once (training checks it as it
+    builds them)."""
+    from dlrecipes.data.shard_cache import check_room, samples_in_flight
+
+    spans = samples_in_flight(trainer.batch_size, trainer.eval_batch_size or trainer.batch_size, trainer.num_workers)
+    for split in SPLITS if place.bucket is not None else ():
+        check_room(meta["splits"][split]["shards"], limit, *spans[split], split)
 
 
 def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
