@@ -504,6 +504,33 @@ def test_a_server_unreachable_or_failing_mid_command_is_one_line_not_unexpected(
         store.waited("writing", "k", lambda: (_ for _ in ()).throw(ValueError("a bug")))
 
 
+def test_a_server_that_stalled_once_is_not_waited_for_again_in_the_same_command(monkeypatch):
+    """A command that goes on after one operation was given up (a training's cleanup, its records) does not wait
+    the bound again for each: the next operations on that server end at once, so the command's waits are bounded in
+    all; once the bound has passed, the server is asked again."""
+    import threading
+
+    from dlrecipes.records.store.backend import Backend, ServerStalled
+
+    monkeypatch.setenv("DLRECIPES_BUCKET_STALL", "0.5")
+    store = Backend(None, "the S3 endpoint http://127.0.0.1:7", "s3://runs")
+    hung = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(ServerStalled, match=r"stopped answering while reading it \(nothing for 0 s\)"):
+        store.waited("reading", "a", lambda: hung.wait(30))
+    first = time.monotonic() - started
+    asked = []
+    for key in ("b", "c", "d"):
+        with pytest.raises(ServerStalled, match=rf"^s3://runs/{key}: not tried: the S3 endpoint \S+ stopped answering"):
+            store.waited("writing", key, lambda: asked.append(key))
+    assert asked == [] and time.monotonic() - started < first + 0.3  # three more, at once
+    other = Backend(None, "the S3 endpoint http://127.0.0.1:8", "s3://other")
+    assert other.waited("reading", "a", lambda: "answered") == "answered"  # another server is asked as usual
+    time.sleep(0.6)
+    assert store.waited("reading", "a", lambda: "back") == "back"  # the bound passed: asked again
+    hung.set()
+
+
 def test_what_other_servers_answer_when_full_is_one_line():
     """What other S3-compatible servers answer a write they have no room for (MinIO's XMinioStorageFull, HTTP 507)
     is the one line naming the server, not 'unexpected'; other refusals name their code; a timeout has no code."""

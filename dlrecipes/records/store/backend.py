@@ -66,6 +66,8 @@ class ServerInterrupted(UserError):
     exit_code = 130
 
 
+_GAVE_UP: dict[str, tuple[float, float]] = {}  # server -> when an operation on it was given up, and until when
+# the next are not tried (Backend.waited)
 _WORKER = threading.local()  # in an operation's own thread: ``progress`` (call it as bytes arrive) and ``inside``
 T = TypeVar("T")
 
@@ -105,9 +107,20 @@ class Backend:
         """``call()`` (an operation on ``key``) in a thread of its own, waited for in short steps: given up
         (:class:`ServerStalled`, one line naming the server and the operation) when it makes no progress for
         :func:`stall` seconds, whatever the client's own retries would still do; Ctrl-C ends the wait at once
-        (:class:`ServerInterrupted`). An operation inside another (a read through a download) runs as it is."""
+        (:class:`ServerInterrupted`). An operation inside another (a read through a download) runs as it is.
+
+        A server that made one operation give up is not asked again by this process for :func:`stall` seconds: the
+        next operations on it end at once, so a command that goes on after a failure (its cleanup, a training's
+        records) is bounded in all, not per request."""
         if getattr(_WORKER, "inside", False):
             return call()
+        where = f"{self.address}/{key}" if self.address else key
+        gave_up, until = _GAVE_UP.get(self.server, (0.0, 0.0))
+        if time.monotonic() < until:
+            raise ServerStalled(
+                f"{where}: not tried: {self.server} stopped answering {time.monotonic() - gave_up:.0f} s ago in this "
+                "command; check that the server is up, then run the command again"
+            )
         box: dict[str, Any] = {}
         last = [time.monotonic()]
 
@@ -121,11 +134,11 @@ class Backend:
 
         worker = threading.Thread(target=run, name="dlrecipes-bucket", daemon=True)
         worker.start()
-        where = f"{self.address}/{key}" if self.address else key
         try:
             while worker.is_alive():
                 worker.join(0.2)
                 if worker.is_alive() and time.monotonic() - last[0] > stall():
+                    _GAVE_UP[self.server] = (time.monotonic(), time.monotonic() + stall())
                     raise ServerStalled(
                         f"{where}: {self.server} stopped answering while {what} it (nothing for {stall():.0f} s); "
                         "check that the server is up, then run the command again"
