@@ -796,6 +796,7 @@ def test_a_restart_killed_while_copying_leaves_its_copy_named_and_the_next_resta
 
 
 HANG_IN_DOWNLOAD = """
+import os
 import sys
 import time
 
@@ -807,6 +808,8 @@ real = inject.download_file
 def download_file(self, Bucket, Key, Filename, ExtraArgs=None, Callback=None, Config=None):
     if not Key.endswith(".pt"):  # the records come; a checkpoint's download starts, then the server goes silent
         return real(self, Bucket, Key, Filename, ExtraArgs=ExtraArgs, Callback=Callback, Config=Config)
+    with open(os.environ.get("HANG_LOG", os.devnull), "a") as log:
+        log.write(Key + "\\n")
     open(Filename, "wb").close()  # begun (what the test waits for before its Ctrl-C)
     if Callback is not None:
         Callback(1024)
@@ -851,6 +854,24 @@ def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_
         )
     for given_up in (tmp_path / "machine-b").rglob("*"):
         assert not given_up.name.endswith(".partial"), given_up  # a download given up leaves no partial file
+    # two processes of one node (a job's ranks) resume at once: one downloads, the server goes silent, and the
+    # other does not wait the bound again (before: one bound per process, then the collective's timeout)
+    node = {**env, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-d"), "HANG_LOG": str(tmp_path / "hang.log")}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), "train", *args[:-1], "trainer.max_duration=2ep", "--resume"],
+            cwd=tmp_path,
+            env=node,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [2, 2], errors
+    assert len((tmp_path / "hang.log").read_text().splitlines()) == 1  # the checkpoint asked for once on the node
+    assert sorted("given up by another process on this machine" in one_line(err) for err in errors) == [False, True]
     env = {**env, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-c")}
     env.pop("DLRECIPES_BUCKET_STALL")
     interrupted = subprocess.Popen(

@@ -70,6 +70,7 @@ BEST = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
 BEST_RECORD = f"{CHECKPOINT_DIR}/{BEST_INFO}"
 LOG_PREFIX = LOG_FILE.split("{", 1)[0]  # train-rank: each process's log (train-rank0.log, ...)
 PULL_LOCK = ".pull.lock"  # in a staging folder: its processes download a run one at a time
+PULL_FAILED = ".pull-failed"  # beside it: the line of a download its server did not answer, for the node's others
 _BUCKET_NAMES = {  # each service's rules (S3's: what every compatible server takes)
     "s3": (
         r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",

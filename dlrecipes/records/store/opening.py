@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import LEASE_FILE, RECIPE_FILE, SUMMARY_FILE
-from dlrecipes.records.store.bucket import PULL_LOCK, RemoteRoot, object_store, staged_run
+from dlrecipes.records.store.bucket import PULL_FAILED, PULL_LOCK, RemoteRoot, object_store, staged_run
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.backend import Backend
@@ -35,8 +35,28 @@ def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bo
         claimed = claim_name(root, run_name, restart)
     if resume and check_run_in_bucket(root, run_name):
         with _one_at_a_time(root.staging()):  # the processes of a node share its staging folder: one downloads
-            staged_run(root, run_name).pull_for_resume()
+            _pull_once(root, run_name)
     return claimed
+
+
+def _pull_once(root: RemoteRoot, run_name: str) -> None:
+    """The run brought into the staging folder for ``--resume``, by one process of the node at a time. Where the
+    server did not answer one of them (given up after the bound), the node's other processes do not try again for
+    the same bound: each ends at once with that line, so every rank stops within the bound, not one bound each."""
+    import time
+
+    from dlrecipes.records.store.backend import ServerStalled, stall
+    from dlrecipes.records.store.refusals import ServerFailed
+
+    failed = root.staging() / f"{PULL_FAILED}.{run_name.replace('/', '_')}"
+    if failed.is_file() and time.time() - failed.stat().st_mtime < stall():
+        raise ServerStalled(f"{failed.read_text().strip()} (given up by another process on this machine)")
+    try:
+        staged_run(root, run_name).pull_for_resume()
+    except (ServerStalled, ServerFailed) as exc:
+        failed.write_text(str(exc))
+        raise
+    failed.unlink(missing_ok=True)
 
 
 def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLease]:
