@@ -9,6 +9,7 @@ against a real SeaweedFS (which takes If-Match and If-None-Match)."""
 from __future__ import annotations
 
 import csv
+import json
 import re
 import time
 
@@ -206,6 +207,16 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     ) in capsys.readouterr().err
     b.lease.release()
     a.lease.release()
+    from dlrecipes.records.store.opening import claim_name
+
+    client = s3.client()  # A's late summary says the run failed: a new run under its name must not move it aside
+    client.put_object(
+        Bucket="runs", Key="late/w/summary.json", Body=json.dumps({"status": "failed", "writer": a.writer})
+    )
+    client.put_object(Bucket="runs", Key="late/w/recipe.yaml", Body=b"model: {name: cnn_simple}\n")
+    with pytest.raises(UserError, match=r"already"):
+        claim_name(root, "w", restart=False)
+    assert "late/w/checkpoints/latest.txt" in s3.keys("runs", "late/w/")  # nothing moved
 
 
 @pytest.mark.slow

@@ -243,12 +243,22 @@ def _refusals(root: RemoteRoot) -> Iterator[None]:
 
 
 def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> Optional[str]:
-    """The run's summary.json status in the bucket (None: no summary yet, or one that cannot be read)."""
+    """The run's summary.json status in the bucket (None: no summary yet, one that cannot be read, or one whose
+    writer does not hold the run's commit: a fenced writer's late upload, which is not the run's)."""
     import json
 
+    from dlrecipes.records.layout import CHECKPOINT_DIR, REMOTE_LATEST
+    from dlrecipes.records.store.commit import LEGACY, parse_pointer
+
     try:
-        status = json.loads(store.read(root.key(name, SUMMARY_FILE)) or b"{}").get("status")
-    except (ValueError, AttributeError):
+        summary = json.loads(store.read(root.key(name, SUMMARY_FILE)) or b"{}")
+        status, writer = summary.get("status"), summary.get("writer")
+        if isinstance(writer, str):
+            raw = store.read(root.key(name, CHECKPOINT_DIR, REMOTE_LATEST))
+            committed = parse_pointer(raw, f"{root}/{name}", "runs_dir").writer if raw is not None else LEGACY
+            if committed not in (LEGACY, writer):
+                return None
+    except (ValueError, AttributeError, UserError):
         return None
     return status if isinstance(status, str) else None
 
