@@ -310,6 +310,38 @@ def test_truncated_or_missing_beton_is_a_named_error(beton, tmp_path):
         open_reader(tmp_path / "nope.beton")
 
 
+def test_a_betons_fields_and_sidecar_are_data(beton, tmp_path):
+    """Fields other than an image and its label (an NDArrayField names any dtype) are refused before any sample is
+    read; a sidecar's class count is checked (1e12 was a MemoryError at the model) and holds the file's labels."""
+    import json
+    import shutil
+
+    from ffcv.fields import IntField, NDArrayField
+    from ffcv.writer import DatasetWriter
+
+    from dlrecipes.data.ffcv_files import beton_num_classes
+
+    other = tmp_path / "other.beton"
+    rows = [(np.zeros(2, dtype=np.float32), i) for i in range(3)]
+    DatasetWriter(
+        str(other), {"x": NDArrayField(np.dtype("float32"), (2,)), "y": IntField()}, num_workers=1
+    ).from_indexed_dataset(rows)
+    with pytest.raises(DataError, match=r"its fields are \['NDArrayField', 'IntField'\], not those data convert"):
+        open_reader(other)
+    copy = tmp_path / "copy.beton"
+    shutil.copy(beton, copy)
+    sidecar = json.loads(Path(f"{beton}.json").read_text())
+    for forged, said in [
+        ({**sidecar, "num_classes": 10**12, "class_names": None}, "not the class names and count data convert writes"),
+        ({**sidecar, "num_classes": 2, "class_names": sidecar["class_names"][:2]}, "holds labels up to 2, outside"),
+    ]:
+        Path(f"{copy}.json").write_text(json.dumps(forged))
+        with pytest.raises(DataError, match=said):
+            beton_num_classes(copy)
+    Path(f"{copy}.json").write_text(json.dumps(sidecar))
+    assert beton_num_classes(copy) == len(CLASSES)
+
+
 def test_corrupt_images_stop_the_conversion_or_are_skipped_and_counted(tmp_path):
     root = _folder(tmp_path / "src", per_class=2, bad={"ant/empty.jpg": b"", "bee/broken.jpg": b"\xff\xd8\xff garbage"})
     target = tmp_path / "out" / "train.beton"

@@ -185,6 +185,27 @@ def test_a_folder_without_data_files_is_named(tmp_path):
         _build(tmp_path)
 
 
+def test_a_saved_datasets_metadata_names_only_its_own_files(digits_hf, tmp_path):
+    """dataset_dict.json's split names and state.json's data files are data: a name leading out of the dataset's
+    folder (which load_from_disk would open) is one line naming the metadata file, and nothing outside is read."""
+    import json
+    import shutil
+
+    _, paths = digits_hf
+    outside = tmp_path / "outside.arrow"
+    shutil.copy(next((paths["saved"] / "train").glob("*.arrow")), outside)
+    state = paths["saved"] / "train" / "state.json"
+    held = json.loads(state.read_text())
+    held["_data_files"] = [{"filename": "../../outside.arrow"}]
+    state.write_text(json.dumps(held))
+    with pytest.raises(DataError, match=r"state.json names the file '../../outside.arrow', which is not a plain name"):
+        _build(paths["saved"])
+    listed = paths["saved"] / "dataset_dict.json"
+    listed.write_text(json.dumps({"splits": ["train", "../../elsewhere"]}))
+    with pytest.raises(DataError, match=r"dataset_dict.json names a split '../../elsewhere', which is not a plain"):
+        _build(paths["saved"])
+
+
 def test_validating_an_hf_recipe_does_not_import_datasets(tmp_path):
     recipe = write(
         tmp_path / "hf.yaml",

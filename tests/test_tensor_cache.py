@@ -42,6 +42,27 @@ def test_cache_holds_every_image_once_and_is_rebuilt_only_when_files_change(tmp_
     assert int(rebuilt[0][8, 8, 0]) == 99
 
 
+def test_a_cache_whose_files_are_not_its_sources_is_made_again_never_unpickled(tmp_path, capsys):
+    """A cache folder copied from elsewhere or edited, its fingerprint left as it was: labels of another count, an
+    object array (which would unpickle), images of another shape. Each is said and made again from the source."""
+    samples = _folder(tmp_path / "train", per_class=2)
+    path = build_cache(samples, tmp_path / "cache", "train", 8, workers=1)
+    labels = tmp_path / "cache" / "train-8.labels.npy"
+    for damage in (
+        lambda: np.save(labels, np.arange(3)),
+        lambda: np.save(labels, np.array([{"a": 1}] * 6, dtype=object), allow_pickle=True),
+        lambda: np.save(path, np.zeros((6, 4, 4, 3), dtype=np.uint8)),
+    ):
+        damage()
+        capsys.readouterr()
+        assert build_cache(samples, tmp_path / "cache", "train", 8, workers=1) == path
+        assert "is not its source's (damaged or edited): made again" in capsys.readouterr().err
+        assert np.load(labels).tolist() == [label for _, label in samples]
+        assert np.load(path, mmap_mode="r").shape == (6, 8, 8, 3)
+    build_cache(samples, tmp_path / "cache", "train", 8, workers=1)
+    assert "made again" not in capsys.readouterr().err  # a whole cache is used as it is
+
+
 def test_batches_cover_the_epoch_once_per_sample_and_shards_split_it(tmp_path):
     samples = _folder(tmp_path / "train", per_class=6)
     path = build_cache(samples, tmp_path / "cache", "train", 12, workers=1)

@@ -215,23 +215,57 @@ def open_reader(path: str | Path):
         raise DataError(
             f"{path}: truncated or damaged FFCV file ({size} bytes; its header expects {expected}). Convert it again."
         )
+    fields = [type(handler).__name__ for handler in reader.handlers.values()]
+    if fields != list(FIELDS):  # other fields (an NDArrayField's dtype is any the file names) are not read
+        raise DataError(
+            f"{path}: its fields are {fields}, not those data convert writes ({list(FIELDS)}: an image and its "
+            "label); convert the dataset with dlrecipes data convert"
+        )
     return reader
+
+
+FIELDS = ("RGBImageField", "IntField")  # what write_beton stores, in order
+MOST_CLASSES = 10**6  # a sidecar's class count beyond it is no dataset's
+
+
+def _sidecar(path: str | Path) -> Optional[dict]:
+    """The ``.json`` beside a ``.beton`` (class names and count), checked as data: the count a whole number from 1 to
+    :data:`MOST_CLASSES`, the names (if any) that many strings; one line naming the file otherwise."""
+    sidecar = Path(f"{path}.json")
+    if not sidecar.is_file():
+        return None
+    try:
+        held = json.loads(sidecar.read_text())
+        count, names = held["num_classes"], held.get("class_names")
+        ok = type(count) is int and 1 <= count <= MOST_CLASSES
+        ok = ok and (names is None or (isinstance(names, list) and len(names) == count))
+        ok = ok and all(isinstance(name, str) for name in names or ())
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise DataError(f"{sidecar}: not the class names and count data convert writes; convert the dataset again")
+    return held
 
 
 def beton_class_names(path: str | Path) -> Optional[list[str]]:
     """The class names ``data convert`` recorded next to the file, if any."""
-    sidecar = Path(f"{path}.json")
-    if not sidecar.is_file():
-        return None
-    return json.loads(sidecar.read_text()).get("class_names") or None
+    held = _sidecar(path)
+    return (held.get("class_names") or None) if held is not None else None
 
 
 def beton_num_classes(path: str | Path) -> int:
-    sidecar = Path(f"{path}.json")
-    if sidecar.is_file():
-        return int(json.loads(sidecar.read_text())["num_classes"])
-    reader = open_reader(path)
-    return int(reader.metadata["f1"].max()) + 1
+    """The classes of the file's labels: its sidecar's count, which its labels must lie within (else one line)."""
+    held = _sidecar(path)
+    labels = open_reader(path).metadata["f1"]
+    highest = int(labels.max()) if len(labels) else 0
+    if held is None:
+        return highest + 1
+    if highest >= held["num_classes"] or (len(labels) and int(labels.min()) < 0):
+        raise DataError(
+            f"{path}: holds labels up to {highest}, outside the {held['num_classes']} classes {path}.json names; "
+            "convert the dataset again"
+        )
+    return int(held["num_classes"])
 
 
 def inspect_beton(path: str | Path) -> dict[str, Any]:

@@ -92,6 +92,8 @@ def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
         return saved_splits(folder)
     if folder.is_dir():
         saved = (folder / "state.json").is_file()
+        if saved:
+            check_state(folder)
         try:
             loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder), config)
         except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:
@@ -141,6 +143,7 @@ class SavedSplit:
 
     def open(self) -> datasets.Dataset:
         datasets = import_datasets()
+        check_state(self.folder)
         try:
             return datasets.Dataset.load_from_disk(str(self.folder))
         except (OSError, ValueError, IndexError, datasets.exceptions.DatasetsError) as exc:
@@ -161,7 +164,25 @@ def saved_splits(folder: Path) -> dict[str, Any]:
             f"dataset.path: cannot read {folder / 'dataset_dict.json'} ({type(exc).__name__}: {exc}); "
             "save the dataset again with save_to_disk"
         ) from None
+    for name in names if isinstance(names, list) else [names]:
+        plain_name(name, folder / "dataset_dict.json", "a split")
     return {str(name): SavedSplit(folder / str(name)) for name in names}
+
+
+def plain_name(name: Any, where: Path, what: str) -> None:
+    """A name a saved dataset's metadata gives for one of its own files or folders: plain (no separator, no ``..``,
+    not absolute), or one line naming the metadata file; nothing outside the dataset's folder is read."""
+    if not (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name):
+        raise DataError(
+            f"dataset.path: {where} names {what} {name!r}, which is not a plain name in its folder: refused (a "
+            "dataset saved by save_to_disk names its own files); save the dataset again"
+        )
+
+
+def check_state(folder: Path) -> None:
+    """The files a split's ``state.json`` lists (which ``load_from_disk`` opens) are plain names in its folder."""
+    for entry in SavedSplit(folder).rows_files():
+        plain_name(entry.get("filename") if isinstance(entry, dict) else entry, folder / "state.json", "the file")
 
 
 def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str) -> tuple[str, Any]:

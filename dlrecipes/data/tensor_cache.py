@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -93,15 +94,35 @@ def cache_files(cache_dir: Path, split: str, size: int) -> dict[str, Path]:
 
 def cache_is_current(source, cache_dir: Path, split: str, size: int) -> bool:
     """Whether ``cache_dir`` holds ``source``'s cache at ``size``, decoded from the files (or table) as they are now."""
-    return _holds(cache_files(cache_dir, split, size), image_source(source).cache_fingerprint())
+    source = image_source(source)
+    return _holds(cache_files(cache_dir, split, size), source.cache_fingerprint(), source.labels, size)
 
 
-def _holds(files: dict[str, Path], fingerprint: dict) -> bool:
-    return (
-        files["images"].exists()
-        and files["fingerprint"].exists()
-        and json.loads(files["fingerprint"].read_text()) == fingerprint
+def _holds(files: dict[str, Path], fingerprint: dict, labels: Sequence[int], size: int) -> bool:
+    """Whether the cache files are the source's: its fingerprint, and the files as data (a folder copied from
+    elsewhere, or edited): plain arrays (no pickled objects) of the source's count and image size, its labels
+    exactly. A cache that says it is current but is not is said, and made again."""
+    try:
+        if json.loads(files["fingerprint"].read_text()) != fingerprint:
+            return False
+        images = np.load(files["images"], mmap_mode="r")  # allow_pickle is off: an object array is refused
+        held = np.load(files["labels"])
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, TypeError):
+        held = images = None
+    whole = (
+        images is not None
+        and images.dtype == np.uint8
+        and images.shape == (len(labels), size, size, 3)
+        and held.shape == (len(labels),)
+        and held.dtype.kind in "iu"
+        and np.array_equal(held, np.asarray(labels, dtype=np.int64))
     )
+    if not whole:
+        print(f"warning: the tensor cache {files['images']} is not its source's (damaged or edited): made again",
+              file=sys.stderr)  # fmt: skip
+    return whole
 
 
 def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2, rebuild: bool = False) -> Path:
@@ -110,7 +131,7 @@ def build_cache(source, cache_dir: Path, split: str, size: int, workers: int = 2
     source = image_source(source)
     files = cache_files(cache_dir, split, size)
     fingerprint = source.cache_fingerprint()
-    if not rebuild and _holds(files, fingerprint):
+    if not rebuild and _holds(files, fingerprint, source.labels, size):
         return files["images"]
     tmp = cache_dir / f".{split}-{size}.tmp-{os.getpid()}.npy"
     try:
