@@ -521,15 +521,20 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_resume_ends_ident
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["SIGUSR1", "SIGHUP"])
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGHUP", "SIGINT"])
 def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, tmp_path, name):
-    """What SLURM's --signal=USR1@120 does, and a closed terminal or ssh session (SIGHUP): the signal to every
-    process of the job. The launchers must survive it so that the ranks can finish their checkpoint; the run is
-    recorded as stopped, its lock released, launch ends with 75 and --resume continues it."""
+    """What SLURM's --signal=USR1@120 does, a closed terminal or ssh session (SIGHUP) and Ctrl-C: the signal to
+    every process of the job. The launchers must survive it so that the ranks can finish their checkpoint; the run
+    is recorded as stopped, its lock released, launch ends with 75 and --resume continues it. For Ctrl-C the launch
+    process has imported Composer's engine (a plugin does; a bucket or shards recipe did), whose import makes SIGINT
+    a sys.exit(130): launch ended at once, silently, before its ranks' line."""
     import json
     import os
     import signal
     import time
+
+    plugin = tmp_path / "imports_composer.py"
+    plugin.write_text("import composer.core.engine  # installs Composer's SIGINT and SIGTERM handlers\n")
 
     cmd = [
         sys.executable,
@@ -542,6 +547,8 @@ def test_a_signal_to_the_whole_job_reaches_the_ranks_through_launch(ddp_recipe, 
         "run_name=slurm",
         "trainer.max_duration=400ep",
         "checkpoint.save_interval=50ep",
+        "--plugin",
+        str(plugin),
     ]
     job = subprocess.Popen(
         cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -210,6 +210,9 @@ def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
     # ignored until forward() takes over: never the default action, which would end this process and leave the
     # ranks without the process that waits for them
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in forwarded}
+    # Ctrl-C reaches the ranks from the terminal; here it must be a KeyboardInterrupt that the wait below lets pass,
+    # not the sys.exit(130) of the handler Composer's engine installs when it is imported (a bucket's store, a plugin)
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="dlrecipes-launch-") as logs:  # the other ranks' output, reported
         ranks: list[_Rank] = []
         relays: list[threading.Thread] = []
