@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,7 +171,9 @@ def _state(pid: int) -> str:
 def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a, tiny_recipe, tmp_path):
     """Machine A pauses (SIGSTOP) past its lease's term and machine B takes the run over; when A wakes it writes
     nothing more to the bucket (its renewal is a conditional write that fails, and every upload checks the lease):
-    one line naming B, exit 1, its local checkpoints kept, and the bucket as B found it, B's lease untouched."""
+    one line naming B, exit 1, its local checkpoints kept, and the bucket as B found it, B's lease untouched. Only
+    an upload A's upload process (a process of its own, not paused) had already begun may land, on A's own key,
+    which no commit names (under load the full suite saw ep2's; B deletes it as a stray at its next commit)."""
     plugin = tmp_path / "pause.py"
     plugin.write_text(PAUSE_PLUGIN)
     command = [
@@ -207,7 +210,11 @@ def test_a_writer_paused_past_its_term_stops_writing_when_it_wakes(s3, machine_a
         "error: run_name: s3://runs/paused/w: this process's lease was taken over by machine-b "
         "(pid 777) while it trained the run"
     ), line
-    assert bucket_of(s3, "paused/") == taken_over
+    after = bucket_of(s3, "paused/")
+    writer_a = taken_over["paused/w/checkpoints/latest.txt"].decode().split("\n")[1].split()[1]
+    late = set(after) - set(taken_over)  # an upload A's upload process finished (it was not paused): A's own key
+    assert all(re.fullmatch(rf"paused/w/checkpoints/ep\d+-ba\d+-rank0\.{writer_a}\.pt", key) for key in late), late
+    assert {key: value for key, value in after.items() if key not in late} == taken_over  # nothing else changed
     assert json.loads(s3.read("runs", "paused/w/run.lease")) == b
     assert s3.pointed("runs", "paused/w/checkpoints/latest.txt") == "ep1-ba3-rank0.pt"
     assert (machine_a / "paused" / "w" / "checkpoints" / "ep1-ba3-rank0.pt").is_file()
