@@ -223,3 +223,25 @@ def test_missing_optional_logger_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(UserError, match=r"loggers.mlflow: the 'mlflow' package is not installed.*dlrecipes\[mlflow\]"):
         loggers.mlflow("/tmp")
+
+
+def test_the_terminal_and_history_show_one_learning_rate_the_recipes():
+    """With several parameter groups (batch norms at 64 times the rate, airbench's bias_scaler), the terminal showed
+    group 0's rate (the norms') and history.csv the last group's: both now show the rate of the parameters trained
+    at the recipe's optimizer.lr, as scheduled."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dlrecipes.loggers.terminal import TerminalReport
+    from dlrecipes.optim.registered import sgd
+    from dlrecipes.records.history import run_lr
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    optimizer = sgd(model, lr=0.1, norm_lr_scale=64.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)  # sets each group's initial_lr
+    assert [group["lr"] for group in optimizer.param_groups] == [3.2, 0.05]  # the norms' group first
+    state = SimpleNamespace(optimizers=[optimizer])
+    assert run_lr(state) == 0.05 and TerminalReport._lr(None, state) == 0.05
+    del schedule
+    assert run_lr(SimpleNamespace(optimizers=[])) is None

@@ -296,7 +296,9 @@ class TerminalReport(LoggerDestination):
         return f"{number:>{len(str(total))}}/{total}"
 
     def _lr(self, state: State) -> Optional[float]:
-        return float(state.optimizers[0].param_groups[0]["lr"]) if state.optimizers else None
+        from dlrecipes.records.history import run_lr  # the value history.csv records
+
+        return run_lr(state)
 
     def _monitored(self) -> tuple[str, Any]:
         """``checkpoint.monitor``'s last value; without one, the first metric evaluation logs (loss last)."""

@@ -203,7 +203,8 @@ class RunHistory(Callback):
         if self._loss_batches == 0:
             return
         metrics = state.eval_metric_values if self._evaluated else {}  # no evaluation since the last row: none
-        lr = state.optimizers[0].param_groups[-1]["lr"] if state.optimizers else float("nan")
+        lr = run_lr(state)
+        lr = float("nan") if lr is None else lr
         row = {
             "epoch": int(state.timestamp.epoch),
             "step": int(state.timestamp.batch),
@@ -313,3 +314,16 @@ class RunHistory(Callback):
             json.dumps(redact(summary), indent=2) + "\n"
         ).encode()  # whole or absent: `dlrecipes runs` reads it any time
         atomic_write(self.run.summary, lambda f: f.write(text))
+
+
+def run_lr(state: State) -> Optional[float]:
+    """The learning rate a run shows on the terminal and records in history.csv: that of the parameters trained at
+    the recipe's ``optimizer.lr`` (the group whose starting rate is the optimizer's own), as scheduled now. Other
+    groups run at multiples of it (norm and bias scaling, ``finetune.head_lr``); the last group stands in where
+    none starts at the optimizer's rate."""
+    if not state.optimizers:
+        return None
+    optimizer = state.optimizers[0]
+    base, groups = optimizer.defaults.get("lr"), optimizer.param_groups
+    group = next((g for g in groups if float(g.get("initial_lr", g["lr"])) == float(base)), None) if base else None
+    return float((group or groups[-1])["lr"])
