@@ -36,6 +36,8 @@ design); XLA keeps Composer's microbatch step.  Training itself is unchanged:
 ``tests/test_engine.py`` checks bit-identical weights against Composer's Trainer (one process
 and two gloo processes), and ``scripts/composer_conformance.sh`` runs every Composer test module
 that builds a Trainer (and its callback and logger tests) against this class.  Valid for the pinned Composer 0.32.1.
+The private attributes of Composer's objects it reads or sets beside its overrides are listed, with what each is for,
+in :data:`COMPOSER_PRIVATE` (``tests/test_engine_overrides.py`` holds the list to the code and to Composer).
 
 Modules:
 - :mod:`.lifecycle`: memory kept for reuse on a CPU; what close frees (exit hook, caches, workers)
@@ -52,7 +54,42 @@ from dlrecipes.engine.trainer import Trainer
 
 COMPOSER_VERSION = "0.32.1"  # the version whose private step methods these overrides follow
 
+# Composer's private attributes dlrecipes reads or sets, beside the overrides (each override's docstring names the
+# method it replaces): what each is used for. tests/test_engine_overrides.py fails when the installed Composer lacks
+# one, and when dlrecipes reaches one that is not listed here.
+COMPOSER_PRIVATE = {
+    "Trainer._train_data_spec": "the training DataSpec the loop and step read batches and counts from",
+    "Trainer._rng_state": "a checkpoint's random state, restored inside an epoch for a dataset that resumes itself",
+    "Trainer._ddp_sync_strategy": "when DDP syncs gradients across microbatches (the step keeps Composer's choice)",
+    "Trainer._original_model": "the ComposerModel whose loss and metrics the step calls (not its DDP wrapper)",
+    "Trainer._use_grad_scaling": "whether the step scales the loss (amp_fp16)",
+    "Trainer._backwards_create_graph": "whether backward keeps its graph (an algorithm that asks for it)",
+    "Trainer._ensure_metrics_device_and_dtype": "train metrics moved to the step's device before their update",
+    "Engine._close": "the atexit hook every Engine registers, unregistered for a weakly held one",
+    "Engine._is_closed": "whether an engine closed already (the exit hook, the direct engine's events)",
+    "Engine._run_algorithms": "an event's algorithms, run by the direct engine as Composer's engine runs them",
+    "Timestamp._batch": "a timestamp's counters, advanced in place each batch instead of rebuilt (this and below)",
+    "Timestamp._batch_in_epoch": "",
+    "Timestamp._sample": "",
+    "Timestamp._sample_in_epoch": "",
+    "Timestamp._token": "",
+    "Timestamp._token_in_epoch": "",
+    "Timestamp._token_in_iteration": "",
+    "Timestamp._total_wct": "",
+    "Timestamp._iteration_wct": "",
+    "Timestamp._epoch_wct": "",
+    "Timestamp._batch_wct": "",
+    "Time._value": "a Time's value and unit, made without its checks for the counters above",
+    "Time._unit": "",
+    "DataSpec._default_get_num_samples_in_batch": "whether a loader counts samples Composer's generic way",
+    "DataSpec._default_get_num_tokens_in_batch": "whether a loader counts tokens Composer's generic way",
+    "DataSpec._get_num_tokens_in_batch": "a loader's own token count, kept",
+    "CheckpointSaver._save_checkpoint": "a save made atomic (records/checkpoints.py) and called on a stop signal",
+    "CheckpointSaver._rotate_checkpoints": "Composer's keep rule, applied after an atomic save",
+}
+
 __all__ = [
+    "COMPOSER_PRIVATE",
     "COMPOSER_VERSION",
     "DirectEngine",
     "QuickTimestamp",
