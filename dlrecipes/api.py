@@ -171,7 +171,7 @@ def invoked(argv: Sequence[str], ends_process: bool = False):
     skip_the_exit_sweep`)."""
     import shlex
 
-    from dlrecipes.records.provenance import invoked as recorded
+    from dlrecipes.records.provenance import recording as recorded
 
     if ends_process:
         process_state.command_owns_process()
@@ -348,7 +348,7 @@ def train_request(request: str | Path, nproc: int = 1):
     stands for. ``nproc`` 1: in this process, returning a :class:`dlrecipes.fit.TrainResult`; more: on ``nproc``
     devices of this node, one process each opening the same request (as :func:`launch`), returning the job's exit
     code."""
-    from dlrecipes.records.provenance import invoked as recorded
+    from dlrecipes.records.provenance import recording as recorded
     from dlrecipes.records.request import RunRequest
     from dlrecipes.tools.launch import plan_ranks
 

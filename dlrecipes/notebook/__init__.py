@@ -150,7 +150,7 @@ def train(
     """
     from dlrecipes.callbacks.stop_on_signal import Preempted
     from dlrecipes.config import validate
-    from dlrecipes.records.provenance import invoked
+    from dlrecipes.records.provenance import recording
 
     with _quiet(quiet):
         loaded = _loaded(recipe, overrides, plugins, model, root)
@@ -160,7 +160,7 @@ def train(
         config = validate(loaded)
         objects = {"model": model, "train_data": train_data, "eval_data": eval_data}
         try:
-            with invoked(_train_call(recipe, overrides, objects, resume, restart)):  # the run's provenance records it
+            with recording(_train_call(recipe, overrides, objects, resume, restart)):  # the run's provenance records it
                 return api.train(
                     None,
                     config=config,

@@ -16,14 +16,6 @@ from dlrecipes.records import run_files
 from dlrecipes.records.layout import HISTORY_FILE, RunDir
 
 
-def read_history(run_dir: Path) -> list[dict[str, float]]:
-    """The rows of a run's ``history.csv`` (written by :class:`dlrecipes.records.history.RunHistory`)."""
-    path = RunDir(run_dir).history
-    if not path.exists():
-        raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
-    return run_files.read_history(Path(run_dir))
-
-
 def pyplot():
     """matplotlib's pyplot on the headless Agg backend (the sweep report's figures)."""
     import matplotlib
@@ -68,7 +60,7 @@ HISTORY_FIGURES = {  # name -> (y label, [(history.csv column, legend label)])
 
 
 def _history_rows(run_dir: Path) -> list[dict[str, float]]:
-    rows = read_history(run_dir)
+    rows = run_files.read_history(Path(run_dir), missing_ok=False)
     if not rows:
         raise UserError(f"{run_dir}/{HISTORY_FILE} has no rows yet")
     return rows
@@ -221,7 +213,7 @@ def comparison_figure(run_dirs: Sequence[str | Path], summaries: Sequence[dict[s
             continue
         rows = [
             r
-            for r in read_history(Path(run_dir))
+            for r in run_files.read_history(Path(run_dir), missing_ok=False)
             if not math.isnan(r.get("eval_top1", math.nan)) and not math.isnan(r.get("elapsed_sec", math.nan))
         ]
         label = f"{summary['run']} ({summary.get('precision')}, batch {summary.get('batch_size')})"

@@ -8,7 +8,7 @@ again (:func:`differences`: one warning per item that is not as it was).
 - ``versions``: dlrecipes, torch, torchvision, composer, timm, numpy, python;
 - ``cuda``, ``cudnn``, ``gpu`` and ``gpu_count`` where the run trains on a GPU;
 - ``host``, ``world_size``, ``nodes``;
-- ``command``: the command line, or the Python call (:func:`invoked`), secrets redacted;
+- ``command``: the command line, or the Python call (:func:`recording`), secrets redacted;
 - ``recipe_file``, ``git_repo``, ``git_commit`` and ``git_dirty``: the recipe's file and the git repository
   holding it, its commit and whether that commit is not all that made the run: a tracked file changed, or a
   plugin file in the repository untracked or changed (a recipe outside any repository, or given as a dict:
@@ -69,7 +69,7 @@ _CALL: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("dlrecipes
 
 
 @contextlib.contextmanager
-def invoked(call: str) -> Iterator[None]:
+def recording(call: str) -> Iterator[None]:
     """Within this block, the run was started by ``call`` (a Python call, as the notebook functions describe
     themselves), not by the command line."""
     token = _CALL.set(call)

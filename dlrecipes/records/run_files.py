@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrecipes.errors import DataError
+from dlrecipes.errors import DataError, UserError
 from dlrecipes.recipe import RUN_RECIPE_END, SAFE_LOADER, cut_short
 from dlrecipes.records.layout import RunDir
 
@@ -63,9 +63,12 @@ def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-def read_history(run_dir: Path) -> list[dict[str, float]]:
-    """The rows of the run's history.csv, each value a float (an empty cell: NaN); [] when it has none (yet)."""
+def read_history(run_dir: Path, missing_ok: bool = True) -> list[dict[str, float]]:
+    """The rows of the run's history.csv, each value a float (an empty cell: NaN); [] when it has none (yet), or,
+    without ``missing_ok``, one line saying so (a folder given as a run that is none)."""
     path = RunDir(run_dir).history
+    if not missing_ok and not path.exists():
+        raise UserError(f"{path} not found: is {run_dir} a dlrecipes run directory?")
     text = _text(path)
     if text is None or not text.strip():
         return []

@@ -190,15 +190,4 @@ def list_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> li
     return [describe_run(p) for p in find_runs(runs_dir, last)]
 
 
-def select_runs(run_dirs: Sequence[str | Path], last: Optional[int], runs_dir: str | Path = RUNS_DIR) -> list[Path]:
-    """``compare``'s selection: the directories given, or the ``last`` newest runs under ``runs_dir``."""
-    if run_dirs and last is not None:
-        raise UserError("give run directories or --last N, not both")
-    if run_dirs:
-        return [Path(d) for d in run_dirs]
-    if last is None:
-        raise UserError("give the run directories to compare, or --last N for the newest N runs")
-    return find_runs(runs_dir, last)
-
-
-__all__ = ["RUN_COLUMNS", "describe_run", "find_runs", "list_runs", "newest_first", "select_runs"]
+__all__ = ["RUN_COLUMNS", "describe_run", "find_runs", "list_runs", "newest_first"]

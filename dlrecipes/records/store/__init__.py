@@ -149,12 +149,12 @@ def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
 def select_runs(
     run_dirs: Sequence[Any], last: Optional[int], runs_dir: str | Path = RUNS_DIR
 ) -> tuple[list[Path], dict[Path, str]]:
-    """``compare``'s selection (:func:`dlrecipes.records.runs.select_runs`): local copies of the runs that live in a
-    bucket, and their addresses."""
-    from dlrecipes.records import runs
-
-    if bool(run_dirs) == (last is not None):
-        runs.select_runs(run_dirs, last, runs_dir)  # both or neither: its one line
+    """``compare``'s selection: the runs given, or the ``last`` newest under ``runs_dir`` (a local folder or a
+    bucket), as local folders (copies of the records of runs that live in a bucket), and the addresses of those."""
+    if run_dirs and last is not None:
+        raise UserError("give run directories or --last N, not both")
+    if not run_dirs and last is None:
+        raise UserError("give the run directories to compare, or --last N for the newest N runs")
     if run_dirs:
         return read_records(list(run_dirs))
     found = store_for(runs_dir).runs(last)
