@@ -6,6 +6,7 @@ before training, a full or read-only cache folder, damaged shards and decompress
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -55,7 +56,7 @@ def _cached(dataset, folder: Path, limit: int, log: Path, stall: float = 5.0):
         with open(log, "a") as out:
             out.write(f"{name} {held}\n")
 
-    dataset.cache = ShardCache(str(folder), limit, fetch, lambda: stall)
+    dataset.cache = ShardCache(str(folder), limit, fetch, lambda: stall, dataset.cache_identity())
     return dataset
 
 
@@ -233,3 +234,22 @@ def test_damaged_shards_and_decompression_bombs_name_the_shard_and_sample(shards
         DataError, match=r"image .*0\.jpg: Image size \(576 pixels\) exceeds .*remove it from the source"
     ):
         images[0]  # data convert's line for the same bomb (it was "unexpected: please report it")
+
+
+def test_a_cache_folder_holds_one_datasets_shards(shards, tmp_path):
+    """Two datasets with shards of the same names and sizes (a dataset converted again at its address, or two given
+    one cache_dir): the second's samples are its own, never the first's cached under the same name."""
+    from dlrecipes.data.shard_cache import IDENTITY
+
+    other = tmp_path / "other"
+    shutil.copytree(shards, other)
+    first = _dataset(shards)
+    name = first.shards[1]["file"]
+    changed = bytearray((other / "train" / name).read_bytes())
+    changed[len(changed) // 3] ^= 0xFF  # a byte of an image: the same size, other content
+    (other / "train" / name).write_bytes(bytes(changed))
+    at = first.starts[1]
+    assert _cached(first, tmp_path / "cache", 10**9, tmp_path / "log").raw(at) == _dataset(shards).raw(at)
+    second = _cached(_dataset(other), tmp_path / "cache", 10**9, tmp_path / "log")
+    assert second.raw(at) == _dataset(other).raw(at) != _dataset(shards).raw(at)
+    assert json.loads((tmp_path / "cache" / IDENTITY).read_text())["dataset"] == f"{other}/train"

@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from dlrecipes.errors import DataError
 
 LOCK = ".dlrecipes-cache.lock"
+IDENTITY = ".dlrecipes-cache-of"  # the dataset and split whose shards the folder holds
 PARTIAL = ".partial"  # a download in progress (or left by a process killed during one): not yet a shard
 ARROW_MAGIC = b"LDARW01\0"  # litdata's Arrow rows at a chunk's end: [IPC file][uint32 its length][magic]
 ARROW_FIELDS = (("image", "binary"), ("label", "int64"))
@@ -181,10 +182,19 @@ class ShardCache:
     """A node's cache of one split's shards in ``folder``, within ``limit`` bytes plus at most one shard;
     ``fetch(name, path)`` downloads shard ``name`` to ``path`` (bounded; its errors are the caller's)."""
 
-    def __init__(self, folder: str, limit: int, fetch: Callable[[str, str], None], stall: Callable[[], float]):
+    def __init__(
+        self,
+        folder: str,
+        limit: int,
+        fetch: Callable[[str, str], None],
+        stall: Callable[[], float],
+        identity: str = "",
+    ):
         self.folder, self.limit, self.fetch, self.stall = Path(folder), int(limit), fetch, stall
+        self.identity = identity  # which dataset's split the folder holds (its address and shards), in IDENTITY
         self.downloads = 0  # by this process
         self.tables: dict = {}  # each shard's table, read once per process
+        self.claimed_by: Optional[int] = None  # the process that checked the folder's identity
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "downloads": 0, "tables": {}}
@@ -196,6 +206,8 @@ class ShardCache:
     def sample(self, name: str, size: int, count: int, index: int) -> tuple[bytes, int]:
         """Sample ``index`` of shard ``name`` (``size`` bytes, ``count`` samples), downloaded first if it is not
         here."""
+        if self.claimed_by != os.getpid():
+            self._claim()
         while True:
             fd = self._pinned(name, size)
             if fd is None:
@@ -206,6 +218,25 @@ class ShardCache:
                 return self.read(fd, name, size, count, index)
             finally:
                 os.close(fd)  # its shared lock goes with it
+
+    def _claim(self) -> None:
+        """The folder made this dataset's, once per process: shards another dataset (or an earlier conversion at
+        the same address) left there are removed, since their names may be this one's; one line when that other
+        dataset is being read from it now."""
+        with self._locked("the cache's identity"):
+            marker = self.folder / IDENTITY
+            held = marker.read_text() if marker.is_file() else None
+            if held != self.identity:
+                for _, _, path in self.held():
+                    if not _evicted(path):
+                        raise DataError(
+                            f"dataset.cache_dir: {self.folder} holds another dataset's shards, being read now; give "
+                            "each dataset a cache_dir of its own"
+                        )
+                partial = marker.with_name(f"{IDENTITY}{PARTIAL}")
+                partial.write_text(self.identity)
+                os.replace(partial, marker)
+        self.claimed_by = os.getpid()
 
     def _pinned(self, name: str, size: int) -> Optional[int]:
         """Shard ``name`` open under a shared lock, or None when it is not (or no longer) here whole."""

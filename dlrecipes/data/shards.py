@@ -285,12 +285,18 @@ class ShardsDataset:
         self.pil_steps = len(getattr(transform, "transforms", ()))
         self.bucket, self.cache = place.bucket, None
         if self.bucket is not None and cache_dir is not None and cache_limit is not None:
-            self.cache = ShardCache(str(Path(cache_dir, split)), cache_limit, self.fetch, self.bucket.stall)
+            folder = str(Path(cache_dir, split))
+            self.cache = ShardCache(folder, cache_limit, self.fetch, self.bucket.stall, self.cache_identity())
         self.tables: dict = {}  # a local dataset's shard tables, read once per process
         self.num_classes: Optional[int] = None  # set by build_shards: each label read is checked against it
 
     def __len__(self) -> int:
         return self.starts[-1]
+
+    def cache_identity(self) -> str:
+        """What a cache folder of this split must hold: its address and shards (a folder that holds another's is
+        emptied first: :class:`~dlrecipes.data.shard_cache.ShardCache`)."""
+        return json.dumps({"dataset": self.url, "shards": self.shards}, sort_keys=True)
 
     def __getstate__(self) -> dict:  # a DataLoader worker (spawned) reads each shard's table again
         return {**self.__dict__, "tables": {}}
