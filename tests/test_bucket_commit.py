@@ -168,6 +168,7 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     with pytest.raises(RuntimeError, match="is in the bucket already, as other bytes; it is never written over"):
         a._send("checkpoints/ep1-ba3-rank0.pt", (a.local / "checkpoints/ep1-ba3-rank0.pt").stat().st_size)
     (a.local / "summary.json").write_text('{"status": "finished", "epochs": 2}')
+    a.lease.lost = None  # below, late records that landed anyway (a server without conditional writes)
     s3.client().put_object(Bucket="runs", Key="late/w/summary.json", Body=a._bytes("summary.json"))
     _best(a, 10.0, 2, 6)  # A's late best (of an epoch after B's start): on A's own key, its best.json refused
     a._send("checkpoints/best.pt", (a.local / "checkpoints/best.pt").stat().st_size)
@@ -186,6 +187,11 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     _best(b, 2.0, 2, 6)
     _history(b, [3, 6, 9])
     b.push()
+    history = s3.read("runs", "late/w/history.csv")  # B's, written on the ETag B read as it opened the run
+    a.lease.lost = None
+    with pytest.raises(LeaseLost, match="lease was taken over"):  # A's late record write, on A's last ETag: refused
+        a.write_record("history.csv", b"epoch,step\n1,3\n2,6\n")
+    assert s3.read("runs", "late/w/history.csv") == history
     assert torch.load(_pulled_best(root, tmp_path / "f"))["weights"][0] == 2.0  # B's best, from B's own key
     keys = s3.keys("runs", "late/w/checkpoints/")
     assert f"late/w/checkpoints/ep2-ba6-rank0.{a.writer}.pt" not in keys  # A's stray, deleted after B's commit

@@ -40,7 +40,7 @@ from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, s
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError, first_line
 from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
-from dlrecipes.records.store.writer import Writer
+from dlrecipes.records.store.writer import FENCED_RECORDS, Writer
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT,
     BEST_INFO,
@@ -202,6 +202,7 @@ class RemoteRun(Writer):
     commit: Optional[Commit] = None  # a training's: the pointer it holds (store.commit), taken over at its start
     start: Optional[tuple[int, int]] = None  # a training's: the progress it started from (its lineage entry)
     resuming: bool = False  # a training's: it continues the run the bucket has (else a new run under the name)
+    record_tags: dict[str, str] = field(default_factory=dict)  # a training's: each shared record's ETag (store.writer)
     _store: Optional[Backend] = None
 
     def store(self) -> Backend:
@@ -284,6 +285,8 @@ class RemoteRun(Writer):
                 except OSError:  # the process is gone (said once): from here, as before, unless the end gave up
                     if self.abandoned:
                         raise
+            if size < LARGE and self.lease is not None and relative in FENCED_RECORDS:  # on the ETag it last wrote
+                return self.write_record(relative, self._bytes(relative))
             if size < LARGE:  # one request from this (daemon) thread: nothing a hung server can hold the exit on
                 self.store().write(key, self._bytes(relative), if_absent=once)
                 return

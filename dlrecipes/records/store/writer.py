@@ -44,6 +44,8 @@ class Writer:
         def _upload(self, relative: str) -> bool: ...
         def _failed(self, relative: str, exc: BaseException) -> None: ...
 
+        record_tags: dict[str, str]
+
     @property
     def writer(self) -> str:
         """This training's writer tag (:mod:`~.commit`), "" where no lease is held (nothing is written as a writer)."""
@@ -77,6 +79,9 @@ class Writer:
         if not self.resuming:  # a new run where a pointer was left (a run that ended before its recipe went up):
             commit.pointer, self.start = None, (0, 0)  # its own lineage, committed over that one's (If-Match)
         self.commit = commit
+        if self.store().conditional_writes:  # each shared record's ETag as the run opens: its writes are made on it
+            for relative in FENCED_RECORDS:
+                self.record_tags[relative] = self.store().read_tagged(self.key(relative))[1]
 
     def take_commit(self) -> None:
         """As training starts (the checkpoint it resumes from loaded): the pointer an earlier writer left is written
@@ -100,6 +105,24 @@ class Writer:
                 raise
             self._failed(POINTER, exc)
             self.pending.remove(POINTER)
+
+    def write_record(self, relative: str, data: bytes) -> None:
+        """A shared record written by this writer, on the ETag it last wrote or read as the run opened (absent where
+        it found none). Where the record changed since, the lease is confirmed first: a writer fenced by a later one
+        that has written the record since gets :class:`~.lease.LeaseLost` and writes nothing; the writer that holds
+        the lease writes it over (a retry of its own write that the server answered as changed, or a hand-made
+        object). An S3 ETag is its content's digest: until the later writer changes a record, the earlier one's
+        write on it is not refused by the server (only by its lease check)."""
+        from dlrecipes.records.store.backend import Conflict
+
+        key, tag = self.key(relative), self.record_tags.get(relative)
+        if self.store().conditional_writes and tag is not None:
+            try:
+                self.record_tags[relative] = self.store().write(key, data, if_absent=tag == "", if_match=tag or None)
+                return
+            except Conflict:
+                self.lease.confirm()  # LeaseLost where another writer holds the run now
+        self.record_tags[relative] = self.store().write(key, data)  # the first write of a new run's, or as above
 
     def _moved(self) -> None:
         """Another writer moved the pointer: this one has lost the run (one line naming the holder)."""
@@ -179,7 +202,7 @@ class Writer:
         csv.writer(out, lineterminator="\n").writerows(kept)
         try:
             self.lease.guard()
-            self.store().write(self.key(HISTORY_FILE), out.getvalue().encode())
+            self.write_record(HISTORY_FILE, out.getvalue().encode())
         except Exception as exc:
             from dlrecipes.records.store.lease import LeaseLost
 
@@ -220,6 +243,9 @@ class Writer:
                 "they are deleted at the next checkpoint",
                 file=sys.stderr,
             )
+
+
+FENCED_RECORDS = (SUMMARY_FILE, HISTORY_FILE, f"{CHECKPOINT_DIR}/{BEST_INFO}")  # shared keys, written on ETags
 
 
 def _untagged_run(newest: str):
