@@ -159,7 +159,7 @@ MOST_SAMPLES = 10**9  # per shard: a count beyond it is no count a dataset of im
 
 
 def check_index(place: ShardsPlace, split: str, shards: Sequence[dict]) -> None:
-    """The split's ``index.json`` (what litdata's reader follows) checked as data against ``dlrecipes-shards.json``
+    """The split's ``index.json`` (litdata's own index) checked as data against ``dlrecipes-shards.json``
     before anything reads a sample: its samples stored as dlrecipes writes them (an image's bytes and an int label;
     litdata's ``pickle`` and other object formats would run code as each sample is read), no compression or
     encryption, and exactly the shards ``dlrecipes-shards.json`` lists (plain names, in order: no ``..``, no
