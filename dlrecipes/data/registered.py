@@ -28,11 +28,11 @@ from dlrecipes.data.dataset_params import (
     SplitSeed,
 )
 from dlrecipes.data.image_factories import ffcv, hf, image_folder, imagenet, shards
+from dlrecipes.data.source_sizes import folder_side, hf_side
+from dlrecipes.registry import datasets
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import TrainerConfig
-from dlrecipes.data.source_sizes import folder_side, hf_side
-from dlrecipes.registry import datasets
 
 DIGITS_SAMPLES = 1797  # the embedded scans (dlrecipes/data/digits.py), each upsampled to image_size when built
 

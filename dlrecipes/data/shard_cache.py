@@ -1,12 +1,12 @@
 """A shards dataset's samples read from its shard files, and a node's cache of a bucket's shards kept within its
 limit: dlrecipes's own, not litdata's reader.
 
-Reading (:func:`read_sample`): a shard is litdata's chunk file, in either of the layouts litdata 0.2.76 writes for
-samples of an image's bytes and an int label: the sample table (``uint32`` count, ``count + 1`` offsets, then each
-sample as one ``uint32`` size per field and the fields' bytes) or, where pyarrow was installed when it was written,
-the same table left empty and an Arrow IPC file of the rows at the end (its length and litdata's magic last). Both
-are read as data: sizes and offsets are checked against the file, the Arrow rows against the two columns dlrecipes
-writes; nothing is unpickled.
+Reading (:func:`shard_table`, :func:`read_from`): a shard is litdata's chunk file, in either of the layouts
+litdata 0.2.76 writes for samples of an image's bytes and an int label: the sample table (``uint32`` count,
+``count + 1`` offsets, then each sample as one ``uint32`` size per field and the fields' bytes) or, where pyarrow
+was installed when it was written, the same table left empty and an Arrow IPC file of the rows at the end (its
+length and litdata's magic last). Both are read as data: sizes and offsets are checked against the file, the Arrow
+rows against the two columns dlrecipes writes; nothing is unpickled.
 
 The cache (:class:`ShardCache`, one folder per split and node, shared by every process and DataLoader worker there):
 
@@ -44,7 +44,7 @@ IDENTITY = ".dlrecipes-cache-of"  # the dataset and split whose shards the folde
 PARTIAL = ".partial"  # a download in progress (or left by a process killed during one): not yet a shard
 ARROW_MAGIC = b"LDARW01\0"  # litdata's Arrow rows at a chunk's end: [IPC file][uint32 its length][magic]
 ARROW_FIELDS = (("image", "binary"), ("label", "int64"))
-_SHARD = re.compile(r"chunk-[0-9]+-[0-9]+\.bin")
+SHARD_NAME = re.compile(r"chunk-[0-9]+-[0-9]+\.bin")  # litdata's names for the shards data convert writes
 POLL = 0.02  # seconds between looks at a lock or a download held by another process
 
 
@@ -199,10 +199,6 @@ class ShardCache:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "downloads": 0, "tables": {}}
 
-    def read(self, fd: int, name: str, size: int, count: int, index: int) -> tuple[bytes, int]:
-        """Sample ``index`` of shard ``name``, open as ``fd``: its table read once per process."""
-        return read_from(self.tables, fd, name, size, count, index)
-
     def sample(self, name: str, size: int, count: int, index: int) -> tuple[bytes, int]:
         """Sample ``index`` of shard ``name`` (``size`` bytes, ``count`` samples), downloaded first if it is not
         here."""
@@ -215,7 +211,7 @@ class ShardCache:
                 continue
             try:
                 os.utime(fd)  # its last use, for eviction
-                return self.read(fd, name, size, count, index)
+                return read_from(self.tables, fd, name, size, count, index)
             finally:
                 os.close(fd)  # its shared lock goes with it
 
@@ -277,7 +273,7 @@ class ShardCache:
         """The shards here: (last use, bytes, path), least recently used first."""
         found = []
         for path in self.folder.iterdir():
-            if _SHARD.fullmatch(path.name):
+            if SHARD_NAME.fullmatch(path.name):
                 try:
                     stat = path.stat()
                 except FileNotFoundError:

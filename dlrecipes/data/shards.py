@@ -24,12 +24,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from bisect import bisect_right
 from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from dlrecipes.data.shard_cache import SHARD_NAME, Damaged, ShardCache, check_room, read_from, samples_in_flight
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError, UserError, first_line, shown
 
@@ -154,7 +154,6 @@ def read_meta(place: ShardsPlace) -> dict:
 
 INDEX = "index.json"  # litdata's index of a split's shards, which its reader follows
 DATA_FORMATS = (["bytes", "int"],)  # how write_split stores a sample: the image file's bytes, its label
-_SHARD_NAME = re.compile(r"chunk-[0-9]+-[0-9]+\.bin")  # litdata's names for the shards write_split makes
 MOST_SAMPLES = 10**9  # per shard: a count beyond it is no count a dataset of images has
 
 
@@ -186,7 +185,7 @@ def check_index(place: ShardsPlace, split: str, shards: Sequence[dict]) -> None:
     elif config.get("compression") or config.get("encryption") or config.get("item_loader") != "PyTreeLoader":
         problem = "its shards are compressed, encrypted or read by another loader, which dlrecipes never writes"
     else:
-        bad = next((name for name, _ in listed if not _SHARD_NAME.fullmatch(name)), None)
+        bad = next((name for name, _ in listed if not SHARD_NAME.fullmatch(name)), None)
         if bad is not None:
             problem = f"it names the shard {shown(bad)}, which is no shard file name (chunk-N-N.bin)"
         elif [(name, count) for name, count in listed] != [(s["file"], s["samples"]) for s in shards]:
@@ -206,7 +205,7 @@ def check_meta_counts(place: ShardsPlace, meta: dict) -> None:
     for split in SPLITS if ok else ():
         for shard in meta["splits"][split]["shards"]:
             samples, size = shard.get("samples"), shard.get("bytes")
-            ok = ok and isinstance(shard.get("file"), str) and _SHARD_NAME.fullmatch(shard["file"]) is not None
+            ok = ok and isinstance(shard.get("file"), str) and SHARD_NAME.fullmatch(shard["file"]) is not None
             ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, size))
             ok = ok and 1 <= samples <= min(size, MOST_SAMPLES)
     if not ok:
@@ -275,8 +274,6 @@ class ShardsDataset:
         cache_dir: Optional[str],
         cache_limit: Optional[int],
     ):
-        from dlrecipes.data.shard_cache import ShardCache
-
         self.url, self.split, self.key_path = place.url(split), split, place.key_path
         self.shards = [dict(shard) for shard in shards]
         self.shard_sizes = [int(shard["samples"]) for shard in shards]
@@ -308,8 +305,6 @@ class ShardsDataset:
 
     def fetch(self, name: str, path: str) -> None:
         """Shard ``name`` of a bucket's split downloaded to ``path`` (the bucket's client made once per process)."""
-        from dlrecipes.data.shard_cache import Damaged
-
         if not self.bucket.download(self.bucket.root.key(self.split, name), path):
             raise Damaged("it is no longer in the bucket")
 
@@ -317,9 +312,6 @@ class ShardsDataset:
         """Sample ``index``'s stored image bytes and label."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        from dlrecipes.data.shard_cache import Damaged, read_from
-        from dlrecipes.records.store import Stalled
-
         k = bisect_right(self.starts, index) - 1
         shard, at = self.shards[k], index - self.starts[k]
         try:
@@ -331,15 +323,17 @@ class ShardsDataset:
                     data, label = read_from(self.tables, fd, shard["file"], shard["bytes"], shard["samples"], at)
                 finally:
                     os.close(fd)
-        except Stalled:
+        except (Damaged, OSError) as exc:  # bytes not what the index says, or a local shard gone
+            raise self.damaged(index, exc) from None
+        except UserError as exc:
+            if self.bucket is None or not self.bucket.stalled(exc):
+                raise
             shard_url, first, last = self.shard_of(index)
             raise DataError(
                 f"{self.key_path}: shard {shard_url} (samples {first}-{last} of {self.split}) did not arrive within "
                 f"{self.bucket.stall():.0f} s: {self.bucket.server} stopped answering; the run's checkpoints are "
                 "kept: --resume when it answers again"
             ) from None
-        except (Damaged, OSError) as exc:  # bytes not what the index says, or a local shard gone
-            raise self.damaged(index, exc) from None
         if self.num_classes is not None and not 0 <= label < self.num_classes:
             raise DataError(
                 f"{self.where(index)}: its label is {label}, outside the dataset's {self.num_classes} classes "
@@ -350,8 +344,6 @@ class ShardsDataset:
     def check_cache(self, span: int, shuffled: bool) -> None:
         """One line when the cache limit cannot hold the shards ``span`` consecutive samples of this split's order
         fall in (:func:`~dlrecipes.data.shard_cache.check_room`)."""
-        from dlrecipes.data.shard_cache import check_room
-
         if self.cache is not None:
             check_room(self.shards, self.cache.limit, span, shuffled, self.split)
 
@@ -400,8 +392,6 @@ class ShardsDataset:
 def check_cache_room(place: ShardsPlace, meta: dict, limit: int, trainer: TrainerConfig) -> None:
     """validate's check of the cache limit against what the recipe's loaders read at once (training checks it as it
     builds them)."""
-    from dlrecipes.data.shard_cache import check_room, samples_in_flight
-
     spans = samples_in_flight(trainer.batch_size, trainer.eval_batch_size or trainer.batch_size, trainer.num_workers)
     for split in SPLITS if place.bucket is not None else ():
         check_room(meta["splits"][split]["shards"], limit, *spans[split], split)

@@ -154,9 +154,8 @@ def existing(place: ShardsPlace) -> bool:
     return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
 
-WRITE_CHECK = (
-    ".dlrecipes-write-check"  # written and deleted before converting: a bucket that will not take it is one line
-)
+# written and deleted before converting: a bucket that will not take it is one line
+WRITE_CHECK = ".dlrecipes-write-check"
 
 
 def write_shards(

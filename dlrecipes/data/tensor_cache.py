@@ -120,8 +120,8 @@ def _holds(files: dict[str, Path], fingerprint: dict, labels: Sequence[int], siz
         and np.array_equal(held, np.asarray(labels, dtype=np.int64))
     )
     if not whole:
-        print(f"warning: the tensor cache {files['images']} is not its source's (damaged or edited): made again",
-              file=sys.stderr)  # fmt: skip
+        warning = f"warning: the tensor cache {files['images']} is not its source's (damaged or edited): made again"
+        print(warning, file=sys.stderr)
     return whole
 
 

@@ -180,7 +180,7 @@ class DatasetBucket:
 
     def download(self, key: str, path: str) -> bool:
         """``key`` into ``path`` (False when the bucket does not have it); a server that sends nothing for
-        :meth:`stall` seconds raises :class:`Stalled`."""
+        :meth:`stall` seconds raises what :meth:`stalled` recognises."""
         return self.client().download(key, path)
 
     @staticmethod
@@ -188,6 +188,13 @@ class DatasetBucket:
         from dlrecipes.records.store.backend import stall
 
         return stall()
+
+    @staticmethod
+    def stalled(exc: BaseException) -> bool:
+        """Whether ``exc`` says the bucket's server stopped answering an operation (given up after :meth:`stall`)."""
+        from dlrecipes.records.store.backend import ServerStalled
+
+        return isinstance(exc, ServerStalled)
 
     @property
     def server(self) -> str:
@@ -223,14 +230,6 @@ def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
     root = RemoteRoot.parse(address, key_path)
     check_access(root, key_path)
     return DatasetBucket(root, object_store(root, key_path), endpoint() if root.scheme == "s3" else None)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Stalled":  # a bucket that stopped answering an operation (dlrecipes.records.store.backend)
-        from dlrecipes.records.store.backend import ServerStalled
-
-        return ServerStalled
-    raise AttributeError(name)
 
 
 __all__ = [
