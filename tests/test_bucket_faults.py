@@ -51,6 +51,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -879,6 +880,38 @@ def test_a_download_from_a_server_gone_silent_ends_within_its_bound_and_at_ctrl_
     assert [rank.returncode for rank in ranks] == [2, 2], errors
     assert len((tmp_path / "hang.log").read_text().splitlines()) == 1  # the checkpoint asked for once on the node
     assert sorted("given up by another process on this machine" in one_line(err) for err in errors) == [False, True]
+    # two nodes of one training (ranks 0 and 1, no launcher between them): the server goes silent for node 1's
+    # download only. Node 1 gives up at its bound, and node 0, whose download succeeded, stops with it (before: node
+    # 0 went on alone and waited for node 1 in the process group until trainer.dist_timeout, 90 s here)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = []
+    for rank in range(2):
+        world = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        world |= {"NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        world["DLRECIPES_STAGING_DIR"] = str(tmp_path / f"node{rank}")
+        nodes.append(
+            subprocess.Popen(
+                [*([sys.executable, str(script)] if rank else [sys.executable, "-m", "dlrecipes.cli"]), "train"]
+                + [*args[:-1], "trainer.max_duration=2ep", "trainer.dist_timeout=90", "--resume"],
+                cwd=tmp_path,
+                env={**env, **world},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    began = time.monotonic()
+    errors = [node.communicate(timeout=150)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [2, 2] and time.monotonic() - began < 45, errors
+    assert one_line(errors[1]).endswith(
+        "stopped answering while downloading it (nothing for 2 s); check that the "
+        "server is up, then run the command again"
+    )
+    assert one_line(errors[0]) == one_line(errors[1]).replace(
+        "error: ", "error: rank 1 of this training stopped before training began: ", 1
+    )
     env = {**env, "DLRECIPES_STAGING_DIR": str(tmp_path / "machine-c")}
     env.pop("DLRECIPES_BUCKET_STALL")
     interrupted = subprocess.Popen(
@@ -973,8 +1006,6 @@ def test_a_lost_lease_stops_every_rank_within_seconds(s3, machine_a, tiny_recipe
     term and machine B takes the run over. When rank 0 wakes it stops with the line naming B (exit 1), and rank 1,
     waiting for it in a collective, stops at the same batch (the signal handling's agreement), in one line, exit 1
     (before: rank 0 stopped alone and both waited for the collective's timeout, half an hour)."""
-    import socket
-
     from tests import forked
 
     plugin = tmp_path / "pause.py"

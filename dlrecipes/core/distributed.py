@@ -15,7 +15,8 @@
   GPU.  The group is made once per process group (every rank makes it at the same point: the
   Trainer's construction), with the run's ``trainer.dist_timeout``; a gloo connection failure
   becomes one line that names ``GLOO_SOCKET_IFNAME``.  :func:`same_on_all_ranks` gives every rank
-  rank 0's value of something (a run name with its timestamp).
+  rank 0's value of something (a run name with its timestamp), and :func:`stopped_together` makes
+  a user error on one rank before training stop every rank at once.
 
 Torch is imported only when there is more than one process.
 """
@@ -25,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from dlrecipes.errors import RecipeError, UserError, first_line
+
+T = TypeVar("T")
 
 
 def rank() -> int:
@@ -428,11 +431,46 @@ def same_on_all_ranks(value: Any, device: str, timeout: float) -> Any:
     """Rank 0's ``value`` on every rank (starting the default process group, within ``timeout``)."""
     if world_size() == 1:
         return value
+    from composer.utils import dist
+
+    _start_group(device, timeout)
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def stopped_together(step: Callable[[], T], device: str, timeout: float, undo: Callable[[T], None]) -> T:
+    """``step()`` on every rank, after which the ranks tell each other whether it failed with a :class:`UserError`.
+
+    A rank whose step failed raises its own error. The other ranks call ``undo`` on their result and stop with one
+    line naming the failed rank and its error. Without this, a rank that stopped alone leaves the others waiting
+    in their next collective until the process group's timeout (``trainer.dist_timeout``): for example, a node
+    that could not download a run for ``--resume`` while another node could."""
+    try:
+        result, line = step(), ""
+    except UserError as exc:
+        if world_size() == 1:
+            raise
+        result, line, own = None, first_line(exc), exc
+    if world_size() == 1:
+        return result
+    from composer.utils import dist
+
+    _start_group(device, timeout)
+    lines = dist.all_gather_object(line)
+    if line:
+        raise own
+    failed = next(((number, text) for number, text in enumerate(lines) if text), None)
+    if failed is not None:
+        undo(result)
+        raise UserError(f"rank {failed[0]} of this training stopped before training began: {failed[1]}")
+    return result
+
+
+def _start_group(device: str, timeout: float) -> None:
+    """The default process group started (Composer's, for ``device``), within ``timeout`` seconds."""
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
 
     with gloo_errors("the process group (torch.distributed)"):
         dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU(), timeout=timeout)
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -23,6 +23,7 @@ from dlrecipes.records.store.mirror import uploader
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
+    from dlrecipes.records.store.lease import BucketLease
     from dlrecipes.records.store.interface import RunEnded
 
 
@@ -60,8 +61,13 @@ class BucketStore(RunStore):
         from dlrecipes.records.store.opening import prepare
         from dlrecipes.records.store.local import open_in
 
-        self.check()
-        claimed = prepare(self.root, config.run_name, options.resume, options.restart)
+        from dlrecipes.core.distributed import stopped_together
+
+        def bucket_side() -> Optional[BucketLease]:
+            self.check()
+            return prepare(self.root, config.run_name, options.resume, options.restart)
+
+        claimed = stopped_together(bucket_side, device, config.trainer.dist_timeout, _release)
         try:
             with named_by_address({self.root.staging(): str(self.root)}):  # errors name the bucket's files
                 opened = open_in(self.root.staging(), config, device, options)
@@ -184,3 +190,9 @@ def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[st
     if checkpoint is not None and RECIPE_FILE in listing:  # not an export directory
         checkpoint = run.pull_checkpoint(checkpoint, listing)
     return ReadRun(run.local, checkpoint, run.url, push=run.push_outputs, pushes=True, bring=run.bring)
+
+
+def _release(claimed: Optional[BucketLease]) -> None:
+    """A lease this process took as it opened a run that another rank then refused: given back."""
+    if claimed is not None:
+        claimed.release()
