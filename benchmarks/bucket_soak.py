@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -107,7 +107,7 @@ class Soak:
 
     # --- commands ------------------------------------------------------------------------------------------
 
-    def start(self, machine: str, *args: str) -> "Command":
+    def start(self, machine: str, *args: str) -> Command:
         from tests import forked
 
         self.commands += 1
@@ -117,7 +117,7 @@ class Soak:
         handle = forked.start(list(args), cwd=self.folder, out=out, err=err, env=self.machine(machine))
         return Command(handle, list(args), err, time.monotonic())
 
-    def finish(self, command: "Command", killed: bool = False) -> Optional[int]:
+    def finish(self, command: Command, killed: bool = False) -> int | None:
         """The command waited for (within its bound: past it, killed and a violation); its output checked unless
         this soak killed it: at most one error line, no traceback, nothing "unexpected"."""
         left = BOUND - (time.monotonic() - command.began)
@@ -137,7 +137,7 @@ class Soak:
             self.violation(f"`{' '.join(command.args[:3])}` exit {code}: {stderr[-800:]!r}")
         return code
 
-    def train(self, machine: str, run: str, how: str) -> "Command":
+    def train(self, machine: str, run: str, how: str) -> Command:
         extra = {"new": [], "resume": ["--resume"], "restart": ["--restart"]}[how]
         if run == LARGE_RUN:
             extra.append("model.hidden=4096")
@@ -165,12 +165,12 @@ class Soak:
     def _count(self, fault: str) -> None:
         self.faults[fault] = self.faults.get(fault, 0) + 1
 
-    def _kill(self, command: "Command", run: str, other: str) -> None:
+    def _kill(self, command: Command, run: str, other: str) -> None:
         self._count("kill" if command.handle.poll() is None else "kill (after its end)")
         command.handle.send_signal(signal.SIGKILL)
         self.finish(command, killed=True)
 
-    def _freeze(self, command: "Command", run: str, other: str) -> None:
+    def _freeze(self, command: Command, run: str, other: str) -> None:
         self._count("freeze" if command.handle.poll() is None else "freeze (after its end)")
         command.handle.send_signal(signal.SIGSTOP)
         _children(command.handle.pid, signal.SIGSTOP)
@@ -182,19 +182,19 @@ class Soak:
         self.finish(command)
         self.finish(resumed)
 
-    def _kill_upload(self, command: "Command", run: str, other: str) -> None:
+    def _kill_upload(self, command: Command, run: str, other: str) -> None:
         killed = _children(command.handle.pid, signal.SIGKILL, "upload_process")
         self._count("kill-upload" if killed else "kill-upload (none running)")
         self.finish(command)
 
-    def _stop_server(self, command: "Command", run: str, other: str) -> None:
+    def _stop_server(self, command: Command, run: str, other: str) -> None:
         self._count("stop-server")
         os.killpg(self.server.process.pid, signal.SIGSTOP)
         time.sleep(self.rng.uniform(1.0, 4.0))
         os.killpg(self.server.process.pid, signal.SIGCONT)
         self.finish(command)
 
-    def _kill_server(self, command: "Command", run: str, other: str) -> None:
+    def _kill_server(self, command: Command, run: str, other: str) -> None:
         self._count("kill-server")
         self.server.kill()
         time.sleep(self.rng.uniform(0.5, 2.0))

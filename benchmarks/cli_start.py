@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     for label, tree in trees.items():
                         times[(name, label)].append(once(tree, command))
         finally:
-            for label, tree in trees.items():
+            for tree in trees.values():
                 if tree != ROOT:
                     subprocess.run(
                         ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True

@@ -274,7 +274,7 @@ def main() -> None:
                 for policy in (p for p in policies if p != "none"):
                     key = f"torchvision_pil+{policy}"
                     results[key] = measure(
-                        lambda: torchvision_pil_loader(root, args.batch, args.workers, args.crop, policy),
+                        lambda policy=policy: torchvision_pil_loader(root, args.batch, args.workers, args.crop, policy),
                         args.epochs,
                         "none",
                         key,

@@ -48,9 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -102,9 +102,8 @@ def _train(
     from dlrecipes import api
     from dlrecipes.builders import build_trainer
     from dlrecipes.core.devices import resolve_device
-    from dlrecipes.records.store import TrainingRun
-
     from dlrecipes.core.outputs import EVAL_LOSS
+    from dlrecipes.records.store import TrainingRun
 
     losses, eval_losses = [], []
 

@@ -60,9 +60,9 @@ def census(overrides: list[str], steps: int = 10) -> dict:
     from dlrecipes import builders
     from dlrecipes.api import resolve
     from dlrecipes.builders import build_bench_trainer
-    from dlrecipes.records.store import TrainingRun
     from dlrecipes.core.devices import torch_device
     from dlrecipes.losses import build_loss
+    from dlrecipes.records.store import TrainingRun
     from dlrecipes.tools.bench import PlainLoop, _bench_config, in_memory_batches, one_epoch
 
     config = _bench_config(resolve(ROOT / "recipes" / "quickstart.yaml", [*CASE, *overrides]))

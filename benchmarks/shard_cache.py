@@ -106,10 +106,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
 
+    from dlrecipes.data.shard_cache import check_room, samples_in_flight
     from tests.conftest import image_folders
     from tests.s3_server import serving
-
-    from dlrecipes.data.shard_cache import check_room, samples_in_flight
 
     with tempfile.TemporaryDirectory() as tmp, serving(Path(tmp, "s3"), "data") as server:
         os.environ.update(server.env())

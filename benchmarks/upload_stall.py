@@ -59,9 +59,9 @@ def run(runs_dir: str, name: str, hidden: int, steps: int, every: int) -> list[f
 
     STEP_TIMES.clear()
     overrides = [
-        "model={name: cnn_simple, width: 64, hidden: %d, in_chans: 3}" % hidden,
-        "dataset={name: synthetic, num_classes: 10, input_shape: [3, 32, 32], train_samples: %d, eval_samples: 16}"
-        % (16 * steps),
+        f"model={{name: cnn_simple, width: 64, hidden: {hidden}, in_chans: 3}}",
+        "dataset={name: synthetic, num_classes: 10, input_shape: [3, 32, 32], "
+        f"train_samples: {16 * steps}, eval_samples: 16}}",
         f"trainer.max_duration={steps}ba",
         "trainer.batch_size=16",
         "trainer.num_workers=0",

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.config import RecipeConfig, validate
 from dlrecipes.config.resolving import load_local
@@ -125,7 +126,7 @@ def show(
     return render_with_sources(data, sources, (lambda path: key_meaning(path, data)) if explain else None)
 
 
-def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list:
+def registries(group: str | None = None, plugins: Sequence[str] = ()) -> list:
     """The registries (``group``: only that one), with the built-ins and plugins loaded."""
     from dlrecipes.errors import did_you_mean
     from dlrecipes.registry import REGISTRIES
@@ -137,11 +138,11 @@ def registries(group: Optional[str] = None, plugins: Sequence[str] = ()) -> list
 
 
 def train(
-    recipe: Optional[str | Path | Mapping[str, Any]],
+    recipe: str | Path | Mapping[str, Any] | None,
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
     resume: bool = False,
-    config: Optional[RecipeConfig] = None,
+    config: RecipeConfig | None = None,
     trust_checkpoint: bool = False,
     verbose: bool = False,
     restart: bool = False,
@@ -187,9 +188,9 @@ def evaluate(
     target: str | Path,
     overrides: Iterable[str] = (),
     checkpoint: str = "best",
-    recipe: Optional[str | Path] = None,
-    tta: Optional[str] = None,
-    out: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
+    tta: str | None = None,
+    out: str | Path | None = None,
     plugins: Sequence[str] = (),
     trust_checkpoint: bool = False,
 ):
@@ -212,8 +213,8 @@ def export(
     formats: Sequence[str] = ("torchscript",),
     overrides: Iterable[str] = (),
     checkpoint: str = "best",
-    recipe: Optional[str | Path] = None,
-    out: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
+    out: str | Path | None = None,
     plugins: Sequence[str] = (),
     trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
@@ -236,9 +237,9 @@ def predict(
     target: str | Path,
     files: Sequence[str | Path],
     top_k: int = 5,
-    out: Optional[str | Path] = None,
+    out: str | Path | None = None,
     checkpoint: str = "best",
-    recipe: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
     batch_size: int = 64,
@@ -261,9 +262,9 @@ def sweep(
     assignments: Sequence[str] = (),
     seeds: int = 0,
     parallel: int = 1,
-    name: Optional[str] = None,
-    trials: Optional[int] = None,
-    search: Optional[str] = None,
+    name: str | None = None,
+    trials: int | None = None,
+    search: str | None = None,
     plugins: Sequence[str] = (),
     echo: Callable[[str], None] = print,
     nproc: int = 1,
@@ -303,8 +304,8 @@ def launch(
     nproc: int = 1,
     nodes: int = 1,
     node_rank: int = 0,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
     resume: bool = False,
     trust_checkpoint: bool = False,
     restart: bool = False,
@@ -371,11 +372,11 @@ def train_request(request: str | Path, nproc: int = 1):
 
 
 def profile(
-    recipe: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
-    model: Optional[str] = None,
-    params: Optional[dict[str, Any]] = None,
+    model: str | None = None,
+    params: dict[str, Any] | None = None,
     input_size: tuple[int, int, int] = (3, 224, 224),
     batch: int = 32,
     device: str = "auto",
@@ -432,10 +433,10 @@ def plot(run_dir: str | Path) -> list[Path]:
 
 def compare(
     run_dirs: Sequence[str | Path] = (),
-    out: Optional[str | Path] = None,
-    last: Optional[int] = None,
+    out: str | Path | None = None,
+    last: int | None = None,
     runs_dir: str | Path = RUNS_DIR,
-) -> tuple[list[dict[str, Any]], Optional[Path]]:
+) -> tuple[list[dict[str, Any]], Path | None]:
     """The runs' summaries and, with ``out``, a plot of accuracy against wall-clock time written there.
     ``last``: instead of ``run_dirs``, the newest ``last`` runs under ``runs_dir``. Any of them may be in a bucket
     (``s3://...``)."""
@@ -452,7 +453,7 @@ def compare(
     return summaries, plot
 
 
-def runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[dict[str, Any]]:
+def runs(runs_dir: str | Path = RUNS_DIR, last: int | None = None) -> list[dict[str, Any]]:
     """The runs under ``runs_dir``, newest first: name, recipe, status, epochs done of planned, best monitored
     metric, wall time, device, precision and start time. ``runs_dir`` may be a bucket's ``s3://BUCKET/PREFIX``."""
     from dlrecipes.records.runs import describe_run
@@ -491,7 +492,7 @@ def inspect_beton(path: str | Path) -> dict[str, Any]:
     return inspect(Path(path))
 
 
-def wheelhouse(out: str | Path, python_version: Optional[str] = None, extras: Sequence[str] = ()) -> Path:
+def wheelhouse(out: str | Path, python_version: str | None = None, extras: Sequence[str] = ()) -> Path:
     """Wheels of everything dlrecipes needs except torch, for an offline machine; returns the requirements file."""
     from dlrecipes.tools.wheelhouse import build_wheelhouse
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -85,8 +84,8 @@ def launch(
     nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) on this node"),
     nodes: int = typer.Option(1, "--nodes", help="number of nodes"),
     node_rank: int = typer.Option(0, "--node-rank", help="this node's rank (0 .. nodes-1)"),
-    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
-    master_port: Optional[int] = typer.Option(None, "--master-port", help="a free port on node 0"),
+    master_addr: str | None = typer.Option(None, "--master-addr", help="node 0's address (needed with --nodes > 1)"),
+    master_port: int | None = typer.Option(None, "--master-port", help="a free port on node 0"),
     resume: bool = ResumeOpt,
     restart: bool = RestartOpt,
     trust_checkpoint: bool = TrustOpt,
@@ -118,11 +117,9 @@ def sweep(
     seeds: int = typer.Option(0, "--seeds", help="train each grid point with N seeds (trainer.seed 1..N)"),
     parallel: int = typer.Option(1, "--parallel", help="trainings at once (CPU threads split; one GPU each)"),
     nproc: int = typer.Option(1, "-n", "--nproc", help="processes (devices) per training, through launch"),
-    name: Optional[str] = typer.Option(
-        None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"
-    ),
-    trials: Optional[int] = typer.Option(None, "--trials", help="with --search: how many points to train"),
-    search: Optional[str] = typer.Option(
+    name: str | None = typer.Option(None, "--name", help="the sweep's folder under runs_dir (default <recipe>-sweep)"),
+    trials: int | None = typer.Option(None, "--trials", help="with --search: how many points to train"),
+    search: str | None = typer.Option(
         None,
         "--search",
         help="random or optuna: sample key=loguniform(a,b), "
@@ -199,19 +196,19 @@ def show(
 @app.command("eval")
 def evaluate(
     target: str = RunTargetArg,
-    overrides: Optional[List[str]] = OverridesArg,
+    overrides: list[str] | None = OverridesArg,
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = RecipeOpt,
-    tta: Optional[str] = typer.Option(
+    recipe: Path | None = RecipeOpt,
+    tta: str | None = typer.Option(
         None,
         "--tta",
         help="test-time augmentation (over the recipe's algorithms.tta): flip (the mean with the mirrored images) "
         "or flip_translate (airbench's level 2)",
     ),
-    out: Optional[Path] = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
+    out: Path | None = typer.Option(None, "--out", help="where the report goes (default RUN_DIR/eval/<name>/)"),
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
-    plugin: List[str] = PluginOpt,
+    plugin: list[str] = PluginOpt,
     trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """Evaluate a run's checkpoint on its recipe's evaluation split (overrides change what is evaluated);
@@ -231,13 +228,13 @@ def evaluate(
 @app.command("export")
 def export(
     target: str = RunTargetArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    formats: List[str] = typer.Option(["torchscript"], "--format", help="torchscript or onnx (repeatable)"),
+    overrides: list[str] | None = OverridesArg,
+    formats: list[str] = typer.Option(["torchscript"], "--format", help="torchscript or onnx (repeatable)"),
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = RecipeOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="the export directory (default RUN_DIR/export)"),
+    recipe: Path | None = RecipeOpt,
+    out: Path | None = typer.Option(None, "--out", help="the export directory (default RUN_DIR/export)"),
     trust_checkpoint: bool = TrustOpt,
-    plugin: List[str] = PluginOpt,
+    plugin: list[str] = PluginOpt,
     trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """Export a run's checkpoint for inference (TorchScript, ONNX), checked against the network, with
@@ -262,15 +259,15 @@ def predict(
         help="a run directory, a checkpoint (with --recipe) or an export directory (or s3://BUCKET/PREFIX/RUN)",
         show_default=False,
     ),
-    files: List[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
+    files: list[Path] = typer.Argument(..., help="image files and folders of them", show_default=False),
     top_k: int = typer.Option(5, "--top-k", help="how many classes to show per file"),
-    out: Optional[Path] = typer.Option(None, "--out", help="also write the predictions as CSV"),
+    out: Path | None = typer.Option(None, "--out", help="also write the predictions as CSV"),
     checkpoint: str = CheckpointOpt,
-    recipe: Optional[Path] = RecipeOpt,
+    recipe: Path | None = RecipeOpt,
     batch_size: int = typer.Option(64, "--batch-size", help="images per forward pass"),
     as_json: bool = JsonOpt,
     trust_checkpoint: bool = TrustOpt,
-    plugin: List[str] = PluginOpt,
+    plugin: list[str] = PluginOpt,
     trust_plugins: bool = TrustPluginsOpt,
 ) -> None:
     """The class of each image file, by a run's checkpoint or an exported model, with its evaluation
@@ -296,7 +293,7 @@ def predict(
 @app.command("runs")
 def list_runs(
     runs_dir: str = typer.Argument("runs", help="the runs folder (default: runs), or s3://BUCKET/PREFIX"),
-    last: Optional[int] = typer.Option(None, "--last", help="only the newest N runs"),
+    last: int | None = typer.Option(None, "--last", help="only the newest N runs"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Past runs, newest first: name, recipe, status, epochs done of planned, best metric, time, device."""
@@ -314,27 +311,27 @@ def list_runs(
 
 @app.command("list")
 def list_registry(
-    group: Optional[str] = typer.Argument(
+    group: str | None = typer.Argument(
         None, help="models, datasets, optimizers, schedulers, algorithms, callbacks or loggers"
     ),
-    name: Optional[str] = typer.Argument(None, help="one entry of the group, in full", show_default=False),
-    plugin: List[str] = PluginOpt,
+    name: str | None = typer.Argument(None, help="one entry of the group, in full", show_default=False),
+    plugin: list[str] = PluginOpt,
 ) -> None:
     """What each registry holds, with parameters, defaults and what each parameter means."""
     from dlrecipes import api
     from dlrecipes.tools.describe import format_entry, format_registry
 
     for reg in guarded(lambda: api.registries(group, plugin)):
-        typer.echo(guarded(lambda: format_entry(reg, name)) if name else format_registry(reg))
+        typer.echo(guarded(lambda reg=reg: format_entry(reg, name)) if name else format_registry(reg))
 
 
 @recipe_command(required=False)
 def profile(
     args: RecipeArgs,
-    model: Optional[str] = typer.Option(
+    model: str | None = typer.Option(
         None, "--model", help="registry model, timm/<arch>, torchvision/<arch> or a timm name"
     ),
-    param: List[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
+    param: list[str] = typer.Option([], "--param", help="model parameter key=value (repeatable)"),
     input_size: str = typer.Option("3,224,224", "--input-size", help="C,H,W (with --model)"),
     batch: int = typer.Option(32, "--batch", help="batch size for the second latency figure"),
     device: str = typer.Option("auto", "--device", help="auto (a GPU when this machine has one), cpu or gpu"),
@@ -385,9 +382,9 @@ def plot(
 
 @app.command()
 def compare(
-    run_dirs: Optional[List[str]] = typer.Argument(None, help="run directories to compare (or --last N)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="also write a plot of accuracy against time (a .png)"),
-    last: Optional[int] = typer.Option(None, "--last", help="the newest N runs under --runs-dir instead"),
+    run_dirs: list[str] | None = typer.Argument(None, help="run directories to compare (or --last N)"),
+    out: Path | None = typer.Option(None, "--out", help="also write a plot of accuracy against time (a .png)"),
+    last: int | None = typer.Option(None, "--last", help="the newest N runs under --runs-dir instead"),
     runs_dir: str = typer.Option("runs", "--runs-dir", help="where --last looks (a folder, or s3://BUCKET/PREFIX)"),
     as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON"),
 ) -> None:
@@ -409,19 +406,17 @@ app.add_typer(data_app, name="data")
 def data_convert(
     ctx: typer.Context,
     dataset: str = typer.Argument(..., help="a registered dataset name (dlrecipes list datasets)"),
-    params: Optional[List[str]] = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
-    out: Optional[str] = typer.Option(
+    params: list[str] | None = typer.Argument(None, help="dataset parameters as key=value, e.g. root=data/cifar10"),
+    out: str | None = typer.Option(
         None, "--out", help="ffcv: the .beton files' folder; tensor_cache: its cache_dir; shards: DEST"
     ),
     format: str = typer.Option(
         "ffcv", "--format", help="ffcv (.beton files), tensor_cache or shards (dataset: shards)"
     ),
     shard_size: str = typer.Option("64MB", help="shards: bytes per shard (64MB, 256MiB, an integer)"),
-    reencode_quality: Optional[int] = typer.Option(None, help="shards: re-encode images as JPEG of this quality"),
-    cache_size: Optional[int] = typer.Option(
-        None, help="tensor_cache: side of the cached images, as trainer.cache_size"
-    ),
-    max_resolution: Optional[int] = typer.Option(
+    reencode_quality: int | None = typer.Option(None, help="shards: re-encode images as JPEG of this quality"),
+    cache_size: int | None = typer.Option(None, help="tensor_cache: side of the cached images, as trainer.cache_size"),
+    max_resolution: int | None = typer.Option(
         None,
         help="ffcv, shards: downscale images whose longer side is larger to it (ffcv: 256 if not given; "
         "shards: kept as they are if not given, else re-encoded as JPEG; 0: keep)",
@@ -435,7 +430,7 @@ def data_convert(
     skip_bad: bool = typer.Option(
         False, "--skip-bad", help="ffcv: skip unreadable images (each is reported) instead of stopping"
     ),
-    plugin: List[str] = PluginOpt,
+    plugin: list[str] = PluginOpt,
 ) -> None:
     """Write a dataset's train and eval splits to FFCV .beton files (the ffcv extra), the tensor cache, or shards."""
     from dlrecipes import api
@@ -472,10 +467,10 @@ def data_inspect(
 @app.command()
 def wheelhouse(
     out: Path = typer.Argument(..., help="folder for the wheels and requirements.txt"),
-    python_version: Optional[str] = typer.Option(
+    python_version: str | None = typer.Option(
         None, "--python-version", help="the target's Python, e.g. 3.12 (default: this one)"
     ),
-    extra: List[str] = typer.Option(
+    extra: list[str] = typer.Option(
         [], "--extra", help="also an extra's packages: ffcv, onnx, wandb, ... (repeatable)"
     ),
 ) -> None:
@@ -486,7 +481,7 @@ def wheelhouse(
     typer.echo(format_wheelhouse(guarded(lambda: api.wheelhouse(out, python_version, extra))))
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (also ``cli.py``, ``python -m dlrecipes``); ``argv``: a call from Python."""
     from dlrecipes import api
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 import typer
 
@@ -49,14 +50,14 @@ JsonOpt = typer.Option(False, "--json", help="print JSON")
 class RecipeArgs:
     """What every recipe command is given: the recipe file, its overrides and the plugins to import."""
 
-    recipe: Optional[
-        Path | str
-    ]  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
+    recipe: (
+        Path | str | None
+    )  # a file, or (str) a run's recorded recipe in a bucket: s3://BUCKET/PREFIX/RUN/recipe.yaml
     overrides: list[str]
     plugins: list[str]
 
 
-def recipe_command(name: Optional[str] = None, required: bool = True, app: typer.Typer = app) -> Callable:
+def recipe_command(name: str | None = None, required: bool = True, app: typer.Typer = app) -> Callable:
     """Register a command whose first parameter receives :class:`RecipeArgs`: the recipe argument, the
     overrides and ``--plugin`` are declared here, once, and added to the command's own options."""
     recipe_arg = typer.Argument(
@@ -77,11 +78,11 @@ def recipe_command(name: Optional[str] = None, required: bool = True, app: typer
                 "recipe",
                 positional,
                 default=recipe_arg,  # str: Path() would make s3:// s3:/
-                annotation=str if required else Optional[str],
+                annotation=str if required else str | None,
             ),
-            inspect.Parameter("overrides", positional, default=overrides_arg, annotation=Optional[List[str]]),
+            inspect.Parameter("overrides", positional, default=overrides_arg, annotation=list[str] | None),
             *own,
-            inspect.Parameter("plugin", positional, default=PluginOpt, annotation=List[str]),
+            inspect.Parameter("plugin", positional, default=PluginOpt, annotation=list[str]),
             inspect.Parameter("trust_plugins", positional, default=TrustPluginsOpt, annotation=bool),
         ]
 
@@ -156,7 +157,7 @@ def _options(
     """Train image classifiers from YAML recipes on MosaicML Composer."""
 
 
-def terminal_width(stream: Any) -> Optional[int]:
+def terminal_width(stream: Any) -> int | None:
     """The terminal's width when ``stream`` is one (lines are fitted to it), else ``None`` (lines stay whole)."""
     import shutil
 
@@ -203,7 +204,7 @@ def guarded(fn: Callable[[], Any]) -> Any:
         )
 
 
-def assignments(items: Optional[List[str]], what: str) -> dict[str, Any]:
+def assignments(items: list[str] | None, what: str) -> dict[str, Any]:
     from dlrecipes.recipe import parse_assignment
 
     return dict(guarded(lambda: [parse_assignment(item, what) for item in items or []]))

@@ -9,7 +9,7 @@ else is a bug in dlrecipes and keeps its traceback.  A message never shows a sec
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 from dlrecipes.core.secrets import redact_text
 

@@ -17,9 +17,9 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Iterable, Optional
 
 from dlrecipes.errors import PluginError
 from dlrecipes.registry import REGISTRIES
@@ -64,7 +64,7 @@ def load_entry_points() -> None:
                 REGISTRIES[registry_name].add(ep.name, obj, source=source)
 
 
-def import_plugin(spec: str, base_dir: Optional[Path] = None, origin: str = "--plugin") -> None:
+def import_plugin(spec: str, base_dir: Path | None = None, origin: str = "--plugin") -> None:
     """Import a module by dotted name, or a ``.py`` file (relative paths against ``base_dir``)."""
     try:
         if spec.endswith(".py") or "/" in spec or "\\" in spec:
@@ -94,7 +94,7 @@ def _import_file(path: Path, spec: str, origin: str) -> None:
         raise
 
 
-def load_all(imports: Iterable[str] = (), plugins: Iterable[str] = (), recipe_dir: Optional[Path] = None) -> None:
+def load_all(imports: Iterable[str] = (), plugins: Iterable[str] = (), recipe_dir: Path | None = None) -> None:
     """Built-ins, then entry points, then ``--plugin`` modules, then the recipe's ``imports:``."""
     load_builtins()
     load_entry_points()

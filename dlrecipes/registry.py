@@ -52,8 +52,9 @@ Keyword metadata after the name: each registry declares the keys it reads (below
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from dlrecipes.errors import PluginError, RecipeError, did_you_mean
 

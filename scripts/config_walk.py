@@ -51,7 +51,8 @@ def walk(recipe: Path, overrides: list[str]) -> list[str]:
 
     with tempfile.TemporaryDirectory() as tmp:
         config.runs_dir, config.checkpoint.save = tmp, False
-        from dlrecipes.fit import fit as fit_stage, open_run
+        from dlrecipes.fit import fit as fit_stage
+        from dlrecipes.fit import open_run
 
         fit, composer.Trainer.fit = composer.Trainer.fit, lambda self, *a, **k: None
         sys.setprofile(profile)

@@ -190,7 +190,8 @@ def build_trainer(
 
 def fit(config, resume: bool = False, trust_checkpoint: bool = False, verbose: bool = False, restart: bool = False):
     """:func:`dlrecipes.fit.fit` of the run ``config`` trains, opened in its store as ``dlrecipes train`` opens it."""
-    from dlrecipes.fit import RunOptions, fit as fit_opened, open_run
+    from dlrecipes.fit import RunOptions, open_run
+    from dlrecipes.fit import fit as fit_opened
 
     return fit_opened(open_run(config, RunOptions(resume, restart, trust_checkpoint, verbose)))
 
@@ -239,9 +240,8 @@ def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     import traceback
     import warnings
 
-    from dlrecipes.cli import main
-
     from dlrecipes import plugins
+    from dlrecipes.cli import main
 
     plugins.load_builtins()
     plugins.load_entry_points()

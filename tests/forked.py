@@ -18,13 +18,13 @@ import functools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from dlrecipes.api import FORKED
 from dlrecipes.runtime import fork_server
 from dlrecipes.runtime.fork_server import Program, Started
-
 
 FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh sets: coverage.py follows those)
 
@@ -32,10 +32,10 @@ FORK = "DLRECIPES_TEST_FORK"  # =0: a new Python each (what scripts/coverage.sh 
 def start(
     args: list[str],
     cwd: Path,
-    out: Optional[Path] = None,
-    err: Optional[Path] = None,
-    env: Optional[dict[str, str]] = None,
-    terminal: Optional[int] = None,
+    out: Path | None = None,
+    err: Path | None = None,
+    env: dict[str, str] | None = None,
+    terminal: int | None = None,
     module: str = "dlrecipes",
 ) -> Started | subprocess.Popen:
     """``python -m MODULE ARGS`` (``dlrecipes ARGS`` by default; ``python MODULE ARGS`` for a ``.py`` file) forked
@@ -64,7 +64,7 @@ def start(
     return fork_server.start(program(module, setup), args, cwd=cwd, env=env, out=out, err=err)
 
 
-def program(module: str = "dlrecipes", setup: Optional[Callable[[], None]] = None) -> Program:
+def program(module: str = "dlrecipes", setup: Callable[[], None] | None = None) -> Program:
     """``python -m MODULE`` (``python MODULE`` for a ``.py`` file) as a program forked from the CLI's server, after
     ``setup()`` where given (a picklable callable: it goes through the server with the request)."""
     if module == "dlrecipes" and setup is None:
@@ -72,7 +72,7 @@ def program(module: str = "dlrecipes", setup: Optional[Callable[[], None]] = Non
     return Program(main=functools.partial(run_module, module, setup), preload=FORKED.preload)
 
 
-def run_module(module: str, setup: Optional[Callable[[], None]], args: list[str]) -> None:
+def run_module(module: str, setup: Callable[[], None] | None, args: list[str]) -> None:
     """In the forked process: ``setup()``, then what ``python -m MODULE ARGS`` (``python MODULE ARGS``) does."""
     import runpy
 
@@ -97,7 +97,7 @@ def _on_terminal(handed: Any) -> None:
 
 
 def run(
-    args: list[str], cwd: Path, timeout: int = 300, env: Optional[dict[str, str]] = None, module: str = "dlrecipes"
+    args: list[str], cwd: Path, timeout: int = 300, env: dict[str, str] | None = None, module: str = "dlrecipes"
 ) -> subprocess.CompletedProcess:
     """``dlrecipes ARGS`` (``python -m MODULE ARGS``, ``python MODULE ARGS`` for a ``.py`` file) in a forked process,
     to its end: like ``subprocess.run(capture_output=True)``. With DLRECIPES_TEST_FORK=0, in a new Python."""
@@ -117,9 +117,9 @@ def run(
 def run_forked(
     args: list[str],
     *,
-    cwd: Optional[Path] = None,
-    env: Optional[dict[str, str]] = None,
-    timeout: Optional[float] = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
     module: str = "dlrecipes",
 ) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` forked from the server (whatever DLRECIPES_TEST_FORK says) to its end, as

@@ -15,10 +15,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 ACCESS_KEY, SECRET_KEY = "dlrecipes-test", "dlrecipes-test-secret"
 READ_ONLY_KEY, READ_ONLY_SECRET = "dlrecipes-reader", "dlrecipes-reader-secret"  # may read and list, not write

@@ -86,7 +86,7 @@ def _where() -> str:
 
 
 class _DataDependentOps(TorchDispatchMode):
-    def __init__(self, census: "SyncCensus"):
+    def __init__(self, census: SyncCensus):
         super().__init__()
         self.census = census
 

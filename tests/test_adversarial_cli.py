@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from .conftest import TINY_RECIPE, run_cli
 from dlrecipes.cli import app
 from dlrecipes.cli_args import MAX_MESSAGE
+
+from .conftest import TINY_RECIPE, run_cli
 
 pytestmark = pytest.mark.slow  # the module trains one tiny run (about 3 s)
 

@@ -24,9 +24,10 @@ import pytest
 import torch
 from torch import nn
 
+from dlrecipes.errors import DataError, RecipeError, UserError
+
 from .conftest import TINY_RECIPE, write
 from .test_adversarial_cli import assert_refused, checksums, invoke, other_models_checkpoint
-from dlrecipes.errors import DataError, RecipeError, UserError
 
 TEACHER_KEY = "algorithms.distillation.teacher"
 

@@ -208,8 +208,7 @@ def test_layerwise_lr_decay_gives_each_block_its_rate():
 
 
 def test_layerwise_lr_decay_through_the_trainer_scales_the_schedule(small_recipe):
-    from .conftest import build_trainer
-    from .conftest import prepare_run_dir
+    from .conftest import build_trainer, prepare_run_dir
 
     config = resolve(
         small_recipe, ["algorithms.layerwise_lr_decay={decay: 0.5}", "scheduler={name: linear, alpha_f: 0.5}"]

@@ -757,14 +757,13 @@ def test_the_builder_and_the_fit_stage_take_the_opened_run_not_paths_and_flags()
     after_training.opened.open_trained yields (not a target, a recipe and a trust flag)."""
     import inspect
 
-    from dlrecipes.builders import build_bench_trainer, build_trainer
-    from dlrecipes.fit import fit
-    from dlrecipes.records.store import TrainingRun
-
     from dlrecipes.after_training.evaluate import evaluate_run
     from dlrecipes.after_training.export import export_run
     from dlrecipes.after_training.predict import run_predictor
     from dlrecipes.after_training.trained_model import trained_model
+    from dlrecipes.builders import build_bench_trainer, build_trainer
+    from dlrecipes.fit import fit
+    from dlrecipes.records.store import TrainingRun
 
     for function in (build_trainer, build_bench_trainer, fit):
         first = next(iter(inspect.signature(function).parameters.values()))

@@ -19,8 +19,8 @@ from torchvision.transforms.v2 import functional as TF
 
 from dlrecipes import registry
 from dlrecipes.algorithms import augment_policy as P
-from dlrecipes.algorithms.augment_keys import parse_timm
 from dlrecipes.algorithms import batch_ops
+from dlrecipes.algorithms.augment_keys import parse_timm
 from dlrecipes.algorithms.batch_augment import BatchAugmentation, apply_layers, normalization_of
 from dlrecipes.errors import RecipeError
 from tests.conftest import REPO, TINY_RECIPE, run_cli, write
@@ -135,7 +135,7 @@ def test_random_erasing_boxes_equal_torchvisions_erase():
 )
 def test_op_values_are_torchvisions_magnitudes(table, reference, bins):
     """Every op's value at every bin is the magnitude torchvision's policy passes (translations truncated)."""
-    space = getattr(reference, "_AUGMENTATION_SPACE")
+    space = reference._AUGMENTATION_SPACE
     h, w = 24, 40
     levels = np.arange(bins) / (bins - 1)
     for name, (kind, _, _) in P.TABLES[table].items():

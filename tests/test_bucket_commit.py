@@ -129,10 +129,10 @@ def test_a_fenced_writers_late_upload_commit_and_summary_land_nowhere_a_reader_f
     be written over, and a reader takes neither A's summary nor A's late best. B commits its ep2: the pointer names
     B's weights, A's stray is deleted, a third machine's --resume brings B's ep2, --checkpoint best B's best, and the
     bucket's history stops at the commit."""
+    from dlrecipes.errors import UserError
     from dlrecipes.records.store.bucket import RemoteRoot, RemoteRun
     from dlrecipes.records.store.commit import CommitMoved
     from dlrecipes.records.store.lease import LeaseLost
-    from dlrecipes.errors import UserError
     from dlrecipes.records.store.reading import PulledRun
 
     use_server(s3, monkeypatch, tmp_path / "staging", DLRECIPES_LEASE_TERM=TERM)

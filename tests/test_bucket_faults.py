@@ -530,7 +530,7 @@ def test_a_server_that_stalled_once_is_not_waited_for_again_in_the_same_command(
     asked = []
     for key in ("b", "c", "d"):
         with pytest.raises(ServerStalled, match=rf"^s3://runs/{key}: not tried: the S3 endpoint \S+ stopped answering"):
-            store.waited("writing", key, lambda: asked.append(key))
+            store.waited("writing", key, lambda key=key: asked.append(key))
     assert asked == [] and time.monotonic() - started < first + 0.3  # three more, at once
     other = Backend(None, "the S3 endpoint http://127.0.0.1:8", "s3://other")
     assert other.waited("reading", "a", lambda: "answered") == "answered"  # another server is asked as usual

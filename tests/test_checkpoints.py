@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from dlrecipes.api import resolve
+from dlrecipes.errors import DataError, UserError
 from dlrecipes.records.checkpoints import (
     atomic_write,
     check_trusted,
@@ -18,11 +19,7 @@ from dlrecipes.records.checkpoints import (
     relink,
     resume_point,
 )
-from dlrecipes.errors import DataError, UserError
-from tests.conftest import build_trainer
-from tests.conftest import prepare_run_dir
-from tests.conftest import fit
-from tests.conftest import run_cli
+from tests.conftest import build_trainer, fit, prepare_run_dir, run_cli
 
 
 class Smuggled:

@@ -15,9 +15,8 @@ from composer.core import Callback
 
 from dlrecipes import api
 from dlrecipes.engine import COMPOSER_VERSION, Trainer
-from .conftest import build_trainer
 
-from .conftest import REPO
+from .conftest import REPO, build_trainer
 
 DETERMINISTIC = ["trainer.deterministic=true", "checkpoint.save=false", "checkpoint.monitor=null"]
 
@@ -300,7 +299,7 @@ def test_the_quick_timestamp_counts_as_composers():
 
     theirs, ours = Timestamp(), QuickTimestamp.of(Timestamp())
     steps = [(3, 0, 0.5), (3, 0, None), (2, 7, 0.25)]
-    for epoch in range(3):
+    for _ in range(3):
         for samples, tokens, seconds in steps:
             duration = None if seconds is None else datetime.timedelta(seconds=seconds)
             theirs = theirs.to_next_batch(samples=samples, tokens=tokens, duration=duration)

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ def run_ranks(
     out: Path,
     world: int = 2,
     timeout: float = 120,
-    env: Optional[dict] = None,
+    env: dict | None = None,
     stop_on_error: bool = False,
 ):
     """Start ``world`` processes of the scenario; returns [(exit code, stderr)] and, per rank, the

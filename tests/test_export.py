@@ -12,7 +12,6 @@ import torch
 
 from dlrecipes import registry
 from dlrecipes.api import resolve, train
-from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.callbacks.export_for_inference import (
     ExportMismatchError,
     export_and_verify,
@@ -21,6 +20,7 @@ from dlrecipes.callbacks.export_for_inference import (
     run_exported,
     verify_export,
 )
+from dlrecipes.errors import RecipeError, UserError
 
 from .conftest import RECIPES, REPO, TINY_RECIPE, run_cli, write
 

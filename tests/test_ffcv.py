@@ -107,10 +107,9 @@ def test_an_epoch_left_before_its_end_stops_ffcvs_thread(beton):
     """A subset of batches (eval_subset_num_batches, a duration in batches) leaves an epoch early: FFCV's thread,
     which holds its epoch and batch buffers, is stopped then, not left waiting to hand over its next batch."""
     import threading
+    import time
 
     from ffcv.loader.epoch_iterator import EpochIterator
-
-    import time
 
     loader = FFCVLoader(_source(beton, train=False), batch_size=4, num_workers=1, device=torch.device("cpu"), seed=0)
     ahead = loader.loader.batches_ahead  # FFCV's queue holds this many batches

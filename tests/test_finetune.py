@@ -5,13 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dlrecipes.algorithms.finetune import default_head, head_parameter_names
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.algorithms.finetune import default_head, head_parameter_names
-from tests.conftest import build_trainer
-from tests.conftest import prepare_run_dir
-from tests.conftest import fit
-from tests.conftest import run_cli, write
+from tests.conftest import build_trainer, fit, prepare_run_dir, run_cli, write
 
 FINETUNE = [
     "model={name: mnist_cnn, width: 4}",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import csv
 import glob
 import json
-from pathlib import Path
 import math
 import os
+from pathlib import Path
 
 import pytest
 

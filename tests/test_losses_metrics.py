@@ -204,8 +204,8 @@ def test_a_loss_is_recorded_one_way_so_a_resume_compares_equal(tiny_recipe):
 def test_the_report_counts_every_eval_microbatch_once(tiny_recipe):
     """With evaluation in microbatches, each one's outputs are counted (not only a batch's last)."""
     from dlrecipes.metrics.report import ClassReport
-    from .conftest import build_trainer
-    from .conftest import prepare_run_dir
+
+    from .conftest import build_trainer, prepare_run_dir
 
     config = resolve(tiny_recipe, ["trainer.max_duration=1ep", "run_name=micro", "metrics=[top1, confusion_matrix]"])
     trainer = build_trainer(config, prepare_run_dir(config, "micro", resume=False))

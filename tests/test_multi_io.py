@@ -13,12 +13,12 @@ from dlrecipes import registry
 from dlrecipes.api import resolve
 from dlrecipes.builders import build_datasets, build_model
 from dlrecipes.config import OutputConfig, TaskConfig, validate
+from dlrecipes.config.tasks import declared_io
+from dlrecipes.core.outputs import metric_names
 from dlrecipes.data.splits import DataIO, OutputSpec
 from dlrecipes.errors import RecipeError
 from dlrecipes.models.task_model import MultiIOModel, multi_io_model_params
 from dlrecipes.recipe import load_recipe
-from dlrecipes.config.tasks import declared_io
-from dlrecipes.core.outputs import metric_names
 
 from .conftest import RECIPES, run_cli, write
 

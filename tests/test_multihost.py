@@ -16,7 +16,7 @@ import pytest
 
 from .test_distributed import _ranks, _same_params, ddp_recipe  # noqa: F401  (a fixture)
 
-HOSTS = (("dlr-h0-%d" % os.getpid(), "dlr-v0", "192.0.2.1"), ("dlr-h1-%d" % os.getpid(), "dlr-v1", "192.0.2.2"))
+HOSTS = ((f"dlr-h0-{os.getpid()}", "dlr-v0", "192.0.2.1"), (f"dlr-h1-{os.getpid()}", "dlr-v1", "192.0.2.2"))
 
 
 def _ip(*args: str) -> None:
@@ -99,7 +99,7 @@ def test_two_hosts_train_with_no_interface_set(two_hosts, ddp_recipe, tmp_path):
     logs = [(tmp_path / f"host{r}.log").read_text() for r in range(2)]
     assert codes == [0, 0], "\n---\n".join(log[-2500:] for log in logs)
     assert time.time() - start < 180
-    for (ns, dev, _), log in zip(two_hosts, logs):
+    for (_, dev, _), log in zip(two_hosts, logs):
         assert f"gloo connects through {dev}" in log  # found from the route to the master address
     assert "gloo via dlr-v0" in logs[0]  # the start line names it
     assert not any("[c10d]" in log for log in logs)  # 192.0.2.x has no host name: torch's warning is left out

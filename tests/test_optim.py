@@ -215,8 +215,8 @@ def test_finetune_layer_decay_and_head_lr_with_a_timm_optimizer(tiny_recipe):
     """The Trainer as dlrecipes builds it: finetune's head group and layer-wise decay split LAMB's groups, norms
     and biases stay undecayed."""
     from dlrecipes.api import resolve
-    from .conftest import build_trainer
-    from .conftest import prepare_run_dir
+
+    from .conftest import build_trainer, prepare_run_dir
 
     config = resolve(
         tiny_recipe,
@@ -385,9 +385,9 @@ def test_a_run_with_lamb_and_timms_cosine_trains_each_batch_at_timms_rate_and_re
     from timm.scheduler import CosineLRScheduler
 
     from dlrecipes.api import resolve
-    from .conftest import build_trainer
     from dlrecipes.records.checkpoints import resume_point
-    from .conftest import prepare_run_dir
+
+    from .conftest import build_trainer, prepare_run_dir
 
     seen = []
 

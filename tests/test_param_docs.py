@@ -90,9 +90,9 @@ def test_the_meanings_that_said_nothing_say_the_form_the_values_and_the_places()
     """Issue 63: "how often to evaluate", "how often to save", "numeric precision; AMP needs a GPU", "callbacks by
     name" and "where run directories are written" named no unit, no value, no registry, no bucket."""
     from dlrecipes.config.meanings import key_meaning
+    from dlrecipes.core.addresses import SCHEMES
     from dlrecipes.core.durations import DURATION_UNITS
     from dlrecipes.core.precision import PRECISIONS
-    from dlrecipes.core.addresses import SCHEMES
     from dlrecipes.records.store.bucket import STAGING_ENV
 
     load_all()

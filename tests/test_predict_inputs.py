@@ -38,7 +38,7 @@ def export(tmp_path_factory) -> Path:
     return folder
 
 
-def _digit() -> "np.ndarray":  # noqa: F821
+def _digit() -> np.ndarray:  # noqa: F821
     """A handwritten 4 from the embedded digits, 8-bit grey, 16x16 (predict resizes it to the model's 8x8)."""
     import numpy as np
     from PIL import Image

@@ -26,11 +26,9 @@ from dlrecipes.algorithms.qat import (
 )
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from .conftest import build_trainer
-from .conftest import prepare_run_dir
 from tests.conftest import fit
 
-from .conftest import write
+from .conftest import build_trainer, prepare_run_dir, write
 
 # int8 top-1 on the digits eval split may trail the fp32 network's by at most this much.
 INT8_MARGIN = 0.02

@@ -92,8 +92,7 @@ def test_finetune_timm_recipe_trains_from_a_local_weights_file(tmp_path):
     import timm
     import torch
 
-    from .conftest import build_trainer
-    from .conftest import prepare_run_dir
+    from .conftest import build_trainer, prepare_run_dir
 
     image_folders(tmp_path, ("cat", "dog"), per_class=4, size=(80, 72))
     source = timm.create_model("resnet10t", num_classes=1000)

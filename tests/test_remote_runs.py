@@ -12,7 +12,7 @@ import time
 import pytest
 
 from .conftest import run_cli
-from .s3_server import plain, module_server, use_server, weed_binary
+from .s3_server import module_server, plain, use_server, weed_binary
 
 pytestmark = [
     pytest.mark.slow,

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dlrecipes.errors import UserError
+from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 from dlrecipes.records.layout import (
     ExportDir,
     RunDir,
@@ -20,7 +21,6 @@ from dlrecipes.records.layout import (
 )
 from dlrecipes.records.run_dir import make_run_dir, record_recipe
 from dlrecipes.records.run_files import read_recipe
-from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
 
 
 def test_a_run_dir_names_every_file_a_run_writes(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 
 from dlrecipes.api import resolve
 from dlrecipes.errors import RecipeError
-from dlrecipes.records.resume_check import check_resume, fixed_on_resume
 from dlrecipes.records.layout import LOCK_FILE
+from dlrecipes.records.resume_check import check_resume, fixed_on_resume
 from dlrecipes.records.run_lock import RunLockedError, acquire
 from tests.conftest import fit
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dlrecipes.recipe import run_recipe_text
 from dlrecipes.core.secrets import MASK, is_secret_key, redact, redact_text, redact_uri, refusal, secret_keys
+from dlrecipes.recipe import run_recipe_text
 
 from .conftest import TINY_RECIPE, run_cli, write
 

@@ -10,11 +10,9 @@ import torch
 
 from dlrecipes.api import resolve
 from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER
-from .conftest import build_trainer
-from .conftest import prepare_run_dir
 from tests.conftest import fit
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, build_trainer, prepare_run_dir, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,10 @@ import json
 import re
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.after_training.target import RunTarget
 from dlrecipes.after_training.trained_model import trained_model
@@ -38,9 +39,9 @@ class EvalResult:
     metrics: dict[str, float]
     images: int
     seconds: float
-    out_dir: Optional[Path]
+    out_dir: Path | None
     overrides: list[str] = field(default_factory=list)
-    tta: Optional[str] = None
+    tta: str | None = None
 
     @property
     def images_per_sec(self) -> float:
@@ -59,14 +60,14 @@ class EvalResult:
         }
 
 
-def _name(target: RunTarget, overrides: Sequence[str], tta: Optional[str]) -> str:
+def _name(target: RunTarget, overrides: Sequence[str], tta: str | None) -> str:
     """The report folder's name: the checkpoint, then the overrides and the TTA, made filesystem-safe."""
     parts = [target.checkpoint.stem, *overrides, *([f"tta-{tta}"] if tta else [])]
     name = re.sub(r"[^A-Za-z0-9._=+-]+", "_", ",".join(parts))
     return name[:EVAL_NAME_MAX]
 
 
-def _with_tta(config: RecipeConfig, tta: Optional[str]) -> Optional[str]:
+def _with_tta(config: RecipeConfig, tta: str | None) -> str | None:
     """``--tta`` puts the test-time augmentation it names in the recipe's algorithms (over the recipe's own
     ``tta``, which the evaluation otherwise rebuilds like the training's); returns what the evaluation uses."""
     if tta is not None:
@@ -75,7 +76,7 @@ def _with_tta(config: RecipeConfig, tta: Optional[str]) -> Optional[str]:
     return TTA_CHOICES[level - 1] if level else None
 
 
-def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str | Path] = None) -> EvalResult:
+def evaluate_run(trained: Trained, tta: str | None = None, out: str | Path | None = None) -> EvalResult:
     """Evaluate the opened run's checkpoint on its recipe's evaluation split (with the command's overrides); write
     the report (metrics, confusion matrix, per-class accuracy) to ``out`` or ``RUN_DIR/eval/<name>/``."""
     from composer.utils import dist
@@ -121,7 +122,7 @@ def evaluate_run(trained: Trained, tta: Optional[str] = None, out: Optional[str 
     return result
 
 
-def _eval_size(split: Dataset, subset_batches: Optional[int], trainer_cfg: TrainerConfig) -> int:
+def _eval_size(split: Dataset, subset_batches: int | None, trainer_cfg: TrainerConfig) -> int:
     try:
         size = len(split)
     except TypeError:

@@ -7,8 +7,9 @@ TorchScript and/or ONNX files, each run on real evaluation images next to the tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.after_training.trained_model import network_of, trained_model
 from dlrecipes.errors import RecipeError
@@ -32,7 +33,7 @@ def first_eval_images(trainer: Trainer, count: int) -> torch.Tensor:
 def export_run(
     trained: Trained,
     formats: Sequence[str] = ("torchscript",),
-    out: Optional[str | Path] = None,
+    out: str | Path | None = None,
     verify_batch_size: int = 8,
     atol: float = 1e-4,
     rtol: float = 1e-4,
@@ -41,8 +42,8 @@ def export_run(
     verification report (``verify.json``) with ``out_dir`` added."""
     import copy
 
-    from dlrecipes.callbacks.export_options import EXPORT_FORMATS
     from dlrecipes.callbacks.export_for_inference import export_and_verify, require_onnx, write_export_metadata
+    from dlrecipes.callbacks.export_options import EXPORT_FORMATS
     from dlrecipes.records.layout import EXPORT_DIR, beside
     from dlrecipes.records.run_dir import make_writable_dir
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING
 
 from dlrecipes.after_training.target import RunTarget, find_target, is_export_dir
 from dlrecipes.config.resolving import resolve_recorded
@@ -31,13 +32,13 @@ class Trained:
     ``--trust-checkpoint``)."""
 
     read: ReadRun
-    found: Optional[RunTarget] = None
-    config: Optional[RecipeConfig] = None
+    found: RunTarget | None = None
+    config: RecipeConfig | None = None
     overrides: list[str] = dataclasses.field(default_factory=list)
     trust: bool = False
 
     @property
-    def export_folder(self) -> Optional[Path]:
+    def export_folder(self) -> Path | None:
         """The export directory this command was pointed at (None: a run or a checkpoint)."""
         return Path(self.read.target) if self.found is None else None
 
@@ -46,7 +47,7 @@ class Trained:
 def open_trained(
     target: str | Path,
     checkpoint: str = "best",
-    recipe: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
     overrides: Iterable[str] = (),
     plugins: Sequence[str] = (),
     trust: bool = False,

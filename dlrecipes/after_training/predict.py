@@ -18,8 +18,9 @@ import csv
 import json
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.errors import RecipeError, UserError, first_line
 from dlrecipes.records.layout import CLASSES_FILE, EXPORTED_MODELS, PREPROCESS_FILE, ExportDir
@@ -180,7 +181,7 @@ def predict_files(
     predictor: Predictor,
     files: Sequence[str | Path],
     top_k: int = 5,
-    out: Optional[str | Path] = None,
+    out: str | Path | None = None,
     batch_size: int = 64,
 ) -> Predictions:
     """One row per readable file: ``path``, ``class``, ``probability`` and the ``top`` k (class, probability)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import BEST_CHECKPOINT, RECIPE_FILE, ExportDir, RunDir
@@ -21,7 +20,7 @@ class RunTarget:
 
     recipe: Path
     checkpoint: Path
-    run: Optional[RunDir]  # the run it belongs to; None: a checkpoint file given with --recipe
+    run: RunDir | None  # the run it belongs to; None: a checkpoint file given with --recipe
 
 
 def is_export_dir(path: str | Path) -> bool:
@@ -31,7 +30,7 @@ def is_export_dir(path: str | Path) -> bool:
 
 
 def find_target(
-    target: str | Path, checkpoint: str = "best", recipe: Optional[str | Path] = None, trust: bool = False
+    target: str | Path, checkpoint: str = "best", recipe: str | Path | None = None, trust: bool = False
 ) -> RunTarget:
     """A run directory (its recipe.yaml and the checkpoint ``checkpoint`` names: best, latest or a path), or a
     checkpoint file (inside a run directory's checkpoints/, or with ``recipe``). ``latest`` is the newest
@@ -39,7 +38,7 @@ def find_target(
     from dlrecipes.records.checkpoint_file import not_a_file
 
     target = Path(target)
-    run: Optional[RunDir]
+    run: RunDir | None
     if target.is_dir():
         run = RunDir(target)
         if not run.is_run():

@@ -5,7 +5,6 @@ their policies in :mod:`.augment_policy`)."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from dlrecipes.errors import RecipeError
 
@@ -41,7 +40,7 @@ def policy_or_keys(kind: str):
     return check
 
 
-def default_fill(fill: Optional[list[float]], ops: str) -> tuple[float, ...]:
+def default_fill(fill: list[float] | None, ops: str) -> tuple[float, ...]:
     return tuple(fill) if fill is not None else (IMAGENET_FILL if ops == "timm" else (0.0,))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -209,7 +208,7 @@ def draw_levels(policy: Policy, rng: np.random.Generator, n: int) -> np.ndarray:
     return m / top
 
 
-def _binned(end: float, levels: np.ndarray, bins: Optional[int], start: float = 0.0) -> np.ndarray:
+def _binned(end: float, levels: np.ndarray, bins: int | None, start: float = 0.0) -> np.ndarray:
     """``end * levels``; at a level that is a bin, the value of torchvision's float32 ``linspace(0, end, bins)``
     there (what its policies pass: ``int()`` of 15.999999 is 15, and a shear's last bit moves a nearest pixel)."""
     exact = start + (end - start) * levels
@@ -224,7 +223,7 @@ def _binned(end: float, levels: np.ndarray, bins: Optional[int], start: float = 
 
 
 def op_values(
-    name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int], bins: Optional[int] = None
+    name: str, table: dict, levels: np.ndarray, signs: np.ndarray, size: tuple[int, int], bins: int | None = None
 ) -> np.ndarray:
     """The values (float64) of op ``name`` at ``levels``, negated where ``signs`` and the op is signed
     (``bins``: torchvision's policies' bin count, whose float32 magnitudes are used on the bins)."""
@@ -284,7 +283,7 @@ def draw_chains(policy: Policy, rng: np.random.Generator, n: int, size: tuple[in
     return chains, weights, mix
 
 
-def draw_jitter(rng: np.random.Generator, n: int, ranges: dict[str, Optional[tuple[float, float]]], p: float):
+def draw_jitter(rng: np.random.Generator, n: int, ranges: dict[str, tuple[float, float] | None], p: float):
     """Color jitter as torchvision's ``ColorJitter``: a random order of brightness, contrast, saturation and
     hue per sample, each factor uniform in its range (None: that one left out). Ops: indices into
     :data:`JITTER_OPS`."""

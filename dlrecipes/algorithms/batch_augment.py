@@ -19,7 +19,8 @@ Random erasing runs last, on the normalised batch, as torchvision's ``RandomEras
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -77,8 +78,8 @@ def apply_layers(
     images: torch.Tensor,
     layers,
     ops: Sequence[str],
-    fill: Optional[Sequence[float]] = None,
-    shipped: Optional[dict[str, Any]] = None,
+    fill: Sequence[float] | None = None,
+    shipped: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """``images`` (uint8, N C H W) through ``layers`` (per-sample op ids into ``ops`` and values, on the host):
     for each layer, each op once, on the samples that drew it."""
@@ -130,7 +131,7 @@ def _same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # --- the batch's normalisation --------------------------------------------------------------------
 
 
-def _mean_std(obj: Any) -> Optional[tuple[list[float], list[float]]]:
+def _mean_std(obj: Any) -> tuple[list[float], list[float]] | None:
     mean, std = getattr(obj, "mean", None), getattr(obj, "std", None)
     if mean is None or std is None or callable(mean) or callable(std):
         return None
@@ -138,7 +139,7 @@ def _mean_std(obj: Any) -> Optional[tuple[list[float], list[float]]]:
     return flat[0], flat[1]
 
 
-def normalization_of(loader: Any, depth: int = 0) -> Optional[tuple[list[float], list[float]]]:
+def normalization_of(loader: Any, depth: int = 0) -> tuple[list[float], list[float]] | None:
     """The (mean, std) a loader's images are normalised with, ``(x / 255 - mean) / std``, found on the
     loader (the device loader, the tensor cache, FFCV) or its dataset (a batch augment, a Normalize
     in its transform), or None."""
@@ -166,14 +167,14 @@ class BatchAugmentation(Algorithm):
     def __init__(
         self,
         name: str,
-        policy: Optional[P.Policy] = None,
-        jitter: Optional[dict] = None,
-        erasing: Optional[dict] = None,
+        policy: P.Policy | None = None,
+        jitter: dict | None = None,
+        erasing: dict | None = None,
     ):
         self.name = name
         self.policy, self.jitter, self.erasing = policy, jitter, erasing
-        self._norm: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self._noise: Optional[torch.Generator] = None
+        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._noise: torch.Generator | None = None
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER

@@ -4,7 +4,7 @@ policies are made in :mod:`.support` and :mod:`.augment_policy`, their keys chec
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from dlrecipes.algorithms.augment_keys import default_fill
 from dlrecipes.algorithms.support import batch_augmix_policy, batch_randaugment_policy, jitter_ranges
@@ -12,14 +12,14 @@ from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, Range
 
 
 def batch_randaugment(
-    policy: Optional[str] = None,
+    policy: str | None = None,
     num_ops: AtLeastOne = 2,
     magnitude: NonNegative = 9,
     num_magnitude_bins: AtLeastOne = 31,
     magnitude_std: NonNegative = 0.0,
     p: Annotated[float, Range(0, 1)] = 1.0,
     ops: Literal["torchvision", "timm"] = "torchvision",
-    fill: Optional[list[float]] = None,
+    fill: list[float] | None = None,
 ):
     """RandAugment on whole batches on the device (any loader); or a timm string such as rand-m9-mstd0.5-inc1.
 
@@ -41,7 +41,7 @@ def batch_randaugment(
     )
 
 
-def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: Optional[list[float]] = None):
+def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill: list[float] | None = None):
     """TrivialAugmentWide on whole batches on the device: one op per image at a random magnitude.
 
     Args:
@@ -58,13 +58,13 @@ def batch_trivialaugment(num_magnitude_bins: Annotated[int, Range(2)] = 31, fill
 
 
 def batch_augmix(
-    policy: Optional[str] = None,
+    policy: str | None = None,
     severity: Annotated[int, Range(1, 10)] = 3,
     width: AtLeastOne = 3,
     depth: int = -1,
     alpha: Positive = 1.0,
     all_ops: bool = True,
-    fill: Optional[list[float]] = None,
+    fill: list[float] | None = None,
 ):
     """AugMix on whole batches on the device (Hendrycks et al. 2020); or a timm string such as augmix-m5-w4-d2.
 
@@ -107,9 +107,9 @@ def batch_color_jitter(
 def batch_random_erasing(
     p: Annotated[float, Range(0, 1)] = 0.25,
     scale: list[float] = [0.02, 0.33],  # noqa: B006
-    ratio: list[float] = [0.3, 3.3],
-    value: Union[float, Literal["random"]] = 0.0,
-):  # noqa: B006
+    ratio: list[float] = [0.3, 3.3],  # noqa: B006
+    value: float | Literal["random"] = 0.0,
+):
     """Random erasing on whole normalised batches on the device (Zhong et al. 2017): a box per image, 0 or noise.
 
     Args:

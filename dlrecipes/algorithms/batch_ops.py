@@ -22,7 +22,7 @@ is checked against timm's definition instead.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -96,7 +96,7 @@ def geometry(name: str, v: np.ndarray, height: int, width: int) -> np.ndarray:
     raise ValueError(f"no geometric op {name!r}")
 
 
-def warp(images: torch.Tensor, theta: torch.Tensor, fill: Optional[Sequence[float]] = None) -> torch.Tensor:
+def warp(images: torch.Tensor, theta: torch.Tensor, fill: Sequence[float] | None = None) -> torch.Tensor:
     """``images`` resampled (nearest) through per-sample inverse matrices ``theta`` (N, 2, 3) on
     torchvision's grid (pixel centres, normalised by half the size), outside pixels ``fill``.
 
@@ -275,7 +275,7 @@ OPS: dict[str, Callable] = {
 GEOMETRIC = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
 
 
-def erase(images: torch.Tensor, boxes: torch.Tensor, value: Optional[torch.Tensor] = None) -> torch.Tensor:
+def erase(images: torch.Tensor, boxes: torch.Tensor, value: torch.Tensor | None = None) -> torch.Tensor:
     """Each sample's box (top, left, height, width; a height of 0: none) set to ``value``
     (a tensor broadcast to the batch, e.g. per-pixel noise) or 0, as torchvision's ``erase``."""
     n, _, h, w = images.shape

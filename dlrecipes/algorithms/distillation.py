@@ -20,7 +20,7 @@ logged as ``loss/train/total``, ``loss/train/labels`` and ``loss/train/distillat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +30,8 @@ from torch import nn
 
 from dlrecipes import registry
 from dlrecipes.algorithms.teacher import KEY, SPEC_WEIGHTS, TeacherSource, teacher_file, teacher_source
-from dlrecipes.records.run_files import file_digest
 from dlrecipes.errors import UserError
+from dlrecipes.records.run_files import file_digest
 
 if TYPE_CHECKING:
     from composer.loggers import Logger
@@ -67,7 +67,7 @@ def blended_loss(
     return {"total": (1.0 - alpha) * labels + alpha * kd, "labels": labels, "distillation": kd}
 
 
-def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[dict[str, torch.Tensor]]:
+def teacher_weights(source: TeacherSource, pinned: str | None) -> dict[str, torch.Tensor] | None:
     """The teacher's state dict (keys as the bare network names them), read tensors-only, its file checked
     against the checksum validation recorded (``pinned``)."""
     from dlrecipes.records.checkpoints import UntrustedCheckpoint, model_weights, read_checkpoint
@@ -97,7 +97,7 @@ def teacher_weights(source: TeacherSource, pinned: Optional[str]) -> Optional[di
 
 
 def build_teacher(
-    source: TeacherSource, weights: Optional[dict], num_classes: int, in_chans: int, input_shape: tuple
+    source: TeacherSource, weights: dict | None, num_classes: int, in_chans: int, input_shape: tuple
 ) -> nn.Module:
     """The teacher network for this data, its weights loaded, frozen, in eval mode (on the CPU)."""
     from dlrecipes.config.checks import check_component
@@ -155,7 +155,7 @@ class Distillation(Algorithm):
         temperature: float = 4.0,
         alpha: float = 0.5,
         kind: str = "soft",
-        teacher_sha256: Optional[str] = None,
+        teacher_sha256: str | None = None,
     ):
         if isinstance(teacher, (str, Path)):
             teacher = str(teacher_file(Path(teacher)))
@@ -163,7 +163,7 @@ class Distillation(Algorithm):
         self.weights = teacher_weights(self.source, teacher_sha256)
         self.temperature, self.alpha, self.kind = temperature, alpha, kind
         # a plain attribute, not a submodule of anything the Trainer holds: in no checkpoint, no DDP wrapper
-        self.teacher: Optional[nn.Module] = None
+        self.teacher: nn.Module | None = None
         self._placed = False  # on the run's device, in its memory format
 
     def match(self, event: Event, state: State) -> bool:

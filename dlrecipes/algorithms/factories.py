@@ -6,7 +6,7 @@ when a recipe uses it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from dlrecipes.core.durations import Duration
 from dlrecipes.core.ranges import AtLeastOne, Positive, Probability, Range
@@ -104,7 +104,7 @@ def layerwise_lr_decay(decay: float = 0.75, block_depth: AtLeastOne = 2):
     return LayerwiseLRDecay(decay=decay, block_depth=block_depth)
 
 
-def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOne = 1):
+def gradient_checkpointing(targets: list[str] | None = None, every: AtLeastOne = 1):
     """Recompute the activations of residual blocks in backward instead of storing them (memory for compute).
 
     Args:
@@ -117,11 +117,11 @@ def gradient_checkpointing(targets: Optional[list[str]] = None, every: AtLeastOn
 
 
 def distillation(
-    teacher: Union[str, dict[str, Any]],
+    teacher: str | dict[str, Any],
     temperature: Positive = 4.0,
     alpha: Annotated[float, Range(0, 1)] = 0.5,
     kind: Literal["soft", "hard"] = "soft",
-    teacher_sha256: Optional[str] = None,
+    teacher_sha256: str | None = None,
 ):
     """Knowledge distillation from a frozen teacher (a run directory, a checkpoint or a model spec; Hinton et al. 2015).
 
@@ -142,8 +142,8 @@ def qat(
     /,
     start: Duration = "0.5dur",
     backend: Literal["x86", "fbgemm", "qnnpack"] = "x86",
-    freeze_bn: Optional[Duration] = None,
-    freeze_observers: Optional[Duration] = None,
+    freeze_bn: Duration | None = None,
+    freeze_observers: Duration | None = None,
     export: bool = True,
 ):
     """Quantization-aware training from `start` (conv-bn folding, int8 fake quantization); exports int8 TorchScript.

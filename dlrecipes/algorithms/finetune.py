@@ -15,7 +15,6 @@ torchvision) or from ``checkpoint.load_path`` with ``load_ignore_keys`` for a ne
 from __future__ import annotations
 
 import fnmatch
-from typing import Optional
 
 from composer.core import Algorithm, Event, State, Time, TimeUnit
 from composer.loggers import Logger
@@ -51,7 +50,7 @@ def head_parameter_names(net: nn.Module, patterns: list[str]) -> set[str]:
     return names
 
 
-def split_head_group(net: nn.Module, optimizer, head: set[str], head_lr: Optional[float]) -> None:
+def split_head_group(net: nn.Module, optimizer, head: set[str], head_lr: float | None) -> None:
     """Move the head's parameters into groups of their own with ``head_lr`` (options otherwise kept)."""
     if head_lr is None:
         return
@@ -88,7 +87,7 @@ class FreezeBackbone(Algorithm):
     def __init__(self, head: set[str], until: str):
         self.head = head
         self.until = Time.from_timestring(until)
-        self.frozen: Optional[bool] = None
+        self.frozen: bool | None = None
 
     def _net(self, state: State) -> nn.Module:
         model = state.model

@@ -13,7 +13,7 @@ Batch-norm running statistics are updated once per step, as without checkpointin
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from composer.core import Algorithm, Event, State
@@ -66,7 +66,7 @@ def _checkpointed_class(cls: type) -> type:
     return _checkpointed_classes[cls]
 
 
-def apply_gradient_checkpointing(model: nn.Module, targets: Optional[Sequence[str]] = None, every: int = 1) -> int:
+def apply_gradient_checkpointing(model: nn.Module, targets: Sequence[str] | None = None, every: int = 1) -> int:
     """Checkpoint every ``every``-th module whose class name is in ``targets``; returns how many."""
     targets = tuple(targets or DEFAULT_TARGETS)
     if every < 1:
@@ -83,7 +83,7 @@ def apply_gradient_checkpointing(model: nn.Module, targets: Optional[Sequence[st
 class GradientCheckpointing(Algorithm):
     """Applies :func:`apply_gradient_checkpointing` once, at ``Event.INIT``."""
 
-    def __init__(self, targets: Optional[Sequence[str]] = None, every: int = 1):
+    def __init__(self, targets: Sequence[str] | None = None, every: int = 1):
         self.targets = targets
         self.every = every
 

@@ -8,7 +8,7 @@ parameter>``. A frozen parameter is never stepped again, so its state is dropped
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from composer.algorithms import LayerFreezing as ComposerLayerFreezing
 
@@ -30,7 +30,7 @@ def drop_state_of_removed_params(optimizer: Optimizer) -> int:
 class LayerFreezing(ComposerLayerFreezing):
     """Composer's ``LayerFreezing`` (see the module docstring)."""
 
-    def apply(self, event: Event, state: State, logger: Logger) -> Optional[int]:
+    def apply(self, event: Event, state: State, logger: Logger) -> int | None:
         result = super().apply(event, state, logger)
         for optimizer in state.optimizers or ():
             drop_state_of_removed_params(optimizer)

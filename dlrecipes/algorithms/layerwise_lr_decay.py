@@ -12,8 +12,6 @@ registered factory lives in :mod:`dlrecipes.algorithms`.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
@@ -78,7 +76,7 @@ class LayerwiseLRDecay(Algorithm):
     def __init__(self, decay: float = 0.75, block_depth: int = 2):
         self.decay = decay
         self.block_depth = block_depth
-        self.scales: Optional[list[float]] = None
+        self.scales: list[float] | None = None
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT

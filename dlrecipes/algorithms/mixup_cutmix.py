@@ -9,7 +9,7 @@ checkpoints); :class:`MixUpCutMix` applies it to each training batch before the 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from composer.core import Algorithm, Event, State
@@ -38,7 +38,7 @@ class MixUpCutMix(Algorithm):
             "correct_lam": correct_lam,
             "mode": "batch",
         }
-        self.mixup: Optional[Mixup] = None
+        self.mixup: Mixup | None = None
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD

@@ -9,14 +9,14 @@ train loader has ``set_resolution``, the size is set at each epoch's start, by C
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from composer.algorithms import ProgressiveResizing as ComposerProgressiveResizing
 from composer.core import Event, State
 from composer.loggers import Logger
 
 
-def decodes_at_a_size(loader: Optional[Iterable]) -> bool:
+def decodes_at_a_size(loader: Iterable | None) -> bool:
     """Whether a loader decodes at a size it is told (``set_resolution`` and ``full_resolution``)."""
     return hasattr(loader, "set_resolution") and hasattr(loader, "full_resolution")
 
@@ -61,7 +61,7 @@ class ProgressiveResizing(ComposerProgressiveResizing):
             return event == Event.EPOCH_START or resumed_inside
         return super().match(event, state)
 
-    def apply(self, event: Event, state: State, logger: Optional[Logger] = None) -> None:
+    def apply(self, event: Event, state: State, logger: Logger | None = None) -> None:
         loader = state.train_dataloader
         if not decodes_at_a_size(loader):
             return super().apply(event, state, logger)

@@ -35,9 +35,10 @@ import io
 import json
 import sys
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 import torch
 from composer.core import Algorithm, Event, State, Time, TimeUnit
@@ -180,7 +181,7 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> Rebi
     return report
 
 
-def _replacement(old: torch.Tensor, candidates: list[torch.Tensor]) -> Optional[torch.Tensor]:
+def _replacement(old: torch.Tensor, candidates: list[torch.Tensor]) -> torch.Tensor | None:
     same_shape = [c for c in candidates if c.shape == old.shape and c.dtype == old.dtype]
     for c in same_shape:
         if c.data_ptr() == old.data_ptr():
@@ -281,7 +282,7 @@ def _reached(state: State, when: Time) -> bool:
     return state.timestamp.get(when.unit) >= when
 
 
-def _eval_batches(state: State, limit: Optional[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _eval_batches(state: State, limit: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first evaluator's batches, on the CPU, as Composer would transform them."""
     spec = state.evaluators[0].dataloader
     for i, batch in enumerate(spec.dataloader):
@@ -306,9 +307,9 @@ class QAT(Algorithm):
         self,
         start: str = "0.5dur",
         backend: str = "x86",
-        freeze_bn: Optional[str] = None,
-        freeze_observers: Optional[str] = None,
-        export_dir: Optional[Path] = None,
+        freeze_bn: str | None = None,
+        freeze_observers: str | None = None,
+        export_dir: Path | None = None,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -317,11 +318,11 @@ class QAT(Algorithm):
         self.freeze_bn = Time.from_timestring(freeze_bn) if freeze_bn else None
         self.freeze_observers = Time.from_timestring(freeze_observers) if freeze_observers else None
         self.export_dir = Path(export_dir) if export_dir is not None else None
-        self.started_at: Optional[dict[str, int]] = None
-        self.report: Optional[dict[str, Any]] = None
+        self.started_at: dict[str, int] | None = None
+        self.report: dict[str, Any] | None = None
         self._bn_frozen = False
         self._observers_frozen = False
-        self._paused: Optional[list] = None
+        self._paused: list | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "started_at": self.started_at}  # kept in checkpoints for resumed runs
@@ -339,7 +340,7 @@ class QAT(Algorithm):
             Event.FIT_END,
         )
 
-    def apply(self, event: Event, state: State, logger: Logger) -> Optional[int]:
+    def apply(self, event: Event, state: State, logger: Logger) -> int | None:
         if event == Event.INIT:
             from composer.utils import dist
 
@@ -413,10 +414,14 @@ class QAT(Algorithm):
             return
         network = _network(state)
         if not is_qat_prepared(network):
-            warnings.warn(f"{KEY}: training ended before start={self.start} was reached; no int8 model was exported")
+            warnings.warn(
+                f"{KEY}: training ended before start={self.start} was reached; no int8 model was exported", stacklevel=2
+            )
             return
         if not state.evaluators:
-            warnings.warn(f"{KEY}: no eval data to trace and check the int8 model on; it was not exported")
+            warnings.warn(
+                f"{KEY}: no eval data to trace and check the int8 model on; it was not exported", stacklevel=2
+            )
             return
         limit = state.evaluators[0].subset_num_batches
         example, _ = next(_eval_batches(state, limit))

@@ -9,8 +9,9 @@ frozen-backbone algorithm of ``finetune:``); what the factories check at validat
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Literal
 
+from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, one_policy, policy_or_keys
 from dlrecipes.algorithms.batch_factories import (
     batch_augmix,
     batch_color_jitter,
@@ -28,7 +29,6 @@ from dlrecipes.algorithms.factories import (
     qat,
     tta,
 )
-from dlrecipes.algorithms.augment_keys import ON_DEVICE, check_erasing, one_policy, policy_or_keys
 from dlrecipes.algorithms.support import (
     check_qat_times,
     ghost_batch_fits,
@@ -86,10 +86,10 @@ def blurpool(
     "ema", conflicts_with={"swa": "both replace the weights used for evaluation"}, checkpoint_state=True
 )
 def ema(
-    half_life: Optional[Duration] = "1000ba",
-    smoothing: Optional[float] = None,
+    half_life: Duration | None = "1000ba",
+    smoothing: float | None = None,
     ema_start: Duration = "0.0dur",
-    update_interval: Optional[Duration] = None,
+    update_interval: Duration | None = None,
 ):
     """Evaluate with an exponential moving average of the weights.
 
@@ -215,7 +215,7 @@ def colout(
     p_row: Probability = 0.15,
     p_col: Probability = 0.15,
     batch: bool = True,
-    resize_target: Union[bool, Literal["auto"]] = "auto",
+    resize_target: bool | Literal["auto"] = "auto",
 ):
     """Drop random rows and columns of each image: smaller, faster batches.
 
@@ -259,7 +259,7 @@ def swa(
     schedule_swa_lr: bool = False,
     anneal_strategy: Literal["linear", "cos"] = "linear",
     anneal_steps: AtLeastOne = 10,
-    swa_lr: Optional[float] = None,
+    swa_lr: float | None = None,
 ):
     """Stochastic weight averaging over the end of training (Izmailov et al. 2018).
 
@@ -299,7 +299,7 @@ def stochastic_depth(
     stochastic_method: Literal["block", "sample"] = "block",
     drop_rate: float = 0.2,
     drop_distribution: Literal["uniform", "linear"] = "linear",
-    drop_warmup: Union[float, Duration] = 0.0,
+    drop_warmup: float | Duration = 0.0,
 ):
     """Randomly skip residual blocks during training (torchvision ResNet bottleneck blocks).
 

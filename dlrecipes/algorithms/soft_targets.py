@@ -12,7 +12,7 @@ are given :func:`ensure_targets_one_hot` below, which makes them the same way.
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from composer.algorithms import LabelSmoothing as ComposerLabelSmoothing
@@ -34,9 +34,7 @@ def smooth_labels(logits: torch.Tensor, targets: torch.Tensor, smoothing: float 
     return (targets.float() * (1.0 - smoothing)) + (smoothing / num_classes)
 
 
-def ensure_targets_one_hot(
-    input: torch.Tensor, targets: torch.Tensor, num_classes: Optional[int] = None
-) -> torch.Tensor:
+def ensure_targets_one_hot(input: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
     """Composer's ``ensure_targets_one_hot`` (index targets as float32 one-hot rows, dense ones as float32),
     with no read-back."""
     if infer_target_type(input, targets) == "indices":
@@ -58,7 +56,7 @@ class LabelSmoothing(ComposerLabelSmoothing):
     """Composer's ``LabelSmoothing`` (same events, same restore of the labels after the loss) with
     :func:`smooth_labels`."""
 
-    def apply(self, event: Event, state: State, logger: Logger) -> Optional[Any]:
+    def apply(self, event: Event, state: State, logger: Logger) -> Any | None:
         if event != Event.BEFORE_LOSS:
             return super().apply(event, state, logger)
         labels = state.batch_get_item(self.target_key)

@@ -9,7 +9,6 @@ Like :mod:`.registered`, this imports neither torch, numpy nor Composer until a 
 from __future__ import annotations
 
 import inspect
-from typing import Optional
 
 from dlrecipes.algorithms.augment_keys import default_fill
 from dlrecipes.core.distributed import world_size
@@ -34,7 +33,7 @@ __all__ = [
 def needs_pil_dataset(on_batches: str):
     """The check of an algorithm that augments PIL images, naming ``on_batches``: the one that does it on tensors."""
 
-    def check(config) -> Optional[str]:
+    def check(config) -> str | None:
         if datasets.get(config.dataset.name).metadata.get("pil_images") and config.trainer.loader != "device":
             return None
         pil = ", ".join(e.name for e in datasets if e.metadata.get("pil_images"))
@@ -51,7 +50,7 @@ def needs_pil_dataset(on_batches: str):
     return check
 
 
-def needs_pixels(config) -> Optional[str]:
+def needs_pixels(config) -> str | None:
     if datasets.get(config.dataset.name).metadata.get("pixels", True):
         return None
     return (
@@ -60,7 +59,7 @@ def needs_pixels(config) -> Optional[str]:
     )
 
 
-def needs_bottleneck_resnet(config) -> Optional[str]:
+def needs_bottleneck_resnet(config) -> str | None:
     from dlrecipes.models.registered import BOTTLENECK_RESNETS
 
     if config.model.name == "torchvision" and config.model.params.get("arch") in BOTTLENECK_RESNETS:
@@ -71,7 +70,7 @@ def needs_bottleneck_resnet(config) -> Optional[str]:
     )
 
 
-def ghost_batch_fits(config) -> Optional[str]:
+def ghost_batch_fits(config) -> str | None:
     ghost = config.algorithms["ghost_batchnorm"].get("ghost_batch_size", 32)
     micro = config.trainer.device_train_microbatch_size
     batch = micro if isinstance(micro, int) else config.trainer.batch_size
@@ -105,7 +104,7 @@ def check_qat_times(params: dict, path: str) -> None:
             )
 
 
-def qat_fits_the_run(config) -> Optional[str]:
+def qat_fits_the_run(config) -> str | None:
     """QAT runs in fp32, in one process, uncompiled, and its times fall inside training."""
     t = config.trainer
     if precision_of(t.precision).mixed:
@@ -135,14 +134,14 @@ def qat_fits_the_run(config) -> Optional[str]:
 
 
 def batch_randaugment_policy(
-    policy: Optional[str],
+    policy: str | None,
     num_ops: int,
     magnitude: float,
     num_magnitude_bins: int,
     magnitude_std: float,
     p: float,
     ops: str,
-    fill: Optional[list[float]],
+    fill: list[float] | None,
 ):
     """batch_randaugment's policy: a timm string's (``rand-m9-mstd0.5-inc1``) when given, else the keys'."""
     import dlrecipes.algorithms.augment_policy as augment_policy
@@ -158,13 +157,13 @@ def batch_randaugment_policy(
 
 
 def batch_augmix_policy(
-    policy: Optional[str],
+    policy: str | None,
     severity: int,
     width: int,
     depth: int,
     alpha: float,
     all_ops: bool,
-    fill: Optional[list[float]],
+    fill: list[float] | None,
 ):
     """batch_augmix's policy: a timm string's (``augmix-m5-w4-d2``, timm's ops) when given, else the keys'."""
     import dlrecipes.algorithms.augment_policy as augment_policy

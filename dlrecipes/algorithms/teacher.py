@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes import registry
 from dlrecipes.errors import RecipeError, shown
@@ -52,12 +52,12 @@ class TeacherSource:
 
     model: str
     params: dict[str, Any] = field(default_factory=dict)
-    weights: Optional[Path] = None
-    classes: Optional[int] = None
+    weights: Path | None = None
+    classes: int | None = None
     origin: str = ""
 
     @property
-    def checksum_file(self) -> Optional[Path]:
+    def checksum_file(self) -> Path | None:
         """The file ``teacher_sha256`` is the checksum of: the weights, or a spec's ``pretrained_path``."""
         if self.weights is not None:
             return self.weights
@@ -194,7 +194,7 @@ def _from_run(run: RunDir, file: Path) -> TeacherSource:
     return TeacherSource(model.name, params, file, classes, f"run {run.path}")
 
 
-def teacher_fits_the_run(config: RecipeConfig) -> Optional[str]:
+def teacher_fits_the_run(config: RecipeConfig) -> str | None:
     """``requires=`` of the algorithm (after paths are resolved): the teacher exists, is a network this run can
     use (the same class count where both are known), and is recorded: its checkpoint file and SHA-256.  A pinned
     ``teacher_sha256`` defers all that to the start of training."""

@@ -15,7 +15,8 @@ the averaged logits.  The network and its weights are unchanged: checkpoints and
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -8,7 +8,7 @@ from the context and checks the type of what it returns.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes import registry
 from dlrecipes.config import Component, TrainerConfig
@@ -65,8 +65,8 @@ def model_params(cfg: Component, data: DatasetSplits, loss: str = "cross_entropy
 def build_model(
     cfg: Component,
     data: DatasetSplits,
-    loss: Union[str, dict[str, Any]] = "cross_entropy",
-    task: Optional[TaskConfig] = None,
+    loss: str | dict[str, Any] = "cross_entropy",
+    task: TaskConfig | None = None,
     metrics: dict | None = None,
     train_metrics: dict | None = None,
 ) -> ComposerModel:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
+from dlrecipes import registry
 from dlrecipes.builders.components import (
     build_algorithms,
     build_callbacks,
@@ -29,7 +31,6 @@ from dlrecipes.records.checkpoint_safety import tensors_only
 from dlrecipes.records.checkpoints import make_saver
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.store import TrainingRun
-from dlrecipes import registry
 from dlrecipes.registry import build_component
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
 
 
 def _initial_state(
-    config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool, resume_from: Optional[Path]
+    config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool, resume_from: Path | None
 ):
     """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
 
@@ -223,7 +224,6 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
 def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], device: str, data) -> RunContext:
     """What the run's callbacks and loggers are given as they are built, its history made here, once."""
     from dlrecipes.records.history import RunHistory
-
     from dlrecipes.records.provenance import collect, rerun_warnings
 
     provenance = collect(config, device)
@@ -277,7 +277,7 @@ def _run_callbacks(config: RecipeConfig, run: RunContext, periodic: bool) -> lis
     return callbacks
 
 
-def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> list:
+def _loggers(config: RecipeConfig, run: RunContext, terminal: str | None) -> list:
     """The recipe's loggers (given ``run``: trackers record the recipe and how the run ended, and read values back
     every ``run.read_every`` batches), the run's log file and, with ``terminal`` (its start line), the terminal
     report (its epoch loss is the epoch's mean, as the run's history records it)."""
@@ -303,8 +303,8 @@ def _loggers(config: RecipeConfig, run: RunContext, terminal: Optional[str]) -> 
 def _trainer_class() -> type[Trainer]:
     """dlrecipes' Trainer (``dlrecipes.engine``), with Composer's questions about the host answered without a process
     of its own and once per process (``core/composer_env.py``: the processor's name, Composer's commit)."""
-    from dlrecipes.runtime.composer_env import answer_composer_here
     from dlrecipes.engine import Trainer
+    from dlrecipes.runtime.composer_env import answer_composer_here
 
     answer_composer_here()
     return Trainer
@@ -320,8 +320,8 @@ def _trainer(
     loggers: list,
     verbose: bool,
     load: dict,
-    max_duration: Optional[str] = None,
-    data: Optional[DatasetSplits] = None,
+    max_duration: str | None = None,
+    data: DatasetSplits | None = None,
 ) -> Trainer:
     """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
     here, before the run's start line (distillation's teacher)."""

@@ -11,10 +11,10 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from dlrecipes.core.outputs import EVAL_LOSS
+from dlrecipes.errors import RecipeError
 from dlrecipes.records.checkpoints import atomic_write, save_atomically
 from dlrecipes.records.layout import BEST_CHECKPOINT, BEST_INFO
 from dlrecipes.records.run_files import file_digest
-from dlrecipes.errors import RecipeError
 
 
 class BestCheckpoint(Callback):

@@ -24,8 +24,9 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 from composer.core import Callback, State
@@ -72,7 +73,7 @@ def export_model(
     fmt: str,
     path: Path,
     sample: torch.Tensor,
-    onnx_opset: Optional[int] = None,
+    onnx_opset: int | None = None,
     asked_by: str = KEY,
 ) -> Path:
     """Write ``module`` as ``fmt`` to ``path`` (tracing on ``sample`` where needed); the module is not changed."""
@@ -174,7 +175,7 @@ def export_and_verify(
     batch_size: int = 1,
     atol: float = 1e-4,
     rtol: float = 1e-4,
-    onnx_opset: Optional[int] = None,
+    onnx_opset: int | None = None,
     asked_by: str = KEY,
 ) -> dict[str, Any]:
     """Export ``module`` in each format to ``out_dir``, verify each file on ``inputs`` and write
@@ -211,7 +212,7 @@ def export_and_verify(
 
 
 def write_export_metadata(
-    out_dir: Path, preprocess: Optional[dict[str, Any]], class_names: Optional[Sequence[str]], num_classes: int
+    out_dir: Path, preprocess: dict[str, Any] | None, class_names: Sequence[str] | None, num_classes: int
 ) -> None:
     """``preprocess.json`` (when the data are image files) and ``classes.json`` beside the exported model."""
     export = ExportDir(out_dir)
@@ -246,7 +247,7 @@ class ExportForInference(Callback):
         verify_batch_size: int,
         atol: float,
         rtol: float,
-        onnx_opset: Optional[int],
+        onnx_opset: int | None,
         trial: bool,
     ):
         """The parameters (and their defaults) are the ``export`` factory's in :mod:`dlrecipes.callbacks`."""
@@ -257,10 +258,10 @@ class ExportForInference(Callback):
         self.verify_batch_size = verify_batch_size
         self.atol, self.rtol, self.onnx_opset = atol, rtol, onnx_opset
         self._inputs: dict[str, torch.Tensor] = {}  # "eval" / "train" -> images kept for the check
-        self.report: Optional[dict[str, Any]] = None
+        self.report: dict[str, Any] | None = None
         # set by the builder from the data: written beside the model
-        self.preprocess: Optional[dict[str, Any]] = None
-        self.class_names: Optional[Sequence[str]] = None
+        self.preprocess: dict[str, Any] | None = None
+        self.class_names: Sequence[str] | None = None
         self.num_classes = 0
 
     def fit_start(self, state: State, logger: Logger) -> None:

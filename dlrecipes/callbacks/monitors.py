@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import torch
 from composer.core import Callback, State
@@ -103,7 +102,7 @@ class TorchProfilerTraces(Callback):
         self.folder = Path(folder)
         self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat)
         self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
-        self.profiler: Optional[torch.profiler.profile] = None
+        self.profiler: torch.profiler.profile | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]

@@ -12,7 +12,7 @@ in checkpoints, so a resumed trial goes on at the next step.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -54,7 +54,7 @@ class OptunaTrial(Callback):
         monitor: str = "top1",
         startup_trials: int = 5,
         warmup_evaluations: int = 1,
-        history: Optional[RunHistory] = None,
+        history: RunHistory | None = None,
     ):
         self.storage_path, self.study_name, self.number, self.monitor = storage, study, trial, monitor
         self.startup_trials, self.warmup_evaluations = startup_trials, warmup_evaluations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from dlrecipes.callbacks.export_options import EXPORT_FORMATS, check_export
 from dlrecipes.core.ranges import AtLeastOne, AtLeastZero, NonNegative, Positive, Probability
@@ -224,7 +224,7 @@ def export(
     verify_batch_size: int = 16,
     atol: float = 1e-4,
     rtol: float = 1e-4,
-    onnx_opset: Optional[int] = None,
+    onnx_opset: int | None = None,
     trial: bool = True,
 ):
     """At the end: TorchScript/ONNX files in <run dir>/export, checked against the model on eval images.
@@ -265,7 +265,7 @@ def export(
 
 
 @callbacks.register("patch_whitening")
-def patch_whitening(images: AtLeastOne = 5000, eps: Positive = 5e-4, bias_epochs: Optional[AtLeastZero] = 3):
+def patch_whitening(images: AtLeastOne = 5000, eps: Positive = 5e-4, bias_epochs: AtLeastZero | None = 3):
     """Set the first convolution from the patch whitening of the training images; train its bias a few epochs.
 
     Args:
@@ -297,9 +297,7 @@ def lookahead(interval: AtLeastOne = 5, decay: Probability = 0.95**5, power: Non
 
 
 @callbacks.register("batchnorm")
-def batchnorm(
-    momentum: Optional[Probability] = None, eps: Optional[Positive] = None, train_weight: Optional[bool] = None
-):
+def batchnorm(momentum: Probability | None = None, eps: Positive | None = None, train_weight: bool | None = None):
     """Momentum, eps and a trained or frozen scale for every batch norm of the model; null leaves one as built.
 
     Args:

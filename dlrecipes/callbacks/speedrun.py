@@ -12,8 +12,6 @@ Each has a functional form (:func:`patch_whitening_weights`, :func:`lookahead_up
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -70,7 +68,7 @@ class PatchWhitening(Callback):
     training (not when resuming: the weights come from the checkpoint); train its bias for ``bias_epochs`` epochs,
     then freeze it (None: never frozen).  Its weight is not trained (the model decides: airbench's is frozen)."""
 
-    def __init__(self, images: int = 5000, eps: float = 5e-4, bias_epochs: Optional[int] = 3):
+    def __init__(self, images: int = 5000, eps: float = 5e-4, bias_epochs: int | None = 3):
         self.images = images
         self.eps = eps
         self.bias_epochs = bias_epochs
@@ -143,9 +141,7 @@ class Lookahead(Callback):
         self.slow = {k: v.clone() for k, v in state["slow"].items()}
 
 
-def set_batchnorm(
-    model: nn.Module, momentum: Optional[float], eps: Optional[float], train_weight: Optional[bool]
-) -> int:
+def set_batchnorm(model: nn.Module, momentum: float | None, eps: float | None, train_weight: bool | None) -> int:
     """Give every batch norm of ``model`` these settings (None: leave that one); returns how many were set."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     for norm in norms:
@@ -161,9 +157,7 @@ def set_batchnorm(
 class BatchNormSettings(Callback):
     """:func:`set_batchnorm` on the model at Trainer init."""
 
-    def __init__(
-        self, momentum: Optional[float] = None, eps: Optional[float] = None, train_weight: Optional[bool] = None
-    ):
+    def __init__(self, momentum: float | None = None, eps: float | None = None, train_weight: bool | None = None):
         self.settings = (momentum, eps, train_weight)
 
     def init(self, state: State, logger: Logger) -> None:

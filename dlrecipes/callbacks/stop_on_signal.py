@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from composer.core import Callback, State
 from composer.loggers import Logger
 
 from dlrecipes.core.distributed import requested_stop
-from dlrecipes.runtime.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 from dlrecipes.errors import UserError
+from dlrecipes.runtime.hangup import hangup_stops, leave_closed_terminal, terminal_fds
 
 if TYPE_CHECKING:
     from composer.callbacks import CheckpointSaver
@@ -67,9 +67,9 @@ def _stop_as_asked(batch: int) -> None:
 
 
 class StopOnSignal(Callback):
-    def __init__(self, saver: Optional[CheckpointSaver] = None):
+    def __init__(self, saver: CheckpointSaver | None = None):
         self.saver = saver
-        self.received: Optional[int] = None
+        self.received: int | None = None
         self._previous: dict[int, Any] = {}
         self._terminal: list[int] = []  # stdout/stderr that were a terminal when the handlers went in
         self._host: Any = None

@@ -6,15 +6,16 @@ from __future__ import annotations
 import os
 import re
 import typing
-from typing import Any, Collection, Optional, Union
+from collections.abc import Collection
+from typing import Any
 
 from dlrecipes import registry
-from dlrecipes.config.tasks import declared_io
 from dlrecipes.config.schema import check, check_params
 from dlrecipes.config.sections import FSDP_KEYS, Component, RecipeConfig, compile_keys
+from dlrecipes.config.tasks import declared_io
 from dlrecipes.core import lr_scaling
-from dlrecipes.core.outputs import EVAL_LOSS, metric_names
 from dlrecipes.core.durations import parse_duration
+from dlrecipes.core.outputs import EVAL_LOSS, metric_names
 from dlrecipes.errors import RecipeError, did_you_mean, shown
 
 _RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,+-]*$")  # sweeps name runs lr=0.01,seed=1
@@ -78,7 +79,7 @@ def check_component_map(value: Any, section: str, reg: registry.Registry) -> dic
     return out
 
 
-def check_loss(value: Any, path: str) -> Union[str, dict[str, Any]]:
+def check_loss(value: Any, path: str) -> str | dict[str, Any]:
     """A loss: a registered name, or ``{name: ..., <params>}`` checked against its factory.
 
     Written back one way (so that a resumed run compares equal): the bare name when every
@@ -333,7 +334,7 @@ def _check_classes(config: RecipeConfig, given: Collection[str]) -> None:
 FLOAT_BYTES = 4  # an element of the model's input batch, and of an in-memory dataset's images as it is built
 
 
-def machine_memory() -> Optional[int]:
+def machine_memory() -> int | None:
     """This machine's physical memory in bytes (None where the system does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -345,7 +346,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_memory(config: RecipeConfig, processes: int = 1, memory: Optional[int] = None) -> None:
+def check_memory(config: RecipeConfig, processes: int = 1, memory: int | None = None) -> None:
     """Refuse what cannot fit in this machine's memory, before anything is built: one batch's input tensor (each of
     ``processes`` loads its share of the global batch) and the images an in-memory dataset holds as it is built,
     each a product of the recipe's numbers (float32 elements; the dataset's channels and image side where its entry

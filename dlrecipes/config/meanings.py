@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes import registry
 from dlrecipes.config.sections import COMPONENT_MAPS, COMPONENT_SECTIONS, RecipeConfig
@@ -16,7 +16,7 @@ from dlrecipes.config.sections import COMPONENT_MAPS, COMPONENT_SECTIONS, Recipe
 METRIC_MAPS = {"metrics": registry.metrics, "train_metrics": registry.metrics}
 
 
-def _field_help(cls: Any, name: str) -> Optional[str]:
+def _field_help(cls: Any, name: str) -> str | None:
     for field in dataclasses.fields(cls):
         if field.name == name:
             return field.metadata.get("help")
@@ -32,7 +32,7 @@ def _dataclass_of(cls: Any, name: str) -> Any:
     return None
 
 
-def _component_meaning(reg: registry.Registry, component: Optional[str], key: str) -> Optional[str]:
+def _component_meaning(reg: registry.Registry, component: str | None, key: str) -> str | None:
     if component is None or component not in reg:
         return None
     entry = reg.get(component)
@@ -41,7 +41,7 @@ def _component_meaning(reg: registry.Registry, component: Optional[str], key: st
     return entry.meanings.get(key)
 
 
-def key_meaning(path: str, recipe: Optional[dict] = None) -> Optional[str]:
+def key_meaning(path: str, recipe: dict | None = None) -> str | None:
     """The meaning of the recipe key ``path`` (``optimizer.lr``, ``algorithms.ema.half_life``,
     ``trainer.max_duration``); ``recipe`` (the resolved recipe as data) tells which component a section names.
     None when nothing says."""
@@ -73,7 +73,7 @@ def key_meaning(path: str, recipe: Optional[dict] = None) -> Optional[str]:
     return _field_help(cls, parts[-1]) if cls is not None else None
 
 
-def _with_names(section: str, meaning: Optional[str]) -> Optional[str]:
+def _with_names(section: str, meaning: str | None) -> str | None:
     """A section of named components (algorithms, callbacks, loggers) says the names its registry holds now
     (plugins' too, once imported), read from the registry rather than written down."""
     reg = COMPONENT_MAPS.get(section)
@@ -82,14 +82,14 @@ def _with_names(section: str, meaning: Optional[str]) -> Optional[str]:
     return f"{meaning}; registered: {', '.join(reg.names())}"
 
 
-def _default_component(section: str) -> Optional[str]:
+def _default_component(section: str) -> str | None:
     field = next(f for f in dataclasses.fields(RecipeConfig) if f.name == section)
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory().name
     return None
 
 
-def explained(path: str, recipe: Optional[dict] = None) -> str:
+def explained(path: str, recipe: dict | None = None) -> str:
     """``key: meaning`` for an error's second line, or '' when nothing says."""
     meaning = key_meaning(path, recipe)
     return f"{path}: {meaning}" if meaning else ""

@@ -6,8 +6,9 @@ after training reads runs' recipes through these."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from dlrecipes.config.sections import RecipeConfig
 from dlrecipes.config.validation import validate

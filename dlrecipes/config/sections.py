@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from dlrecipes import registry
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.core.durations import DURATION_FORM, Duration
+from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
 from dlrecipes.core.precision import precisions_meaning
 from dlrecipes.core.ranges import AtLeastOne, Positive, PositiveDuration, Range, Size
 from dlrecipes.core.secrets import redact
-from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -54,13 +54,13 @@ class TrainerConfig:
     )  # NumPy's range: Composer seeds it too
     deterministic: bool = _help("use deterministic algorithms only (slower, reproducible)", default=False)
     batch_size: AtLeastOne = _help("global training batch size, split evenly over all devices", default=128)
-    batch_size_per_device: Optional[AtLeastOne] = _help(
+    batch_size_per_device: AtLeastOne | None = _help(
         "instead of batch_size: the batch each device trains on; the global batch (and the lr that "
         "optimizer.scale_lr derives from it) then grows with the number of devices",
         default=None,
     )
-    eval_batch_size: Optional[AtLeastOne] = _help("global evaluation batch size (default: batch_size)", default=None)
-    device_train_microbatch_size: Union[AtLeastOne, Literal["auto"], None] = _help(
+    eval_batch_size: AtLeastOne | None = _help("global evaluation batch size (default: batch_size)", default=None)
+    device_train_microbatch_size: AtLeastOne | Literal["auto"] | None = _help(
         "per-device microbatch for gradient accumulation; 'auto' (GPU only) finds the largest that fits",
         default=None,
     )
@@ -71,10 +71,10 @@ class TrainerConfig:
         "tensor_cache: decode an image folder once to a uint8 memory map, then augment whole batches",
         default="torch",
     )
-    cache_dir: Optional[str] = _help(
+    cache_dir: str | None = _help(
         "tensor_cache: where to write the cache (default: .dlrecipes-cache next to the data)", default=None
     )
-    cache_size: Optional[Size] = _help(
+    cache_size: Size | None = _help(
         "tensor_cache: side of the cached square images (default: dataset resize_size)", default=None
     )
     progress_bar: bool = _help(
@@ -99,12 +99,12 @@ class TrainerConfig:
         "the run stops with an error",
         default=300.0,
     )
-    fsdp: Optional[dict[str, Any]] = _help(
+    fsdp: dict[str, Any] | None = _help(
         "shard the model with FSDP through Composer's parallelism_config (GPU only), e.g. "
         "{sharding_strategy: FULL_SHARD, mixed_precision: DEFAULT}",
         default=None,
     )
-    compile: Union[bool, dict[str, Any]] = _help(
+    compile: bool | dict[str, Any] = _help(
         "torch.compile the model through Composer's compile_config: true, or options such as {mode: max-autotune}",
         default=False,
     )
@@ -122,7 +122,7 @@ class CheckpointConfig:
         default="1ep",
     )
     keep: Annotated[int, Range(-1)] = _help("how many periodic checkpoints to keep (-1 = all)", default=2)
-    monitor: Optional[str] = _help(
+    monitor: str | None = _help(
         "eval metric to track for best.pt, e.g. 'top1' or 'macro_f1' (one the run computes; null = no best checkpoint)",
         default=None,
     )
@@ -133,7 +133,7 @@ class CheckpointConfig:
         "named, and --resume uploads it)",
         default=120.0,
     )
-    load_path: Optional[str] = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
+    load_path: str | None = _help("checkpoint to load weights from before training (fine-tuning)", default=None)
     load_strict: bool = _help("require every weight in load_path to match the model", default=True)
     load_weights_only: bool = _help("load only the weights from load_path, not the optimizer or time", default=True)
     load_ignore_keys: list[str] = _help(
@@ -143,13 +143,13 @@ class CheckpointConfig:
 
 @dataclass
 class OutputConfig:
-    loss: Union[str, dict[str, Any]] = _help(
+    loss: str | dict[str, Any] = _help(
         "this output's loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy, focal "
         "(class labels), mse, l1 (regression values), or a plugin's (dlrecipes list losses)",
         default="cross_entropy",
     )
     weight: float = _help("weight of this output's loss in the total (0 or more)", default=1.0)
-    num_classes: Optional[int] = _help("class count, checked against the dataset's", default=None)
+    num_classes: int | None = _help("class count, checked against the dataset's", default=None)
 
 
 @dataclass
@@ -167,13 +167,13 @@ class FinetuneConfig:
     freeze_backbone: Duration = _help(
         "train only the head for this long, then everything ('0ep': never frozen)", default="0ep"
     )
-    head_lr: Optional[Positive] = _help(
+    head_lr: Positive | None = _help(
         "the head's learning rate (default: optimizer.lr, like the backbone)", default=None
     )
     head: list[str] = _help(
         "module names (globs) forming the head (default: the classifier, found from the model)", default_factory=list
     )
-    layer_decay: Optional[Annotated[float, Range(0, 1, low_open=True)]] = _help(
+    layer_decay: Annotated[float, Range(0, 1, low_open=True)] | None = _help(
         "layer-wise lr decay in (0, 1]: block d of D gets lr * decay ** (D-1-d)", default=None
     )
 
@@ -187,9 +187,9 @@ class RecipeConfig:
 
     model: Component = _help("the network: {name: <model>, ...params}")
     dataset: Component = _help("the data: {name: <dataset>, ...params}")
-    name: Optional[str] = _help("recipe name, used in run names (default: the file name)", default=None)
+    name: str | None = _help("recipe name, used in run names (default: the file name)", default=None)
     description: str = _help("one line about what this recipe is for", default="")
-    run_name: Optional[str] = _help("run directory name (default: <name>-<timestamp>)", default=None)
+    run_name: str | None = _help("run directory name (default: <name>-<timestamp>)", default=None)
     runs_dir: str = _help(
         "where run directories are written: a local folder (relative to the working directory), or a bucket, "
         "s3://BUCKET/PREFIX (also gs://, oci://, azure://; credentials from the environment: AWS_ACCESS_KEY_ID, "
@@ -199,7 +199,7 @@ class RecipeConfig:
         default=RUNS_DIR,
     )
     imports: list[str] = _help("plugin modules or .py files to import before building", default_factory=list)
-    loss: Union[str, dict[str, Any]] = _help(
+    loss: str | dict[str, Any] = _help(
         "training loss, a name or {name: ..., <params>}: cross_entropy, binary_cross_entropy (MosaicML's ResNet "
         "recipes), focal, each with label_smoothing; or a plugin's (dlrecipes list losses)",
         default="cross_entropy",
@@ -213,7 +213,7 @@ class RecipeConfig:
         "training metrics, as metrics:, from every trainer.train_metrics_interval-th step's own outputs",
         default_factory=lambda: {name: {} for name in DEFAULT_TRAIN_METRICS},
     )
-    task: Optional[TaskConfig] = _help(
+    task: TaskConfig | None = _help(
         "several inputs and outputs: {inputs: [names], outputs: {name: {loss, weight}}} (null: one image, one label)",
         default=None,
     )
@@ -227,7 +227,7 @@ class RecipeConfig:
         default_factory=lambda: Component("constant"),
     )
     checkpoint: CheckpointConfig = _help("saving and loading checkpoints", default_factory=CheckpointConfig)
-    finetune: Optional[FinetuneConfig] = _help(
+    finetune: FinetuneConfig | None = _help(
         "fine-tuning: {freeze_backbone: 2ep, head_lr: ..., head: [names], layer_decay: ...} (null: train all alike)",
         default=None,
     )

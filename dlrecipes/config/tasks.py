@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes import registry
 from dlrecipes.core.outputs import DataIO, OutputSpec
@@ -34,7 +34,7 @@ def multi_io_models() -> list[str]:
     return [e.name for e in registry.models if e.metadata.get("multi_io")]
 
 
-def declared_io(dataset_name: str, params: dict[str, Any]) -> Optional[DataIO]:
+def declared_io(dataset_name: str, params: dict[str, Any]) -> DataIO | None:
     """What a dataset entry says it yields for these parameters (its ``io=``), or None for (image, label) data."""
     entry = registry.datasets.get(dataset_name)
     io = entry.metadata.get("io")

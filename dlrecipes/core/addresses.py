@@ -13,7 +13,7 @@ The limits of an object store's keys are here too: S3 takes keys of at most 1,02
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import UserError
 
@@ -33,13 +33,13 @@ KEY_LIMIT = 1024  # bytes an S3 key may hold (UTF-8), the strictest of the schem
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(/*)(.*)$", re.DOTALL)  # two letters at least: C:/ is a drive
 
 
-def scheme_of(value: Any) -> Optional[str]:
+def scheme_of(value: Any) -> str | None:
     """The object store an address names (``s3``, ``gs``, ``oci``, ``azure``), or None (a local path)."""
     scheme, sep, _ = str(value).partition("://")
     return scheme if sep and scheme in SCHEMES else None
 
 
-def control_character(text: str) -> Optional[str]:
+def control_character(text: str) -> str | None:
     """The first control character in ``text`` (as Python writes it, ``'\\n'``), or None."""
     found = next((c for c in text if ord(c) < 32 or 127 <= ord(c) < 160), None)
     return repr(found) if found is not None else None

@@ -26,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from dlrecipes.errors import RecipeError, UserError, first_line
 
@@ -55,7 +56,7 @@ def request_stop(error: BaseException) -> None:
         _STOP.append(error)
 
 
-def requested_stop(clear: bool = False) -> Optional[BaseException]:
+def requested_stop(clear: bool = False) -> BaseException | None:
     """The stop this process asked for (``clear``: forgotten, as a new training starts), or None."""
     found = _STOP[0] if _STOP else None
     if clear:
@@ -142,7 +143,7 @@ def check_launch_environment(env: Any = None) -> None:
             )
 
 
-def torchrun_job_name() -> Optional[str]:
+def torchrun_job_name() -> str | None:
     """What names a run without a ``run_name`` under torchrun, the same on each of its restarts of one job (so that a
     restarted job continues its run): torchrun's ``--rdzv-id`` where given, else (``--standalone`` too) the start time
     of the torchrun agent that started this process (YYYYmmdd-HHMMSS; for rank 0: node 0's, which lives as long as the
@@ -203,7 +204,7 @@ def _local_addresses() -> dict[str, str]:
     return found
 
 
-def interface_towards(address: str, port: int = 29500) -> Optional[tuple[str, str]]:
+def interface_towards(address: str, port: int = 29500) -> tuple[str, str] | None:
     """The network interface (and its address) this host sends through to reach ``address``: the local end of a
     UDP socket connected towards it (nothing is sent). None when there is no route or it cannot be told."""
     import socket
@@ -217,7 +218,7 @@ def interface_towards(address: str, port: int = 29500) -> Optional[tuple[str, st
     return next(((name, addr) for name, addr in _local_addresses().items() if addr == local), None)
 
 
-def choose_gloo_interface(env: Any = None) -> Optional[str]:
+def choose_gloo_interface(env: Any = None) -> str | None:
     """Set ``GLOO_SOCKET_IFNAME`` in ``env`` (default: this process's environment) to the interface that routes
     to the master address, when the run spans hosts (the master address is not one of this host's) and the user
     has not set it; returns the interface gloo will use (the user's, ours, or None for gloo's own choice).
@@ -316,7 +317,7 @@ PEER_LOST_WORDS = (
 )
 
 
-def lost_peer(exc: BaseException) -> Optional[str]:
+def lost_peer(exc: BaseException) -> str | None:
     """Who was lost, when ``exc`` says another process of the run went away: its address where the transport
     names it, else "another process"; None when ``exc`` is about something else."""
     import re
@@ -333,7 +334,7 @@ def lost_peer(exc: BaseException) -> Optional[str]:
 class Pending:
     """An asynchronous reduction started now and read later (:meth:`HostReducer.start`)."""
 
-    def __init__(self, box: Any = None, work: Any = None, values: Optional[list[float]] = None):
+    def __init__(self, box: Any = None, work: Any = None, values: list[float] | None = None):
         self._box, self._work, self._values = box, work, values
 
     def wait(self) -> list[float]:

@@ -21,7 +21,7 @@ DURATION_FORM = "a duration, a number and its unit: " + ", ".join(
     f"{example} ({meaning})" for example, meaning in DURATION_UNITS.values()
 )
 
-_DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*(%s)\s*$" % "|".join(DURATION_UNITS))
+_DURATION_RE = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*({})\s*$".format("|".join(DURATION_UNITS)))
 
 
 def parse_duration(value: str) -> tuple[float, str]:

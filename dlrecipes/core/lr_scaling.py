@@ -9,14 +9,14 @@ result (the fit stage).  No torch.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from dlrecipes.errors import RecipeError
 
 # Optimizer keys that are not the optimizer factory's parameters: the builder applies them.
 KEYS = {
     "scale_lr": Literal["none", "linear", "sqrt"],
-    "reference_batch_size": Optional[int],
+    "reference_batch_size": int | None,
 }
 
 
@@ -51,7 +51,7 @@ def optimizer_params(params: dict[str, Any], global_batch_size: int | None) -> d
     return out
 
 
-def scaling_report(params: dict[str, Any], global_batch_size: int, lr: float) -> Optional[tuple[str, dict[str, Any]]]:
+def scaling_report(params: dict[str, Any], global_batch_size: int, lr: float) -> tuple[str, dict[str, Any]] | None:
     """What the lr became (``lr``: the optimizer's, as built): the line to print and the hyperparameters to log;
     None without scaling."""
     if params.get("scale_lr", "none") == "none":

@@ -25,7 +25,8 @@ import inspect
 import re
 import types
 import typing
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from typing_extensions import Doc
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from dlrecipes.core.durations import Duration
 
@@ -22,8 +22,8 @@ from dlrecipes.core.durations import Duration
 class Range:
     """``low <= value <= high`` (either side open, or absent)."""
 
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     low_open: bool = False
     high_open: bool = False
 
@@ -50,7 +50,7 @@ class Range:
         return "any"
 
 
-def range_of(tp: Any) -> tuple[Any, Optional[Range]]:
+def range_of(tp: Any) -> tuple[Any, Range | None]:
     """``Annotated[T, Range(...)]`` -> ``(T, Range)``; any other type -> ``(type, None)``."""
     if typing.get_origin(tp) is Annotated:
         inner, *extras = typing.get_args(tp)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 MASK = "***"
 # whole words of a key's name (split at _ - . and camelCase) that make it a secret's

@@ -13,7 +13,8 @@ once at the scheduled size. A file that is not a JPEG is decoded in the worker a
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -99,7 +100,7 @@ class EncodedLoader(DataLoader):
     ``decoder`` (:class:`DecodeOnDevice`) crops each batch to (``set_resolution``, as FFCV's loader has), so a batch
     is cropped once at the scheduled size, never cropped large only to be shrunk."""
 
-    decoder: "DecodeOnDevice"
+    decoder: DecodeOnDevice
 
     @property
     def full_resolution(self) -> int:

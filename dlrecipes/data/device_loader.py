@@ -9,9 +9,9 @@ permutation per epoch; with several processes each rank takes its own shard.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,13 +26,13 @@ class BatchAugment:
     std: tuple[float, ...]
     crop_padding: int = 0
     hflip: bool = False
-    size: Optional[int] = None
+    size: int | None = None
     padding_mode: str = "zeros"  # or "reflect"
     alternate_flip: bool = False  # hflip on alternate epochs: a seeded half of the images on even ones, the rest on odd
 
 
 def random_crop(
-    images: torch.Tensor, padding: int, generator: Optional[torch.Generator], mode: str = "zeros"
+    images: torch.Tensor, padding: int, generator: torch.Generator | None, mode: str = "zeros"
 ) -> torch.Tensor:
     """Each image cropped back to its size at its own random offset after zero-padding.
 
@@ -54,7 +54,7 @@ def random_crop(
     return padded[batch, channel, rows, cols]
 
 
-def random_hflip(images: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+def random_hflip(images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     flip = torch.rand(images.shape[0], generator=generator, device=images.device) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(3), images)
 
@@ -67,7 +67,7 @@ def flipped_on_even_epochs(count: int, seed: int) -> torch.Tensor:
     return torch.rand(count, generator=torch.Generator().manual_seed(seed + 7_919)) < 0.5
 
 
-def device_generator(device: torch.device, seed: int) -> Optional[torch.Generator]:
+def device_generator(device: torch.device, seed: int) -> torch.Generator | None:
     """A generator on ``device`` seeded with ``seed`` (None on the meta device, which has none)."""
     if device.type == "meta":
         return None
@@ -84,7 +84,7 @@ class DeviceTensorLoader:
         images: torch.Tensor,
         labels: torch.Tensor,
         batch_size: int,
-        augment: Optional[BatchAugment],
+        augment: BatchAugment | None,
         train: bool,
         device: torch.device | str = "cpu",
         seed: int = 0,
@@ -142,7 +142,7 @@ class DeviceTensorLoader:
             idx = indices[start : start + self.batch_size]
             yield self._prepare(self.images[idx], generator, self._flips(idx, odd)), self.labels[idx]
 
-    def _flips(self, idx: torch.Tensor, odd: bool) -> Optional[torch.Tensor]:
+    def _flips(self, idx: torch.Tensor, odd: bool) -> torch.Tensor | None:
         """Alternating flips: which of these images are flipped this epoch (None: random flips or none)."""
         if self.flipped_first is None or not self.train:
             return None
@@ -156,7 +156,7 @@ class DeviceTensorLoader:
         return (images / 255.0 - self.mean) / self.std
 
     def _prepare(
-        self, images: torch.Tensor, generator: Optional[torch.Generator], flips: Optional[torch.Tensor] = None
+        self, images: torch.Tensor, generator: torch.Generator | None, flips: torch.Tensor | None = None
     ) -> torch.Tensor:
         if self.augment is None:
             return images.float()

@@ -31,7 +31,8 @@ import hashlib
 import inspect
 import os
 import types as types_module
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -192,7 +193,7 @@ class _ContentKeyedCache(FunctionCache):
         return (sig, codegen.magic_tuple(), _fingerprint(self._py_func))
 
 
-def _compile(cls: Any, code: Callable, signature: Optional[Any] = None) -> Callable:
+def _compile(cls: Any, code: Callable, signature: Any | None = None) -> Callable:
     """FFCV's ``Compiler.compile`` (same options), with numba's on-disk cache."""
     if not cls.is_enabled:
         return code
@@ -222,7 +223,8 @@ CACHE_SWITCH = "DLRECIPES_FFCV_COMPILE_CACHE"
 def install() -> None:
     """Fix FFCV's OS-cache reader and, unless ``DLRECIPES_FFCV_COMPILE_CACHE=0``, make FFCV's
     compiled pipelines cacheable on disk (idempotent; see the module docstring)."""
-    from ffcv.fields import bytes as bytes_field, ndarray, rgb_image
+    from ffcv.fields import bytes as bytes_field
+    from ffcv.fields import ndarray, rgb_image
     from ffcv.memory_managers.os_cache import OSCacheManager
     from ffcv.pipeline.compiler import Compiler
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -90,7 +91,7 @@ class RawImages:
 
 
 def find_unreadable(
-    source: RawImages, skip_bad: bool, progress: Optional[Callable[[int], None]] = None
+    source: RawImages, skip_bad: bool, progress: Callable[[int], None] | None = None
 ) -> list[tuple[str, str]]:
     """Decode every file once; returns (path, error) for each bad one, or raises at the first if not skipping."""
     bad = []
@@ -116,7 +117,7 @@ def find_unreadable(
 
 @dataclass
 class ConvertOptions:
-    max_resolution: Optional[int] = 256  # longer side is downscaled to this (None: keep full size)
+    max_resolution: int | None = 256  # longer side is downscaled to this (None: keep full size)
     write_mode: WriteMode = "smart"
     jpeg_quality: int = 90
     compress_probability: float = 0.5  # for write_mode=proportion
@@ -138,8 +139,8 @@ def write_beton(
     source: RawImages,
     path: Path,
     options: ConvertOptions,
-    class_names: Optional[list[str]] = None,
-    progress: Optional[Callable[[int], None]] = None,
+    class_names: list[str] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ConvertReport:
     """Write ``source`` to ``path`` atomically (temporary name, fsync, rename) with a JSON sidecar."""
     import_ffcv()
@@ -228,7 +229,7 @@ FIELDS = ("RGBImageField", "IntField")  # what write_beton stores, in order
 MOST_CLASSES = 10**6  # a sidecar's class count beyond it is no dataset's
 
 
-def _sidecar(path: str | Path) -> Optional[dict]:
+def _sidecar(path: str | Path) -> dict | None:
     """The ``.json`` beside a ``.beton`` (class names and count), checked as data: the count a whole number from 1 to
     :data:`MOST_CLASSES`, the names (if any) that many strings; one line naming the file otherwise."""
     sidecar = Path(f"{path}.json")
@@ -247,7 +248,7 @@ def _sidecar(path: str | Path) -> Optional[dict]:
     return held
 
 
-def beton_class_names(path: str | Path) -> Optional[list[str]]:
+def beton_class_names(path: str | Path) -> list[str] | None:
     """The class names ``data convert`` recorded next to the file, if any."""
     held = _sidecar(path)
     return (held.get("class_names") or None) if held is not None else None

@@ -13,8 +13,9 @@ too (:meth:`ArrowImages.pil_image`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torchvision.datasets import VisionDataset
@@ -74,7 +75,7 @@ class ArrowImages(VisionDataset):
         """What the tensor cache compares to know that its copy is this split's."""
         return {"rows": len(self), "fingerprint": self.table._fingerprint}
 
-    def cache_home(self) -> Optional[Path]:
+    def cache_home(self) -> Path | None:
         """The folder of the split's Arrow files (None when the table is held in memory)."""
         files = self.table.cache_files
         return Path(files[0]["filename"]).resolve().parent if files else None
@@ -84,7 +85,7 @@ class ArrowImages(VisionDataset):
         return (self.transform(image) if self.transform is not None else image), int(self.labels[index])
 
 
-def load_splits(path: str, config: Optional[str]) -> dict[str, Any]:
+def load_splits(path: str, config: str | None) -> dict[str, Any]:
     """``{split name: datasets.Dataset}`` of a local folder or a hub id."""
     datasets = import_datasets()
     folder = Path(path).expanduser()
@@ -185,7 +186,7 @@ def check_state(folder: Path) -> None:
         plain_name(entry.get("filename") if isinstance(entry, dict) else entry, folder / "state.json", "the file")
 
 
-def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str) -> tuple[str, Any]:
+def pick_split(splits: dict[str, Any], name: str | None, key: str, path: str) -> tuple[str, Any]:
     """The split ``name`` (for ``eval_split`` unset: validation, else test), or one line naming the splits there are."""
     if name is None:
         name = next((s for s in EVAL_SPLITS if s in splits), None)
@@ -215,7 +216,7 @@ def pick_split(splits: dict[str, Any], name: Optional[str], key: str, path: str)
     return name, chosen
 
 
-def check_columns(table: datasets.Dataset, image_column: str, label_column: str, path: str) -> Optional[list[str]]:
+def check_columns(table: datasets.Dataset, image_column: str, label_column: str, path: str) -> list[str] | None:
     """Both columns exist, hold images and integer labels; returns the ``ClassLabel`` names (None: plain integers)."""
     datasets = import_datasets()
     features = table.features
@@ -251,13 +252,13 @@ def read_labels(table: datasets.Dataset, label_column: str) -> np.ndarray:
 def build_hf_dataset(
     path: str,
     split: str,
-    eval_split: Optional[str],
+    eval_split: str | None,
     image_column: str,
     label_column: str,
-    config: Optional[str],
+    config: str | None,
     crop_size: int,
     resize_size: int,
-    eval_crop_size: Optional[int],
+    eval_crop_size: int | None,
     min_scale: float,
     hflip: bool,
     mean: Sequence[float],

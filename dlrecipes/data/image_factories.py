@@ -5,7 +5,7 @@ Light, as validation imports them: each implementation (and torch) loads when a 
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from dlrecipes.data.dataset_params import Decode
 from dlrecipes.data.preprocess_params import (
@@ -82,7 +82,7 @@ def imagenet(
     min_scale: MinScale = MIN_SCALE,
     hflip: Hflip = HFLIP,
     subset: Literal["all", "imagenet100"] = "all",
-    class_list: Optional[str] = None,
+    class_list: str | None = None,
     bad_images: Literal["fail", "skip"] = "fail",
     decode: Decode = "turbo",
 ):
@@ -132,10 +132,10 @@ def imagenet(
 def hf(
     path: str,
     split: str = "train",
-    eval_split: Optional[str] = None,
+    eval_split: str | None = None,
     image_column: str = "image",
     label_column: str = "label",
-    config: Optional[str] = None,
+    config: str | None = None,
     crop_size: CropSize = CROP_SIZE,
     resize_size: ResizeSize = RESIZE_SIZE,
     eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,
@@ -234,8 +234,8 @@ def ffcv(
 @shared_meanings
 def shards(
     remote: str,
-    cache_dir: Optional[str] = None,
-    cache_limit: Union[int, str] = "100GB",
+    cache_dir: str | None = None,
+    cache_limit: int | str = "100GB",
     crop_size: CropSize = CROP_SIZE,
     resize_size: ResizeSize = RESIZE_SIZE,
     eval_crop_size: EvalCropSize = EVAL_CROP_SIZE,

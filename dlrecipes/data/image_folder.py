@@ -7,9 +7,9 @@ ImageNet-100 is ImageNet restricted to the 100 classes of the CMC paper (Tian et
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Optional, Sequence
 
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError
@@ -22,7 +22,7 @@ def imagenet100_classes() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> list[str]:
+def find_classes(root: Path, key: str, only: Sequence[str] | None = None) -> list[str]:
     """Class folder names under ``root`` (all of them, or exactly ``only``, in that order)."""
     if not root.is_dir():
         raise DataError(f"{key}: folder not found: {root}")
@@ -38,7 +38,7 @@ def find_classes(root: Path, key: str, only: Optional[Sequence[str]] = None) -> 
     return list(only)
 
 
-def shared_classes(train_path: str, val_path: str, key: str, only: Optional[Sequence[str]] = None) -> list[str]:
+def shared_classes(train_path: str, val_path: str, key: str, only: Sequence[str] | None = None) -> list[str]:
     """The class folders train_path and val_path both hold (all of them, or exactly ``only``); one line when they
     differ."""
     classes = find_classes(Path(train_path), f"{key}.train_path", only)
@@ -122,10 +122,10 @@ def build_image_folders(
     hflip: bool,
     mean: Sequence[float],
     std: Sequence[float],
-    only_classes: Optional[Sequence[str]] = None,
+    only_classes: Sequence[str] | None = None,
     key: str = "dataset",
     bad_images: str = "fail",
-    eval_crop_size: Optional[int] = None,
+    eval_crop_size: int | None = None,
     decode: str = "turbo",
 ) -> DatasetSplits:
     """Train and eval ImageFolders: ``crop_size`` random-resized crops for training; for evaluation

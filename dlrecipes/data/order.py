@@ -23,8 +23,9 @@ loader; the engine restores the checkpoint's random state where the uninterrupte
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ ORDER = "global-v1"  # what a checkpoint's data position means; a resume from an
 SHARD_WINDOW = 4  # shards whose samples are shuffled together
 
 
-def epoch_order(length: int, seed: int, epoch: int, shard_sizes: Optional[Sequence[int]] = None) -> np.ndarray:
+def epoch_order(length: int, seed: int, epoch: int, shard_sizes: Sequence[int] | None = None) -> np.ndarray:
     """Epoch ``epoch``'s permutation of ``range(length)``, from ``seed`` and ``epoch`` only.
 
     With ``shard_sizes`` (samples per shard, in index order, summing to ``length``): the shards in a random
@@ -94,7 +95,7 @@ class GlobalOrderSampler(DistributedSampler):
         rank: int,
         world_size: int,
         seed: int,
-        shard_sizes: Optional[Sequence[int]] = None,
+        shard_sizes: Sequence[int] | None = None,
     ):
         if global_batch % world_size:
             raise ValueError(f"a global batch of {global_batch} cannot be split in {world_size} equal parts")
@@ -105,7 +106,7 @@ class GlobalOrderSampler(DistributedSampler):
         self.batches = length // global_batch  # full global batches per epoch: the rest is dropped
         self.num_samples = self.batches * (global_batch // world_size)
         self.total_size = self.batches * global_batch
-        self._resume: Optional[tuple[int, int]] = None  # (epoch, global position) a checkpoint recorded
+        self._resume: tuple[int, int] | None = None  # (epoch, global position) a checkpoint recorded
 
     def resume_at(self, epoch: int, position: int) -> None:
         """Start ``epoch`` at global position ``position`` (samples trained in it, by every process together)."""
@@ -162,7 +163,7 @@ class OrderedSamples(Dataset):
             "seed": s.seed,
         }
 
-    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Continue the checkpoint's epoch at its position, with this recipe's seed (the same unless changed), on
         any number of processes; a position this order cannot continue is one line (a changed batch size)."""
         if not state or not state.get("samples"):

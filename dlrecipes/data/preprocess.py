@@ -26,8 +26,9 @@ decoded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 FORMAT = "dlrecipes-preprocess/1"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -38,9 +39,9 @@ def preprocess_spec(
     mean: Sequence[float],
     std: Sequence[float],
     *,
-    shorter_side: Optional[int] = None,
-    size: Optional[Sequence[int]] = None,
-    center_crop: Optional[Sequence[int]] = None,
+    shorter_side: int | None = None,
+    size: Sequence[int] | None = None,
+    center_crop: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The evaluation preprocessing of a dataset, as ``preprocess.json`` holds it."""
     if (shorter_side is None) == (size is None):
@@ -140,7 +141,7 @@ def eight_bit(image):
 SPEC_CHANNELS = {"L": 1, "RGB": 3}
 
 
-def spec_problem(spec: Any) -> Optional[str]:
+def spec_problem(spec: Any) -> str | None:
     """What is wrong with a ``preprocess.json`` as :func:`load_image` reads it, or ``None``."""
     from dlrecipes.errors import shown
 

@@ -16,7 +16,8 @@ this module to list and validate recipes.
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable, Union
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from dlrecipes.core.param_docs import Doc, meaning_of_type
 from dlrecipes.core.ranges import Range, Size
@@ -62,7 +63,7 @@ ResizeSize = Annotated[
 ]
 # null: the training crop size.  Union[None, int] (not Optional[int]) so that the type reads "null or int >= 1".
 EvalCropSize = Annotated[
-    Union[None, int],
+    None | int,
     Range(1, 8192),
     Doc(
         "side in pixels of the square centre crop evaluation takes (and exports expect); "

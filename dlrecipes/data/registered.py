@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Classes, Size
-from dlrecipes.data.preprocess_params import CROP_SIZE, RESIZE_SIZE
 from dlrecipes.data.dataset_params import (
     CifarAugment,
     CifarDownload,
@@ -28,7 +26,9 @@ from dlrecipes.data.dataset_params import (
     SplitSeed,
 )
 from dlrecipes.data.image_factories import ffcv, hf, image_folder, imagenet, shards
+from dlrecipes.data.preprocess_params import CROP_SIZE, RESIZE_SIZE
 from dlrecipes.data.source_sizes import folder_side, hf_side
+from dlrecipes.errors import RecipeError
 from dlrecipes.registry import datasets
 
 if TYPE_CHECKING:

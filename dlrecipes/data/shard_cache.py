@@ -32,10 +32,10 @@ import os
 import re
 import struct
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from math import ceil
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
 
 from dlrecipes.errors import DataError
 
@@ -141,7 +141,7 @@ def read_from(tables: dict, fd: int, name: str, size: int, count: int, index: in
 TABLES = 256  # shards whose tables a process keeps (a 2,000-sample shard's is about 200 KB)
 
 
-def shards_read_at_once(sizes: Sequence[tuple[int, int]], span: int, window: Optional[int]) -> tuple[int, int]:
+def shards_read_at_once(sizes: Sequence[tuple[int, int]], span: int, window: int | None) -> tuple[int, int]:
     """The most shards (and their bytes) that ``span`` consecutive samples of an epoch's order can fall in, for
     shards of ``sizes`` ((samples, bytes) each): in index order (``window`` None, evaluation's), or in
     :func:`dlrecipes.data.order.epoch_order`'s (shards shuffled, samples shuffled within runs of ``window``
@@ -194,7 +194,7 @@ class ShardCache:
         self.identity = identity  # which dataset's split the folder holds (its address and shards), in IDENTITY
         self.downloads = 0  # by this process
         self.tables: dict = {}  # each shard's table, read once per process
-        self.claimed_by: Optional[int] = None  # the process that checked the folder's identity
+        self.claimed_by: int | None = None  # the process that checked the folder's identity
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "downloads": 0, "tables": {}}
@@ -234,7 +234,7 @@ class ShardCache:
                 os.replace(partial, marker)
         self.claimed_by = os.getpid()
 
-    def _pinned(self, name: str, size: int) -> Optional[int]:
+    def _pinned(self, name: str, size: int) -> int | None:
         """Shard ``name`` open under a shared lock, or None when it is not (or no longer) here whole."""
         try:
             fd = os.open(self.folder / name, os.O_RDONLY)

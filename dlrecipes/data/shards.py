@@ -25,9 +25,10 @@ import io
 import json
 import os
 from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.data.shard_cache import SHARD_NAME, Damaged, ShardCache, check_room, read_from, samples_in_flight
 from dlrecipes.data.splits import DatasetSplits
@@ -108,7 +109,7 @@ class ShardsPlace:
     def key(self, *parts: str) -> str:
         return self.bucket.root.key(*parts)
 
-    def read(self, name: str) -> Optional[bytes]:
+    def read(self, name: str) -> bytes | None:
         if self.bucket is not None:
             try:
                 return self.bucket.backend.read(self.key(name))
@@ -238,7 +239,7 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_limit: Optional[int]) -> None:
+def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_limit: int | None) -> None:
     """One line for a shard missing or not of the size its index says (truncated or replaced: named, with its
     samples), and for a cache limit smaller than the largest shard."""
     found, start = place.sizes(split), 0
@@ -270,9 +271,9 @@ class ShardsDataset:
         place: ShardsPlace,
         split: str,
         shards: Sequence[dict],
-        transform: Optional[Callable],
-        cache_dir: Optional[str],
-        cache_limit: Optional[int],
+        transform: Callable | None,
+        cache_dir: str | None,
+        cache_limit: int | None,
     ):
         self.url, self.split, self.key_path = place.url(split), split, place.key_path
         self.shards = [dict(shard) for shard in shards]
@@ -285,7 +286,7 @@ class ShardsDataset:
             folder = str(Path(cache_dir, split))
             self.cache = ShardCache(folder, cache_limit, self.fetch, self.bucket.stall, self.cache_identity())
         self.tables: dict = {}  # a local dataset's shard tables, read once per process
-        self.num_classes: Optional[int] = None  # set by build_shards: each label read is checked against it
+        self.num_classes: int | None = None  # set by build_shards: each label read is checked against it
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -413,11 +414,11 @@ def open_shards(remote: str, cache_limit: Any) -> tuple[ShardsPlace, dict, int]:
 
 def build_shards(
     remote: str,
-    cache_dir: Optional[str],
+    cache_dir: str | None,
     cache_limit: Any,
     crop_size: int,
     resize_size: int,
-    eval_crop_size: Optional[int],
+    eval_crop_size: int | None,
     min_scale: float,
     hflip: bool,
     mean: Sequence[float],

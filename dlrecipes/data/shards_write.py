@@ -16,9 +16,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 from dlrecipes.data.shards import FORMAT, META, SPLITS, ShardsPlace, import_litdata
 from dlrecipes.errors import DataError, UserError
@@ -35,9 +36,9 @@ class ShardsOptions:
     whether an existing dataset at ``--out`` is replaced, and the longest side stored (None: as they are)."""
 
     shard_bytes: int = 64 * 10**6
-    reencode_quality: Optional[int] = None
+    reencode_quality: int | None = None
     overwrite: bool = False
-    max_resolution: Optional[int] = None
+    max_resolution: int | None = None
 
 
 @dataclass
@@ -55,7 +56,7 @@ class ShardsReport:
 class EncodedImages:
     """Index -> (encoded image bytes, label) over a split as a dataset factory built it."""
 
-    def __init__(self, dataset: Dataset, reencode_quality: Optional[int], max_resolution: Optional[int] = None):
+    def __init__(self, dataset: Dataset, reencode_quality: int | None, max_resolution: int | None = None):
         self.dataset, self.quality, self.max_side = dataset, reencode_quality, max_resolution
         if hasattr(dataset, "samples") and hasattr(dataset, "loader"):  # torchvision ImageFolder: the files
             self.kind, self.count = "files", len(dataset.samples)

@@ -9,7 +9,7 @@ of the image folders (one image header read) and of Hugging Face datasets (one i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
@@ -18,7 +18,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 UPSAMPLE_FACTOR = 2  # warn when the crop is more than this many times the source's side
 
 
-def first_image(root: Path) -> Optional[Path]:
+def first_image(root: Path) -> Path | None:
     """The first image file of ``root/<class>/`` (sorted), or None."""
     if not root.is_dir():
         return None
@@ -29,7 +29,7 @@ def first_image(root: Path) -> Optional[Path]:
     return None
 
 
-def folder_side(root: Any) -> Optional[tuple[int, str]]:
+def folder_side(root: Any) -> tuple[int, str] | None:
     """The shorter side of an image folder's first image (its header only), or None."""
     if not isinstance(root, str):
         return None
@@ -45,7 +45,7 @@ def folder_side(root: Any) -> Optional[tuple[int, str]]:
         return None
 
 
-def hf_side(params: dict) -> Optional[tuple[int, str]]:
+def hf_side(params: dict) -> tuple[int, str] | None:
     """The shorter side of the first image of a Hugging Face dataset's training split, for a local folder (a hub id
     is not fetched for this), or None."""
     path = params.get("path")

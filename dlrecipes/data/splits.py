@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.outputs import DataIO, OutputSpec
 
@@ -21,13 +21,13 @@ class DatasetSplits:
     eval: Dataset
     num_classes: int  # 0 when io is set: each output has its own
     input_shape: tuple[int, int, int]  # (channels, height, width) of one sample (of the first input when io is set)
-    class_names: Optional[list[str]] = None
+    class_names: list[str] | None = None
     # For image-folder data: crop_size, eval_crop_size, resize_size, min_scale, hflip, mean, std (the tensor cache
     # reuses them)
-    augment: Optional[dict[str, Any]] = None
-    io: Optional[DataIO] = None  # several inputs and/or outputs (recipes with a task: section)
+    augment: dict[str, Any] | None = None
+    io: DataIO | None = None  # several inputs and/or outputs (recipes with a task: section)
     # How an image file becomes an input as the eval split does it (dlrecipes.data.preprocess); None: no image files
-    preprocess: Optional[dict[str, Any]] = None
+    preprocess: dict[str, Any] | None = None
     # DataLoaders passed in from Python (dlrecipes.train(train_data=DataLoader(...))): (train, eval), each used as it
     # is or None (that split's loader is built from its dataset as usual)
-    loaders: Optional[tuple[Any, Any]] = None
+    loaders: tuple[Any, Any] | None = None

@@ -14,9 +14,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -192,7 +192,7 @@ def random_resized_crop_on_device(
     images: torch.Tensor,
     size: int,
     scale: tuple[float, float],
-    generator: Optional[torch.Generator],
+    generator: torch.Generator | None,
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: bool = False,
 ) -> torch.Tensor:
@@ -265,7 +265,7 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 
 def crop_on_device(
     images: torch.Tensor,
-    generator: Optional[torch.Generator],
+    generator: torch.Generator | None,
     train: bool,
     size: int,
     min_scale: float,
@@ -291,7 +291,7 @@ class CachedBatches(Dataset):
         seed: int,
         rank: int,
         world_size: int,
-        crop: Optional[dict] = None,
+        crop: dict | None = None,
         mean: Sequence[float] = (0.0,),
         std: Sequence[float] = (1.0,),
     ):
@@ -410,7 +410,7 @@ def default_cache_dir(dataset) -> Path:
     return home / ".dlrecipes-cache"
 
 
-def cache_location(dataset, cache_dir: Optional[Path], cache_size: Optional[int], resize_size: int) -> tuple[Path, int]:
+def cache_location(dataset, cache_dir: Path | None, cache_size: int | None, resize_size: int) -> tuple[Path, int]:
     """Where a split's cache is (``trainer.cache_dir``, default :func:`default_cache_dir`) and the side of its
     images (``trainer.cache_size``, default the dataset's ``resize_size``): what training and
     ``dlrecipes data convert --format tensor_cache`` both ask, so that one finds what the other wrote."""
@@ -431,8 +431,8 @@ def build_tensor_cache_loader(
     seed: int,
     rank: int,
     world_size: int,
-    cache_dir: Optional[Path],
-    cache_size: Optional[int],
+    cache_dir: Path | None,
+    cache_size: int | None,
     crop_size: int,
     eval_crop_size: int,
     resize_size: int,

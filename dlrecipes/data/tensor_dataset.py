@@ -3,7 +3,8 @@ sample is made of (an (image, label) pair, or several views and targets of one i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -23,9 +24,9 @@ class TransformedTensorDataset(Dataset):
         self,
         images: torch.Tensor,
         labels: torch.Tensor,
-        transform: Optional[Callable] = None,
-        batch_augment: Optional[BatchAugment] = None,
-        sample: Optional[Callable[[Any, int], tuple]] = None,
+        transform: Callable | None = None,
+        batch_augment: BatchAugment | None = None,
+        sample: Callable[[Any, int], tuple] | None = None,
     ):
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")

@@ -10,7 +10,6 @@ import pickle
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -127,7 +126,7 @@ def read_cifar_batches(folder: Path, files: tuple[str, ...], label_key: str) -> 
     return np.concatenate(images), np.concatenate(labels)
 
 
-def read_class_names(folder: Path, source: CifarSource) -> Optional[list[str]]:
+def read_class_names(folder: Path, source: CifarSource) -> list[str] | None:
     """The class names from the archive's meta file, or None when it is absent or unreadable."""
     try:
         with open(folder / source.names_file, "rb") as f:
@@ -138,7 +137,7 @@ def read_class_names(folder: Path, source: CifarSource) -> Optional[list[str]]:
     return names if len(names) == source.num_classes else None
 
 
-def cifar_train_augmentation(mean, std, augment: bool, crop: tuple[int, str, str], size: Optional[int]):
+def cifar_train_augmentation(mean, std, augment: bool, crop: tuple[int, str, str], size: int | None):
     """The CIFAR training split's augmentation: its transform of a sample (the torch loader's) and its
     :class:`~dlrecipes.data.device_loader.BatchAugment` (the device loader's), each ``crop``'s padding, padding mode
     and flips when ``augment``, then a resize to ``size`` (None: 32, none)."""
@@ -185,8 +184,8 @@ def build_cifar(
     import torch
 
     from dlrecipes.data.device_loader import BatchAugment
-    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.transforms import small_image_transforms
 
     if image_size < 8:
@@ -218,8 +217,8 @@ def build_mnist(root: str, download: bool, augment: bool) -> DatasetSplits:
     from torchvision.datasets import MNIST
 
     from dlrecipes.data.device_loader import BatchAugment
-    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.preprocess import preprocess_spec
+    from dlrecipes.data.tensor_dataset import TransformedTensorDataset
     from dlrecipes.data.transforms import MNIST_MEAN, MNIST_STD, small_image_transforms
 
     folder = Path(root) / "MNIST" / "raw"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -21,7 +22,7 @@ def small_image_transforms(
     crop_padding: int,
     hflip: bool,
     train: bool,
-    resize: Optional[int] = None,
+    resize: int | None = None,
     padding_mode: str = "zeros",
     alternate_flip: bool = False,
 ):

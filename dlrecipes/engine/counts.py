@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copyreg
 import datetime
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from composer.core import Batch, Time, Timestamp, TimeUnit
@@ -34,7 +34,7 @@ class QuickTimestamp(Timestamp):
     __qualname__ = "Timestamp"
 
     @classmethod
-    def of(cls, timestamp: Timestamp) -> "QuickTimestamp":
+    def of(cls, timestamp: Timestamp) -> QuickTimestamp:
         made = Timestamp.__new__(cls)
         made.__dict__.update(timestamp.__dict__)
         return made
@@ -43,10 +43,10 @@ class QuickTimestamp(Timestamp):
         # copyreg's own rebuilder: Timestamp.__new__, then these fields; the pickle names no dlrecipes class
         return copyreg._reconstructor, (Timestamp, object, None), dict(self.__dict__)
 
-    def copy(self, *args: Any, **kwargs: Any) -> "QuickTimestamp":
+    def copy(self, *args: Any, **kwargs: Any) -> QuickTimestamp:
         return QuickTimestamp.of(super().copy(*args, **kwargs))
 
-    def to_next_batch(self, samples: Any = 0, tokens: Any = 0, duration: Optional[datetime.timedelta] = None):
+    def to_next_batch(self, samples: Any = 0, tokens: Any = 0, duration: datetime.timedelta | None = None):
         """Replaces ``composer.core.time.Timestamp.to_next_batch`` (Composer 0.32.1);
         guarded by ``tests/test_engine.py::test_the_quick_timestamp_counts_as_composers``."""
         if type(samples) is not int or type(tokens) is not int:  # Time or float counts: Composer's arithmetic

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Any, Union
+from typing import Any
 
 from composer.core import Callback, Engine, Event
 from composer.loggers import LoggerDestination
@@ -24,7 +24,7 @@ class DirectEngine(Engine):
     _receivers: dict
     _receivers_of: tuple
 
-    def run_event(self, event: Union[Event, str]):
+    def run_event(self, event: Event | str):
         """Composer's ``run_event``: the algorithms, then the callbacks (others first, then loggers), each event only
         to the callbacks that handle it; Composer's own with the profiler, ``ENGINE_DEBUG``, at INIT or once closed.
 

@@ -57,7 +57,7 @@ def stop_loader_workers(state: State) -> None:
             loader = getattr(loader, "loader", None)
 
 
-def close_at_exit(engine: "weakref.ref[Engine]") -> None:
+def close_at_exit(engine: weakref.ref[Engine]) -> None:
     """At the process's end, the engine's close (its callbacks' close and post_close) if it is still open."""
     alive = engine()
     if alive is not None and not alive._is_closed:

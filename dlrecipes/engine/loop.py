@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import itertools
 import warnings
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from composer.core import Event
 from composer.trainer.trainer import TrainerMode
@@ -16,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from dlrecipes.engine.counts import QuickTimestamp, quick_counts
 
 
-def batch_plan(loader: Iterable[Any], length: Optional[int]) -> Optional[list[float]]:
+def batch_plan(loader: Iterable[Any], length: int | None) -> list[float] | None:
     """Four numbers that fix how many batches this rank's loader gives and the size of each, or None.
 
     Known for a map-style DataLoader cutting its sampler with a BatchSampler (its sampler's length,

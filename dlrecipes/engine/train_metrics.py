@@ -25,11 +25,11 @@ class TrainMetricEpochs(Callback):
     It holds its Trainer weakly: the state holds the callbacks, and a strong reference back would keep
     the Trainer (its model, optimizers and loaders) alive as long as the state."""
 
-    def __init__(self, trainer: "TrainMetrics"):
+    def __init__(self, trainer: TrainMetrics):
         self._trainer = weakref.ref(trainer)
 
     @property
-    def trainer(self) -> "TrainMetrics":
+    def trainer(self) -> TrainMetrics:
         trainer = self._trainer()
         assert trainer is not None, "the Trainer of these train metrics is gone"
         return trainer

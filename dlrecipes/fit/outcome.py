@@ -8,7 +8,6 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from dlrecipes.core.distributed import PeerLost, lost_peer, rank
 from dlrecipes.core.secrets import redact_text
@@ -25,7 +24,7 @@ class TrainResult:
     seconds: float = 0.0
     status: str = "finished"  # or "pruned" (a sweep's search stopped it early, see callbacks.optuna_trial)
     reason: str = ""
-    address: Optional[str] = None  # a run in a bucket: s3://BUCKET/PREFIX/NAME (run_dir is its local staging copy)
+    address: str | None = None  # a run in a bucket: s3://BUCKET/PREFIX/NAME (run_dir is its local staging copy)
 
     @property
     def metrics(self) -> dict[str, float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from html import escape
-from typing import Any, Optional
+from typing import Any
 
 from composer.core import State
 from composer.loggers import Logger
@@ -59,7 +59,7 @@ class Progress:
         else:
             self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
-    def show(self, line: str, progress: Optional[float]) -> None:
+    def show(self, line: str, progress: float | None) -> None:
         if self.widget is not None:
             self.label.value = BAR.sub(" ", line, count=1)
             if progress is not None:
@@ -81,8 +81,8 @@ class NotebookReport(TerminalReport):
         self.live = live  # a cell always redraws in place
         self.tty = False  # every column of the epoch table (a cell has no width to fit)
         self.unicode = True
-        self._progress: Optional[Progress] = None
-        self._fraction: Optional[float] = None
+        self._progress: Progress | None = None
+        self._fraction: float | None = None
         self._table: Any = None
         self._rows: list[dict[str, str]] = []
         self._columns: list[str] = []

@@ -13,7 +13,7 @@ smoothing or EMA) hold no device values; they wait in the same queue, in their p
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from composer.core import State
@@ -46,7 +46,7 @@ class ReadsAtInterval:
 
     read_every = 1
 
-    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         self.__dict__.setdefault("_unread", []).append((step, dict(metrics)))
 
     def log_traces(self, traces: dict[str, Any]) -> None:

@@ -8,12 +8,11 @@ device every ``trainer.log_interval`` batches (:mod:`.read_back`).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from dlrecipes.core.ranges import AtLeastOne
 from dlrecipes.errors import UserError
 from dlrecipes.registry import loggers
-
 
 Artifacts = Literal["files", "checkpoint", "export", "all", "none"]
 PROBE_SECONDS = 10.0  # a busy server answers late; nothing listening is refused at once
@@ -57,7 +56,7 @@ def _told(tracker, run):
 
 
 @loggers.register("tensorboard")
-def tensorboard(layout, run=None, /, log_dir: Optional[str] = None, flush_interval: AtLeastOne = 100):
+def tensorboard(layout, run=None, /, log_dir: str | None = None, flush_interval: AtLeastOne = 100):
     """TensorBoard event files (default: <run dir>/tensorboard).
 
     Args:
@@ -76,11 +75,11 @@ def wandb(
     layout,
     run=None,
     /,
-    project: Optional[str] = None,
-    entity: Optional[str] = None,
-    group: Optional[str] = None,
-    name: Optional[str] = None,
-    tags: Optional[list[str]] = None,
+    project: str | None = None,
+    entity: str | None = None,
+    group: str | None = None,
+    name: str | None = None,
+    tags: list[str] | None = None,
     offline: bool = False,
     log_artifacts: Artifacts = "files",
 ):
@@ -129,10 +128,10 @@ def mlflow(
     layout,
     run=None,
     /,
-    tracking_uri: Optional[str] = None,
-    experiment_name: Optional[str] = None,
-    run_name: Optional[str] = None,
-    tags: Optional[dict[str, str]] = None,
+    tracking_uri: str | None = None,
+    experiment_name: str | None = None,
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
     log_artifacts: Artifacts = "files",
 ):
     """MLflow tracking (default: a local file store in <run dir>/mlruns); the recipe is the run's parameters.

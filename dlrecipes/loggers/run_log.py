@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from composer.loggers import FileLogger
 
@@ -51,7 +51,7 @@ class RunLogFile(ReadsAtInterval, FileLogger):
         self.file = open(self.filename, "a+", buffering=self.buffer_size)
         self._flush_queue()
 
-    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         kept = {k: v for k, v in metrics.items() if not k.startswith("time/") or k == "time/epoch"}
         micro = kept.pop(MICROBATCH_KEY, None)
         if micro is not None and micro != self._microbatch:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.secrets import redact, redact_text
 from dlrecipes.errors import first_line
@@ -57,7 +58,7 @@ def flat_parameters(recipe: dict[str, Any]) -> dict[str, str]:
 
 
 def run_tags(
-    recipe: dict[str, Any], device: str, world_size: int, provenance: Optional[dict[str, Any]] = None
+    recipe: dict[str, Any], device: str, world_size: int, provenance: dict[str, Any] | None = None
 ) -> dict[str, str]:
     """The tags a tracker puts on the run: recipe, device, world size, and the run's provenance
     (:mod:`dlrecipes.records.provenance`: versions, GPU, host, command, git commit, ...) as ``dlrecipes.<item>``."""
@@ -145,7 +146,7 @@ class RecordsTheRun:
                 lambda: self.record_parameters(flat_parameters(self.record_recipe), self.record_tags),
             )
 
-    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         self._guarded("logging metrics", lambda: super(RecordsTheRun, self).log_metrics(metrics, step))
 
     def post_close(self) -> None:

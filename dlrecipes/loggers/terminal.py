@@ -35,7 +35,8 @@ import re
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from composer.core import State, TimeUnit
 from composer.loggers import Logger, LoggerDestination
@@ -108,7 +109,7 @@ def fit_line(
     head: tuple[str, str],
     counter: str,
     fields: list[tuple[str, str]],
-    progress: Optional[float],
+    progress: float | None,
     width: int,
     unicode: bool = True,
     drop: Sequence[int] = (),
@@ -160,12 +161,12 @@ class TerminalReport(LoggerDestination):
     def __init__(
         self,
         live: bool = True,
-        monitor: Optional[str] = None,
-        stream: Optional[TextIO] = None,
+        monitor: str | None = None,
+        stream: TextIO | None = None,
         refresh_s: float = 0.1,
         read_every: int = 1,
-        start_line: Optional[str] = None,
-        history: Optional[RunHistory] = None,
+        start_line: str | None = None,
+        history: RunHistory | None = None,
     ):
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -196,7 +197,7 @@ class TerminalReport(LoggerDestination):
 
     # --- values the engine and Composer log --------------------------------------------------
 
-    def log_metrics(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         for key, value in metrics.items():
             if key.startswith("metrics/eval/"):
                 self.eval_values[key.removeprefix("metrics/eval/")] = value
@@ -278,7 +279,7 @@ class TerminalReport(LoggerDestination):
 
     # --- lines --------------------------------------------------------------------------------
 
-    def _max_epochs(self, state: State) -> Optional[int]:
+    def _max_epochs(self, state: State) -> int | None:
         max_duration, per_epoch = state.max_duration, state.dataloader_len
         if max_duration is None:
             return None
@@ -295,7 +296,7 @@ class TerminalReport(LoggerDestination):
             return str(number)
         return f"{number:>{len(str(total))}}/{total}"
 
-    def _lr(self, state: State) -> Optional[float]:
+    def _lr(self, state: State) -> float | None:
         from dlrecipes.records.history import run_lr  # the value history.csv records
 
         return run_lr(state)

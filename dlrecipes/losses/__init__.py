@@ -6,21 +6,21 @@ Modules:
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from dlrecipes.losses import registered  # noqa: F401  (registers the built-ins)
 from dlrecipes.registry import build_component, losses
 
 
-def loss_name(value: Union[str, dict[str, Any]]) -> str:
+def loss_name(value: str | dict[str, Any]) -> str:
     """The loss's name, from a recipe's ``loss:`` (a name, or a mapping with ``name:``)."""
     return value if isinstance(value, str) else value["name"]
 
 
-def loss_params(value: Union[str, dict[str, Any]]) -> dict[str, Any]:
+def loss_params(value: str | dict[str, Any]) -> dict[str, Any]:
     return {} if isinstance(value, str) else {k: v for k, v in value.items() if k != "name"}
 
 
-def build_loss(value: Union[str, dict[str, Any]]):
+def build_loss(value: str | dict[str, Any]):
     """The loss function a recipe's ``loss:`` value names."""
     return build_component(losses, loss_name(value), loss_params(value), "loss")

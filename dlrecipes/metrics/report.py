@@ -19,8 +19,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -35,7 +35,7 @@ class ClassReport(Callback):
         self,
         folder: Path,
         num_classes: int,
-        class_names: Optional[Sequence[str]],
+        class_names: Sequence[str] | None,
         tables: Sequence[str],
         best=None,
         plots: bool = True,
@@ -50,7 +50,7 @@ class ClassReport(Callback):
         self.best = best  # the BestCheckpoint callback, when a metric is monitored
         # no input checks: they read the batch back from the device (torch.unique) at every update
         self.matrix = MulticlassConfusionMatrix(num_classes=num_classes, validate_args=False)
-        self.kept: Optional[dict] = None
+        self.kept: dict | None = None
         self.fit_ended = False
         self._batches = 0
         self._left_in_batch = 0

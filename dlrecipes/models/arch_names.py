@@ -11,7 +11,7 @@ tests/test_models.py compares the lists with the installed libraries.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 from dlrecipes.errors import RecipeError, did_you_mean
@@ -23,7 +23,7 @@ HINTS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def shipped(family: str) -> tuple[str, frozenset[str]]:
     """(library version the list was written from, the names)."""
     text = resources.files(__package__).joinpath(f"{family}_models.txt").read_text()

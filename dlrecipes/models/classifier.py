@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 from torch import nn
 
 from dlrecipes import registry
-from dlrecipes.registry import build_component
 from dlrecipes.core.outputs import DEFAULT_METRICS, DEFAULT_TRAIN_METRICS, EVAL_LOSS
+from dlrecipes.registry import build_component
 
 
-def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str, Any]]] = None, train: bool = False):
+def classification_metrics(num_classes: int, names: dict[str, dict[str, Any]] | None = None, train: bool = False):
     """The named metrics (the report tables excluded) as a torchmetrics MetricCollection.
 
     Evaluation adds ``loss`` (cross-entropy per sample over the evaluation set, however it is batched).  Training skips
@@ -40,9 +40,9 @@ def classification_metrics(num_classes: int, names: Optional[dict[str, dict[str,
 def wrap_classifier(
     module: nn.Module,
     num_classes: int,
-    loss: Union[str, dict[str, Any]] = "cross_entropy",
-    metrics: Optional[dict[str, dict[str, Any]]] = None,
-    train_metrics: Optional[dict[str, dict[str, Any]]] = None,
+    loss: str | dict[str, Any] = "cross_entropy",
+    metrics: dict[str, dict[str, Any]] | None = None,
+    train_metrics: dict[str, dict[str, Any]] | None = None,
 ):
     """A ComposerClassifier logging metrics/train/<name>, loss/train/total and metrics/eval/<name>.
 

@@ -9,10 +9,10 @@ load and missing ones fail at once, with one line naming ``model.pretrained_path
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
-from dlrecipes.runtime.hub import HUB, hub_offline_unless_reachable, reachable
 from dlrecipes.errors import DataError
+from dlrecipes.runtime.hub import HUB, hub_offline_unless_reachable, reachable
 
 __all__ = ["HUB", "fetching_weights", "reachable"]
 

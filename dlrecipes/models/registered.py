@@ -9,11 +9,11 @@ architectures live in :mod:`.architectures`), so that listing and validating rec
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from dlrecipes.config.checks import refuse_small_inputs
-from dlrecipes.errors import DataError, RecipeError
 from dlrecipes.core.ranges import AtLeastOne, Classes, Probability, Size
+from dlrecipes.errors import DataError, RecipeError
 from dlrecipes.registry import models
 
 
@@ -169,11 +169,11 @@ def timm_model(
     num_classes: Classes = 1000,
     in_chans: AtLeastOne = 3,
     pretrained: bool = False,
-    pretrained_path: Optional[str] = None,
+    pretrained_path: str | None = None,
     drop_rate: Probability = 0.0,
-    drop_path_rate: Optional[float] = None,
+    drop_path_rate: float | None = None,
     min_input_size: AtLeastOne = 64,
-    input_shape: Optional[tuple[int, int, int]] = None,
+    input_shape: tuple[int, int, int] | None = None,
 ):
     """Any timm architecture by name (`arch`), optionally with pretrained weights (hub or local file).
 
@@ -245,9 +245,9 @@ def torchvision_model(
     arch: str,
     num_classes: Classes = 1000,
     in_chans: AtLeastOne = 3,
-    pretrained_path: Optional[str] = None,
+    pretrained_path: str | None = None,
     min_input_size: AtLeastOne = 64,
-    input_shape: Optional[tuple[int, int, int]] = None,
+    input_shape: tuple[int, int, int] | None = None,
     init: Literal["torchvision", "mosaicml"] = "torchvision",
     loss: str = "cross_entropy",
 ):

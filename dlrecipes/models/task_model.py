@@ -12,7 +12,8 @@ the weighted total over the evaluation set.  :mod:`dlrecipes.core.outputs` decid
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from composer.models import ComposerModel
 from torch import Tensor, nn
@@ -20,12 +21,11 @@ from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from dlrecipes import registry
-from dlrecipes.registry import build_component
-from dlrecipes.core.outputs import DataIO, OutputSpec
+from dlrecipes.core.outputs import EVAL_LOSS, DataIO, OutputSpec, output_metrics
 from dlrecipes.errors import RecipeError
 from dlrecipes.losses import build_loss
 from dlrecipes.losses.functions import regression_pair
-from dlrecipes.core.outputs import EVAL_LOSS, output_metrics
+from dlrecipes.registry import build_component
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import Component, TaskConfig
@@ -38,7 +38,7 @@ MULTI_IO_SUPPLIED_PARAMS = ("output_sizes", "input_channels", "input_shapes")
 class OutputLoss(MeanMetric):
     """The mean of one output's loss over the evaluation set (``output=None``: the weighted total)."""
 
-    def __init__(self, output: Optional[str]):
+    def __init__(self, output: str | None):
         super().__init__()
         self.output = output
 

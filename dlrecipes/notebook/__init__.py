@@ -29,8 +29,9 @@ import contextlib
 import functools
 import io
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from dlrecipes import api
 from dlrecipes.core.addresses import RUNS_DIR
@@ -46,7 +47,9 @@ __all__ = ["compare", "evaluate", "export", "plot", "predict", "resolve", "runs"
 # The command line's flags in a message, as these functions' keyword arguments (the caller's language).
 _SWITCHES = {"verbose": "verbose", "resume": "resume", "restart": "restart", "trust-checkpoint": "trust_checkpoint"}
 _VALUED = {"checkpoint": "checkpoint", "recipe": "recipe", "out": "out"}
-_FLAG = re.compile(r"(?<![\w-])--(%s)\b(?:[ =](?!-)([^\s,;()]+))?" % "|".join(map(re.escape, {**_SWITCHES, **_VALUED})))
+_FLAG = re.compile(
+    r"(?<![\w-])--({})\b(?:[ =](?!-)([^\s,;()]+))?".format("|".join(map(re.escape, {**_SWITCHES, **_VALUED})))
+)
 
 
 def in_python(message: str) -> str:
@@ -97,11 +100,11 @@ def _quiet(quiet: bool):
 
 
 def _loaded(
-    recipe: Optional[str | Path | Mapping[str, Any]],
+    recipe: str | Path | Mapping[str, Any] | None,
     overrides: Overrides,
     plugins: Sequence[str],
     model: Any,
-    root: Optional[str | Path] = None,
+    root: str | Path | None = None,
 ):
     from dlrecipes.recipe import LoadedRecipe, apply_override, override_strings
 
@@ -119,23 +122,23 @@ def _loaded(
 
 @_kept
 def train(
-    recipe: Optional[str | Path | Mapping[str, Any]] = None,
+    recipe: str | Path | Mapping[str, Any] | None = None,
     overrides: Overrides = (),
     *,
     model: Any = None,
     train_data: Any = None,
     eval_data: Any = None,
-    num_classes: Optional[int] = None,
-    class_names: Optional[Sequence[str]] = None,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
     plugins: Sequence[str] = (),
     resume: bool = False,
     restart: bool = False,
     quiet: bool = False,
     verbose: bool = False,
     trust_checkpoint: bool = False,
-    root: Optional[str | Path] = None,
-    input_key: Optional[str] = None,
-    target_key: Optional[str] = None,
+    root: str | Path | None = None,
+    input_key: str | None = None,
+    target_key: str | None = None,
 ):
     """Train a recipe (a path, or a dict of sections as a recipe file holds them; None: the defaults, with your
     objects) and return a
@@ -198,10 +201,10 @@ def _with_objects(function: Callable) -> Callable:
         model: Any = None,
         train_data: Any = None,
         eval_data: Any = None,
-        num_classes: Optional[int] = None,
-        class_names: Optional[Sequence[str]] = None,
-        input_key: Optional[str] = None,
-        target_key: Optional[str] = None,
+        num_classes: int | None = None,
+        class_names: Sequence[str] | None = None,
+        input_key: str | None = None,
+        target_key: str | None = None,
         **kwargs: Any,
     ) -> Any:
         register_objects(model, train_data, eval_data, num_classes, class_names, input_key, target_key)
@@ -222,11 +225,11 @@ def predict(
     *,
     inputs: Any = None,
     checkpoint: str = "best",
-    recipe: Optional[str | Path] = None,
+    recipe: str | Path | None = None,
     overrides: Overrides = (),
     plugins: Sequence[str] = (),
     batch_size: int = 64,
-    out: Optional[str | Path] = None,
+    out: str | Path | None = None,
     trust_checkpoint: bool = False,
 ):
     """The classes of image ``files`` (as :func:`dlrecipes.api.predict`), or of ``inputs``: a batch tensor
@@ -251,14 +254,14 @@ resolve = api.resolve
 show = api.show
 
 
-def runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None):
+def runs(runs_dir: str | Path = RUNS_DIR, last: int | None = None):
     """The runs under ``runs_dir``, newest first, as a pandas DataFrame indexed by run name."""
     from dlrecipes.records.frames import table_frame
 
     return table_frame(api.runs(runs_dir, last), index="name")
 
 
-def compare(run_dirs: Sequence[str | Path] = (), last: Optional[int] = None, runs_dir: str | Path = RUNS_DIR):
+def compare(run_dirs: Sequence[str | Path] = (), last: int | None = None, runs_dir: str | Path = RUNS_DIR):
     """The runs side by side: (a DataFrame, one row per run with the recipe values that differ among them as
     columns; a Figure of eval top-1 against wall-clock time)."""
     from dlrecipes.records.frames import table_frame

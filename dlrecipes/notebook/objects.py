@@ -20,7 +20,8 @@ each refusal one line naming the keyword and what would be valid.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dlrecipes import registry
 from dlrecipes.errors import RecipeError
@@ -68,7 +69,7 @@ def _labels(dataset: Any) -> list[int]:
     return [int(t) for t in targets]
 
 
-def _class_facts(datasets: Sequence[Any], num_classes: Optional[int], class_names: Optional[Sequence[str]]):
+def _class_facts(datasets: Sequence[Any], num_classes: int | None, class_names: Sequence[str] | None):
     names = list(class_names) if class_names is not None else None
     if names is None:
         found = getattr(datasets[0], "classes", None)
@@ -83,10 +84,10 @@ def _class_facts(datasets: Sequence[Any], num_classes: Optional[int], class_name
 def data_factory(
     train_data: Any,
     eval_data: Any,
-    num_classes: Optional[int],
-    class_names: Optional[Sequence[str]],
-    keys: tuple[Optional[str], Optional[str]] = (None, None),
-    facts: Optional[dict] = None,
+    num_classes: int | None,
+    class_names: Sequence[str] | None,
+    keys: tuple[str | None, str | None] = (None, None),
+    facts: dict | None = None,
 ):
     """A dataset factory (no parameters) returning :class:`DatasetSplits` over the objects (dict samples read by
     ``keys``); the class count goes into ``facts`` (the model's output check reads it)."""
@@ -126,10 +127,10 @@ def register_objects(
     model: Any = None,
     train_data: Any = None,
     eval_data: Any = None,
-    num_classes: Optional[int] = None,
-    class_names: Optional[Sequence[str]] = None,
-    input_key: Optional[str] = None,
-    target_key: Optional[str] = None,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
+    input_key: str | None = None,
+    target_key: str | None = None,
 ) -> dict[str, str]:
     """Register the objects given; returns {recipe section: the name it now has}."""
     from dlrecipes.notebook.samples import OutputCheck

@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from dlrecipes.errors import DataError, RecipeError, shown
 
@@ -58,11 +59,11 @@ def _what(value: Any) -> str:
     return f"{type(value).__name__}{tuple(shape) if shape is not None else ''}"
 
 
-def sample_keys(sample: Mapping, input_key: Optional[str], target_key: Optional[str], keyword: str) -> tuple[str, str]:
+def sample_keys(sample: Mapping, input_key: str | None, target_key: str | None, keyword: str) -> tuple[str, str]:
     """The (input, label) keys of dict samples: the ones named, else the one usual name of each present."""
     keys = ", ".join(repr(k) for k in sample)
 
-    def pick(given: Optional[str], usual: tuple[str, ...], what: str, name: str) -> str:
+    def pick(given: str | None, usual: tuple[str, ...], what: str, name: str) -> str:
         if given is not None:
             if given not in sample:
                 raise RecipeError(f"{name}={given!r}: {keyword}'s samples have no such key; they have {keys}")
@@ -121,7 +122,7 @@ class KeyedSamples:
         return [self.dataset[i][self.target_key] for i in range(len(self.dataset))]
 
 
-def readable(dataset: Any, keyword: str, input_key: Optional[str], target_key: Optional[str]) -> Any:
+def readable(dataset: Any, keyword: str, input_key: str | None, target_key: str | None) -> Any:
     """``dataset`` as training reads it: pairs as they are, dict samples through :class:`KeyedSamples`; a sample
     training could not use is refused in one line naming ``keyword``."""
     sample = first_sample(dataset, keyword)

@@ -20,7 +20,8 @@ checkpoint saves and restores both states as one optimizer's.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from timm.optim import Muon
@@ -53,7 +54,7 @@ class MuonWithOther(torch.optim.Optimizer):
     """Two optimizers over disjoint parameters, as one: the first (Muon) steps its groups, then the second
     steps the rest.  ``param_groups`` and ``state`` are the two's own, shared, also after ``load_state_dict``."""
 
-    def __init__(self, muon: torch.optim.Optimizer, other: Optional[torch.optim.Optimizer]):
+    def __init__(self, muon: torch.optim.Optimizer, other: torch.optim.Optimizer | None):
         self.muon, self.other = muon, other  # other: None when Muon takes every parameter
         self.muon_groups = len(muon.param_groups)
         super().__init__(list(muon.param_groups) + (list(other.param_groups) if other else []), {})
@@ -97,7 +98,7 @@ class ParameterSubset:
         return iter(p for _, p in self.named)
 
 
-def head_parameters(model: torch.nn.Module, head: Optional[str]) -> set[str]:
+def head_parameters(model: torch.nn.Module, head: str | None) -> set[str]:
     """Names of the head's parameters: the last ``nn.Linear`` (``auto``), the module named ``head``, or none."""
     if head is None:
         return set()
@@ -116,7 +117,7 @@ def head_parameters(model: torch.nn.Module, head: Optional[str]) -> set[str]:
     return {f"{prefix}{name}" for name, _ in modules[head].named_parameters()}
 
 
-def split_parameters(model: torch.nn.Module, head: Optional[str]):
+def split_parameters(model: torch.nn.Module, head: str | None):
     """(Muon's parameters, the other's (name, parameter), the head's names): Muon takes every trainable
     parameter of two or more dimensions outside the head."""
     heads = head_parameters(model, head)
@@ -129,7 +130,7 @@ def split_parameters(model: torch.nn.Module, head: Optional[str]):
 
 
 def separate_head(
-    optimizer: torch.optim.Optimizer, head: list[torch.nn.Parameter], lr: Optional[float], weight_decay: Optional[float]
+    optimizer: torch.optim.Optimizer, head: list[torch.nn.Parameter], lr: float | None, weight_decay: float | None
 ) -> None:
     """Move the head's parameters out of each group into a group of their own, with that group's settings but
     the head's lr and weight decay (None: the group's)."""
@@ -152,9 +153,9 @@ def build_muon(
     model: torch.nn.Module,
     muon_settings: dict[str, Any],
     other_builder,
-    head: Optional[str],
-    head_lr: Optional[float],
-    head_weight_decay: Optional[float],
+    head: str | None,
+    head_lr: float | None,
+    head_weight_decay: float | None,
 ) -> MuonWithOther:
     """Muon over the filters, ``other_builder(subset)`` over the rest (the head in a group of its own)."""
     muon_params, other_named, heads = split_parameters(model, head)

@@ -21,14 +21,15 @@ Composer's lack) live in :mod:`dlrecipes.optim.lr_schedules`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from dlrecipes.core.durations import Duration, is_zero
 from dlrecipes.core.param_docs import Doc
-from dlrecipes.errors import RecipeError
 from dlrecipes.core.ranges import AtLeastOne, NonNegative, Positive, PositiveDuration, Probability
-from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
+from dlrecipes.errors import RecipeError
 from dlrecipes.optim.groups import norm_bias_scaled, parameter_groups
+from dlrecipes.optim.timm_optim import register_all as register_timm_optimizers
 from dlrecipes.registry import build_component, optimizers, schedulers
 
 
@@ -41,7 +42,7 @@ def sgd(
     weight_decay: NonNegative = 5e-4,
     nesterov: bool = False,
     no_decay_norm_and_bias: bool = False,
-    fused: Optional[bool] = None,
+    fused: bool | None = None,
     norm_lr_scale: Positive = 1.0,
 ):
     """torch SGD with momentum; weight decay coupled to the learning rate (L2).
@@ -77,7 +78,7 @@ def adamw(
     eps: Positive = 1e-8,
     weight_decay: NonNegative = 0.01,
     no_decay_norm_and_bias: bool = False,
-    fused: Optional[bool] = None,
+    fused: bool | None = None,
 ):
     """torch AdamW.
 
@@ -176,7 +177,7 @@ def _check_other(params: dict[str, Any], path: str) -> None:
         raise RecipeError(f"{path}.other.name: the second optimizer cannot be muon itself (e.g. sgd or adamw)")
 
 
-def _other_builder(other: Optional[dict[str, Any]]) -> Callable:
+def _other_builder(other: dict[str, Any] | None) -> Callable:
     """``other`` built over the parameters Muon does not step: the optimizer it names with its keys; null: adamw."""
     other = dict(other or {"name": "adamw"})
     name = other.pop("name")
@@ -192,7 +193,7 @@ NsCoefficients = Annotated[
     ),
 ]
 AdjustLrFn = Annotated[
-    Optional[Literal["match_rms_adamw", "rms_to_rms", "original"]],
+    Literal["match_rms_adamw", "rms_to_rms", "original"] | None,
     Doc(
         "per-shape lr scale of a filter's matrix (out, in): 'match_rms_adamw' (0.2 * sqrt(max(out, in)): an AdamW-like "
         "update RMS), 'rms_to_rms' (sqrt(out / in)), 'original' (sqrt(max(1, out / in))); null for none, as "
@@ -222,10 +223,10 @@ def muon(
     adjust_lr_fn: AdjustLrFn = "match_rms_adamw",
     conv_mode: ConvMode = "flatten",
     normalize_weights: bool = False,
-    head: Optional[str] = "auto",
-    head_lr: Optional[Positive] = None,
-    head_weight_decay: Optional[NonNegative] = None,
-    other: Optional[dict[str, Any]] = None,
+    head: str | None = "auto",
+    head_lr: Positive | None = None,
+    head_weight_decay: NonNegative | None = None,
+    other: dict[str, Any] | None = None,
 ):
     """Muon (timm's update) on every filter and weight matrix, a second optimizer (other) on the rest.
 

@@ -9,7 +9,7 @@ otherwise.  A parameter a new timm adds and nothing here names has no meaning: t
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 WD_DECOUPLED = (
     "decoupled weight decay: each step multiplies the weights by 1 - lr * weight_decay, apart from the "

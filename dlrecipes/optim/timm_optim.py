@@ -36,7 +36,7 @@ from __future__ import annotations
 import inspect
 import json
 import typing
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -82,7 +82,7 @@ BY_NAME = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def shipped() -> dict[str, Any]:
     """The table:
     ``{"timm": version, "optimizers": {name: {"description", "parameters": [[name, type(, default)]]}}}``."""
@@ -100,7 +100,7 @@ def register_all(registry: Registry) -> None:
             registry.add(alias, TimmOptimizer(name, optimizers[name], alias=alias), source=source)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _type(text: str) -> Any:
     """A type of the table (``"tuple[Probability, Probability]"``), made of :data:`TYPES` alone."""
     return eval(text, {"__builtins__": {}}, TYPES)  # noqa: S307 (the shipped table's names, nothing else)
@@ -111,7 +111,7 @@ class TimmOptimizer:
     optimizer's, from the table.  The signature is made when first asked for (validating a recipe asks for one
     entry's; making all of them at import would cost every command tens of milliseconds)."""
 
-    def __init__(self, timm_name: str, spec: dict[str, Any], alias: Optional[str] = None):
+    def __init__(self, timm_name: str, spec: dict[str, Any], alias: str | None = None):
         self.timm_name = timm_name
         self.spec = spec
         self.__name__ = self.__qualname__ = alias or timm_name
@@ -222,7 +222,7 @@ def _parameters(info: OptimInfo) -> list[list[Any]]:
     return out
 
 
-def _type_text(name: str, hint: Any, default: Any) -> Optional[str]:
+def _type_text(name: str, hint: Any, default: Any) -> str | None:
     """The type of one argument, as a name of :data:`TYPES`; None when a recipe cannot give it."""
     import torch
 

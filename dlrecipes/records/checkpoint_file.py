@@ -21,7 +21,7 @@ import functools
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import first_line
 
@@ -33,7 +33,7 @@ NOT_A_CHECKPOINT = "is not a dlrecipes/Composer checkpoint"
 MAX_PICKLE_DEPTH = 100
 
 
-def not_a_file(path: Path) -> Optional[str]:
+def not_a_file(path: Path) -> str | None:
     """What ``path`` is when it is not a regular file (a checkpoint's name on something else), or None."""
     try:
         mode = path.stat().st_mode
@@ -54,7 +54,7 @@ def not_a_file(path: Path) -> Optional[str]:
     return None if kind is None else f"is {kind}, not a checkpoint file"
 
 
-def file_problem(path: Path, checksums: bool = False) -> Optional[str]:
+def file_problem(path: Path, checksums: bool = False) -> str | None:
     """What is wrong with ``path`` as a checkpoint, read without unpickling anything (None: nothing seen): see the
     module docstring.  ``checksums``: every record's CRC checked too (reads the whole file; resuming and the
     commands after training do, to tell a damaged file from an older one that loads)."""
@@ -103,7 +103,7 @@ def _kind_of(head: bytes) -> str:
         return "unknown binary data"
 
 
-def _archive_problem(archive: Any) -> Optional[str]:
+def _archive_problem(archive: Any) -> str | None:
     """A torch.save archive's pickle read statically, and each storage it declares against its record."""
     names = archive.namelist()
     folder = names[0].split("/", 1)[0] if names and "/" in names[0] else None
@@ -346,8 +346,8 @@ def _storage_bytes(pid: Any) -> tuple[str, int]:
     return key, numel * size
 
 
-@functools.lru_cache(maxsize=None)
-def _element_size(kind: tuple[str, str]) -> Optional[int]:
+@functools.cache
+def _element_size(kind: tuple[str, str]) -> int | None:
     """Bytes per element of the storage class a pickle names (``('torch', 'FloatStorage')``), or None: not one."""
     import warnings
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from dlrecipes.errors import DataError, UserError, first_line
 from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
@@ -141,7 +142,7 @@ def _first_line(exc: BaseException) -> str:
     return first_line(exc, 200, "")
 
 
-def _refused(exc: BaseException, path: Path, key: str) -> Optional[UntrustedCheckpoint]:
+def _refused(exc: BaseException, path: Path, key: str) -> UntrustedCheckpoint | None:
     """The refusal for a tensors-only load that torch stopped at a global the listing did not see (a pickle
     can hide one from a static reading), or None for another failure."""
     import pickle
@@ -175,7 +176,7 @@ _FORCE, _NO_FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONL
 
 
 @contextlib.contextmanager
-def tensors_only(path: Optional[Path | str], trust: bool = False, key: str = "--resume") -> Iterator[None]:
+def tensors_only(path: Path | str | None, trust: bool = False, key: str = "--resume") -> Iterator[None]:
     """Every ``torch.load`` inside tensors-only, with :data:`ALLOWED_GLOBALS`, unless ``trust`` (or no ``path``).
 
     For Composer's loader, which reads ``path`` when the Trainer is built and always asks torch for a full

@@ -21,14 +21,20 @@ from __future__ import annotations
 import fnmatch
 import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError, first_line
 from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
-from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint, load_file, unsafe_globals
-from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint  # noqa: F401 - read from here too
+from dlrecipes.records.checkpoint_safety import (  # noqa: F401 - read from here too
+    UntrustedCheckpoint,
+    check_trusted,
+    load_file,
+    read_checkpoint,
+    unsafe_globals,
+)
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR,
     PERIODIC_CHECKPOINT,
@@ -86,7 +92,7 @@ def checkpoint_batch(path: Path) -> int:
     return periodic_progress(path)[1] if is_periodic(path) else -1
 
 
-def _save_failed(path: str, exc: BaseException, previous: Optional[str]) -> CheckpointSaveError:
+def _save_failed(path: str, exc: BaseException, previous: str | None) -> CheckpointSaveError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
     return CheckpointSaveError(
@@ -183,14 +189,14 @@ def save_atomically(state, path: Path) -> None:
 # --- resuming ---------------------------------------------------------------------------
 
 
-def describe_damage(path: Path) -> Optional[str]:
+def describe_damage(path: Path) -> str | None:
     """What is wrong with ``path`` as a checkpoint file before unpickling it (None: nothing seen): missing, not a
     regular file, empty, another kind of file, a truncated archive, a record failing its checksum, a malformed
     pickle, a tensor record that does not match its declaration (:func:`~.checkpoint_safety.file_problem`)."""
     return file_problem(path, checksums=True)
 
 
-def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Optional[str]:
+def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> str | None:
     """None if ``path`` loads as a Composer checkpoint, else why not (a load, tensors-only unless ``trust``: the only
     honest test).  A file that needs more than the allowlist of :mod:`dlrecipes.records.checkpoint_safety` is not
     damaged but refused (``UntrustedCheckpoint``), before anything of it is loaded."""
@@ -210,7 +216,7 @@ def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> Opti
     return _not_composer(state)
 
 
-def _not_composer(loaded: Any) -> Optional[str]:
+def _not_composer(loaded: Any) -> str | None:
     """Why ``loaded`` (what a checkpoint file holds) is not a Composer checkpoint whose model can be loaded, or None."""
     inner = loaded.get("state") if isinstance(loaded, dict) else None
     if not (isinstance(inner, dict) and "model" in inner):
@@ -237,9 +243,7 @@ def damaged_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return sorted(checkpoint_dir.glob("*.damaged")) if checkpoint_dir.is_dir() else []
 
 
-def resume_point(
-    checkpoint_dir: Path, repair: bool = True, trust: bool = False, key: str = "--resume"
-) -> Optional[Path]:
+def resume_point(checkpoint_dir: Path, repair: bool = True, trust: bool = False, key: str = "--resume") -> Path | None:
     """The newest complete checkpoint in ``checkpoint_dir`` (``latest`` relinked to it), or None.
 
     Leftover ``-partial`` files of an interrupted save are removed; damaged checkpoints newer than the
@@ -283,7 +287,7 @@ def resume_point(
 
 def newest_that_loads(
     checkpoint_dir: Path, trust: bool = False, key: str = "--checkpoint"
-) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest periodic checkpoint in ``checkpoint_dir`` that loads (None: none does, or there is none), and the
     newer ones that do not, each with why (:func:`loadable`); nothing in the folder changes.  One holding objects
     beyond tensors is refused (unless ``trust``), as :func:`resume_point` refuses it."""

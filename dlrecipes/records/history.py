@@ -13,7 +13,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from composer.core import Callback, State
@@ -61,7 +61,7 @@ class RunHistory(Callback):
         recipe: dict[str, Any],
         device: str,
         plots: bool = True,
-        provenance: Optional[dict[str, Any]] = None,
+        provenance: dict[str, Any] | None = None,
     ):
         self.run = RunDir(run_dir)  # where each of the run's files goes
         self.run_dir = self.run.path
@@ -70,12 +70,12 @@ class RunHistory(Callback):
         self.recipe = recipe
         self.device = device
         self.rows: list[dict[str, Any]] = []
-        self._loss_sum: Optional[torch.Tensor] = None
+        self._loss_sum: torch.Tensor | None = None
         self._output_loss_sums: dict[str, torch.Tensor] = {}  # per output, for multi-output models
         self._loss_batches = 0
         self._sample_start = 0
-        self._state: Optional[State] = None  # the run's, read when a checkpoint asks for state_dict()
-        self._resumed_epoch: Optional[dict[str, Any]] = None  # the first part of an epoch a checkpoint cut
+        self._state: State | None = None  # the run's, read when a checkpoint asks for state_dict()
+        self._resumed_epoch: dict[str, Any] | None = None  # the first part of an epoch a checkpoint cut
         self._train_seconds = 0.0
         self._epoch_start = 0.0
         self._fit_start = time.perf_counter()
@@ -84,7 +84,7 @@ class RunHistory(Callback):
         self._evaluated = False  # an evaluation since the last row (a row never repeats an earlier one's)
         self.status = "finished"  # how the run ended (dlrecipes.fit sets it when training raises)
         self.reason = ""
-        self.wall_time_sec: Optional[float] = None  # the run's time, set at close: summary.json's and the done line's
+        self.wall_time_sec: float | None = None  # the run's time, set at close: summary.json's and the done line's
 
     @property
     def path(self) -> Path:
@@ -191,7 +191,7 @@ class RunHistory(Callback):
         """The training time of the epoch that just ended (its part before a resume included)."""
         return self._train_seconds
 
-    def epoch_train_loss(self, step: int) -> Optional[float]:
+    def epoch_train_loss(self, step: int) -> float | None:
         """The mean training loss of the epoch that ends at ``step`` (read once; what history.csv records)."""
         if self.rows and int(self.rows[-1]["step"]) == step:
             return float(self.rows[-1]["train_loss"])
@@ -316,7 +316,7 @@ class RunHistory(Callback):
         atomic_write(self.run.summary, lambda f: f.write(text))
 
 
-def run_lr(state: State) -> Optional[float]:
+def run_lr(state: State) -> float | None:
     """The learning rate a run shows on the terminal and records in history.csv: that of the parameters trained at
     the recipe's ``optimizer.lr`` (the group whose starting rate is the optimizer's own), as scheduled now. Other
     groups run at multiples of it (norm and bias scaling, ``finetune.head_lr``); the last group stands in where

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional, Union
 
 RECIPE_FILE = "recipe.yaml"
 REPLACED_RECIPE = "recipe.before-{stamp}.yaml"
@@ -86,12 +85,12 @@ def is_export_file(relative: str) -> bool:
     return relative in (PREPROCESS_FILE, CLASSES_FILE, EXPORT_REPORT, *EXPORTED_MODELS.values())
 
 
-def latest_checkpoint_name(rank: Union[int, str] = 0) -> str:
+def latest_checkpoint_name(rank: int | str = 0) -> str:
     """The name of the link to ``rank``'s newest periodic checkpoint (``"{rank}"``: Composer's template)."""
     return LATEST_CHECKPOINT.format(rank=rank)
 
 
-def periodic_checkpoints_glob(rank: Union[int, str] = 0) -> str:
+def periodic_checkpoints_glob(rank: int | str = 0) -> str:
     """A glob pattern matching ``rank``'s periodic checkpoints."""
     return PERIODIC_CHECKPOINT.format(epoch="*", batch="*", rank=rank)
 
@@ -137,7 +136,7 @@ class PathView:
 
     __slots__ = ("path",)
 
-    def __init__(self, path: Union[str, "os.PathLike[str]"]):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
     def __fspath__(self) -> str:
@@ -196,7 +195,7 @@ class RunDir(PathView):
     def lock(self) -> Path:
         return self.path / LOCK_FILE
 
-    def log(self, rank: Union[int, str]) -> Path:
+    def log(self, rank: int | str) -> Path:
         """The text log of the process ``rank`` (``"{rank}"``: the template Composer's FileLogger fills in)."""
         return self.path / LOG_FILE.format(rank=rank)
 
@@ -233,7 +232,7 @@ class RunDir(PathView):
         return self.checkpoints / BEST_INFO
 
     @classmethod
-    def holding(cls, checkpoint: Path) -> Optional["RunDir"]:
+    def holding(cls, checkpoint: Path) -> RunDir | None:
         """The run whose checkpoints folder holds the file ``checkpoint``, or None (a file elsewhere)."""
         folder = Path(checkpoint).parent
         run = cls(folder.parent)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dlrecipes.errors import UserError
 from dlrecipes.records import run_files

@@ -31,8 +31,9 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.devices import gpu_available, gpu_count, on_gpu
 from dlrecipes.core.secrets import redact_text
@@ -65,7 +66,7 @@ COMPARED = (
 # a dirty flag that is said with its commit where either run had none
 SAID_WITH = {"git_dirty": "git_commit", "dlrecipes_dirty": "dlrecipes_commit"}
 
-_CALL: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("dlrecipes_call", default=None)
+_CALL: contextvars.ContextVar[str | None] = contextvars.ContextVar("dlrecipes_call", default=None)
 
 
 @contextlib.contextmanager
@@ -88,7 +89,7 @@ def command() -> str:
     return redact_text(call)
 
 
-def _version(distribution: str) -> Optional[str]:
+def _version(distribution: str) -> str | None:
     from importlib import metadata
 
     try:
@@ -97,13 +98,13 @@ def _version(distribution: str) -> Optional[str]:
         return None
 
 
-def versions() -> dict[str, Optional[str]]:
+def versions() -> dict[str, str | None]:
     out = {name: _version(dist) for name, dist in PACKAGES.items()}
     out["python"] = ".".join(map(str, sys.version_info[:3]))
     return out
 
 
-def _git(folder: Path, *args: str, strip: bool = True) -> Optional[str]:
+def _git(folder: Path, *args: str, strip: bool = True) -> str | None:
     """``git -C folder ARGS``'s output (``strip``: without the spaces around it), None where git fails or is
     missing."""
     try:
@@ -115,7 +116,7 @@ def _git(folder: Path, *args: str, strip: bool = True) -> Optional[str]:
     return done.stdout.strip() if strip else done.stdout
 
 
-def git_state(folder: Path) -> tuple[Optional[str], Optional[str], Optional[bool]]:
+def git_state(folder: Path) -> tuple[str | None, str | None, bool | None]:
     """(work tree, commit, has uncommitted changes to tracked files) of the git repository holding ``folder``;
     Nones outside one or without git."""
     commit = _git(folder, "rev-parse", "HEAD")
@@ -162,20 +163,20 @@ def dlrecipes_checkout() -> dict[str, Any]:
     return {"dlrecipes_commit": commit, "dlrecipes_dirty": bool(status) if status is not None else None}
 
 
-def sha256(path: Path) -> Optional[str]:
+def sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
 
 
-def plugin_files() -> dict[str, Optional[str]]:
+def plugin_files() -> dict[str, str | None]:
     """``{file: sha256}`` of each module outside dlrecipes that registered an entry (plugins, recipe imports)."""
     import inspect
 
     from dlrecipes.registry import REGISTRIES
 
-    files: dict[str, Optional[str]] = {}
+    files: dict[str, str | None] = {}
     for reg in REGISTRIES.values():
         for entry in reg:
             module = sys.modules.get(getattr(entry.factory, "__module__", "") or "")

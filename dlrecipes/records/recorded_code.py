@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from dlrecipes.errors import UserError, shown
 
@@ -64,7 +65,7 @@ def is_file_spec(spec: str) -> bool:
 
 
 def check_imports(
-    imports: Any, recipe: Path, run: Path, address: str, bring: Optional[Callable[[str], None]] = None
+    imports: Any, recipe: Path, run: Path, address: str, bring: Callable[[str], None] | None = None
 ) -> None:
     """Refuse (:class:`UntrustedPlugin`) a plugin file the run's recorded recipe ``recipe`` names in ``imports``
     (its ``imports:``; ``run``: the run directory or its local copy, ``address``: where the run lives, as the line

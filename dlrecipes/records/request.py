@@ -46,7 +46,7 @@ class RunRequest:
     @classmethod
     def of(
         cls, loaded: LoadedRecipe, overrides: list[str], plugins: tuple[str, ...] | list[str], options: RunOptions
-    ) -> "RunRequest":
+    ) -> RunRequest:
         """The request for ``loaded``: its file with ``overrides`` applied (the run's store and name among them, as
         ``runs_dir=`` and ``run_name=``); its command is the train line that loads the same recipe."""
         flags = [
@@ -63,7 +63,7 @@ class RunRequest:
         """The recipe as the requesting process loaded it."""
         return LoadedRecipe(Path(self.recipe), dict(self.data), dict(self.sources), from_file=True)
 
-    def config(self) -> "RecipeConfig":
+    def config(self) -> RecipeConfig:
         """The recipe validated here (this machine's device and data paths checked), with the plugins it needs
         imported, as :func:`dlrecipes.config.resolving.load_local` imports them."""
         from dlrecipes.config.resolving import import_plugins
@@ -94,7 +94,7 @@ class RunRequest:
         return path
 
     @classmethod
-    def read(cls, path: str | Path) -> "RunRequest":
+    def read(cls, path: str | Path) -> RunRequest:
         """The request written to ``path``; one line naming the file when it is missing or not a request."""
         try:
             text = Path(path).read_text(encoding="utf-8")

@@ -21,6 +21,7 @@ from dlrecipes.core.distributed import rank, same_on_all_ranks
 from dlrecipes.core.durations import parse_duration
 from dlrecipes.core.secrets import redact
 from dlrecipes.errors import RecipeError, UserError
+from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.checkpoints import NoCheckpointToResume, damaged_checkpoints, resume_point
 from dlrecipes.records.layout import (
     CHECKPOINT_DIR,
@@ -30,7 +31,6 @@ from dlrecipes.records.layout import (
     latest_checkpoint_name,
     periodic_progress,
 )
-from dlrecipes.recipe import RUN_RECIPE_END, RUN_RECIPE_HEADER, run_recipe_text
 from dlrecipes.records.run_files import DamagedRunFile, read_summary
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import DataError, UserError
 from dlrecipes.recipe import RUN_RECIPE_END, SAFE_LOADER, cut_short
@@ -31,7 +31,7 @@ class DamagedRunFile(DataError):
         self.path = path
 
 
-def _text(path: Path) -> Optional[str]:
+def _text(path: Path) -> str | None:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -46,7 +46,7 @@ def _text(path: Path) -> Optional[str]:
         raise DamagedRunFile(path, f"is not UTF-8 text (bad byte at offset {exc.start}; {len(data):,} bytes)") from None
 
 
-def read_summary(run_dir: Path) -> Optional[dict[str, Any]]:
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's summary.json as a dict, or None when it has none (yet)."""
     path = RunDir(run_dir).summary
     text = _text(path)
@@ -96,7 +96,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_recipe(run_dir: Path) -> Optional[dict[str, Any]]:
+def read_recipe(run_dir: Path) -> dict[str, Any] | None:
     """The resolved recipe the run recorded, or None when it has none."""
     import yaml
 

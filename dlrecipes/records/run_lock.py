@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Protocol
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import RunDir
@@ -27,7 +27,7 @@ class RunLockedError(UserError):
     """Another training run holds this run directory."""
 
 
-def _process_start(pid: int) -> Optional[int]:
+def _process_start(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -36,7 +36,7 @@ def _process_start(pid: int) -> Optional[int]:
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
 
 
-def _alive(holder: dict) -> Optional[bool]:
+def _alive(holder: dict) -> bool | None:
     """Whether the holder still runs: True/False on this host, None when it is on another one."""
     if holder.get("host") != socket.gethostname():
         return None
@@ -120,7 +120,7 @@ def acquire(run_dir: Path) -> RunLock:
     raise RunLockedError(f"run_name: could not take the lock {path} (it keeps changing); try again")
 
 
-def _read(path: Path) -> Optional[dict]:
+def _read(path: Path) -> dict | None:
     """The holder recorded in ``path``; None while it is missing or still being written."""
     try:
         holder = json.loads(path.read_text())
@@ -139,11 +139,11 @@ def _dead_writer() -> dict:
     return {"host": socket.gethostname(), "pid": -1, "started": "unknown (unreadable lock file)"}
 
 
-def read_holder(run_dir: Path) -> Optional[dict]:
+def read_holder(run_dir: Path) -> dict | None:
     """Who holds ``run_dir``'s lock (host, pid, start), or None when nobody does."""
     return _read(RunDir(run_dir).lock)
 
 
-def holder_alive(holder: dict) -> Optional[bool]:
+def holder_alive(holder: dict) -> bool | None:
     """Whether ``holder`` still runs: True or False on this host, None when it ran on another one."""
     return _alive(holder)

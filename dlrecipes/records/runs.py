@@ -9,8 +9,9 @@ checkpoint).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
@@ -34,7 +35,7 @@ RUN_COLUMNS = (
 STATUS_SHOWN = {"finished": "done", "stopped": "stopped (resumable)"}
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> dict | None:
     import json
 
     try:
@@ -53,7 +54,7 @@ def _read(reader: Callable[[Path], Any], run_dir: Path, damaged: list[DamagedRun
         return None
 
 
-def _planned_epochs(trainer: dict) -> Optional[int]:
+def _planned_epochs(trainer: dict) -> int | None:
     duration = str(trainer.get("max_duration", ""))
     return int(duration[:-2]) if duration.endswith("ep") and duration[:-2].isdigit() else None
 
@@ -63,7 +64,7 @@ def _history_epochs(run_dir: Path, damaged: list[DamagedRunFile]) -> int:
     return len(rows) if rows else 0
 
 
-def _live_lease(run_dir: Path) -> Optional[dict]:
+def _live_lease(run_dir: Path) -> dict | None:
     """The lease beside a bucket run's copy (written there only while it is live), unexpired; else None."""
     import json
     import time
@@ -78,7 +79,7 @@ def _live_lease(run_dir: Path) -> Optional[dict]:
     return held if isinstance(expires, (int, float)) and expires > time.time() else None
 
 
-def _status(run_dir: Path, summary: Optional[dict]) -> str:
+def _status(run_dir: Path, summary: dict | None) -> str:
     from dlrecipes.records import run_lock
     from dlrecipes.records.run_dir import has_checkpoint
 
@@ -160,7 +161,7 @@ def _duration(seconds: Any) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def find_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[Path]:
+def find_runs(runs_dir: str | Path = RUNS_DIR, last: int | None = None) -> list[Path]:
     """The run directories under ``runs_dir`` (those holding a recipe.yaml, sweeps' nested ones too), newest
     first; ``last``: only that many."""
     root = Path(runs_dir)
@@ -176,7 +177,7 @@ def find_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> li
     )
 
 
-def newest_first(run_dirs: Sequence[Path], last: Optional[int] = None) -> list[Path]:
+def newest_first(run_dirs: Sequence[Path], last: int | None = None) -> list[Path]:
     """Run directories by when their recipe was written, newest first; ``last``: only that many."""
     found = sorted(run_dirs, key=lambda p: RunDir(p).recipe.stat().st_mtime, reverse=True)
     if last is not None:
@@ -186,7 +187,7 @@ def newest_first(run_dirs: Sequence[Path], last: Optional[int] = None) -> list[P
     return found
 
 
-def list_runs(runs_dir: str | Path = RUNS_DIR, last: Optional[int] = None) -> list[dict[str, Any]]:
+def list_runs(runs_dir: str | Path = RUNS_DIR, last: int | None = None) -> list[dict[str, Any]]:
     return [describe_run(p) for p in find_runs(runs_dir, last)]
 
 

@@ -16,10 +16,9 @@ Each ``Trainer(...)`` and each checkpoint it saves (the state's metadata) call
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 
-def cpu_model_from_proc(path: str = "/proc/cpuinfo") -> Optional[str]:
+def cpu_model_from_proc(path: str = "/proc/cpuinfo") -> str | None:
     """The processor's name as ``/proc/cpuinfo`` gives it (py-cpuinfo's ``brand_raw`` on Linux), or None."""
     try:
         with open(path) as f:

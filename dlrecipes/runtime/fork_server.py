@@ -24,9 +24,10 @@ import io
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext
@@ -43,7 +44,7 @@ class Program:
     preload: tuple[str, ...]
 
 
-_CONTEXT: Optional[ForkServerContext] = None
+_CONTEXT: ForkServerContext | None = None
 _PRELOADED = False  # set in the server by its preload (mark_preloaded); its forks, and theirs, inherit it
 
 
@@ -99,13 +100,13 @@ class Started:
         self.args: list[str] = []
 
     @property
-    def returncode(self) -> Optional[int]:
+    def returncode(self) -> int | None:
         return self._process.exitcode
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return self._process.exitcode
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+    def wait(self, timeout: float | None = None) -> int | None:
         self._process.join(timeout)
         return self._process.exitcode
 
@@ -120,7 +121,7 @@ class Started:
         self._process.kill()
 
 
-def _stdio(out: Optional[str], err: Optional[str], append: bool) -> None:
+def _stdio(out: str | None, err: str | None, append: bool) -> None:
     """stdout and stderr to the files (stderr to stdout's when ``err`` is None); unbuffered, as PYTHONUNBUFFERED=1
     makes them."""
     if out is not None:
@@ -162,8 +163,8 @@ def _child(
     args: list[str],
     cwd: str,
     env: dict[str, str],
-    out: Optional[str],
-    err: Optional[str],
+    out: str | None,
+    err: str | None,
     append: bool,
     new_session: bool,
     forked_here: bool = False,
@@ -206,10 +207,10 @@ def start(
     program: Program,
     args: list[str],
     *,
-    cwd: Optional[Path] = None,
-    env: Optional[dict[str, str]] = None,
-    out: Optional[Path] = None,
-    err: Optional[Path] = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    out: Path | None = None,
+    err: Path | None = None,
     append: bool = False,
     new_session: bool = False,
 ) -> Started:

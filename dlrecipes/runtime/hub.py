@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 HUB = ("huggingface.co", 443)
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -75,7 +75,7 @@ class PlainLoop:
         optimizer: torch.optim.Optimizer,
         loss_fn: Any,
         precision: str,
-        microbatch: Optional[int],
+        microbatch: int | None,
         channels_last: bool,
         device: torch.device,
     ):
@@ -133,8 +133,8 @@ class _SegmentTimer:
                     timer.end = time.perf_counter()
 
         self.callback = _Callback()
-        self.start: Optional[float] = None
-        self.end: Optional[float] = None
+        self.start: float | None = None
+        self.end: float | None = None
         self.last_batch = -1
 
     def reset(self, last_batch: int) -> None:
@@ -183,8 +183,8 @@ def _timed_rounds(plain_segment, composer_segment, steps: int, rounds: int, warm
 
 def run_bench(config: RecipeConfig, steps: int = 30, rounds: int = 5, warmup: int = 5) -> dict[str, Any]:
     """The recipe's Trainer against a plain PyTorch loop on the same model, batches and optimizer."""
-    from dlrecipes.losses import build_loss
     from dlrecipes.builders import build_bench_trainer
+    from dlrecipes.losses import build_loss
 
     config = _bench_config(config)
     t = config.trainer

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes import registry
 from dlrecipes.builders import build_datasets
@@ -34,7 +35,7 @@ class CacheOptions:
     """How ``--format tensor_cache`` writes: the cached images' side (``trainer.cache_size``; None: the dataset's
     ``resize_size``), decoding processes (-1: all cores), and whether an up-to-date cache is rebuilt."""
 
-    cache_size: Optional[int] = None
+    cache_size: int | None = None
     num_workers: int = -1
     overwrite: bool = False
 
@@ -187,7 +188,7 @@ def convert_options(format: str, values: dict, given: Sequence[str]) -> ConvertO
 
 
 def shards_options(
-    shard_size: str, reencode_quality: Optional[int], overwrite: bool, max_resolution: Optional[int] = None
+    shard_size: str, reencode_quality: int | None, overwrite: bool, max_resolution: int | None = None
 ) -> ShardsOptions:
     """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100, a negative
     resolution); ``max_resolution`` 0 or None: images kept at their size."""
@@ -204,11 +205,12 @@ def shards_options(
 
 
 def write_shards(
-    component: Component, out: str | Path | None, options: Optional[ShardsOptions], echo: Callable[[str], None] = print
+    component: Component, out: str | Path | None, options: ShardsOptions | None, echo: Callable[[str], None] = print
 ) -> list[ShardsReport]:
     """Both splits as dataset shards at ``out`` (a local folder or ``s3://BUCKET/PREFIX``; ``options``: a
     :class:`dlrecipes.data.shards_write.ShardsOptions`)."""
-    from dlrecipes.data.shards_write import ShardsOptions, write_shards as write
+    from dlrecipes.data.shards_write import ShardsOptions
+    from dlrecipes.data.shards_write import write_shards as write
 
     if out is None:
         raise UserError("--out: give where the shards go: a local folder or s3://BUCKET/PREFIX")

@@ -4,7 +4,8 @@ registry listings, the closing lines of validate, train and eval, predict's rows
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -37,7 +38,7 @@ def _source_of(path: str, sources: dict[str, str]) -> str:
 
 
 def render_with_sources(
-    data: dict[str, Any], sources: dict[str, str], meaning: Optional[Callable[[str], Optional[str]]] = None
+    data: dict[str, Any], sources: dict[str, str], meaning: Callable[[str], str | None] | None = None
 ) -> str:
     """YAML lines of ``data``, each leaf followed by ``# <file or override>`` (or ``# default``); with ``meaning``
     (key path -> its meaning), each key is preceded by its meaning as comment lines (still valid YAML)."""
@@ -157,7 +158,7 @@ def column_groups(
     return groups + [current]
 
 
-def _rendered(renderable: Any, width: Optional[int] = None) -> str:
+def _rendered(renderable: Any, width: int | None = None) -> str:
     """A rich table as plain text: as wide as the terminal (rich wraps cells to fit), or unwrapped (up to
     250 columns) when the output goes to a file or a pipe, where a wrapped row would be hard to read back."""
     import io
@@ -181,7 +182,7 @@ def _parameter_lines(reg: Registry, entry: Entry) -> list[str]:
     return lines
 
 
-def format_registry(reg: Registry, width: Optional[int] = None) -> str:
+def format_registry(reg: Registry, width: int | None = None) -> str:
     """What a registry holds: name, description, (model card,) parameters, defaults and meanings; a table, or one
     block per entry where the table's columns could not show their words whole in ``width`` (default: the
     terminal's)."""
@@ -213,7 +214,7 @@ def format_registry(reg: Registry, width: Optional[int] = None) -> str:
     )
 
 
-def format_entry(reg: Registry, name: str, width: Optional[int] = None) -> str:
+def format_entry(reg: Registry, name: str, width: int | None = None) -> str:
     """One entry in full (``dlrecipes list GROUP NAME``): its name, its whole description, its model card, and each
     parameter with its type, default and meaning, in ``width`` columns."""
     from dlrecipes.core.param_docs import summary
@@ -285,7 +286,7 @@ def validated(recipe: str | Path, config: RecipeConfig) -> str:
     )
 
 
-def trained(result: TrainResult, width: Optional[int] = None) -> str:
+def trained(result: TrainResult, width: int | None = None) -> str:
     """``train``'s closing line and newline: epochs, batches, time, the last evaluation and the run directory, one
     part per line when wider than ``width`` (a terminal's); nothing but in the run's first process (torchrun's)."""
     from dlrecipes.core.distributed import rank
@@ -304,7 +305,7 @@ def trained(result: TrainResult, width: Optional[int] = None) -> str:
     return ("\n  ".join(parts) if width is not None and len(line) > width - 1 else line) + "\n"
 
 
-def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
+def format_eval(result: EvalResult, width: int | None = None) -> str:
     """``eval``'s closing line, in train's form: the metrics, images/s and where the report went; in a
     terminal ``width`` wide, a longer line becomes the checkpoint's line and one indented line per part."""
     import textwrap
@@ -335,9 +336,7 @@ def format_eval(result: EvalResult, width: Optional[int] = None) -> str:
     )
 
 
-def format_predictions(
-    rows: list[dict[str, Any]], out: Optional[str | Path] = None, width: Optional[int] = None
-) -> str:
+def format_predictions(rows: list[dict[str, Any]], out: str | Path | None = None, width: int | None = None) -> str:
     """One line per file (path, class, probability, the other top classes), then the count line; in a terminal
     ``width`` wide, a longer line puts the path on a line of its own and the classes on the next ones."""
     skipped = len(getattr(rows, "skipped", ()))
@@ -366,7 +365,7 @@ def format_predictions(
     return "\n".join(lines)
 
 
-def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Optional[int] = None) -> str:
+def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: int | None = None) -> str:
     """``compare``'s table (one row per run) and where the plot went.  The recipe keys that differ among the
     runs come first after the run; wider than ``width`` (default: the terminal's), the table goes on in a
     second one below (the run repeated), and so on: no column is left out."""
@@ -421,7 +420,7 @@ def format_comparison(summaries: list[dict[str, Any]], plot_path: Any, width: Op
     return "\n".join(tables) + (f"\naccuracy vs wall-clock time: {plot_path}" if plot_path else "")
 
 
-def format_runs(rows: list[dict[str, Any]], width: Optional[int] = None) -> str:
+def format_runs(rows: list[dict[str, Any]], width: int | None = None) -> str:
     """``runs``' table: one line per run, as wide as ``width`` (default: the terminal's); wider, the columns
     that do not fit go on in a second table below (the run repeated), none left out."""
     from rich.table import Table

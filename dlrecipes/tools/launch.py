@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import UserError
 
@@ -34,10 +34,10 @@ class RankPlan:
     nproc: int
     world_size: int
     node_rank: int
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
+    master_addr: str | None = None
+    master_port: int | None = None
 
-    def resolved(self, env: dict[str, str]) -> "RankPlan":
+    def resolved(self, env: dict[str, str]) -> RankPlan:
         """The master's address and port as Composer's launcher settles them: given, else MASTER_ADDR and
         MASTER_PORT from the environment, else (one node) 127.0.0.1 and a free port."""
         addr = self.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
@@ -65,8 +65,8 @@ def plan_ranks(
     nproc: int,
     nodes: int = 1,
     node_rank: int = 0,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
 ) -> RankPlan:
     """Each rank of this node runs ``python -m dlrecipes COMMAND...`` (``("train", RECIPE, *overrides)``, or
     ``("train-request", FILE)``); the launcher's options checked, one line each."""
@@ -91,7 +91,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def gloo_environment(master_addr: Optional[str], master_port: Optional[int], world_size: int) -> dict[str, str]:
+def gloo_environment(master_addr: str | None, master_port: int | None, world_size: int) -> dict[str, str]:
     """The environment for the ranks: with ``GLOO_SOCKET_IFNAME`` set to the interface that reaches the master
     address when the run spans hosts and the user has not set it
     (:func:`~dlrecipes.core.distributed.choose_gloo_interface`)."""
@@ -118,7 +118,7 @@ def gloo_environment(master_addr: Optional[str], master_port: Optional[int], wor
     return env
 
 
-def _signal_mask(pid: int, field: str) -> Optional[int]:
+def _signal_mask(pid: int, field: str) -> int | None:
     """The signal mask ``field`` (SigIgn: ignored, SigCgt: caught) of process ``pid`` from /proc, or None where it
     cannot be read (the process has ended; not Linux)."""
     try:
@@ -173,19 +173,19 @@ class _HeldSignals:
 
 
 class _Rank:
-    def __init__(self, rank: int, process: Any, log: Optional[str]):
+    def __init__(self, rank: int, process: Any, log: str | None):
         self.rank, self.process, self.log = rank, process, log  # log: its output's file (not rank 0's: the terminal)
-        self.ended_at: Optional[float] = None  # when this process saw it end
+        self.ended_at: float | None = None  # when this process saw it end
         self.ended_by_launch = False  # SIGTERM or SIGKILL from here, after another rank's failure or clean stop
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         code = self.process.poll()
         if code is not None and self.ended_at is None:
             self.ended_at = time.monotonic()
         return code
 
 
-def run_ranks(plan: RankPlan, env: Optional[dict[str, str]] = None) -> int:
+def run_ranks(plan: RankPlan, env: dict[str, str] | None = None) -> int:
     """Start the ranks of ``plan`` and wait for them; SIGTERM/SIGUSR1/SIGHUP reaching this process reach each of them.
 
     A cluster sends them to the whole job (SLURM's ``--signal``, ``scancel``, preemption), a closed terminal or
@@ -273,8 +273,8 @@ def _supervise(ranks: list[_Rank], grace: float = GRACE_S, poll: float = 0.1) ->
     seconds later (they stop at the same batch on their own); ``grace`` seconds after SIGTERM, SIGKILL."""
     import signal
 
-    term_at: Optional[float] = None
-    kill_at: Optional[float] = None
+    term_at: float | None = None
+    kill_at: float | None = None
     while True:
         try:
             running = [r for r in ranks if r.poll() is None]

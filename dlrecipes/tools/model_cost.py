@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -142,9 +142,9 @@ def parse_input_size(text: str) -> tuple[int, int, int]:
 
 
 def model_from_recipe(recipe_model: Component, data: DatasetSplits) -> tuple[nn.Module, tuple[int, int, int]]:
+    from dlrecipes import registry
     from dlrecipes.builders import model_params
     from dlrecipes.registry import build_component
-    from dlrecipes import registry
 
     if data.io is not None:
         raise RecipeError("task: profile feeds the model one image tensor; multi-input recipes are not profiled yet")
@@ -152,7 +152,7 @@ def model_from_recipe(recipe_model: Component, data: DatasetSplits) -> tuple[nn.
     return build_component(registry.models, recipe_model.name, params, "model.name"), tuple(data.input_shape)
 
 
-def format_table(result: dict[str, Any], title: Optional[str] = None) -> str:
+def format_table(result: dict[str, Any], title: str | None = None) -> str:
     rows = [
         ("input", "x".join(str(s) for s in result["input_size"])),
         ("parameters", f"{result['parameters']:,} ({result['parameters_millions']:.2f} M)"),

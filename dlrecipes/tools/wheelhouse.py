@@ -21,8 +21,8 @@ import importlib.metadata as metadata
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from dlrecipes.errors import UserError
 
@@ -41,7 +41,7 @@ def _name(pin: str) -> str:
     return _key(re.split(r"[=<>!~;\[ ]", pin, maxsplit=1)[0])
 
 
-def closure(roots: Iterable[tuple[str, tuple[str, ...]]], python_version: Optional[str] = None) -> dict[str, str]:
+def closure(roots: Iterable[tuple[str, tuple[str, ...]]], python_version: str | None = None) -> dict[str, str]:
     """Distributions reachable from ``roots`` ((name, extras)), as {normalised name: pin}.
 
     Requirement markers are evaluated for ``python_version`` (the target's; default: this
@@ -79,7 +79,7 @@ def closure(roots: Iterable[tuple[str, tuple[str, ...]]], python_version: Option
     return found
 
 
-def requirements(extras: Iterable[str] = (), python_version: Optional[str] = None) -> dict[str, str]:
+def requirements(extras: Iterable[str] = (), python_version: str | None = None) -> dict[str, str]:
     """What the wheelhouse holds, {name: pin}: dlrecipes' closure (with ``extras``) minus the torch stack's."""
     needed = closure([("dlrecipes", tuple(extras))], python_version)
     torch_stack = closure([(name, ()) for name in TORCH_STACK])
@@ -119,7 +119,7 @@ def _build_dlrecipes(out: Path) -> subprocess.CompletedProcess:
         return _pip("wheel", "--no-deps", "--wheel-dir", str(out), tmp)
 
 
-def _target_args(python_version: Optional[str]) -> list[str]:
+def _target_args(python_version: str | None) -> list[str]:
     """pip's flags for another Python (binary wheels only), for this machine's platforms."""
     if python_version is None:
         return []
@@ -145,7 +145,7 @@ def _target_args(python_version: Optional[str]) -> list[str]:
     return args
 
 
-def _same_python(python_version: Optional[str]) -> bool:
+def _same_python(python_version: str | None) -> bool:
     return python_version is None or python_version == f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -182,7 +182,7 @@ def _build(pins: list[str], out: Path, any_python_only: bool) -> None:
             )
 
 
-def build_wheelhouse(out: Path, python_version: Optional[str] = None, extras: Iterable[str] = ()) -> Path:
+def build_wheelhouse(out: Path, python_version: str | None = None, extras: Iterable[str] = ()) -> Path:
     """Fill ``out`` with wheels and write ``out/requirements.txt``; returns that file."""
     extras = tuple(extras)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,8 +197,9 @@ def build_wheelhouse(out: Path, python_version: Optional[str] = None, extras: It
     if result.returncode != 0:
         raise UserError(f"wheelhouse: building the dlrecipes wheel failed: {_pip_error(result)}")
     torch_version = metadata.version("torch")
+    python = python_version or "{}.{}".format(*sys.version_info[:2])
     lines = [
-        f"# dlrecipes wheelhouse for Python {python_version or '%d.%d' % sys.version_info[:2]}; built beside torch "
+        f"# dlrecipes wheelhouse for Python {python}; built beside torch "
         f"{torch_version}; the target brings its own torch (>= 2.6) and torchvision.",
         "# Install with: " + INSTALL_COMMAND.format(out=out),
         *pins,

@@ -33,8 +33,9 @@ Modules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.addresses import RUNS_DIR
 from dlrecipes.errors import UserError
@@ -69,9 +70,7 @@ def store_for(runs_dir: str | Path) -> RunStore:
     return LocalStore(runs_dir)
 
 
-def open_for_reading(
-    target: str | Path, checkpoint: Optional[str] = "best", asked: Optional[set[str]] = None
-) -> ReadRun:
+def open_for_reading(target: str | Path, checkpoint: str | None = "best", asked: set[str] | None = None) -> ReadRun:
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
     local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
     records only). ``asked``: the buckets this command has asked already (a command reading several runs asks each
@@ -147,7 +146,7 @@ def read_records(targets: Sequence[Any]) -> tuple[list[Path], dict[Path, str]]:
 
 
 def select_runs(
-    run_dirs: Sequence[Any], last: Optional[int], runs_dir: str | Path = RUNS_DIR
+    run_dirs: Sequence[Any], last: int | None, runs_dir: str | Path = RUNS_DIR
 ) -> tuple[list[Path], dict[Path, str]]:
     """``compare``'s selection: the runs given, or the ``last`` newest under ``runs_dir`` (a local folder or a
     bucket), as local folders (copies of the records of runs that live in a bucket), and the addresses of those."""
@@ -166,7 +165,7 @@ class DatasetBucket:
     ``key()``), the bucket through Composer's object-store layer (``backend``: ``upload``, ``read``, ``write``,
     ``listing``, ``delete``), and the S3 endpoint the run store uses (``S3_ENDPOINT_URL``; None: AWS's own)."""
 
-    def __init__(self, root: RemoteRoot, backend: Backend, endpoint: Optional[str]):
+    def __init__(self, root: RemoteRoot, backend: Backend, endpoint: str | None):
         self.root, self.backend, self.endpoint = root, backend, endpoint
 
     def __getstate__(self) -> dict:  # a spawned DataLoader worker makes its own client
@@ -215,13 +214,13 @@ class DatasetBucket:
             raise refused from None
 
 
-def dataset_bucket(address: Any, key_path: str) -> Optional[DatasetBucket]:
+def dataset_bucket(address: Any, key_path: str) -> DatasetBucket | None:
     """The bucket a dataset address names, asked once (one line for wrong credentials, a missing bucket, an endpoint
     that does not answer), with the credentials and endpoint a ``runs_dir`` takes; None for a local path (what only
     looks like an address refused: :func:`dlrecipes.core.addresses.check_address`)."""
     from dlrecipes.core.addresses import check_address
-    from dlrecipes.records.store.backend import endpoint
     from dlrecipes.records.store.access import check_access
+    from dlrecipes.records.store.backend import endpoint
     from dlrecipes.records.store.bucket import RemoteRoot, is_remote, object_store
 
     check_address(address, key_path)

@@ -19,11 +19,12 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from dlrecipes.records.store.refusals import error_code, failed_at
 from dlrecipes.errors import UserError, first_line
+from dlrecipes.records.store.refusals import error_code, failed_at
 
 if TYPE_CHECKING:
     from composer.utils import ObjectStore
@@ -78,7 +79,7 @@ def _answered(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
 
     def decorate(method: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(method)
-        def bounded(self: "Backend", key: str, *args: Any, **kwargs: Any) -> T:
+        def bounded(self: Backend, key: str, *args: Any, **kwargs: Any) -> T:
             return self.waited(what, key, lambda: method(self, key, *args, **kwargs))
 
         return bounded
@@ -189,20 +190,20 @@ class Backend:
         return {key[len(prefix) :]: (int(self.store.get_object_size(key)), 0.0) for key in self.keys(prefix)}
 
     @_answered("reading")
-    def read(self, key: str) -> Optional[bytes]:
+    def read(self, key: str) -> bytes | None:
         """A small object's bytes; None when there is none."""
         with tempfile.TemporaryDirectory() as folder:
             target = os.path.join(folder, "object")
             return Path(target).read_bytes() if self.download(key, target) else None
 
     @_answered("reading")
-    def read_tagged(self, key: str) -> tuple[Optional[bytes], str, Optional[float]]:
+    def read_tagged(self, key: str) -> tuple[bytes | None, str, float | None]:
         """A small object's bytes (None when there is none), its ETag ("" where the backend cannot tell) and its age:
         seconds since it was written, on the server's clock (None where the backend cannot tell)."""
         return self.read(key), "", None
 
     @_answered("writing")
-    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
+    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: str | None = None) -> str:
         """A small object; returns its ETag ("" where the backend cannot tell).  ``if_absent``: only where there is
         none; ``if_match``: only while the object still has that ETag; where the backend can say so (else written:
         the caller reads it back).  Raises :class:`Conflict` when the condition did not hold."""
@@ -304,7 +305,7 @@ class S3Backend(Backend):
         return found
 
     @_answered("reading")
-    def read(self, key: str) -> Optional[bytes]:
+    def read(self, key: str) -> bytes | None:
         try:
             return self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))["Body"].read()
         except Exception as exc:
@@ -313,7 +314,7 @@ class S3Backend(Backend):
             raise
 
     @_answered("reading")
-    def read_tagged(self, key: str) -> tuple[Optional[bytes], str, Optional[float]]:
+    def read_tagged(self, key: str) -> tuple[bytes | None, str, float | None]:
         try:
             answer = self.store.client.get_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
         except Exception as exc:
@@ -323,7 +324,7 @@ class S3Backend(Backend):
         return answer["Body"].read(), str(answer.get("ETag", "")), _age(answer)
 
     @_answered("writing")
-    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: Optional[str] = None) -> str:
+    def write(self, key: str, data: bytes, if_absent: bool = False, if_match: str | None = None) -> str:
         extra: dict[str, str] = {}
         if self.conditional_writes and (if_absent or if_match):
             extra = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": str(if_match)}
@@ -360,7 +361,7 @@ class S3Backend(Backend):
         self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.get_key(key))
 
 
-def _age(answer: dict) -> Optional[float]:
+def _age(answer: dict) -> float | None:
     """Seconds between an object's Last-Modified and the response's Date: both the server's clock, so no writer's or
     reader's clock enters (None where either is missing or unreadable)."""
     from email.utils import parsedate_to_datetime
@@ -424,7 +425,7 @@ def _new_backend(scheme: str, bucket: str, address: str, key_path: str) -> Backe
         ) from None
 
 
-def endpoint() -> Optional[str]:
+def endpoint() -> str | None:
     """``S3_ENDPOINT_URL`` (None: AWS's own), refused in one line when it is no http:// or https:// address."""
     from dlrecipes.core.addresses import control_character
 

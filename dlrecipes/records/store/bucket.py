@@ -34,13 +34,11 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.core.addresses import check_address, check_key_room, scheme_of, shortened
 from dlrecipes.core.secrets import credential_home, redact_uri
 from dlrecipes.errors import UserError, first_line
-from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
-from dlrecipes.records.store.writer import FENCED_RECORDS, Writer
 from dlrecipes.records.layout import (
     BEST_CHECKPOINT,
     BEST_INFO,
@@ -56,6 +54,8 @@ from dlrecipes.records.layout import (
     longest_relative_path,
     periodic_progress,
 )
+from dlrecipes.records.store.commit import Pointer, lineage_checkpoints, read_pointer, untagged
+from dlrecipes.records.store.writer import FENCED_RECORDS, Writer
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.backend import Backend
@@ -107,7 +107,7 @@ class RemoteRoot:
     scheme: str = "s3"
 
     @classmethod
-    def parse(cls, url: str, key_path: str = "runs_dir") -> "RemoteRoot":
+    def parse(cls, url: str, key_path: str = "runs_dir") -> RemoteRoot:
         check_address(url, key_path)
         scheme = scheme_of(url) or "s3"
         bucket, _, prefix = url[len(scheme) + 3 :].partition("/")
@@ -195,15 +195,15 @@ class RemoteRun(Writer):
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (size, mtime_ns) uploaded
     pending: list[str] = field(default_factory=list)  # relative paths whose upload failed
     warned: bool = False
-    offload: Optional[UploadProcess] = None  # a training's (store.upload_process): its large files go up through it
-    lease: Optional[BucketLease] = None  # a training's: every write is made under it (a sweep's own files have none)
+    offload: UploadProcess | None = None  # a training's (store.upload_process): its large files go up through it
+    lease: BucketLease | None = None  # a training's: every write is made under it (a sweep's own files have none)
     keep: int = -1  # checkpoint.keep: periodic checkpoints kept in the bucket once the pointer is past them
     abandoned: bool = False  # the end stopped waiting: no further file is started
-    commit: Optional[Commit] = None  # a training's: the pointer it holds (store.commit), taken over at its start
-    start: Optional[tuple[int, int]] = None  # a training's: the progress it started from (its lineage entry)
+    commit: Commit | None = None  # a training's: the pointer it holds (store.commit), taken over at its start
+    start: tuple[int, int] | None = None  # a training's: the progress it started from (its lineage entry)
     resuming: bool = False  # a training's: it continues the run the bucket has (else a new run under the name)
     record_tags: dict[str, str] = field(default_factory=dict)  # a training's: each shared record's ETag (store.writer)
-    _store: Optional[Backend] = None
+    _store: Backend | None = None
 
     def store(self) -> Backend:
         if self._store is None:
@@ -297,7 +297,9 @@ class RemoteRun(Writer):
             else:  # (as large as a checkpoint: its size says it)
                 same = self.store().listing(key).get("", (None,))[0] == size
             if not same:
-                raise RuntimeError(f"{key} is in the bucket already, as other bytes; it is never written over")
+                raise RuntimeError(
+                    f"{key} is in the bucket already, as other bytes; it is never written over"
+                ) from None
 
     def push(self) -> None:
         """Upload what changed, each record after what it describes (see the module docstring): after each
@@ -388,7 +390,7 @@ class RemoteRun(Writer):
 
     # --- down ---------------------------------------------------------------------------------------------
 
-    def _download(self, relative: str, local: Optional[str] = None) -> bool:
+    def _download(self, relative: str, local: str | None = None) -> bool:
         """``relative`` from the bucket into the staging folder (as ``local``: a checkpoint there carries no writer
         tag); False when the bucket does not have it.  A key that would land outside the folder is refused first
         (:func:`~.safe_keys.staged_path`), nothing created."""
@@ -403,7 +405,7 @@ class RemoteRun(Writer):
         self.sent[local] = (stat.st_size, stat.st_mtime_ns)  # the bucket has it as it is
         return True
 
-    def pull_for_resume(self) -> Optional[Path]:
+    def pull_for_resume(self) -> Path | None:
         """The run's records and its newest complete checkpoint (the pointer's), downloaded into the staging
         folder where they are missing; returns that checkpoint's local path (None: the bucket has no such run, or
         no checkpoint of it yet)."""
@@ -444,7 +446,7 @@ def _local_pointer(path: Path) -> str:
     return untagged(text.split("\n", 1)[0].strip())
 
 
-def damage(path: Path, key: str = "--resume") -> Optional[str]:
+def damage(path: Path, key: str = "--resume") -> str | None:
     """Why a checkpoint fails to load (tensors-only), or None; one holding objects beyond tensors is not damaged:
     the command refuses it as it would a local one."""
     from dlrecipes.records.checkpoint_safety import UntrustedCheckpoint

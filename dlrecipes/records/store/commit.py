@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from dlrecipes.errors import shown
 from dlrecipes.records.layout import BEST_CHECKPOINT, periodic_progress
@@ -79,7 +79,7 @@ def is_best(name: str) -> bool:
     return name == BEST_CHECKPOINT or _BEST.fullmatch(name) is not None
 
 
-def writer_of(name: str) -> Optional[str]:
+def writer_of(name: str) -> str | None:
     """The writer tag a periodic checkpoint's name carries (``-``: none), None for any other name."""
     match = _NAME.fullmatch(name)
     return None if match is None else (match.group(1) or LEGACY)
@@ -112,11 +112,11 @@ class Pointer:
                 return True
         return False
 
-    def taken_over(self, writer: str, start: Progress) -> "Pointer":
+    def taken_over(self, writer: str, start: Progress) -> Pointer:
         """The same commit held by ``writer``, which starts from ``start``."""
         return Pointer(self.checkpoint, writer, (*self.lineage, (writer, start))[-LINEAGE_MOST:])
 
-    def moved(self, checkpoint: str) -> "Pointer":
+    def moved(self, checkpoint: str) -> Pointer:
         return Pointer(checkpoint, self.writer, self.lineage)
 
 
@@ -156,7 +156,7 @@ def read_pointer(path: Path, address: str, key: str) -> Pointer:
         return parse_pointer(f.read(POINTER_LIMIT + 1), address, key)
 
 
-def lineage_checkpoints(names: list[str], pointer: Pointer, newest: Optional[str] = None) -> list[str]:
+def lineage_checkpoints(names: list[str], pointer: Pointer, newest: str | None = None) -> list[str]:
     """The periodic checkpoints among ``names`` that ``pointer``'s run holds (older than ``newest`` where given),
     newest first."""
     limit = periodic_progress(Path(newest)) if newest is not None else None
@@ -175,11 +175,11 @@ class Commit:
 
     def __init__(self, store: Backend, key: str, writer: str):
         self.store, self.key, self.writer = store, key, writer
-        self.pointer: Optional[Pointer] = None
+        self.pointer: Pointer | None = None
         self.etag = ""
-        self.raw: Optional[bytes] = None  # the pointer's bytes as this writer last saw them
+        self.raw: bytes | None = None  # the pointer's bytes as this writer last saw them
 
-    def read(self, address: str) -> Optional[Pointer]:
+    def read(self, address: str) -> Pointer | None:
         """The pointer as the bucket has it now (None: none yet), its ETag kept."""
         raw, tag, _ = self.store.read_tagged(self.key)
         self.etag, self.raw = (tag if raw is not None else ""), raw

@@ -5,10 +5,11 @@ package's docstring (:mod:`dlrecipes.records.store`) says how they are used."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dlrecipes.records.layout import RunDir
 
@@ -73,15 +74,15 @@ class TrainingRun:
     (looked up once, under the lock: ``resume_point``), how the lines name the run, and how it is kept in step."""
 
     run: RunDir
-    config: Optional[RecipeConfig] = None  # the validated recipe
+    config: RecipeConfig | None = None  # the validated recipe
     recipe: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"  # resolved (resolve_device)
     options: RunOptions = RunOptions()
-    resume_point: Optional[Path] = None  # rank 0's: the checkpoint --resume continues from (None: from the start)
-    shown_as: Optional[str] = None  # how the lines name the run when not by its local folder (a bucket's address)
+    resume_point: Path | None = None  # rank 0's: the checkpoint --resume continues from (None: from the start)
+    shown_as: str | None = None  # how the lines name the run when not by its local folder (a bucket's address)
     fresh: bool = True  # a new run: nothing of it existed before this training
     accepted: list[str] = field(default_factory=list)  # what --resume accepted as changed (check_resume)
-    lock: Optional[HeldLock] = None  # rank 0's: run.lock (in a bucket, with its lease); None on the other ranks
+    lock: HeldLock | None = None  # rank 0's: run.lock (in a bucket, with its lease); None on the other ranks
     keep_in_step: Callable[[], list] = list  # the callbacks that keep the store in step, built once per training
     stored: Callable[[RunEnded], None] = lambda result: None  # the end's check: raises when the store lacks files
     addresses: dict[Path, str] = field(default_factory=dict)  # a staging folder -> its address (a bucket's)
@@ -93,8 +94,8 @@ class TrainingRun:
         folder: Path,
         device: str,
         options: RunOptions = RunOptions(),
-        resume_point: Optional[Path] = None,
-    ) -> "TrainingRun":
+        resume_point: Path | None = None,
+    ) -> TrainingRun:
         """A run in ``folder`` as it is, outside any store (no name chosen, no lock, nothing kept in step): the
         benchmarks' Trainers, and one built by hand."""
         return cls(
@@ -106,7 +107,7 @@ class TrainingRun:
             resume_point=resume_point,
         )
 
-    def named(self) -> ContextManager[None]:
+    def named(self) -> AbstractContextManager[None]:
         """A context in which errors about the local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address(self.addresses)
 
@@ -129,17 +130,17 @@ class ReadRun:
     and the ``checkpoint`` to give it; ``address`` names it where it lives."""
 
     target: str | Path  # local: as given; a bucket's: its local copy
-    checkpoint: Optional[str]
+    checkpoint: str | None
     address: str
     push: Callable[[str], None] = lambda what: None  # puts the command's outputs beside the run (a bucket's)
     pushes: bool = False  # whether the store takes the command's outputs from here (a bucket)
     bring: Callable[[str], None] = lambda relative: None  # downloads one more file of the run (a bucket's)
 
-    def named(self) -> ContextManager[None]:
+    def named(self) -> AbstractContextManager[None]:
         """A context in which errors about this local copy name the run where it lives (:func:`named_by_address`)."""
         return named_by_address({self.target: self.address} if self.pushes else {})
 
-    def put_beside(self, what: str, folder: str) -> Optional[str]:
+    def put_beside(self, what: str, folder: str) -> str | None:
         """The command wrote ``folder`` inside the run's local copy (``what``: "the export"): put it beside the run
         where it lives; its address there, or None where the run is here (a local folder: written in place)."""
         if not self.pushes:
@@ -161,7 +162,7 @@ class SweepFolder:
     folder: Path
     address: str
     trains_into: str
-    after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
+    after_point: Callable[[], None] | None = None  # called as each point's training ends (a bucket's upload)
     finish: Callable[[], list[str]] = list  # the sweep's end: the files its store still lacks
 
 
@@ -175,7 +176,7 @@ class RunStore(ABC):
     def check(self) -> None:
         """Whether the runs can be written there: one line when not (a bucket: asked once per command)."""
 
-    def check_room(self, config: RecipeConfig) -> None:
+    def check_room(self, config: RecipeConfig) -> None:  # noqa: B027 (a store without limits of its own)
         """Whether a run of ``config`` fits where it would be written (a bucket: its keys' and staging paths' limits),
         asking no server: one line when not. A local folder's limits are the file system's, met as it writes."""
 
@@ -189,7 +190,7 @@ class RunStore(ABC):
         the first node only; the others may not share its disk)."""
 
     @abstractmethod
-    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+    def runs(self, last: int | None) -> list[tuple[Path, str | None]]:
         """The newest ``last`` runs under the root (all: None), newest first: (local folder, address or None)."""
 
     @abstractmethod

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import LEASE_FILE
@@ -78,7 +78,7 @@ class DamagedLease(UserError):
     or lies further ahead than its term allows."""
 
 
-def lease_data(raw: bytes, address: str, age: Optional[float] = None) -> Optional[dict]:
+def lease_data(raw: bytes, address: str, age: float | None = None) -> dict | None:
     """A lease object's bytes checked as data (``address``: its key's address, ``age``: seconds since it was
     written on the server's clock, None where the server does not say): the lease, None when released, or
     :class:`DamagedLease` naming the key and how to clear it. Never a crash, never a lock that cannot end: an expiry
@@ -128,7 +128,7 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def is_live(held: Optional[dict]) -> bool:
+def is_live(held: dict | None) -> bool:
     """Whether ``held`` (a lease's contents, checked by :func:`lease_data`) names a writer that may still write: not
     released, not expired, and not a process of this machine that is gone."""
     return (
@@ -145,7 +145,7 @@ def describe_holder(held: dict) -> str:
     )
 
 
-def read_lease(store: Backend, key: str, address: str) -> tuple[Optional[dict], str, bool]:
+def read_lease(store: Backend, key: str, address: str) -> tuple[dict | None, str, bool]:
     """The lease at ``key`` (``address``: its address, for the line about a damaged one): (its contents, None when
     absent or released; its ETag; whether an object is there at all). A read that fails raises: "no lease" is never
     concluded from a server that did not answer; a damaged lease raises :class:`DamagedLease`."""
@@ -155,7 +155,7 @@ def read_lease(store: Backend, key: str, address: str) -> tuple[Optional[dict], 
     return lease_data(data, address, age), tag, True
 
 
-def live_holder(store: Backend, root: Any, name: str) -> Optional[dict]:
+def live_holder(store: Backend, root: Any, name: str) -> dict | None:
     """The live lease on ``root/name`` (see :func:`is_live`), or None; :class:`DamagedLease` for a damaged one."""
     held, _, _ = read_lease(store, root.key(name, LEASE_FILE), f"{root}/{name}/{LEASE_FILE}")
     return held if is_live(held) else None
@@ -178,11 +178,11 @@ class BucketLease:
         self.address = f"{root}/{name}/{LEASE_FILE}"
         self.token = uuid.uuid4().hex
         self.etag = ""  # of the lease as this process last wrote it
-        self.confirmed_at: Optional[float] = None  # _clock() at the last confirmation
-        self.lost: Optional[dict] = None  # the holder found when the lease was found taken
+        self.confirmed_at: float | None = None  # _clock() at the last confirmation
+        self.lost: dict | None = None  # the holder found when the lease was found taken
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the renewal and the mirror confirm one at a time
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._warned = False
         self._ended = False
 
@@ -190,7 +190,7 @@ class BucketLease:
         lease = {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "term": term()}
         return json.dumps({**lease, "expires": time.time() + term()}).encode()
 
-    def _read(self) -> tuple[Optional[dict], str, bool]:
+    def _read(self) -> tuple[dict | None, str, bool]:
         return read_lease(self.store, self.key, self.address)
 
     def _holder(self) -> dict:
@@ -210,7 +210,7 @@ class BucketLease:
             return True
         return False
 
-    def take(self) -> "BucketLease":
+    def take(self) -> BucketLease:
         from dlrecipes.records.store.backend import Conflict
 
         held, tag, exists = self._read()
@@ -407,7 +407,7 @@ class LeasedLock:
             self.lock.release()
 
 
-def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: Optional[BucketLease] = None) -> LeasedLock:
+def leased(lock: RunLock, store: Backend, root: Any, name: str, taken: BucketLease | None = None) -> LeasedLock:
     """``lock`` with the bucket's lease on ``root/name`` (in ``store``, its backend) taken too (refused while another
     machine writes the run); ``taken``: the lease this process took already (to move an old run aside)."""
     from dlrecipes.records.store.refusals import write_refused

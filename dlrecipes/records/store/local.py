@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from dlrecipes.core.distributed import rank
 from dlrecipes.records.layout import RunDir
@@ -70,7 +70,7 @@ class LocalStore(RunStore):
         if first_node:
             check_run_exists(Path(self.runs_dir), name)
 
-    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+    def runs(self, last: int | None) -> list[tuple[Path, str | None]]:
         from dlrecipes.records.runs import find_runs
 
         return [(path, None) for path in find_runs(self.runs_dir, last)]

@@ -6,9 +6,11 @@ uploads in the background (:mod:`dlrecipes.records.store.upload`), read back thr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from dlrecipes.errors import UserError
+from dlrecipes.records.store.access import check_access
+from dlrecipes.records.store.bucket import POINTER, RemoteRoot, RemoteRun, object_store, staged_run
 from dlrecipes.records.store.interface import (
     ReadRun,
     RunOptions,
@@ -17,14 +19,12 @@ from dlrecipes.records.store.interface import (
     TrainingRun,
     named_by_address,
 )
-from dlrecipes.records.store.access import check_access
-from dlrecipes.records.store.bucket import POINTER, RemoteRoot, RemoteRun, object_store, staged_run
 from dlrecipes.records.store.mirror import uploader
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import RecipeConfig
-    from dlrecipes.records.store.lease import BucketLease
     from dlrecipes.records.store.interface import RunEnded
+    from dlrecipes.records.store.lease import BucketLease
 
 
 class IncompleteUpload(UserError):
@@ -58,12 +58,11 @@ class BucketStore(RunStore):
         bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.opening.claim_name`),
         with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the
         run's lease in the bucket, and a callback uploads the run as it goes."""
-        from dlrecipes.records.store.opening import prepare
-        from dlrecipes.records.store.local import open_in
-
         from dlrecipes.core.distributed import stopped_together
+        from dlrecipes.records.store.local import open_in
+        from dlrecipes.records.store.opening import prepare
 
-        def bucket_side() -> Optional[BucketLease]:
+        def bucket_side() -> BucketLease | None:
             self.check()
             return prepare(self.root, config.run_name, options.resume, options.restart)
 
@@ -106,7 +105,7 @@ class BucketStore(RunStore):
         self.check()
         check_run_in_bucket(self.root, name)
 
-    def runs(self, last: Optional[int]) -> list[tuple[Path, Optional[str]]]:
+    def runs(self, last: int | None) -> list[tuple[Path, str | None]]:
         from dlrecipes.records.runs import newest_first
         from dlrecipes.records.store.reading import pull_runs_dir
 
@@ -178,7 +177,7 @@ def _all_uploaded(result: RunEnded, mirror: RemoteRun) -> None:
         )
 
 
-def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[str]] = None) -> ReadRun:
+def read_from_bucket(url: str, checkpoint: str | None, asked: set[str] | None = None) -> ReadRun:
     """A run (or an export) at ``url``: its records, and the one ``checkpoint`` (None: none) the command needs,
     brought into a local copy; the command's outputs are uploaded beside it. ``asked``: as
     :func:`~.reading.open_run`'s."""
@@ -192,7 +191,7 @@ def read_from_bucket(url: str, checkpoint: Optional[str], asked: Optional[set[st
     return ReadRun(run.local, checkpoint, run.url, push=run.push_outputs, pushes=True, bring=run.bring)
 
 
-def _release(claimed: Optional[BucketLease]) -> None:
+def _release(claimed: BucketLease | None) -> None:
     """A lease this process took as it opened a run that another rank then refused: given back."""
     if claimed is not None:
         claimed.release()

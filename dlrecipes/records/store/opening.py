@@ -8,9 +8,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import LEASE_FILE, RECIPE_FILE, SUMMARY_FILE
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from dlrecipes.records.store.lease import BucketLease
 
 
-def prepare(root: RemoteRoot, run_name: Optional[str], resume: bool, restart: bool = False) -> Optional[BucketLease]:
+def prepare(root: RemoteRoot, run_name: str | None, resume: bool, restart: bool = False) -> BucketLease | None:
     """Before a training opens its run in the bucket (which its store has asked: one line if it cannot be used):
     refuse a name it holds a run under as a local runs folder would, or move that run aside under this process's
     lease (:func:`claim_name`: the lease it took is returned, for the training to hold), and with ``resume`` bring
@@ -59,7 +60,7 @@ def _pull_once(root: RemoteRoot, run_name: str) -> None:
     failed.unlink(missing_ok=True)
 
 
-def claim_name(root: RemoteRoot, name: str, restart: bool) -> Optional[BucketLease]:
+def claim_name(root: RemoteRoot, name: str, restart: bool) -> BucketLease | None:
     """A new run under ``name`` where the bucket holds one: refused (a finished or running run is never overwritten,
     whichever machine asks; one whose lease is live is refused even with ``--restart``), unless ``restart``
     (``--restart``) or the run there failed: then this process takes the run's lease first and, under it, moves the
@@ -110,7 +111,7 @@ ASIDE_MARKER = "moving-aside.json"  # in a run being moved aside: where it goes 
 
 
 def _move_aside(
-    store: Backend, root: RemoteRoot, name: str, lease: BucketLease, status: Optional[str], restart: bool, why: str
+    store: Backend, root: RemoteRoot, name: str, lease: BucketLease, status: str | None, restart: bool, why: str
 ) -> None:
     """Move the run under ``name`` aside, under ``lease``: every key copied (S3: server-side), the lease confirmed
     before each; then a marker naming where it went; then the originals deleted, the recipe last, and the marker.
@@ -242,7 +243,7 @@ def _refusals(root: RemoteRoot) -> Iterator[None]:
         raise refused from None
 
 
-def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> Optional[str]:
+def _status_in_bucket(store: Backend, root: RemoteRoot, name: str) -> str | None:
     """The run's summary.json status in the bucket (None: no summary yet, one that cannot be read, or one whose
     writer does not hold the run's commit: a fenced writer's late upload, which is not the run's)."""
     import json

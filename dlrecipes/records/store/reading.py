@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import UserError
 from dlrecipes.records.layout import (
@@ -82,7 +82,7 @@ class PulledRun(RemoteRun):
         """The run's files in the bucket: relative path -> (size, modified time)."""
         return self.store().listing(self.key("") + "/")
 
-    def pull_records(self, listing: Optional[dict[str, tuple[int, float]]] = None) -> dict[str, tuple[int, float]]:
+    def pull_records(self, listing: dict[str, tuple[int, float]] | None = None) -> dict[str, tuple[int, float]]:
         """The run's records (:func:`~dlrecipes.records.layout.is_record`: never a checkpoint, an export or a file no
         run writes, such as code beside its recipe), downloaded as they are in the bucket; an export directory's
         files (preprocess.json, no recipe.yaml). One line when the bucket has neither."""
@@ -266,7 +266,7 @@ def _local_name(relative: str) -> str:
     return relative
 
 
-def open_run(url: str, asked: Optional[set[str]] = None) -> PulledRun:
+def open_run(url: str, asked: set[str] | None = None) -> PulledRun:
     """The run at ``url``, its bucket asked first (one line when it cannot be read) unless it is in ``asked``: the
     buckets a command reading several runs has asked (the one asked here is added)."""
     root, name = split_run_url(url)
@@ -300,7 +300,7 @@ def pull_runs_dir(root: RemoteRoot) -> dict[Path, str]:
     return urls
 
 
-def _copy_live_lease(run: "PulledRun", listed: bool) -> None:
+def _copy_live_lease(run: PulledRun, listed: bool) -> None:
     """The run's lease beside its copy while it is live (``runs`` shows the run as running on its host, as a local
     run's lock file does), removed when it is not."""
     import json
@@ -347,7 +347,7 @@ def sweep_mirror(root: RemoteRoot, name: str) -> SweepMirror:
     return SweepMirror(root, name, root.staging() / name)
 
 
-def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: Optional[str] = None) -> list[dict[str, Any]]:
+def shown_paths(rows: list[dict[str, Any]], urls: dict[Path, str], root: str | None = None) -> list[dict[str, Any]]:
     """Rows describing local copies say where the runs are: their bucket addresses, and (listed under ``root``)
     their names as paths under it, so that ``exp/u1`` and ``u1`` are told apart."""
     from dlrecipes.records.store.interface import addressed_row

@@ -6,7 +6,6 @@ credentials that cannot write, a full server, one that does not answer)."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from dlrecipes.errors import UserError, first_line
 
@@ -36,7 +35,7 @@ class ServerFailed(UserError):
         self.cause = cause
 
 
-def failed_at(exc: BaseException, where: str, server: str, what: str) -> Optional[ServerFailed]:
+def failed_at(exc: BaseException, where: str, server: str, what: str) -> ServerFailed | None:
     """The line for an operation the server did not answer or failed (``where``: the object's address; ``what``: the
     operation, "downloading"), or None for any other error."""
     code, name = error_code(exc), type(exc).__name__
@@ -55,7 +54,7 @@ def failed_at(exc: BaseException, where: str, server: str, what: str) -> Optiona
     return None
 
 
-def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") -> Optional[UserError]:
+def write_refused(exc: BaseException, address: str, key_path: str = "runs_dir") -> UserError | None:
     """The one line for a first write to a bucket that failed in a way the user can fix (the lease's write: the
     probe before training), or None for anything else."""
     where = os.environ.get("S3_ENDPOINT_URL") or "AWS's default endpoint"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dlrecipes.records.store.bucket import RemoteRun
@@ -37,7 +37,7 @@ class BackgroundPush:
         self._idle.set()
         self._asked = self._served = 0
         self._closing = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def request(self) -> None:
         """Ask for a push of what changed; returns at once."""

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.errors import first_line
 
@@ -36,7 +36,7 @@ class UploadProcess:
 
     def __init__(self, bucket: str, transfer_threads: int):
         self.bucket, self.transfer_threads = bucket, transfer_threads
-        self._process: Optional[subprocess.Popen] = None
+        self._process: subprocess.Popen | None = None
         self._failed = False
         self._lock = threading.Lock()
 
@@ -135,7 +135,7 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="dlrecipes-parent-watch", daemon=True).start()
 
 
-def _serve(transfer_threads: int, parent: Optional[int] = None) -> None:
+def _serve(transfer_threads: int, parent: int | None = None) -> None:
     """The process: boto3 alone (the endpoint and credentials from the environment it inherited).  The signals a
     terminal or a scheduler sends the whole group (Ctrl-C, SLURM's SIGTERM) are training's to answer: this process
     goes on uploading what it was given, and ends when training closes its stdin, or as soon as training is gone."""

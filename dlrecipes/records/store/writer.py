@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from dlrecipes.records.layout import BEST_CHECKPOINT, BEST_INFO, CHECKPOINT_DIR, HISTORY_FILE, REMOTE_LATEST
-from dlrecipes.records.layout import SUMMARY_FILE, is_periodic
-from dlrecipes.records.layout import periodic_progress
+from dlrecipes.records.layout import (
+    BEST_CHECKPOINT,
+    BEST_INFO,
+    CHECKPOINT_DIR,
+    HISTORY_FILE,
+    REMOTE_LATEST,
+    SUMMARY_FILE,
+    is_periodic,
+    periodic_progress,
+)
 from dlrecipes.records.store.commit import lineage_checkpoints
 
 if TYPE_CHECKING:
@@ -26,9 +33,9 @@ class Writer:
     """What :class:`~.bucket.RemoteRun` does as a writer (see the module docstring)."""
 
     local: Path
-    lease: Optional[BucketLease]
-    commit: Optional[Commit]
-    start: Optional[tuple[int, int]]
+    lease: BucketLease | None
+    commit: Commit | None
+    start: tuple[int, int] | None
     keep: int
     resuming: bool
     abandoned: bool
@@ -55,9 +62,7 @@ class Writer:
 
     def remote(self, relative: str) -> str:
         """The bucket's name for the run's file ``relative``: a periodic checkpoint carries its writer's tag."""
-        from dlrecipes.records.store.commit import tagged
-
-        from dlrecipes.records.store.commit import best_name
+        from dlrecipes.records.store.commit import best_name, tagged
 
         if self.lease is None:
             return relative

@@ -16,9 +16,10 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import yaml
 
@@ -37,7 +38,7 @@ class Point:
     name: str
     values: dict[str, Any]  # swept key -> value (the seed included, as trainer.seed)
     overrides: list[str]  # what the point's train command adds to the fixed overrides
-    trial: Optional[int] = None  # its Optuna trial's number (--search optuna)
+    trial: int | None = None  # its Optuna trial's number (--search optuna)
 
 
 @dataclass
@@ -48,18 +49,18 @@ class SweepPlan:
     swept: dict[str, list[Any]]  # key -> values (grid) or key -> [distribution text] (search)
     seeds: int
     points: list[Point]
-    search: Optional[str] = None
-    trials: Optional[int] = None
-    folder: Optional[Path] = None  # the sweep's folder here (runs_dir/<name>), given by its run store
+    search: str | None = None
+    trials: int | None = None
+    folder: Path | None = None  # the sweep's folder here (runs_dir/<name>), given by its run store
     plugins: list[str] = field(default_factory=list)
     seed: int = 0  # the random search's (and Optuna's sampler's)
     nproc: int = 1  # processes (devices) per run: more than one trains through `dlrecipes launch -n nproc`
     trust_checkpoint: bool = False  # each training with --trust-checkpoint (this command's word: not in sweep.yaml)
     monitor: str = "top1"  # what an Optuna search optimizes (the recipe's checkpoint.monitor and mode)
     mode: str = "max"
-    trains_into: Optional[str] = None  # the points' runs_dir: ``folder``, or a bucket's s3://.../<name>
-    after_point: Optional[Callable[[], None]] = None  # called as each point's training ends (a bucket's upload)
-    requests: Optional[Path] = None  # where each training's run request is written for it (private, temporary)
+    trains_into: str | None = None  # the points' runs_dir: ``folder``, or a bucket's s3://.../<name>
+    after_point: Callable[[], None] | None = None  # called as each point's training ends (a bucket's upload)
+    requests: Path | None = None  # where each training's run request is written for it (private, temporary)
 
     def record(self) -> dict[str, Any]:
         """What sweep.yaml records (secrets redacted, as in a run's recipe.yaml; compared redacted alike)."""
@@ -163,7 +164,7 @@ def _sample(key: str, spec: str, rng: random.Random) -> Any:
     return rng.randint(int(low), int(high))
 
 
-def _range_spec(key: str, values: list[Any]) -> Optional[tuple[str, list[Any]]]:
+def _range_spec(key: str, values: list[Any]) -> tuple[str, list[Any]] | None:
     """A swept key's range (``loguniform(a,b)`` ...) as its kind and parsed arguments (a choice's values, a range's
     two ends), checked as the random search checks them; None for a list of values."""
     if not (len(values) == 1 and isinstance(values[0], str) and DISTRIBUTION.match(values[0].replace(" ", ""))):
@@ -209,7 +210,7 @@ def overrides_of(values: dict[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()]
 
 
-def _split_assignments(assignments: Sequence[str], search: Optional[str]) -> tuple[list[str], dict[str, list[Any]]]:
+def _split_assignments(assignments: Sequence[str], search: str | None) -> tuple[list[str], dict[str, list[Any]]]:
     """The fixed overrides, and each swept key's values (or, for a search, its range)."""
     fixed, swept = [], {}
     for item in assignments:
@@ -234,9 +235,9 @@ def plan_sweep(
     recipe: str | Path,
     assignments: Sequence[str],
     seeds: int = 0,
-    name: Optional[str] = None,
-    trials: Optional[int] = None,
-    search: Optional[str] = None,
+    name: str | None = None,
+    trials: int | None = None,
+    search: str | None = None,
     seed: int = 0,
 ) -> SweepPlan:
     """The points of a sweep: the grid of the comma-separated values (or ``trials`` random samples), times

@@ -19,7 +19,7 @@ import signal
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dlrecipes.records.layout import RunDir
 from dlrecipes.tools.sweep.plan import Point, SweepPlan, short_names, value_text
@@ -277,21 +277,21 @@ def write_summary(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
         print(f"warning: could not draw summary.png ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
-def number(text: Any) -> Optional[float]:
+def number(text: Any) -> float | None:
     try:
         return float(text)
     except (TypeError, ValueError):
         return None
 
 
-def best_value(history: list[dict[str, str]], monitor: str, mode: str) -> Optional[float]:
+def best_value(history: list[dict[str, str]], monitor: str, mode: str) -> float | None:
     """The best finite value of the evaluations' ``monitor`` in a run's history rows (``mode``: max or min)."""
     values = [v for v in (number(h.get(f"eval_{monitor}")) for h in history) if v is not None and math.isfinite(v)]
     return (max(values) if mode == "max" else min(values)) if values else None
 
 
 def finished_line(
-    plan: SweepPlan, point: Point, outcome: dict[str, Any], seconds: float, done: int, total: int, eta: Optional[float]
+    plan: SweepPlan, point: Point, outcome: dict[str, Any], seconds: float, done: int, total: int, eta: float | None
 ) -> str:
     """``[3/8] lr=0.01,seed=1  done  top1 0.9471  24s  ETA 1:10  (log: ...)``, and below it the reason of a
     training that did not finish (``eta``: the seconds the points left will take, None when none is left)."""

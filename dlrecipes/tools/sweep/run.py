@@ -22,17 +22,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
 from dlrecipes.core.devices import visible_gpus
-from dlrecipes.runtime.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.errors import RecipeError, UserError
 from dlrecipes.records.layout import RunDir
 from dlrecipes.records.request import RunRequest
+from dlrecipes.runtime.hangup import leave_closed_terminal, terminal_fds
 from dlrecipes.tools.sweep.plan import SWEEP_FILE, Point, SweepPlan, optuna_distribution, overrides_of, point_name
 from dlrecipes.tools.sweep.report import (
     LOG_DIR,
@@ -207,7 +208,7 @@ class _Grid:
                 self.todo.append((point, action))
         self.done, self.total = len(plan.points) - len(self.todo), len(plan.points)
 
-    def next(self) -> Optional[tuple[Point, str]]:
+    def next(self) -> tuple[Point, str] | None:
         return self.todo.pop(0) if self.todo else None
 
     def finished(self, slot: _Slot) -> None:
@@ -286,7 +287,7 @@ class _Search:
             trial=number,
         )
 
-    def next(self) -> Optional[tuple[Point, str]]:
+    def next(self) -> tuple[Point, str] | None:
         if self.pending:
             self.running += 1
             return self.pending.pop(0)
