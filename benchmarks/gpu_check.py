@@ -219,7 +219,7 @@ def case_sync_free_flagship(device: str) -> str:
     if device != "gpu":
         raise Skip("needs CUDA")
     sys.path.insert(0, str(HERE))
-    from gpu_suite import Scale, flagship_data, flagship_overrides
+    from flagship_data import Scale, flagship_data, flagship_overrides
 
     # the recipe as it is (its model, algorithms, FFCV decoding with progressive resizing), on less data: 800
     # JPEGs of about 256x192 stored at 160 px, 128 px crops, batch 32: 25 batches an epoch, so the gate's steps
