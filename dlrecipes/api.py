@@ -10,6 +10,7 @@ prints what it returns (formatted by :mod:`dlrecipes.tools`).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -156,6 +157,11 @@ def train(
 
         resume, restart = continued_after_torchrun_restart(restart)
     config = config or validate(load(recipe, overrides, plugins))
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # the run's name under torchrun, before room is checked
+        process_state.import_training_stack()
+        from dlrecipes.fit import joined_torchrun_job
+
+        config = joined_torchrun_job(config)
     store = _opened_store(config)  # a bucket that cannot be used: one line before training is even imported
     process_state.import_training_stack()
     from dlrecipes.fit import RunOptions, fit, open_run
@@ -287,14 +293,8 @@ def sweep(
     folder = store.sweep(plan.name)  # in a bucket: what it has of the sweep brought here
     tool.prepare_folder(plan, folder)
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
-    missing = folder.finish()  # in a bucket: the sweep's own files uploaded
-    if missing:
-        echo(
-            f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)"
-        )
-        code = code or 1
-    return plan, rows, code
+    unfinished = tool.finish_folder(folder, echo)  # in a bucket: the sweep's own files uploaded
+    return plan, rows, code or unfinished
 
 
 def launch(

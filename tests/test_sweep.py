@@ -638,3 +638,20 @@ def test_trainings_are_forked_only_on_a_cpu_one_process_each(monkeypatch):
     monkeypatch.delenv("DLRECIPES_SWEEP_FRESH_PYTHON")
     monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0"])
     assert not sweep.forks_trainings(1)  # CUDA does not survive a fork
+
+
+def test_a_sweep_whose_own_files_did_not_all_upload_says_which_and_exits_1(tmp_path):
+    """The end of a sweep in a bucket: the files its store could not upload are named in one line (the first five),
+    and the sweep's exit code is 1; nothing missing: 0 and nothing said."""
+    from dlrecipes.records.store import SweepFolder
+    from dlrecipes.tools.sweep import finish_folder
+
+    said: list[str] = []
+    missing = [f"points/p{k}/summary.json" for k in range(7)]
+    folder = SweepFolder(tmp_path, "s3://runs/sweeps/lr", "s3://runs", finish=lambda: missing)
+    assert finish_folder(folder, said.append) == 1
+    assert said == [
+        "error: 7 file(s) of the sweep are not in s3://runs/sweeps/lr: points/p0/summary.json, points/p1/summary.json, "
+        "points/p2/summary.json, points/p3/summary.json, points/p4/summary.json ... (the same command uploads them)"
+    ]
+    assert finish_folder(SweepFolder(tmp_path, str(tmp_path), str(tmp_path)), said.append) == 0 and len(said) == 1

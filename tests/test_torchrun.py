@@ -137,6 +137,26 @@ def test_torchruns_restart_of_an_unnamed_run_continues_the_run_named_after_the_j
     assert _epochs(tiny_recipe.parent / "runs" / "tiny-in100-job" / "history.csv") == [1, 2]
 
 
+def test_a_torchrun_jobs_run_name_is_checked_for_room_before_the_bucket_is_asked(tiny_recipe, monkeypatch):
+    """Under torchrun a run without a run_name is named after the job before its store checks room for the name: a
+    --rdzv-id too long for a staging folder's name is one line saying so, exit 2, with no server asked (before: the
+    room was checked for a default name, and the command went on to a server that is not there)."""
+    from tests.conftest import run_cli
+
+    env = {**TORCHRUN_ENV, "TORCHELASTIC_RUN_ID": "j" * 300, "GROUP_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}
+    env |= {"LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "NODE_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0"}
+    env["S3_ENDPOINT_URL"] = "http://127.0.0.1:9"  # nothing listens there
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = run_cli("train", str(tiny_recipe), "runs_dir=s3://runs/jobs")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: runs_dir: the staging folder would hold a name of 305 bytes "
+        "(tiny-jjjjjjjjjjjjjjjjjjjjjjjjj... (305 characters)), over this file system's 255; "
+        "choose shorter prefix folders or run_name for s3://runs/jobs"
+    ]
+
+
 def test_a_static_torchrun_job_is_named_after_its_agents_start(monkeypatch):
     import psutil
 

@@ -7,6 +7,7 @@ training ended is :mod:`dlrecipes.fit.outcome`'s.  This module is the sequence, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -50,14 +51,30 @@ def _report_skipped_images(trainer) -> None:
             print(f"warning: {skipped} unreadable image(s) skipped in the {label} data (paths above)", file=sys.stderr)
 
 
+def joined_torchrun_job(config: RecipeConfig) -> RecipeConfig:
+    """Under torchrun, before the run's store checks room for its name: the job's processes started as one group
+    (each restart's among themselves), and a run without a ``run_name`` named after the job, the same name on every
+    rank (rank 0's :func:`~dlrecipes.core.distributed.torchrun_job_name`), so that each restart of the job continues
+    the same run. Elsewhere ``config`` as it is."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None:
+        return config
+    from dlrecipes.core.distributed import same_on_all_ranks, torchrun_job_name
+
+    choose_gloo_interface()  # across hosts: gloo's interface is the one reaching the master
+    device = resolve_device(config.trainer.device)
+    start_torchrun_group(device, config.trainer.dist_timeout)
+    if config.run_name:
+        return config
+    job = same_on_all_ranks(torchrun_job_name() if rank() == 0 else None, device, config.trainer.dist_timeout)
+    return dataclasses.replace(config, run_name=f"{config.name}-{job}") if job else config
+
+
 def open_run(config: RecipeConfig, options: RunOptions = RunOptions(), store: RunStore | None = None) -> TrainingRun:
     """The run ``config`` trains, opened once in its store (``store``: the command's, else ``runs_dir``'s): this
-    process among the launcher's (gloo's interface, a torchrun job's group, a run named after the job), the options
+    process among the launcher's (gloo's interface; under torchrun, :func:`joined_torchrun_job` first), the options
     checked, the run named, set up and locked (see :mod:`dlrecipes.records.store`). What :func:`fit` takes."""
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
     device = resolve_device(config.trainer.device)
-    start_torchrun_group(device, config.trainer.dist_timeout)  # each restart's processes among themselves
-    config = _named_after_torchrun_job(config, device)
     _check_options(config, options.resume, options.restart)
     return (store or store_for(config.runs_dir)).open_for_training(config, device, options)
 
@@ -96,21 +113,6 @@ def fit(opened: TrainingRun) -> TrainResult:
             opened.end(failed=False)
     opened.stored(result)  # a run whose files its store lacks: one line, exit code 1
     return result
-
-
-def _named_after_torchrun_job(config: RecipeConfig, device: str) -> RecipeConfig:
-    """Under torchrun, a run without a ``run_name`` is named after the job (rank 0's
-    :func:`~dlrecipes.core.distributed.torchrun_job_name`, on every rank), so that each restart of the job continues
-    the same run; elsewhere ``config`` as it is."""
-    import dataclasses
-
-    from dlrecipes.core.distributed import same_on_all_ranks, torchrun_job_name
-
-    if config.run_name or os.environ.get("TORCHELASTIC_RUN_ID") is None:
-        return config
-    job = torchrun_job_name() if rank() == 0 else None
-    job = same_on_all_ranks(job, device, config.trainer.dist_timeout)
-    return dataclasses.replace(config, run_name=f"{config.name}-{job}") if job else config
 
 
 def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:

@@ -42,12 +42,13 @@ from dlrecipes.tools.sweep.plan import (
     probe_points,
     split_values,
 )
-from dlrecipes.tools.sweep.run import get_ready, run_sweep
+from dlrecipes.tools.sweep.run import finish_folder, get_ready, run_sweep
 
 __all__ = [
     "Point",
     "SweepPlan",
     "check_points",
+    "finish_folder",
     "get_ready",
     "overrides_of",
     "plan_sweep",

@@ -50,6 +50,7 @@ from dlrecipes.tools.sweep.report import (
 )
 
 if TYPE_CHECKING:
+    from dlrecipes.records.store import SweepFolder
     from dlrecipes.runtime.fork_server import Program, Started
 
 OPTUNA_FILE = "optuna.journal"  # the Optuna study of a --search optuna sweep (its trials, reports and results)
@@ -408,3 +409,16 @@ def _request(plan: SweepPlan, point: Point, action: str) -> RunRequest:
 
 
 __all__ = ["FRESH_PYTHON", "OPTUNA_FILE", "forks_trainings", "get_ready", "point_state", "run_sweep"]
+
+
+def finish_folder(folder: SweepFolder, echo: Callable[[str], None] = print) -> int:
+    """The sweep's own files uploaded where its folder is a bucket's (:meth:`SweepFolder.finish`); 1, with a line
+    naming the files that are not there, when some could not be, else 0."""
+    missing = folder.finish()
+    if not missing:
+        return 0
+    echo(
+        f"error: {len(missing)} file(s) of the sweep are not in {folder.address}: {', '.join(missing[:5])}"
+        f"{' ...' if len(missing) > 5 else ''} (the same command uploads them)"
+    )
+    return 1
