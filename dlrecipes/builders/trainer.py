@@ -21,6 +21,7 @@ from dlrecipes.builders.components import (
     build_scheduler,
 )
 from dlrecipes.config import RecipeConfig
+from dlrecipes.core import lr_scaling
 from dlrecipes.core.devices import on_gpu
 from dlrecipes.core.distributed import local_world_size, rank, same_on_all_ranks, world_size
 from dlrecipes.core.durations import is_zero
@@ -184,7 +185,7 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
     loggers = _loggers(config, run, terminal=start_line(opened, data, bool(resume and load_path)))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
     with tensors_only(load_path, trust, key):
-        trainer = _trainer(
+        trainer, lr = _trainer(
             config,
             layout,
             device,
@@ -196,7 +197,20 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
             load={"load_path": load_path, "load_strict_model_weights": ckpt.load_strict},
             data=data,
         )
+    _log_lr_scaling(config, trainer, lr)
     return BuiltRun(trainer, run.history)
+
+
+def _log_lr_scaling(config: RecipeConfig, trainer: Trainer, lr: float) -> None:
+    """With ``optimizer.scale_lr``: ``lr``, the optimizer's as it was built (scaled to the global batch there),
+    logged as hyperparameters and printed once."""
+    report = lr_scaling.scaling_report(config.optimizer.params, config.trainer.batch_size, lr)
+    if report is None:
+        return
+    line, hyperparameters = report
+    trainer.logger.log_hyperparameters(hyperparameters)
+    if rank() == 0:
+        print(line, file=sys.stderr)
 
 
 def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
@@ -207,7 +221,7 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
     data, model = _seeded_model(config)
     run = _run_context(config, layout, opened.recipe, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
-    return _trainer(
+    trainer, _ = _trainer(
         config,
         layout,
         device,
@@ -219,6 +233,7 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
         load={},
         max_duration="100000000ba",
     )
+    return trainer
 
 
 def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], device: str, data) -> RunContext:
@@ -322,21 +337,23 @@ def _trainer(
     load: dict,
     max_duration: str | None = None,
     data: DatasetSplits | None = None,
-) -> Trainer:
-    """The Composer Trainer of the built parts; an algorithm with ``check_data(data)`` is checked against the data
-    here, before the run's start line (distillation's teacher)."""
+) -> tuple[Trainer, float]:
+    """The Composer Trainer of the built parts, and the lr its optimizer was built with (the optimizer's default,
+    scaled to the global batch with ``optimizer.scale_lr``); an algorithm with ``check_data(data)`` is checked
+    against the data here, before the run's start line (distillation's teacher)."""
     Trainer = _trainer_class()
     t = config.trainer
     optimizer = build_optimizer(
         config.optimizer, model, t.batch_size, fused=precision_of(t.precision).fused_optimizer and on_gpu(device)
     )
+    lr = optimizer.defaults.get("lr", 0.0)  # (before an algorithm such as SAM wraps the optimizer)
     algorithms = build_algorithms(config.algorithms, layout)
     for algorithm in algorithms:
         if data is not None and callable(getattr(algorithm, "check_data", None)):
             algorithm.check_data(data)
     if config.finetune is not None:
         algorithms += _finetune(config, model, optimizer)
-    return Trainer(
+    trainer = Trainer(
         model=model,
         train_dataloader=loaders[0],
         eval_dataloader=loaders[1],
@@ -365,6 +382,7 @@ def _trainer(
         dist_timeout=t.dist_timeout,
         **load,  # resuming, or a full state (load_weights_only: false); weights alone were loaded by _initial_state
     )
+    return trainer, lr
 
 
 def network_algorithms(algorithms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -15,7 +15,6 @@ from typing import Any
 
 from dlrecipes.builders import build_trainer
 from dlrecipes.config import RecipeConfig
-from dlrecipes.core import lr_scaling
 from dlrecipes.core.devices import resolve_device
 from dlrecipes.core.distributed import choose_gloo_interface, rank, start_torchrun_group
 from dlrecipes.errors import first_line
@@ -24,19 +23,6 @@ from dlrecipes.records.run_dir import find_resume_point, record_recipe
 from dlrecipes.records.store import RunOptions, RunStore, TrainingRun, store_for
 
 __all__ = ["RunOptions", "TrainResult", "TrainingFailed", "fit", "open_run"]
-
-
-def _log_lr_scaling(config: RecipeConfig, trainer) -> None:
-    """With ``optimizer.scale_lr``: the lr the optimizer got (the rule's, as the builder gave it), logged and said
-    once."""
-    params, batch = config.optimizer.params, config.trainer.batch_size
-    report = lr_scaling.scaling_report(params, batch, lr_scaling.optimizer_params(params, batch).get("lr", 0.0))
-    if report is None:
-        return
-    line, hyperparameters = report
-    trainer.logger.log_hyperparameters(hyperparameters)
-    if rank() == 0:
-        print(line, file=sys.stderr)
 
 
 def _report_skipped_images(trainer) -> None:
@@ -131,10 +117,9 @@ def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
 def _fit_in(opened: TrainingRun) -> TrainResult:
     """Build the run's Trainer (with the callbacks that keep its store in step) and ``fit()`` it; how it ended goes
     to the run's history (summary.json, kept as built), and into the result."""
-    run, config, resume = opened.run, opened.config, opened.options.resume
+    run, resume = opened.run, opened.options.resume
     built = build_trainer(opened)
     trainer, history = built.trainer, built.history
-    _log_lr_scaling(config, trainer)
     finished = resume and trainer.state.get_elapsed_duration() >= 1.0
     if finished:  # e.g. killed after its last checkpoint: nothing left to train
         print(
