@@ -54,6 +54,8 @@ def test_the_backbone_stays_frozen_for_its_epochs_then_trains(tiny_recipe):
 
 
 def test_named_heads_and_layer_decay_shape_the_learning_rates(tiny_recipe):
+    from dlrecipes.records.history import group_lrs, run_lr
+
     config = resolve(
         tiny_recipe,
         [*FINETUNE, "finetune.head=[classifier.*]", "finetune.layer_decay=0.5", "finetune.freeze_backbone=0ep"],
@@ -63,6 +65,10 @@ def test_named_heads_and_layer_decay_shape_the_learning_rates(tiny_recipe):
         groups = trainer.state.optimizers[0].param_groups
         lrs = sorted({g["lr"] for g in groups})
         assert len(lrs) >= 3 and max(lrs) == 0.5  # the head keeps head_lr, deeper-in blocks get less
+        # history.csv: "lr" is the head's (no group trains at optimizer.lr, 0.05: the last group stands in), and each
+        # block at another rate has a column of its own
+        assert run_lr(trainer.state) == 0.5
+        assert group_lrs(trainer.state) == {f"lr/block{k}": 0.05 * 0.5 ** (7 - k) for k in range(7)}
         assert "FreezeBackbone" not in {type(a).__name__ for a in trainer.state.algorithms}
     finally:
         trainer.close()

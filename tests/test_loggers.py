@@ -235,7 +235,7 @@ def test_the_terminal_and_history_show_one_learning_rate_the_recipes():
 
     from dlrecipes.loggers.terminal import TerminalReport
     from dlrecipes.optim.registered import sgd
-    from dlrecipes.records.history import run_lr
+    from dlrecipes.records.history import group_lrs, run_lr
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     optimizer = sgd(model, lr=0.1, norm_lr_scale=64.0)
@@ -243,5 +243,6 @@ def test_the_terminal_and_history_show_one_learning_rate_the_recipes():
     assert [group["lr"] for group in optimizer.param_groups] == [3.2, 0.05]  # the norms' group first
     state = SimpleNamespace(optimizers=[optimizer])
     assert run_lr(state) == 0.05 and TerminalReport._lr(None, state) == 0.05
+    assert group_lrs(state) == {"lr/norms": 3.2}  # history.csv's column for the group at another rate
     del schedule
     assert run_lr(SimpleNamespace(optimizers=[])) is None

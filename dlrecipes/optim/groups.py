@@ -36,7 +36,7 @@ def norm_bias_scaled(groups: list, model, lr: float, weight_decay: float, scale:
         others = [p for p in params if id(p) not in norms]
         if mine:
             decay = group.get("weight_decay", weight_decay) / scale
-            scaled.append({**group, "params": mine, "lr": lr * scale, "weight_decay": decay})
+            scaled.append({**group, "params": mine, "lr": lr * scale, "weight_decay": decay, "norms": True})
         if others:
             rest.append({**group, "params": others})
     return scaled + rest

@@ -209,6 +209,7 @@ class RunHistory(Callback):
             "epoch": int(state.timestamp.epoch),
             "step": int(state.timestamp.batch),
             "lr": lr,
+            **group_lrs(state),
             "train_loss": (self._loss_sum / self._loss_batches).item(),
             "eval_loss": float(metrics.get("loss", math.nan)),
             "eval_top1": float(metrics.get("top1", math.nan)),
@@ -327,3 +328,30 @@ def run_lr(state: State) -> float | None:
     base, groups = optimizer.defaults.get("lr"), optimizer.param_groups
     group = next((g for g in groups if float(g.get("initial_lr", g["lr"])) == float(base)), None) if base else None
     return float((group or groups[-1])["lr"])
+
+
+def group_lrs(state: State) -> dict[str, float]:
+    """The rate of each parameter group that does not train at the rate ``lr`` shows (``finetune.head_lr``, layer-wise
+    decay, ``optimizer.norm_lr_scale``), as scheduled now, under ``lr/<the group's name>`` (history.csv's columns
+    after ``lr``); empty when every group trains at that rate."""
+    if not state.optimizers:
+        return {}
+    groups, shown = state.optimizers[0].param_groups, run_lr(state)
+    rates: dict[str, float] = {}
+    for index, group in enumerate(groups):
+        if float(group["lr"]) != shown:
+            rates.setdefault(f"lr/{group_name(group, index)}", float(group["lr"]))
+    return rates
+
+
+def group_name(group: dict, index: int) -> str:
+    """A parameter group's name from what made it: ``head`` (``finetune.head_lr``), ``block<N>`` (layer-wise decay's
+    block N, input first), ``norms`` (batch norms' scaled rate), ``muon``; joined by ``-`` where several made it;
+    ``group<index>`` where none did."""
+    parts = [
+        *(["head"] if group.get("finetune_head") else []),
+        *([f"block{group['layerwise_block']}"] if "layerwise_block" in group else []),
+        *(["norms"] if group.get("norms") else []),
+        *(["muon"] if group.get("use_muon") else []),
+    ]
+    return "-".join(parts) or f"group{index}"
