@@ -134,8 +134,8 @@ def torchvision_loader(root: Path, batch: int, workers: int, crop: int):
 def ffcv_loader(root: Path, batch: int, workers: int, crop: int, max_resolution: int, min_scale: float = 0.08):
     from torchvision.datasets import ImageFolder
 
-    from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
-    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+    from dlrecipes.data.ffcv.files import ConvertOptions, RawImages, write_beton
+    from dlrecipes.data.ffcv.loader import FFCVLoader, FFCVSource
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     path = root / f"train-{max_resolution}.beton"

@@ -64,7 +64,7 @@ def flagship_data(scale: Scale, root: Path) -> Path:
     """Generated ImageNet-like JPEGs under ``root`` (kept if there) and their FFCV files; returns their folder."""
     from torchvision.datasets import ImageFolder
 
-    from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
+    from dlrecipes.data.ffcv.files import ConvertOptions, RawImages, write_beton
 
     ffcv = root / f"ffcv-{scale.max_res}"
     if not (ffcv / "val.beton").exists():

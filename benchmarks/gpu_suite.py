@@ -116,7 +116,7 @@ def _sync() -> None:
 
 def loader_alone(beton: Path, scale: Scale) -> list[float]:
     """Images/s of the flagship's FFCV train pipeline, epoch by epoch (no model)."""
-    from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+    from dlrecipes.data.ffcv.loader import FFCVLoader, FFCVSource
     from dlrecipes.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     device = torch_device(scale.device)

@@ -50,7 +50,7 @@ def _rank(dataset, rank: int, args, step, log: Path, times: Path) -> None:
 
 def measure(remote: str, cache: Path, limit: int, args) -> dict:
     """One limit: the ranks read the epochs; what the log says."""
-    from dlrecipes.data.shards import build_shards
+    from dlrecipes.data.shards.dataset import build_shards
 
     splits = build_shards(remote, str(cache), limit, 64, 72, None, 0.35, True, (0.5,) * 3, (0.25,) * 3)
     dataset = splits.train
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
 
-    from dlrecipes.data.shard_cache import check_room, samples_in_flight
+    from dlrecipes.data.shards.cache import check_room, samples_in_flight
     from tests.conftest import image_folders
     from tests.s3_server import serving
 
@@ -118,7 +118,7 @@ def main() -> None:
                    f"train_path={source / 'train'}", f"val_path={source / 'val'}", "--format", "shards",
                    "--out", "s3://data/bench", "--shard-size", "200000"]  # fmt: skip
         subprocess.run(convert, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        from dlrecipes.data.shards import open_shards
+        from dlrecipes.data.shards.dataset import open_shards
 
         _, meta, _ = open_shards("s3://data/bench", "100GB")
         shards = meta["splits"]["train"]["shards"]

@@ -487,7 +487,7 @@ def convert_dataset(
 
 def inspect_beton(path: str | Path) -> dict[str, Any]:
     """Samples, fields, resolution statistics and classes of an FFCV ``.beton`` file."""
-    from dlrecipes.data.ffcv_files import inspect_beton as inspect
+    from dlrecipes.data.ffcv.files import inspect_beton as inspect
 
     return inspect(Path(path))
 

@@ -49,7 +49,7 @@ def ffcv_files(images: Path, out: Path, max_resolution: int) -> Path:
     """``out``/train.beton and val.beton written from the image folders images/train and images/val."""
     from torchvision.datasets import ImageFolder
 
-    from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, write_beton
+    from dlrecipes.data.ffcv.files import ConvertOptions, RawImages, write_beton
 
     out.mkdir(parents=True, exist_ok=True)
     options = ConvertOptions(max_resolution=max_resolution, write_mode="jpg", num_workers=1)
@@ -61,7 +61,7 @@ def ffcv_files(images: Path, out: Path, max_resolution: int) -> Path:
 def shard_files(images: Path, out: Path) -> Path:
     """``out``: dataset shards (litdata) written from the image folders images/train and images/val."""
     from dlrecipes.data.image_folder import build_image_folders
-    from dlrecipes.data.shards_write import ShardsOptions, write_shards
+    from dlrecipes.data.shards.write import ShardsOptions, write_shards
 
     splits = build_image_folders(str(images / "train"), str(images / "val"), 16, 18, 0.35, True, (0.5,) * 3, (0.5,) * 3)
     write_shards(splits, str(out), ShardsOptions(), echo=lambda line: None)

@@ -23,8 +23,8 @@ if importlib.util.find_spec("ffcv") is None:
         raise RuntimeError("CI installs the ffcv extra; FFCV tests must run there")
     pytest.skip("FFCV is not installed (pip install -e '.[ffcv]')", allow_module_level=True)
 
-from dlrecipes.data.ffcv_files import ConvertOptions, RawImages, import_ffcv, inspect_beton, open_reader, write_beton  # noqa: E402
-from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource  # noqa: E402
+from dlrecipes.data.ffcv.files import ConvertOptions, RawImages, import_ffcv, inspect_beton, open_reader, write_beton  # noqa: E402
+from dlrecipes.data.ffcv.loader import FFCVLoader, FFCVSource  # noqa: E402
 
 CLASSES = ("ant", "bee", "cow")
 
@@ -165,7 +165,7 @@ def test_an_os_cache_loader_leaves_numbas_shared_types_writable(beton):
 _DECODE_TWICE = """
 import json, sys
 import numba.core.event, torch
-from dlrecipes.data.ffcv_loader import FFCVLoader, FFCVSource
+from dlrecipes.data.ffcv.loader import FFCVLoader, FFCVSource
 out = {}
 for path in sys.argv[1:]:
     out[path] = {"compilations": 0, "batches": []}
@@ -192,7 +192,7 @@ def test_compiled_pipelines_are_cached_on_disk_and_decode_as_ffcv_does(tmp_path)
     import subprocess
     import sys
 
-    from dlrecipes.data.ffcv_compile import CACHE_SWITCH
+    from dlrecipes.data.ffcv.compile import CACHE_SWITCH
 
     root = _folder(tmp_path / "src" / "train")
     paths = []
@@ -252,8 +252,8 @@ def test_cache_keys_follow_the_code_and_every_closure_value(monkeypatch):
     different key."""
     from numba import njit, types
 
-    from dlrecipes.data import ffcv_compile
-    from dlrecipes.data.ffcv_compile import _fingerprint
+    from dlrecipes.data.ffcv import compile as ffcv_compile
+    from dlrecipes.data.ffcv.compile import _fingerprint
 
     key = _fingerprint(_closure(np.array([2.0]), njit(_plus_one)))
     assert key == _fingerprint(_closure(np.array([2.0]), njit(_plus_one)))
@@ -269,7 +269,7 @@ def test_without_a_writable_cache_location_pipelines_compile_uncached(beton, mon
     from ffcv.pipeline.compiler import Compiler
     from numba.core.caching import NullCache
 
-    from dlrecipes.data import ffcv_compile
+    from dlrecipes.data.ffcv import compile as ffcv_compile
 
     def no_location(self, py_func):
         raise RuntimeError("cannot cache function: no locator available")
@@ -318,7 +318,7 @@ def test_a_betons_fields_and_sidecar_are_data(beton, tmp_path):
     from ffcv.fields import IntField, NDArrayField
     from ffcv.writer import DatasetWriter
 
-    from dlrecipes.data.ffcv_files import beton_num_classes
+    from dlrecipes.data.ffcv.files import beton_num_classes
 
     other = tmp_path / "other.beton"
     rows = [(np.zeros(2, dtype=np.float32), i) for i in range(3)]

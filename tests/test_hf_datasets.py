@@ -75,7 +75,7 @@ def _rgb(images: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("layout", ["saved", "parquet"])
 def test_images_labels_and_class_names_read_back_as_saved(digits_hf, layout):
-    from dlrecipes.data.ffcv_files import RawImages
+    from dlrecipes.data.ffcv.files import RawImages
 
     source, paths = digits_hf
     data = _build(paths[layout])
@@ -226,7 +226,7 @@ def test_validating_an_hf_recipe_does_not_import_datasets(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("ffcv") is None, reason="FFCV is not installed")
 def test_data_convert_writes_ffcv_files_with_the_class_names(digits_hf, tmp_path):
-    from dlrecipes.data.ffcv_files import inspect_beton
+    from dlrecipes.data.ffcv.files import inspect_beton
 
     source, paths = digits_hf
     out = tmp_path / "ffcv"

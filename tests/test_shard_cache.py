@@ -1,4 +1,4 @@
-"""The shards reader and its cache (dlrecipes/data/shard_cache.py): both of litdata's chunk layouts read as data, a
+"""The shards reader and its cache (dlrecipes/data/shards/cache.py): both of litdata's chunk layouts read as data, a
 small cache under the training order with two processes and DataLoader workers (within its limit plus one shard,
 no shard twice in an epoch), a shard being read never evicted, a limit too small for what is read at once refused
 before training, a full or read-only cache folder, damaged shards and decompression bombs named."""
@@ -21,11 +21,11 @@ pytest.importorskip("litdata")
 
 def _dataset(folder: Path):
     """The train split of the local shards at ``folder``, as a :class:`ShardsDataset` (samples: the image's size)."""
-    from dlrecipes.data.shards import ShardsPlace, read_meta
+    from dlrecipes.data.shards.dataset import ShardsPlace, read_meta
 
     place = ShardsPlace(str(folder), "dataset.remote")
     shards = read_meta(place)["splits"]["train"]["shards"]
-    from dlrecipes.data.shards import ShardsDataset
+    from dlrecipes.data.shards.dataset import ShardsDataset
 
     return ShardsDataset(place, "train", shards, lambda image: image.size[0], None, None)
 
@@ -46,7 +46,7 @@ def shards(tmp_path_factory) -> Path:
 def _cached(dataset, folder: Path, limit: int, log: Path, stall: float = 5.0):
     """``dataset`` read through a :class:`ShardCache` in ``folder`` whose downloads copy from the dataset's own
     folder, each logged (shard, bytes the cache then holds) from whichever process makes it."""
-    from dlrecipes.data.shard_cache import ShardCache
+    from dlrecipes.data.shards.cache import ShardCache
 
     source = Path(dataset.url)
 
@@ -64,8 +64,8 @@ def test_both_chunk_layouts_are_read_as_litdata_wrote_them(tmp_path, monkeypatch
     """litdata 0.2.76 writes a sample table, or (with pyarrow) Arrow rows at the chunk's end: each read back."""
     import litdata.streaming.item_loader as item_loader
 
-    from dlrecipes.data.shard_cache import ARROW_MAGIC, read_from
-    from dlrecipes.data.shards_write import write_split
+    from dlrecipes.data.shards.cache import ARROW_MAGIC, read_from
+    from dlrecipes.data.shards.write import write_split
 
     class Images:
         count = 5
@@ -208,7 +208,7 @@ def test_a_full_or_read_only_cache_folder_is_one_line_naming_it(shards, tmp_path
 def test_damaged_shards_and_decompression_bombs_name_the_shard_and_sample(shards, tmp_path, monkeypatch):
     from PIL import Image
 
-    from dlrecipes.data.shard_cache import ARROW_MAGIC
+    from dlrecipes.data.shards.cache import ARROW_MAGIC
     from dlrecipes.errors import DataError
 
     copy = tmp_path / "copy"
@@ -227,7 +227,7 @@ def test_damaged_shards_and_decompression_bombs_name_the_shard_and_sample(shards
         dataset[0]
     from torchvision.datasets import ImageFolder
 
-    from dlrecipes.data.shards_write import EncodedImages
+    from dlrecipes.data.shards.write import EncodedImages
 
     images = EncodedImages(ImageFolder(str(shards.parent / "src" / "train")), None)
     with pytest.raises(
@@ -239,7 +239,7 @@ def test_damaged_shards_and_decompression_bombs_name_the_shard_and_sample(shards
 def test_a_cache_folder_holds_one_datasets_shards(shards, tmp_path):
     """Two datasets with shards of the same names and sizes (a dataset converted again at its address, or two given
     one cache_dir): the second's samples are its own, never the first's cached under the same name."""
-    from dlrecipes.data.shard_cache import IDENTITY
+    from dlrecipes.data.shards.cache import IDENTITY
 
     other = tmp_path / "other"
     shutil.copytree(shards, other)

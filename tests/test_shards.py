@@ -1,5 +1,5 @@
-"""Dataset shards (dlrecipes/data/shards.py, shards_write.py): image folders converted to shards in a local folder and
-in a bucket (SeaweedFS), read back equal to the source, trained from, a cache kept under its limit, and each kind of
+"""Dataset shards (dlrecipes/data/shards/: dataset.py, write.py): image folders converted to shards in a local folder
+and in a bucket (SeaweedFS), read back equal to the source, trained from, a cache kept under its limit, and each kind of
 bad input one line."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def convert(source: Path, out: str, *more: str):
 
 
 def open_shards(remote: str, **params):
-    from dlrecipes.data.shards import build_shards
+    from dlrecipes.data.shards.dataset import build_shards
 
     given = {"cache_dir": None, "cache_limit": "1GB", "decode": "turbo", **params}
     return build_shards(
@@ -306,7 +306,7 @@ def test_bad_bucket_input_is_one_line(in_bucket, source, tmp_path, monkeypatch):
 
 STALLED_READER = """
 import os, sys
-from dlrecipes.data.shards import build_shards
+from dlrecipes.data.shards.dataset import build_shards
 from dlrecipes.errors import UserError, user_message
 splits = build_shards(sys.argv[1], sys.argv[2], '1GB', 8, 10, None, 0.35, True, (0.5,) * 3, (0.25,) * 3)
 splits.train[0]

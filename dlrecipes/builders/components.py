@@ -93,7 +93,7 @@ def build_dataloaders(
 
     ``algorithms`` tells an FFCV pipeline whether to emit channels-last images.
     """
-    from dlrecipes.data.ffcv_loader import FFCVSource, build_ffcv_loaders, ffcv_dataspec
+    from dlrecipes.data.ffcv.loader import FFCVSource, build_ffcv_loaders, ffcv_dataspec
 
     train_batch = split_batch(cfg.batch_size, world_size(), "trainer.batch_size")
     eval_batch = split_batch(cfg.eval_batch_size or cfg.batch_size, world_size(), "trainer.eval_batch_size")
@@ -157,7 +157,7 @@ def _torch_loaders(data: DatasetSplits, cfg: TrainerConfig, device: str, train_b
         common["collate_fn"], loader_type = collate_encoded, EncodedLoader
     samples = ordered(data.train, cfg.batch_size, dist.get_global_rank(), dist.get_world_size(), seed)
     if hasattr(data.train, "check_cache"):  # shards: a cache limit that holds what the loaders read at once
-        from dlrecipes.data.shard_cache import samples_in_flight
+        from dlrecipes.data.shards.cache import samples_in_flight
 
         spans = samples_in_flight(cfg.batch_size, cfg.eval_batch_size or cfg.batch_size, cfg.num_workers)
         data.train.check_cache(*spans["train"])

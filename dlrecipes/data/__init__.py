@@ -6,9 +6,7 @@ Modules:
 - :mod:`.dataset_params`: the CIFARs', the digits' and decode keys several datasets share, declared once
 - :mod:`.device_loader`: DeviceTensorLoader: uint8 datasets kept and augmented on the device
 - :mod:`.digits`: the embedded 8x8 digits (digits.npz, shipped in the package)
-- :mod:`.ffcv_compile`: FFCV's numba pipelines, compiled once per machine
-- :mod:`.ffcv_files`: FFCV .beton files: any dataset written, one read back
-- :mod:`.ffcv_loader`: FFCV loaders for training and evaluation (Composer DataSpecs)
+- :mod:`.ffcv`: FFCV's .beton files: written, read back, loaded (the ffcv extra)
 - :mod:`.hf_dataset`: Hugging Face datasets (the hf extra)
 - :mod:`.image_factories`: the factories of the datasets read from image files, which registered.py adds by name
 - :mod:`.image_folder`: image folders, ImageNet, ImageNet-100 (imagenet100_classes.txt)
@@ -17,9 +15,7 @@ Modules:
   processes
 - :mod:`.preprocess`: preprocess.json: how an image file becomes a model input
 - :mod:`.preprocess_params`: the image-preprocessing keys several datasets share, declared once
-- :mod:`.shard_cache`: shards' samples read as data, and a node's cache of a bucket's shards within its limit
-- :mod:`.shards`: dataset shards (litdata) read by index from a bucket or a folder, through a bounded cache
-- :mod:`.shards_write`: any dataset written as shards to a folder or a bucket, its index last
+- :mod:`.shards`: dataset shards (litdata's layout): written, and read by index through a bounded cache
 - :mod:`.source_sizes`: source images' sizes, and the warning when a recipe upsamples them
 - :mod:`.synthetic`: random tensors with random labels (smoke tests, benchmarks)
 - :mod:`.task_data`: multi-input, multi-output datasets (two views of the digits, synthetic)

@@ -203,8 +203,8 @@ def ffcv(
         batches_ahead: how many batches FFCV's loader decodes ahead of the one training uses (more hides decoding
             stalls, at the cost of memory).
     """
-    from dlrecipes.data.ffcv_files import beton_class_names, beton_num_classes
-    from dlrecipes.data.ffcv_loader import FFCVSource
+    from dlrecipes.data.ffcv.files import beton_class_names, beton_num_classes
+    from dlrecipes.data.ffcv.loader import FFCVSource
     from dlrecipes.data.preprocess import preprocess_spec
 
     def source(path: str, train: bool, size: int) -> FFCVSource:
@@ -260,7 +260,7 @@ def shards(
             unit (10GB, 512MiB); the least recently used shards not being read are evicted beyond it. A limit that
             cannot hold the shards the loaders read at once is refused before training, with the least that can.
     """
-    from dlrecipes.data.shards import build_shards
+    from dlrecipes.data.shards.dataset import build_shards
 
     return build_shards(
         remote, cache_dir, cache_limit, crop_size, resize_size, eval_crop_size, min_scale, hflip, mean, std, decode

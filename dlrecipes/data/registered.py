@@ -82,7 +82,7 @@ def _check_shards(params: dict, trainer: TrainerConfig) -> None:
     """validate's data check of a shards dataset: its address answers, its metadata and index are as a conversion
     writes them, and its cache limit holds the shards the recipe's loaders read at once (what training checks,
     without building anything)."""
-    from dlrecipes.data.shards import check_cache_room, open_shards
+    from dlrecipes.data.shards.dataset import check_cache_room, open_shards
 
     place, meta, limit = open_shards(params["remote"], params["cache_limit"])
     check_cache_room(place, meta, limit, trainer)

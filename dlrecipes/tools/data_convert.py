@@ -3,7 +3,7 @@ tensor cache that ``trainer.loader: tensor_cache`` reads (``--format tensor_cach
 ``dataset: {name: shards}`` streams from a bucket or a folder (``--format shards``).
 
 The recipe-level steps (plugins, validating the dataset's parameters, building it) are here; writing and reading the
-files is :mod:`dlrecipes.data.ffcv_files`, :mod:`dlrecipes.data.tensor_cache` and :mod:`dlrecipes.data.shards_write`
+files is :mod:`dlrecipes.data.ffcv.files`, :mod:`dlrecipes.data.tensor_cache` and :mod:`dlrecipes.data.shards.write`
 (each imported only for its format: FFCV need not be installed to write the tensor cache).
 """
 
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from dlrecipes import registry
 from dlrecipes.builders import build_datasets
 from dlrecipes.config import COMPONENT_SECTIONS, check_component
-from dlrecipes.data.ffcv_files import ConvertOptions, ConvertReport, RawImages, write_beton
+from dlrecipes.data.ffcv.files import ConvertOptions, ConvertReport, RawImages, write_beton
 from dlrecipes.errors import UserError
 from dlrecipes.plugins import load_all
 
 if TYPE_CHECKING:
     from dlrecipes.config.sections import Component
-    from dlrecipes.data.shards_write import ShardsOptions, ShardsReport
+    from dlrecipes.data.shards.write import ShardsOptions, ShardsReport
 
 CONVERT_FORMATS = ("ffcv", "tensor_cache", "shards")  # FFCV .beton files; trainer.loader=tensor_cache's cache; shards
 
@@ -192,8 +192,8 @@ def shards_options(
 ) -> ShardsOptions:
     """``--format shards``' options, checked (one line for a size that is none, a quality outside 1-100, a negative
     resolution); ``max_resolution`` 0 or None: images kept at their size."""
-    from dlrecipes.data.shards import parse_bytes
-    from dlrecipes.data.shards_write import ShardsOptions
+    from dlrecipes.data.shards.dataset import parse_bytes
+    from dlrecipes.data.shards.write import ShardsOptions
 
     if reencode_quality is not None and not 1 <= reencode_quality <= 100:
         raise UserError(f"--reencode-quality: expected a JPEG quality from 1 to 100, got {reencode_quality}")
@@ -208,9 +208,9 @@ def write_shards(
     component: Component, out: str | Path | None, options: ShardsOptions | None, echo: Callable[[str], None] = print
 ) -> list[ShardsReport]:
     """Both splits as dataset shards at ``out`` (a local folder or ``s3://BUCKET/PREFIX``; ``options``: a
-    :class:`dlrecipes.data.shards_write.ShardsOptions`)."""
-    from dlrecipes.data.shards_write import ShardsOptions
-    from dlrecipes.data.shards_write import write_shards as write
+    :class:`dlrecipes.data.shards.write.ShardsOptions`)."""
+    from dlrecipes.data.shards.write import ShardsOptions
+    from dlrecipes.data.shards.write import write_shards as write
 
     if out is None:
         raise UserError("--out: give where the shards go: a local folder or s3://BUCKET/PREFIX")
@@ -241,7 +241,7 @@ def _amount(size: int) -> str:
 
 
 def format_beton(info: dict[str, Any]) -> str:
-    """``data inspect``'s view of a .beton file (the dict of :func:`dlrecipes.data.ffcv_files.inspect_beton`)."""
+    """``data inspect``'s view of a .beton file (the dict of :func:`dlrecipes.data.ffcv.files.inspect_beton`)."""
     res = info["resolution"]
     lines = [
         f"{info['path']}: {info['samples']} samples",

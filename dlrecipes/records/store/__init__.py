@@ -161,7 +161,7 @@ def select_runs(
 
 
 class DatasetBucket:
-    """A dataset kept in an object store (``dlrecipes.data.shards``): its address (``root``: bucket, prefix,
+    """A dataset kept in an object store (``dlrecipes.data.shards.dataset``): its address (``root``: bucket, prefix,
     ``key()``), the bucket through Composer's object-store layer (``backend``: ``upload``, ``read``, ``write``,
     ``listing``, ``delete``), and the S3 endpoint the run store uses (``S3_ENDPOINT_URL``; None: AWS's own)."""
 

@@ -1,5 +1,5 @@
 """Any dataset dlrecipes reads, written as dataset shards (litdata's format) to a local folder or a bucket:
-``dlrecipes data convert SOURCE --format shards --out DEST`` (:mod:`dlrecipes.data.shards` reads them).
+``dlrecipes data convert SOURCE --format shards --out DEST`` (:mod:`dlrecipes.data.shards.dataset` reads them).
 
 Encoded images are kept as they are (an image folder's files, a Hugging Face column's bytes); in-memory uint8 images
 (CIFAR, MNIST, the digits) are encoded losslessly as PNG; ``reencode_quality`` re-encodes every image as JPEG, and
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlrecipes.data.shards import FORMAT, META, SPLITS, ShardsPlace, import_litdata
+from dlrecipes.data.shards.dataset import FORMAT, META, SPLITS, ShardsPlace, import_litdata
 from dlrecipes.errors import DataError, UserError
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 FFCV is an optional extra: :func:`import_ffcv` gives an install hint when it is missing and
 undoes FFCV's ``torch.set_num_threads(1)`` at import, which would otherwise slow CPU
 training to a crawl, and makes FFCV's numba-compiled pipelines cacheable on disk
-(:mod:`dlrecipes.data.ffcv_compile`).  Each ``.beton`` gets a ``.json`` sidecar naming its classes.
+(:mod:`dlrecipes.data.ffcv.compile`).  Each ``.beton`` gets a ``.json`` sidecar naming its classes.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def import_ffcv():
         raise UserError(f"{FFCV_INSTALL_HINT} ({exc})") from None
     finally:
         torch.set_num_threads(threads)  # importing ffcv sets it to 1 for the whole process
-    from dlrecipes.data.ffcv_compile import install
+    from dlrecipes.data.ffcv.compile import install
 
     install()  # compiled pipelines cached on disk: only a machine's first run compiles
     return ffcv

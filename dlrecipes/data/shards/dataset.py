@@ -1,10 +1,10 @@
 """Dataset shards (litdata's format) read from a local folder or a bucket: a map-style dataset per split whose
 samples are read by index from their shards, a bucket's through this node's cache of whole shards
-(:mod:`dlrecipes.data.shard_cache`: dlrecipes's own reader and eviction, kept within the cache limit), decoded by
+(:mod:`dlrecipes.data.shards.cache`: dlrecipes's own reader and eviction, kept within the cache limit), decoded by
 libjpeg-turbo (PIL where a step on PIL images was added) and transformed as image folders are.
 
 A shards dataset (written by ``dlrecipes data convert SOURCE --format shards --out DEST``,
-:mod:`dlrecipes.data.shards_write`) is ``DEST/train/`` and ``DEST/val/`` (litdata's ``chunk-*.bin`` shards and its
+:mod:`dlrecipes.data.shards.write`) is ``DEST/train/`` and ``DEST/val/`` (litdata's ``chunk-*.bin`` shards and its
 ``index.json``) and ``DEST/dlrecipes-shards.json`` (class names; each split's shards: file, samples, bytes), written
 last: a dataset without it was not written to the end and is refused.
 
@@ -30,7 +30,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlrecipes.data.shard_cache import SHARD_NAME, Damaged, ShardCache, check_room, read_from, samples_in_flight
+from dlrecipes.data.shards.cache import SHARD_NAME, Damaged, ShardCache, check_room, read_from, samples_in_flight
 from dlrecipes.data.splits import DatasetSplits
 from dlrecipes.errors import DataError, UserError, first_line, shown
 
@@ -263,7 +263,7 @@ def check_shards(place: ShardsPlace, split: str, shards: Sequence[dict], cache_l
 
 class ShardsDataset:
     """One split: ``len()`` samples, ``dataset[i] -> (image tensor, label)`` read from its shard (a local dataset's
-    where it is; a bucket's through this node's :class:`~dlrecipes.data.shard_cache.ShardCache`, whole shards kept
+    where it is; a bucket's through this node's :class:`~dlrecipes.data.shards.cache.ShardCache`, whole shards kept
     within ``cache_limit``); ``shard_sizes``: samples per shard, in index order (a sampler can visit shards whole)."""
 
     def __init__(
@@ -293,7 +293,7 @@ class ShardsDataset:
 
     def cache_identity(self) -> str:
         """What a cache folder of this split must hold: its address and shards (a folder that holds another's is
-        emptied first: :class:`~dlrecipes.data.shard_cache.ShardCache`)."""
+        emptied first: :class:`~dlrecipes.data.shards.cache.ShardCache`)."""
         return json.dumps({"dataset": self.url, "shards": self.shards}, sort_keys=True)
 
     def __getstate__(self) -> dict:  # a DataLoader worker (spawned) reads each shard's table again
@@ -344,7 +344,7 @@ class ShardsDataset:
 
     def check_cache(self, span: int, shuffled: bool) -> None:
         """One line when the cache limit cannot hold the shards ``span`` consecutive samples of this split's order
-        fall in (:func:`~dlrecipes.data.shard_cache.check_room`)."""
+        fall in (:func:`~dlrecipes.data.shards.cache.check_room`)."""
         if self.cache is not None:
             check_room(self.shards, self.cache.limit, span, shuffled, self.split)
 

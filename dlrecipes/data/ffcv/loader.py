@@ -21,7 +21,7 @@ from composer.core import DataSpec
 
 from dlrecipes.core.devices import torch_device
 from dlrecipes.core.precision import precision_of
-from dlrecipes.data.ffcv_files import import_ffcv, open_reader
+from dlrecipes.data.ffcv.files import import_ffcv, open_reader
 
 if TYPE_CHECKING:
     from ffcv.loader.epoch_iterator import EpochIterator

@@ -18,8 +18,8 @@ The cache (:class:`ShardCache`, one folder per split and node, shared by every p
   If every other shard is being read at that moment, the download waits for one to be released when the cache is
   already at its limit, so the cache holds at most ``limit`` plus one shard.
 - A limit that cannot hold the shards the training order reads at once (:func:`shards_read_at_once`) is refused
-  before training (:meth:`dlrecipes.data.shards.ShardsDataset.check_cache`), so that no shard is downloaded twice in
-  an epoch.
+  before training (:meth:`dlrecipes.data.shards.dataset.ShardsDataset.check_cache`), so that no shard is
+  downloaded twice in an epoch.
 - Waits are bounded: a download by the bucket's stall bound (``DLRECIPES_BUCKET_STALL``, a minute), a wait for
   another process's download by the same bound without progress in its partial file.
 """
