@@ -180,7 +180,7 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
     periodic = ckpt.save and not ckpt.best_only
     load_path = _initial_state(config, model, layout, resume and periodic, device, trust, opened.resume_point)
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed, algorithms=config.algorithms)
-    run = _run_context(config, layout, opened.recipe, device, data)
+    run = _run_context(config, layout, device, data)
     callbacks = [*_run_callbacks(config, run, periodic), *opened.keep_in_step()]
     loggers = _loggers(config, run, terminal=start_line(opened, data, bool(resume and load_path)))
     key = "checkpoint.load_path" if ckpt.load_path and load_path == str(Path(ckpt.load_path)) else "--resume"
@@ -219,7 +219,7 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
     no checkpoints and no terminal output."""
     config, layout, device = opened.config, opened.run, opened.device
     data, model = _seeded_model(config)
-    run = _run_context(config, layout, opened.recipe, device, data)
+    run = _run_context(config, layout, device, data)
     callbacks = _run_callbacks(config, run, periodic=False)
     trainer, _ = _trainer(
         config,
@@ -236,8 +236,9 @@ def build_bench_trainer(opened: TrainingRun, train_loader: Iterable) -> Trainer:
     return trainer
 
 
-def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], device: str, data) -> RunContext:
-    """What the run's callbacks and loggers are given as they are built, its history made here, once."""
+def _run_context(config: RecipeConfig, layout: RunDir, device: str, data) -> RunContext:
+    """What the run's callbacks and loggers are given as they are built (the recipe as plain data, made here from
+    ``config``), its history made here, once."""
     from dlrecipes.records.history import RunHistory
     from dlrecipes.records.provenance import collect, rerun_warnings
 
@@ -245,6 +246,7 @@ def _run_context(config: RecipeConfig, layout: RunDir, recipe: dict[str, Any], d
     if rank() == 0:
         for line in rerun_warnings(config, provenance):  # training a run's own recipe.yaml again
             print(line, file=sys.stderr)
+    recipe = config.to_dict()
     history = RunHistory(layout, recipe, device, plots=config.plots, provenance=provenance)
     return RunContext(layout.path, recipe, device, data, history, read_every=config.trainer.log_interval, layout=layout)
 

@@ -19,7 +19,7 @@ from dlrecipes.core.devices import resolve_device
 from dlrecipes.core.distributed import choose_gloo_interface, rank, start_torchrun_group
 from dlrecipes.errors import first_line
 from dlrecipes.fit.outcome import TrainingFailed, TrainResult, ended_by, outcome
-from dlrecipes.records.run_dir import find_resume_point, record_recipe
+from dlrecipes.records.run_dir import record_recipe
 from dlrecipes.records.store import RunOptions, RunStore, TrainingRun, store_for
 
 __all__ = ["RunOptions", "TrainResult", "TrainingFailed", "fit", "open_run"]
@@ -79,13 +79,9 @@ def fit(opened: TrainingRun) -> TrainResult:
                 from dlrecipes.loggers.terminal import hide_harmless_warnings
 
                 hide_harmless_warnings()
-            # under the lock (a live run's files are not touched) and before anything is written: refused here,
-            # a resume changes nothing; looked up once, here
-            if options.resume and rank() == 0:
-                opened.resume_point = find_resume_point(run.path, opened.config.trainer.max_duration, options.trust)
             if opened.accepted and rank() == 0:
                 print(f"resuming {run.name} with changed settings: {', '.join(opened.accepted)}", file=sys.stderr)
-            record_recipe(run, opened.recipe, options.resume)
+            record_recipe(run, opened.config.to_dict(), options.resume)
             result = _fit_in(opened)
             failed = False
     except BaseException as exc:

@@ -66,16 +66,15 @@ class RunOptions:
     verbose: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingRun:
     """A run opened for training, once per command, and all the rest of the path needs of it: where it is written
-    here (``run``), the validated recipe (``config``) and its plain data (``recipe``, what is compared on resume,
-    written and recorded), the resolved device, the command's options, the checkpoint ``--resume`` continues from
-    (looked up once, under the lock: ``resume_point``), how the lines name the run, and how it is kept in step."""
+    here (``run``), the validated recipe (``config``), the resolved device, the command's options, the checkpoint
+    ``--resume`` continues from (looked up once, under the lock, as the run opened: ``resume_point``), how the lines
+    name the run, and how it is kept in step. Nothing changes it once its store has opened it."""
 
     run: RunDir
-    config: RecipeConfig | None = None  # the validated recipe
-    recipe: dict[str, Any] = field(default_factory=dict)
+    config: RecipeConfig
     device: str = "cpu"  # resolved (resolve_device)
     options: RunOptions = RunOptions()
     resume_point: Path | None = None  # rank 0's: the checkpoint --resume continues from (None: from the start)
@@ -101,7 +100,6 @@ class TrainingRun:
         return cls(
             RunDir(folder),
             config=config,
-            recipe=config.to_dict(),
             device=device,
             options=options,
             resume_point=resume_point,

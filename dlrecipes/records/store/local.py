@@ -16,43 +16,43 @@ if TYPE_CHECKING:
 def open_in(runs: Path, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
     """The run ``config`` trains, in the local folder ``runs`` (a runs folder, or a bucket's staging folder): named
     (a new default name is made now), checked for ``--resume`` before anything is written, a run set aside for
-    ``--restart`` or after a failure, made and locked (rank 0)."""
+    ``--restart`` or after a failure, made and locked (rank 0), and with ``--resume`` the checkpoint it continues
+    from looked up under the lock (rank 0; refused here when there is none to continue, changing nothing)."""
     from dlrecipes.records import run_lock
     from dlrecipes.records.resume_check import check_resume
     from dlrecipes.records.run_dir import (
         choose_run_name,
+        find_resume_point,
         make_run_dir,
         set_aside_failed_run,
         set_aside_for_restart,
     )
 
-    resume, recipe = options.resume, config.to_dict()  # the resolved recipe as plain data: compared, written, recorded
+    resume = options.resume
     run = RunDir(runs / choose_run_name(config, resume, device, runs))
     accepted: list[str] = []
     if resume:  # before anything is built or written
         from dlrecipes.records.provenance import plugin_files
         from dlrecipes.records.recorded_code import check_plugin_files
 
-        accepted = check_resume(run.path, recipe)
+        accepted = check_resume(run.path, config.to_dict())
         check_plugin_files(run.summary, str(run.path), plugin_files())  # the code that made its checkpoints
     elif options.restart:
         set_aside_for_restart(run.path)
     elif config.run_name:
         set_aside_failed_run(run.path)
-    opened = TrainingRun(
-        run,
-        config=config,
-        recipe=recipe,
-        device=device,
-        options=options,
-        fresh=not resume and (not config.run_name or not run.path.exists()),
-        accepted=accepted,
-    )
+    fresh = not resume and (not config.run_name or not run.path.exists())
+    lock, point = None, None
     if rank() == 0:
         if config.run_name:  # made here, once (a default name names a run made as the name was chosen)
             make_run_dir(run)
-        opened.lock = run_lock.acquire(run.path)
-    return opened
+        lock = run_lock.acquire(run.path)
+        try:  # under the lock (a live run's files are not touched), before anything is written
+            point = find_resume_point(run.path, config.trainer.max_duration, options.trust) if resume else None
+        except BaseException:
+            lock.release()
+            raise
+    return TrainingRun(run, config, device, options, resume_point=point, fresh=fresh, accepted=accepted, lock=lock)
 
 
 class LocalStore(RunStore):

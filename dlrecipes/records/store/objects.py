@@ -5,6 +5,7 @@ uploads in the background (:mod:`dlrecipes.records.store.upload`), read back thr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,30 +75,33 @@ class BucketStore(RunStore):
             if claimed is not None:
                 claimed.release()
             raise
-        name = opened.run.name
+        name, lock = opened.run.name, opened.lock
         mirror = staged_run(self.root, name)
         mirror.resuming = options.resume
-        opened.shown_as = f"{self.root}/{name}"
-        opened.addresses = {self.root.staging(): str(self.root)}
-        if opened.lock is not None:
+        if lock is not None:
             from dlrecipes.records.store.lease import leased
 
             try:
-                opened.lock = leased(opened.lock, object_store(self.root), self.root, name, claimed)
+                lock = leased(lock, object_store(self.root), self.root, name, claimed)
             except UserError:
                 if opened.fresh:  # nothing of it is left behind here (the staging folders made for it)
                     _remove_fresh(opened.run.path)
                 raise
-            mirror.lease = opened.lock.lease  # every write to the bucket is made under it
+            mirror.lease = lock.lease  # every write to the bucket is made under it
             try:
                 _take_over(mirror)
             except BaseException:
-                opened.lock.release()
+                lock.release()
                 raise
         mirror.keep = config.checkpoint.keep
-        opened.keep_in_step = lambda: [uploader(mirror, config.checkpoint.upload_wait)]
-        opened.stored = lambda result: _all_uploaded(result, mirror)
-        return opened
+        return dataclasses.replace(
+            opened,
+            shown_as=f"{self.root}/{name}",
+            addresses={self.root.staging(): str(self.root)},
+            lock=lock,
+            keep_in_step=lambda: [uploader(mirror, config.checkpoint.upload_wait)],
+            stored=lambda result: _all_uploaded(result, mirror),
+        )
 
     def check_resumable(self, name: str, first_node: bool) -> None:
         from dlrecipes.records.store.opening import check_run_in_bucket
