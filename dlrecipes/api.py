@@ -290,7 +290,7 @@ def sweep(
     plan = tool.plan_sweep(recipe, list(assignments), seeds, name, trials, search)
     plan.plugins, plan.nproc, plan.trust_checkpoint = list(plugins), nproc, trust_checkpoint
     store = tool.check_points(plan)  # every point (an Optuna search: each range's ends), before the first trains
-    folder = store.sweep(plan.name)  # in a bucket: what it has of the sweep brought here
+    folder = store.sweep(plan.name)  # in a bucket: its copy of the sweep downloaded first
     tool.prepare_folder(plan, folder)
     rows, code = tool.run_sweep(plan, FORKED, parallel, echo)
     unfinished = tool.finish_folder(folder, echo)  # in a bucket: the sweep's own files uploaded
@@ -334,7 +334,7 @@ def _launched(config: RecipeConfig, options: RunOptions, ranks: RankPlan) -> int
     from dlrecipes.config.device_checks import check_launch
     from dlrecipes.tools.launch import gloo_environment, run_ranks
 
-    check_train_options(config, options.resume, options.restart)  # as every rank's fit would: once, here
+    check_train_options(config, options.resume, options.restart)  # before any process starts (each rank checks again)
     check_launch(config, ranks.nproc, ranks.world_size)
     store = _opened_store(config)  # a bucket, asked once here: one line before any process starts
     if options.resume and config.run_name:  # a typo starts no new run

@@ -1,6 +1,6 @@
 """The one sequence every command after training starts with (``eval``, ``export``, ``predict``; the notebook's
 predict too): :func:`open_trained` opens the target where it lives (a run in a bucket: its records and the one
-checkpoint brought here), finds the run and the checkpoint in it, imports the training stack and resolves the
+checkpoint downloaded), finds the run and the checkpoint in it, imports the training stack and resolves the
 run's recorded recipe with the command's overrides, and yields one :class:`Trained`: what the rest of the command
 takes."""
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class Trained:
     """A trained run (or checkpoint, or export directory) opened for a command after training: what the store
-    brought here (``read``: a bucket's run as a local copy; the command's outputs go back beside it), the run and
+    opened (``read``: a bucket's run as a local copy; the command's outputs go back beside it), the run and
     checkpoint found in it (``found``; None for an export directory), its recorded recipe with the command's
     ``overrides``, validated (``config``), and whether its checkpoints may be unpickled in full (``trust``:
     ``--trust-checkpoint``)."""

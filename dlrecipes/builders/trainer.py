@@ -165,7 +165,7 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
 
     From ``opened`` (:func:`dlrecipes.fit.open_run`): the recipe (validated, and as plain data: what the run's
     history and trackers record), the resolved device, where the run is written, the checkpoint ``--resume``
-    continues from (looked up once, by the fit stage), the options (``trust`` allows a full unpickle of the
+    continues from (found by the store as it opened the run), the options (``trust`` allows a full unpickle of the
     checkpoint resumed or loaded, ``checkpoint.load_path``, which otherwise is read tensors-only: see
     :mod:`dlrecipes.records.checkpoint_safety`; ``verbose`` adds Composer's own console logging, its config banner and
     every metric at ``trainer.console_log_interval``), the callbacks that keep the run's store in step (a bucket's

@@ -265,7 +265,7 @@ class RecipeConfig:
         for name in TOP_LEVEL_ORDER:
             value = getattr(self, name)
             if name in ("task", "finetune") and value is None:
-                continue  # recipes without a task resolve exactly as before tasks existed
+                continue  # a recipe without a task resolves as a single-output classifier
             if name in ("loss", "metrics", "train_metrics") and self.task is not None:
                 continue  # each output of the task names its own loss; its metrics follow from its kind
             if isinstance(value, Component):

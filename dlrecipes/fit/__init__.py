@@ -112,7 +112,7 @@ def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
 
 def _fit_in(opened: TrainingRun) -> TrainResult:
     """Build the run's Trainer (with the callbacks that keep its store in step) and ``fit()`` it; how it ended goes
-    to the run's history (summary.json, kept as built), and into the result."""
+    to the run's history (summary.json, written by the RunHistory callback), and into the result."""
     run, resume = opened.run, opened.options.resume
     built = build_trainer(opened)
     trainer, history = built.trainer, built.history

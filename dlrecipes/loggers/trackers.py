@@ -1,7 +1,7 @@
 """Composer's TensorBoard and MLflow loggers, reading device values back every ``read_every``
 batches (:mod:`.read_back`) instead of after every step, and given the whole run (:mod:`.run_record`):
-the recipe as parameters, the run's files as artifacts, its status.  Same class names, so Composer's
-checkpoints file them as before; imported only when a recipe asks for one."""
+the recipe as parameters, the run's files as artifacts, its status.  Same class names, so checkpoints
+record them under the names Composer uses; imported only when a recipe asks for one."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ runs on a CPU that is most of each point. Here the imports are paid once, by a s
 exit code, signals, session, environment, working directory, output file), started in milliseconds.
 
 Only where no GPU is used: CUDA cannot be used in a process forked from one that has initialised it, and a
-GPU run's start-up is small beside its training, so GPU runs start a fresh Python as before.
+GPU run's start-up is small beside its training, so GPU runs start a new Python process for each training.
 
 A process that was itself forked from such a server (a sweep started that way, as the tests start commands) has
 the imports already: while it runs one thread, it forks its trainings itself, as the server would, instead of

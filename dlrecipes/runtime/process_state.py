@@ -85,7 +85,7 @@ def skip_the_exit_sweep() -> None:
     torch and Composer made (about 400,000 in 4,500 modules) with its cycle collector, several times: 1.5-1.9 s of CPU
     on 2 cores after the work is done. What is garbage now is collected once (its finalizers run: files closed), then
     the rest is frozen (:func:`freeze_survivors`: left out of later sweeps); the exit still runs atexit handlers,
-    flushes and closes as before. A process forked from the fork server ends without a teardown (``os._exit``), so
+    flushes and closes files as usual. A process forked from the fork server ends without a teardown (``os._exit``), so
     it is left alone: a sweep there would only copy pages."""
     from dlrecipes.runtime.fork_server import forked_from_server
 

@@ -137,7 +137,7 @@ class _HeldSignals:
     The launcher and the ranks start with the forwarded signals ignored; each rank installs its handlers only when
     training starts, seconds of imports and building later. A signal sent in between was lost: SLURM's warning
     signal (``--signal=USR1@120``) in a job's first seconds, then the time limit ended the job with no requeue. A
-    process that catches the signal, or does not ignore it, gets it at once, as before."""
+    process that catches the signal, or does not ignore it, gets it at once."""
 
     def __init__(self, poll: float = 0.2):
         self._held: set[tuple[int, int]] = set()

@@ -21,7 +21,7 @@ Modules:
 - :mod:`.backend`: a bucket through Composer's object-store layer (its URI factory's store)
 - :mod:`.commit`: the pointer: one conditional write moves a run; writers' keys of their own, written once
 - :mod:`.mirror`: a training's mirror to its bucket, the end's bounded wait, upload_incomplete
-- :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files brought here
+- :mod:`.opening`: the bucket's side of opening a run: its name claimed, a resume's files downloaded
 - :mod:`.reading`: s3:// runs for the commands after training; a sweep's mirror
 - :mod:`.refusals`: a server's failures as one line: unreachable, failing, refusing the first write
 - :mod:`.safe_keys`: a bucket's pointer and keys checked before they name a local file
@@ -72,7 +72,7 @@ def store_for(runs_dir: str | Path) -> RunStore:
 
 def open_for_reading(target: str | Path, checkpoint: str | None = "best", asked: set[str] | None = None) -> ReadRun:
     """What a command after training reads (``target``: a run directory, a checkpoint file or an export folder,
-    local or ``s3://BUCKET/PREFIX/RUN``), brought here: its records and the one ``checkpoint`` it needs (None:
+    local or ``s3://BUCKET/PREFIX/RUN``), downloaded here: its records and the one ``checkpoint`` it needs (None:
     records only). ``asked``: the buckets this command has asked already (a command reading several runs asks each
     bucket once); the one asked here is added."""
     from dlrecipes.core.addresses import check_address
@@ -88,7 +88,7 @@ def open_for_reading(target: str | Path, checkpoint: str | None = "best", asked:
 
 def pulled_recipe(recipe: str | Path | Mapping[str, Any]) -> str | Path | Mapping[str, Any]:
     """A recipe named by its address in a bucket, ``s3://BUCKET/PREFIX/RUN/recipe.yaml`` (a run's recorded recipe,
-    as ``runs/RUN/recipe.yaml`` names one here): that file, brought here with the run's records (as ``eval`` of the
+    as ``runs/RUN/recipe.yaml`` names one here): that file, downloaded with the run's records (as ``eval`` of the
     run reads them, so a rerun compares with the run's summary); any other recipe as it is. Where it cannot be
     read (no such run, an export that holds no recipe): one line naming the address."""
     from dlrecipes.core.addresses import check_address

@@ -247,7 +247,7 @@ class RemoteRun(Writer):
             self._send(relative, stat.st_size)
         except LeaseLost:
             raise
-        except Exception as exc:  # the server went away: not training's problem, said once, tried again later
+        except Exception as exc:  # server gone: training goes on, one warning, tried again later
             if not path.exists():  # rotated away while it was uploaded: not a failure
                 return False
             self._failed(relative, exc)
@@ -258,7 +258,7 @@ class RemoteRun(Writer):
         return True
 
     def _failed(self, relative: str, exc: BaseException) -> None:
-        """``relative`` stays pending, tried again at the next push; said once."""
+        """``relative`` stays pending and is tried again at the next push; the first failure prints a warning."""
         if relative not in self.pending:
             self.pending.append(relative)
         if not self.warned:
@@ -282,7 +282,7 @@ class RemoteRun(Writer):
             if self.offload is not None and self.offload.usable() and size >= LARGE:
                 try:
                     return self.offload.upload(key, str(self.local / relative), once)
-                except OSError:  # the process is gone (said once): from here, as before, unless the end gave up
+                except OSError:  # upload process gone (one warning): this thread uploads, unless the end gave up
                     if self.abandoned:
                         raise
             if size < LARGE and self.lease is not None and relative in FENCED_RECORDS:  # on the ETag it last wrote

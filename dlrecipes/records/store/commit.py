@@ -23,7 +23,8 @@ from loaded), writes it again with its own ``writer`` line on that ETag: from th
 commit finds the ETag changed and lands nowhere (and one that landed in between stops the new writer before it
 trains). Where the server has no conditional writes, the pointer is read back before and after the write (the
 window left is measured in docs/object-storage.md).
-A pointer of one line (runs written before this) is read as before: its checkpoint, no writer, every untagged name.
+A pointer of one line (written by older versions) is still read: it names a checkpoint, no writer, and every
+untagged name.
 """
 
 from __future__ import annotations

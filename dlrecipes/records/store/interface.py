@@ -70,7 +70,7 @@ class RunOptions:
 class TrainingRun:
     """A run opened for training, once per command, and all the rest of the path needs of it: where it is written
     here (``run``), the validated recipe (``config``), the resolved device, the command's options, the checkpoint
-    ``--resume`` continues from (looked up once, under the lock, as the run opened: ``resume_point``), how the lines
+    ``--resume`` continues from (found under the lock while the store opened the run: ``resume_point``), how the lines
     name the run, and how it is kept in step. Nothing changes it once its store has opened it."""
 
     run: RunDir
@@ -193,7 +193,7 @@ class RunStore(ABC):
 
     @abstractmethod
     def sweep(self, name: str) -> SweepFolder:
-        """The folder of the sweep ``name`` (what the store has of it brought here)."""
+        """The folder of the sweep ``name`` (a bucket's copy of it is downloaded first)."""
 
     def rows_shown(self, rows: list[dict[str, Any]], addresses: dict[Path, str]) -> list[dict[str, Any]]:
         """``runs``' rows as the user names the runs (a bucket's: by address, names as paths under the root)."""

@@ -336,7 +336,7 @@ class BucketLease:
                 self._warned = False
             except LeaseLost:
                 return  # the mirror and the training say so, at their next step
-            except Exception as exc:  # the server went away: said once an outage; tried again at the next renewal
+            except Exception as exc:  # the server went away: one warning per outage; tried again at the next renewal
                 if not self._warned:
                     self._warned = True
                     print(

@@ -57,7 +57,7 @@ class BucketStore(RunStore):
     def open_for_training(self, config: RecipeConfig, device: str, options: RunOptions) -> TrainingRun:
         """As a local folder's (:func:`dlrecipes.records.store.local.open_in`, in the staging folder), after the
         bucket's side: a name it holds a run under refused or the run moved aside (:func:`~.opening.claim_name`),
-        with ``resume`` the run's records and newest checkpoint that loads brought here; the lock goes with the
+        with ``resume`` the run's records and newest checkpoint that loads downloaded here; the lock goes with the
         run's lease in the bucket, and a callback uploads the run as it goes."""
         from dlrecipes.core.distributed import stopped_together
         from dlrecipes.records.store.local import open_in
@@ -140,7 +140,7 @@ class BucketStore(RunStore):
 
 def _take_over(mirror: RemoteRun) -> None:
     """The run's pointer taken over by this training as it opens (:meth:`~.writer.Writer.take_over`); a server that
-    does not answer now: done before its first commit (said once, as a failed upload is)."""
+    does not answer now: it is done before the first commit instead (with one warning, as for a failed upload)."""
     try:
         mirror.take_over()
     except UserError:  # a damaged pointer, a lease lost meanwhile: one line

@@ -275,7 +275,7 @@ def check_run_in_bucket(root: RemoteRoot, name: str) -> bool:
     if os.environ.get(RESUME_MISSING) == "start":
         if rank() == 0:
             print(f"note: no run {name!r} in {root} yet ({RESUME_MISSING}=start): starting it", file=sys.stderr)
-            (root.staging() / name).mkdir(parents=True, exist_ok=True)  # said once: the staging folder has it
+            (root.staging() / name).mkdir(parents=True, exist_ok=True)  # made by rank 0 only
         return False
     raise UserError(
         f"run_name: --resume found no run {name!r} in {root} (`dlrecipes runs {root}` lists the runs "

@@ -102,7 +102,7 @@ class PulledRun(RemoteRun):
     def _drop_stale_summary(self) -> None:
         """A summary.json written by a writer that does not hold the run's commit, or a best.json whose best lies
         outside its writer's part of the run (a fenced writer's late upload: :mod:`~.commit`), is not the run's: the
-        copy goes without it (the run is shown by its history; ``--checkpoint best`` finds none), said once."""
+        copy goes without it (the run is shown by its history; ``--checkpoint best`` finds none), with one warning."""
         import json
 
         pointer = self.local / CHECKPOINT_DIR / REMOTE_LATEST

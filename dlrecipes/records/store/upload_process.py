@@ -12,7 +12,7 @@ One request per line on the process's stdin: ``{"bucket", "key", "path"}``; one 
 ``{"error": null}`` or the error's type and first line.  The process ends when its stdin closes, and within a
 fraction of a second of its parent's end however that ends (``kill -9`` included: it never uploads for a training
 that no longer holds the run's lease); a parent gone before the answer is written is no traceback.  Where it cannot be
-started, or stops answering, the upload runs in the mirror's thread as before (said once).
+started, or stops answering, the upload runs in the mirror's thread instead, with one warning.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _serve(transfer_threads: int, parent: int | None = None) -> None:
             except Exception as exc:
                 if not (job.get("once") and unconditional_here(exc)):
                     raise
-                written_once(job["key"])  # a server without conditional writes: written as before
+                written_once(job["key"])  # a server without conditional writes: a plain write
                 client.upload_file(job["path"], job["bucket"], job["key"], Config=transfer)
             answer: dict[str, Any] = {"error": None}
         except Exception as exc:  # the mirror's thread warns and keeps it pending, as for its own uploads
