@@ -73,7 +73,7 @@ def _initial_state(
     Composer.  Every file is read tensors-only, unless ``trust`` (see :mod:`dlrecipes.records.checkpoint_safety`):
     checked here first, and :func:`build_trainer` has Composer load it so.
     """
-    from dlrecipes.records.checkpoint_safety import check_trusted, read_checkpoint
+    from dlrecipes.records.checkpoint_safety import read_checkpoint
     from dlrecipes.records.checkpoints import load_model_weights, model_weights
 
     ckpt = config.checkpoint
@@ -89,8 +89,7 @@ def _initial_state(
     if not ckpt.load_path:
         return None
     path = Path(ckpt.load_path)
-    if not ckpt.load_weights_only:  # the whole state, for Composer to load: check the file first
-        check_trusted(path, trust=trust)
+    if not ckpt.load_weights_only:  # the whole state, for Composer to load (checked as it loads: tensors_only)
         return str(path)
     loaded = read_checkpoint(path, trust=trust)
     report = load_model_weights(model, model_weights(loaded, path), path, ckpt.load_ignore_keys, ckpt.load_strict)

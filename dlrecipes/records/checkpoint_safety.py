@@ -126,6 +126,14 @@ def check_trusted(path: Path, trust: bool = False, key: str = "checkpoint.load_p
     problem = file_problem(path)  # whatever ``trust`` says: trusting a file's code does not make its records whole
     if problem is not None:
         raise UnreadableCheckpoint(path, problem, key)
+    check_globals(path, trust, key)
+
+
+def check_globals(path: Path, trust: bool, key: str) -> None:
+    """The one decision whether a checkpoint may be unpickled: refused (:class:`UntrustedCheckpoint`) when its pickle
+    names globals beyond :data:`ALLOWED_GLOBALS`, unless ``trust``; a pickle that cannot be read as instructions is
+    :class:`UnreadableCheckpoint`. Every load goes through it: :func:`check_trusted` (so :func:`read_checkpoint` and
+    :func:`tensors_only`, Composer's loads) and :func:`dlrecipes.records.checkpoints.loadable`."""
     if trust:
         return
     try:
@@ -181,9 +189,11 @@ def tensors_only(path: Path | str | None, trust: bool = False, key: str = "--res
 
     For Composer's loader, which reads ``path`` when the Trainer is built and always asks torch for a full
     unpickle: torch's own switch (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, read at each load) turns that into a
-    tensors-only load for as long as the block runs.  The caller checked the file first
-    (:func:`check_trusted`, one line); a global torch refuses here all the same is refused the same way.
+    tensors-only load for as long as the block runs.  The file is checked first (:func:`check_trusted`, one line,
+    trusted or not); a global torch refuses here all the same is refused the same way.
     """
+    if path:
+        check_trusted(Path(path), trust, key)
     if trust or not path:
         yield
         return

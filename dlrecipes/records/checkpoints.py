@@ -29,7 +29,9 @@ from dlrecipes.core.distributed import lost_peer
 from dlrecipes.errors import DataError, UserError, first_line
 from dlrecipes.records.checkpoint_file import NOT_A_CHECKPOINT, file_problem
 from dlrecipes.records.checkpoint_safety import (  # noqa: F401 - read from here too
+    UnreadableCheckpoint,
     UntrustedCheckpoint,
+    check_globals,
     check_trusted,
     load_file,
     read_checkpoint,
@@ -204,9 +206,10 @@ def loadable(path: Path, trust: bool = False, key: str = "--checkpoint") -> str 
     if problem is not None:
         return problem
     try:
-        risky = [] if trust else unsafe_globals(path)
-        if risky:
-            raise UntrustedCheckpoint(path, risky, key)
+        check_globals(path, trust, key)  # (UntrustedCheckpoint raised as it is)
+    except UnreadableCheckpoint as exc:
+        return exc.problem
+    try:
         state = load_file(path, trust, key)
     except UntrustedCheckpoint:
         raise
