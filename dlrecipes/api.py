@@ -330,11 +330,10 @@ def launch(
 def _launched(config: RecipeConfig, options: RunOptions, ranks: RankPlan) -> int:
     """Start ``ranks`` (each trains ``config``) once what each rank's fit would refuse has been checked here, before
     any process starts; returns the job's exit code."""
-    from dlrecipes.config.checks import check_train_options
     from dlrecipes.config.device_checks import check_launch
     from dlrecipes.tools.launch import gloo_environment, run_ranks
 
-    check_train_options(config, options.resume, options.restart)  # before any process starts (each rank checks again)
+    options.check(config)  # before any process starts (each rank checks again)
     check_launch(config, ranks.nproc, ranks.world_size)
     store = _opened_store(config)  # a bucket, asked once here: one line before any process starts
     if options.resume and config.run_name:  # a typo starts no new run

@@ -95,3 +95,24 @@ def test_the_upload_process_leaves_the_signals_to_training(monkeypatch):
         process.upload("k", "/no/such/file")
     process.close()
     assert child.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "options, overrides, said",
+    [
+        ({"resume": True, "restart": True}, [], "--resume continues a run and --restart starts it over: give one"),
+        ({"restart": True}, [], "--restart: name the run to start over with run_name=..."),
+        ({"resume": True}, ["checkpoint.best_only=true"], "--resume needs periodic checkpoints (checkpoint.save=true"),
+    ],
+)
+def test_run_options_that_cannot_go_together_are_refused_in_one_line(tiny_recipe, options, overrides, said):
+    """--resume with --restart, --restart without a run_name, --resume without periodic checkpoints: refused by the
+    options themselves (RunOptions.check), the one check train and launch make before anything starts."""
+    from dlrecipes.api import resolve
+    from dlrecipes.records.store import RunOptions
+
+    config = resolve(tiny_recipe, overrides)
+    with pytest.raises(UserError) as refused:
+        RunOptions(**options).check(config)
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+    RunOptions(resume=True).check(resolve(tiny_recipe, ["run_name=kept"]))  # what goes together passes

@@ -61,26 +61,25 @@ def _finetune(config: RecipeConfig, model, optimizer) -> list:
     return algorithms
 
 
-def _initial_state(
-    config: RecipeConfig, model, run: RunDir, resume: bool, device: str, trust: bool, resume_from: Path | None
-):
-    """Where training starts: a checkpoint for Composer to load in full (``None``: none), or weights loaded here.
+def _initial_state(opened: TrainingRun, model):
+    """Where the opened run's training starts: a checkpoint for Composer to load in full (``None``: none), or weights
+    loaded here.
 
-    Resuming loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG): ``resume_from``,
-    rank 0's, as the fit stage looked it up once (:func:`dlrecipes.records.run_dir.find_resume_point`; None: the run
-    has none yet), told to the other ranks here.  Otherwise ``checkpoint.load_path``
-    gives initial weights (minus ``load_ignore_keys``); ``load_weights_only: false`` hands the whole file to
-    Composer.  Every file is read tensors-only, unless ``trust`` (see :mod:`dlrecipes.records.checkpoint_safety`):
-    checked here first, and :func:`build_trainer` has Composer load it so.
+    ``--resume`` loads the newest complete checkpoint of this run (all of it: optimizer, time, RNG): rank 0's
+    ``opened.resume_point``, found by the store as it opened the run (None: the run has none yet), told to the other
+    ranks here.  Otherwise ``checkpoint.load_path`` gives initial weights (minus ``load_ignore_keys``);
+    ``load_weights_only: false`` hands the whole file to Composer.  Every file is read tensors-only unless the
+    options trust it (see :mod:`dlrecipes.records.checkpoint_safety`): read here, or by Composer inside
+    :func:`~dlrecipes.records.checkpoint_safety.tensors_only` (:func:`build_trainer`).
     """
     from dlrecipes.records.checkpoint_safety import read_checkpoint
     from dlrecipes.records.checkpoints import load_model_weights, model_weights
 
+    config, run, trust = opened.config, opened.run, opened.options.trust
     ckpt = config.checkpoint
-    if resume:
-        point = same_on_all_ranks(
-            str(resume_from) if resume_from and rank() == 0 else "", device, config.trainer.dist_timeout
-        )
+    if opened.options.resume and ckpt.save and not ckpt.best_only:  # (resuming needs periodic checkpoints)
+        point = opened.resume_point if rank() == 0 else None
+        point = same_on_all_ranks(str(point) if point else "", opened.device, config.trainer.dist_timeout)
         if point:
             if rank() == 0:
                 print(f"resuming from {point}", file=sys.stderr)
@@ -177,7 +176,7 @@ def build_trainer(opened: TrainingRun) -> BuiltRun:
     if ckpt.save:
         check_free_space(layout, model, ckpt.keep)
     periodic = ckpt.save and not ckpt.best_only
-    load_path = _initial_state(config, model, layout, resume and periodic, device, trust, opened.resume_point)
+    load_path = _initial_state(opened, model)
     loaders = build_dataloaders(data, config.trainer, device, seed=config.trainer.seed, algorithms=config.algorithms)
     run = _run_context(config, layout, device, data)
     callbacks = [*_run_callbacks(config, run, periodic), *opened.keep_in_step()]

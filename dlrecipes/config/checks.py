@@ -378,16 +378,3 @@ def check_memory(config: RecipeConfig, processes: int = 1, memory: int | None = 
             f"{_gib(held * image)}, and this machine has {_gib(memory)}; at most {memory // image:,} "
             "images of this size fit (fewer samples, or smaller images)"
         )
-
-
-def check_train_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
-    """``--resume``/``--restart`` against each other and the recipe: the one place every front end (train, launch,
-    the notebook, a sweep's points) has them refused, before anything starts."""
-    if resume and restart:
-        raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
-    if restart and not config.run_name:
-        raise RecipeError(
-            "--restart: name the run to start over with run_name=... (a run without a run_name is new every time)"
-        )
-    if resume and not (config.checkpoint.save and not config.checkpoint.best_only):
-        raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")

@@ -61,7 +61,7 @@ def open_run(config: RecipeConfig, options: RunOptions = RunOptions(), store: Ru
     checked, the run named, set up and locked (see :mod:`dlrecipes.records.store`). What :func:`fit` takes."""
     choose_gloo_interface()  # started by a launcher across hosts: gloo's interface is the one reaching the master
     device = resolve_device(config.trainer.device)
-    _check_options(config, options.resume, options.restart)
+    _check_options(config, options)
     return (store or store_for(config.runs_dir)).open_for_training(config, device, options)
 
 
@@ -97,17 +97,15 @@ def fit(opened: TrainingRun) -> TrainResult:
     return result
 
 
-def _check_options(config: RecipeConfig, resume: bool, restart: bool) -> None:
-    """Refuse what cannot go together (:func:`dlrecipes.config.checks.check_train_options`); say what the recipe
+def _check_options(config: RecipeConfig, options: RunOptions) -> None:
+    """Refuse what cannot go together (:meth:`~dlrecipes.records.store.RunOptions.check`); say what the recipe
     will cost needlessly (before anything is built)."""
-    from dlrecipes.config.checks import check_train_options
-
     if rank() == 0:
         from dlrecipes.data.source_sizes import upsampling_notes
 
         for note in upsampling_notes(config):
             print(note, file=sys.stderr)
-    check_train_options(config, resume, restart)
+    options.check(config)
 
 
 def _fit_in(opened: TrainingRun) -> TrainResult:

@@ -76,11 +76,10 @@ def run_tags(
     return tags
 
 
-def artifact_paths(run_dir: Path, which: str) -> list[Path]:
+def artifact_paths(run: RunDir, which: str) -> list[Path]:
     """The run's files a tracker uploads for ``which`` (see :data:`ARTIFACT_CHOICES`)."""
     if which == "none":
         return []
-    run = RunDir(run_dir)
     paths = [path for path in run.records if path.is_file()]
     paths += run.plots()
     if run.report.is_dir():
@@ -158,7 +157,7 @@ class RecordsTheRun:
             status = getattr(history, "status", "finished")
             self._guarded(
                 "uploading the run's files",
-                lambda: self.record_end(status, artifact_paths(self.record_dir, self.log_artifacts)),
+                lambda: self.record_end(status, artifact_paths(RunDir(self.record_dir), self.log_artifacts)),
             )
         self._guarded("closing the run", super().post_close)  # type: ignore[misc]
 

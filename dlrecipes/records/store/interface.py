@@ -65,6 +65,20 @@ class RunOptions:
     trust: bool = False
     verbose: bool = False
 
+    def check(self, config: RecipeConfig) -> None:
+        """``--resume`` and ``--restart`` against each other and the recipe: the one place every front end (train,
+        launch, the notebook, a sweep's points) has them refused, before anything starts."""
+        from dlrecipes.errors import RecipeError
+
+        if self.resume and self.restart:
+            raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
+        if self.restart and not config.run_name:
+            raise RecipeError(
+                "--restart: name the run to start over with run_name=... (a run without a run_name is new every time)"
+            )
+        if self.resume and not (config.checkpoint.save and not config.checkpoint.best_only):
+            raise RecipeError("--resume needs periodic checkpoints (checkpoint.save=true, checkpoint.best_only=false)")
+
 
 @dataclass(frozen=True)
 class TrainingRun:
