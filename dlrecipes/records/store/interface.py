@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dlrecipes.errors import RecipeError
 from dlrecipes.records.layout import RunDir
 
 if TYPE_CHECKING:
@@ -68,8 +69,6 @@ class RunOptions:
     def check(self, config: RecipeConfig) -> None:
         """``--resume`` and ``--restart`` against each other and the recipe: the one place every front end (train,
         launch, the notebook, a sweep's points) has them refused, before anything starts."""
-        from dlrecipes.errors import RecipeError
-
         if self.resume and self.restart:
             raise RecipeError("--resume continues a run and --restart starts it over: give one of them")
         if self.restart and not config.run_name:
